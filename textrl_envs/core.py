@@ -1,0 +1,251 @@
+"""What a single env and the vector env share: resolving arguments into a checked episode spec.
+
+Both :class:`~textrl_envs.env.TextGenEnv` and :class:`~textrl_envs.vector.TextGenVectorEnv` call
+:func:`build_spec` with the same keyword arguments, so they validate input identically and
+tokenize prompts identically. Nothing here touches a model.
+
+Observation layout (the padding convention)
+-------------------------------------------
+Observations have a fixed width ``W = max_prompt_tokens + max_new_tokens``. The sequence so far
+(prompt tokens, then generated tokens) is **right-aligned** in the window, Hugging Face's left-padding
+convention: the newest token is always at index ``W - 1``, the slots on the left hold
+``pad_token_id`` with ``attention_mask`` 0, and the mask is a contiguous run of ones at the right.
+Each step appends the action: the window shifts left by one and the token lands at ``W - 1``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from textrl_envs.rewards.base import call_reward
+from textrl_envs.tasks import PromptItem
+
+TRUNCATION_SIDES = ("left", "right", "error")
+
+
+@dataclass
+class EpisodeSpec:
+    """The resolved, validated configuration of a text-generation episode.
+
+    :ivar tokenizer: The Hugging Face tokenizer.
+    :ivar prompt_texts: Prompt strings.
+    :ivar prompt_ids: Token ids of each prompt (after truncation to ``max_prompt_tokens``).
+    :ivar metadata: Per-prompt metadata lists (keys of dict prompts other than ``"prompt"``).
+    :ivar reward: The reward callable.
+    :ivar max_new_tokens: Generation budget ``T``.
+    :ivar max_prompt_tokens: Prompt budget ``P``.
+    :ivar eos_token_id: Id that terminates an episode (``None``: episodes end only by truncation).
+    :ivar pad_token_id: Id written in padded slots.
+    :ivar vocab_size: ``len(tokenizer)``, the size of the action space.
+    """
+
+    tokenizer: Any
+    prompt_texts: list[str]
+    prompt_ids: list[np.ndarray]
+    metadata: dict[str, list[Any]]
+    reward: Any
+    max_new_tokens: int
+    max_prompt_tokens: int
+    eos_token_id: int | None
+    pad_token_id: int
+    vocab_size: int
+    task_id: str | None = None
+
+    @property
+    def window(self) -> int:
+        """Observation width ``W = max_prompt_tokens + max_new_tokens``."""
+        return self.max_prompt_tokens + self.max_new_tokens
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Completion text: ``ids`` decoded without special tokens (so without EOS)."""
+        return self.tokenizer.decode(list(map(int, ids)), skip_special_tokens=True)
+
+    def metadata_for(self, indices: Sequence[int]) -> dict[str, list[Any]]:
+        """Metadata lists restricted to the prompts at ``indices``."""
+        return {k: [v[i] for i in indices] for k, v in self.metadata.items()}
+
+    def score(self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None) -> np.ndarray:
+        """Rewards of finished episodes, one batched call to the reward model.
+
+        :param prompt_indices: Which prompt each episode used (``-1`` for a prompt given through
+            ``reset(options={"prompt": ...})``; its text must then be in ``prompt_texts``).
+        :param completions: Completion texts.
+        :param prompt_texts: Prompt texts per episode, when some are not from the prompt list.
+        """
+        texts = list(prompt_texts) if prompt_texts is not None else [self.prompt_texts[i] for i in prompt_indices]
+        meta = {k: [v[i] if i >= 0 else None for i in prompt_indices] for k, v in self.metadata.items()}
+        return call_reward(self.reward, texts, completions, meta)
+
+
+def load_tokenizer(tokenizer: Any = None):
+    """Resolve ``tokenizer``: ``None`` (the bundled one), a local path, or a tokenizer object.
+
+    Fallbacks (Hugging Face conventions): a tokenizer without a pad token uses its EOS token as pad;
+    one without EOS gets a warning and episodes then end only by truncation (pad falls back to 0).
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+    if tokenizer is None:
+        from textrl_envs.assets import tokenizer_path
+
+        tokenizer = tokenizer_path()
+    if isinstance(tokenizer, (str, os.PathLike)):
+        path = os.fspath(tokenizer)
+        if not os.path.isdir(path):
+            raise ValueError(
+                f"tokenizer path {path!r} is not a directory; pass a local Hugging Face tokenizer directory "
+                "(nothing is downloaded) or a PreTrainedTokenizerBase object"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    if not isinstance(tokenizer, PreTrainedTokenizerBase):
+        raise TypeError(
+            f"tokenizer must be None, a local directory or a PreTrainedTokenizerBase; got {type(tokenizer).__name__}"
+        )
+    return tokenizer
+
+
+def _special_ids(tokenizer) -> tuple[int | None, int]:
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        warnings.warn(
+            "the tokenizer has no EOS token: episodes will end only by truncation at max_new_tokens; "
+            "set tokenizer.eos_token to let the policy stop early",
+            stacklevel=3,
+        )
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = eos if eos is not None else 0
+    return eos, int(pad)
+
+
+def _split_prompts(prompts: Sequence[PromptItem]) -> tuple[list[str], dict[str, list[Any]]]:
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a list of str (or of dicts with a 'prompt' key); got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty; give at least one prompt, e.g. prompts=['The movie was']")
+    texts: list[str] = []
+    keys: list[str] | None = None
+    rows: list[dict[str, Any]] = []
+    for i, item in enumerate(prompts):
+        if isinstance(item, str):
+            text, meta = item, {}
+        elif isinstance(item, dict):
+            if "prompt" not in item or not isinstance(item["prompt"], str):
+                raise ValueError(f"prompt #{i} is a dict without a str 'prompt' key: {item!r}")
+            text, meta = item["prompt"], {k: v for k, v in item.items() if k != "prompt"}
+        else:
+            raise TypeError(f"prompt #{i} must be a str or a dict with a 'prompt' key; got {type(item).__name__}")
+        if keys is None:
+            keys = sorted(meta)
+        elif sorted(meta) != keys:
+            raise ValueError(f"prompt #{i} has metadata keys {sorted(meta)}, but prompt #0 has {keys}; all must match")
+        texts.append(text)
+        rows.append(meta)
+    metadata = {k: [r[k] for r in rows] for k in (keys or [])}
+    return texts, metadata
+
+
+def encode_prompt(spec_tokenizer, text: str, max_prompt_tokens: int, truncation: str, where: str) -> np.ndarray:
+    """Token ids of one prompt, truncated to ``max_prompt_tokens`` (or an error, by option)."""
+    ids = spec_tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) == 0:
+        raise ValueError(f"{where} {text!r} tokenizes to no tokens; every prompt needs at least one token")
+    if len(ids) > max_prompt_tokens:
+        if truncation == "error":
+            raise ValueError(
+                f"{where} {text!r} has {len(ids)} tokens, over max_prompt_tokens={max_prompt_tokens}; raise "
+                "max_prompt_tokens, shorten the prompt, or pass prompt_truncation='left' or 'right'"
+            )
+        ids = ids[-max_prompt_tokens:] if truncation == "left" else ids[:max_prompt_tokens]
+    return np.asarray(ids, dtype=np.int64)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def build_spec(
+    task: str | None = None,
+    *,
+    prompts: Sequence[PromptItem] | None = None,
+    reward: Any = None,
+    reward_kwargs: dict[str, Any] | None = None,
+    tokenizer: Any = None,
+    max_new_tokens: int | None = None,
+    max_prompt_tokens: int | None = None,
+    prompt_truncation: str = "left",
+) -> EpisodeSpec:
+    """Resolve environment arguments (task defaults overridden by the user's) into an :class:`EpisodeSpec`.
+
+    :param task: Registered env id whose defaults to start from (``None``: no defaults; then
+        ``prompts`` and ``reward`` are required).
+    :param prompts: List of prompt strings, or dicts ``{"prompt": str, **metadata}``; metadata is
+        passed to the reward as keyword lists (TRL's convention).
+    :param reward: Registered reward name, :class:`~textrl_envs.rewards.RewardModel`, or callable.
+    :param reward_kwargs: Keyword arguments for a reward given by name.
+    :param tokenizer: ``None`` (bundled), a local directory, or a ``PreTrainedTokenizerBase``.
+    :param max_new_tokens: Generation budget (>= 1).
+    :param max_prompt_tokens: Prompt budget (>= 1).
+    :param prompt_truncation: What to do with a prompt over ``max_prompt_tokens``: ``"left"``
+        (default) drops tokens on the left and keeps the end, which the LM continues; ``"right"``
+        drops tokens on the right; ``"error"`` raises.
+    """
+    from textrl_envs.rewards.registry import resolve_reward
+    from textrl_envs.tasks import get_task
+
+    defaults = get_task(task) if task is not None else None
+    if prompts is None:
+        if defaults is None:
+            raise ValueError("prompts is required when no task is given")
+        prompts = defaults.prompts()
+    if reward is None:
+        if defaults is None:
+            raise ValueError("reward is required when no task is given")
+        reward = defaults.reward
+        if reward_kwargs is None:
+            reward_kwargs = dict(defaults.reward_kwargs)
+    max_new_tokens = _check_int(
+        "max_new_tokens", max_new_tokens if max_new_tokens is not None else (defaults.max_new_tokens if defaults else 24), 1
+    )
+    max_prompt_tokens = _check_int(
+        "max_prompt_tokens",
+        max_prompt_tokens if max_prompt_tokens is not None else (defaults.max_prompt_tokens if defaults else 16),
+        1,
+    )
+    if prompt_truncation not in TRUNCATION_SIDES:
+        raise ValueError(f"prompt_truncation must be one of {TRUNCATION_SIDES}, got {prompt_truncation!r}")
+    texts, metadata = _split_prompts(prompts)
+    reward_fn = resolve_reward(reward, **(reward_kwargs or {}))
+    tok = load_tokenizer(tokenizer)
+    eos, pad = _special_ids(tok)
+    ids = [encode_prompt(tok, t, max_prompt_tokens, prompt_truncation, f"prompt #{i}") for i, t in enumerate(texts)]
+    return EpisodeSpec(
+        tokenizer=tok,
+        prompt_texts=texts,
+        prompt_ids=ids,
+        metadata=metadata,
+        reward=reward_fn,
+        max_new_tokens=max_new_tokens,
+        max_prompt_tokens=max_prompt_tokens,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        vocab_size=len(tok),
+        task_id=task,
+    )
+
+
+def check_kwargs(kwargs: dict[str, Any], where: str, known: Sequence[str]) -> None:
+    """Raise a clear TypeError for unknown keyword arguments."""
+    if kwargs:
+        raise TypeError(
+            f"{where} got unknown keyword argument(s) {', '.join(sorted(kwargs))}; known: {', '.join(known)}"
+        )

@@ -1,0 +1,151 @@
+"""The reward-model protocol, and the one place where rewards are called and checked.
+
+A reward model scores whole completions in batches::
+
+    reward(prompts: list[str], completions: list[str], **kwargs) -> sequence of floats
+
+``kwargs`` carries per-example metadata as lists aligned with ``prompts`` (for example
+``answer=[...]`` for a verifiable task or ``references=[[...], ...]`` for a reference-based
+one), the same shape as Hugging Face TRL's reward functions, so a TRL reward function plugs in
+unchanged. A plain callable with that signature is accepted everywhere a :class:`RewardModel` is.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+RewardFn = Callable[..., Sequence[float]]
+
+
+class RewardModel:
+    """Base class of batched reward models.
+
+    Subclasses implement :meth:`score`; :meth:`__call__` is what environments call. A reward
+    model that runs a neural network is device-aware: it takes ``device`` and moves itself there
+    with :meth:`to`.
+
+    :param name: Name used in error messages and logs (defaults to the class name).
+    """
+
+    #: Metadata keys this reward needs in ``kwargs`` (checked before scoring).
+    required_kwargs: tuple[str, ...] = ()
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or type(self).__name__
+
+    def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> Sequence[float]:
+        """Score a batch of completions.
+
+        :param prompts: The prompt texts.
+        :param completions: The generated texts (without the prompt and without EOS).
+        :param kwargs: Per-example metadata, each a list aligned with ``prompts``.
+        :return: One float per completion.
+        """
+        raise NotImplementedError
+
+    def __call__(self, prompts: list[str], completions: list[str], **kwargs: Any) -> Sequence[float]:
+        missing = [k for k in self.required_kwargs if k not in kwargs]
+        if missing:
+            raise ValueError(
+                f"reward {self.name!r} needs per-example {', '.join(missing)} in its keyword arguments; "
+                f"give prompts as dicts with those keys, e.g. {{'prompt': ..., {missing[0]!r}: ...}}"
+            )
+        return self.score(list(prompts), list(completions), **kwargs)
+
+    def to(self, device: Any) -> "RewardModel":
+        """Move the model to ``device`` (a no-op for models without tensors)."""
+        return self
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def reward_name(reward: Any) -> str:
+    """A readable name for a reward model or callable, for messages."""
+    if isinstance(reward, RewardModel):
+        return reward.name
+    return getattr(reward, "__name__", None) or type(reward).__name__
+
+
+def _accepts_kwargs(fn: Callable) -> tuple[bool, set[str]]:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True, set()
+    params = sig.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return True, set()
+    return False, {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def call_reward(
+    reward: RewardFn,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    metadata: Mapping[str, Sequence[Any]] | None = None,
+    *,
+    on_nonfinite: str = "raise",
+) -> np.ndarray:
+    """Call a reward model on a batch and check what it returns.
+
+    This is the single entry point that environments use: it passes the per-example metadata as
+    keyword arguments (only those a plain callable can accept), and turns every failure into an
+    error that names the reward and shows the completion.
+
+    :param reward: A :class:`RewardModel` or a callable ``f(prompts, completions, **kwargs)``.
+    :param prompts: Prompt texts.
+    :param completions: Completion texts, aligned with ``prompts``.
+    :param metadata: Per-example metadata lists, aligned with ``prompts``.
+    :param on_nonfinite: ``"raise"`` (default) raises on NaN/inf; ``"nan"`` returns them as they are
+        (for callers that count and skip bad episodes).
+    :return: ``float64`` array of shape ``(len(prompts),)``.
+    :raises RuntimeError: if the reward raises (the cause is chained).
+    :raises ValueError: if it returns the wrong number of values, non-numbers, or non-finite values.
+    """
+    prompts, completions = list(prompts), list(completions)
+    kwargs = dict(metadata or {})
+    if not isinstance(reward, RewardModel):
+        any_kw, names = _accepts_kwargs(reward)
+        if not any_kw:
+            kwargs = {k: v for k, v in kwargs.items() if k in names}
+    name = reward_name(reward)
+    try:
+        out = reward(prompts, completions, **kwargs)
+    except Exception as exc:  # re-raised with context
+        raise RuntimeError(
+            f"reward {name!r} raised {type(exc).__name__}: {exc} "
+            f"(batch of {len(completions)}; first completion: {_shorten(completions[0]) if completions else ''!r})"
+        ) from exc
+    try:
+        values = np.asarray(out, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"reward {name!r} must return a sequence of floats, one per completion; got {type(out).__name__}"
+        ) from exc
+    if values.ndim == 0 or values.shape != (len(completions),):
+        raise ValueError(
+            f"reward {name!r} returned {values.size if values.ndim else 'a scalar'} value(s) of shape "
+            f"{values.shape} for {len(completions)} completions; it must return exactly one float per completion"
+        )
+    bad = ~np.isfinite(values)
+    if bad.any() and on_nonfinite == "raise":
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"reward {name!r} returned a non-finite value ({values[i]}) for prompt {_shorten(prompts[i])!r} "
+            f"and completion {_shorten(completions[i])!r}; non-finite rewards never enter training"
+        )
+    return values
+
+
+def is_finite_number(x: float) -> bool:
+    """True for a finite real number."""
+    return isinstance(x, (int, float, np.floating, np.integer)) and math.isfinite(float(x))
