@@ -1,0 +1,389 @@
+"""
+The loss pieces of GRPO as small, pure torch functions.
+
+Every function here is stateless: tensors in, tensors out. :class:`sb3_grpo.GRPO` composes them; the tests
+pin each one down against a brute-force reference. Names follow CleanRL / SB3 PPO (``ratio``, ``pg_loss``,
+``approx_kl``, ``clipfracs``).
+
+Sources, one per mechanism:
+
+- clipped surrogate: Schulman et al. 2017, "Proximal Policy Optimization Algorithms", arXiv 1707.06347, eq. 7.
+- asymmetric / adaptive clip range: this project's design (``eps * 1.1`` for positive advantages,
+  ``eps * 0.9`` otherwise); asymmetric ranges in the same spirit as "clip-higher" in DAPO, arXiv 2503.14476.
+- gradient-variance penalty: this project's design, ``L = L_CLIP - beta * Var[grad L_CLIP]``; ``Var`` is
+  defined exactly in :func:`gradient_variance`; its gradient is obtained by double backpropagation.
+- k3 KL estimator: J. Schulman, "Approximating KL Divergence", 2020, http://joschu.net/blog/kl-approx.html;
+  used per token in DeepSeekMath's GRPO loss, arXiv 2402.03300, eq. 4.
+- group-relative advantage: Shao et al. 2024, "DeepSeekMath", arXiv 2402.03300, section 4.1.2.
+- leave-one-out (RLOO) baseline: Kool et al. 2019 "Buy 4 REINFORCE samples, get a baseline for free!";
+  Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740, eq. 6.
+- self-critical baseline: Rennie et al. 2017, "Self-critical Sequence Training for Image Captioning",
+  arXiv 1612.00563, eq. 8.
+- uniform-mixture exploration: this project's design, ``(1 - alpha) * pi + alpha * uniform``; the mixture
+  density is what makes the PPO ratio an honest importance weight (Precup et al. 2000 style off-policy
+  correction).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+
+__all__ = [
+    "adaptive_clip_range",
+    "clip_fraction",
+    "clipped_surrogate",
+    "gradient_variance",
+    "group_advantages",
+    "kl_k3",
+    "mixture_log_prob",
+    "pearson_corr",
+    "rloo_advantages",
+    "self_critical_advantages",
+    "uniform_log_prob",
+    "uniform_sample",
+]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Clipped surrogate and clip ranges
+# ----------------------------------------------------------------------------------------------------------
+def clipped_surrogate(ratio: th.Tensor, advantages: th.Tensor, clip_range: float | th.Tensor) -> th.Tensor:
+    """
+    Per-sample clipped surrogate objective (to be *maximized*), PPO eq. 7 (arXiv 1707.06347):
+
+    ``L_CLIP_i = min(r_i * A_i, clip(r_i, 1 - eps_i, 1 + eps_i) * A_i)``
+
+    With a float ``clip_range`` this performs exactly the operations of SB3's ``PPO.train``
+    (``th.clamp`` with scalar bounds), so ``pg_loss = -clipped_surrogate(...).mean()`` is bit-identical to
+    SB3's ``policy_loss``. With a tensor, each sample has its own range (see :func:`adaptive_clip_range`).
+
+    :param ratio: ``pi_new(a|s) / pi_old(a|s)``, shape ``(B,)``
+    :param advantages: advantage estimates, shape ``(B,)``
+    :param clip_range: ``eps``, a float or a per-sample tensor of shape ``(B,)``
+    :return: the per-sample surrogate, shape ``(B,)``
+    """
+    policy_loss_1 = advantages * ratio
+    # th.clamp accepts Python scalars (SB3's exact ops) as well as per-sample tensor bounds
+    policy_loss_2 = advantages * th.clamp(ratio, 1 - clip_range, 1 + clip_range)
+    return th.min(policy_loss_1, policy_loss_2)
+
+
+def adaptive_clip_range(
+    advantages: th.Tensor, clip_range: float, scales: tuple[float, float] = (1.1, 0.9)
+) -> th.Tensor:
+    """
+    Asymmetric, per-sample clip range from the sign of the advantage:
+
+    ``eps_i = eps * scales[0]`` if ``A_i > 0`` else ``eps * scales[1]``
+
+    With the default ``(1.1, 0.9)`` the policy may move further toward actions that did better than
+    expected and less far toward (away from) the others. ``eps`` is the value of SB3's ``clip_range``
+    schedule at the current progress, so schedules compose (the scales multiply whatever the schedule gives).
+    The sign is taken of the advantage *as used in the loss* (after minibatch normalization, if any).
+
+    :param advantages: advantages as used in the surrogate, shape ``(B,)``
+    :param clip_range: the base ``eps`` (current value of the clip-range schedule)
+    :param scales: ``(scale for A > 0, scale for A <= 0)``, both positive
+    :return: per-sample ``eps_i``, shape ``(B,)``, same dtype and device as ``advantages``
+    """
+    pos = th.full_like(advantages, clip_range * scales[0])
+    neg = th.full_like(advantages, clip_range * scales[1])
+    return th.where(advantages > 0, pos, neg)
+
+
+def clip_fraction(ratio: th.Tensor, clip_range: float | th.Tensor, mask: th.Tensor | None = None) -> float:
+    """
+    Fraction of samples whose ratio lies outside ``[1 - eps_i, 1 + eps_i]`` (SB3's ``clip_fraction``;
+    CleanRL's ``clipfracs``).
+
+    :param ratio: ``pi_new / pi_old``, shape ``(B,)``
+    :param clip_range: ``eps`` (float) or per-sample ``eps_i`` (tensor ``(B,)``)
+    :param mask: optional boolean mask selecting the samples to count (e.g. positive advantages)
+    :return: the fraction as a Python float (``nan`` if the mask selects nothing)
+    """
+    clipped = (th.abs(ratio - 1) > clip_range).float()
+    if mask is None:
+        return th.mean(clipped).item()
+    if not bool(mask.any()):
+        return float("nan")
+    return th.mean(clipped[mask]).item()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Gradient-variance penalty
+# ----------------------------------------------------------------------------------------------------------
+def gradient_variance(
+    slice_objectives: Sequence[th.Tensor], params: Sequence[th.Tensor], create_graph: bool = True
+) -> th.Tensor:
+    r"""
+    Variance of the policy gradient across minibatch slices: the trace of the empirical covariance of the
+    slice gradients,
+
+    ``g_k = grad_theta L_k``  (``L_k`` = mean clipped surrogate over slice ``k`` of the minibatch)
+
+    ``Var = (1 / K) * sum_k || g_k - g_bar ||^2``,  with ``g_bar = (1 / K) * sum_j g_j``
+
+    where ``theta`` are ``params`` (all trainable parameters, or a named subset) and ``||.||`` is the
+    Euclidean norm over all of them concatenated. It is the (biased, ``1/K``) sample variance of the slice
+    gradients summed over coordinates. ``Var`` is invariant to the sign of the ``L_k``.
+
+    With ``create_graph=True`` each ``g_k`` keeps its graph, so ``Var`` is a differentiable tensor and
+    ``Var.backward()`` gives ``grad_theta Var`` by double backpropagation (Hessian-vector products,
+    Pearlmutter 1994). GRPO minimizes ``pg_loss + beta * Var``, i.e. maximizes ``L_CLIP - beta * Var``.
+
+    :param slice_objectives: ``K >= 2`` scalar tensors ``L_1 .. L_K``, each built from its own slice
+    :param params: the parameters ``theta``; parameters that do not influence an ``L_k`` count as zero
+    :param create_graph: keep the graph of the slice gradients (needed to differentiate ``Var``)
+    :return: scalar tensor ``Var``
+    """
+    n_slices = len(slice_objectives)
+    if n_slices < 2:
+        raise ValueError(f"gradient_variance needs at least 2 slices, got {n_slices}")
+    params = list(params)
+    flat_grads = []
+    for objective in slice_objectives:
+        grads = th.autograd.grad(objective, params, create_graph=create_graph, retain_graph=True, allow_unused=True)
+        flat_grads.append(
+            th.cat([(th.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(grads, params, strict=True)])
+        )
+    stacked = th.stack(flat_grads)  # (K, n_params)
+    centered = stacked - stacked.mean(dim=0, keepdim=True)
+    return centered.pow(2).sum(dim=1).mean()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# KL to a reference policy
+# ----------------------------------------------------------------------------------------------------------
+def kl_k3(log_prob: th.Tensor, ref_log_prob: th.Tensor) -> th.Tensor:
+    """
+    Per-sample k3 estimator of ``KL(pi || pi_ref)`` for actions sampled from ``pi`` (Schulman 2020,
+    "Approximating KL Divergence"; DeepSeekMath eq. 4):
+
+    ``k3 = exp(ref - logp) - (ref - logp) - 1``  (unbiased, always >= 0)
+
+    :param log_prob: ``log pi(a|s)``, shape ``(B,)``
+    :param ref_log_prob: ``log pi_ref(a|s)``, shape ``(B,)``
+    :return: per-sample estimate, shape ``(B,)``
+    """
+    log_ratio = ref_log_prob - log_prob
+    return th.exp(log_ratio) - log_ratio - 1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Group advantages (per episode)
+# ----------------------------------------------------------------------------------------------------------
+def _group_index(group_ids: th.Tensor) -> tuple[th.Tensor, th.Tensor, int]:
+    """Map arbitrary group ids to ``0 .. n_groups - 1``; returns (index, counts, n_groups)."""
+    _, index, counts = th.unique(group_ids, return_inverse=True, return_counts=True)
+    return index, counts, int(counts.numel())
+
+
+def group_advantages(returns: th.Tensor, group_ids: th.Tensor, eps: float = 1e-8) -> tuple[th.Tensor, th.Tensor]:
+    """
+    Group-relative advantage of DeepSeekMath's GRPO (arXiv 2402.03300, section 4.1.2, outcome supervision):
+
+    ``A_i = (r_i - mean_{j in g(i)} r_j) / (std_{j in g(i)} r_j + eps)``
+
+    with the *unbiased* (``G - 1``) standard deviation, as in DeepSeekMath's and TRL's reference code.
+    Every token (step) of completion ``i`` gets ``A_i``. Groups with fewer than 2 members are not
+    defined; they get ``A = 0`` and ``valid = False``.
+
+    :param returns: one return per episode, shape ``(E,)``
+    :param group_ids: the group (prompt round) of each episode, integer tensor ``(E,)``
+    :param eps: added to the standard deviation
+    :return: ``(advantages, valid)``, both of shape ``(E,)``
+    """
+    returns = returns.double()
+    index, counts, n_groups = _group_index(group_ids)
+    sums = th.zeros(n_groups, dtype=returns.dtype).index_add_(0, index, returns)
+    means = sums / counts
+    sq = th.zeros(n_groups, dtype=returns.dtype).index_add_(0, index, (returns - means[index]) ** 2)
+    stds = th.sqrt(sq / (counts - 1).clamp(min=1))
+    valid = counts[index] >= 2
+    adv = (returns - means[index]) / (stds[index] + eps)
+    return th.where(valid, adv, th.zeros_like(adv)).float(), valid
+
+
+def rloo_advantages(returns: th.Tensor, group_ids: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    """
+    REINFORCE leave-one-out advantage (Kool et al. 2019; Ahmadian et al. 2024, arXiv 2402.14740, eq. 6):
+
+    ``A_i = r_i - (1 / (G - 1)) * sum_{j in g(i), j != i} r_j  =  G / (G - 1) * (r_i - mean_g r)``
+
+    The baseline of each sample is the mean of the *other* members of its group, so it is independent of
+    the sample and the estimator stays unbiased. Groups with fewer than 2 members: ``A = 0``, not valid.
+
+    :param returns: one return per episode, shape ``(E,)``
+    :param group_ids: the group of each episode, shape ``(E,)``
+    :return: ``(advantages, valid)``, both of shape ``(E,)``
+    """
+    returns = returns.double()
+    index, counts, n_groups = _group_index(group_ids)
+    sums = th.zeros(n_groups, dtype=returns.dtype).index_add_(0, index, returns)
+    n = counts[index].to(returns.dtype)
+    valid = counts[index] >= 2
+    baseline = (sums[index] - returns) / (n - 1).clamp(min=1)
+    adv = returns - baseline
+    return th.where(valid, adv, th.zeros_like(adv)).float(), valid
+
+
+def self_critical_advantages(
+    returns: th.Tensor, group_ids: th.Tensor, is_greedy: th.Tensor
+) -> tuple[th.Tensor, th.Tensor]:
+    """
+    Self-critical advantage (Rennie et al. 2017, arXiv 1612.00563, eq. 8): the baseline of a sampled
+    completion is the reward of the greedy (test-time) completion for the same prompt,
+
+    ``A_i = r_i - r_greedy(g(i))``
+
+    The greedy episodes themselves are not samples of the policy; they get ``A = 0`` and ``valid = False``.
+    Sampled episodes whose group has no finished greedy member also get ``A = 0``, ``valid = False``.
+    If a group holds several greedy episodes (it should not), their mean is the baseline.
+
+    :param returns: one return per episode, shape ``(E,)``
+    :param group_ids: the group of each episode, shape ``(E,)``
+    :param is_greedy: boolean, which episodes were generated greedily, shape ``(E,)``
+    :return: ``(advantages, valid)``, both of shape ``(E,)``
+    """
+    returns = returns.double()
+    is_greedy = is_greedy.bool()
+    index, _, n_groups = _group_index(group_ids)
+    greedy_sum = th.zeros(n_groups, dtype=returns.dtype).index_add_(0, index, th.where(is_greedy, returns, 0.0))
+    greedy_count = th.zeros(n_groups, dtype=returns.dtype).index_add_(0, index, is_greedy.to(returns.dtype))
+    has_baseline = greedy_count[index] > 0
+    baseline = greedy_sum[index] / greedy_count[index].clamp(min=1)
+    valid = has_baseline & ~is_greedy
+    adv = returns - baseline
+    return th.where(valid, adv, th.zeros_like(adv)).float(), valid
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Uniform-mixture exploration
+# ----------------------------------------------------------------------------------------------------------
+def _box_bounds(action_space: spaces.Box, squashed: bool) -> tuple[np.ndarray, np.ndarray]:
+    if squashed:
+        # SB3 policies with squash_output sample in [-1, 1] and unscale afterwards
+        return -np.ones(action_space.shape, dtype=np.float64), np.ones(action_space.shape, dtype=np.float64)
+    low = np.asarray(action_space.low, dtype=np.float64)
+    high = np.asarray(action_space.high, dtype=np.float64)
+    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+        raise ValueError(
+            "uniform exploration needs a bounded Box action space; got low="
+            f"{action_space.low}, high={action_space.high}. Use explore_alpha=0 for unbounded actions."
+        )
+    return low, high
+
+
+def uniform_log_prob(
+    action_space: spaces.Space, actions: th.Tensor | None = None, squashed: bool = False
+) -> float | th.Tensor:
+    """
+    Log density of the uniform policy on ``action_space``.
+
+    - ``Discrete(n)``: ``-log n``; ``MultiDiscrete(nvec)``: ``-sum log n_k``; ``MultiBinary(d)``: ``-d log 2``.
+    - bounded ``Box``: ``-sum log(high - low)`` (``-log volume``) inside the box, ``-inf`` outside. The box
+      is the space the policy's distribution lives in: ``[low, high]`` for SB3's (unsquashed) Gaussian,
+      whose samples are clipped only when passed to the env, and ``[-1, 1]^d`` for squashed policies.
+
+    :param action_space: the action space
+    :param actions: for ``Box``, the actions (``(B, d)``) whose density is wanted; ignored otherwise
+    :param squashed: whether the policy squashes its actions to ``[-1, 1]`` (``policy.squash_output``)
+    :return: a float, or for ``Box`` with ``actions`` a tensor ``(B,)``
+    """
+    if isinstance(action_space, spaces.Discrete):
+        return -math.log(int(action_space.n))
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return -float(np.sum(np.log(action_space.nvec.astype(np.float64))))
+    if isinstance(action_space, spaces.MultiBinary):
+        return -float(np.prod(action_space.shape)) * math.log(2.0)
+    if isinstance(action_space, spaces.Box):
+        low, high = _box_bounds(action_space, squashed)
+        log_density = -float(np.sum(np.log(high - low)))
+        if actions is None:
+            return log_density
+        low_t = th.as_tensor(low, dtype=actions.dtype, device=actions.device).reshape(1, -1)
+        high_t = th.as_tensor(high, dtype=actions.dtype, device=actions.device).reshape(1, -1)
+        flat = actions.reshape(actions.shape[0], -1)
+        inside = ((flat >= low_t) & (flat <= high_t)).all(dim=1)
+        return th.where(inside, th.full_like(flat[:, 0], log_density), th.full_like(flat[:, 0], -math.inf))
+    raise ValueError(
+        f"uniform exploration supports Discrete, MultiDiscrete, MultiBinary and bounded Box actions, "
+        f"not {type(action_space).__name__}"
+    )
+
+
+def uniform_sample(
+    action_space: spaces.Space, n: int, rng: np.random.Generator, squashed: bool = False
+) -> np.ndarray:
+    """
+    Draw ``n`` actions from the uniform policy on ``action_space`` (see :func:`uniform_log_prob`).
+
+    :param action_space: the action space
+    :param n: number of actions
+    :param rng: numpy generator (GRPO keeps its own, so exploration does not shift torch's RNG stream)
+    :param squashed: whether the policy squashes its actions to ``[-1, 1]``
+    :return: array of shape ``(n, *action_space.shape)`` in the policy's action dtype
+    """
+    if isinstance(action_space, spaces.Discrete):
+        return rng.integers(0, int(action_space.n), size=n) + int(action_space.start)
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return rng.integers(0, action_space.nvec, size=(n, *action_space.nvec.shape)) + action_space.start
+    if isinstance(action_space, spaces.MultiBinary):
+        return rng.integers(0, 2, size=(n, *action_space.shape))
+    if isinstance(action_space, spaces.Box):
+        low, high = _box_bounds(action_space, squashed)
+        return rng.uniform(low, high, size=(n, *action_space.shape)).astype(np.float32)
+    raise ValueError(f"uniform exploration does not support {type(action_space).__name__} actions")
+
+
+def mixture_log_prob(
+    log_prob: th.Tensor, uniform_log_prob_: float | th.Tensor, alpha: float
+) -> th.Tensor:
+    """
+    Log density of the exploration mixture ``(1 - alpha) * pi + alpha * uniform``:
+
+    ``log pi_mix(a) = logaddexp(log(1 - alpha) + log pi(a), log(alpha) + log u(a))``
+
+    Storing this as the rollout's ``old_log_prob`` makes the PPO ratio ``pi_new(a) / pi_mix(a)`` an honest
+    importance weight for actions drawn from the mixture. ``alpha = 0`` returns ``log_prob`` unchanged.
+
+    :param log_prob: ``log pi(a|s)``, shape ``(B,)``
+    :param uniform_log_prob_: ``log u(a)``: a float, or a tensor ``(B,)`` (``-inf`` outside a Box)
+    :param alpha: mixing weight in ``[0, 1]``
+    :return: ``log pi_mix(a|s)``, shape ``(B,)``
+    """
+    if alpha <= 0.0:
+        return log_prob
+    log_u = th.as_tensor(uniform_log_prob_, dtype=log_prob.dtype, device=log_prob.device).expand_as(log_prob)
+    if alpha >= 1.0:
+        return log_u.clone()
+    return th.logaddexp(log_prob + math.log1p(-alpha), log_u + math.log(alpha))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Diagnostics
+# ----------------------------------------------------------------------------------------------------------
+def pearson_corr(x: np.ndarray | th.Tensor, y: np.ndarray | th.Tensor) -> float:
+    """
+    Pearson correlation of two flat arrays; ``nan`` when either is constant. Used for
+    ``train/value_return_corr`` (values against their regression targets): below about 0.5 the value
+    head is undertrained and GAE advantages are mostly noise.
+
+    :param x: first sample
+    :param y: second sample
+    :return: the correlation coefficient in ``[-1, 1]`` or ``nan``
+    """
+    x = np.asarray(x, dtype=np.float64).ravel()
+    y = np.asarray(y, dtype=np.float64).ravel()
+    if x.size < 2:
+        return float("nan")
+    xc, yc = x - x.mean(), y - y.mean()
+    denom = math.sqrt(float(np.dot(xc, xc)) * float(np.dot(yc, yc)))
+    if denom == 0.0:
+        return float("nan")
+    return float(np.dot(xc, yc) / denom)
