@@ -1,0 +1,772 @@
+"""``CausalLMPolicy``: any Hugging Face causal LM as a stable-baselines3 actor-critic policy.
+
+The observation is a right-aligned (left-padded) window of token ids with its attention mask; the action is
+the next token id. The actor is the LM's next-token distribution (after temperature / top-k / top-p), the
+critic a scalar value head. During rollout the policy keeps a per-row KV cache (see :class:`CausalLMPolicy`)
+so that stock SB3 ``collect_rollouts`` runs one single-token forward per step instead of one per prefix.
+
+The math lives in small pure functions (:func:`positions_from_mask`, :func:`process_logits`,
+:func:`extends_by_one`, :func:`left_pad_columns`) that the tests pin down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.distributions import CategoricalDistribution
+from stable_baselines3.common.policies import BasePolicy
+from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
+from torch import nn
+
+__all__ = [
+    "CausalLMPolicy",
+    "extends_by_one",
+    "left_pad_columns",
+    "model_spec",
+    "positions_from_mask",
+    "process_logits",
+]
+
+OBS_KEYS = ("input_ids", "attention_mask")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Small pure functions
+# --------------------------------------------------------------------------------------------------------------
+
+
+def positions_from_mask(attention_mask: th.Tensor) -> th.Tensor:
+    """Position ids from an attention mask: ``cumsum - 1``, clamped at 0.
+
+    A token's position is the number of valid tokens before it, so it does not depend on how much left
+    padding the window carries. Every path of the policy (full recompute, cached step, whole sequences)
+    uses this rule, which is what makes them agree.
+
+    :param attention_mask: ``[B, L]`` mask, 1 for real tokens, 0 for padding.
+    :return: ``[B, L]`` long tensor of position ids (0 on leading padding).
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def process_logits(
+    logits: th.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> th.Tensor:
+    """Apply temperature, then top-k, then top-p (nucleus) filtering, in Hugging Face's order.
+
+    Removed tokens get ``-inf``; the result is the logits of the distribution the policy samples from *and*
+    scores log-probs with. Ties at the top-k boundary are all kept (as in ``transformers``' ``TopKLogitsWarper``);
+    top-p keeps the smallest set of most likely tokens whose probability reaches ``top_p`` (at least one).
+
+    :param logits: ``[..., V]`` raw logits.
+    :param temperature: divide the logits by this (> 0).
+    :param top_k: keep the ``top_k`` most likely tokens; ``None`` or 0 keeps all.
+    :param top_p: keep the nucleus of mass ``top_p``; ``None`` or 1.0 keeps all.
+    :return: ``[..., V]`` processed logits (float32 or the input dtype).
+    """
+    if temperature != 1.0:
+        logits = logits / temperature
+    vocab = logits.shape[-1]
+    if top_k is not None and 0 < top_k < vocab:
+        kth = th.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, sorted_idx = th.sort(logits, dim=-1, descending=False)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cum <= (1.0 - top_p)
+        remove_sorted[..., -1] = False  # always keep the most likely token
+        remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return logits
+
+
+def extends_by_one(
+    old_ids: th.Tensor, old_mask: th.Tensor, new_ids: th.Tensor, new_mask: th.Tensor
+) -> th.Tensor:
+    """Which rows of a new right-aligned window extend the old window by exactly one token.
+
+    True for row ``b`` when the window shifted left by one (``new[:-1] == old[1:]`` for ids and mask), the
+    new last token is valid, and nothing valid fell off the left edge (``old_mask[0] == 0``), i.e. the valid
+    tokens of the new window are the valid tokens of the old one plus one.
+
+    :param old_ids: ``[B, W]`` ids of the cached window.
+    :param old_mask: ``[B, W]`` its mask.
+    :param new_ids: ``[B, W]`` ids of the new window.
+    :param new_mask: ``[B, W]`` its mask.
+    :return: ``[B]`` bool tensor.
+    """
+    if old_ids.shape != new_ids.shape:
+        return th.zeros(new_ids.shape[0], dtype=th.bool, device=new_ids.device)
+    same_ids = (new_ids[:, :-1] == old_ids[:, 1:]).all(dim=1)
+    same_mask = (new_mask[:, :-1] == old_mask[:, 1:]).all(dim=1)
+    return same_ids & same_mask & (new_mask[:, -1] == 1) & (old_mask[:, 0] == 0)
+
+
+def left_pad_columns(t: th.Tensor, length: int, dim: int = -2) -> th.Tensor:
+    """Pad ``t`` with zeros on the left of dimension ``dim`` up to ``length`` (no-op if already as long).
+
+    :param t: tensor, e.g. cached keys ``[B, H, K, D]``.
+    :param length: the target size of ``dim``.
+    :param dim: the sequence dimension.
+    :return: the padded tensor.
+    """
+    missing = length - t.shape[dim]
+    if missing <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return th.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def model_spec(lm: nn.Module) -> dict[str, Any]:
+    """A JSON-serialisable description of a Hugging Face model: its full config, no weights.
+
+    SB3 stores this instead of the model object; the weights come back from the state dict SB3 saves.
+
+    :param lm: a ``PreTrainedModel``.
+    :return: ``{"config": dict, "name_or_path": str}``.
+    """
+    return {
+        "config": json.loads(lm.config.to_json_string(use_diff=False)),
+        "name_or_path": str(getattr(lm.config, "_name_or_path", "") or getattr(lm, "name_or_path", "")),
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Model loading
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _default_model_path() -> str:
+    try:
+        from textrl_envs.assets import lm_path  # noqa: PLC0415 (lazy: the bundled LM is optional at import)
+    except ImportError as e:
+        raise ValueError(
+            "CausalLMPolicy got model=None, which means the bundled LM from textrl_envs.assets.lm_path(), "
+            f"but it is not available ({e}); pass policy_kwargs={{'model': <local model dir or PreTrainedModel>}}"
+        ) from e
+    return str(lm_path())
+
+
+def _as_dtype(dtype: th.dtype | str | None) -> th.dtype | None:
+    if dtype is None or isinstance(dtype, th.dtype):
+        return dtype
+    name = str(dtype).replace("torch.", "")
+    value = getattr(th, name, None)
+    if not isinstance(value, th.dtype):
+        raise ValueError(f"dtype {dtype!r} is not a torch dtype; use e.g. 'float32', 'bfloat16' or th.float16")
+    return value
+
+
+def _load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
+    """Build the causal LM from a path, a model instance, a :func:`model_spec` dict, or ``None``."""
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel  # noqa: PLC0415
+
+    if model is None:
+        model = _default_model_path()
+    if isinstance(model, PreTrainedModel):
+        return model.to(dtype) if dtype is not None else model
+    if isinstance(model, dict):
+        if "config" not in model:
+            raise ValueError(f"model dict must be a model_spec with a 'config' key, got keys {sorted(model)}")
+        cfg = dict(model["config"])
+        config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+        kwargs = {"dtype": dtype} if dtype is not None else {}
+        return AutoModelForCausalLM.from_config(config, **kwargs)
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(
+                f"CausalLMPolicy model directory {path!r} does not exist (or is not a directory); pass an existing "
+                "local model directory, a PreTrainedModel, or a model_spec dict (config only; weights then come "
+                "from the SB3 checkpoint)"
+            )
+        kwargs = {"dtype": dtype} if dtype is not None else {}
+        return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+    raise TypeError(
+        f"model must be None, a local path, a transformers PreTrainedModel or a model_spec dict; got {type(model)}"
+    )
+
+
+def _make_portable(model: Any, spec: dict[str, Any]) -> None:
+    """Replace a model *object* in the calling SB3 algorithm's ``policy_kwargs`` by its config spec.
+
+    SB3 saves ``algo.policy_kwargs`` with the algorithm (cloudpickled when not JSON), which would pickle the whole
+    Hugging Face model into the zip. The policy never sees the algorithm, so it looks up the few frames above it
+    for the ``BaseAlgorithm`` whose ``policy_kwargs["model"]`` is this very object and swaps in the spec; the
+    weights are saved anyway in the state dict. Paths and specs are left as they are.
+    """
+    from stable_baselines3.common.base_class import BaseAlgorithm  # noqa: PLC0415
+
+    frame = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            return
+        algo = frame.f_locals.get("self")
+        if isinstance(algo, BaseAlgorithm) and isinstance(getattr(algo, "policy_kwargs", None), dict):
+            if algo.policy_kwargs.get("model") is model:
+                algo.policy_kwargs["model"] = spec
+            return
+        frame = frame.f_back
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The critic used with separate_critic=True
+# --------------------------------------------------------------------------------------------------------------
+
+
+class EmbeddingCritic(nn.Module):
+    """A small critic that shares no trainable weights with the LM.
+
+    Features of the state ending at position ``j``: the mean of the (detached, frozen) LM input embeddings of the
+    valid tokens up to ``j``, concatenated with the embedding of token ``j``; a two-layer MLP maps them to a scalar.
+    Gradients of the value loss never reach the LM, and the critic costs an embedding lookup, so it needs no KV
+    cache. Its prefix version (:meth:`values_per_position`) is what both the per-transition and the sequence paths
+    use, so they agree exactly.
+
+    :param embedding: the LM's input embedding module (read, detached).
+    :param hidden: width of the MLP.
+    """
+
+    def __init__(self, embedding: nn.Module, hidden: int = 256):
+        super().__init__()
+        self._embedding = [embedding]  # a list keeps it out of this module's parameters / state dict
+        dim = embedding.weight.shape[1]
+        self.mlp = nn.Sequential(nn.Linear(2 * dim, hidden), nn.Tanh())
+        self.head = nn.Linear(hidden, 1)
+
+    def values_per_position(self, input_ids: th.Tensor, attention_mask: th.Tensor) -> th.Tensor:
+        """Value of every prefix: ``[B, L]``, entry ``j`` for the state whose last token is ``j``."""
+        with th.no_grad():
+            emb = self._embedding[0](input_ids).float()
+        m = attention_mask.float().unsqueeze(-1)
+        mean = (emb * m).cumsum(1) / m.cumsum(1).clamp(min=1.0)
+        return self.head(self.mlp(th.cat([mean, emb], dim=-1))).squeeze(-1)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Rollout cache state
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _RowCache:
+    """KV cache and bookkeeping for one batch of envs (one batch size).
+
+    Invariants: ``cache`` holds, for every row, the keys/values of exactly the valid tokens of ``ids[b]`` in order,
+    in its last columns; ``kv_mask[b]`` marks which cache columns are real for row ``b`` (a contiguous suffix for
+    right-aligned input); columns masked for every row are cropped, so ``K <= W``; ``logits``/``values`` are the
+    outputs for ``ids``; ``version`` is the parameter version the cache was computed with.
+    """
+
+    cache: Any
+    kv_mask: th.Tensor
+    ids: th.Tensor
+    mask: th.Tensor
+    logits: th.Tensor
+    values: th.Tensor
+    version: int
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The policy
+# --------------------------------------------------------------------------------------------------------------
+
+
+class CausalLMPolicy(BasePolicy):
+    """A Hugging Face causal LM (+ value head) as an SB3 actor-critic policy for text-generation envs.
+
+    Works unchanged with stock ``PPO``, ``A2C`` and ``sb3_grpo.GRPO``: ``PPO(CausalLMPolicy, env).learn(...)``.
+
+    **Spaces.** Observation ``Dict(input_ids=Box(int, (W,)), attention_mask=Box(int, (W,)))``: the prompt plus the
+    tokens generated so far, right-aligned (left padding), newest token at ``W - 1``. Action ``Discrete(V)``, the next
+    token id; the LM's vocabulary may be larger than ``V`` (logits are sliced to ``V``), never smaller. Observations
+    that come back from SB3's rollout buffer as floats are cast to long. Position ids are ``cumsum(mask) - 1``
+    (clamped at 0) in every path, so padding never changes a token's position.
+
+    **Actor and critic.** The actor is the LM's next-token distribution. The critic is, by default, a scalar linear
+    value head on the LM's final hidden state at the last position (shared trunk: the value loss also trains the
+    LM). With ``separate_critic=True`` it is an :class:`EmbeddingCritic`, a small MLP over the frozen LM input
+    embeddings that shares no trainable weights with the LM.
+
+    **Sampling controls are part of the policy.** ``temperature``, ``top_k`` and ``top_p`` change the distribution
+    that actions are sampled from *and* the log-probs and entropies reported in ``forward`` (rollout),
+    ``evaluate_actions`` and ``evaluate_sequences`` (update), so the PPO ratio is an honest importance weight between
+    the sampling distributions of the old and the new policy. A consequence: a token outside the top-k / top-p set
+    of the *updated* policy gets log-prob ``-inf`` (ratio 0); that is the truth about that policy.
+
+    **Dropout.** The LM (and critic) always run in eval mode, in rollout and in update alike, so dropout never makes
+    the rollout log-probs and the update log-probs disagree (with no dropout, the first PPO epoch starts at ratio 1
+    exactly, up to float error). ``set_training_mode`` only toggles gradient checkpointing.
+
+    **Initialisation and optimiser.** SB3's ``ortho_init`` touches only the value head (orthogonal, gain 1), never
+    the pretrained LM; ``value_head_init_std`` (if given) overrides it with ``N(0, std)`` weights and zero bias. The
+    optimiser covers every trainable parameter: the LM and the value head (or the separate critic).
+
+    **Incremental decoding.** Under ``torch.no_grad`` (rollout, ``predict_values``, ``predict``) and with
+    ``use_cache=True``, the policy keeps one ``transformers.DynamicCache`` per batch size (the last two used) holding
+    every row's keys/values right-aligned in one batch. On each call, each row is classified:
+
+    - identical to the cached window (all rows): the stored logits and values are returned, no forward;
+    - extends the cached window by exactly one token (:func:`extends_by_one`): served by one batched single-token
+      forward over the cache, with the 2-D mask ``[cache mask, new column]`` and position ``n_valid - 1``;
+    - anything else (auto-reset, new group prompt, an outside call with other observations): recomputed with one
+      prefill over those rows only, whose cache is left-padded with masked slots and spliced into the batch cache.
+
+    Cache columns masked for every row are cropped after each step, so the cache never exceeds ``W`` columns. The
+    cache is dropped when the parameters change (a version counter over the parameters' in-place update counters,
+    plus ``set_training_mode(True)``) and is never used with gradients (``evaluate_actions``, ``evaluate_sequences``
+    always recompute in full). Models with sliding-window cache layers fall back to full recomputation.
+
+    **Saving.** ``_get_constructor_parameters`` stores the model as a config-only :func:`model_spec` dict, and when
+    an SB3 algorithm builds the policy from a model *object*, its ``policy_kwargs["model"]`` is replaced by that spec
+    too (see :func:`_make_portable`), so no Hugging Face object is pickled and loading needs no model directory; the
+    weights come from SB3's state dict. A model given as a path stays a path: loading then needs that directory and
+    says so clearly when it is gone.
+
+    :param observation_space: the env's ``Dict`` observation space.
+    :param action_space: the env's ``Discrete(V)`` action space.
+    :param lr_schedule: learning-rate schedule (SB3 passes it).
+    :param model: a local model directory, a ``transformers.PreTrainedModel`` (used in place, not copied), a
+        :func:`model_spec` dict, or ``None`` for the bundled LM at ``textrl_envs.assets.lm_path()``.
+    :param dtype: dtype to load / cast the LM to (``th.dtype`` or a name such as ``"bfloat16"``); heads stay float32.
+    :param temperature: sampling temperature (> 0).
+    :param top_k: keep only the ``top_k`` most likely tokens (``None``: all).
+    :param top_p: nucleus sampling mass in ``(0, 1]`` (``None``: all).
+    :param separate_critic: use an :class:`EmbeddingCritic` instead of a value head on the shared trunk.
+    :param use_cache: keep the rollout KV cache (``False``: recompute every prefix, for benchmarks and debugging).
+    :param gradient_checkpointing: trade compute for memory in the update forward.
+    :param value_head_init_std: std of the value head's normal init (``None``: orthogonal if ``ortho_init``).
+    :param ortho_init: SB3's flag; here it only decides the value head's init.
+    :param critic_hidden: width of the separate critic's MLP.
+    :param use_sde: SB3 passes it; must be False.
+    :param optimizer_class: the optimizer (default Adam, ``eps=1e-5`` like SB3's ``ActorCriticPolicy``).
+    :param optimizer_kwargs: extra optimizer arguments.
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        lr_schedule: Schedule,
+        model: Any = None,
+        dtype: th.dtype | str | None = None,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        separate_critic: bool = False,
+        use_cache: bool = True,
+        gradient_checkpointing: bool = False,
+        value_head_init_std: float | None = None,
+        ortho_init: bool = True,
+        critic_hidden: int = 256,
+        use_sde: bool = False,
+        optimizer_class: type[th.optim.Optimizer] = th.optim.Adam,
+        optimizer_kwargs: dict[str, Any] | None = None,
+    ):
+        if optimizer_kwargs is None:
+            optimizer_kwargs = {"eps": 1e-5} if optimizer_class == th.optim.Adam else {}
+        super().__init__(
+            observation_space, action_space, optimizer_class=optimizer_class, optimizer_kwargs=optimizer_kwargs
+        )
+        if use_sde:
+            raise ValueError("CausalLMPolicy has a discrete (token) action space; use_sde must be False")
+        self._check_spaces(observation_space, action_space)
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if top_p is not None and not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if top_k is not None and top_k < 0:
+            raise ValueError(f"top_k must be >= 0 or None, got {top_k}")
+
+        self.dtype_name = None if dtype is None else str(_as_dtype(dtype)).replace("torch.", "")
+        self.temperature = float(temperature)
+        self.top_k = top_k
+        self.top_p = top_p
+        self.separate_critic = separate_critic
+        self.use_cache = use_cache
+        self.gradient_checkpointing = gradient_checkpointing
+        self.value_head_init_std = value_head_init_std
+        self.ortho_init = ortho_init
+        self.critic_hidden = critic_hidden
+
+        self.lm = _load_lm(model, _as_dtype(dtype))
+        self._spec = model_spec(self.lm)
+        if not isinstance(model, (str, os.PathLike)) and model is not None:
+            _make_portable(model, self._spec)
+        self._model_arg = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+
+        self.n_actions = int(action_space.n)
+        self.lm_vocab = int(self.lm.get_output_embeddings().weight.shape[0])
+        if self.lm_vocab < self.n_actions:
+            raise ValueError(
+                f"the LM's vocabulary has {self.lm_vocab} tokens but the env's action space is Discrete("
+                f"{self.n_actions}) (len(tokenizer)); use a model whose vocabulary covers the env's tokenizer, "
+                "or resize its token embeddings to at least the tokenizer length"
+            )
+        hidden = int(self.lm.get_input_embeddings().weight.shape[1])
+        if separate_critic:
+            self.critic = EmbeddingCritic(self.lm.get_input_embeddings(), hidden=critic_hidden)
+            self.value_head = self.critic.head
+            init_modules = [self.critic.mlp, self.critic.head]
+        else:
+            self.value_head = nn.Linear(hidden, 1)
+            init_modules = [self.value_head]
+        for module in init_modules:
+            if value_head_init_std is not None and module is self.value_head:
+                nn.init.normal_(module.weight, std=value_head_init_std)
+                nn.init.zeros_(module.bias)
+            elif ortho_init:
+                gain = 1.0 if module is self.value_head else float(np.sqrt(2))
+                module.apply(lambda m, g=gain: self.init_weights(m, gain=g))
+
+        if gradient_checkpointing:
+            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.action_dist = CategoricalDistribution(self.n_actions)
+        self._caches: OrderedDict[int, _RowCache] = OrderedDict()
+        self._cache_supported = True
+        self.train(False)
+        self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
+
+    # ---------------------------------------------------------------------------------------------------------
+    # SB3 plumbing
+    # ---------------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_spaces(observation_space: spaces.Space, action_space: spaces.Space) -> None:
+        if not isinstance(observation_space, spaces.Dict) or any(k not in observation_space.spaces for k in OBS_KEYS):
+            got = sorted(observation_space.spaces) if isinstance(observation_space, spaces.Dict) else observation_space
+            raise ValueError(
+                f"CausalLMPolicy needs a Dict observation space with keys {list(OBS_KEYS)} (right-aligned token "
+                f"window and its mask); the env gives {got}"
+            )
+        if not isinstance(action_space, spaces.Discrete):
+            raise ValueError(f"CausalLMPolicy needs a Discrete(len(tokenizer)) action space; the env gives {action_space}")
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update(
+            dict(
+                lr_schedule=self._dummy_schedule,
+                model=self._spec,
+                dtype=self.dtype_name,
+                temperature=self.temperature,
+                top_k=self.top_k,
+                top_p=self.top_p,
+                separate_critic=self.separate_critic,
+                use_cache=self.use_cache,
+                gradient_checkpointing=self.gradient_checkpointing,
+                value_head_init_std=self.value_head_init_std,
+                ortho_init=self.ortho_init,
+                critic_hidden=self.critic_hidden,
+                optimizer_class=self.optimizer_class,
+                optimizer_kwargs=self.optimizer_kwargs,
+            )
+        )
+        return data
+
+    def train(self, mode: bool = True) -> CausalLMPolicy:
+        """Set the module's mode; the LM and critic stay in eval mode (no dropout) in both modes.
+
+        With gradient checkpointing, only the checkpointed decoder layers follow ``mode`` (their ``training`` flag
+        switches checkpointing on); their attention / MLP submodules, which own the dropout, stay in eval mode.
+        """
+        super().train(mode)
+        self.lm.eval()
+        if self.separate_critic:
+            self.critic.eval()
+        if self.gradient_checkpointing and mode:
+            for module in self.lm.modules():
+                if getattr(module, "gradient_checkpointing", False) and hasattr(module, "_gradient_checkpointing_func"):
+                    module.training = True
+        return self
+
+    def set_training_mode(self, mode: bool) -> None:
+        """SB3 hook: ``True`` before an update (drops the rollout cache), ``False`` before a rollout.
+
+        :param mode: training mode flag.
+        """
+        if mode:
+            self.reset_cache()
+        self.train(mode)
+
+    def reset_cache(self) -> None:
+        """Drop every rollout KV cache (the next call recomputes all rows)."""
+        self._caches.clear()
+
+    def _param_version(self) -> int:
+        # In-place updates (optimizer.step, load_state_dict, copy_) bump each tensor's version counter.
+        return sum(p._version for p in self.parameters())
+
+    def _parse_obs(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
+        if not isinstance(obs, dict) or any(k not in obs for k in OBS_KEYS):
+            got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
+            raise ValueError(f"CausalLMPolicy expects observations with keys {list(OBS_KEYS)}; got {got}")
+        ids = th.as_tensor(obs["input_ids"], device=self.device)
+        mask = th.as_tensor(obs["attention_mask"], device=self.device)
+        if ids.is_floating_point():
+            ids = ids.round()
+        if mask.is_floating_point():
+            mask = mask.round()
+        ids, mask = ids.long(), mask.long()
+        if ids.dim() == 1:
+            ids, mask = ids.unsqueeze(0), mask.unsqueeze(0)
+        # padding ids may be anything (even out of the LM's range): they are masked, so make them 0
+        return ids.masked_fill(mask == 0, 0), mask
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Model pieces
+    # ---------------------------------------------------------------------------------------------------------
+
+    def _trunk(self, ids: th.Tensor, mask: th.Tensor, position_ids: th.Tensor, cache: Any = None) -> th.Tensor:
+        """Final hidden states ``[B, L, d]`` of the LM body (after its final norm)."""
+        out = self.lm.base_model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=cache is not None,
+        )
+        return out.last_hidden_state
+
+    def _logits(self, hidden: th.Tensor) -> th.Tensor:
+        """Raw next-token logits over the env's ``V`` actions (float32)."""
+        logits = self.lm.get_output_embeddings()(hidden)
+        cap = getattr(self.lm.config, "final_logit_softcapping", None)
+        if cap:
+            logits = th.tanh(logits / cap) * cap
+        return logits[..., : self.n_actions].float()
+
+    def _value(self, hidden_last: th.Tensor, ids: th.Tensor, mask: th.Tensor) -> th.Tensor:
+        """Values ``[B]`` of the states given by whole windows (``hidden_last``: trunk output at the last column)."""
+        if self.separate_critic:
+            return self.critic.values_per_position(ids, mask)[:, -1]
+        return self.value_head(hidden_last.float()).squeeze(-1)
+
+    def _processed(self, logits: th.Tensor) -> th.Tensor:
+        return process_logits(logits, self.temperature, self.top_k, self.top_p)
+
+    def _distribution(self, logits: th.Tensor) -> CategoricalDistribution:
+        return self.action_dist.proba_distribution(action_logits=self._processed(logits))
+
+    @staticmethod
+    def _trim(ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """Drop leading columns that are padding in every row (exactly neutral: masked keys weigh 0)."""
+        any_valid = mask.any(dim=0)
+        start = int(any_valid.nonzero()[0, 0]) if bool(any_valid.any()) else mask.shape[1] - 1
+        return ids[:, start:], mask[:, start:]
+
+    def _full_outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """Logits ``[B, V]`` and values ``[B]`` for whole windows, no cache (differentiable)."""
+        ids, mask = self._trim(ids, mask)
+        hidden = self._trunk(ids, mask, positions_from_mask(mask))[:, -1]
+        return self._logits(hidden), self._value(hidden, ids, mask)
+
+    def _outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        if self.use_cache and self._cache_supported and not th.is_grad_enabled():
+            return self._cached_outputs(ids, mask)
+        return self._full_outputs(ids, mask)
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Incremental decoding
+    # ---------------------------------------------------------------------------------------------------------
+
+    def _prefill(self, ids: th.Tensor, mask: th.Tensor) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
+        """Full forward of some rows, building their cache: ``(cache, kv_mask, logits, values)``."""
+        from transformers import DynamicCache  # noqa: PLC0415
+
+        t_ids, t_mask = self._trim(ids, mask)
+        cache = DynamicCache(config=self.lm.config)
+        hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask), cache=cache)[:, -1]
+        return cache, t_mask.clone(), self._logits(hidden), self._value(hidden, ids, mask)
+
+    def _cache_layers_ok(self, cache: Any) -> bool:
+        from transformers.cache_utils import DynamicLayer  # noqa: PLC0415
+
+        ok = all(type(layer) is DynamicLayer for layer in cache.layers)
+        if not ok:
+            self._cache_supported = False  # e.g. sliding-window layers: splicing/cropping would be wrong
+        return ok
+
+    def _cached_outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        batch = ids.shape[0]
+        version = self._param_version()
+        state = self._caches.pop(batch, None)
+        if state is not None and (state.version != version or state.ids.shape != ids.shape):
+            state = None
+        if state is not None and th.equal(state.ids, ids) and th.equal(state.mask, mask):
+            self._caches[batch] = state
+            return state.logits, state.values
+
+        extend = (
+            extends_by_one(state.ids, state.mask, ids, mask)
+            if state is not None
+            else th.zeros(batch, dtype=th.bool, device=ids.device)
+        )
+        logits = th.empty(batch, self.n_actions, device=ids.device)
+        values = th.empty(batch, device=ids.device)
+
+        if bool(extend.any()):
+            # one single-token step for the whole batch; rows that do not extend feed a masked dummy token and
+            # are overwritten by the prefill below
+            new_tok = th.where(extend, ids[:, -1], th.zeros_like(ids[:, -1])).unsqueeze(1)
+            kv_mask = th.cat([state.kv_mask, extend.long().unsqueeze(1)], dim=1)
+            pos = (mask.sum(dim=1, keepdim=True) - 1).clamp(min=0)
+            hidden = self._trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]
+            state.kv_mask = kv_mask
+            logits[extend] = self._logits(hidden[extend])
+            if self.separate_critic:
+                values[extend] = self.critic.values_per_position(ids[extend], mask[extend])[:, -1]
+            else:
+                values[extend] = self.value_head(hidden[extend].float()).squeeze(-1)
+
+        redo = ~extend
+        if bool(redo.any()):
+            rows = redo.nonzero().squeeze(1)
+            cache_r, kv_mask_r, logits_r, values_r = self._prefill(ids[rows], mask[rows])
+            if not self._cache_layers_ok(cache_r):
+                return self._full_outputs(ids, mask)
+            logits[rows], values[rows] = logits_r, values_r
+            if state is None or bool(redo.all()):
+                state = _RowCache(cache_r, kv_mask_r, ids, mask, logits, values, version)
+            else:
+                self._splice(state, rows, cache_r, kv_mask_r)
+
+        state.ids, state.mask, state.logits, state.values, state.version = ids, mask, logits, values, version
+        self._crop(state)
+        self._caches[batch] = state
+        while len(self._caches) > 2:
+            self._caches.popitem(last=False)
+        return logits, values
+
+    @staticmethod
+    def _splice(state: _RowCache, rows: th.Tensor, cache_r: Any, kv_mask_r: th.Tensor) -> None:
+        """Write recomputed rows into the batch cache, left-padding whichever is shorter with masked slots."""
+        length = max(state.kv_mask.shape[1], kv_mask_r.shape[1])
+        kv_mask = left_pad_columns(state.kv_mask, length, dim=1)
+        kv_mask[rows] = left_pad_columns(kv_mask_r, length, dim=1)
+        state.kv_mask = kv_mask
+        for layer, layer_r in zip(state.cache.layers, cache_r.layers, strict=True):
+            keys = left_pad_columns(layer.keys, length)
+            vals = left_pad_columns(layer.values, length)
+            keys[rows] = left_pad_columns(layer_r.keys, length)
+            vals[rows] = left_pad_columns(layer_r.values, length)
+            layer.keys, layer.values = keys, vals
+
+    @staticmethod
+    def _crop(state: _RowCache) -> None:
+        """Remove leading cache columns masked for every row, so the cache stays within the window width."""
+        any_valid = state.kv_mask.any(dim=0)
+        if not bool(any_valid.any()):
+            return
+        start = int(any_valid.nonzero()[0, 0])
+        if start == 0:
+            return
+        state.kv_mask = state.kv_mask[:, start:]
+        for layer in state.cache.layers:
+            layer.keys = layer.keys[..., start:, :]
+            layer.values = layer.values[..., start:, :]
+
+    # ---------------------------------------------------------------------------------------------------------
+    # The SB3 policy API
+    # ---------------------------------------------------------------------------------------------------------
+
+    def forward(self, obs: PyTorchObs, deterministic: bool = False) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """Sample (or pick the mode of) the next token; uses the rollout cache under ``no_grad``.
+
+        :param obs: dict observation (``input_ids``, ``attention_mask``), batched.
+        :param deterministic: take the most likely token instead of sampling.
+        :return: actions ``[B]``, values ``[B, 1]``, log-probs ``[B]`` of the processed distribution.
+        """
+        ids, mask = self._parse_obs(obs)
+        logits, values = self._outputs(ids, mask)
+        dist = self._distribution(logits)
+        actions = dist.get_actions(deterministic=deterministic)
+        return actions, values.unsqueeze(-1), dist.log_prob(actions)
+
+    def evaluate_actions(self, obs: PyTorchObs, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """Values, log-probs and entropies for given transitions: full recompute, never the cache.
+
+        :param obs: dict observation, batched (floats from the rollout buffer are fine).
+        :param actions: token ids ``[B]`` or ``[B, 1]``.
+        :return: values ``[B, 1]``, log-probs ``[B]``, entropies ``[B]``.
+        """
+        ids, mask = self._parse_obs(obs)
+        logits, values = self._full_outputs(ids, mask)
+        dist = self._distribution(logits)
+        actions = actions.reshape(-1).long()
+        return values.unsqueeze(-1), dist.log_prob(actions), dist.entropy()
+
+    def get_distribution(self, obs: PyTorchObs) -> CategoricalDistribution:
+        """The processed next-token distribution for the given observations.
+
+        :param obs: dict observation, batched.
+        :return: an SB3 ``CategoricalDistribution``.
+        """
+        ids, mask = self._parse_obs(obs)
+        return self._distribution(self._outputs(ids, mask)[0])
+
+    def predict_values(self, obs: PyTorchObs) -> th.Tensor:
+        """State values; under ``no_grad`` it extends the rollout cache by one token when it can.
+
+        :param obs: dict observation, batched.
+        :return: values ``[B, 1]``.
+        """
+        ids, mask = self._parse_obs(obs)
+        return self._outputs(ids, mask)[1].unsqueeze(-1)
+
+    def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
+        return self.get_distribution(observation).get_actions(deterministic=deterministic)
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Whole sequences (the fast update path)
+    # ---------------------------------------------------------------------------------------------------------
+
+    def evaluate_sequences(
+        self, input_ids: th.Tensor, attention_mask: th.Tensor, action_mask: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """Every generated token's log-prob, entropy and value in one forward per sequence.
+
+        For each ``(b, j)`` with ``action_mask[b, j]`` true, token ``input_ids[b, j]`` was generated as an action:
+        ``log_prob[b, j] = log pi(input_ids[b, j] | tokens < j)`` from the logits at ``j - 1`` after the same
+        temperature / top-k / top-p processing as rollout; ``entropy[b, j]`` is that distribution's entropy;
+        ``values[b, j]`` is the value of the state whose last token is ``j - 1``. Zero elsewhere. Inputs are
+        right-aligned windows (the episode's final window), with the same position-id rule as everywhere else.
+
+        :param input_ids: ``[B, L]`` token ids (any numeric dtype).
+        :param attention_mask: ``[B, L]`` mask.
+        :param action_mask: ``[B, L]`` bool-like, true where the token was an action (never at column 0).
+        :return: ``(log_prob, entropy, values)``, each ``[B, L]`` float32.
+        """
+        ids, mask = self._parse_obs({"input_ids": input_ids, "attention_mask": attention_mask})
+        act = th.as_tensor(action_mask, device=ids.device).bool()
+        if act.dim() == 1:
+            act = act.unsqueeze(0)
+        if bool(act[:, 0].any()):
+            raise ValueError("action_mask[:, 0] is set, but an action needs at least one token before it")
+        batch, length = ids.shape
+        any_valid = mask.any(dim=0)
+        start = int(any_valid.nonzero()[0, 0]) if bool(any_valid.any()) else length - 1
+        t_ids, t_mask = ids[:, start:], mask[:, start:]
+        hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask))  # [B, L - start, d]
+
+        b_idx, j_idx = act.nonzero(as_tuple=True)  # positions of actions (in full coordinates)
+        state_h = hidden[b_idx, j_idx - 1 - start]  # hidden state of the state whose last token is j - 1
+        dist = self._distribution(self._logits(state_h))
+        zeros = th.zeros(batch, length, device=ids.device)
+        log_prob = zeros.index_put((b_idx, j_idx), dist.log_prob(ids[b_idx, j_idx]))
+        entropy = zeros.index_put((b_idx, j_idx), dist.entropy())
+        if self.separate_critic:
+            v_all = self.critic.values_per_position(ids, mask)
+            v = v_all[b_idx, j_idx - 1]
+        else:
+            v = self.value_head(state_h.float()).squeeze(-1)
+        values = zeros.index_put((b_idx, j_idx), v)
+        return log_prob, entropy, values
