@@ -1,0 +1,573 @@
+"""TextGenVectorEnv: N text-generation episodes stepped as torch tensor ops on one device.
+
+The batched counterpart of :class:`textrl_envs.env.TextGenEnv`, registered as the
+``vector_entry_point`` of every id of the suite, so ``gym.make_vec("TextGen-v0", num_envs=N)``
+returns it. The per-step work is a handful of tensor ops over the whole batch (shift the window left,
+write the action in the last column, compare with EOS and with the budget); text is decoded only
+for the episodes that finish, and the reward model is called once per step for all of them.
+
+The bookkeeping is split into small pure functions (:func:`append_tokens`, :func:`episode_ends`,
+:func:`fresh_windows`, :func:`pack_prompts`, :func:`episode_ids`, :func:`group_ids`) that the tests
+pin down; :class:`TextGenVectorEnv` is the thin stateful shell around them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.utils import seeding
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from textrl_envs.core import EpisodeSpec, build_spec, check_kwargs
+from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
+
+OBS_BACKENDS = ("numpy", "torch")
+VECTOR_KWARGS = ("num_envs", "device", "group_size", "obs_backend", "render_mode")
+
+
+# -- pure tensor bookkeeping ------------------------------------------------------------------------
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """The torch device the env state lives on.
+
+    :param device: ``"auto"`` (CUDA when available, else CPU), or anything ``torch.device`` accepts.
+    :raises ValueError: for a CUDA device when CUDA is not available, or an unknown device string.
+    """
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:<n>' (a torch device); got {device!r}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r} was requested but CUDA is not available on this machine; "
+            "use device='auto' (CUDA when there is one, else CPU) or device='cpu'"
+        )
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r} does not exist; this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
+def pack_prompts(prompt_ids: Sequence[np.ndarray], width: int, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pack token-id arrays into one right-aligned, padded ``(R, width)`` table.
+
+    :param prompt_ids: One int array per prompt, each of length ``1..width``.
+    :param width: The table width (the prompt budget ``max_prompt_tokens``).
+    :param pad_token_id: Id written left of each prompt.
+    :return: ``(ids, lengths)``: ``int64`` arrays of shapes ``(R, width)`` and ``(R,)``.
+    """
+    ids = np.full((len(prompt_ids), width), pad_token_id, dtype=np.int64)
+    lengths = np.zeros(len(prompt_ids), dtype=np.int64)
+    for r, p in enumerate(prompt_ids):
+        n = len(p)
+        if not 0 < n <= width:
+            raise ValueError(f"prompt #{r} has {n} tokens; expected 1..{width}")
+        ids[r, width - n :] = p
+        lengths[r] = n
+    return ids, lengths
+
+
+def fresh_windows(
+    packed_ids: torch.Tensor, packed_lengths: torch.Tensor, rows: torch.Tensor, window: int, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """First observations of new episodes: an index gather into the packed prompt table.
+
+    :param packed_ids: ``(R, P)`` right-aligned prompt table (see :func:`pack_prompts`).
+    :param packed_lengths: ``(R,)`` prompt lengths.
+    :param rows: ``(M,)`` rows of the table, one per new episode.
+    :param window: Observation width ``W >= P``.
+    :param pad_token_id: Id of padded slots.
+    :return: ``(input_ids, attention_mask)``, both ``(M, W)`` ``int64``, prompt right-aligned.
+    """
+    prompt = packed_ids.index_select(0, rows)
+    pad = torch.full((rows.numel(), window - packed_ids.shape[1]), pad_token_id, dtype=prompt.dtype, device=prompt.device)
+    ids = torch.cat((pad, prompt), dim=1)
+    lengths = packed_lengths.index_select(0, rows)
+    positions = torch.arange(window, device=rows.device)
+    mask = (positions.unsqueeze(0) >= (window - lengths).unsqueeze(1)).to(torch.int64)
+    return ids, mask
+
+
+def append_tokens(ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append one token per row: shift the window left by one and write the token at index ``W - 1``.
+
+    :param ids: ``(N, W)`` token ids.
+    :param mask: ``(N, W)`` attention mask.
+    :param tokens: ``(N,)`` the actions.
+    :return: New ``(ids, mask)`` tensors (the inputs are not modified).
+    """
+    new_ids = torch.cat((ids[:, 1:], tokens.unsqueeze(1)), dim=1)
+    new_mask = torch.cat((mask[:, 1:], torch.ones_like(mask[:, :1])), dim=1)
+    return new_ids, new_mask
+
+
+def episode_ends(
+    tokens: torch.Tensor, generated: torch.Tensor, eos_token_id: int | None, max_new_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which episodes end with this step's tokens.
+
+    :param tokens: ``(N,)`` the actions just appended.
+    :param generated: ``(N,)`` tokens generated so far, this step's included.
+    :param eos_token_id: The EOS id (``None``: episodes end only by the budget).
+    :param max_new_tokens: Generation budget.
+    :return: ``(terminated, truncated)`` bool tensors: terminated on EOS; truncated when the budget is
+        reached without EOS (the two are never both true, as in :class:`~textrl_envs.env.TextGenEnv`).
+    """
+    if eos_token_id is None:
+        terminated = torch.zeros_like(tokens, dtype=torch.bool)
+    else:
+        terminated = tokens == eos_token_id
+    truncated = ~terminated & (generated >= max_new_tokens)
+    return terminated, truncated
+
+
+def episode_ids(rounds: np.ndarray, num_envs: int) -> np.ndarray:
+    """Unique id of each env's current episode: ``round * num_envs + env_index``.
+
+    :param rounds: ``(N,)`` how many episodes each env had begun before its current one (over the
+        env's lifetime; see :class:`TextGenVectorEnv`).
+    :param num_envs: ``N``.
+    """
+    return rounds * num_envs + np.arange(num_envs, dtype=np.int64)
+
+
+def group_ids(rounds: np.ndarray, group_size: int) -> np.ndarray:
+    """Unique id of each env's current group round: ``round * num_groups + env_index // group_size``.
+
+    Equal to ``episode_ids(rounds, N) // group_size``: the G episodes of one group round share it.
+
+    :param rounds: ``(N,)`` round of each env's current episode.
+    :param group_size: ``G``.
+    """
+    n = len(rounds)
+    return rounds * (n // group_size) + np.arange(n, dtype=np.int64) // group_size
+
+
+def _mask(n: int, where: np.ndarray) -> np.ndarray:
+    m = np.zeros(n, dtype=np.bool_)
+    m[where] = True
+    return m
+
+
+def _object_array(n: int, where: np.ndarray, values: Sequence[Any]) -> np.ndarray:
+    out = np.full(n, None, dtype=object)
+    for i, v in zip(where, values):
+        out[i] = v
+    return out
+
+
+# -- the environment --------------------------------------------------------------------------------
+
+
+class TextGenVectorEnv(gym.vector.VectorEnv):
+    """N text-generation episodes as torch tensors on one device, with prompt groups.
+
+    ## Description
+    The batched form of :class:`~textrl_envs.env.TextGenEnv` (same MDP, same arguments): each of the
+    ``num_envs`` sub-envs generates a completion of a prompt, one token per step. The token state
+    (ids, attention mask, generated counts) lives in ``torch`` tensors on ``device``; a step is a few
+    tensor ops over the batch; prompts are pre-packed in one right-aligned padded table, so a reset
+    is an index gather. Text is decoded only for episodes that finish, and the reward model is called
+    once per step with all of them (:meth:`textrl_envs.core.EpisodeSpec.score`).
+
+    With ``group_size=1``, ``reset(seed=s)`` and the same actions, observations, rewards,
+    terminations and truncations equal those of ``gym.vector.SyncVectorEnv`` over ``num_envs``
+    ``gym.make`` envs with ``autoreset_mode=SAME_STEP`` (env ``i`` seeded ``s + i``).
+
+    ## Action Space
+    ``MultiDiscrete([V] * N)`` with ``V = len(tokenizer)``: one next-token id per env. Integer arrays
+    (numpy, list or torch, any device) of shape ``(N,)``; floats are accepted only if integral.
+
+    ## Observation Space
+    ``Dict(input_ids=Box(0, V-1, (N, W), int64), attention_mask=Box(0, 1, (N, W), int64))``,
+    ``W = max_prompt_tokens + max_new_tokens``, each row right-aligned (left padding) as in the
+    single env. numpy arrays by default; with ``obs_backend="torch"``, ``torch.int64`` tensors on
+    ``device`` (rewards, terminations and truncations stay numpy arrays in both backends).
+
+    Memory: the device state is two ``(N, W)`` ``int64`` tensors plus one ``int64`` counter per env,
+    ``16 * W + 8`` bytes per env (4,104 bytes for ``W = 256``; 4.2 MB for ``N = 1024``), plus the packed
+    prompt table (``8 * max_prompt_tokens + 8`` bytes per prompt). :meth:`state_nbytes` reports it.
+
+    ## Rewards
+    0 on every step but the last of an episode; then the reward model's score of the completion.
+
+    ## Starting State
+    Each group draws its prompt for every round with its own RNG (``np_random`` semantics of the
+    single env: ``rng.integers(len(prompts))``), seeded ``seed + k * G`` for group ``k`` by
+    ``reset(seed=seed)`` (or by ``seed[k * G]`` for a list of per-env seeds).
+    ``reset(options={"prompt": str})`` or ``{"prompt_index": int}`` sets the prompt of every env's
+    episode begun by that reset; later episodes draw from ``prompts`` again (as ``SyncVectorEnv``,
+    which passes the options only to ``reset``, does).
+
+    ## Episode End and autoreset
+    Terminated on EOS, truncated after ``max_new_tokens`` tokens without EOS. Same-step autoreset
+    (``metadata["autoreset_mode"] == AutoresetMode.SAME_STEP``), the convention of gymnasium's
+    ``SyncVectorEnv``: a finished env's returned observation is the first one of its next episode; its
+    last observation is ``infos["final_obs"][i]`` (an object array of per-env observation dicts) and
+    its last step's info is ``infos["final_info"]`` (dict of arrays), each with a ``_key`` mask. The
+    new episode's reset info (``prompt``, ``prompt_index``) sits at the top level of ``infos``, masked
+    by ``infos["_prompt"]``.
+
+    ## Infos
+    * every step and every ``reset``: ``group_id`` and ``episode_id`` (``int64``, all envs). In a
+      ``reset`` info they are the ids of the episodes just begun; in a ``step`` info they are the ids
+      of the episode each env's action belonged to, so on a same-step autoreset the *finished*
+      episode's ids (the new episode's ids appear from the next step on, and in :meth:`episode_ids`).
+    * ``final_info`` (envs whose episode ended this step): ``prompt`` (str), ``completion`` (str),
+      ``completion_ids`` (``int64`` array, without EOS), ``prompt_index`` (``-1`` for a prompt given
+      as text), ``reward`` (float), ``group_id``, ``episode_id``; object arrays for str and arrays.
+    * top level on ``reset`` and for envs autoreset this step: ``prompt`` and ``prompt_index`` of
+      the episode begun.
+
+    ## Groups
+    ``group_size=G`` splits the envs into ``num_envs / G`` groups of consecutive envs (group ``k`` is
+    envs ``kG .. kG + G - 1``). Every env counts its episodes in *rounds*; env ``j``'s ``r``-th
+    episode uses its group's ``r``-th prompt, drawn from the group's RNG when the first member starts
+    round ``r``. Members do not wait for each other: a member that finishes early starts its next
+    round at once (drawing that round's prompt if it is the first there), so no step is wasted,
+    members may be out of step in time, and every completed group round has exactly G completions
+    of one prompt. Ids: ``episode_id = round * N + j`` (unique per episode) and
+    ``group_id = round * num_groups + k = episode_id // G`` (unique per group round). ``reset()``
+    abandons episodes in progress (their group rounds stay incomplete) and moves every env to round
+    ``max(rounds) + 1``, so ids never repeat over the env's lifetime.
+
+    ## Arguments
+    ``TextGenVectorEnv(num_envs=1, device="auto", group_size=1, obs_backend="numpy",
+    render_mode=None, **spec_kwargs)`` where ``spec_kwargs`` are the single env's (``task``,
+    ``prompts``, ``reward``, ``reward_kwargs``, ``tokenizer``, ``max_new_tokens``,
+    ``max_prompt_tokens``, ``prompt_truncation``; see :func:`textrl_envs.core.build_spec`).
+
+    :param num_envs: Number of sub-envs ``N``.
+    :param device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
+    :param group_size: Envs per prompt group ``G``; must divide ``num_envs``.
+    :param obs_backend: ``"numpy"`` (default) or ``"torch"`` (tensors on ``device``).
+    :param render_mode: ``None``, ``"ansi"`` (``render()`` returns one string per env) or
+        ``"human"`` (prints them after every step).
+
+    ## Version History
+    * v0: Initial version.
+    """
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 30, "autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        device: str | torch.device = "auto",
+        group_size: int = 1,
+        obs_backend: str = "numpy",
+        render_mode: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        spec_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in SPEC_KWARGS}
+        check_kwargs(kwargs, type(self).__name__, SPEC_KWARGS + VECTOR_KWARGS)
+        for name, value in (("num_envs", num_envs), ("group_size", group_size)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if num_envs % group_size:
+            raise ValueError(
+                f"num_envs={num_envs} is not divisible by group_size={group_size}; every group needs "
+                f"{group_size} envs, so use a multiple of it (e.g. num_envs={group_size * max(1, num_envs // group_size)})"
+            )
+        if obs_backend not in OBS_BACKENDS:
+            raise ValueError(f"obs_backend must be one of {OBS_BACKENDS}, got {obs_backend!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+
+        self.device = resolve_device(device)
+        self.num_envs = int(num_envs)
+        self.group_size = int(group_size)
+        self.num_groups = self.num_envs // self.group_size
+        self.obs_backend = obs_backend
+        self.render_mode = render_mode
+
+        spec_kwargs.setdefault("task", None)
+        self.prompt_truncation = spec_kwargs.get("prompt_truncation", "left")
+        self.text_spec: EpisodeSpec = build_spec(**spec_kwargs)
+        spec = self.text_spec
+        self.single_observation_space, self.single_action_space = make_spaces(spec)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+
+        # The prompt table: rows 0..P-1 are spec's prompts; prompts given as text are appended once.
+        self._row_text: list[str] = list(spec.prompt_texts)
+        self._row_index: list[int] = list(range(len(spec.prompt_texts)))
+        self._extra_rows: dict[str, int] = {}
+        packed, lengths = pack_prompts(spec.prompt_ids, spec.max_prompt_tokens, spec.pad_token_id)
+        self._packed_ids = torch.as_tensor(packed, device=self.device)
+        self._packed_lengths = torch.as_tensor(lengths, device=self.device)
+
+        # Token state on the device.
+        n, w = self.num_envs, spec.window
+        self._ids = torch.full((n, w), spec.pad_token_id, dtype=torch.int64, device=self.device)
+        self._mask = torch.zeros((n, w), dtype=torch.int64, device=self.device)
+        self._generated = torch.zeros(n, dtype=torch.int64, device=self.device)
+        # Episode bookkeeping on the host (it drives the per-episode Python work anyway).
+        self._row = np.zeros(n, dtype=np.int64)
+        self._round = np.zeros(n, dtype=np.int64)
+        self._group_rngs: list[np.random.Generator | None] = [None] * self.num_groups
+        self._group_prompts: list[dict[int, int]] = [{} for _ in range(self.num_groups)]
+        self._started = False
+
+    # -- properties users read -------------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        """The tokenizer that maps actions to text."""
+        return self.text_spec.tokenizer
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Generation budget."""
+        return self.text_spec.max_new_tokens
+
+    def episode_ids(self) -> np.ndarray:
+        """Ids of the episodes in progress (those the next actions belong to), ``(N,)`` ``int64``."""
+        return episode_ids(self._round, self.num_envs)
+
+    def group_ids(self) -> np.ndarray:
+        """Group-round ids of the episodes in progress, ``(N,)`` ``int64``."""
+        return group_ids(self._round, self.group_size)
+
+    def prompt_indices(self) -> np.ndarray:
+        """Prompt index of each env's current episode (``-1`` for a prompt given as text)."""
+        return np.asarray([self._row_index[r] for r in self._row], dtype=np.int64)
+
+    def state_nbytes(self) -> int:
+        """Bytes of per-env token state on the device (ids, mask, generated counts), all envs."""
+        return sum(t.element_size() * t.numel() for t in (self._ids, self._mask, self._generated))
+
+    # -- gymnasium API ---------------------------------------------------------------------------
+    def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
+        """Start a new episode in every env.
+
+        :param seed: ``None`` (keep the RNGs; random ones on the first reset), an int ``s`` (env ``i``
+            seeded ``s + i``; group ``k`` uses its first member's seed ``s + kG``), or a list of
+            ``num_envs`` ints/None (group ``k`` uses ``seed[kG]``).
+        :param options: ``{"prompt": str}`` or ``{"prompt_index": int}`` for every env's episode begun
+            now; ``None`` draws prompts.
+        :return: ``(observations, infos)``; infos hold ``prompt``, ``prompt_index``, ``group_id``,
+            ``episode_id`` per env.
+        """
+        seeds = self._per_group_seeds(seed)
+        super().reset(seed=int(seed) if isinstance(seed, (int, np.integer)) else None)
+        if options is not None and "reset_mask" in options:
+            raise ValueError(
+                "options['reset_mask'] is not supported: TextGenVectorEnv autoresets in the same step "
+                "(AutoresetMode.SAME_STEP), so every env is always running; call reset() to restart all"
+            )
+        for k, s in enumerate(seeds):
+            if s is not None or self._group_rngs[k] is None:
+                self._group_rngs[k], _ = seeding.np_random(s)
+        self._round[:] = int(self._round.max()) + 1 if self._started else 0
+        self._group_prompts = [{} for _ in range(self.num_groups)]
+        if options:
+            row = self._row_for(*resolve_prompt(self.text_spec, options, None, self.prompt_truncation))  # type: ignore[arg-type]
+            r0 = int(self._round[0])
+            for table in self._group_prompts:
+                table[r0] = row
+        everyone = np.arange(self.num_envs)
+        self._start_episodes(everyone)
+        self._started = True
+        infos = self._reset_info(everyone, {})
+        infos["group_id"], infos["_group_id"] = self.group_ids(), np.ones(self.num_envs, dtype=np.bool_)
+        infos["episode_id"], infos["_episode_id"] = self.episode_ids(), np.ones(self.num_envs, dtype=np.bool_)
+        return self._observations(), infos
+
+    def step(self, actions):
+        """Append one token to every env's sequence; finished envs autoreset in the same step.
+
+        :param actions: ``(num_envs,)`` token ids (numpy, list or torch tensor).
+        :return: ``(observations, rewards, terminations, truncations, infos)``; rewards ``float64``,
+            flags ``bool`` numpy arrays; infos as in the class docstring.
+        """
+        if not self._started:
+            raise RuntimeError("step() called before reset(); call envs.reset() first")
+        spec = self.text_spec
+        tokens = self._check_actions(actions)
+        self._ids, self._mask = append_tokens(self._ids, self._mask, tokens)
+        self._generated += 1
+        term_t, trunc_t = episode_ends(tokens, self._generated, spec.eos_token_id, spec.max_new_tokens)
+        flags = torch.stack((term_t.to(torch.int64), trunc_t.to(torch.int64), self._generated)).cpu().numpy()
+        terminated, truncated, generated = flags[0].astype(np.bool_), flags[1].astype(np.bool_), flags[2]
+
+        n = self.num_envs
+        rewards = np.zeros(n, dtype=np.float64)
+        everyone = np.ones(n, dtype=np.bool_)
+        step_episode_ids, step_group_ids = self.episode_ids(), self.group_ids()
+        infos: dict[str, Any] = {
+            "group_id": step_group_ids,
+            "_group_id": everyone,
+            "episode_id": step_episode_ids,
+            "_episode_id": everyone.copy(),
+        }
+        done = np.flatnonzero(terminated | truncated)
+        if done.size:
+            done_t = torch.as_tensor(done, device=self.device)
+            final_ids, final_mask = self._ids.index_select(0, done_t), self._mask.index_select(0, done_t)
+            rows_np = final_ids.cpu().numpy()
+            w = spec.window
+            completion_ids = [
+                rows_np[m, w - generated[j] : w - int(terminated[j])].copy() for m, j in enumerate(done)
+            ]
+            completions = [spec.decode(c) for c in completion_ids]
+            prompt_index = [self._row_index[r] for r in self._row[done]]
+            prompt_text = [self._row_text[r] for r in self._row[done]]
+            scores = spec.score(prompt_index, completions, prompt_texts=prompt_text)
+            rewards[done] = scores
+            done_mask = _mask(n, done)
+            final_info = {
+                "prompt": _object_array(n, done, prompt_text),
+                "completion": _object_array(n, done, completions),
+                "completion_ids": _object_array(n, done, completion_ids),
+                "prompt_index": np.where(done_mask, self._prompt_index_array(), 0),
+                "reward": rewards.copy(),
+                "group_id": np.where(done_mask, step_group_ids, 0),
+                "episode_id": np.where(done_mask, step_episode_ids, 0),
+            }
+            for key in list(final_info):
+                final_info[f"_{key}"] = done_mask.copy()
+            finals = self._backend(final_ids), self._backend(final_mask)
+            infos["final_obs"] = _object_array(
+                n, done, [{"input_ids": finals[0][m], "attention_mask": finals[1][m]} for m in range(done.size)]
+            )
+            infos["_final_obs"] = done_mask.copy()
+            infos["final_info"], infos["_final_info"] = final_info, done_mask.copy()
+            self._round[done] += 1
+            self._start_episodes(done)
+            infos = self._reset_info(done, infos)
+        observations = self._observations()
+        if self.render_mode == "human":
+            print("\n".join(self.render()))
+        return observations, rewards, terminated, truncated, infos
+
+    def render(self) -> tuple[str, ...] | None:
+        """``"ansi"``/``"human"``: one ``prompt|completion so far`` string per env."""
+        if self.render_mode is None:
+            gym.logger.warn("render() called without a render_mode; pass render_mode='ansi' to the constructor")
+            return None
+        if not self._started:
+            return tuple("" for _ in range(self.num_envs))
+        ids = self._ids.cpu().numpy()
+        gen = self._generated.cpu().numpy()
+        w = self.text_spec.window
+        return tuple(
+            f"{self._row_text[self._row[j]]}|{self.text_spec.decode(ids[j, w - gen[j] :] if gen[j] else [])}"
+            for j in range(self.num_envs)
+        )
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Decode token ids with the env's tokenizer (special tokens removed)."""
+        return self.text_spec.decode(ids)
+
+    # -- internals -------------------------------------------------------------------------------
+    def _per_group_seeds(self, seed) -> list[int | None]:
+        if seed is None:
+            return [None] * self.num_groups
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            return [int(seed) + k * self.group_size for k in range(self.num_groups)]
+        if isinstance(seed, Sequence) and not isinstance(seed, str):
+            if len(seed) != self.num_envs:
+                raise ValueError(f"a list of seeds must have num_envs={self.num_envs} entries, got {len(seed)}")
+            return [None if seed[k * self.group_size] is None else int(seed[k * self.group_size]) for k in range(self.num_groups)]
+        raise TypeError(f"seed must be None, an int or a list of num_envs ints; got {type(seed).__name__}")
+
+    def _row_for(self, index: int, text: str, ids: np.ndarray) -> int:
+        """Row of the prompt table holding a resolved prompt (appending a prompt given as text)."""
+        if index >= 0:
+            return index
+        if text not in self._extra_rows:
+            packed, lengths = pack_prompts([ids], self.text_spec.max_prompt_tokens, self.text_spec.pad_token_id)
+            self._packed_ids = torch.cat((self._packed_ids, torch.as_tensor(packed, device=self.device)))
+            self._packed_lengths = torch.cat((self._packed_lengths, torch.as_tensor(lengths, device=self.device)))
+            self._extra_rows[text] = len(self._row_text)
+            self._row_text.append(text)
+            self._row_index.append(-1)
+        return self._extra_rows[text]
+
+    def _draw_row(self, group: int) -> int:
+        rng = self._group_rngs[group]
+        if rng is None:
+            rng, _ = seeding.np_random()
+            self._group_rngs[group] = rng
+        index, _, _ = resolve_prompt(self.text_spec, None, rng, self.prompt_truncation)
+        return index
+
+    def _start_episodes(self, envs: np.ndarray) -> None:
+        """Begin the current round's episode in ``envs`` (their ``_round`` already set)."""
+        g = self.group_size
+        touched: set[int] = set()
+        for j in envs:
+            k = int(j) // g
+            table = self._group_prompts[k]
+            r = int(self._round[j])
+            if r not in table:
+                table[r] = self._draw_row(k)
+            self._row[j] = table[r]
+            touched.add(k)
+        for k in touched:  # forget rounds every member has moved past
+            oldest = int(self._round[k * g : (k + 1) * g].min())
+            table = self._group_prompts[k]
+            for r in [r for r in table if r < oldest]:
+                del table[r]
+        envs_t = torch.as_tensor(envs, device=self.device)
+        rows_t = torch.as_tensor(self._row[envs], device=self.device)
+        ids, mask = fresh_windows(
+            self._packed_ids, self._packed_lengths, rows_t, self.text_spec.window, self.text_spec.pad_token_id
+        )
+        self._ids[envs_t] = ids
+        self._mask[envs_t] = mask
+        self._generated[envs_t] = 0
+
+    def _prompt_index_array(self) -> np.ndarray:
+        return np.asarray(self._row_index, dtype=np.int64)[self._row]
+
+    def _reset_info(self, envs: np.ndarray, infos: dict[str, Any]) -> dict[str, Any]:
+        n = self.num_envs
+        mask = _mask(n, envs)
+        infos["prompt"] = _object_array(n, envs, [self._row_text[r] for r in self._row[envs]])
+        infos["_prompt"] = mask
+        infos["prompt_index"] = np.where(mask, self._prompt_index_array(), 0)
+        infos["_prompt_index"] = mask.copy()
+        return infos
+
+    def _backend(self, t: torch.Tensor):
+        if self.obs_backend == "torch":
+            return t.clone()
+        if t.device.type == "cpu":
+            return t.numpy().copy()
+        return t.cpu().numpy()
+
+    def _observations(self):
+        return {"input_ids": self._backend(self._ids), "attention_mask": self._backend(self._mask)}
+
+    def _check_actions(self, actions) -> torch.Tensor:
+        n, v = self.num_envs, self.text_spec.vocab_size
+        expected = f"expected {n} integer token ids in [0, {v}) with shape ({n},)"
+        if isinstance(actions, torch.Tensor):
+            t = actions.detach()
+        else:
+            a = np.asarray(actions)
+            if a.dtype == object or not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
+                raise ValueError(f"actions have dtype {a.dtype}; {expected}")
+            t = torch.as_tensor(a)
+        if tuple(t.shape) != (n,):
+            raise ValueError(f"actions have shape {tuple(t.shape)}; {expected} (one per env)")
+        if t.dtype == torch.bool or t.is_complex():
+            raise ValueError(f"actions have dtype {t.dtype}; {expected}")
+        if t.is_floating_point():
+            if not bool(torch.isfinite(t).all()) or not bool((t == torch.round(t)).all()):
+                raise ValueError(f"actions are floats that are not all integral ({t.tolist()[:8]}...); {expected}")
+        t = t.to(device=self.device, dtype=torch.int64)
+        bad = (t < 0) | (t >= v)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0, 0])
+            raise ValueError(
+                f"action {int(t[i])} of env {i} is outside the action space Discrete({v}); {expected}"
+            )
+        return t
