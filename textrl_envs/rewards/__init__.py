@@ -1,0 +1,55 @@
+"""Reward models: the protocol, the registry, the built-in rewards, composition and evaluation metrics.
+
+A reward model scores a batch of completions, ``reward(prompts, completions, **metadata) -> floats``;
+any plain callable with that signature (the shape of Hugging Face TRL's reward functions) plugs in
+unchanged. Built-in rewards by registered name (``make_reward(name, **kwargs)`` or ``reward=name`` in
+``gym.make``):
+
+* ``sentiment``: :class:`LexiconSentiment`, VADER compound in [-1, 1] (or [0, 1])
+* ``classifier``: :class:`HFClassifierReward`, P(label) of a local HF classifier, [0, 1] (or its logit)
+* ``exact-match``: :class:`ExactMatch`, 1 if completion == answer, {0, 1}
+* ``arithmetic``: :class:`ArithmeticReward`, exact 1, partial credit below, [0, 1]
+* ``increasing-numbers``: :class:`IncreasingNumbersReward`, increasing run / max(words, target), [0, 1]
+* ``rouge-l``: :class:`RougeL`, max ROUGE-L F1 over references, [0, 1]
+* ``bleu``: :class:`Bleu`, sentence BLEU / 100, [0, 1]
+* ``keywords``: :class:`KeywordCoverage`, fraction of keywords present, [0, 1]
+* ``length``: :class:`LengthPenalty`, -min(cap, per_word * distance), [-cap, 0]
+* ``repetition``: :class:`RepetitionPenalty`, -(1 - distinct-n ratio), (-1, 0]
+* ``composite``: :class:`CompositeReward`, weighted sum of components
+
+Heavy libraries (vaderSentiment, rouge-score, sacrebleu, transformers, torch) are imported only when
+a reward that needs them is built.
+"""
+
+from textrl_envs.rewards.base import RewardModel, call_reward
+from textrl_envs.rewards.composite import CompositeReward
+from textrl_envs.rewards.constraints import KeywordCoverage, LengthPenalty, RepetitionPenalty
+from textrl_envs.rewards.match import ArithmeticReward, ExactMatch, IncreasingNumbersReward
+from textrl_envs.rewards.metrics import distinct_n, mean_length, perplexity, repetition_rate
+from textrl_envs.rewards.reference import Bleu, RougeL
+from textrl_envs.rewards.registry import make_reward, register_reward, registered_rewards, resolve_reward
+from textrl_envs.rewards.sentiment import HFClassifierReward, LexiconSentiment
+
+__all__ = [
+    "RewardModel",
+    "call_reward",
+    "make_reward",
+    "register_reward",
+    "registered_rewards",
+    "resolve_reward",
+    "CompositeReward",
+    "LexiconSentiment",
+    "HFClassifierReward",
+    "ExactMatch",
+    "ArithmeticReward",
+    "IncreasingNumbersReward",
+    "RougeL",
+    "Bleu",
+    "KeywordCoverage",
+    "LengthPenalty",
+    "RepetitionPenalty",
+    "distinct_n",
+    "repetition_rate",
+    "mean_length",
+    "perplexity",
+]

@@ -1,0 +1,149 @@
+"""Evaluation metrics to report beside the reward, as pure functions over lists of texts.
+
+Words are whitespace-separated tokens (``text.split()``), case kept. Empty inputs give 0.0 rather
+than an error, so the metrics can be logged for any batch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Sequence
+
+
+def ngrams(words: Sequence[str], n: int) -> list[tuple[str, ...]]:
+    """The ``n``-grams of a word list, in order (empty when there are fewer than ``n`` words)."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    return [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+
+
+def distinct_ratio(text: str, n: int) -> float:
+    """Unique ``n``-grams / ``n``-grams within one text (1.0 when it has no ``n``-gram)."""
+    grams = ngrams(text.split(), n)
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
+def distinct_n(texts: Sequence[str], n: int = 2) -> float:
+    """Distinct-n (Li et al., 2016): unique ``n``-grams over all texts / total ``n``-grams.
+
+    Corpus-level: an ``n``-gram repeated across texts counts once in the numerator. Range ``[0, 1]``
+    (0.0 when there is no ``n``-gram at all).
+    """
+    grams = [g for t in texts for g in ngrams(t.split(), n)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def repetition_rate(texts: Sequence[str], n: int = 2) -> float:
+    """Mean within-text repetition: ``1 - unique n-grams / n-grams`` of each text, averaged.
+
+    Texts with fewer than ``n`` words are left out of the mean (0.0 when none is left). Range
+    ``[0, 1)``; 0 means no ``n``-gram repeats inside any text (the "rep-n" of Welleck et al., 2020).
+    """
+    rates = [1.0 - distinct_ratio(t, n) for t in texts if len(t.split()) >= n]
+    return sum(rates) / len(rates) if rates else 0.0
+
+
+def mean_length(texts: Sequence[str], tokenizer: Any = None) -> float:
+    """Mean length of the texts: in words, or in tokens of ``tokenizer`` (no special tokens added).
+
+    0.0 for an empty list.
+    """
+    if not texts:
+        return 0.0
+    if tokenizer is None:
+        lengths = [len(t.split()) for t in texts]
+    else:
+        lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    return sum(lengths) / len(lengths)
+
+
+def perplexity(
+    texts: Sequence[str],
+    model: Any,
+    tokenizer: Any = None,
+    prompts: Sequence[str] | None = None,
+    batch_size: int = 16,
+    device: Any = None,
+) -> float:
+    """Perplexity of the texts under a reference causal LM: ``exp(total NLL / total scored tokens)``.
+
+    Token-weighted over the whole list. With ``prompts`` the text of example ``i`` is
+    ``prompts[i]`` followed by ``texts[i]`` (tokenized separately and joined, as the environment
+    builds them) and only the completion's tokens are scored, each given everything before it.
+    Without ``prompts`` each text is scored from its start: the tokenizer's BOS token (or EOS, as
+    GPT-2 uses it) is put in front when it has one, otherwise the first token is not scored.
+    Sequences longer than the model's position limit keep their last tokens.
+
+    :param texts: Completions (or whole texts).
+    :param model: A causal LM (``transformers`` model) or a local directory to load one from.
+    :param tokenizer: Its tokenizer (object or local directory); default: loaded from ``model``'s path.
+    :param prompts: Prompts aligned with ``texts`` (optional).
+    :param batch_size: Sequences per forward pass.
+    :param device: Where to run (default: where the model is; ``"auto"`` picks CUDA when available).
+    :raises ValueError: if no token is scored at all (e.g. all completions empty).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if prompts is not None and len(prompts) != len(texts):
+        raise ValueError(f"prompts has {len(prompts)} items but texts has {len(texts)}; they must align")
+    if isinstance(model, (str, os.PathLike)):
+        if tokenizer is None:
+            tokenizer = model
+        model = AutoModelForCausalLM.from_pretrained(os.fspath(model))
+    if tokenizer is None:
+        raise ValueError("perplexity needs the model's tokenizer when the model is an object")
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer))
+    if device is not None:
+        from textrl_envs.rewards.sentiment import resolve_device
+
+        model.to(resolve_device(device))
+    dev = next(model.parameters()).device
+    limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+
+    def enc(s: str) -> list[int]:
+        return list(tokenizer(s, add_special_tokens=False)["input_ids"])
+
+    rows: list[tuple[list[int], int]] = []  # (ids, index of the first scored token)
+    for i, t in enumerate(texts):
+        if prompts is not None:
+            ctx = enc(prompts[i])
+        else:
+            ctx = [start_id] if start_id is not None else []
+        comp = enc(t)
+        ids = ctx + comp
+        first = max(len(ctx), 1)
+        if limit and len(ids) > limit:
+            cut = len(ids) - limit
+            ids, first = ids[cut:], max(first - cut, 1)
+        if len(ids) > first:
+            rows.append((ids, first))
+    if not rows:
+        raise ValueError("perplexity: no completion token to score (are all completions empty?)")
+    was_training = model.training
+    model.eval()
+    total_nll, total_n = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, len(rows), batch_size):
+            batch = rows[s : s + batch_size]
+            width = max(len(r) for r, _ in batch)
+            ids = torch.zeros((len(batch), width), dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            score = torch.zeros((len(batch), width), dtype=torch.bool)
+            for j, (r, first) in enumerate(batch):
+                ids[j, : len(r)] = torch.tensor(r)
+                mask[j, : len(r)] = 1
+                score[j, first : len(r)] = True
+            ids, mask, score = ids.to(dev), mask.to(dev), score.to(dev)
+            logits = model(input_ids=ids, attention_mask=mask).logits.float()
+            logp = torch.log_softmax(logits[:, :-1], dim=-1)
+            nll = -logp.gather(-1, ids[:, 1:, None])[..., 0]
+            m = score[:, 1:]
+            total_nll += float(nll[m].sum())
+            total_n += int(m.sum())
+    if was_training:
+        model.train()
+    return math.exp(total_nll / total_n)

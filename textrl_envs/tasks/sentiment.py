@@ -1,0 +1,82 @@
+"""``TextGen-v0``: steer the bundled LM towards positive movie reviews (scored by VADER)."""
+
+from __future__ import annotations
+
+from textrl_envs.env import TextGenEnv
+from textrl_envs.tasks import Task, register_task
+
+ENV_ID = "TextGen-v0"
+MAX_NEW_TOKENS = 24
+MAX_PROMPT_TOKENS = 8
+
+
+def sentiment_prompts() -> list[str]:
+    """The review openers every review in the bundled corpus starts with (``"The movie was"``, ...)."""
+    from textrl_envs.assets.corpus import review_openers
+
+    return review_openers()
+
+
+TASK = register_task(
+    Task(
+        env_id=ENV_ID,
+        summary="positive-sentiment steering: continue a movie-review opener; reward VADER compound in [-1, 1]",
+        prompts=sentiment_prompts,
+        reward="sentiment",
+        reward_kwargs={},
+        max_new_tokens=MAX_NEW_TOKENS,
+        max_prompt_tokens=MAX_PROMPT_TOKENS,
+    )
+)
+
+
+class SentimentEnv(TextGenEnv):
+    """Positive-sentiment steering: continue a movie review so that it reads as positive.
+
+    The classic RL-for-LMs task (RL4LMs' and TRL's IMDB examples) at toy scale, on the bundled
+    tokenizer and LM, which were trained on the same synthetic review corpus the prompts come from.
+
+    ## Description
+    Each episode starts from a review opener such as ``"The movie was"``; the agent writes the rest
+    of the review one token per step, and the completion is scored by the VADER lexicon.
+
+    ## Action Space
+    ``Discrete(len(tokenizer))``: the id of the next token (bundled tokenizer: a small byte-level BPE).
+
+    ## Observation Space
+    ``Dict(input_ids=Box(0, V-1, (W,), int64), attention_mask=Box(0, 1, (W,), int64))`` with
+    ``W = max_prompt_tokens + max_new_tokens`` (defaults ``8 + 24 = 32``). The sequence is
+    right-aligned: the newest token sits at index ``W - 1``; slots on the left hold the pad id with
+    mask 0.
+
+    ## Rewards
+    0 on every step but the last. At the end, ``r = VADER compound(completion)`` in ``[-1, 1]``
+    (:class:`~textrl_envs.rewards.LexiconSentiment`; the prompt itself is not scored). Use
+    ``reward_kwargs={"scale": "prob"}`` for ``(compound + 1) / 2`` in ``[0, 1]``, or
+    ``reward="classifier"`` for the bundled Hugging Face sentiment classifier's P(POSITIVE).
+
+    ## Starting State
+    One of the 16 review openers of :data:`textrl_envs.assets.corpus.REVIEW_OPENERS`, drawn uniformly
+    with the env's ``np_random``; ``reset(options={"prompt": str})`` or ``{"prompt_index": int}``
+    picks one.
+
+    ## Episode End
+    Terminated when the agent emits EOS (``<|endoftext|>``); truncated after ``max_new_tokens = 24``
+    tokens. The final ``info`` holds ``prompt``, ``completion``, ``completion_ids``, ``prompt_index``
+    and ``reward``.
+
+    ## Arguments
+    ``gym.make("TextGen-v0", prompts=None, reward=None, reward_kwargs=None, tokenizer=None,
+    max_new_tokens=24, max_prompt_tokens=8, prompt_truncation="left", render_mode=None)``; any of
+    them overrides the default (``reward`` takes a registered name, a ``RewardModel`` or a callable
+    ``f(prompts, completions, **kwargs) -> floats``).
+
+    ## Vectorized environment
+    ``gym.make_vec("TextGen-v0", num_envs=N, device=..., group_size=G)`` returns
+    :class:`textrl_envs.vector.TextGenVectorEnv`.
+
+    ## Version History
+    * v0: Initial version.
+    """
+
+    default_task = ENV_ID
