@@ -1,0 +1,31 @@
+"""
+sb3_grpo: GRPO for stable-baselines3, and a policy that wraps Hugging Face causal LMs.
+
+``import sb3_grpo`` is light: ``GRPO`` (torch + SB3) and ``CausalLMPolicy`` (transformers) are imported on
+first access, e.g. ``from sb3_grpo import GRPO, CausalLMPolicy``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sb3_grpo.grpo import GRPO
+    from sb3_grpo.policies import CausalLMPolicy
+
+__all__ = ["GRPO", "CausalLMPolicy"]
+
+_LAZY = {"GRPO": "sb3_grpo.grpo", "CausalLMPolicy": "sb3_grpo.policies"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'sb3_grpo' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
