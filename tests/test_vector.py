@@ -1,0 +1,409 @@
+"""TextGenVectorEnv: same semantics as N single envs, prompt groups, backends, memory, bad input.
+
+Everything here runs offline with a tiny word-level tokenizer built in the test, so it does not wait
+for the bundled assets or the task suite.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils import seeding
+from gymnasium.vector import AutoresetMode
+
+from textrl_envs.env import TextGenEnv
+from textrl_envs.vector import (
+    TextGenVectorEnv,
+    append_tokens,
+    episode_ends,
+    episode_ids,
+    fresh_windows,
+    group_ids,
+    pack_prompts,
+    resolve_device,
+)
+
+TEST_ID = "TextRLTest/TinyVector-v0"
+WORDS = "the movie was good bad great a cat dog sat on mat and it very fun plot".split()
+PROMPTS = ["the movie was", "a cat sat on the mat", "the dog", "it was very", "the plot was"]
+EOS = 1
+
+
+def length_reward(prompts, completions, **kwargs):
+    """Cheap deterministic reward: words in the completion, plus a per-prompt bonus."""
+    return [len(c.split()) + 0.5 * len(p) for p, c in zip(prompts, completions)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": EOS, "<unk>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+
+
+@pytest.fixture(scope="module")
+def kw(tokenizer):
+    if TEST_ID not in gym.registry:
+        gym.register(
+            TEST_ID,
+            entry_point="textrl_envs.env:TextGenEnv",
+            vector_entry_point="textrl_envs.vector:TextGenVectorEnv",
+            kwargs={"task": None},
+        )
+    return dict(prompts=PROMPTS, reward=length_reward, tokenizer=tokenizer, max_new_tokens=7, max_prompt_tokens=5)
+
+
+class ListCompletionIds(gym.Wrapper):
+    """Work around TextGenEnv's ndarray ``completion_ids`` info, which SyncVectorEnv cannot batch when
+    two envs finish in the same step with different lengths (it assumes equal shapes)."""
+
+    def step(self, action):
+        obs, r, term, trunc, info = self.env.step(action)
+        if "completion_ids" in info:
+            info = dict(info, completion_ids=tuple(int(t) for t in info["completion_ids"]))
+        return obs, r, term, trunc, info
+
+
+def biased_actions(rng: np.random.Generator, n: int, vocab: int, step: int) -> np.ndarray:
+    """Random tokens; env j emits EOS with probability (j + 1) / (2n + 2), so episodes end at different times."""
+    a = rng.integers(3, vocab, size=n)
+    eos = rng.random(n) < (np.arange(n) + 1) / (2 * n + 2)
+    a[eos] = EOS
+    if step % 13 == 0:  # now and then a pad / unk token, which decode drops
+        a[rng.integers(n)] = rng.integers(0, 3)
+    return a
+
+
+# -- the pure bookkeeping ---------------------------------------------------------------------------
+
+
+def test_pure_functions():
+    ids, lengths = pack_prompts([np.array([5, 6]), np.array([7, 8, 9])], width=3, pad_token_id=0)
+    assert ids.tolist() == [[0, 5, 6], [7, 8, 9]] and lengths.tolist() == [2, 3]
+    w_ids, w_mask = fresh_windows(torch.as_tensor(ids), torch.as_tensor(lengths), torch.tensor([1, 0, 0]), 5, 0)
+    assert w_ids.tolist() == [[0, 0, 7, 8, 9], [0, 0, 0, 5, 6], [0, 0, 0, 5, 6]]
+    assert w_mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [0, 0, 0, 1, 1]]
+    n_ids, n_mask = append_tokens(w_ids[:2], w_mask[:2], torch.tensor([4, 3]))
+    assert n_ids.tolist() == [[0, 7, 8, 9, 4], [0, 0, 5, 6, 3]]
+    assert n_mask.tolist() == [[0, 1, 1, 1, 1], [0, 0, 1, 1, 1]]
+    term, trunc = episode_ends(torch.tensor([1, 1, 4, 4]), torch.tensor([1, 3, 3, 2]), 1, 3)
+    assert term.tolist() == [True, True, False, False] and trunc.tolist() == [False, False, True, False]
+    term, trunc = episode_ends(torch.tensor([1, 4]), torch.tensor([3, 1]), None, 3)
+    assert term.tolist() == [False, False] and trunc.tolist() == [True, False]
+    rounds = np.array([0, 0, 2, 1, 0, 5])
+    assert episode_ids(rounds, 6).tolist() == [0, 1, 14, 9, 4, 35]
+    assert group_ids(rounds, 2).tolist() == [0, 0, 7, 4, 2, 17]
+    assert (group_ids(rounds, 3) == episode_ids(rounds, 6) // 3).all()
+
+
+# -- same semantics as N single envs ----------------------------------------------------------------
+
+
+def _assert_obs_equal(a, b):
+    for key in ("input_ids", "attention_mask"):
+        np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]), err_msg=key)
+
+
+@pytest.mark.parametrize("num_envs,seed", [(6, 7), (3, 123)])
+def test_matches_sync_vector_env(kw, num_envs, seed):
+    sync = gym.vector.SyncVectorEnv(
+        [lambda: ListCompletionIds(gym.make(TEST_ID, **kw)) for _ in range(num_envs)],
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )
+    vec = gym.make_vec(TEST_ID, num_envs=num_envs, device="cpu", **kw)
+    assert isinstance(vec, TextGenVectorEnv)
+    assert vec.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+    assert vec.single_observation_space == sync.single_observation_space
+    assert vec.single_action_space == sync.single_action_space
+
+    obs_s, info_s = sync.reset(seed=seed)
+    obs_v, info_v = vec.reset(seed=seed)
+    _assert_obs_equal(obs_s, obs_v)
+    assert list(info_v["prompt"]) == list(info_s["prompt"])
+    np.testing.assert_array_equal(info_v["prompt_index"], info_s["prompt_index"])
+
+    rng = np.random.default_rng(seed)
+    vocab = vec.single_action_space.n
+    ended = {"terminated": 0, "truncated": 0, "staggered": 0}
+    for step in range(1, 301):
+        actions = biased_actions(rng, num_envs, vocab, step)
+        obs_s, rew_s, term_s, trunc_s, info_s = sync.step(actions)
+        obs_v, rew_v, term_v, trunc_v, info_v = vec.step(actions)
+        _assert_obs_equal(obs_s, obs_v)
+        np.testing.assert_array_equal(rew_v, rew_s)
+        np.testing.assert_array_equal(term_v, term_s)
+        np.testing.assert_array_equal(trunc_v, trunc_s)
+        assert rew_v.dtype == np.float64 and term_v.dtype == np.bool_ and trunc_v.dtype == np.bool_
+        done = term_s | trunc_s
+        ended["terminated"] += int(term_s.sum())
+        ended["truncated"] += int(trunc_s.sum())
+        ended["staggered"] += int(0 < done.sum() < num_envs)
+        if done.any():
+            np.testing.assert_array_equal(info_v["_final_obs"], info_s["_final_obs"])
+            fi_s, fi_v = info_s["final_info"], info_v["final_info"]
+            for i in np.flatnonzero(done):
+                _assert_obs_equal(info_s["final_obs"][i], info_v["final_obs"][i])
+                for key in ("prompt", "completion", "prompt_index", "reward"):
+                    assert fi_v[key][i] == fi_s[key][i], key
+                assert list(fi_v["completion_ids"][i]) == list(fi_s["completion_ids"][i])
+                assert info_v["prompt"][i] == info_s["prompt"][i]  # the new episode's reset info
+                assert info_v["prompt_index"][i] == info_s["prompt_index"][i]
+        else:
+            assert "final_obs" not in info_v and "final_info" not in info_v
+    # the run exercised both ends and envs finishing at different times
+    assert ended["terminated"] > 20 and ended["truncated"] > 20 and ended["staggered"] > 20
+    sync.close()
+    vec.close()
+
+
+def test_reset_without_seed_continues_rngs_like_sync(kw):
+    sync = gym.vector.SyncVectorEnv(
+        [lambda: ListCompletionIds(gym.make(TEST_ID, **kw)) for _ in range(4)], autoreset_mode=AutoresetMode.SAME_STEP
+    )
+    vec = TextGenVectorEnv(num_envs=4, device="cpu", **kw)
+    sync.reset(seed=[3, 1, 4, 1])
+    vec.reset(seed=[3, 1, 4, 1])
+    for _ in range(3):
+        obs_s, _ = sync.reset()
+        obs_v, _ = vec.reset()
+        _assert_obs_equal(obs_s, obs_v)
+
+
+def test_torch_backend_matches_numpy(kw):
+    dev = resolve_device("auto")
+    a = TextGenVectorEnv(num_envs=4, device=dev, obs_backend="torch", **kw)
+    b = TextGenVectorEnv(num_envs=4, device="cpu", **kw)
+    obs_a, _ = a.reset(seed=1)
+    obs_b, _ = b.reset(seed=1)
+    rng = np.random.default_rng(0)
+    for step in range(40):
+        for key in ("input_ids", "attention_mask"):
+            assert isinstance(obs_a[key], torch.Tensor) and obs_a[key].device.type == dev.type
+            assert obs_a[key].dtype == torch.int64
+            np.testing.assert_array_equal(obs_a[key].cpu().numpy(), obs_b[key])
+        actions = biased_actions(rng, 4, a.single_action_space.n, step)
+        obs_a, ra, ta, ua, ia = a.step(torch.as_tensor(actions, device=dev))  # actions may live on the device
+        obs_b, rb, tb, ub, ib = b.step(actions)
+        np.testing.assert_array_equal(ra, rb)
+        if "final_obs" in ia:
+            i = int(np.flatnonzero(ia["_final_obs"])[0])
+            assert isinstance(ia["final_obs"][i]["input_ids"], torch.Tensor)
+            np.testing.assert_array_equal(ia["final_obs"][i]["input_ids"].cpu().numpy(), ib["final_obs"][i]["input_ids"])
+
+
+def test_observation_dtype_shape_and_space(kw):
+    vec = TextGenVectorEnv(num_envs=5, device="cpu", **kw)
+    obs, _ = vec.reset(seed=0)
+    w = kw["max_prompt_tokens"] + kw["max_new_tokens"]
+    for key in ("input_ids", "attention_mask"):
+        assert isinstance(obs[key], np.ndarray) and obs[key].dtype == np.int64 and obs[key].shape == (5, w)
+    assert obs in vec.observation_space
+    before = obs["input_ids"].copy()
+    obs2, *_ = vec.step(np.full(5, 4))
+    np.testing.assert_array_equal(obs["input_ids"], before)  # returned arrays are not views of the state
+    assert obs2 in vec.observation_space
+    assert vec.action_space.shape == (5,)
+
+
+def test_reward_called_once_per_step_with_the_batch(kw):
+    calls = []
+
+    def counting(prompts, completions, **k):
+        calls.append(len(completions))
+        return [0.0] * len(completions)
+
+    vec = TextGenVectorEnv(num_envs=8, device="cpu", **dict(kw, reward=counting))
+    vec.reset(seed=0)
+    for _ in range(kw["max_new_tokens"]):
+        vec.step(np.full(8, 5))
+    assert calls == [8]  # all 8 truncate on the same step: one call
+    calls.clear()
+    _, _, term, _, _ = vec.step(np.array([EOS, EOS, EOS, 5, 5, 5, 5, 5]))
+    assert calls == [3] and term.sum() == 3
+
+
+def test_reset_options_prompt(kw):
+    vec = TextGenVectorEnv(num_envs=4, group_size=2, device="cpu", **kw)
+    obs, info = vec.reset(seed=0, options={"prompt": "good fun plot"})
+    assert list(info["prompt"]) == ["good fun plot"] * 4 and list(info["prompt_index"]) == [-1] * 4
+    ids = vec.tokenizer("good fun plot", add_special_tokens=False)["input_ids"]
+    assert (obs["input_ids"][:, -3:] == ids).all() and (obs["attention_mask"].sum(1) == 3).all()
+    for _ in range(kw["max_new_tokens"]):
+        _, rew, _, trunc, info = vec.step(np.full(4, 4))
+    assert trunc.all() and list(info["final_info"]["prompt_index"]) == [-1] * 4
+    assert list(info["final_info"]["prompt"]) == ["good fun plot"] * 4
+    assert rew[0] == pytest.approx(length_reward(["good fun plot"], ["the " * 7])[0])
+    assert all(p in PROMPTS for p in info["prompt"])  # later episodes draw from the prompt list again
+    _, info = vec.reset(options={"prompt": PROMPTS[2]})  # a listed prompt keeps its index
+    assert list(info["prompt_index"]) == [2] * 4
+    _, info = vec.reset(options={"prompt_index": 3})
+    assert list(info["prompt"]) == [PROMPTS[3]] * 4
+
+
+def test_render_ansi(kw):
+    vec = TextGenVectorEnv(num_envs=2, device="cpu", render_mode="ansi", **kw)
+    vec.reset(seed=0, options={"prompt_index": 0})
+    vec.step(np.array([3, 4]))
+    assert vec.render() == ("the movie was|the", "the movie was|movie")
+
+
+# -- groups -----------------------------------------------------------------------------------------
+
+
+def test_groups_share_prompts_and_ids_are_consistent(kw):
+    n, g, seed = 12, 4, 11
+    vec = gym.make_vec(TEST_ID, num_envs=n, group_size=g, device="cpu", **kw)
+    assert vec.group_size == g and vec.num_groups == 3
+    _, info = vec.reset(seed=seed)
+    assert list(info["group_id"]) == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
+    assert list(info["episode_id"]) == list(range(n))
+    for k in range(3):
+        assert len(set(info["prompt"][k * g : (k + 1) * g])) == 1
+
+    episode_prompt: dict[int, str] = {}  # episode id -> prompt text
+    episode_group: dict[int, int] = {}
+    current = info["episode_id"].copy()
+    for j in range(n):
+        episode_prompt[current[j]] = info["prompt"][j]
+        episode_group[current[j]] = info["group_id"][j]
+    finished_by_group: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    out_of_step = 0
+    rng = np.random.default_rng(0)
+    for step in range(250):
+        _, _, term, trunc, info = vec.step(biased_actions(rng, n, vec.single_action_space.n, step))
+        np.testing.assert_array_equal(info["episode_id"], current)  # ids of the episode the action belonged to
+        np.testing.assert_array_equal(info["group_id"], current // g)
+        done = np.flatnonzero(term | trunc)
+        for j in done:
+            fi = info["final_info"]
+            assert fi["episode_id"][j] == current[j] and fi["group_id"][j] == current[j] // g
+            assert fi["prompt"][j] == episode_prompt[current[j]]
+            finished_by_group[int(fi["group_id"][j])].append((int(fi["episode_id"][j]), fi["prompt"][j]))
+        nxt = vec.unwrapped.episode_ids()
+        for j in done:  # the new episode: next id of this env, prompt of its group round
+            assert nxt[j] == current[j] + n and j == nxt[j] % n
+            episode_prompt[nxt[j]] = info["prompt"][j]
+            episode_group[nxt[j]] = nxt[j] // g
+        current = nxt
+        rounds = current // n
+        out_of_step += sum(len(set(rounds[k * g : (k + 1) * g])) > 1 for k in range(3))
+
+    assert out_of_step > 50  # members ran out of step (early finishers did not wait)
+    complete = 0
+    for gid, eps in finished_by_group.items():
+        assert len(eps) <= g and len({p for _, p in eps}) == 1  # one prompt per group round
+        assert {e // g for e, _ in eps} == {gid} and len({e for e, _ in eps}) == len(eps)
+        complete += len(eps) == g
+    assert complete > 30
+    # every episode of a group round started with the same prompt, including unfinished ones
+    by_group = defaultdict(set)
+    for e, p in episode_prompt.items():
+        by_group[episode_group[e]].add(p)
+    assert all(len(ps) == 1 for ps in by_group.values())
+
+    # group k's r-th prompt is its RNG's r-th draw (RNG seeded by its first member's seed)
+    for k in range(3):
+        rng_k, _ = seeding.np_random(seed + k * g)
+        rounds_seen = sorted({gid // 3 for gid in by_group if gid % 3 == k})
+        draws = [PROMPTS[int(rng_k.integers(len(PROMPTS)))] for _ in range(max(rounds_seen) + 1)]
+        for r in rounds_seen:
+            assert by_group[r * 3 + k] == {draws[r]}
+
+
+def test_group_size_one_matches_groups_of_singletons(kw):
+    a = TextGenVectorEnv(num_envs=4, group_size=1, device="cpu", **kw)
+    b = TextGenVectorEnv(num_envs=4, group_size=4, device="cpu", **kw)
+    _, ia = a.reset(seed=5)
+    _, ib = b.reset(seed=5)
+    assert list(ia["group_id"]) == [0, 1, 2, 3] and list(ib["group_id"]) == [0, 0, 0, 0]
+    assert len(set(ib["prompt"])) == 1 and ib["prompt"][0] == ia["prompt"][0]  # group 0 uses env 0's seed
+
+
+def test_ids_never_repeat_across_resets(kw):
+    vec = TextGenVectorEnv(num_envs=4, group_size=2, device="cpu", **kw)
+    seen = set()
+    _, info = vec.reset(seed=0)
+    seen.update(info["episode_id"].tolist())
+    vec.step(np.array([EOS, 4, 4, 4]))
+    _, info = vec.reset(seed=0)
+    assert not seen & set(info["episode_id"].tolist())
+    assert (info["group_id"] == info["episode_id"] // 2).all()
+
+
+# -- memory -----------------------------------------------------------------------------------------
+
+
+def test_memory_1024_envs_256_token_windows(kw):
+    vec = TextGenVectorEnv(num_envs=1024, group_size=8, device="cpu", **dict(kw, max_prompt_tokens=64, max_new_tokens=192))
+    assert vec.text_spec.window == 256
+    assert vec.state_nbytes() == 1024 * (16 * 256 + 8)  # 4,104 bytes per env: ids + mask (int64) + counter
+    obs, _ = vec.reset(seed=0)
+    assert obs["input_ids"].shape == (1024, 256) and obs["input_ids"].nbytes == 1024 * 256 * 8
+    rng = np.random.default_rng(0)
+    for step in range(5):
+        obs, *_ = vec.step(biased_actions(rng, 1024, vec.single_action_space.n, step))
+    assert obs["attention_mask"].sum(1).min() >= 1
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+
+def test_bad_actions(kw):
+    vec = TextGenVectorEnv(num_envs=3, device="cpu", **kw)
+    with pytest.raises(RuntimeError, match="before reset"):
+        vec.step(np.array([4, 4, 4]))
+    vec.reset(seed=0)
+    v = vec.single_action_space.n
+    with pytest.raises(ValueError, match=r"shape \(2,\).*expected 3 integer token ids"):
+        vec.step(np.array([4, 4]))
+    with pytest.raises(ValueError, match=r"shape \(3, 1\)"):
+        vec.step(np.array([[4], [4], [4]]))
+    with pytest.raises(ValueError, match="not all integral"):
+        vec.step(np.array([4.0, 4.5, 4.0]))
+    with pytest.raises(ValueError, match="not all integral"):
+        vec.step(np.array([4.0, np.nan, 4.0]))
+    with pytest.raises(ValueError, match=f"action {v} of env 1 is outside the action space Discrete\\({v}\\)"):
+        vec.step(np.array([4, v, 4]))
+    with pytest.raises(ValueError, match="action -1 of env 2"):
+        vec.step(torch.tensor([4, 4, -1]))
+    with pytest.raises(ValueError, match="dtype"):
+        vec.step(np.array(["a", "b", "c"]))
+    with pytest.raises(ValueError, match="dtype"):
+        vec.step(np.array([True, False, True]))
+    obs, *_ = vec.step(np.array([4.0, 5.0, 6.0]))  # integral floats are fine
+    assert obs["input_ids"][:, -1].tolist() == [4, 5, 6]
+    obs, *_ = vec.step([7, 8, 9])
+    assert obs["input_ids"][:, -1].tolist() == [7, 8, 9]
+
+
+def test_bad_construction(kw):
+    with pytest.raises(ValueError, match="num_envs=6 is not divisible by group_size=4"):
+        TextGenVectorEnv(num_envs=6, group_size=4, device="cpu", **kw)
+    with pytest.raises(TypeError, match="unknown keyword argument.*max_tokens"):
+        TextGenVectorEnv(num_envs=2, device="cpu", max_tokens=3, **kw)
+    with pytest.raises(ValueError, match="obs_backend"):
+        TextGenVectorEnv(num_envs=2, device="cpu", obs_backend="jax", **kw)
+    with pytest.raises(ValueError, match="num_envs must be a positive int"):
+        TextGenVectorEnv(num_envs=0, device="cpu", **kw)
+    with pytest.raises(ValueError, match="device"):
+        TextGenVectorEnv(num_envs=2, device="tpu-ish", **kw)
+    vec = TextGenVectorEnv(num_envs=2, device="cpu", **kw)
+    with pytest.raises(ValueError, match="reset_mask"):
+        vec.reset(options={"reset_mask": np.array([True, False])})
+    with pytest.raises(ValueError, match="a list of seeds must have num_envs=2"):
+        vec.reset(seed=[1, 2, 3])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda_says_what_to_do(kw):
+    with pytest.raises(ValueError, match="CUDA is not available.*device='auto'.*device='cpu'"):
+        TextGenVectorEnv(num_envs=2, device="cuda", **kw)
+    assert resolve_device("auto").type == "cpu"
