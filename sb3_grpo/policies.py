@@ -347,6 +347,7 @@ class CausalLMPolicy(BasePolicy):
     :param ortho_init: SB3's flag; here it only decides the value head's init.
     :param critic_hidden: width of the separate critic's MLP.
     :param use_sde: SB3 passes it; must be False.
+    :param normalize_images: SB3's flag, stored and ignored (token ids are not images).
     :param optimizer_class: the optimizer (default Adam, ``eps=1e-5`` like SB3's ``ActorCriticPolicy``).
     :param optimizer_kwargs: extra optimizer arguments.
     """
@@ -368,13 +369,18 @@ class CausalLMPolicy(BasePolicy):
         ortho_init: bool = True,
         critic_hidden: int = 256,
         use_sde: bool = False,
+        normalize_images: bool = True,
         optimizer_class: type[th.optim.Optimizer] = th.optim.Adam,
         optimizer_kwargs: dict[str, Any] | None = None,
     ):
         if optimizer_kwargs is None:
             optimizer_kwargs = {"eps": 1e-5} if optimizer_class == th.optim.Adam else {}
         super().__init__(
-            observation_space, action_space, optimizer_class=optimizer_class, optimizer_kwargs=optimizer_kwargs
+            observation_space,
+            action_space,
+            normalize_images=normalize_images,
+            optimizer_class=optimizer_class,
+            optimizer_kwargs=optimizer_kwargs,
         )
         if use_sde:
             raise ValueError("CausalLMPolicy has a discrete (token) action space; use_sde must be False")
@@ -428,7 +434,11 @@ class CausalLMPolicy(BasePolicy):
                 module.apply(lambda m, g=gain: self.init_weights(m, gain=g))
 
         if gradient_checkpointing:
-            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable = getattr(self.lm, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:  # transformers releases before the rename
+                self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.action_dist = CategoricalDistribution(self.n_actions)
         self._caches: OrderedDict[int, _RowCache] = OrderedDict()
         self._cache_supported = True
@@ -483,8 +493,10 @@ class CausalLMPolicy(BasePolicy):
         if self.separate_critic:
             self.critic.eval()
         if self.gradient_checkpointing and mode:
+            from transformers.modeling_layers import GradientCheckpointingLayer  # noqa: PLC0415
+
             for module in self.lm.modules():
-                if getattr(module, "gradient_checkpointing", False) and hasattr(module, "_gradient_checkpointing_func"):
+                if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
                     module.training = True
         return self
 

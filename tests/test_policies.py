@@ -1,0 +1,484 @@
+"""Tests for sb3_grpo.policies.CausalLMPolicy (tiny models built from configs; no downloads)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import zipfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from stable_baselines3 import A2C, PPO
+from stable_baselines3.common.vec_env import VecEnv
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from sb3_grpo.policies import (
+    CausalLMPolicy,
+    extends_by_one,
+    left_pad_columns,
+    positions_from_mask,
+    process_logits,
+)
+
+V = 60  # env vocabulary (len(tokenizer))
+LM_V = 64  # the LM's vocabulary may be larger
+EOS = 3
+MAX_PROMPT, MAX_NEW = 6, 8
+W = MAX_PROMPT + MAX_NEW
+
+
+def tiny_gpt2(vocab: int = LM_V) -> GPT2LMHeadModel:
+    th.manual_seed(0)
+    cfg = GPT2Config(vocab_size=vocab, n_layer=2, n_embd=32, n_head=2, n_positions=64, bos_token_id=1, eos_token_id=EOS)
+    return GPT2LMHeadModel(cfg)
+
+
+def tiny_llama(vocab: int = LM_V) -> LlamaForCausalLM:
+    th.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=EOS, pad_token_id=0,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def tiny_qwen2(vocab: int = LM_V) -> Qwen2ForCausalLM:
+    th.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=EOS, pad_token_id=0,
+    )
+    return Qwen2ForCausalLM(cfg)
+
+
+def obs_space(width: int = W) -> spaces.Dict:
+    return spaces.Dict(
+        {
+            "input_ids": spaces.Box(0, V - 1, (width,), np.int64),
+            "attention_mask": spaces.Box(0, 1, (width,), np.int64),
+        }
+    )
+
+
+def make_policy(model=None, **kwargs) -> CausalLMPolicy:
+    return CausalLMPolicy(obs_space(), spaces.Discrete(V), lambda _: 1e-3, model=model or tiny_gpt2(), **kwargs)
+
+
+class FakeTextVecEnv(VecEnv):
+    """Minimal SB3 VecEnv with the text-env observation contract.
+
+    Right-aligned window of width ``max_prompt + max_new``; each step appends the action; the episode ends at EOS
+    (terminated) or after ``max_new`` tokens (truncated); same-step autoreset with ``terminal_observation``. With
+    ``group_size`` G, the k-th episode of every env of a group uses the group's k-th prompt. Prompts have random
+    lengths, so resets change the padding. Reward: fraction of generated tokens equal to 7.
+    """
+
+    def __init__(self, n_envs=4, vocab=V, max_prompt=MAX_PROMPT, max_new=MAX_NEW, group_size=1, seed=0):
+        self.vocab, self.max_prompt, self.max_new, self.group_size = vocab, max_prompt, max_new, group_size
+        self.width = max_prompt + max_new
+        super().__init__(n_envs, obs_space(self.width), spaces.Discrete(vocab))
+        self._seed = seed
+        self.ids = np.zeros((n_envs, self.width), np.int64)
+        self.mask = np.zeros((n_envs, self.width), np.int64)
+        self.generated = np.zeros(n_envs, np.int64)
+        self.episode = np.zeros(n_envs, np.int64)
+        self._actions = None
+
+    def _prompt(self, env: int) -> np.ndarray:
+        group = env // self.group_size
+        rng = np.random.default_rng([self._seed, group, int(self.episode[env])])
+        return rng.integers(4, self.vocab, rng.integers(1, self.max_prompt + 1))
+
+    def _reset_row(self, env: int) -> None:
+        prompt = self._prompt(env)
+        self.ids[env] = 0
+        self.mask[env] = 0
+        self.ids[env, self.width - len(prompt) :] = prompt
+        self.mask[env, self.width - len(prompt) :] = 1
+        self.generated[env] = 0
+
+    def _obs(self) -> dict:
+        return {"input_ids": self.ids.copy(), "attention_mask": self.mask.copy()}
+
+    def reset(self):
+        for env in range(self.num_envs):
+            self._reset_row(env)
+        return self._obs()
+
+    def step_async(self, actions):
+        self._actions = np.asarray(actions).reshape(-1)
+
+    def step_wait(self):
+        rewards = np.zeros(self.num_envs, np.float32)
+        dones = np.zeros(self.num_envs, bool)
+        infos = [{} for _ in range(self.num_envs)]
+        self.ids = np.roll(self.ids, -1, axis=1)
+        self.mask = np.roll(self.mask, -1, axis=1)
+        self.ids[:, -1] = self._actions
+        self.mask[:, -1] = 1
+        self.generated += 1
+        for env in range(self.num_envs):
+            eos = self._actions[env] == EOS
+            out_of_budget = self.generated[env] >= self.max_new
+            if eos or out_of_budget:
+                gen = self.ids[env, self.width - self.generated[env] :]
+                rewards[env] = float(np.mean(gen == 7))
+                dones[env] = True
+                infos[env]["terminal_observation"] = {
+                    "input_ids": self.ids[env].copy(),
+                    "attention_mask": self.mask[env].copy(),
+                }
+                infos[env]["TimeLimit.truncated"] = bool(out_of_budget and not eos)
+                self.episode[env] += 1
+                self._reset_row(env)
+        return self._obs(), rewards, dones, infos
+
+    def close(self):
+        pass
+
+    def get_attr(self, attr_name, indices=None):
+        return [getattr(self, attr_name, None)] * self.num_envs
+
+    def set_attr(self, attr_name, value, indices=None):
+        setattr(self, attr_name, value)
+
+    def env_method(self, method_name, *args, indices=None, **kwargs):
+        return [None] * self.num_envs
+
+    def env_is_wrapped(self, wrapper_class, indices=None):
+        return [False] * self.num_envs
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Pure functions
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_positions_from_mask_ignores_padding():
+    mask = th.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
+    assert positions_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4], [0, 0, 0, 0, 0]]
+
+
+def test_extends_by_one():
+    old_ids = th.tensor([[0, 0, 5, 6], [0, 0, 5, 6], [9, 8, 5, 6], [0, 0, 5, 6]])
+    old_mask = th.tensor([[0, 0, 1, 1], [0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 1, 1]])
+    new_ids = th.tensor([[0, 5, 6, 7], [0, 5, 7, 7], [8, 5, 6, 7], [0, 0, 5, 6]])
+    new_mask = th.tensor([[0, 1, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 1, 1]])
+    # row 0 extends; row 1 changed a token; row 2 lost a valid token off the left edge; row 3 did not move
+    assert extends_by_one(old_ids, old_mask, new_ids, new_mask).tolist() == [True, False, False, False]
+
+
+def test_left_pad_columns():
+    t = th.ones(2, 1, 3, 2)
+    out = left_pad_columns(t, 5)
+    assert out.shape == (2, 1, 5, 2) and out[:, :, :2].abs().sum() == 0 and out[:, :, 2:].eq(1).all()
+    assert left_pad_columns(t, 2) is t
+
+
+def test_process_logits_matches_hand_computation():
+    logits = th.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 3.0]])
+    temperature, top_k, top_p = 0.7, 4, 0.8
+    # by hand: scale, keep the 4 largest, then the smallest prefix (by probability) whose mass reaches 0.8
+    z = logits[0].numpy() / temperature
+    keep = np.argsort(-z)[:top_k]
+    p = np.exp(z[keep] - z[keep].max())
+    p /= p.sum()
+    order = np.argsort(-p)
+    cum = np.cumsum(p[order])
+    n_keep = int(np.searchsorted(cum, top_p - 1e-12) + 1)
+    kept = keep[order[:n_keep]]
+    expected = np.full(6, -np.inf)
+    expected[kept] = z[kept] - np.log(np.exp(z[kept]).sum())
+    got = th.log_softmax(process_logits(logits, temperature, top_k, top_p), -1)[0].numpy()
+    assert np.array_equal(np.isinf(got), np.isinf(expected))
+    np.testing.assert_allclose(got[~np.isinf(got)], expected[~np.isinf(expected)], atol=1e-6)
+    # identity when all controls are off
+    assert th.equal(process_logits(logits), logits)
+
+
+def test_policy_log_probs_use_the_processed_distribution():
+    th.manual_seed(1)
+    policy = make_policy(temperature=0.5, top_k=5, top_p=0.9)
+    env = FakeTextVecEnv(n_envs=3)
+    obs = {k: th.as_tensor(v) for k, v in env.reset().items()}
+    with th.no_grad():
+        actions, _, log_prob = policy(obs)
+        raw = policy._full_outputs(*policy._parse_obs(obs))[0]
+        _, log_prob_eval, entropy = policy.evaluate_actions(obs, actions)
+    z = raw / 0.5
+    kth = z.topk(5, dim=-1).values[:, -1:]
+    z = z.masked_fill(z < kth, float("-inf"))
+    probs = z.softmax(-1)
+    sorted_p, idx = probs.sort(-1, descending=True)
+    before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each token
+    keep_sorted = before < 0.9
+    keep = th.zeros_like(keep_sorted).scatter(-1, idx, keep_sorted)
+    hand = th.log_softmax(z.masked_fill(~keep, float("-inf")), -1)
+    np.testing.assert_allclose(log_prob, hand.gather(1, actions[:, None]).squeeze(1), atol=1e-5)
+    np.testing.assert_allclose(log_prob_eval, log_prob, atol=1e-5)
+    p = hand.exp()
+    hand_entropy = -(p * hand.clamp(min=-1e30)).sum(-1)
+    np.testing.assert_allclose(entropy, hand_entropy, atol=1e-5)
+    assert bool(keep.sum(-1).le(5).all())
+    assert bool(th.isfinite(log_prob).all())
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# (a) cached rollout == full recompute
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factory,group_size", [(tiny_gpt2, 1), (tiny_llama, 2)])
+def test_cached_rollout_matches_full_recompute(factory, group_size):
+    th.manual_seed(0)
+    policy = make_policy(factory(), top_k=20)
+    env = FakeTextVecEnv(n_envs=6, group_size=group_size, seed=3)
+    obs = env.reset()
+    policy.set_training_mode(False)
+    worst = 0.0
+    n_reused = 0
+    for step in range(40):
+        obs_t = {k: th.as_tensor(v) for k, v in obs.items()}
+        with th.no_grad():
+            actions, values, log_prob = policy(obs_t)
+            ref_values, ref_log_prob, _ = policy.evaluate_actions(obs_t, actions)
+        worst = max(worst, (values - ref_values).abs().max().item(), (log_prob - ref_log_prob).abs().max().item())
+        state = policy._caches[env.num_envs]
+        assert state.kv_mask.shape[1] <= W  # bounded
+        obs, _, dones, infos = env.step(actions.numpy())
+        n_reused += int((~th.as_tensor(dones)).sum())
+        for i, done in enumerate(dones):  # SB3's bootstrap on truncation: a batch of one, other cache slot
+            if done and infos[i]["TimeLimit.truncated"]:
+                term = policy.obs_to_tensor(infos[i]["terminal_observation"])[0]
+                with th.no_grad():
+                    v_term = policy.predict_values(term)
+                    v_ref = policy.evaluate_actions(term, th.zeros(1, dtype=th.long))[0]
+                worst = max(worst, (v_term - v_ref).abs().max().item())
+        if step == 20:  # an outside call with unrelated observations of the same batch size
+            other = FakeTextVecEnv(n_envs=6, seed=99).reset()
+            with th.no_grad():
+                policy.predict(other)
+    # SB3's final bootstrap call: served by a one-token step on the batch cache
+    obs_t = {k: th.as_tensor(v) for k, v in obs.items()}
+    with th.no_grad():
+        v_last = policy.predict_values(obs_t)
+        v_ref = policy.evaluate_actions(obs_t, th.zeros(env.num_envs, dtype=th.long))[0]
+    worst = max(worst, (v_last - v_ref).abs().max().item())
+    assert worst < 1e-5
+    assert n_reused > 100
+
+
+def test_collect_rollouts_buffer_matches_evaluate_actions():
+    env = FakeTextVecEnv(n_envs=4, group_size=2, seed=5)
+    model = PPO(CausalLMPolicy, env, n_steps=24, batch_size=32, n_epochs=1, seed=0,
+                policy_kwargs={"model": tiny_qwen2(), "temperature": 0.8})
+    _, callback = model._setup_learn(24, None)
+    assert model.collect_rollouts(env, callback, model.rollout_buffer, n_rollout_steps=24)
+    buf = model.rollout_buffer
+    # float32, as older SB3 releases store them
+    obs = {k: th.as_tensor(v.reshape(-1, W)).float() for k, v in buf.observations.items()}
+    actions = th.as_tensor(buf.actions.reshape(-1))
+    with th.no_grad():
+        values, log_prob, _ = model.policy.evaluate_actions(obs, actions)
+    np.testing.assert_allclose(log_prob.numpy(), buf.log_probs.reshape(-1), atol=1e-5)
+    np.testing.assert_allclose(values.numpy().reshape(-1), buf.values.reshape(-1), atol=1e-5)
+
+
+def test_cache_invalidated_when_weights_change():
+    policy = make_policy()
+    env = FakeTextVecEnv(n_envs=3)
+    obs = {k: th.as_tensor(v) for k, v in env.reset().items()}
+    with th.no_grad():
+        v1 = policy.predict_values(obs)
+        with th.no_grad():
+            policy.value_head.bias.add_(1.0)  # an in-place update, like optimizer.step()
+        v2 = policy.predict_values(obs)
+    np.testing.assert_allclose(v2 - v1, th.ones_like(v1), atol=1e-5)
+    policy.set_training_mode(True)
+    assert not policy._caches
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# (b) one forward per sequence == per-transition evaluate_actions
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"temperature": 0.7, "top_k": 10, "top_p": 0.95}, {"separate_critic": True}])
+def test_evaluate_sequences_matches_evaluate_actions(kwargs):
+    th.manual_seed(2)
+    policy = make_policy(tiny_llama(), **kwargs)
+    rng = np.random.default_rng(0)
+    batch = 3
+    ids = np.zeros((batch, W), np.int64)
+    mask = np.zeros((batch, W), np.int64)
+    act = np.zeros((batch, W), bool)
+    transitions = []  # (b, j, window ids, window mask)
+    for b in range(batch):
+        n_prompt, n_new = int(rng.integers(1, MAX_PROMPT + 1)), int(rng.integers(1, MAX_NEW + 1))
+        seq = rng.integers(4, V, n_prompt + n_new)
+        if kwargs.get("top_k"):  # actions must lie in the support of the processed distribution
+            for t in range(n_new):
+                window = np.zeros(W, np.int64)
+                wmask = np.zeros(W, np.int64)
+                prefix = seq[: n_prompt + t]
+                window[W - len(prefix) :], wmask[W - len(prefix) :] = prefix, 1
+                with th.no_grad():
+                    a, _, _ = policy({"input_ids": th.as_tensor(window[None]), "attention_mask": th.as_tensor(wmask[None])})
+                seq[n_prompt + t] = int(a)
+        start = W - len(seq)
+        ids[b, start:], mask[b, start:] = seq, 1
+        act[b, start + n_prompt :] = True
+        for t in range(n_new):
+            window, wmask = np.zeros(W, np.int64), np.zeros(W, np.int64)
+            prefix = seq[: n_prompt + t]
+            window[W - len(prefix) :], wmask[W - len(prefix) :] = prefix, 1
+            transitions.append((b, start + n_prompt + t, window, wmask, seq[n_prompt + t]))
+    log_prob, entropy, values = policy.evaluate_sequences(th.as_tensor(ids), th.as_tensor(mask), th.as_tensor(act))
+    assert log_prob.shape == entropy.shape == values.shape == (batch, W)
+    obs = {
+        "input_ids": th.as_tensor(np.stack([t[2] for t in transitions])).float(),
+        "attention_mask": th.as_tensor(np.stack([t[3] for t in transitions])).float(),
+    }
+    v_ref, lp_ref, ent_ref = policy.evaluate_actions(obs, th.as_tensor([t[4] for t in transitions]))
+    bj = (th.as_tensor([t[0] for t in transitions]), th.as_tensor([t[1] for t in transitions]))
+    np.testing.assert_allclose(log_prob[bj].detach(), lp_ref.detach(), atol=1e-5)
+    np.testing.assert_allclose(entropy[bj].detach(), ent_ref.detach(), atol=1e-5)
+    np.testing.assert_allclose(values[bj].detach(), v_ref.detach().squeeze(1), atol=1e-5)
+    off = ~th.as_tensor(act)
+    assert log_prob[off].abs().sum() == 0 and values[off].abs().sum() == 0 and entropy[off].abs().sum() == 0
+    # differentiable: one backward reaches the LM and the critic
+    (log_prob.sum() + values.sum()).backward()
+    assert policy.lm.get_input_embeddings().weight.grad is not None
+    assert policy.value_head.weight.grad is not None
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# (c) stock SB3 algorithms train it
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factory", [tiny_gpt2, tiny_qwen2])
+def test_ppo_learns_without_crashing(factory):
+    env = FakeTextVecEnv(n_envs=4)
+    lm = factory()
+    before = lm.get_input_embeddings().weight.detach().clone()
+    model = PPO(CausalLMPolicy, env, n_steps=16, batch_size=32, n_epochs=2, seed=0, policy_kwargs={"model": lm})
+    model.learn(64)
+    assert model.num_timesteps >= 64
+    assert not th.equal(before, model.policy.lm.get_input_embeddings().weight)  # the LM itself was trained
+
+
+def test_a2c_learns_without_crashing():
+    env = FakeTextVecEnv(n_envs=2)
+    model = A2C(CausalLMPolicy, env, n_steps=4, seed=0,
+                policy_kwargs={"model": tiny_llama(), "separate_critic": True, "gradient_checkpointing": True})
+    model.policy.set_training_mode(True)
+    checkpointed = [m for m in model.policy.lm.modules() if isinstance(m, GradientCheckpointingLayer)]
+    assert checkpointed and all(m.training for m in checkpointed)  # checkpointing active in the update ...
+    assert not any(m.training for m in model.policy.lm.modules() if isinstance(m, th.nn.Dropout))  # ... no dropout
+    model.learn(16)
+    assert model.num_timesteps >= 16
+
+
+def test_optimizer_covers_lm_and_head_and_dropout_is_off():
+    policy = make_policy()
+    in_optim = {id(p) for g in policy.optimizer.param_groups for p in g["params"]}
+    assert all(id(p) in in_optim for p in policy.lm.parameters())
+    assert all(id(p) in in_optim for p in policy.value_head.parameters())
+    policy.set_training_mode(True)
+    assert not any(m.training for m in policy.lm.modules())
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# (d) ortho_init leaves the pretrained LM alone
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_ortho_init_leaves_lm_weights_untouched():
+    lm = tiny_gpt2()
+    before = {k: v.clone() for k, v in lm.state_dict().items()}
+    policy = make_policy(lm, ortho_init=True)
+    after = policy.lm.state_dict()
+    assert all(th.equal(before[k], after[k]) for k in before)
+    policy = make_policy(tiny_gpt2(), value_head_init_std=0.02)
+    assert policy.value_head.bias.abs().sum() == 0
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# (e) save / load
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _predictions(model, obs):
+    with th.no_grad():
+        ids, mask = model.policy._parse_obs({k: th.as_tensor(v) for k, v in obs.items()})
+        logits, values = model.policy._full_outputs(ids, mask)
+    return logits.numpy(), values.numpy(), model.predict(obs, deterministic=True)[0]
+
+
+def test_save_load_round_trip_from_model_object(tmp_path):
+    env = FakeTextVecEnv(n_envs=2)
+    model = PPO(CausalLMPolicy, env, n_steps=8, batch_size=16, n_epochs=1, seed=0,
+                policy_kwargs={"model": tiny_llama(), "top_k": 7})
+    model.learn(16)
+    path = tmp_path / "ppo_lm.zip"
+    model.save(path)
+    with zipfile.ZipFile(path) as zf:
+        data = json.loads(zf.read("data"))
+    kwargs = data["policy_kwargs"]
+    assert ":serialized:" not in kwargs  # plain JSON: nothing pickled
+    assert kwargs["model"]["config"]["model_type"] == "llama"
+    loaded = PPO.load(path, env=env)
+    obs = env.reset()
+    for a, b in zip(_predictions(model, obs), _predictions(loaded, obs), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # the policy-level save/load (BaseModel.save) works the same way
+    model.policy.save(str(tmp_path / "policy.pt"))
+    policy = CausalLMPolicy.load(str(tmp_path / "policy.pt"))
+    assert all(th.equal(a, b) for a, b in zip(policy.state_dict().values(), model.policy.state_dict().values(), strict=True))
+
+
+def test_save_load_from_path_and_missing_directory(tmp_path):
+    lm_dir = tmp_path / "lm"
+    tiny_gpt2().save_pretrained(lm_dir)
+    env = FakeTextVecEnv(n_envs=2)
+    model = PPO(CausalLMPolicy, env, n_steps=8, batch_size=16, n_epochs=1, seed=0, policy_kwargs={"model": str(lm_dir)})
+    model.learn(16)  # weights now differ from the directory's
+    model.save(tmp_path / "ppo.zip")
+    loaded = PPO.load(tmp_path / "ppo.zip", env=env)
+    obs = env.reset()
+    for a, b in zip(_predictions(model, obs), _predictions(loaded, obs), strict=True):
+        np.testing.assert_array_equal(a, b)
+    shutil.rmtree(lm_dir)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        PPO.load(tmp_path / "ppo.zip", env=env)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# (g) bad inputs
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_vocabulary_smaller_than_action_space_is_an_error():
+    with pytest.raises(ValueError, match=rf"{V - 10}.*Discrete\({V}\)"):
+        make_policy(tiny_gpt2(vocab=V - 10))
+
+
+def test_observation_without_required_keys_is_an_error():
+    bad_space = spaces.Dict({"tokens": spaces.Box(0, V - 1, (W,), np.int64)})
+    with pytest.raises(ValueError, match="input_ids.*attention_mask.*tokens"):
+        CausalLMPolicy(bad_space, spaces.Discrete(V), lambda _: 1e-3, model=tiny_gpt2())
+    policy = make_policy()
+    with pytest.raises(ValueError, match="input_ids.*attention_mask.*tokens"):
+        policy.predict_values({"tokens": th.zeros(1, W)})
+
+
+def test_missing_default_model_or_bad_path_is_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        make_policy(str(tmp_path / "nope"))
