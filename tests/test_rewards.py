@@ -349,7 +349,9 @@ def test_register_custom_reward_and_resolve():
     assert "test-constant-reward" in registered_rewards()
     with pytest.raises(ValueError, match="already registered"):
         register_reward("test-constant-reward", lambda: None)
-    fn = lambda prompts, completions, **kw: [0.0] * len(completions)  # noqa: E731
+    def fn(prompts, completions, **kw):
+        return [0.0] * len(completions)
+
     assert resolve_reward(fn) is fn
     with pytest.raises(TypeError, match="reward_kwargs are only used"):
         resolve_reward(fn, scale="prob")
@@ -467,7 +469,9 @@ def _manual_nll(model, ids, first):
 
 def test_perplexity_matches_a_manual_computation(tiny_lm):
     model, tok = tiny_lm
-    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    def enc(s):
+        return tok(s, add_special_tokens=False)["input_ids"]
+
     prompts, texts = ["The movie was", "12+7="], [" great fun.", "19"]
     nll = []
     for p, t in zip(prompts, texts):

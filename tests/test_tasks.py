@@ -64,7 +64,7 @@ def good_completion(env_id, prompt_item):
 
 
 def test_every_env_id_has_a_task_and_a_documented_class():
-    assert [t.env_id for t in all_tasks()] == ENV_IDS or set(t.env_id for t in all_tasks()) == set(ENV_IDS)
+    assert [t.env_id for t in all_tasks()] == ENV_IDS or {t.env_id for t in all_tasks()} == set(ENV_IDS)
     for env_id, entry in textrl_envs.ENV_IDS.items():
         cls = gym.spec(env_id).entry_point
         assert cls == entry
@@ -108,7 +108,7 @@ def test_reward_at_episode_end_equals_reward_called_by_hand(env_id, tokenizer):
     env = gym.make(env_id)
     task = get_task(env_id)
     items = task.prompts()
-    obs, info = env.reset(seed=0, options={"prompt_index": 0})
+    _obs, info = env.reset(seed=0, options={"prompt_index": 0})
     item = items[0]
     prompt = item["prompt"] if isinstance(item, dict) else item
     assert info == {"prompt": prompt, "prompt_index": 0}
@@ -145,7 +145,7 @@ def test_keywords_reward_is_the_documented_composite(tokenizer):
     env.reset(options={"prompt_index": 0})
     kws = get_task("Keywords-v0").prompts()[0]["keywords"]
     completion = " " + " ".join(kws) + " " + " ".join(kws)  # all keywords, too short, repeated
-    *_, (r, _, _, info) = run(env, encode(tokenizer, completion) + [tokenizer.eos_token_id])
+    *_, (r, _, _, _info) = run(env, encode(tokenizer, completion) + [tokenizer.eos_token_id])
     n = len(completion.split())
     parts = reward.last_components
     assert parts["keywords"][0] == 1.0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +95,7 @@ class CompositeReward(RewardModel):
         self.last_components = last
         return total
 
-    def to(self, device: Any) -> "CompositeReward":
+    def to(self, device: Any) -> CompositeReward:
         """Move every component that has tensors to ``device``."""
         for _, model, _ in self.components:
             if hasattr(model, "to") and isinstance(model, RewardModel):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from textrl_envs.rewards.base import RewardModel
 from textrl_envs.rewards.registry import register_reward

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def ngrams(words: Sequence[str], n: int) -> list[tuple[str, ...]]:

@@ -8,7 +8,8 @@ TRL's IMDB example does.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -153,7 +154,7 @@ class HFClassifierReward(RewardModel):
             "pass label=<one of them>"
         )
 
-    def to(self, device: Any) -> "HFClassifierReward":
+    def to(self, device: Any) -> HFClassifierReward:
         """Move the classifier to ``device`` (``"auto"`` allowed)."""
         self.device = resolve_device(device)
         self.model.to(self.device)
