@@ -147,12 +147,13 @@ def model_spec(lm: nn.Module) -> dict[str, Any]:
 def _default_model_path() -> str:
     try:
         from textrl_envs.assets import lm_path  # noqa: PLC0415 (lazy: the bundled LM is optional at import)
-    except ImportError as e:
-        raise ValueError(
+
+        return str(lm_path())
+    except (ImportError, AttributeError, FileNotFoundError) as e:
+        raise FileNotFoundError(
             "CausalLMPolicy got model=None, which means the bundled LM from textrl_envs.assets.lm_path(), "
             f"but it is not available ({e}); pass policy_kwargs={{'model': <local model dir or PreTrainedModel>}}"
         ) from e
-    return str(lm_path())
 
 
 def _as_dtype(dtype: th.dtype | str | None) -> th.dtype | None:
@@ -317,6 +318,9 @@ class CausalLMPolicy(BasePolicy):
     - identical to the cached window (all rows): the stored logits and values are returned, no forward;
     - extends the cached window by exactly one token (:func:`extends_by_one`): served by one batched single-token
       forward over the cache, with the 2-D mask ``[cache mask, new column]`` and position ``n_valid - 1``;
+    - a call with a new batch size whose rows all match rows of a cached batch (SB3's one-env
+      ``predict_values(terminal_obs)`` bootstrap on truncation): those rows' keys/values are copied into a small
+      cache of their own and served by a single-token step (:meth:`_borrow_rows`);
     - anything else (auto-reset, new group prompt, an outside call with other observations): recomputed with one
       prefill over those rows only, whose cache is left-padded with masked slots and spliced into the batch cache.
 
@@ -613,15 +617,19 @@ class CausalLMPolicy(BasePolicy):
         state = self._caches.pop(batch, None)
         if state is not None and (state.version != version or state.ids.shape != ids.shape):
             state = None
-        if state is not None and th.equal(state.ids, ids) and th.equal(state.mask, mask):
-            self._caches[batch] = state
-            return state.logits, state.values
-
-        extend = (
-            extends_by_one(state.ids, state.mask, ids, mask)
-            if state is not None
-            else th.zeros(batch, dtype=th.bool, device=ids.device)
-        )
+        extend = th.zeros(batch, dtype=th.bool, device=ids.device)
+        for attempt in range(2):
+            if state is not None and th.equal(state.ids, ids) and th.equal(state.mask, mask):
+                self._caches[batch] = state
+                return state.logits, state.values
+            if state is not None:
+                extend = extends_by_one(state.ids, state.mask, ids, mask)
+            if bool(extend.any()) or attempt == 1:
+                break
+            borrowed = self._borrow_rows(ids, mask, version)  # nothing to reuse in this slot: try the others
+            if borrowed is None:
+                break
+            state = borrowed
         logits = th.empty(batch, self.n_actions, device=ids.device)
         values = th.empty(batch, device=ids.device)
 
@@ -657,6 +665,37 @@ class CausalLMPolicy(BasePolicy):
         while len(self._caches) > 2:
             self._caches.popitem(last=False)
         return logits, values
+
+    def _borrow_rows(self, ids: th.Tensor, mask: th.Tensor, version: int) -> _RowCache | None:
+        """Start a cache for a new batch size from rows of another one, when every row can be served from it.
+
+        SB3 bootstraps truncated episodes with ``predict_values(terminal_obs)``, one env at a time; each terminal
+        window is a batch-cache row plus one token. Copying that row's keys/values turns a full prefill into a
+        single-token step. Returns ``None`` when some row matches no cached row (identical or extended by one).
+        """
+        from transformers import DynamicCache  # noqa: PLC0415
+
+        for other in reversed(list(self._caches.values())):
+            if other.version != version or other.ids.shape[1] != ids.shape[1]:
+                continue
+            same = (ids[:, None] == other.ids[None]).all(-1) & (mask[:, None] == other.mask[None]).all(-1)
+            ext = (
+                (ids[:, None, :-1] == other.ids[None, :, 1:]).all(-1)
+                & (mask[:, None, :-1] == other.mask[None, :, 1:]).all(-1)
+                & (mask[:, None, -1] == 1)
+                & (other.mask[None, :, 0] == 0)
+            )
+            ok = same | ext  # [B_new, B_cached]
+            if not bool(ok.any(dim=1).all()):
+                continue
+            src = ok.float().argmax(dim=1)
+            cache = DynamicCache()
+            for i, layer in enumerate(other.cache.layers):
+                cache.update(layer.keys[src], layer.values[src], i)
+            return _RowCache(
+                cache, other.kv_mask[src], other.ids[src], other.mask[src], other.logits[src], other.values[src], version
+            )
+        return None
 
     @staticmethod
     def _splice(state: _RowCache, rows: th.Tensor, cache_r: Any, kv_mask_r: th.Tensor) -> None:

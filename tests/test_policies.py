@@ -257,7 +257,13 @@ def test_cached_rollout_matches_full_recompute(factory, group_size):
             if done and infos[i]["TimeLimit.truncated"]:
                 term = policy.obs_to_tensor(infos[i]["terminal_observation"])[0]
                 with th.no_grad():
+                    calls = []
+                    hook = policy.lm.base_model.register_forward_pre_hook(
+                        lambda _m, _a, kw: calls.append(kw["input_ids"].shape), with_kwargs=True
+                    )
                     v_term = policy.predict_values(term)
+                    hook.remove()
+                    assert calls == [(1, 1)]  # the terminal window extends a cached row: a one-token step
                     v_ref = policy.evaluate_actions(term, th.zeros(1, dtype=th.long))[0]
                 worst = max(worst, (v_term - v_ref).abs().max().item())
         if step == 20:  # an outside call with unrelated observations of the same batch size
@@ -482,3 +488,12 @@ def test_observation_without_required_keys_is_an_error():
 def test_missing_default_model_or_bad_path_is_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         make_policy(str(tmp_path / "nope"))
+    try:
+        from textrl_envs.assets import lm_path
+
+        lm_path()
+    except (ImportError, AttributeError, FileNotFoundError):
+        with pytest.raises(FileNotFoundError, match="bundled LM"):
+            CausalLMPolicy(obs_space(), spaces.Discrete(V), lambda _: 1e-3, model=None)
+    else:
+        pytest.skip("the bundled LM exists; its default path is exercised by the integration tests")
