@@ -302,7 +302,7 @@ class GRPO(OnPolicyAlgorithm):
         self.kl_target = kl_target
         self.grad_norm_warn = grad_norm_warn
 
-        if self.explore_alpha > 0:
+        if self.explore_alpha > 0 and getattr(self, "action_space", None) is not None:
             # raises a clear ValueError for unbounded Box or unsupported action spaces
             uniform_log_prob(self.action_space)
         if self.advantage != "gae" and self.env is not None:
@@ -348,6 +348,8 @@ class GRPO(OnPolicyAlgorithm):
                 assert self.clip_range_vf > 0, "`clip_range_vf` must be positive, pass `None` to deactivate vf clipping"
             self.clip_range_vf = FloatSchedule(self.clip_range_vf)
 
+        if self.adaptive_clip is not None:  # saved as a JSON list
+            self.adaptive_clip = (float(self.adaptive_clip[0]), float(self.adaptive_clip[1]))
         # GRPO state; nothing here draws from a random generator, so PPO's RNG stream is untouched
         self._grad_var_param_list = self._select_grad_var_params() if self.grad_var_coef > 0 else []
         self.ref_policy = None

@@ -1,0 +1,346 @@
+"""GRPO against stock SB3 PPO and against hand-computed references (short seeded runs)."""
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from stable_baselines3 import PPO
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.envs import SimpleMultiObsEnv
+from stable_baselines3.common.logger import configure
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+from sb3_grpo import GRPO
+from sb3_grpo.objectives import group_advantages, rloo_advantages
+
+OFF = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "advantage": "gae", "kl_coef": 0.0}
+SMALL = {"n_steps": 128, "batch_size": 32, "n_epochs": 2, "device": "cpu"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Tiny networks: thread start-up dominates on a busy machine."""
+    n_threads = th.get_num_threads()
+    th.set_num_threads(1)
+    yield
+    th.set_num_threads(n_threads)
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
+
+
+def _same_params(a, b):
+    return all(th.equal(a[k], b[k]) for k in a)
+
+
+def _quiet(model):
+    model.set_logger(configure(None, []))
+    return model
+
+
+# ------------------------------------------------------------------------------------- equivalence
+@pytest.mark.parametrize(
+    "env_id, kwargs",
+    [
+        ("CartPole-v1", {}),
+        ("Pendulum-v1", {}),
+        # PPO's other branches: value clipping, a clip schedule, early stopping on approx_kl, 2 envs
+        ("CartPole-v1", {"clip_range_vf": 0.2, "clip_range": lambda p: 0.1 + 0.1 * p, "target_kl": 0.002}),
+    ],
+    ids=["cartpole", "pendulum", "cartpole-vfclip-schedule-targetkl"],
+)
+def test_extras_off_equals_stock_ppo(env_id, kwargs):
+    hp = {"n_steps": 256, "batch_size": 64, "n_epochs": 3, "seed": 7, "device": "cpu", **kwargs}
+    ppo = _quiet(PPO("MlpPolicy", env_id, **hp)).learn(512)
+    grpo = _quiet(GRPO("MlpPolicy", env_id, **hp, **OFF)).learn(512)
+    assert _same_params(_params(ppo), _params(grpo))
+    assert grpo._n_updates == ppo._n_updates
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"adaptive_clip": (1.0, 0.01)}, {"grad_var_coef": 1.0}, {"explore_alpha": 0.5}, {"kl_coef": 1.0}],
+    ids=["adaptive_clip", "grad_var", "explore", "kl"],
+)
+def test_each_extra_changes_the_update(extra):
+    """The equivalence test can fail: switching any one mechanism on moves the parameters elsewhere."""
+    hp = {**SMALL, "seed": 3}
+    ppo = _quiet(PPO("MlpPolicy", "CartPole-v1", **hp)).learn(256)
+    grpo = _quiet(GRPO("MlpPolicy", "CartPole-v1", **hp, **{**OFF, **extra})).learn(256)
+    assert not _same_params(_params(ppo), _params(grpo))
+
+
+# ------------------------------------------------------------------------------------------ logging
+def test_defaults_log_every_quantity():
+    model = _quiet(
+        GRPO("MlpPolicy", "CartPole-v1", seed=0, kl_coef=0.1, clip_range=lambda p: 0.1 + 0.2 * p, **SMALL)
+    )
+    model.learn(256)
+    logged = model.logger.name_to_value
+    ppo_keys = [
+        "train/entropy_loss", "train/policy_gradient_loss", "train/value_loss", "train/approx_kl",
+        "train/clip_fraction", "train/loss", "train/explained_variance", "train/n_updates", "train/clip_range",
+    ]  # fmt: skip
+    for key in ppo_keys:
+        assert key in logged, key
+    # last update at progress_remaining 0: eps = 0.1, scaled by the default (1.1, 0.9)
+    assert logged["train/clip_range"] == pytest.approx(0.1)
+    assert logged["train/clip_range_pos"] == pytest.approx(0.11)
+    assert logged["train/clip_range_neg"] == pytest.approx(0.09)
+    # alpha decays from 0.05 to 0 over the first half: the 2nd rollout starts at progress 0.5
+    assert logged["train/explore_alpha"] == 0.0
+    assert logged["train/grad_var"] > 0
+    assert logged["train/kl_ref"] >= 0 and logged["train/kl_coef"] == pytest.approx(0.1)
+    assert logged["train/grad_norm"] > 0
+    assert -1 <= logged["train/value_return_corr"] <= 1
+    for key in ("train/clip_fraction_pos", "train/clip_fraction_neg"):
+        assert 0 <= logged[key] <= 1
+
+
+def test_explore_alpha_schedule():
+    model = GRPO("MlpPolicy", "CartPole-v1", explore_alpha=0.4, explore_fraction=0.5, **SMALL)
+    for remaining, alpha in [(1.0, 0.4), (0.75, 0.2), (0.5, 0.0), (0.1, 0.0)]:
+        model._current_progress_remaining = remaining
+        assert model.current_explore_alpha() == pytest.approx(alpha)
+
+
+def test_grad_norm_warning():
+    model = _quiet(GRPO("MlpPolicy", "Pendulum-v1", seed=0, grad_norm_warn=1e-3, **SMALL))
+    with pytest.warns(UserWarning, match="grad_norm_warn"):
+        model.learn(128)
+
+
+# ------------------------------------------------------------------------------ mixed exploration
+def _collect_one_rollout(model):
+    _, callback = model._setup_learn(model.n_steps * model.n_envs, None)
+    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
+    return model.rollout_buffer
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_stored_log_prob_is_the_mixture_density(env_id):
+    alpha = 0.5
+    model = _quiet(GRPO("MlpPolicy", env_id, seed=1, explore_alpha=alpha, **SMALL))
+    buf = _collect_one_rollout(model)
+    obs = th.as_tensor(buf.observations.reshape(-1, *model.observation_space.shape))
+    actions = th.as_tensor(buf.actions.reshape(len(obs), -1))
+    space = model.action_space
+    with th.no_grad():
+        if isinstance(space, spaces.Discrete):
+            _, log_pi, _ = model.policy.evaluate_actions(obs, actions.long().flatten())
+            uniform = th.full_like(log_pi, 1.0 / space.n)
+        else:
+            _, log_pi, _ = model.policy.evaluate_actions(obs, actions)
+            inside = ((actions >= th.as_tensor(space.low)) & (actions <= th.as_tensor(space.high))).all(1)
+            uniform = inside.float() / float(np.prod(space.high - space.low))
+    expected = th.log((1 - alpha) * log_pi.double().exp() + alpha * uniform.double())
+    np.testing.assert_allclose(buf.log_probs.reshape(-1), expected.numpy(), rtol=1e-4, atol=1e-5)
+    if isinstance(space, spaces.Box):
+        # about alpha of the actions come from the uniform: inside the box, never clipped by the env
+        assert inside.float().mean() > 0.4
+
+
+def test_pendulum_learns_with_exploration_smoke():
+    model = _quiet(GRPO("MlpPolicy", "Pendulum-v1", seed=0, explore_alpha=0.2, explore_fraction=1.0, **SMALL))
+    model.learn(512)
+    assert model.logger.name_to_value["train/explore_alpha"] > 0
+    assert all(th.isfinite(p).all() for p in model.policy.parameters())
+
+
+# ------------------------------------------------------------------------------- grouped toy env
+class ToyGroupEnv(gym.Env):
+    """
+    Episodes of ``LENGTH`` steps; the observation is the one-hot prompt (``N_PROMPTS`` of them), the reward,
+    paid at the last step, is the number of actions equal to the prompt's target bit. The ``G`` consecutive
+    envs of a group share the prompt of each round and report ``group_id = round * n_groups + index // G``
+    (the textrl_envs convention).
+    """
+
+    LENGTH = 3
+    N_PROMPTS = 4
+
+    def __init__(self, index: int, n_envs: int, group_size: int):
+        self.index, self.n_groups, self.group_size = index, n_envs // group_size, group_size
+        self.observation_space = spaces.Box(0.0, 1.0, (self.N_PROMPTS,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.round = -1
+
+    def _group_id(self):
+        return self.round * self.n_groups + self.index // self.group_size
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.round += 1
+        self.t, self.correct = 0, 0
+        self.prompt = (self._group_id() * 7919) % self.N_PROMPTS
+        obs = np.zeros(self.N_PROMPTS, np.float32)
+        obs[self.prompt] = 1.0
+        self.obs = obs
+        return obs, {}
+
+    def step(self, action):
+        self.correct += int(action) == self.prompt % 2
+        self.t += 1
+        done = self.t == self.LENGTH
+        info = {"group_id": self._group_id(), "episode_id": self.round * 1000 + self.index}
+        return self.obs, float(self.correct) if done else 0.0, done, False, info
+
+
+def make_group_env(n_envs=8, group_size=4):
+    return DummyVecEnv([lambda i=i: ToyGroupEnv(i, n_envs, group_size) for i in range(n_envs)])
+
+
+def _episodes(buf, infos_group):
+    """(env, start, end, return, group_id) of the episodes that finished in the buffer, from its rewards."""
+    n_steps, n_envs = buf.rewards.shape
+    out = []
+    for env in range(n_envs):
+        start = 0
+        for t in range(n_steps):
+            if (t + 1) % ToyGroupEnv.LENGTH == 0:
+                out.append((env, start, t, float(buf.rewards[start : t + 1, env].sum()), infos_group[t, env]))
+                start = t + 1
+    return out
+
+
+@pytest.mark.parametrize("advantage, reference", [("group", group_advantages), ("rloo", rloo_advantages)])
+def test_group_advantages_in_buffer_match_reference(advantage, reference):
+    model = _quiet(GRPO("MlpPolicy", make_group_env(), advantage=advantage, seed=0, **{**SMALL, "n_steps": 10}))
+    buf = _collect_one_rollout(model)
+    n_envs = 8
+    group_of = np.array([[(t // 3) * 2 + env // 4 for env in range(n_envs)] for t in range(10)])
+    episodes = _episodes(buf, group_of)
+    returns = th.tensor([e[3] for e in episodes])
+    groups = th.tensor([e[4] for e in episodes])
+    expected, _ = reference(returns, groups)
+    for (env, start, end, _, _), adv in zip(episodes, expected):
+        np.testing.assert_allclose(buf.advantages[start : end + 1, env], adv.item(), rtol=1e-5)
+    # step 9 starts a 4th episode that is not finished: advantage 0
+    assert np.all(buf.advantages[9] == 0)
+    # the straddling episode (steps 9..11) gets its advantage in the next rollout, steps 0..1
+    buf = _collect_one_rollout(model)
+    assert np.any(buf.advantages[0:2] != 0)
+
+
+def test_self_critical_greedy_members_and_baseline():
+    model = _quiet(GRPO("MlpPolicy", make_group_env(), advantage="self_critical", seed=0, **{**SMALL, "n_steps": 9}))
+    buf = _collect_one_rollout(model)
+    obs = th.as_tensor(buf.observations[:, [0, 4]].reshape(-1, 4))
+    greedy, _ = model.policy.predict(obs.numpy(), deterministic=True)
+    np.testing.assert_array_equal(buf.actions[:, [0, 4]].reshape(-1), greedy)
+    assert np.all(buf.advantages[:, [0, 4]] == 0)
+    for start in (0, 3, 6):
+        for env in (1, 2, 3, 5, 6, 7):
+            baseline_env = 0 if env < 4 else 4
+            end = start + 3
+            expected = buf.rewards[start:end, env].sum() - buf.rewards[start:end, baseline_env].sum()
+            np.testing.assert_allclose(buf.advantages[start:end, env], expected, rtol=1e-6)
+
+
+def test_group_advantage_learns_toy_task():
+    env = make_group_env()
+    model = _quiet(
+        GRPO("MlpPolicy", env, advantage="group", seed=0, n_steps=24, batch_size=48, n_epochs=4,
+             learning_rate=3e-3, grad_var_coef=0.0, device="cpu")
+    )  # fmt: skip
+
+    def mean_reward():
+        obs = np.eye(4, dtype=np.float32)
+        actions, _ = model.predict(obs, deterministic=False)
+        return float(np.mean(actions == np.arange(4) % 2))
+
+    before = np.mean([mean_reward() for _ in range(50)])
+    model.learn(24 * 8 * 12)
+    after = np.mean([mean_reward() for _ in range(50)])
+    assert after > 0.9 > before + 0.2
+    assert "rollout/group_reward_mean" in model.logger.name_to_value or model._group_tracker is not None
+    assert "train/value_loss" not in model.logger.name_to_value  # no critic
+
+
+# ---------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"advantage": "grpo"}, "known: gae, group, rloo, self_critical"),
+        ({"grad_var_coef": -0.1}, "grad_var_coef must be >= 0"),
+        ({"kl_coef": -1.0}, "kl_coef must be >= 0"),
+        ({"explore_alpha": -0.1}, r"explore_alpha must be in \[0, 1\]"),
+        ({"explore_alpha": 1.5}, r"explore_alpha must be in \[0, 1\]"),
+        ({"explore_fraction": 0.0}, "explore_fraction"),
+        ({"adaptive_clip": (1.1, 0.0)}, "pair of positive scales"),
+        ({"adaptive_clip": (1.1,)}, "pair of positive scales"),
+        ({"grad_var_slices": 1}, "grad_var_slices must be an integer >= 2"),
+        ({"grad_var_slices": 65}, "more than batch_size=64"),
+        ({"grad_var_params": ["nonexistent"]}, "matches no trainable parameter"),
+        ({"kl_target": 0.01}, "starting kl_coef > 0"),
+        ({"advantage": "group"}, r"needs an env with group_size > 1, e\.g\. textrl_envs\.sb3\.make_vec_env"),
+        ({"advantage": "rloo"}, "group_size > 1"),
+    ],
+)
+def test_bad_input_raises_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GRPO("MlpPolicy", "CartPole-v1", n_steps=64, **kwargs)
+
+
+class NanReward(gym.Wrapper):
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, math.nan, terminated, truncated, info
+
+
+def test_non_finite_advantages_raise_before_any_update():
+    env = make_vec_env(lambda: NanReward(gym.make("CartPole-v1")), n_envs=1)
+    model = _quiet(GRPO("MlpPolicy", env, seed=0, **SMALL))
+    before = _params(model)
+    with pytest.raises(RuntimeError, match="non-finite advantages"):
+        model.learn(256)
+    assert _same_params(before, _params(model))
+
+
+def test_non_finite_loss_raises_before_the_optimizer_step():
+    model = _quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, kl_coef=0.1, **SMALL))
+    model._reference_log_prob = lambda obs, actions: th.full((len(actions),), math.nan)
+    before = _params(model)
+    with pytest.raises(RuntimeError, match=r"non-finite loss at update 0 .*kl_ref=nan"):
+        model.learn(256)
+    assert _same_params(before, _params(model))
+
+
+# ------------------------------------------------------------------------------ drop-in behaviour
+def test_dict_observations_with_grad_var():
+    model = _quiet(GRPO("MultiInputPolicy", SimpleMultiObsEnv(random_start=False), seed=0, **{**SMALL, "n_steps": 64}))
+    model.learn(64)
+    assert model.logger.name_to_value["train/grad_var"] > 0
+
+
+def test_grad_var_on_named_parameter_subset():
+    model = _quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, grad_var_params=["action_net"], **SMALL))
+    assert len(model._grad_var_param_list) == 2  # weight and bias
+    model.learn(128)
+    assert model.logger.name_to_value["train/grad_var"] > 0
+
+
+def test_save_load_keeps_reference_policy(tmp_path):
+    model = _quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, kl_coef=0.1, **SMALL)).learn(128)
+    model.save(tmp_path / "grpo")
+    loaded = GRPO.load(tmp_path / "grpo", device="cpu")
+    for a, b in zip(model.ref_policy.parameters(), loaded.ref_policy.parameters()):
+        assert th.equal(a, b)
+    assert not _same_params(_params(model), {k: v for k, v in model.ref_policy.state_dict().items()})
+    obs = np.zeros((3, 4), np.float32)
+    np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
+    assert loaded.kl_coef == 0.1 and loaded.adaptive_clip == (1.1, 0.9)
+
+
+def test_causal_lm_policy_alias_is_lazy():
+    import sys
+
+    model = GRPO("MlpPolicy", "CartPole-v1", n_steps=64)
+    assert model.policy_class is GRPO.policy_aliases["MlpPolicy"]
+    policies = pytest.importorskip("sb3_grpo.policies")
+    assert model._get_policy_from_name("CausalLMPolicy") is policies.CausalLMPolicy
+    assert "CausalLMPolicy" not in GRPO.policy_aliases and "sb3_grpo" in sys.modules
