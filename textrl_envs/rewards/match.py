@@ -171,7 +171,7 @@ class IncreasingNumbersReward(RewardModel):
 
     ``r = run / max(len(words), target)``, range ``[0, 1]``.
 
-    A word is an integer only when all of it is one (``[-+]?\d+``): ``"3,"`` and ``"3.5"`` are
+    A word is an integer only when all of it is one (``[-+]?\\d+``): ``"3,"`` and ``"3.5"`` are
     other words. So extra words lower the reward and sequences shorter than ``target`` get partial credit
     (RL4LMs' ``IncreasingNumbersinText`` with ``target = min_tokens / 2``). Examples, ``target=5``:
     ``"1 2 3 4 5"`` gives 1.0; ``"3 8 15"`` gives 0.6; ``"1 2 a 3 1 9"`` gives 3/6 = 0.5; ``""`` gives 0.
