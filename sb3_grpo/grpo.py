@@ -29,6 +29,7 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.utils import FloatSchedule, explained_variance, obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from sb3_grpo.buffers import GROUPED_ENV_HINT, EpisodeGroupTracker
 from sb3_grpo.objectives import (
@@ -644,10 +645,13 @@ class GRPO(OnPolicyAlgorithm):
                     # samples (a slice of a shared forward would traverse the whole minibatch graph K times)
                     bounds = np.linspace(0, n_samples, n_slices + 1).round().astype(int)
                     slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-                    outputs = [
-                        self.policy.evaluate_actions(_index_obs(rollout_data.observations, s), actions[s])
-                        for s in slices
-                    ]
+                    # the fused attention kernels (flash / memory-efficient) have no double backward: record
+                    # attention with the math kernel so that Var can be differentiated (no-op for MLPs)
+                    with sdpa_kernel(SDPBackend.MATH):
+                        outputs = [
+                            self.policy.evaluate_actions(_index_obs(rollout_data.observations, s), actions[s])
+                            for s in slices
+                        ]
                     values = th.cat([out[0].flatten() for out in outputs])
                     slice_log_probs = [out[1] for out in outputs]
                     log_prob = th.cat(slice_log_probs)

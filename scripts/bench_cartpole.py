@@ -8,11 +8,13 @@ the ``grpo`` and ``grpo-nogradvar`` rows.
 
     python scripts/bench_cartpole.py                                  # CartPole-v1, 100k steps, seeds 0 1 2
     python scripts/bench_cartpole.py --algos grpo --seeds 0 1 2 3 4
-    python scripts/bench_cartpole.py --env Pendulum-v1 --steps 200000 --algos ppo grpo \\
-        --kwargs '{"n_steps": 1024, "gae_lambda": 0.95, "gamma": 0.9, "n_epochs": 10, "learning_rate": 1e-3, "use_sde": false}'
+    # Pendulum-v1 with the rl-zoo PPO hyperparameters, GRPO exploring with alpha = 0.2
+    python scripts/bench_cartpole.py --env Pendulum-v1 --n-envs 4 --steps 100000 --algos ppo grpo-explore \\
+        --kwargs '{"n_steps": 1024, "gae_lambda": 0.95, "gamma": 0.9, "n_epochs": 10, "learning_rate": 1e-3,
+                   "use_sde": true, "sde_sample_freq": 4}'
 
 Algorithms: ``ppo`` (stock SB3 PPO), ``grpo`` (GRPO defaults), ``grpo-nogradvar`` (defaults with
-``grad_var_coef=0``), ``grpo-off`` (every GRPO extra off: must match ``ppo`` exactly).
+``grad_var_coef=0``), ``grpo-explore`` (defaults with ``explore_alpha=0.2``), ``grpo-off`` (every GRPO extra off: must match ``ppo`` exactly).
 """
 
 from __future__ import annotations
@@ -33,13 +35,15 @@ ALGOS = {
     "ppo": (PPO, {}),
     "grpo": (GRPO, {}),
     "grpo-nogradvar": (GRPO, {"grad_var_coef": 0.0}),
+    "grpo-explore": (GRPO, {"explore_alpha": 0.2}),
     "grpo-off": (GRPO, {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "kl_coef": 0.0}),
 }
 
 
-def run(algo: str, env_id: str, seed: int, steps: int, eval_episodes: int, extra: dict) -> dict:
+def run(algo: str, env_id: str, seed: int, steps: int, eval_episodes: int, extra: dict, n_envs: int = 1) -> dict:
     cls, algo_kwargs = ALGOS[algo]
-    model = cls("MlpPolicy", env_id, seed=seed, device="cpu", **{**extra, **algo_kwargs})
+    env = env_id if n_envs == 1 else make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    model = cls("MlpPolicy", env, seed=seed, device="cpu", **{**extra, **algo_kwargs})
     train_times: list[float] = []
     original_train = model.train
 
@@ -71,6 +75,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--algos", nargs="+", default=["ppo", "grpo", "grpo-nogradvar"], choices=sorted(ALGOS))
     parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument("--n-envs", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for small MLPs)")
     parser.add_argument("--kwargs", default="{}", help="JSON dict of extra constructor kwargs for every algo")
     args = parser.parse_args()
@@ -82,7 +87,7 @@ def main() -> None:
     print(f"{'algo':<16}{'seed':>5}{'eval return':>14}{'wall s':>9}{'s/update':>10}")
     for algo in args.algos:
         for seed in args.seeds:
-            res = run(algo, args.env, seed, args.steps, args.eval_episodes, extra)
+            res = run(algo, args.env, seed, args.steps, args.eval_episodes, extra, args.n_envs)
             results.append(res)
             print(
                 f"{algo:<16}{seed:>5}{res['eval_return']:>9.1f} ±{res['eval_std']:<4.0f}"
