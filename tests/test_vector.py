@@ -21,10 +21,10 @@ from textrl_envs.vector import (
     append_tokens,
     episode_ends,
     episode_ids,
-    fresh_windows,
     group_ids,
     pack_prompts,
     resolve_device,
+    start_windows_,
 )
 
 TEST_ID = "TextRLTest/TinyVector-v0"
@@ -86,11 +86,14 @@ def biased_actions(rng: np.random.Generator, n: int, vocab: int, step: int) -> n
 
 
 def test_pure_functions():
-    ids, lengths = pack_prompts([np.array([5, 6]), np.array([7, 8, 9])], width=3, pad_token_id=0)
-    assert ids.tolist() == [[0, 5, 6], [7, 8, 9]] and lengths.tolist() == [2, 3]
-    w_ids, w_mask = fresh_windows(torch.as_tensor(ids), torch.as_tensor(lengths), torch.tensor([1, 0, 0]), 5, 0)
-    assert w_ids.tolist() == [[0, 0, 7, 8, 9], [0, 0, 0, 5, 6], [0, 0, 0, 5, 6]]
-    assert w_mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [0, 0, 0, 1, 1]]
+    ids, mask = pack_prompts([np.array([5, 6]), np.array([7, 8, 9])], width=3, pad_token_id=0)
+    assert ids.tolist() == [[0, 5, 6], [7, 8, 9]] and mask.tolist() == [[0, 1, 1], [1, 1, 1]]
+    w_ids = torch.full((4, 5), 9, dtype=torch.int64)
+    w_mask = torch.ones((4, 5), dtype=torch.int64)
+    start_windows_(w_ids, w_mask, torch.tensor([0, 1, 3]), torch.tensor([1, 0, 0]), torch.as_tensor(ids), torch.as_tensor(mask), 0)
+    assert w_ids.tolist() == [[0, 0, 7, 8, 9], [0, 0, 0, 5, 6], [9] * 5, [0, 0, 0, 5, 6]]
+    assert w_mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [1] * 5, [0, 0, 0, 1, 1]]
+    w_ids, w_mask = w_ids[:2], w_mask[:2]
     n_ids, n_mask = append_tokens(w_ids[:2], w_mask[:2], torch.tensor([4, 3]))
     assert n_ids.tolist() == [[0, 7, 8, 9, 4], [0, 0, 5, 6, 3]]
     assert n_mask.tolist() == [[0, 1, 1, 1, 1], [0, 0, 1, 1, 1]]

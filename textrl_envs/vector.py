@@ -7,7 +7,7 @@ write the action in the last column, compare with EOS and with the budget); text
 for the episodes that finish, and the reward model is called once per step for all of them.
 
 The bookkeeping is split into small pure functions (:func:`append_tokens`, :func:`episode_ends`,
-:func:`fresh_windows`, :func:`pack_prompts`, :func:`episode_ids`, :func:`group_ids`) that the tests
+:func:`start_windows_`, :func:`pack_prompts`, :func:`episode_ids`, :func:`group_ids`) that the tests
 pin down; :class:`TextGenVectorEnv` is the thin stateful shell around them.
 """
 
@@ -55,43 +55,51 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def pack_prompts(prompt_ids: Sequence[np.ndarray], width: int, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pack token-id arrays into one right-aligned, padded ``(R, width)`` table.
+    """Pack token-id arrays into one right-aligned, padded ``(R, width)`` table and its mask.
 
     :param prompt_ids: One int array per prompt, each of length ``1..width``.
     :param width: The table width (the prompt budget ``max_prompt_tokens``).
     :param pad_token_id: Id written left of each prompt.
-    :return: ``(ids, lengths)``: ``int64`` arrays of shapes ``(R, width)`` and ``(R,)``.
+    :return: ``(ids, mask)``: ``int64`` arrays of shape ``(R, width)``.
     """
     ids = np.full((len(prompt_ids), width), pad_token_id, dtype=np.int64)
-    lengths = np.zeros(len(prompt_ids), dtype=np.int64)
+    mask = np.zeros((len(prompt_ids), width), dtype=np.int64)
     for r, p in enumerate(prompt_ids):
         n = len(p)
         if not 0 < n <= width:
             raise ValueError(f"prompt #{r} has {n} tokens; expected 1..{width}")
         ids[r, width - n :] = p
-        lengths[r] = n
-    return ids, lengths
-
-
-def fresh_windows(
-    packed_ids: torch.Tensor, packed_lengths: torch.Tensor, rows: torch.Tensor, window: int, pad_token_id: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """First observations of new episodes: an index gather into the packed prompt table.
-
-    :param packed_ids: ``(R, P)`` right-aligned prompt table (see :func:`pack_prompts`).
-    :param packed_lengths: ``(R,)`` prompt lengths.
-    :param rows: ``(M,)`` rows of the table, one per new episode.
-    :param window: Observation width ``W >= P``.
-    :param pad_token_id: Id of padded slots.
-    :return: ``(input_ids, attention_mask)``, both ``(M, W)`` ``int64``, prompt right-aligned.
-    """
-    prompt = packed_ids.index_select(0, rows)
-    pad = torch.full((rows.numel(), window - packed_ids.shape[1]), pad_token_id, dtype=prompt.dtype, device=prompt.device)
-    ids = torch.cat((pad, prompt), dim=1)
-    lengths = packed_lengths.index_select(0, rows)
-    positions = torch.arange(window, device=rows.device)
-    mask = (positions.unsqueeze(0) >= (window - lengths).unsqueeze(1)).to(torch.int64)
+        mask[r, width - n :] = 1
     return ids, mask
+
+
+def start_windows_(
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    envs: torch.Tensor,
+    rows: torch.Tensor,
+    packed_ids: torch.Tensor,
+    packed_mask: torch.Tensor,
+    pad_token_id: int,
+) -> None:
+    """Write the first observation of new episodes in place: an index gather from the prompt table.
+
+    Rows ``envs`` of the ``(N, W)`` state become padding with the prompt right-aligned in the last
+    ``P`` columns. (``index_copy_``/``index_fill_`` rather than ``t[idx] = x``, which is far slower on CPU.)
+
+    :param ids: ``(N, W)`` token ids, modified in place.
+    :param mask: ``(N, W)`` attention mask, modified in place.
+    :param envs: ``(M,)`` env indices that start an episode.
+    :param rows: ``(M,)`` rows of the prompt table they use.
+    :param packed_ids: ``(R, P)`` right-aligned prompt table (see :func:`pack_prompts`), ``P <= W``.
+    :param packed_mask: ``(R, P)`` its mask.
+    :param pad_token_id: Id of padded slots.
+    """
+    p = packed_ids.shape[1]
+    ids.index_fill_(0, envs, pad_token_id)
+    mask.index_fill_(0, envs, 0)
+    ids[:, -p:].index_copy_(0, envs, packed_ids.index_select(0, rows))
+    mask[:, -p:].index_copy_(0, envs, packed_mask.index_select(0, rows))
 
 
 def append_tokens(ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,6 +155,51 @@ def group_ids(rounds: np.ndarray, group_size: int) -> np.ndarray:
     """
     n = len(rounds)
     return rounds * (n // group_size) + np.arange(n, dtype=np.int64) // group_size
+
+
+def completion_slices(rows: np.ndarray, generated: np.ndarray, terminated: np.ndarray) -> list[np.ndarray]:
+    """Completion token ids of finished episodes, cut from their final windows.
+
+    The generated tokens are the last ``generated`` columns of the right-aligned window (they always
+    fit: ``W = max_prompt_tokens + max_new_tokens``); a terminated episode's last token is EOS, which
+    the completion leaves out (as :class:`~textrl_envs.env.TextGenEnv` does).
+
+    :param rows: ``(M, W)`` final ``input_ids`` of the finished episodes.
+    :param generated: ``(M,)`` tokens generated in each.
+    :param terminated: ``(M,)`` whether each ended on EOS.
+    :return: One ``int64`` array per episode (views into ``rows``).
+    """
+    w = rows.shape[1]
+    return [rows[m, w - int(g) : w - int(t)] for m, (g, t) in enumerate(zip(generated, terminated))]
+
+
+def decode_batch(spec: EpisodeSpec, sequences: Sequence[np.ndarray]) -> list[str]:
+    """Completion texts, exactly as :meth:`EpisodeSpec.decode` gives them, for a batch of id arrays.
+
+    A fast tokenizer whose ``decode`` is the stock one and that does no clean-up of tokenization
+    spaces is decoded by its Rust backend directly (what the stock path calls, minus per-call Python
+    overhead); any other tokenizer goes through :meth:`EpisodeSpec.decode`.
+    """
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+    tok = spec.tokenizer
+    cls = type(tok)
+    backend = getattr(tok, "_tokenizer", None)
+    if (
+        isinstance(tok, PreTrainedTokenizerFast)
+        and backend is not None
+        and cls.decode is PreTrainedTokenizerBase.decode
+        and cls._decode is PreTrainedTokenizerFast._decode
+        and not tok.clean_up_tokenization_spaces
+    ):
+        return [backend.decode(seq.tolist(), skip_special_tokens=True) for seq in sequences]
+    return [spec.decode(seq) for seq in sequences]
+
+
+def _int_array(n: int, where: np.ndarray, values: Sequence[int]) -> np.ndarray:
+    out = np.zeros(n, dtype=np.int64)
+    out[where] = values
+    return out
 
 
 def _mask(n: int, where: np.ndarray) -> np.ndarray:
@@ -299,9 +352,9 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         self._row_text: list[str] = list(spec.prompt_texts)
         self._row_index: list[int] = list(range(len(spec.prompt_texts)))
         self._extra_rows: dict[str, int] = {}
-        packed, lengths = pack_prompts(spec.prompt_ids, spec.max_prompt_tokens, spec.pad_token_id)
+        packed, packed_mask = pack_prompts(spec.prompt_ids, spec.max_prompt_tokens, spec.pad_token_id)
         self._packed_ids = torch.as_tensor(packed, device=self.device)
-        self._packed_lengths = torch.as_tensor(lengths, device=self.device)
+        self._packed_mask = torch.as_tensor(packed_mask, device=self.device)
 
         # Token state on the device.
         n, w = self.num_envs, spec.window
@@ -313,6 +366,10 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         self._round = np.zeros(n, dtype=np.int64)
         self._group_rngs: list[np.random.Generator | None] = [None] * self.num_groups
         self._group_prompts: list[dict[int, int]] = [{} for _ in range(self.num_groups)]
+        self._num_prompts = len(spec.prompt_texts)
+        self._everyone = np.ones(n, dtype=np.bool_)
+        self._episode_ids = episode_ids(self._round, n)
+        self._group_ids = group_ids(self._round, self.group_size)
         self._started = False
 
     # -- properties users read -------------------------------------------------------------------
@@ -328,11 +385,11 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
 
     def episode_ids(self) -> np.ndarray:
         """Ids of the episodes in progress (those the next actions belong to), ``(N,)`` ``int64``."""
-        return episode_ids(self._round, self.num_envs)
+        return self._episode_ids.copy()
 
     def group_ids(self) -> np.ndarray:
         """Group-round ids of the episodes in progress, ``(N,)`` ``int64``."""
-        return group_ids(self._round, self.group_size)
+        return self._group_ids.copy()
 
     def prompt_indices(self) -> np.ndarray:
         """Prompt index of each env's current episode (``-1`` for a prompt given as text)."""
@@ -393,46 +450,43 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         self._ids, self._mask = append_tokens(self._ids, self._mask, tokens)
         self._generated += 1
         term_t, trunc_t = episode_ends(tokens, self._generated, spec.eos_token_id, spec.max_new_tokens)
-        flags = torch.stack((term_t.to(torch.int64), trunc_t.to(torch.int64), self._generated)).cpu().numpy()
-        terminated, truncated, generated = flags[0].astype(np.bool_), flags[1].astype(np.bool_), flags[2]
+        flags = torch.stack((term_t, trunc_t)).cpu().numpy()  # the step's one device -> host transfer
+        terminated, truncated = flags[0], flags[1]
 
         n = self.num_envs
         rewards = np.zeros(n, dtype=np.float64)
-        everyone = np.ones(n, dtype=np.bool_)
-        step_episode_ids, step_group_ids = self.episode_ids(), self.group_ids()
+        step_episode_ids, step_group_ids = self._episode_ids, self._group_ids
         infos: dict[str, Any] = {
-            "group_id": step_group_ids,
-            "_group_id": everyone,
-            "episode_id": step_episode_ids,
-            "_episode_id": everyone.copy(),
+            "group_id": step_group_ids.copy(),
+            "_group_id": self._everyone.copy(),
+            "episode_id": step_episode_ids.copy(),
+            "_episode_id": self._everyone.copy(),
         }
         done = np.flatnonzero(terminated | truncated)
         if done.size:
             done_t = torch.as_tensor(done, device=self.device)
             final_ids, final_mask = self._ids.index_select(0, done_t), self._mask.index_select(0, done_t)
-            rows_np = final_ids.cpu().numpy()
-            w = spec.window
-            completion_ids = [
-                rows_np[m, w - generated[j] : w - int(terminated[j])].copy() for m, j in enumerate(done)
-            ]
-            completions = [spec.decode(c) for c in completion_ids]
-            prompt_index = [self._row_index[r] for r in self._row[done]]
-            prompt_text = [self._row_text[r] for r in self._row[done]]
-            scores = spec.score(prompt_index, completions, prompt_texts=prompt_text)
-            rewards[done] = scores
+            finals = self._backend(final_ids), self._backend(final_mask)
+            host_ids = finals[0] if self.obs_backend == "numpy" else final_ids.cpu().numpy()
+            generated = self._generated.index_select(0, done_t).cpu().numpy()
+            completion_ids = completion_slices(host_ids, generated, terminated[done])
+            completions = decode_batch(spec, completion_ids)
+            rows = self._row[done].tolist()
+            prompt_index = [self._row_index[r] for r in rows]
+            prompt_text = [self._row_text[r] for r in rows]
+            rewards[done] = spec.score(prompt_index, completions, prompt_texts=prompt_text)
             done_mask = _mask(n, done)
             final_info = {
                 "prompt": _object_array(n, done, prompt_text),
                 "completion": _object_array(n, done, completions),
                 "completion_ids": _object_array(n, done, completion_ids),
-                "prompt_index": np.where(done_mask, self._prompt_index_array(), 0),
+                "prompt_index": _int_array(n, done, prompt_index),
                 "reward": rewards.copy(),
                 "group_id": np.where(done_mask, step_group_ids, 0),
                 "episode_id": np.where(done_mask, step_episode_ids, 0),
             }
             for key in list(final_info):
                 final_info[f"_{key}"] = done_mask.copy()
-            finals = self._backend(final_ids), self._backend(final_mask)
             infos["final_obs"] = _object_array(
                 n, done, [{"input_ids": finals[0][m], "attention_mask": finals[1][m]} for m in range(done.size)]
             )
@@ -482,47 +536,46 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         if index >= 0:
             return index
         if text not in self._extra_rows:
-            packed, lengths = pack_prompts([ids], self.text_spec.max_prompt_tokens, self.text_spec.pad_token_id)
+            packed, packed_mask = pack_prompts([ids], self.text_spec.max_prompt_tokens, self.text_spec.pad_token_id)
             self._packed_ids = torch.cat((self._packed_ids, torch.as_tensor(packed, device=self.device)))
-            self._packed_lengths = torch.cat((self._packed_lengths, torch.as_tensor(lengths, device=self.device)))
+            self._packed_mask = torch.cat((self._packed_mask, torch.as_tensor(packed_mask, device=self.device)))
             self._extra_rows[text] = len(self._row_text)
             self._row_text.append(text)
             self._row_index.append(-1)
         return self._extra_rows[text]
 
-    def _draw_row(self, group: int) -> int:
-        rng = self._group_rngs[group]
-        if rng is None:
-            rng, _ = seeding.np_random()
-            self._group_rngs[group] = rng
-        index, _, _ = resolve_prompt(self.text_spec, None, rng, self.prompt_truncation)
-        return index
+    def _rng(self, group: int) -> np.random.Generator:
+        """The group's prompt RNG (a randomly seeded one if no seed was ever given)."""
+        if self._group_rngs[group] is None:
+            self._group_rngs[group], _ = seeding.np_random()
+        return self._group_rngs[group]
 
     def _start_episodes(self, envs: np.ndarray) -> None:
         """Begin the current round's episode in ``envs`` (their ``_round`` already set)."""
-        g = self.group_size
-        touched: set[int] = set()
-        for j in envs:
-            k = int(j) // g
-            table = self._group_prompts[k]
-            r = int(self._round[j])
-            if r not in table:
-                table[r] = self._draw_row(k)
-            self._row[j] = table[r]
-            touched.add(k)
-        for k in touched:  # forget rounds every member has moved past
-            oldest = int(self._round[k * g : (k + 1) * g].min())
-            table = self._group_prompts[k]
-            for r in [r for r in table if r < oldest]:
-                del table[r]
+        g, n_prompts = self.group_size, self._num_prompts
+        tables, rngs = self._group_prompts, self._group_rngs
+        rounds = self._round[envs].tolist()
+        rows = []
+        for j, r in zip(envs.tolist(), rounds):
+            k = j // g
+            table = tables[k]
+            row = table.get(r)
+            if row is None:  # the first member to start round r draws the group's prompt for it
+                rng = rngs[k] if rngs[k] is not None else self._rng(k)
+                # the draw of TextGenEnv.reset (resolve_prompt): int(rng.integers(len(prompts)))
+                row = table[r] = int(rng.integers(n_prompts))
+                if len(table) > 4:  # forget rounds every member has moved past
+                    oldest = int(self._round[k * g : (k + 1) * g].min())
+                    for old in [old for old in table if old < oldest]:
+                        del table[old]
+            rows.append(row)
+        self._row[envs] = rows
         envs_t = torch.as_tensor(envs, device=self.device)
-        rows_t = torch.as_tensor(self._row[envs], device=self.device)
-        ids, mask = fresh_windows(
-            self._packed_ids, self._packed_lengths, rows_t, self.text_spec.window, self.text_spec.pad_token_id
-        )
-        self._ids[envs_t] = ids
-        self._mask[envs_t] = mask
-        self._generated[envs_t] = 0
+        rows_t = torch.as_tensor(rows, dtype=torch.int64, device=self.device)
+        start_windows_(self._ids, self._mask, envs_t, rows_t, self._packed_ids, self._packed_mask, self.text_spec.pad_token_id)
+        self._generated.index_fill_(0, envs_t, 0)
+        self._episode_ids = episode_ids(self._round, self.num_envs)  # new arrays: step infos keep the old
+        self._group_ids = group_ids(self._round, self.group_size)
 
     def _prompt_index_array(self) -> np.ndarray:
         return np.asarray(self._row_index, dtype=np.int64)[self._row]
@@ -551,23 +604,30 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         expected = f"expected {n} integer token ids in [0, {v}) with shape ({n},)"
         if isinstance(actions, torch.Tensor):
             t = actions.detach()
-        else:
-            a = np.asarray(actions)
-            if a.dtype == object or not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
-                raise ValueError(f"actions have dtype {a.dtype}; {expected}")
-            t = torch.as_tensor(a)
-        if tuple(t.shape) != (n,):
-            raise ValueError(f"actions have shape {tuple(t.shape)}; {expected} (one per env)")
-        if t.dtype == torch.bool or t.is_complex():
-            raise ValueError(f"actions have dtype {t.dtype}; {expected}")
-        if t.is_floating_point():
-            if not bool(torch.isfinite(t).all()) or not bool((t == torch.round(t)).all()):
-                raise ValueError(f"actions are floats that are not all integral ({t.tolist()[:8]}...); {expected}")
-        t = t.to(device=self.device, dtype=torch.int64)
-        bad = (t < 0) | (t >= v)
-        if bool(bad.any()):
-            i = int(torch.nonzero(bad)[0, 0])
-            raise ValueError(
-                f"action {int(t[i])} of env {i} is outside the action space Discrete({v}); {expected}"
-            )
-        return t
+            if tuple(t.shape) != (n,):
+                raise ValueError(f"actions have shape {tuple(t.shape)}; {expected} (one per env)")
+            if t.dtype == torch.bool or t.is_complex():
+                raise ValueError(f"actions have dtype {t.dtype}; {expected}")
+            if t.is_floating_point() and not bool((torch.isfinite(t) & (t == torch.round(t))).all()):
+                raise ValueError(f"actions are floats that are not all integral ({t.tolist()[:8]}); {expected}")
+            t = t.to(device=self.device, dtype=torch.int64)
+            low, high = torch.aminmax(t)
+            if int(low) < 0 or int(high) >= v:
+                return self._range_error(t.cpu().numpy(), expected)
+            return t
+        a = np.asarray(actions)
+        if a.shape != (n,):
+            raise ValueError(f"actions have shape {a.shape}; {expected} (one per env)")
+        if a.dtype.kind == "f":
+            if not (np.isfinite(a).all() and (a == np.round(a)).all()):
+                raise ValueError(f"actions are floats that are not all integral ({a.tolist()[:8]}); {expected}")
+        elif a.dtype.kind not in "iu":
+            raise ValueError(f"actions have dtype {a.dtype}; {expected}")
+        if a.min() < 0 or a.max() >= v:
+            return self._range_error(a, expected)
+        return torch.as_tensor(a.astype(np.int64, copy=False)).to(self.device)
+
+    def _range_error(self, a: np.ndarray, expected: str):
+        v = self.text_spec.vocab_size
+        i = int(np.flatnonzero((a < 0) | (a >= v))[0])
+        raise ValueError(f"action {int(a[i])} of env {i} is outside the action space Discrete({v}); {expected}")

@@ -1,0 +1,162 @@
+"""Env-only throughput: TextGenVectorEnv against SyncVectorEnv of N single envs, side by side.
+
+Random actions, N envs, episodes of up to ``--max-new-tokens`` tokens (a large vocabulary keeps EOS
+rare, so nearly every episode runs the full budget), a cheap length reward so the env itself is what
+is measured. Each repeat times the vector env and the SyncVectorEnv on the same pre-drawn actions;
+the script prints the median env-steps per second of each and their ratio, the same on CUDA when
+available, and the memory figure (observation dtype, bytes per env, N=1024 x 256-token windows)::
+
+    python scripts/bench_vector.py                 # N=256, 32-token episodes, 5 repeats
+    python scripts/bench_vector.py --num-envs 64 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+
+from textrl_envs.vector import TextGenVectorEnv
+
+BENCH_ID = "TextRLBench/Tiny-v0"
+
+
+class ListCompletionIds(gym.Wrapper):
+    """SyncVectorEnv cannot batch TextGenEnv's ndarray ``completion_ids`` info when two envs finish in
+    the same step with different lengths (it assumes equal shapes); a tuple goes in an object array."""
+
+    def step(self, action):
+        obs, r, term, trunc, info = self.env.step(action)
+        if "completion_ids" in info:
+            info = dict(info, completion_ids=tuple(info["completion_ids"].tolist()))
+        return obs, r, term, trunc, info
+
+
+def length_reward(prompts, completions, **kwargs):
+    """Cheap reward: number of characters of the completion."""
+    return [float(len(c)) for c in completions]
+
+
+def make_tokenizer(vocab_words: int):
+    """A word-level Hugging Face tokenizer with ``vocab_words`` words plus pad/eos/unk (built offline)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{f"w{i}": i + 3 for i in range(vocab_words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+
+
+def env_kwargs(tokenizer, max_new_tokens: int, max_prompt_tokens: int, n_prompts: int = 64) -> dict:
+    rng = np.random.default_rng(0)
+    words = len(tokenizer) - 3
+    prompts = [" ".join(f"w{w}" for w in rng.integers(0, words, rng.integers(3, 9))) for _ in range(n_prompts)]
+    return dict(
+        prompts=prompts,
+        reward=length_reward,
+        tokenizer=tokenizer,
+        max_new_tokens=max_new_tokens,
+        max_prompt_tokens=max_prompt_tokens,
+    )
+
+
+def time_steps(env, actions: np.ndarray, to_device=None) -> float:
+    """Env-steps per second of ``env`` over the rows of ``actions`` (after a reset)."""
+    env.reset(seed=0)
+    batches = [torch.as_tensor(a, device=to_device) for a in actions] if to_device is not None else list(actions)
+    if to_device is not None and to_device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for a in batches:
+        env.step(a)
+    if to_device is not None and to_device.type == "cuda":
+        torch.cuda.synchronize()
+    return actions.size / (time.perf_counter() - start)
+
+
+def bench(num_envs: int, steps: int, repeats: int, kw: dict, device: str, obs_backend: str) -> dict:
+    vocab = len(kw["tokenizer"])
+    rng = np.random.default_rng(1)
+    vec = TextGenVectorEnv(num_envs=num_envs, device=device, obs_backend=obs_backend, **kw)
+    sync = gym.vector.SyncVectorEnv(
+        [lambda: ListCompletionIds(gym.make(BENCH_ID, **kw)) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
+    )
+    dev = vec.device if obs_backend == "torch" else None
+    vec_rates, sync_rates = [], []
+    time_steps(vec, rng.integers(0, vocab, (5, num_envs)), dev)  # warm-up (allocator, kernels)
+    for _ in range(repeats):
+        actions = rng.integers(0, vocab, (steps, num_envs))
+        vec_rates.append(time_steps(vec, actions, dev))
+        sync_rates.append(time_steps(sync, actions))
+    sync.close()
+    v, s = statistics.median(vec_rates), statistics.median(sync_rates)
+    return {"device": str(vec.device), "obs_backend": obs_backend, "vector": v, "sync": s, "ratio": v / s}
+
+
+def memory_figure(kw: dict, device: str) -> dict:
+    kw = dict(kw, max_prompt_tokens=64, max_new_tokens=192)
+    vec = TextGenVectorEnv(num_envs=1024, device=device, **kw)
+    obs, _ = vec.reset(seed=0)
+    for _ in range(3):
+        obs, *_ = vec.step(np.full(1024, 5))
+    return {
+        "window": vec.text_spec.window,
+        "dtype": str(obs["input_ids"].dtype),
+        "state_bytes": vec.state_nbytes(),
+        "bytes_per_env": vec.state_nbytes() / 1024,
+        "obs_bytes": sum(a.nbytes for a in obs.values()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-envs", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--max-prompt-tokens", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=320, help="vector steps per timed run (10 episodes of 32)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--vocab", type=int, default=2000, help="tokenizer words (EOS is 1 of vocab+3)")
+    parser.add_argument(
+        "--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's own choice)"
+    )
+    args = parser.parse_args()
+    if args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads)
+
+    if BENCH_ID not in gym.registry:
+        gym.register(
+            BENCH_ID,
+            entry_point="textrl_envs.env:TextGenEnv",
+            vector_entry_point="textrl_envs.vector:TextGenVectorEnv",
+            kwargs={"task": None},
+        )
+    kw = env_kwargs(make_tokenizer(args.vocab), args.max_new_tokens, args.max_prompt_tokens)
+    print(
+        f"env-only throughput: N={args.num_envs}, episodes of up to {args.max_new_tokens} tokens "
+        f"(W={args.max_prompt_tokens + args.max_new_tokens}), random actions over {len(kw['tokenizer'])} tokens, "
+        f"{args.steps} steps x {args.repeats} repeats (median); torch {torch.__version__}, "
+        f"{torch.get_num_threads()} torch threads"
+    )
+    print(f"{'device':<8} {'obs':<6} {'vector env-steps/s':>20} {'SyncVectorEnv env-steps/s':>27} {'ratio':>8}")
+    configs = [("cpu", "numpy")]
+    if torch.cuda.is_available():
+        configs += [("cuda", "numpy"), ("cuda", "torch")]
+    for device, backend in configs:
+        r = bench(args.num_envs, args.steps, args.repeats, kw, device, backend)
+        print(f"{r['device']:<8} {r['obs_backend']:<6} {r['vector']:>20,.0f} {r['sync']:>27,.0f} {r['ratio']:>7.1f}x")
+    m = memory_figure(kw, "cpu")
+    print(
+        f"memory: N=1024 x W={m['window']} windows, observations {m['dtype']}: device state "
+        f"{m['state_bytes']:,} bytes ({m['bytes_per_env']:,.0f} bytes per env = ids + mask int64 + counter); "
+        f"one returned observation batch {m['obs_bytes']:,} bytes"
+    )
+
+
+if __name__ == "__main__":
+    main()
