@@ -8,6 +8,7 @@ the ``grpo`` and ``grpo-nogradvar`` rows.
 
     python scripts/bench_cartpole.py                                  # CartPole-v1, 100k steps, seeds 0 1 2
     python scripts/bench_cartpole.py --algos grpo --seeds 0 1 2 3 4
+    python scripts/bench_cartpole.py --cost-only 5                   # time per update, penalty on / off
     # Pendulum-v1 with the rl-zoo PPO hyperparameters, GRPO exploring with alpha = 0.2
     python scripts/bench_cartpole.py --env Pendulum-v1 --n-envs 4 --steps 100000 --algos ppo grpo-explore \\
         --kwargs '{"n_steps": 1024, "gae_lambda": 0.95, "gamma": 0.9, "n_epochs": 10, "learning_rate": 1e-3,
@@ -68,6 +69,31 @@ def run(algo: str, env_id: str, seed: int, steps: int, eval_episodes: int, extra
     }
 
 
+def update_cost(env_id: str, repeats: int, extra: dict) -> None:
+    """
+    Time of one ``train()`` call with the gradient-variance penalty (GRPO defaults) against without it
+    (``grad_var_coef=0``), on the same rollout, alternating the two ``repeats`` times; prints the medians.
+    """
+    models = {}
+    for name, beta in (("with", 0.01), ("without", 0.0)):
+        model = GRPO("MlpPolicy", env_id, seed=0, device="cpu", grad_var_coef=beta, **extra)
+        _, callback = model._setup_learn(model.n_steps, None)
+        model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
+        models[name] = model
+    times: dict[str, list[float]] = {"with": [], "without": []}
+    for _ in range(repeats):
+        for name, model in models.items():
+            start = time.perf_counter()
+            model.train()
+            times[name].append(time.perf_counter() - start)
+    with_gv, without = np.median(times["with"]), np.median(times["without"])
+    print(
+        f"{env_id}: one update (n_steps={models['with'].n_steps}, batch_size={models['with'].batch_size}, "
+        f"n_epochs={models['with'].n_epochs}): {with_gv:.3f} s with the grad-var penalty "
+        f"(K={models['with'].grad_var_slices}), {without:.3f} s without; cost factor {with_gv / without:.2f}x"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="CartPole-v1")
@@ -78,9 +104,14 @@ def main() -> None:
     parser.add_argument("--n-envs", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for small MLPs)")
     parser.add_argument("--kwargs", default="{}", help="JSON dict of extra constructor kwargs for every algo")
+    parser.add_argument("--cost-only", type=int, default=0, metavar="REPEATS",
+                        help="only time one update with and without the grad-var penalty, REPEATS times each")
     args = parser.parse_args()
     th.set_num_threads(args.threads)
     extra = json.loads(args.kwargs)
+    if args.cost_only:
+        update_cost(args.env, args.cost_only, extra)
+        return
 
     results = []
     print(f"{args.env}, {args.steps} steps, seeds {args.seeds}, extra kwargs {extra}")
