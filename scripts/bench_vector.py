@@ -1,13 +1,13 @@
 """Env-only throughput: TextGenVectorEnv against SyncVectorEnv of N single envs, side by side.
 
-Random actions, N envs, episodes of up to ``--max-new-tokens`` tokens (a large vocabulary keeps EOS
-rare, so nearly every episode runs the full budget), a cheap length reward so the env itself is what
-is measured. Each repeat times the vector env and the SyncVectorEnv on the same pre-drawn actions;
+Random actions, N envs, ``--max-new-tokens``-token episodes (random word tokens, no EOS, so every
+episode runs the full budget; ``--eos-prob p`` makes a random action EOS with probability p, so
+episodes end at different times), a cheap length reward so the env itself is what is measured. Each repeat times the vector env and the SyncVectorEnv on the same pre-drawn actions;
 the script prints the median env-steps per second of each and their ratio, the same on CUDA when
 available, and the memory figure (observation dtype, bytes per env, N=1024 x 256-token windows)::
 
     python scripts/bench_vector.py                 # N=256, 32-token episodes, 5 repeats
-    python scripts/bench_vector.py --num-envs 64 --repeats 3
+    python scripts/bench_vector.py --eos-prob 0.03 # episodes of ~20 tokens on average, out of step
 """
 
 from __future__ import annotations
@@ -80,7 +80,15 @@ def time_steps(env, actions: np.ndarray, to_device=None) -> float:
     return actions.size / (time.perf_counter() - start)
 
 
-def bench(num_envs: int, steps: int, repeats: int, kw: dict, device: str, obs_backend: str) -> dict:
+def draw_actions(rng: np.random.Generator, shape: tuple[int, int], vocab: int, eos_prob: float) -> np.ndarray:
+    """Uniform random word tokens (ids 3..vocab-1); EOS (id 1) with probability ``eos_prob``."""
+    actions = rng.integers(3, vocab, shape)
+    if eos_prob > 0:
+        actions[rng.random(shape) < eos_prob] = 1
+    return actions
+
+
+def bench(num_envs: int, steps: int, repeats: int, kw: dict, device: str, obs_backend: str, eos_prob: float) -> dict:
     vocab = len(kw["tokenizer"])
     rng = np.random.default_rng(1)
     vec = TextGenVectorEnv(num_envs=num_envs, device=device, obs_backend=obs_backend, **kw)
@@ -89,9 +97,9 @@ def bench(num_envs: int, steps: int, repeats: int, kw: dict, device: str, obs_ba
     )
     dev = vec.device if obs_backend == "torch" else None
     vec_rates, sync_rates = [], []
-    time_steps(vec, rng.integers(0, vocab, (5, num_envs)), dev)  # warm-up (allocator, kernels)
+    time_steps(vec, draw_actions(rng, (5, num_envs), vocab, eos_prob), dev)  # warm-up (allocator, kernels)
     for _ in range(repeats):
-        actions = rng.integers(0, vocab, (steps, num_envs))
+        actions = draw_actions(rng, (steps, num_envs), vocab, eos_prob)
         vec_rates.append(time_steps(vec, actions, dev))
         sync_rates.append(time_steps(sync, actions))
     sync.close()
@@ -121,7 +129,14 @@ def main() -> None:
     parser.add_argument("--max-prompt-tokens", type=int, default=16)
     parser.add_argument("--steps", type=int, default=320, help="vector steps per timed run (10 episodes of 32)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--vocab", type=int, default=2000, help="tokenizer words (EOS is 1 of vocab+3)")
+    parser.add_argument("--vocab", type=int, default=2000, help="tokenizer words (plus pad, eos, unk)")
+    parser.add_argument(
+        "--eos-prob",
+        type=float,
+        default=0.0,
+        help="probability that a random action is EOS (default 0: every episode is max-new-tokens long; "
+        "> 0 ends episodes at different times)",
+    )
     parser.add_argument(
         "--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's own choice)"
     )
@@ -138,8 +153,9 @@ def main() -> None:
         )
     kw = env_kwargs(make_tokenizer(args.vocab), args.max_new_tokens, args.max_prompt_tokens)
     print(
-        f"env-only throughput: N={args.num_envs}, episodes of up to {args.max_new_tokens} tokens "
-        f"(W={args.max_prompt_tokens + args.max_new_tokens}), random actions over {len(kw['tokenizer'])} tokens, "
+        f"env-only throughput: N={args.num_envs}, {args.max_new_tokens}-token episodes "
+        f"(W={args.max_prompt_tokens + args.max_new_tokens}), random word tokens out of {len(kw['tokenizer'])}, "
+        f"EOS probability {args.eos_prob}, "
         f"{args.steps} steps x {args.repeats} repeats (median); torch {torch.__version__}, "
         f"{torch.get_num_threads()} torch threads"
     )
@@ -148,7 +164,7 @@ def main() -> None:
     if torch.cuda.is_available():
         configs += [("cuda", "numpy"), ("cuda", "torch")]
     for device, backend in configs:
-        r = bench(args.num_envs, args.steps, args.repeats, kw, device, backend)
+        r = bench(args.num_envs, args.steps, args.repeats, kw, device, backend, args.eos_prob)
         print(f"{r['device']:<8} {r['obs_backend']:<6} {r['vector']:>20,.0f} {r['sync']:>27,.0f} {r['ratio']:>7.1f}x")
     m = memory_figure(kw, "cpu")
     print(

@@ -93,6 +93,10 @@ def test_pure_functions():
     start_windows_(w_ids, w_mask, torch.tensor([0, 1, 3]), torch.tensor([1, 0, 0]), torch.as_tensor(ids), torch.as_tensor(mask), 0)
     assert w_ids.tolist() == [[0, 0, 7, 8, 9], [0, 0, 0, 5, 6], [9] * 5, [0, 0, 0, 5, 6]]
     assert w_mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [1] * 5, [0, 0, 0, 1, 1]]
+    f_ids, f_mask = pack_prompts([np.array([5, 6]), np.array([7, 8, 9])], width=5, pad_token_id=0)
+    w2_ids, w2_mask = torch.full((4, 5), 9, dtype=torch.int64), torch.ones((4, 5), dtype=torch.int64)
+    start_windows_(w2_ids, w2_mask, torch.tensor([0, 1, 3]), torch.tensor([1, 0, 0]), torch.as_tensor(f_ids), torch.as_tensor(f_mask), 0)
+    assert w2_ids.tolist() == w_ids.tolist() and w2_mask.tolist() == w_mask.tolist()  # full-width table: same rows
     w_ids, w_mask = w_ids[:2], w_mask[:2]
     n_ids, n_mask = append_tokens(w_ids[:2], w_mask[:2], torch.tensor([4, 3]))
     assert n_ids.tolist() == [[0, 7, 8, 9, 4], [0, 0, 5, 6, 3]]
@@ -200,6 +204,21 @@ def test_torch_backend_matches_numpy(kw):
             i = int(np.flatnonzero(ia["_final_obs"])[0])
             assert isinstance(ia["final_obs"][i]["input_ids"], torch.Tensor)
             np.testing.assert_array_equal(ia["final_obs"][i]["input_ids"].cpu().numpy(), ib["final_obs"][i]["input_ids"])
+
+
+def test_narrow_prompt_table_matches_full_width(kw, monkeypatch):
+    wide = TextGenVectorEnv(num_envs=4, device="cpu", **kw)
+    monkeypatch.setattr("textrl_envs.vector.FULL_WIDTH_TABLE_MAX", 0)  # as for a large prompt set
+    narrow = TextGenVectorEnv(num_envs=4, device="cpu", **kw)
+    assert wide._packed_ids.shape[1] == 12 and narrow._packed_ids.shape[1] == 5
+    obs_w, _ = wide.reset(seed=2, options={"prompt": "good fun plot"})
+    obs_n, _ = narrow.reset(seed=2, options={"prompt": "good fun plot"})
+    rng = np.random.default_rng(2)
+    for step in range(60):
+        _assert_obs_equal(obs_w, obs_n)
+        actions = biased_actions(rng, 4, wide.single_action_space.n, step)
+        obs_w, *_ = wide.step(actions)
+        obs_n, *_ = narrow.step(actions)
 
 
 def test_observation_dtype_shape_and_space(kw):

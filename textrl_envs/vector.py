@@ -27,6 +27,8 @@ from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
 
 OBS_BACKENDS = ("numpy", "torch")
 VECTOR_KWARGS = ("num_envs", "device", "group_size", "obs_backend", "render_mode")
+#: Largest prompt table (prompts x window elements) kept at full window width (2 x 8 bytes each).
+FULL_WIDTH_TABLE_MAX = 1 << 22
 
 
 # -- pure tensor bookkeeping ------------------------------------------------------------------------
@@ -91,11 +93,16 @@ def start_windows_(
     :param mask: ``(N, W)`` attention mask, modified in place.
     :param envs: ``(M,)`` env indices that start an episode.
     :param rows: ``(M,)`` rows of the prompt table they use.
-    :param packed_ids: ``(R, P)`` right-aligned prompt table (see :func:`pack_prompts`), ``P <= W``.
+    :param packed_ids: ``(R, P)`` right-aligned prompt table (see :func:`pack_prompts`), ``P <= W``;
+        with ``P == W`` whole rows are copied (fewer, contiguous ops).
     :param packed_mask: ``(R, P)`` its mask.
     :param pad_token_id: Id of padded slots.
     """
     p = packed_ids.shape[1]
+    if p == ids.shape[1]:  # a full-width table: whole rows, contiguous copies
+        ids.index_copy_(0, envs, packed_ids.index_select(0, rows))
+        mask.index_copy_(0, envs, packed_mask.index_select(0, rows))
+        return
     ids.index_fill_(0, envs, pad_token_id)
     mask.index_fill_(0, envs, 0)
     ids[:, -p:].index_copy_(0, envs, packed_ids.index_select(0, rows))
@@ -173,25 +180,36 @@ def completion_slices(rows: np.ndarray, generated: np.ndarray, terminated: np.nd
     return [rows[m, w - int(g) : w - int(t)] for m, (g, t) in enumerate(zip(generated, terminated))]
 
 
-def decode_batch(spec: EpisodeSpec, sequences: Sequence[np.ndarray]) -> list[str]:
-    """Completion texts, exactly as :meth:`EpisodeSpec.decode` gives them, for a batch of id arrays.
+def fast_decoder(tokenizer):
+    """The Rust ``tokenizers.Tokenizer`` behind ``tokenizer`` when decoding through it directly gives
+    exactly what ``tokenizer.decode(ids, skip_special_tokens=True)`` gives, else ``None``.
 
-    A fast tokenizer whose ``decode`` is the stock one and that does no clean-up of tokenization
-    spaces is decoded by its Rust backend directly (what the stock path calls, minus per-call Python
-    overhead); any other tokenizer goes through :meth:`EpisodeSpec.decode`.
+    That holds for a fast tokenizer whose ``decode``/``_decode`` are the stock ones and that does no
+    clean-up of tokenization spaces (the stock path then only adds per-call Python overhead).
     """
     from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-    tok = spec.tokenizer
-    cls = type(tok)
-    backend = getattr(tok, "_tokenizer", None)
+    cls = type(tokenizer)
+    backend = getattr(tokenizer, "_tokenizer", None)
     if (
-        isinstance(tok, PreTrainedTokenizerFast)
+        isinstance(tokenizer, PreTrainedTokenizerFast)
         and backend is not None
         and cls.decode is PreTrainedTokenizerBase.decode
         and cls._decode is PreTrainedTokenizerFast._decode
-        and not tok.clean_up_tokenization_spaces
+        and not tokenizer.clean_up_tokenization_spaces
     ):
+        return backend
+    return None
+
+
+def decode_batch(spec: EpisodeSpec, sequences: Sequence[np.ndarray], backend=None) -> list[str]:
+    """Completion texts, exactly as :meth:`EpisodeSpec.decode` gives them, for a batch of id arrays.
+
+    :param spec: The episode spec (its tokenizer).
+    :param sequences: Token-id arrays.
+    :param backend: :func:`fast_decoder` of the tokenizer, or ``None`` to go through ``spec.decode``.
+    """
+    if backend is not None:
         return [backend.decode(seq.tolist(), skip_special_tokens=True) for seq in sequences]
     return [spec.decode(seq) for seq in sequences]
 
@@ -210,7 +228,7 @@ def _mask(n: int, where: np.ndarray) -> np.ndarray:
 
 def _object_array(n: int, where: np.ndarray, values: Sequence[Any]) -> np.ndarray:
     out = np.full(n, None, dtype=object)
-    for i, v in zip(where, values):
+    for i, v in zip(where.tolist(), values):
         out[i] = v
     return out
 
@@ -352,7 +370,9 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         self._row_text: list[str] = list(spec.prompt_texts)
         self._row_index: list[int] = list(range(len(spec.prompt_texts)))
         self._extra_rows: dict[str, int] = {}
-        packed, packed_mask = pack_prompts(spec.prompt_ids, spec.max_prompt_tokens, spec.pad_token_id)
+        # Full-width rows make a reset two contiguous copies; a large prompt set keeps only P columns.
+        self._table_width = spec.window if len(spec.prompt_ids) * spec.window <= FULL_WIDTH_TABLE_MAX else spec.max_prompt_tokens
+        packed, packed_mask = pack_prompts(spec.prompt_ids, self._table_width, spec.pad_token_id)
         self._packed_ids = torch.as_tensor(packed, device=self.device)
         self._packed_mask = torch.as_tensor(packed_mask, device=self.device)
 
@@ -367,6 +387,7 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         self._group_rngs: list[np.random.Generator | None] = [None] * self.num_groups
         self._group_prompts: list[dict[int, int]] = [{} for _ in range(self.num_groups)]
         self._num_prompts = len(spec.prompt_texts)
+        self._decoder = fast_decoder(spec.tokenizer)
         self._everyone = np.ones(n, dtype=np.bool_)
         self._episode_ids = episode_ids(self._round, n)
         self._group_ids = group_ids(self._round, self.group_size)
@@ -470,7 +491,7 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
             host_ids = finals[0] if self.obs_backend == "numpy" else final_ids.cpu().numpy()
             generated = self._generated.index_select(0, done_t).cpu().numpy()
             completion_ids = completion_slices(host_ids, generated, terminated[done])
-            completions = decode_batch(spec, completion_ids)
+            completions = decode_batch(spec, completion_ids, self._decoder)
             rows = self._row[done].tolist()
             prompt_index = [self._row_index[r] for r in rows]
             prompt_text = [self._row_text[r] for r in rows]
@@ -536,7 +557,7 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         if index >= 0:
             return index
         if text not in self._extra_rows:
-            packed, packed_mask = pack_prompts([ids], self.text_spec.max_prompt_tokens, self.text_spec.pad_token_id)
+            packed, packed_mask = pack_prompts([ids], self._table_width, self.text_spec.pad_token_id)
             self._packed_ids = torch.cat((self._packed_ids, torch.as_tensor(packed, device=self.device)))
             self._packed_mask = torch.cat((self._packed_mask, torch.as_tensor(packed_mask, device=self.device)))
             self._extra_rows[text] = len(self._row_text)
