@@ -171,6 +171,45 @@ def test_matches_sync_vector_env(kw, num_envs, seed):
     vec.close()
 
 
+def _bundled_assets() -> bool:
+    try:
+        from textrl_envs.assets import tokenizer_path
+
+        return bool(tokenizer_path())
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _bundled_assets(), reason="bundled tokenizer not built yet")
+@pytest.mark.parametrize("env_id", ["TextGen-v0", "Arithmetic-v0", "IncreasingNumbers-v0", "CommonGen-v0", "Keywords-v0"])
+def test_registered_ids_match_sync_vector_env(env_id):
+    import textrl_envs  # noqa: F401
+
+    n = 4
+    vec = gym.make_vec(env_id, num_envs=n, device="cpu")
+    assert isinstance(vec, TextGenVectorEnv)
+    sync = gym.vector.SyncVectorEnv(
+        [lambda: ListCompletionIds(gym.make(env_id)) for _ in range(n)], autoreset_mode=AutoresetMode.SAME_STEP
+    )
+    _assert_obs_equal(sync.reset(seed=5)[0], vec.reset(seed=5)[0])
+    rng = np.random.default_rng(5)
+    eos, vocab = vec.text_spec.eos_token_id, vec.single_action_space.n
+    finished = 0
+    for _ in range(50):
+        actions = rng.integers(0, vocab, n)
+        actions[rng.random(n) < 0.15] = eos
+        obs_s, rew_s, term_s, trunc_s, info_s = sync.step(actions)
+        obs_v, rew_v, term_v, trunc_v, info_v = vec.step(actions)
+        _assert_obs_equal(obs_s, obs_v)
+        np.testing.assert_allclose(rew_v, rew_s, rtol=1e-6, atol=1e-9)  # a batched reward model may round differently
+        np.testing.assert_array_equal(term_v, term_s)
+        np.testing.assert_array_equal(trunc_v, trunc_s)
+        for i in np.flatnonzero(term_s | trunc_s):
+            assert info_v["final_info"]["completion"][i] == info_s["final_info"]["completion"][i]
+            finished += 1
+    assert finished >= n
+
+
 def test_reset_without_seed_continues_rngs_like_sync(kw):
     sync = gym.vector.SyncVectorEnv(
         [lambda: ListCompletionIds(gym.make(TEST_ID, **kw)) for _ in range(4)], autoreset_mode=AutoresetMode.SAME_STEP
