@@ -234,7 +234,7 @@ def test_stock_ppo_logs_ep_rew_mean(kw, tmp_path):
     venv = make_vec_env(None, n_envs=4, group_size=2, device="cpu", seed=0, **kw)
     model = PPO("MultiInputPolicy", venv, n_steps=32, batch_size=64, n_epochs=1, seed=0, device="cpu")
     model.set_logger(configure(str(tmp_path), ["csv"]))
-    model.learn(total_timesteps=256)
+    model.learn(total_timesteps=128)
     with open(tmp_path / "progress.csv") as f:
         rows = list(csv.DictReader(f))
     assert rows and "rollout/ep_rew_mean" in rows[0] and rows[-1]["rollout/ep_rew_mean"] != ""
@@ -264,3 +264,25 @@ def test_unbatch_info():
     infos["_d"] = np.array([True, True])
     assert unbatch_info(infos, 0) == {"a": 1, "d": {}}
     assert unbatch_info(infos, 1) == {"d": {"x": 1.5}}
+
+
+def _bundled_assets() -> bool:
+    try:
+        from textrl_envs.assets import tokenizer_path
+
+        return bool(tokenizer_path())
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _bundled_assets(), reason="bundled tokenizer not built yet")
+def test_registered_id_with_groups_and_evaluate_policy():
+    venv = make_vec_env("TextGen-v0", n_envs=4, group_size=2, device="cpu", seed=0)
+    assert isinstance(venv, VecMonitor) and venv.unwrapped.spec.id == "TextGen-v0"
+    venv.reset()
+    prompts = [r["prompt"] for r in venv.unwrapped.reset_infos]
+    assert prompts[0] == prompts[1] and prompts[2] == prompts[3]
+    rewards, lengths = evaluate_policy(
+        RandomPolicy(venv.action_space.n), venv, n_eval_episodes=8, return_episode_rewards=True
+    )
+    assert len(rewards) == 8 and all(np.isfinite(rewards))
