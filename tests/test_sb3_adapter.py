@@ -9,13 +9,18 @@ import numpy as np
 import pytest
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecMonitor, VecNormalize
+from stable_baselines3.common.vec_env import (
+    DummyVecEnv,
+    VecEnv,
+    VecMonitor,
+    VecNormalize,
+)
 
 from textrl_envs.sb3 import TextGenSB3VecEnv, make_vec_env, unbatch_info
 from textrl_envs.vector import TextGenVectorEnv
 
 TEST_ID = "TextRLTest/TinySB3-v0"
-WORDS = "the movie was good bad great a cat dog sat on mat and it very fun plot".split()
+WORDS = ["the", "movie", "was", "good", "bad", "great", "a", "cat", "dog", "sat", "on", "mat", "and", "it", "very", "fun", "plot"]
 PROMPTS = ["the movie was", "a cat sat on the mat", "the dog", "it was very", "the plot was"]
 EOS = 1
 
@@ -207,7 +212,7 @@ def test_vec_monitor_and_vec_normalize(kw):
     rng = np.random.default_rng(2)
     episodes = []
     for _ in range(50):
-        obs, rewards, dones, infos = venv.step(biased_actions(rng, 4, 20))
+        obs, _, dones, infos = venv.step(biased_actions(rng, 4, 20))
         assert obs["input_ids"].dtype == np.int64  # untouched with norm_obs=False
         for i in np.flatnonzero(dones):
             ep = infos[i]["episode"]
@@ -271,7 +276,7 @@ def _bundled_assets() -> bool:
         from textrl_envs.assets import tokenizer_path
 
         return bool(tokenizer_path())
-    except Exception:
+    except (ImportError, OSError, ValueError):
         return False
 
 
@@ -282,7 +287,5 @@ def test_registered_id_with_groups_and_evaluate_policy():
     venv.reset()
     prompts = [r["prompt"] for r in venv.unwrapped.reset_infos]
     assert prompts[0] == prompts[1] and prompts[2] == prompts[3]
-    rewards, lengths = evaluate_policy(
-        RandomPolicy(venv.action_space.n), venv, n_eval_episodes=8, return_episode_rewards=True
-    )
+    rewards, _ = evaluate_policy(RandomPolicy(venv.action_space.n), venv, n_eval_episodes=8, return_episode_rewards=True)
     assert len(rewards) == 8 and all(np.isfinite(rewards))

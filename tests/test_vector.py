@@ -15,7 +15,6 @@ import torch
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 
-from textrl_envs.env import TextGenEnv
 from textrl_envs.vector import (
     TextGenVectorEnv,
     append_tokens,
@@ -28,7 +27,7 @@ from textrl_envs.vector import (
 )
 
 TEST_ID = "TextRLTest/TinyVector-v0"
-WORDS = "the movie was good bad great a cat dog sat on mat and it very fun plot".split()
+WORDS = ["the", "movie", "was", "good", "bad", "great", "a", "cat", "dog", "sat", "on", "mat", "and", "it", "very", "fun", "plot"]
 PROMPTS = ["the movie was", "a cat sat on the mat", "the dog", "it was very", "the plot was"]
 EOS = 1
 
@@ -176,7 +175,7 @@ def _bundled_assets() -> bool:
         from textrl_envs.assets import tokenizer_path
 
         return bool(tokenizer_path())
-    except Exception:
+    except (ImportError, OSError, ValueError):
         return False
 
 
@@ -236,8 +235,8 @@ def test_torch_backend_matches_numpy(kw):
             assert obs_a[key].dtype == torch.int64
             np.testing.assert_array_equal(obs_a[key].cpu().numpy(), obs_b[key])
         actions = biased_actions(rng, 4, a.single_action_space.n, step)
-        obs_a, ra, ta, ua, ia = a.step(torch.as_tensor(actions, device=dev))  # actions may live on the device
-        obs_b, rb, tb, ub, ib = b.step(actions)
+        obs_a, ra, _, _, ia = a.step(torch.as_tensor(actions, device=dev))  # actions may live on the device
+        obs_b, rb, _, _, ib = b.step(actions)
         np.testing.assert_array_equal(ra, rb)
         if "final_obs" in ia:
             i = int(np.flatnonzero(ia["_final_obs"])[0])

@@ -20,7 +20,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.vec_env import VecEnv, VecMonitor
-from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvObs, VecEnvStepReturn
+from stable_baselines3.common.vec_env.base_vec_env import (
+    VecEnvIndices,
+    VecEnvObs,
+    VecEnvStepReturn,
+)
 
 from textrl_envs.vector import TextGenVectorEnv
 
@@ -241,7 +245,7 @@ def make_vec_env(
     if env_id is None:
         venv = TextGenVectorEnv(num_envs=n_envs, device=device, group_size=group_size, **env_kwargs)
     else:
-        import textrl_envs  # noqa: F401  (registers the ids)
+        import textrl_envs
 
         if not _builds_text_vector_env(gym.spec(env_id)):
             raise ValueError(

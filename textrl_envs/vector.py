@@ -13,7 +13,8 @@ pin down; :class:`TextGenVectorEnv` is the thin stateful shell around them.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -263,7 +264,9 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
 
     Memory: the device state is two ``(N, W)`` ``int64`` tensors plus one ``int64`` counter per env,
     ``16 * W + 8`` bytes per env (4,104 bytes for ``W = 256``; 4.2 MB for ``N = 1024``), plus the packed
-    prompt table (``8 * max_prompt_tokens + 8`` bytes per prompt). :meth:`state_nbytes` reports it.
+    prompt table: ids and mask, ``16 * W`` bytes per prompt while prompts x ``W`` <= 4M (at most 64 MB;
+    a reset then copies whole rows), else ``16 * max_prompt_tokens``. :meth:`state_nbytes` reports the
+    per-env state; each returned numpy observation batch is another ``16 * W * N`` bytes.
 
     ## Rewards
     0 on every step but the last of an episode; then the reward model's score of the completion.
