@@ -56,12 +56,6 @@ KL_CONTROLLER_GAIN = 0.1
 KL_CONTROLLER_CLIP = 0.2
 
 
-def _index_obs(obs: th.Tensor | dict[str, th.Tensor], index: slice) -> th.Tensor | dict[str, th.Tensor]:
-    if isinstance(obs, dict):
-        return {key: value[index] for key, value in obs.items()}
-    return obs[index]
-
-
 def _env_group_size(env: VecEnv) -> int | None:
     """``group_size`` the VecEnv reports through ``get_attr`` (``None`` if it has none)."""
     try:
@@ -85,8 +79,11 @@ class GRPO(OnPolicyAlgorithm):
       minimize ``pg_loss + beta * Var``, where ``Var = (1/K) sum_k ||g_k - mean_j g_j||^2`` and ``g_k`` is
       the gradient of the clipped surrogate of slice ``k`` of ``K = grad_var_slices`` equal slices of the
       (randomly permuted) minibatch, over ``grad_var_params`` (see
-      :func:`~sb3_grpo.objectives.gradient_variance`). Each slice is forwarded separately and ``Var`` is
-      differentiated by double backprop, so an update costs about two to three times a plain one.
+      :func:`~sb3_grpo.objectives.gradient_variance`). The ``K`` slice gradients come from one
+      vectorized backward pass with ``create_graph=True`` and ``Var`` is differentiated by double
+      backprop; on CartPole's MLP an update costs about 2-3x a plain one (``scripts/bench_cartpole.py
+      --cost-only 5``). For LMs restrict ``grad_var_params`` to a few layers (the graph of ``K``
+      gradients over all parameters is kept until the backward).
     - **Adaptive clip** (``adaptive_clip = (s_pos, s_neg)``): per-sample range ``eps * s_pos`` where the
       (normalized) advantage is positive, ``eps * s_neg`` otherwise; ``eps`` follows ``clip_range`` and
       its schedule.
@@ -363,6 +360,7 @@ class GRPO(OnPolicyAlgorithm):
         self._rollout_explore_alpha = 0.0
         self._group_tracker: EpisodeGroupTracker | None = None
         self._grad_norm_warned = False
+        self._grad_var_batched = True
 
     def _select_grad_var_params(self) -> list[th.nn.Parameter]:
         named = [(name, p) for name, p in self.policy.named_parameters() if p.requires_grad]
@@ -597,6 +595,24 @@ class GRPO(OnPolicyAlgorithm):
                 _, ref_log_prob, _ = self.ref_policy.evaluate_actions(observations, actions)
         return ref_log_prob
 
+    def _gradient_variance(self, slice_objectives: list[th.Tensor]) -> th.Tensor:
+        """
+        :func:`~sb3_grpo.objectives.gradient_variance` over ``grad_var_params``, as a differentiable tensor.
+        The ``K`` slice gradients are computed in one vectorized backward pass; if the policy has an op
+        without a batching rule, fall back (once, with a warning) to ``K`` separate passes: same value.
+        """
+        if self._grad_var_batched:
+            try:
+                return gradient_variance(slice_objectives, self._grad_var_param_list, create_graph=True, batched=True)
+            except RuntimeError as err:
+                self._grad_var_batched = False
+                warnings.warn(
+                    f"GRPO: vectorized slice gradients are not supported by this policy ({err}); computing the "
+                    f"{len(slice_objectives)} slice gradients of the grad-variance penalty one by one",
+                    stacklevel=3,
+                )
+        return gradient_variance(slice_objectives, self._grad_var_param_list, create_graph=True, batched=False)
+
     def _raise_non_finite(self, what: str, epoch: int, details: dict[str, float]) -> None:
         detail = ", ".join(f"{k}={v:.4g}" for k, v in details.items())
         raise RuntimeError(
@@ -641,21 +657,10 @@ class GRPO(OnPolicyAlgorithm):
                 n_slices = min(self.grad_var_slices, n_samples)
                 use_grad_var = self.grad_var_coef > 0 and n_slices >= 2
                 if use_grad_var:
-                    # one forward per slice: each slice gradient then only backpropagates through its own
-                    # samples (a slice of a shared forward would traverse the whole minibatch graph K times)
-                    bounds = np.linspace(0, n_samples, n_slices + 1).round().astype(int)
-                    slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
                     # the fused attention kernels (flash / memory-efficient) have no double backward: record
                     # attention with the math kernel so that Var can be differentiated (no-op for MLPs)
                     with sdpa_kernel(SDPBackend.MATH):
-                        outputs = [
-                            self.policy.evaluate_actions(_index_obs(rollout_data.observations, s), actions[s])
-                            for s in slices
-                        ]
-                    values = th.cat([out[0].flatten() for out in outputs])
-                    slice_log_probs = [out[1] for out in outputs]
-                    log_prob = th.cat(slice_log_probs)
-                    entropy = None if outputs[0][2] is None else th.cat([out[2] for out in outputs])
+                        values, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, actions)
                 else:
                     values, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, actions)
                 values = values.flatten()
@@ -677,18 +682,7 @@ class GRPO(OnPolicyAlgorithm):
                 ratio = th.exp(log_prob - rollout_data.old_log_prob)
 
                 # clipped surrogate loss
-                if use_grad_var:
-                    slice_surrogates = [
-                        clipped_surrogate(
-                            th.exp(lp - rollout_data.old_log_prob[s]),
-                            advantages[s],
-                            eps if isinstance(eps, float) else eps[s],
-                        )
-                        for lp, s in zip(slice_log_probs, slices)
-                    ]
-                    surrogate = th.cat(slice_surrogates)
-                else:
-                    surrogate = clipped_surrogate(ratio, advantages, eps)
+                surrogate = clipped_surrogate(ratio, advantages, eps)
                 policy_loss = -surrogate.mean()
 
                 # Logging
@@ -730,11 +724,10 @@ class GRPO(OnPolicyAlgorithm):
 
                 details = {"pg_loss": policy_loss.item()}
                 if use_grad_var:
-                    # Var[grad L_CLIP] over the K slices; its gradient comes from double backprop
-                    grad_var = gradient_variance(
-                        [-slice_surrogate.mean() for slice_surrogate in slice_surrogates],
-                        self._grad_var_param_list,
-                        create_graph=True,
+                    # Var[grad L_CLIP] over K contiguous slices of the (randomly permuted) minibatch; its
+                    # gradient comes from double backprop when loss.backward() runs
+                    grad_var = self._gradient_variance(
+                        [-part.mean() for part in th.tensor_split(surrogate, n_slices)]
                     )
                     grad_vars.append(grad_var.item())
                     details["grad_var"] = grad_vars[-1]

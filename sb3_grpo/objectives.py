@@ -118,7 +118,10 @@ def clip_fraction(ratio: th.Tensor, clip_range: float | th.Tensor, mask: th.Tens
 # Gradient-variance penalty
 # ----------------------------------------------------------------------------------------------------------
 def gradient_variance(
-    slice_objectives: Sequence[th.Tensor], params: Sequence[th.Tensor], create_graph: bool = True
+    slice_objectives: Sequence[th.Tensor],
+    params: Sequence[th.Tensor],
+    create_graph: bool = True,
+    batched: bool = False,
 ) -> th.Tensor:
     r"""
     Variance of the policy gradient across minibatch slices: the trace of the empirical covariance of the
@@ -139,19 +142,37 @@ def gradient_variance(
     :param slice_objectives: ``K >= 2`` scalar tensors ``L_1 .. L_K``, each built from its own slice
     :param params: the parameters ``theta``; parameters that do not influence an ``L_k`` count as zero
     :param create_graph: keep the graph of the slice gradients (needed to differentiate ``Var``)
+    :param batched: compute the ``K`` gradients in one vectorized backward pass
+        (``torch.autograd.grad(..., is_grads_batched=True)``, i.e. ``vmap`` over the backward) instead of
+        ``K`` passes; same result, fewer kernel launches. Needs batching rules for every backward op.
     :return: scalar tensor ``Var``
     """
     n_slices = len(slice_objectives)
     if n_slices < 2:
         raise ValueError(f"gradient_variance needs at least 2 slices, got {n_slices}")
     params = list(params)
-    flat_grads = []
-    for objective in slice_objectives:
-        grads = th.autograd.grad(objective, params, create_graph=create_graph, retain_graph=True, allow_unused=True)
-        flat_grads.append(
-            th.cat([(th.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(grads, params, strict=True)])
+    if batched:
+        objectives = th.stack(list(slice_objectives))
+        eye = th.eye(n_slices, dtype=objectives.dtype, device=objectives.device)
+        grads = th.autograd.grad(
+            objectives, params, grad_outputs=eye, is_grads_batched=True,
+            create_graph=create_graph, retain_graph=True, allow_unused=True,
+        )  # fmt: skip
+        stacked = th.cat(
+            [
+                (th.zeros((n_slices, p.numel()), dtype=p.dtype, device=p.device) if g is None else g.reshape(n_slices, -1))
+                for g, p in zip(grads, params, strict=True)
+            ],
+            dim=1,
         )
-    stacked = th.stack(flat_grads)  # (K, n_params)
+    else:
+        flat_grads = []
+        for objective in slice_objectives:
+            grads = th.autograd.grad(objective, params, create_graph=create_graph, retain_graph=True, allow_unused=True)
+            flat_grads.append(
+                th.cat([(th.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(grads, params, strict=True)])
+            )
+        stacked = th.stack(flat_grads)  # (K, n_params)
     centered = stacked - stacked.mean(dim=0, keepdim=True)
     return centered.pow(2).sum(dim=1).mean()
 

@@ -143,6 +143,18 @@ def test_gradient_variance_gradient_matches_finite_differences():
     np.testing.assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-8)
 
 
+def test_gradient_variance_batched_equals_one_pass_per_slice():
+    net = _tiny_policy(4)
+    obs, actions, old, adv = _batch(seed=4)
+    params = [*net.parameters(), th.nn.Parameter(th.ones(2, dtype=th.float64))]  # one unused
+    objectives = _slice_objectives(net, obs, actions, old, adv, 4)
+    loop = gradient_variance(objectives, params)
+    batched = gradient_variance(objectives, params, batched=True)
+    assert batched.item() == pytest.approx(loop.item(), rel=1e-12)
+    for a, b in zip(th.autograd.grad(loop, params[:-1], retain_graph=True), th.autograd.grad(batched, params[:-1])):
+        assert th.allclose(a, b, rtol=1e-10, atol=1e-14)
+
+
 def test_gradient_variance_named_subset_and_unused_params():
     net = _tiny_policy(2)
     unused = th.nn.Parameter(th.ones(3, dtype=th.float64))
