@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -44,10 +45,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(ASSETS_DIR), help="output folder (default: the package assets)")
-    p.add_argument("--steps", type=int, default=1200, help="LM training steps")
+    p.add_argument("--steps", type=int, default=600, help="LM training steps")
     p.add_argument("--clf-steps", type=int, default=300, help="classifier training steps")
     p.add_argument("--seed", type=int, default=0, help="seed of the corpus and of torch")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (1 is robust on a shared machine; the weights depend on it)")
     p.add_argument("--docs", type=int, default=40000, help="corpus documents for LM training")
     p.add_argument("--vocab-size", type=int, default=1600, help="BPE vocabulary size")
     p.add_argument("--batch-size", type=int, default=32, help="LM batch size (sequences)")
@@ -284,7 +286,7 @@ def train_lm(tokenizer, texts: Sequence[str], args: argparse.Namespace) -> Tuple
 
 
 def save_lm(model, tokenizer, path: Path) -> None:
-    """Save the LM (safetensors, fp32), its generation config and the tokenizer files.
+    """Save the LM (safetensors, fp32) and its generation config.
 
     :param model: the causal LM
     :param tokenizer: the tokenizer
@@ -299,7 +301,6 @@ def save_lm(model, tokenizer, path: Path) -> None:
         max_new_tokens=48,
     )
     model.save_pretrained(str(path), safe_serialization=True)
-    tokenizer.save_pretrained(str(path))
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,6 +414,21 @@ def train_classifier(tokenizer, args: argparse.Namespace, max_len: int = 64) -> 
 # --------------------------------------------------------------------------------------------
 
 
+def copy_tokenizer_files(src: Path, dst: Path) -> None:
+    """Copy the saved tokenizer files next to a model, byte for byte.
+
+    Copying (rather than ``save_pretrained`` again) keeps out the padding/truncation state that
+    batch encoding leaves on a fast tokenizer's backend.
+
+    :param src: the folder written by ``tokenizer.save_pretrained``
+    :param dst: the model folder
+    """
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in sorted(src.iterdir()):
+        if f.is_file():
+            shutil.copyfile(f, dst / f.name)
+
+
 def sha256_file(path: Path) -> str:
     """SHA-256 of a file.
 
@@ -470,6 +486,7 @@ def main(argv: Sequence[str] | None = None) -> Dict:
 
     lm, lm_stats = train_lm(tokenizer, texts, args)
     save_lm(lm, tokenizer, out / "lm")
+    copy_tokenizer_files(out / "tokenizer", out / "lm")
     prompts = list(corpus.REVIEW_OPENERS[:5]) + ["12+7=", "8*3=", "Numbers: 3",
                                                   "Concepts: actor, story, love. Sentence:",
                                                   "Keywords: music, ending. Review:"]
@@ -479,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> Dict:
 
     clf, clf_stats = train_classifier(tokenizer, args)
     clf.save_pretrained(str(out / "classifier"), safe_serialization=True)
-    tokenizer.save_pretrained(str(out / "classifier"))
+    copy_tokenizer_files(out / "tokenizer", out / "classifier")
 
     files = ["tokenizer/tokenizer.json", "lm/model.safetensors", "classifier/model.safetensors"]
     command = " ".join([BUILD_COMMAND, "--seed", str(args.seed), "--steps", str(args.steps),
