@@ -160,7 +160,7 @@ def main() -> None:
         f"{torch.get_num_threads()} torch threads"
     )
     print(f"{'device':<8} {'obs':<6} {'vector env-steps/s':>20} {'SyncVectorEnv env-steps/s':>27} {'ratio':>8}")
-    configs = [("cpu", "numpy")]
+    configs = [("cpu", "numpy"), ("cpu", "torch")]
     if torch.cuda.is_available():
         configs += [("cuda", "numpy"), ("cuda", "torch")]
     for device, backend in configs:

@@ -460,6 +460,10 @@ def test_bad_construction(kw):
         vec.reset(options={"reset_mask": np.array([True, False])})
     with pytest.raises(ValueError, match="a list of seeds must have num_envs=2"):
         vec.reset(seed=[1, 2, 3])
+    with pytest.raises(ValueError, match="unknown reset option"):
+        vec.reset(options={"promt": "typo"})
+    with pytest.raises(RuntimeError, match="before reset"):  # failed resets changed nothing
+        vec.step(np.array([4, 4]))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

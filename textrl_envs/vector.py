@@ -435,21 +435,23 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         :return: ``(observations, infos)``; infos hold ``prompt``, ``prompt_index``, ``group_id``,
             ``episode_id`` per env.
         """
+        # validate everything before changing any state
         seeds = self._per_group_seeds(seed)
-        super().reset(seed=int(seed) if isinstance(seed, (int, np.integer)) else None)
         if options is not None and "reset_mask" in options:
             raise ValueError(
                 "options['reset_mask'] is not supported: TextGenVectorEnv autoresets in the same step "
                 "(AutoresetMode.SAME_STEP), so every env is always running; call reset() to restart all"
             )
+        given = resolve_prompt(self.text_spec, options, None, self.prompt_truncation) if options else None  # type: ignore[arg-type]
+
+        super().reset(seed=int(seed) if isinstance(seed, (int, np.integer)) else None)
         for k, s in enumerate(seeds):
             if s is not None or self._group_rngs[k] is None:
                 self._group_rngs[k], _ = seeding.np_random(s)
         self._round[:] = int(self._round.max()) + 1 if self._started else 0
         self._group_prompts = [{} for _ in range(self.num_groups)]
-        if options:
-            row = self._row_for(*resolve_prompt(self.text_spec, options, None, self.prompt_truncation))  # type: ignore[arg-type]
-            r0 = int(self._round[0])
+        if given is not None:
+            row, r0 = self._row_for(*given), int(self._round[0])
             for table in self._group_prompts:
                 table[r0] = row
         everyone = np.arange(self.num_envs)
