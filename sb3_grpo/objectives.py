@@ -348,12 +348,13 @@ def uniform_sample(
     :param n: number of actions
     :param rng: numpy generator (GRPO keeps its own, so exploration does not shift torch's RNG stream)
     :param squashed: whether the policy squashes its actions to ``[-1, 1]``
-    :return: array of shape ``(n, *action_space.shape)`` in the policy's action dtype
+    :return: array of shape ``(n, *action_space.shape)``; discrete actions as the indices ``0 .. n - 1``
+        that SB3 policies emit (no ``start`` offset)
     """
     if isinstance(action_space, spaces.Discrete):
-        return rng.integers(0, int(action_space.n), size=n) + int(action_space.start)
+        return rng.integers(0, int(action_space.n), size=n)
     if isinstance(action_space, spaces.MultiDiscrete):
-        return rng.integers(0, action_space.nvec, size=(n, *action_space.nvec.shape)) + action_space.start
+        return rng.integers(0, action_space.nvec, size=(n, *action_space.nvec.shape))
     if isinstance(action_space, spaces.MultiBinary):
         return rng.integers(0, 2, size=(n, *action_space.shape))
     if isinstance(action_space, spaces.Box):

@@ -284,8 +284,10 @@ def test_uniform_sample_ranges():
     a = uniform_sample(box, 1000, rng)
     assert a.shape == (1000, 2) and (a >= box.low).all() and (a <= box.high).all()
     assert abs(a[:, 0].mean()) < 0.2
-    d = uniform_sample(spaces.Discrete(3, start=1), 1000, rng)
-    assert set(np.unique(d)) == {1, 2, 3}
+    d = uniform_sample(spaces.Discrete(3), 1000, rng)
+    assert set(np.unique(d)) == {0, 1, 2}
+    md = uniform_sample(spaces.MultiDiscrete([2, 5]), 1000, rng)
+    assert md.shape == (1000, 2) and md[:, 0].max() == 1 and md[:, 1].max() == 4
 
 
 def test_pearson_corr_matches_numpy():
