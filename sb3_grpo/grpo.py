@@ -90,7 +90,8 @@ class GRPO(OnPolicyAlgorithm):
     - **Mixed exploration** (``explore_alpha``, ``explore_fraction``): act with
       ``(1 - alpha) * pi + alpha * uniform``; ``alpha`` decays linearly from ``explore_alpha`` to 0 over
       the first ``explore_fraction`` of training. The rollout stores the mixture's log-density, so the PPO
-      ratio ``pi_new / pi_mix_old`` is an honest importance weight. Discrete, MultiDiscrete, MultiBinary
+      ratio ``pi_new / pi_mix_old`` is an honest importance weight (so ``approx_kl`` and the clip
+      fraction are nonzero from the first epoch while ``alpha > 0``; keep ``target_kl`` loose then). Discrete, MultiDiscrete, MultiBinary
       and bounded Box actions (uniform density ``1 / volume`` on the box the policy samples in; SB3 clips
       Gaussian samples only when passing them to the env, so densities are compared before clipping).
     - **Advantage** (``advantage``): ``"gae"`` (PPO), or per completed group of episodes
