@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict
+from typing import Any
 
 __all__ = [
     "ASSETS_DIR",
     "BUILD_COMMAND",
     "assets_dir",
-    "tokenizer_path",
-    "lm_path",
     "classifier_path",
-    "manifest_path",
+    "lm_path",
     "load_manifest",
+    "manifest_path",
+    "tokenizer_path",
 ]
 
 ASSETS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -98,11 +98,13 @@ def manifest_path() -> str:
     """
     path = os.path.join(ASSETS_DIR, "MANIFEST.json")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found; rebuild the assets with `{BUILD_COMMAND}`")
+        raise FileNotFoundError(
+            f"{path} not found; rebuild the assets with `{BUILD_COMMAND}`"
+        )
     return path
 
 
-def load_manifest() -> Dict[str, Any]:
+def load_manifest() -> dict[str, Any]:
     """Read the build manifest.
 
     :return: the parsed ``MANIFEST.json``

@@ -20,15 +20,15 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
+import torch
 
-from textrl_envs.assets import corpus  # noqa: E402
+from textrl_envs.assets import corpus
 
 ASSETS_DIR = Path(__file__).resolve().parent
 EOS_TOKEN = "<|endoftext|>"
@@ -44,16 +44,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     :return: the parsed options
     """
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=str(ASSETS_DIR), help="output folder (default: the package assets)")
+    p.add_argument(
+        "--out",
+        default=str(ASSETS_DIR),
+        help="output folder (default: the package assets)",
+    )
     p.add_argument("--steps", type=int, default=600, help="LM training steps")
-    p.add_argument("--clf-steps", type=int, default=300, help="classifier training steps")
-    p.add_argument("--seed", type=int, default=0, help="seed of the corpus and of torch")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (1 is robust on a shared machine; the weights depend on it)")
-    p.add_argument("--docs", type=int, default=40000, help="corpus documents for LM training")
+    p.add_argument(
+        "--clf-steps", type=int, default=300, help="classifier training steps"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the corpus and of torch"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (1 is robust on a shared machine; the weights depend on it)",
+    )
+    p.add_argument(
+        "--docs", type=int, default=40000, help="corpus documents for LM training"
+    )
     p.add_argument("--vocab-size", type=int, default=1600, help="BPE vocabulary size")
-    p.add_argument("--batch-size", type=int, default=32, help="LM batch size (sequences)")
-    p.add_argument("--seq-len", type=int, default=128, help="LM training sequence length")
+    p.add_argument(
+        "--batch-size", type=int, default=32, help="LM batch size (sequences)"
+    )
+    p.add_argument(
+        "--seq-len", type=int, default=128, help="LM training sequence length"
+    )
     p.add_argument("--lr", type=float, default=3e-3, help="LM peak learning rate")
     return p.parse_args(argv)
 
@@ -74,15 +92,25 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int, max_length: int):
     :param max_length: ``model_max_length`` of the wrapped tokenizer
     :return: the tokenizer
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        # isolate every digit, with its optional leading space: "12 34" -> "1", "2", " 3", "4"
-        pre_tokenizers.Split(Regex(r" ?\p{N}"), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            # isolate every digit, with its optional leading space: "12 34" -> "1", "2", " 3", "4"
+            pre_tokenizers.Split(Regex(r" ?\p{N}"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
@@ -112,10 +140,16 @@ def check_digits(tokenizer) -> None:
     :param tokenizer: a Hugging Face tokenizer
     :raises RuntimeError: naming the missing tokens
     """
-    missing = [d for d in DIGIT_TOKENS if len(tokenizer(d, add_special_tokens=False)["input_ids"]) != 1]
+    missing = [
+        d
+        for d in DIGIT_TOKENS
+        if len(tokenizer(d, add_special_tokens=False)["input_ids"]) != 1
+    ]
     if missing:
-        raise RuntimeError(f"digit tokens {missing!r} are not single tokens; grow the corpus "
-                           f"number share or the vocabulary")
+        raise RuntimeError(
+            f"digit tokens {missing!r} are not single tokens; grow the corpus "
+            f"number share or the vocabulary"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,7 +157,7 @@ def check_digits(tokenizer) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def token_stream(tokenizer, texts: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+def token_stream(tokenizer, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Concatenate documents, each followed by EOS.
 
     :param tokenizer: the tokenizer
@@ -132,8 +166,8 @@ def token_stream(tokenizer, texts: Sequence[str]) -> Tuple[torch.Tensor, torch.T
     """
     eos = tokenizer.eos_token_id
     encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-    ids: List[int] = []
-    starts: List[int] = []
+    ids: list[int] = []
+    starts: list[int] = []
     for doc in encoded:
         starts.append(len(ids))
         ids.extend(doc)
@@ -141,8 +175,13 @@ def token_stream(tokenizer, texts: Sequence[str]) -> Tuple[torch.Tensor, torch.T
     return torch.tensor(ids, dtype=torch.long), torch.tensor(starts, dtype=torch.long)
 
 
-def sample_windows(ids: torch.Tensor, starts: torch.Tensor, batch_size: int, seq_len: int,
-                   gen: torch.Generator) -> torch.Tensor:
+def sample_windows(
+    ids: torch.Tensor,
+    starts: torch.Tensor,
+    batch_size: int,
+    seq_len: int,
+    gen: torch.Generator,
+) -> torch.Tensor:
     """Draw training windows that begin at a document start.
 
     Starting at a document (not after an EOS) matches how prompts are fed at inference.
@@ -205,8 +244,14 @@ def lm_config(tokenizer, seq_len: int):
     )
 
 
-def evaluate_lm(model, ids: torch.Tensor, starts: torch.Tensor, seq_len: int,
-                batches: int = 8, batch_size: int = 32) -> float:
+def evaluate_lm(
+    model,
+    ids: torch.Tensor,
+    starts: torch.Tensor,
+    seq_len: int,
+    batches: int = 8,
+    batch_size: int = 32,
+) -> float:
     """Mean next-token loss on held-out windows.
 
     :param model: the causal LM
@@ -228,7 +273,9 @@ def evaluate_lm(model, ids: torch.Tensor, starts: torch.Tensor, seq_len: int,
     return sum(losses) / len(losses)
 
 
-def train_lm(tokenizer, texts: Sequence[str], args: argparse.Namespace) -> Tuple[object, Dict]:
+def train_lm(
+    tokenizer, texts: Sequence[str], args: argparse.Namespace
+) -> tuple[object, dict]:
     """Pretrain the tiny GPT-2 on the corpus.
 
     :param tokenizer: the tokenizer
@@ -241,7 +288,10 @@ def train_lm(tokenizer, texts: Sequence[str], args: argparse.Namespace) -> Tuple
     n_val = max(200, len(texts) // 50)
     train_ids, train_starts = token_stream(tokenizer, texts[:-n_val])
     val_ids, val_starts = token_stream(tokenizer, texts[-n_val:])
-    print(f"[lm] corpus tokens: train {len(train_ids)}, held-out {len(val_ids)}", flush=True)
+    print(
+        f"[lm] corpus tokens: train {len(train_ids)}, held-out {len(val_ids)}",
+        flush=True,
+    )
 
     torch.manual_seed(args.seed)
     model = GPT2LMHeadModel(lm_config(tokenizer, args.seq_len))
@@ -249,12 +299,17 @@ def train_lm(tokenizer, texts: Sequence[str], args: argparse.Namespace) -> Tuple
     print(f"[lm] parameters: {n_params}", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": 0.01},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=args.lr,
+        betas=(0.9, 0.98),
+    )
     gen = torch.Generator().manual_seed(args.seed)
     warmup = max(1, args.steps // 20)
-    recent: List[float] = []
+    recent: list[float] = []
     t0 = time.time()
     model.train()
     for step in range(args.steps):
@@ -271,8 +326,11 @@ def train_lm(tokenizer, texts: Sequence[str], args: argparse.Namespace) -> Tuple
         if step == 9 or (step + 1) % 100 == 0 or step + 1 == args.steps:
             rate = (step + 1) / (time.time() - t0)
             eta = (args.steps - step - 1) / rate
-            print(f"[lm] step {step + 1}/{args.steps} loss {sum(recent) / len(recent):.3f} "
-                  f"({rate:.2f} steps/s, eta {eta:.0f}s)", flush=True)
+            print(
+                f"[lm] step {step + 1}/{args.steps} loss {sum(recent) / len(recent):.3f} "
+                f"({rate:.2f} steps/s, eta {eta:.0f}s)",
+                flush=True,
+            )
     val_loss = evaluate_lm(model, val_ids, val_starts, args.seq_len)
     stats = {
         "parameters": n_params,
@@ -336,7 +394,9 @@ def classifier_config(tokenizer, max_len: int):
     )
 
 
-def encode_batch(tokenizer, texts: Sequence[str], max_len: int) -> Dict[str, torch.Tensor]:
+def encode_batch(
+    tokenizer, texts: Sequence[str], max_len: int
+) -> dict[str, torch.Tensor]:
     """Right-padded, truncated batch encoding.
 
     :param tokenizer: the tokenizer
@@ -344,11 +404,18 @@ def encode_batch(tokenizer, texts: Sequence[str], max_len: int) -> Dict[str, tor
     :param max_len: truncation length
     :return: ``input_ids`` and ``attention_mask`` tensors
     """
-    return tokenizer(list(texts), padding=True, truncation=True, max_length=max_len,
-                     return_tensors="pt")
+    return tokenizer(
+        list(texts),
+        padding=True,
+        truncation=True,
+        max_length=max_len,
+        return_tensors="pt",
+    )
 
 
-def classifier_accuracy(model, tokenizer, pairs: Sequence[Tuple[str, int]], max_len: int) -> float:
+def classifier_accuracy(
+    model, tokenizer, pairs: Sequence[tuple[str, int]], max_len: int
+) -> float:
     """Accuracy on labelled pairs.
 
     :param model: the sequence classifier
@@ -361,7 +428,7 @@ def classifier_accuracy(model, tokenizer, pairs: Sequence[Tuple[str, int]], max_
     correct = 0
     with torch.no_grad():
         for i in range(0, len(pairs), 256):
-            chunk = pairs[i:i + 256]
+            chunk = pairs[i : i + 256]
             batch = encode_batch(tokenizer, [t for t, _ in chunk], max_len)
             pred = model(**batch).logits.argmax(-1)
             correct += int((pred == torch.tensor([y for _, y in chunk])).sum())
@@ -369,7 +436,9 @@ def classifier_accuracy(model, tokenizer, pairs: Sequence[Tuple[str, int]], max_
     return correct / len(pairs)
 
 
-def train_classifier(tokenizer, args: argparse.Namespace, max_len: int = 64) -> Tuple[object, Dict]:
+def train_classifier(
+    tokenizer, args: argparse.Namespace, max_len: int = 64
+) -> tuple[object, dict]:
     """Train the positive/negative review classifier on a fresh draw of the corpus.
 
     :param tokenizer: the tokenizer
@@ -382,7 +451,9 @@ def train_classifier(tokenizer, args: argparse.Namespace, max_len: int = 64) -> 
     pairs = corpus.labelled_reviews(30000, seed=args.seed + 1)
     n_test = len(pairs) // 10
     train, test = pairs[:-n_test], pairs[-n_test:]
-    print(f"[clf] labelled reviews: train {len(train)}, held-out {len(test)}", flush=True)
+    print(
+        f"[clf] labelled reviews: train {len(train)}, held-out {len(test)}", flush=True
+    )
     torch.manual_seed(args.seed + 1)
     model = GPT2ForSequenceClassification(classifier_config(tokenizer, max_len))
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
@@ -391,7 +462,9 @@ def train_classifier(tokenizer, args: argparse.Namespace, max_len: int = 64) -> 
     model.train()
     for step in range(args.clf_steps):
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.clf_steps, 2e-3, max(1, args.clf_steps // 20))
+            group["lr"] = lr_at(
+                step, args.clf_steps, 2e-3, max(1, args.clf_steps // 20)
+            )
         idx = torch.randint(len(train), (64,), generator=gen).tolist()
         batch = encode_batch(tokenizer, [train[i][0] for i in idx], max_len)
         labels = torch.tensor([train[i][1] for i in idx])
@@ -401,11 +474,18 @@ def train_classifier(tokenizer, args: argparse.Namespace, max_len: int = 64) -> 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if (step + 1) % 100 == 0 or step + 1 == args.clf_steps:
-            print(f"[clf] step {step + 1}/{args.clf_steps} loss {loss.item():.4f}", flush=True)
+            print(
+                f"[clf] step {step + 1}/{args.clf_steps} loss {loss.item():.4f}",
+                flush=True,
+            )
     acc = classifier_accuracy(model, tokenizer, test, max_len)
     print(f"[clf] held-out accuracy {acc:.4f}", flush=True)
-    stats = {"train_examples": len(train), "heldout_examples": len(test),
-             "heldout_accuracy": round(acc, 4), "seconds": round(time.time() - t0, 1)}
+    stats = {
+        "train_examples": len(train),
+        "heldout_examples": len(test),
+        "heldout_accuracy": round(acc, 4),
+        "seconds": round(time.time() - t0, 1),
+    }
     return model, stats
 
 
@@ -442,7 +522,9 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def sample_continuations(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = 32) -> List[str]:
+def sample_continuations(
+    model, tokenizer, prompts: Sequence[str], max_new_tokens: int = 32
+) -> list[str]:
     """Greedy continuations, for the build log.
 
     :param model: the causal LM
@@ -457,11 +539,15 @@ def sample_continuations(model, tokenizer, prompts: Sequence[str], max_new_token
         for prompt in prompts:
             ids = tokenizer(prompt, return_tensors="pt")
             gen = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False)
-            out.append(tokenizer.decode(gen[0, ids["input_ids"].shape[1]:], skip_special_tokens=True))
+            out.append(
+                tokenizer.decode(
+                    gen[0, ids["input_ids"].shape[1] :], skip_special_tokens=True
+                )
+            )
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> Dict:
+def main(argv: Sequence[str] | None = None) -> dict:
     """Build every asset and write ``MANIFEST.json``.
 
     :param argv: command-line arguments
@@ -481,15 +567,22 @@ def main(argv: Sequence[str] | None = None) -> Dict:
 
     tokenizer = train_tokenizer(texts, args.vocab_size, args.seq_len)
     tokenizer.save_pretrained(str(out / "tokenizer"))
-    print(f"[tokenizer] len {len(tokenizer)}, eos {tokenizer.eos_token_id}, "
-          f"pad {tokenizer.pad_token_id}", flush=True)
+    print(
+        f"[tokenizer] len {len(tokenizer)}, eos {tokenizer.eos_token_id}, "
+        f"pad {tokenizer.pad_token_id}",
+        flush=True,
+    )
 
     lm, lm_stats = train_lm(tokenizer, texts, args)
     save_lm(lm, tokenizer, out / "lm")
     copy_tokenizer_files(out / "tokenizer", out / "lm")
-    prompts = list(corpus.REVIEW_OPENERS[:5]) + ["12+7=", "8*3=", "Numbers: 3",
-                                                  "Concepts: actor, story, love. Sentence:",
-                                                  "Keywords: music, ending. Review:"]
+    prompts = list(corpus.REVIEW_OPENERS[:5]) + [
+        "12+7=",
+        "8*3=",
+        "Numbers: 3",
+        "Concepts: actor, story, love. Sentence:",
+        "Keywords: music, ending. Review:",
+    ]
     samples = sample_continuations(lm, tokenizer, prompts)
     for p, s in zip(prompts, samples):
         print(f"[sample] {p!r} -> {s!r}", flush=True)
@@ -498,11 +591,26 @@ def main(argv: Sequence[str] | None = None) -> Dict:
     clf.save_pretrained(str(out / "classifier"), safe_serialization=True)
     copy_tokenizer_files(out / "tokenizer", out / "classifier")
 
-    files = ["tokenizer/tokenizer.json", "lm/model.safetensors", "classifier/model.safetensors"]
-    command = " ".join([BUILD_COMMAND, "--seed", str(args.seed), "--steps", str(args.steps),
-                        "--threads", str(args.threads)]
-                       + [f"--{k.replace('_', '-')} {getattr(args, k)}"
-                          for k in ("clf_steps", "docs", "vocab_size", "batch_size", "seq_len", "lr")])
+    files = [
+        "tokenizer/tokenizer.json",
+        "lm/model.safetensors",
+        "classifier/model.safetensors",
+    ]
+    command = " ".join(
+        [
+            BUILD_COMMAND,
+            "--seed",
+            str(args.seed),
+            "--steps",
+            str(args.steps),
+            "--threads",
+            str(args.threads),
+        ]
+        + [
+            f"--{k.replace('_', '-')} {getattr(args, k)}"
+            for k in ("clf_steps", "docs", "vocab_size", "batch_size", "seq_len", "lr")
+        ]
+    )
     import tokenizers
     import transformers
 
@@ -511,17 +619,28 @@ def main(argv: Sequence[str] | None = None) -> Dict:
         "seed": args.seed,
         "steps": args.steps,
         "threads": args.threads,
-        "corpus": {"documents": len(texts), "bytes": n_bytes, "mix": dict(corpus.DOCUMENT_MIX)},
-        "tokenizer": {"len": len(tokenizer), "eos_token_id": tokenizer.eos_token_id,
-                      "pad_token_id": tokenizer.pad_token_id},
+        "corpus": {
+            "documents": len(texts),
+            "bytes": n_bytes,
+            "mix": dict(corpus.DOCUMENT_MIX),
+        },
+        "tokenizer": {
+            "len": len(tokenizer),
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
         "lm": lm_stats,
         "lm_final_loss": lm_stats["final_train_loss"],
         "classifier": clf_stats,
         "classifier_accuracy": clf_stats["heldout_accuracy"],
         "sha256": {f: sha256_file(out / f) for f in files},
         "samples": dict(zip(prompts, samples)),
-        "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
-                     "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
+        "versions": {
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+        },
         "build_seconds": round(time.time() - t_start, 1),
     }
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")

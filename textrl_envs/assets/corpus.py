@@ -16,14 +16,15 @@ Pure Python, no third-party imports.
 from __future__ import annotations
 
 import random
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import NamedTuple
 
 POSITIVE = 1
 NEGATIVE = 0
 NEUTRAL = None
 
 #: Prompts for ``TextGen-v0``: every review in the corpus starts with one of these.
-REVIEW_OPENERS: Tuple[str, ...] = (
+REVIEW_OPENERS: tuple[str, ...] = (
     "The movie was",
     "This film",
     "I watched",
@@ -43,7 +44,7 @@ REVIEW_OPENERS: Tuple[str, ...] = (
 )
 
 #: Share of each document kind in the corpus (sums to 1).
-DOCUMENT_MIX: Tuple[Tuple[str, float], ...] = (
+DOCUMENT_MIX: tuple[tuple[str, float], ...] = (
     ("review", 0.60),
     ("arithmetic", 0.12),
     ("numbers", 0.08),
@@ -62,7 +63,7 @@ class Document(NamedTuple):
 
     kind: str
     text: str
-    label: Optional[int]
+    label: int | None
 
 
 # --------------------------------------------------------------------------------------------
@@ -70,29 +71,115 @@ class Document(NamedTuple):
 # --------------------------------------------------------------------------------------------
 
 POS_ADJ = (
-    "great", "wonderful", "brilliant", "lovely", "beautiful", "excellent", "amazing",
-    "fantastic", "superb", "delightful", "charming", "moving", "funny", "enjoyable", "perfect",
-    "smart", "fresh", "stunning", "touching", "good", "sweet", "impressive", "powerful",
-    "awesome", "gorgeous", "clever", "warm", "thrilling", "exciting", "honest", "fun",
+    "great",
+    "wonderful",
+    "brilliant",
+    "lovely",
+    "beautiful",
+    "excellent",
+    "amazing",
+    "fantastic",
+    "superb",
+    "delightful",
+    "charming",
+    "moving",
+    "funny",
+    "enjoyable",
+    "perfect",
+    "smart",
+    "fresh",
+    "stunning",
+    "touching",
+    "good",
+    "sweet",
+    "impressive",
+    "powerful",
+    "awesome",
+    "gorgeous",
+    "clever",
+    "warm",
+    "thrilling",
+    "exciting",
+    "honest",
+    "fun",
 )
 NEG_ADJ = (
-    "terrible", "awful", "boring", "dull", "bad", "poor", "weak", "horrible", "stupid",
-    "painful", "messy", "annoying", "disappointing", "lame", "ugly", "tedious", "pointless",
-    "silly", "dreadful", "bland", "lazy", "flat", "forgettable", "confusing", "sloppy",
+    "terrible",
+    "awful",
+    "boring",
+    "dull",
+    "bad",
+    "poor",
+    "weak",
+    "horrible",
+    "stupid",
+    "painful",
+    "messy",
+    "annoying",
+    "disappointing",
+    "lame",
+    "ugly",
+    "tedious",
+    "pointless",
+    "silly",
+    "dreadful",
+    "bland",
+    "lazy",
+    "flat",
+    "forgettable",
+    "confusing",
+    "sloppy",
 )
 NEU_ADJ = (
-    "okay", "fine", "average", "long", "simple", "quiet", "ordinary", "short", "strange",
-    "familiar", "slow", "predictable", "decent", "modest", "standard",
+    "okay",
+    "fine",
+    "average",
+    "long",
+    "simple",
+    "quiet",
+    "ordinary",
+    "short",
+    "strange",
+    "familiar",
+    "slow",
+    "predictable",
+    "decent",
+    "modest",
+    "standard",
 )
-INTENSIFIERS = ("very", "really", "truly", "so", "quite", "incredibly", "pretty", "rather")
+INTENSIFIERS = (
+    "very",
+    "really",
+    "truly",
+    "so",
+    "quite",
+    "incredibly",
+    "pretty",
+    "rather",
+)
 
 #: aspect noun -> is it plural?
 ASPECTS = {
-    "acting": False, "story": False, "plot": False, "music": False, "ending": False,
-    "dialogue": False, "director": False, "cast": False, "soundtrack": False,
-    "pacing": False, "humor": False, "script": False, "camera work": False,
-    "characters": True, "scenes": True, "effects": True, "visuals": True, "jokes": True,
-    "costumes": True, "songs": True,
+    "acting": False,
+    "story": False,
+    "plot": False,
+    "music": False,
+    "ending": False,
+    "dialogue": False,
+    "director": False,
+    "cast": False,
+    "soundtrack": False,
+    "pacing": False,
+    "humor": False,
+    "script": False,
+    "camera work": False,
+    "characters": True,
+    "scenes": True,
+    "effects": True,
+    "visuals": True,
+    "jokes": True,
+    "costumes": True,
+    "songs": True,
 }
 #: aspects that may appear as ``Keywords:`` (single words only).
 KEYWORD_ASPECTS = tuple(a for a in ASPECTS if " " not in a)
@@ -118,32 +205,62 @@ ASPECT_VERBS_NEG = {
     "script": ("made no sense", "made no sense"),
 }
 GENERIC_VERBS_POS = ("worked well", "shined", "stood out", "felt alive", "impressed me")
-GENERIC_VERBS_NEG = ("fell flat", "felt empty", "let me down", "went nowhere", "felt cheap")
+GENERIC_VERBS_NEG = (
+    "fell flat",
+    "felt empty",
+    "let me down",
+    "went nowhere",
+    "felt cheap",
+)
 GENERIC_VERBS_NEU = ("did the job", "was nothing special", "felt familiar", "was fine")
 
 FILM_NOUNS = ("movie", "film", "story", "drama", "comedy", "thriller", "picture")
 WHEN = (
-    "last night", "on Friday", "yesterday", "at the cinema", "on a plane", "with my family",
-    "over the weekend", "twice", "on a rainy Sunday", "after work",
+    "last night",
+    "on Friday",
+    "yesterday",
+    "at the cinema",
+    "on a plane",
+    "with my family",
+    "over the weekend",
+    "twice",
+    "on a rainy Sunday",
+    "after work",
 )
 COMPANY = ("friends", "sister", "brother", "parents", "kids", "partner", "roommate")
 
 CLOSERS_POS = (
-    "I would watch it again.", "Highly recommended.", "I loved every minute of it.",
-    "Go see it.", "It is one of the best films of the year.", "I left the cinema smiling.",
-    "A real gem.", "I can not wait to see it again.", "Worth every penny.",
-    "My whole family loved it.", "What a wonderful surprise.",
+    "I would watch it again.",
+    "Highly recommended.",
+    "I loved every minute of it.",
+    "Go see it.",
+    "It is one of the best films of the year.",
+    "I left the cinema smiling.",
+    "A real gem.",
+    "I can not wait to see it again.",
+    "Worth every penny.",
+    "My whole family loved it.",
+    "What a wonderful surprise.",
 )
 CLOSERS_NEG = (
-    "I would not watch it again.", "Avoid it.", "What a waste of time.",
-    "I wanted my money back.", "I fell asleep halfway through.", "Skip this one.",
-    "I can not recommend it.", "It was a total mess.", "Such a letdown.",
+    "I would not watch it again.",
+    "Avoid it.",
+    "What a waste of time.",
+    "I wanted my money back.",
+    "I fell asleep halfway through.",
+    "Skip this one.",
+    "I can not recommend it.",
+    "It was a total mess.",
+    "Such a letdown.",
     "I walked out before the end.",
 )
 CLOSERS_NEU = (
-    "It was fine for a rainy afternoon.", "Worth a look if you are bored.",
-    "Nothing more, nothing less.", "It is an okay way to spend two hours.",
-    "Some people will like it.", "I have no strong feelings about it.",
+    "It was fine for a rainy afternoon.",
+    "Worth a look if you are bored.",
+    "Nothing more, nothing less.",
+    "It is an okay way to spend two hours.",
+    "Some people will like it.",
+    "I have no strong feelings about it.",
 )
 
 
@@ -157,7 +274,7 @@ def _pick(rng: random.Random, items: Sequence[str]) -> str:
     return items[rng.randrange(len(items))]
 
 
-def _adj(rng: random.Random, polarity: Optional[int]) -> str:
+def _adj(rng: random.Random, polarity: int | None) -> str:
     """An adjective of the given polarity.
 
     :param rng: the random source
@@ -171,7 +288,7 @@ def _adj(rng: random.Random, polarity: Optional[int]) -> str:
     return _pick(rng, NEU_ADJ)
 
 
-def _opposite(polarity: Optional[int]) -> Optional[int]:
+def _opposite(polarity: int | None) -> int | None:
     """Return the opposite polarity (neutral stays neutral).
 
     :param polarity: 1, 0 or ``None``
@@ -191,7 +308,7 @@ def _article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
 
 
-def _complement(rng: random.Random, polarity: Optional[int], film: bool = True) -> str:
+def _complement(rng: random.Random, polarity: int | None, film: bool = True) -> str:
     """What follows ``was``/``is`` in a review sentence (without the final period).
 
     :param rng: the random source
@@ -224,14 +341,31 @@ def _complement(rng: random.Random, polarity: Optional[int], film: bool = True) 
         return f"{_adj(rng, polarity)} and the {aspect} {verb} {_adj(rng, polarity)}"
     # negation of the opposite sentiment
     if polarity == POSITIVE:
-        return _pick(rng, ("not bad at all", "never boring", "not dull for a second",
-                           "never slow", "not a waste of time"))
-    return _pick(rng, ("not good at all", "not funny", "never exciting",
-                       "not worth the ticket", "not even a little clever"))
+        return _pick(
+            rng,
+            (
+                "not bad at all",
+                "never boring",
+                "not dull for a second",
+                "never slow",
+                "not a waste of time",
+            ),
+        )
+    return _pick(
+        rng,
+        (
+            "not good at all",
+            "not funny",
+            "never exciting",
+            "not worth the ticket",
+            "not even a little clever",
+        ),
+    )
 
 
-def _predicate(rng: random.Random, polarity: Optional[int], plural: bool,
-               film: bool = False) -> str:
+def _predicate(
+    rng: random.Random, polarity: int | None, plural: bool, film: bool = False
+) -> str:
     """A verb phrase for a review subject (without the final period).
 
     :param rng: the random source
@@ -248,20 +382,37 @@ def _predicate(rng: random.Random, polarity: Optional[int], plural: bool,
         return f" felt {_adj(rng, polarity)}"
     if roll < 0.8:
         if polarity == POSITIVE:
-            return " " + _pick(rng, ("made me smile", "kept me hooked", "moved me to tears",
-                                     "made me laugh", "won me over", "surprised me"))
+            return " " + _pick(
+                rng,
+                (
+                    "made me smile",
+                    "kept me hooked",
+                    "moved me to tears",
+                    "made me laugh",
+                    "won me over",
+                    "surprised me",
+                ),
+            )
         if polarity == NEGATIVE:
-            return " " + _pick(rng, ("bored me to tears", "made no sense", "dragged on forever",
-                                     "put me to sleep", "annoyed me", "went nowhere"))
+            return " " + _pick(
+                rng,
+                (
+                    "bored me to tears",
+                    "made no sense",
+                    "dragged on forever",
+                    "put me to sleep",
+                    "annoyed me",
+                    "went nowhere",
+                ),
+            )
         return " " + _pick(rng, GENERIC_VERBS_NEU)
     if polarity is None:
         return f" {be} {_adj(rng, None)}, but the {_aspect_clause(rng, None)}"
     # contrast: the clause after "but" carries the sentiment
-    return (f" started {_adj(rng, None)}, but the "
-            f"{_aspect_clause(rng, polarity)}")
+    return f" started {_adj(rng, None)}, but the {_aspect_clause(rng, polarity)}"
 
 
-def _aspect_clause(rng: random.Random, polarity: Optional[int], aspect: str = "") -> str:
+def _aspect_clause(rng: random.Random, polarity: int | None, aspect: str = "") -> str:
     """``"<aspect> <predicate>"`` without the leading ``The``.
 
     :param rng: the random source
@@ -275,11 +426,19 @@ def _aspect_clause(rng: random.Random, polarity: Optional[int], aspect: str = ""
     roll = rng.random()
     if polarity == POSITIVE and roll < 0.25:
         specific = ASPECT_VERBS_POS.get(aspect)
-        verb = specific[plural] if specific and rng.random() < 0.6 else _pick(rng, GENERIC_VERBS_POS)
+        verb = (
+            specific[plural]
+            if specific and rng.random() < 0.6
+            else _pick(rng, GENERIC_VERBS_POS)
+        )
         return f"{aspect} {verb}"
     if polarity == NEGATIVE and roll < 0.25:
         specific = ASPECT_VERBS_NEG.get(aspect)
-        verb = specific[plural] if specific and rng.random() < 0.6 else _pick(rng, GENERIC_VERBS_NEG)
+        verb = (
+            specific[plural]
+            if specific and rng.random() < 0.6
+            else _pick(rng, GENERIC_VERBS_NEG)
+        )
         return f"{aspect} {verb}"
     if roll < 0.7:
         return f"{aspect} {be} {_adj(rng, polarity)}"
@@ -290,7 +449,7 @@ def _aspect_clause(rng: random.Random, polarity: Optional[int], aspect: str = ""
     return f"{aspect} {be} {_adj(rng, polarity)}"
 
 
-def _opener_sentence(rng: random.Random, polarity: Optional[int], opener: str) -> str:
+def _opener_sentence(rng: random.Random, polarity: int | None, opener: str) -> str:
     """First sentence of a review, starting with ``opener``.
 
     :param rng: the random source
@@ -304,50 +463,121 @@ def _opener_sentence(rng: random.Random, polarity: Optional[int], opener: str) -
         obj = _pick(rng, ("it", "this movie", "this film", "the film"))
         when = _pick(rng, WHEN)
         if polarity == POSITIVE:
-            tail = _pick(rng, (f"it was {_complement(rng, polarity)}", "I loved every minute",
-                               "I was smiling the whole time", f"the {_aspect_clause(rng, polarity)}"))
+            tail = _pick(
+                rng,
+                (
+                    f"it was {_complement(rng, polarity)}",
+                    "I loved every minute",
+                    "I was smiling the whole time",
+                    f"the {_aspect_clause(rng, polarity)}",
+                ),
+            )
         elif polarity == NEGATIVE:
-            tail = _pick(rng, (f"it was {_complement(rng, polarity)}", "I regretted it",
-                               "I almost fell asleep", f"the {_aspect_clause(rng, polarity)}"))
+            tail = _pick(
+                rng,
+                (
+                    f"it was {_complement(rng, polarity)}",
+                    "I regretted it",
+                    "I almost fell asleep",
+                    f"the {_aspect_clause(rng, polarity)}",
+                ),
+            )
         else:
-            tail = _pick(rng, (f"it was {_complement(rng, None)}", "it was fine",
-                               f"the {_aspect_clause(rng, None)}"))
+            tail = _pick(
+                rng,
+                (
+                    f"it was {_complement(rng, None)}",
+                    "it was fine",
+                    f"the {_aspect_clause(rng, None)}",
+                ),
+            )
         return f"I watched {obj} {when} and {tail}."
     if opener == "I really":
         if polarity == POSITIVE:
-            rest = _pick(rng, ("loved this movie", "enjoyed this film", "liked the ending",
-                               f"enjoyed the {_pick(rng, KEYWORD_ASPECTS)}", "had a great time",
-                               "liked this film a lot"))
+            rest = _pick(
+                rng,
+                (
+                    "loved this movie",
+                    "enjoyed this film",
+                    "liked the ending",
+                    f"enjoyed the {_pick(rng, KEYWORD_ASPECTS)}",
+                    "had a great time",
+                    "liked this film a lot",
+                ),
+            )
         elif polarity == NEGATIVE:
-            rest = _pick(rng, ("hated this movie", "disliked this film",
-                               f"wanted to like this film, but it was {_adj(rng, NEGATIVE)}",
-                               f"did not enjoy the {_pick(rng, KEYWORD_ASPECTS)}",
-                               "tried to enjoy it, but I could not"))
+            rest = _pick(
+                rng,
+                (
+                    "hated this movie",
+                    "disliked this film",
+                    f"wanted to like this film, but it was {_adj(rng, NEGATIVE)}",
+                    f"did not enjoy the {_pick(rng, KEYWORD_ASPECTS)}",
+                    "tried to enjoy it, but I could not",
+                ),
+            )
         else:
-            rest = _pick(rng, ("wanted to love it, but it was just okay",
-                               "do not know what to think about this film",
-                               "expected more, but it was fine"))
+            rest = _pick(
+                rng,
+                (
+                    "wanted to love it, but it was just okay",
+                    "do not know what to think about this film",
+                    "expected more, but it was fine",
+                ),
+            )
         return f"I really {rest}."
     if opener == "My friends and I":
         if polarity == POSITIVE:
-            rest = _pick(rng, ("loved this film", "laughed all the way through",
-                               "had a wonderful time", "cried at the ending",
-                               f"thought it was {_complement(rng, polarity)}"))
+            rest = _pick(
+                rng,
+                (
+                    "loved this film",
+                    "laughed all the way through",
+                    "had a wonderful time",
+                    "cried at the ending",
+                    f"thought it was {_complement(rng, polarity)}",
+                ),
+            )
         elif polarity == NEGATIVE:
-            rest = _pick(rng, ("hated this film", "were bored the whole time",
-                               "left early", f"thought it was {_complement(rng, polarity)}"))
+            rest = _pick(
+                rng,
+                (
+                    "hated this film",
+                    "were bored the whole time",
+                    "left early",
+                    f"thought it was {_complement(rng, polarity)}",
+                ),
+            )
         else:
-            rest = _pick(rng, ("did not agree about this one",
-                               f"thought it was {_complement(rng, None)}"))
+            rest = _pick(
+                rng,
+                (
+                    "did not agree about this one",
+                    f"thought it was {_complement(rng, None)}",
+                ),
+            )
         return f"My friends and I {rest}."
     if opener == "The director":
         if polarity == POSITIVE:
-            rest = _pick(rng, (f"did a {_adj(rng, POSITIVE)} job",
-                               f"made a {_adj(rng, POSITIVE)} film", "knows how to tell a story",
-                               f"got {_adj(rng, POSITIVE)} work from the whole cast"))
+            rest = _pick(
+                rng,
+                (
+                    f"did a {_adj(rng, POSITIVE)} job",
+                    f"made a {_adj(rng, POSITIVE)} film",
+                    "knows how to tell a story",
+                    f"got {_adj(rng, POSITIVE)} work from the whole cast",
+                ),
+            )
         elif polarity == NEGATIVE:
-            rest = _pick(rng, (f"did a {_adj(rng, NEGATIVE)} job", "wasted a good cast",
-                               f"made a {_adj(rng, NEGATIVE)} film", "lost control of the story"))
+            rest = _pick(
+                rng,
+                (
+                    f"did a {_adj(rng, NEGATIVE)} job",
+                    "wasted a good cast",
+                    f"made a {_adj(rng, NEGATIVE)} film",
+                    "lost control of the story",
+                ),
+            )
         else:
             rest = _pick(rng, ("played it safe", f"made a {_adj(rng, None)} film"))
         return f"The director {rest}."
@@ -356,7 +586,7 @@ def _opener_sentence(rng: random.Random, polarity: Optional[int], opener: str) -
     return f"{opener}{_predicate(rng, polarity, subject_plural, film)}."
 
 
-def _follow_sentence(rng: random.Random, polarity: Optional[int]) -> str:
+def _follow_sentence(rng: random.Random, polarity: int | None) -> str:
     """A later sentence of a review.
 
     :param rng: the random source
@@ -379,8 +609,9 @@ def _follow_sentence(rng: random.Random, polarity: Optional[int]) -> str:
     return _pick(rng, CLOSERS_NEU)
 
 
-def make_review(rng: random.Random, polarity: Optional[int] = None,
-                opener: str = "") -> str:
+def make_review(
+    rng: random.Random, polarity: int | None = None, opener: str = ""
+) -> str:
     """Generate one movie review.
 
     :param rng: the random source
@@ -400,7 +631,7 @@ def make_review(rng: random.Random, polarity: Optional[int] = None,
 # --------------------------------------------------------------------------------------------
 
 
-def make_arithmetic(rng: random.Random) -> Tuple[str, str]:
+def make_arithmetic(rng: random.Random) -> tuple[str, str]:
     """One arithmetic problem.
 
     Operands are 0-20 for ``+`` and ``-`` (differences may be negative) and 0-12 for ``*``.
@@ -435,8 +666,22 @@ def make_numbers(rng: random.Random, increasing_prob: float = 0.7) -> str:
 # --------------------------------------------------------------------------------------------
 
 AGENTS = (
-    "actor", "girl", "boy", "dog", "woman", "man", "child", "singer", "director", "teacher",
-    "farmer", "student", "cat", "artist", "writer", "cook",
+    "actor",
+    "girl",
+    "boy",
+    "dog",
+    "woman",
+    "man",
+    "child",
+    "singer",
+    "director",
+    "teacher",
+    "farmer",
+    "student",
+    "cat",
+    "artist",
+    "writer",
+    "cook",
 )
 
 
@@ -448,45 +693,161 @@ class Verb(NamedTuple):
     third: str
     ing: str
     participle: str
-    objects: Tuple[str, ...]
+    objects: tuple[str, ...]
 
 
 VERBS = (
-    Verb("love", "loved", "loves", "loving", "loved",
-         ("story", "song", "film", "book", "music", "cake", "garden", "picture")),
-    Verb("watch", "watched", "watches", "watching", "watched",
-         ("film", "game", "sunset", "show", "scene", "river")),
-    Verb("read", "read", "reads", "reading", "read", ("book", "letter", "story", "script", "poem")),
-    Verb("write", "wrote", "writes", "writing", "written", ("letter", "song", "story", "script", "poem")),
+    Verb(
+        "love",
+        "loved",
+        "loves",
+        "loving",
+        "loved",
+        ("story", "song", "film", "book", "music", "cake", "garden", "picture"),
+    ),
+    Verb(
+        "watch",
+        "watched",
+        "watches",
+        "watching",
+        "watched",
+        ("film", "game", "sunset", "show", "scene", "river"),
+    ),
+    Verb(
+        "read",
+        "read",
+        "reads",
+        "reading",
+        "read",
+        ("book", "letter", "story", "script", "poem"),
+    ),
+    Verb(
+        "write",
+        "wrote",
+        "writes",
+        "writing",
+        "written",
+        ("letter", "song", "story", "script", "poem"),
+    ),
     Verb("sing", "sang", "sings", "singing", "sung", ("song",)),
-    Verb("play", "played", "plays", "playing", "played", ("game", "song", "guitar", "piano", "ball")),
+    Verb(
+        "play",
+        "played",
+        "plays",
+        "playing",
+        "played",
+        ("game", "song", "guitar", "piano", "ball"),
+    ),
     Verb("throw", "threw", "throws", "throwing", "thrown", ("ball", "stone", "hat")),
-    Verb("find", "found", "finds", "finding", "found", ("key", "book", "letter", "ball", "hat", "box")),
-    Verb("open", "opened", "opens", "opening", "opened", ("door", "letter", "book", "box", "window")),
-    Verb("carry", "carried", "carries", "carrying", "carried", ("box", "bag", "ball", "book", "guitar")),
-    Verb("eat", "ate", "eats", "eating", "eaten", ("apple", "bread", "cake", "soup", "fish")),
-    Verb("cook", "cooked", "cooks", "cooking", "cooked", ("dinner", "soup", "fish", "bread")),
-    Verb("paint", "painted", "paints", "painting", "painted", ("picture", "door", "wall", "house")),
-    Verb("hear", "heard", "hears", "hearing", "heard", ("song", "music", "story", "noise")),
+    Verb(
+        "find",
+        "found",
+        "finds",
+        "finding",
+        "found",
+        ("key", "book", "letter", "ball", "hat", "box"),
+    ),
+    Verb(
+        "open",
+        "opened",
+        "opens",
+        "opening",
+        "opened",
+        ("door", "letter", "book", "box", "window"),
+    ),
+    Verb(
+        "carry",
+        "carried",
+        "carries",
+        "carrying",
+        "carried",
+        ("box", "bag", "ball", "book", "guitar"),
+    ),
+    Verb(
+        "eat",
+        "ate",
+        "eats",
+        "eating",
+        "eaten",
+        ("apple", "bread", "cake", "soup", "fish"),
+    ),
+    Verb(
+        "cook",
+        "cooked",
+        "cooks",
+        "cooking",
+        "cooked",
+        ("dinner", "soup", "fish", "bread"),
+    ),
+    Verb(
+        "paint",
+        "painted",
+        "paints",
+        "painting",
+        "painted",
+        ("picture", "door", "wall", "house"),
+    ),
+    Verb(
+        "hear",
+        "heard",
+        "hears",
+        "hearing",
+        "heard",
+        ("song", "music", "story", "noise"),
+    ),
     Verb("tell", "told", "tells", "telling", "told", ("story", "joke", "secret")),
-    Verb("film", "filmed", "films", "filming", "filmed", ("scene", "sunset", "river", "game")),
+    Verb(
+        "film",
+        "filmed",
+        "films",
+        "filming",
+        "filmed",
+        ("scene", "sunset", "river", "game"),
+    ),
 )
 VERBS_BY_BASE = {v.base: v for v in VERBS}
 
 #: place -> preposition
 PLACES = {
-    "park": "in", "stage": "on", "kitchen": "in", "garden": "in", "street": "on",
-    "beach": "on", "house": "in", "room": "in", "forest": "in", "studio": "in",
-    "school": "at", "city": "in", "river": "by", "theater": "at",
+    "park": "in",
+    "stage": "on",
+    "kitchen": "in",
+    "garden": "in",
+    "street": "on",
+    "beach": "on",
+    "house": "in",
+    "room": "in",
+    "forest": "in",
+    "studio": "in",
+    "school": "at",
+    "city": "in",
+    "river": "by",
+    "theater": "at",
 }
 TIME_PHRASES = ("every morning", "every day", "at night", "on Sunday", "after dinner")
-OBJ_ADJ = ("old", "new", "small", "big", "red", "long", "little", "strange", "beautiful")
+OBJ_ADJ = (
+    "old",
+    "new",
+    "small",
+    "big",
+    "red",
+    "long",
+    "little",
+    "strange",
+    "beautiful",
+)
 
 #: which frame slots a concept set names.
 CONCEPT_SLOTS = (
-    ("agent", "verb"), ("verb", "object"), ("agent", "object"), ("object", "place"),
-    ("agent", "verb", "object"), ("agent", "verb", "object"), ("agent", "object", "place"),
-    ("verb", "object", "place"), ("agent", "verb", "place"),
+    ("agent", "verb"),
+    ("verb", "object"),
+    ("agent", "object"),
+    ("object", "place"),
+    ("agent", "verb", "object"),
+    ("agent", "verb", "object"),
+    ("agent", "object", "place"),
+    ("verb", "object", "place"),
+    ("agent", "verb", "place"),
 )
 
 
@@ -499,8 +860,9 @@ class Frame(NamedTuple):
     place: str
 
 
-def _random_frame(rng: random.Random, fixed: Optional[Frame] = None,
-                  keep: Sequence[str] = ()) -> Frame:
+def _random_frame(
+    rng: random.Random, fixed: Frame | None = None, keep: Sequence[str] = ()
+) -> Frame:
     """Fill a sentence frame, keeping the slots named in ``keep`` from ``fixed``.
 
     :param rng: the random source
@@ -554,13 +916,15 @@ def _realize(rng: random.Random, frame: Frame, need_place: bool, template: int) 
     if template == 2:
         return f"The {a} {v.third} the {o}{place} {_pick(rng, TIME_PHRASES)}."
     if template == 3:
-        return f"{where.strip().capitalize()}, the {a} {v.past} {_article(adj)} {adj} {o}."
+        return (
+            f"{where.strip().capitalize()}, the {a} {v.past} {_article(adj)} {adj} {o}."
+        )
     if template == 4:
         return f"The {a} wanted to {v.base} the {o}{place}."
     return f"The {o} was {v.participle} by the {a}{place}."
 
 
-def _concept_set(rng: random.Random) -> Tuple[Frame, Tuple[str, ...], List[str]]:
+def _concept_set(rng: random.Random) -> tuple[Frame, tuple[str, ...], list[str]]:
     """Draw a frame and the slots/words that form the ``Concepts:`` list.
 
     :param rng: the random source
@@ -607,7 +971,7 @@ def keyword_prompt(keywords: Sequence[str]) -> str:
     return f"Keywords: {', '.join(keywords)}. Review:"
 
 
-def make_keyword_review(rng: random.Random) -> Tuple[str, Optional[int]]:
+def make_keyword_review(rng: random.Random) -> tuple[str, int | None]:
     """One keyword-review document.
 
     :param rng: the random source
@@ -666,7 +1030,7 @@ def make_document(rng: random.Random) -> Document:
     return Document(kind, text, label)
 
 
-def generate_documents(n: int, seed: int = 0) -> List[Document]:
+def generate_documents(n: int, seed: int = 0) -> list[Document]:
     """Generate ``n`` documents deterministically.
 
     :param n: number of documents
@@ -677,7 +1041,7 @@ def generate_documents(n: int, seed: int = 0) -> List[Document]:
     return [make_document(rng) for _ in range(n)]
 
 
-def generate_corpus(n: int, seed: int = 0) -> List[str]:
+def generate_corpus(n: int, seed: int = 0) -> list[str]:
     """Generate ``n`` document texts deterministically (one line each).
 
     :param n: number of documents
@@ -687,7 +1051,7 @@ def generate_corpus(n: int, seed: int = 0) -> List[str]:
     return [doc.text for doc in generate_documents(n, seed)]
 
 
-def labelled_reviews(n: int, seed: int = 0) -> List[Tuple[str, int]]:
+def labelled_reviews(n: int, seed: int = 0) -> list[tuple[str, int]]:
     """Positive/negative reviews for classifier training (neutral and mixed ones skipped).
 
     Keyword reviews contribute their review part only (after ``"Review: "``).
@@ -705,7 +1069,7 @@ def labelled_reviews(n: int, seed: int = 0) -> List[Tuple[str, int]]:
     return pairs
 
 
-def review_openers() -> List[str]:
+def review_openers() -> list[str]:
     """The review openers used as ``TextGen-v0`` prompts.
 
     :return: a copy of :data:`REVIEW_OPENERS`
@@ -713,7 +1077,7 @@ def review_openers() -> List[str]:
     return list(REVIEW_OPENERS)
 
 
-def arithmetic_examples(n: int, seed: int = 0) -> List[Tuple[str, str]]:
+def arithmetic_examples(n: int, seed: int = 0) -> list[tuple[str, str]]:
     """Arithmetic prompts and answers in the corpus format.
 
     :param n: number of examples
@@ -724,7 +1088,7 @@ def arithmetic_examples(n: int, seed: int = 0) -> List[Tuple[str, str]]:
     return [make_arithmetic(rng) for _ in range(n)]
 
 
-def numbers_examples(n: int, seed: int = 0) -> List[str]:
+def numbers_examples(n: int, seed: int = 0) -> list[str]:
     """Prompts for the increasing-numbers task.
 
     :param n: number of examples
@@ -739,7 +1103,9 @@ def numbers_examples(n: int, seed: int = 0) -> List[str]:
     return out
 
 
-def concept_examples(n: int, seed: int = 0, n_refs: int = 3) -> List[Tuple[str, List[str]]]:
+def concept_examples(
+    n: int, seed: int = 0, n_refs: int = 3
+) -> list[tuple[str, list[str]]]:
     """Concept-to-sentence prompts with reference sentences.
 
     :param n: number of examples
@@ -752,13 +1118,15 @@ def concept_examples(n: int, seed: int = 0, n_refs: int = 3) -> List[Tuple[str, 
     out = []
     for _ in range(n):
         frame, slots, words = _concept_set(rng)
-        refs: List[str] = []
+        refs: list[str] = []
         templates = list(range(6))
         rng.shuffle(templates)
         attempts = 0
         while len(refs) < n_refs and attempts < 100:
             filled = _random_frame(rng, frame, slots)
-            sentence = " " + _realize(rng, filled, "place" in slots, templates[attempts % 6])
+            sentence = " " + _realize(
+                rng, filled, "place" in slots, templates[attempts % 6]
+            )
             attempts += 1
             if sentence not in refs:
                 refs.append(sentence)
@@ -766,7 +1134,7 @@ def concept_examples(n: int, seed: int = 0, n_refs: int = 3) -> List[Tuple[str, 
     return out
 
 
-def keyword_examples(n: int, seed: int = 0) -> List[Tuple[str, List[str]]]:
+def keyword_examples(n: int, seed: int = 0) -> list[tuple[str, list[str]]]:
     """Keyword-review prompts.
 
     :param n: number of examples
