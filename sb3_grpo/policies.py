@@ -159,6 +159,8 @@ def _default_model_path() -> str:
 def _as_dtype(dtype: th.dtype | str | None) -> th.dtype | None:
     if dtype is None or isinstance(dtype, th.dtype):
         return dtype
+    if dtype == "auto":
+        return None
     name = str(dtype).replace("torch.", "")
     value = getattr(th, name, None)
     if not isinstance(value, th.dtype):
@@ -179,6 +181,7 @@ def _load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
             raise ValueError(f"model dict must be a model_spec with a 'config' key, got keys {sorted(model)}")
         cfg = dict(model["config"])
         config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+        dtype = dtype or _as_dtype(cfg.get("dtype") or cfg.get("torch_dtype"))  # the saved model's own dtype
         kwargs = {"dtype": dtype} if dtype is not None else {}
         return AutoModelForCausalLM.from_config(config, **kwargs)
     if isinstance(model, (str, os.PathLike)):
@@ -213,7 +216,8 @@ def _make_portable(model: Any, spec: dict[str, Any]) -> None:
         algo = frame.f_locals.get("self")
         if isinstance(algo, BaseAlgorithm) and isinstance(getattr(algo, "policy_kwargs", None), dict):
             if algo.policy_kwargs.get("model") is model:
-                algo.policy_kwargs["model"] = spec
+                # a new dict: the user's own policy_kwargs (which SB3 keeps by reference) still holds their model
+                algo.policy_kwargs = {**algo.policy_kwargs, "model": spec}
             return
         frame = frame.f_back
 
@@ -257,14 +261,20 @@ class EmbeddingCritic(nn.Module):
 # --------------------------------------------------------------------------------------------------------------
 
 
+class _CacheUnsupported(Exception):
+    """The model's cache layers cannot be spliced / cropped per row (e.g. sliding-window layers)."""
+
+
 @dataclass
 class _RowCache:
     """KV cache and bookkeeping for one batch of envs (one batch size).
 
-    Invariants: ``cache`` holds, for every row, the keys/values of exactly the valid tokens of ``ids[b]`` in order,
-    in its last columns; ``kv_mask[b]`` marks which cache columns are real for row ``b`` (a contiguous suffix for
-    right-aligned input); columns masked for every row are cropped, so ``K <= W``; ``logits``/``values`` are the
-    outputs for ``ids``; ``version`` is the parameter version the cache was computed with.
+    Invariants: ``cache`` holds, for every row, the keys/values of exactly the valid tokens of ``ids[b]`` in order;
+    ``kv_mask[b]`` marks which cache columns are real for row ``b`` (right-aligned: a suffix, except for the masked
+    hole a replaced look-ahead token leaves); leading columns masked for every row are cropped, so ``K`` stays
+    within ``W`` plus at most one hole per step of an episode; ``logits``/``values`` are the outputs for ``ids``;
+    ``version`` is the parameter version they were computed with. After a look-ahead step, ``prev_ids`` /
+    ``prev_mask`` hold the window before it (the look-ahead token is the last cache column), else ``None``.
     """
 
     cache: Any
@@ -274,6 +284,8 @@ class _RowCache:
     logits: th.Tensor
     values: th.Tensor
     version: int
+    prev_ids: th.Tensor | None = None
+    prev_mask: th.Tensor | None = None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -519,7 +531,10 @@ class CausalLMPolicy(BasePolicy):
 
     def _param_version(self) -> int:
         # In-place updates (optimizer.step, load_state_dict, copy_) bump each tensor's version counter.
-        return sum(p._version for p in self.parameters())
+        params = self.__dict__.get("_param_list")
+        if params is None or params[0] is not next(self.parameters()):
+            params = self.__dict__["_param_list"] = list(self.parameters())
+        return sum(p._version for p in params)
 
     def _parse_obs(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         if not isinstance(obs, dict) or any(k not in obs for k in OBS_KEYS):
@@ -531,7 +546,8 @@ class CausalLMPolicy(BasePolicy):
             ids = ids.round()
         if mask.is_floating_point():
             mask = mask.round()
-        ids, mask = ids.long(), mask.long()
+        # copies: SB3's obs_as_tensor shares memory with the env's numpy arrays, which an env may reuse in place
+        ids, mask = ids.to(th.long, copy=True), mask.to(th.long, copy=True)
         if ids.dim() == 1:
             ids, mask = ids.unsqueeze(0), mask.unsqueeze(0)
         # padding ids may be anything (even out of the LM's range): they are masked, so make them 0
@@ -586,9 +602,15 @@ class CausalLMPolicy(BasePolicy):
         return self._logits(hidden), self._value(hidden, ids, mask)
 
     def _outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
-        if self.use_cache and self._cache_supported and not th.is_grad_enabled():
-            return self._cached_outputs(ids, mask)
+        if self._caching():
+            try:
+                return self._cached_outputs(ids, mask)
+            except _CacheUnsupported:
+                self.reset_cache()
         return self._full_outputs(ids, mask)
+
+    def _caching(self) -> bool:
+        return self.use_cache and self._cache_supported and not th.is_grad_enabled()
 
     # ---------------------------------------------------------------------------------------------------------
     # Incremental decoding
@@ -601,6 +623,8 @@ class CausalLMPolicy(BasePolicy):
         t_ids, t_mask = self._trim(ids, mask)
         cache = DynamicCache(config=self.lm.config)
         hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask), cache=cache)[:, -1]
+        if not self._cache_layers_ok(cache):
+            raise _CacheUnsupported
         return cache, t_mask.clone(), self._logits(hidden), self._value(hidden, ids, mask)
 
     def _cache_layers_ok(self, cache: Any) -> bool:
@@ -615,87 +639,146 @@ class CausalLMPolicy(BasePolicy):
         batch = ids.shape[0]
         version = self._param_version()
         state = self._caches.pop(batch, None)
-        if state is not None and (state.version != version or state.ids.shape != ids.shape):
+        if state is not None and (
+            state.version != version or state.ids.shape != ids.shape or state.ids.device != ids.device
+        ):
             state = None
-        extend = th.zeros(batch, dtype=th.bool, device=ids.device)
-        for attempt in range(2):
-            if state is not None and th.equal(state.ids, ids) and th.equal(state.mask, mask):
-                self._caches[batch] = state
-                return state.logits, state.values
-            if state is not None:
-                extend = extends_by_one(state.ids, state.mask, ids, mask)
-            if bool(extend.any()) or attempt == 1:
-                break
-            borrowed = self._borrow_rows(ids, mask, version)  # nothing to reuse in this slot: try the others
-            if borrowed is None:
-                break
-            state = borrowed
-        logits = th.empty(batch, self.n_actions, device=ids.device)
-        values = th.empty(batch, device=ids.device)
-
-        if bool(extend.any()):
-            # one single-token step for the whole batch; rows that do not extend feed a masked dummy token and
-            # are overwritten by the prefill below
-            new_tok = th.where(extend, ids[:, -1], th.zeros_like(ids[:, -1])).unsqueeze(1)
-            kv_mask = th.cat([state.kv_mask, extend.long().unsqueeze(1)], dim=1)
-            pos = (mask.sum(dim=1, keepdim=True) - 1).clamp(min=0)
-            hidden = self._trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]
-            state.kv_mask = kv_mask
-            logits[extend] = self._logits(hidden[extend])
-            if self.separate_critic:
-                values[extend] = self.critic.values_per_position(ids[extend], mask[extend])[:, -1]
-            else:
-                values[extend] = self.value_head(hidden[extend].float()).squeeze(-1)
-
-        redo = ~extend
-        if bool(redo.any()):
-            rows = redo.nonzero().squeeze(1)
-            cache_r, kv_mask_r, logits_r, values_r = self._prefill(ids[rows], mask[rows])
-            if not self._cache_layers_ok(cache_r):
-                return self._full_outputs(ids, mask)
-            logits[rows], values[rows] = logits_r, values_r
-            if state is None or bool(redo.all()):
-                state = _RowCache(cache_r, kv_mask_r, ids, mask, logits, values, version)
-            else:
-                self._splice(state, rows, cache_r, kv_mask_r)
-
-        state.ids, state.mask, state.logits, state.values, state.version = ids, mask, logits, values, version
+        if state is None or not bool(self._classify(state, ids, mask)[3].logical_not().any()):
+            # nothing to reuse in this slot (e.g. a new batch size): try rows of the other cached batches
+            served = self._serve_from_other_batches(ids, mask, version)
+            if isinstance(served, tuple):
+                return served
+            if served is not None:
+                state = served
+        if state is None:
+            state = self._new_state(ids, mask, version)
+        else:
+            self._advance(state, ids, mask)
+        state.version = version
         self._crop(state)
         self._caches[batch] = state
         while len(self._caches) > 2:
             self._caches.popitem(last=False)
-        return logits, values
+        return state.logits, state.values
 
-    def _borrow_rows(self, ids: th.Tensor, mask: th.Tensor, version: int) -> _RowCache | None:
-        """Start a cache for a new batch size from rows of another one, when every row can be served from it.
+    @staticmethod
+    def _classify(
+        state: _RowCache, ids: th.Tensor, mask: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+        """Per row: ``same`` (the cached window), ``extend`` (cached window + 1 token), ``replace`` (the window
+        before the look-ahead + a token other than the look-ahead one), ``redo`` (anything else)."""
+        same = (state.ids == ids).all(dim=1) & (state.mask == mask).all(dim=1)
+        extend = extends_by_one(state.ids, state.mask, ids, mask) & ~same
+        if state.prev_ids is not None:
+            replace = extends_by_one(state.prev_ids, state.prev_mask, ids, mask) & ~same & ~extend
+        else:
+            replace = th.zeros_like(same)
+        return same, extend, replace, ~(same | extend | replace)
+
+    def _new_state(self, ids: th.Tensor, mask: th.Tensor, version: int) -> _RowCache:
+        cache, kv_mask, logits, values = self._prefill(ids, mask)
+        return _RowCache(cache, kv_mask, ids, mask, logits, values, version)
+
+    def _advance(self, state: _RowCache, ids: th.Tensor, mask: th.Tensor) -> None:
+        """Bring every row of ``state`` to the new windows: reuse, one batched one-token step, and/or a prefill."""
+        same, extend, replace, redo = self._classify(state, ids, mask)
+        logits, values = state.logits.clone(), state.values.clone()  # rows in `same` keep theirs
+        step = extend | replace
+        if bool(step.any()):
+            if bool(replace.any()):  # drop the look-ahead token of these rows: its column becomes a masked hole
+                state.kv_mask = state.kv_mask.clone()
+                state.kv_mask[replace, -1] = 0
+            # one single-token step for the whole batch; the other rows feed a masked dummy token
+            new_tok = th.where(step, ids[:, -1], th.zeros_like(ids[:, -1])).unsqueeze(1)
+            kv_mask = th.cat([state.kv_mask, step.long().unsqueeze(1)], dim=1)
+            pos = (mask.sum(dim=1, keepdim=True) - 1).clamp(min=0)
+            hidden = self._trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]
+            state.kv_mask = kv_mask
+            logits[step] = self._logits(hidden[step])
+            if self.separate_critic:
+                values[step] = self.critic.values_per_position(ids[step], mask[step])[:, -1]
+            else:
+                values[step] = self.value_head(hidden[step].float()).squeeze(-1)
+        if bool(redo.any()):
+            rows = redo.nonzero().squeeze(1)
+            cache_r, kv_mask_r, logits_r, values_r = self._prefill(ids[rows], mask[rows])
+            logits[rows], values[rows] = logits_r, values_r
+            if bool(redo.all()):
+                state.cache, state.kv_mask = cache_r, kv_mask_r
+            else:
+                self._splice(state, rows, cache_r, kv_mask_r)
+        state.ids, state.mask, state.logits, state.values = ids, mask, logits, values
+        state.prev_ids = state.prev_mask = None
+
+    def _look_ahead(self, ids: th.Tensor, mask: th.Tensor, actions: th.Tensor) -> None:
+        """Extend the batch cache by the tokens just chosen, computing the *next* step's outputs now.
+
+        In ``collect_rollouts`` the next observation of a continuing env is this window plus its action, and the
+        terminal observation of a finished env is too; so the next ``forward`` finds those rows ``same`` and SB3's
+        per-env ``predict_values(terminal_obs)`` bootstrap is a lookup instead of a batch-of-one forward. A row
+        whose next window turns out different (an outside caller chose another token) masks the look-ahead column
+        and takes a normal step; any other change is recomputed as usual.
+        """
+        state = self._caches.get(ids.shape[0])
+        if state is None or state.ids is not ids or bool(mask[:, 0].any()):
+            return  # not the state of this call, or a full window (the next one would drop a token)
+        prev_ids, prev_mask = ids, mask
+        next_ids = th.cat([ids[:, 1:], actions.reshape(-1, 1).long()], dim=1)
+        next_mask = th.cat([mask[:, 1:], th.ones_like(mask[:, :1])], dim=1)
+        self._advance(state, next_ids, next_mask)
+        state.prev_ids, state.prev_mask = prev_ids, prev_mask
+
+    def _serve_from_other_batches(
+        self, ids: th.Tensor, mask: th.Tensor, version: int
+    ) -> tuple[th.Tensor, th.Tensor] | _RowCache | None:
+        """Serve a batch (typically of a new size) from rows of another cached batch, when every row matches one.
 
         SB3 bootstraps truncated episodes with ``predict_values(terminal_obs)``, one env at a time; each terminal
-        window is a batch-cache row plus one token. Copying that row's keys/values turns a full prefill into a
-        single-token step. Returns ``None`` when some row matches no cached row (identical or extended by one).
+        window is a batch-cache row plus its action, i.e. a look-ahead row (returned as is: ``(logits, values)``)
+        or one token past a cached row (its keys/values are copied into a new small cache and one single-token step
+        does the rest). Returns ``None`` when some row matches no cached row.
         """
         from transformers import DynamicCache  # noqa: PLC0415
 
         for other in reversed(list(self._caches.values())):
-            if other.version != version or other.ids.shape[1] != ids.shape[1]:
+            if other.version != version or other.ids.shape[1] != ids.shape[1] or other.ids.device != ids.device:
                 continue
             same = (ids[:, None] == other.ids[None]).all(-1) & (mask[:, None] == other.mask[None]).all(-1)
-            ext = (
-                (ids[:, None, :-1] == other.ids[None, :, 1:]).all(-1)
-                & (mask[:, None, :-1] == other.mask[None, :, 1:]).all(-1)
-                & (mask[:, None, -1] == 1)
-                & (other.mask[None, :, 0] == 0)
+            if bool(same.any(dim=1).all()):
+                src = same.float().argmax(dim=1)
+                return other.logits[src], other.values[src]
+            ext = self._extends_matrix(other.ids, other.mask, ids, mask)
+            rep = (
+                self._extends_matrix(other.prev_ids, other.prev_mask, ids, mask)
+                if other.prev_ids is not None
+                else th.zeros_like(ext)
             )
-            ok = same | ext  # [B_new, B_cached]
+            ok = same | ext | rep  # [B_new, B_cached]
             if not bool(ok.any(dim=1).all()):
                 continue
             src = ok.float().argmax(dim=1)
+            rows = th.arange(ids.shape[0], device=ids.device)
+            from_prev = ~(same | ext)[rows, src]  # served from the window before the look-ahead
+            kv_mask = other.kv_mask[src].clone()
+            kv_mask[from_prev, -1] = 0  # the look-ahead token is not part of these rows
+            c_ids, c_mask = other.ids[src].clone(), other.mask[src].clone()
+            if bool(from_prev.any()):
+                c_ids[from_prev], c_mask[from_prev] = other.prev_ids[src][from_prev], other.prev_mask[src][from_prev]
             cache = DynamicCache()
             for i, layer in enumerate(other.cache.layers):
                 cache.update(layer.keys[src], layer.values[src], i)
-            return _RowCache(
-                cache, other.kv_mask[src], other.ids[src], other.mask[src], other.logits[src], other.values[src], version
-            )
+            return _RowCache(cache, kv_mask, c_ids, c_mask, other.logits[src], other.values[src], version)
         return None
+
+    @staticmethod
+    def _extends_matrix(old_ids: th.Tensor, old_mask: th.Tensor, ids: th.Tensor, mask: th.Tensor) -> th.Tensor:
+        """``[B_new, B_old]``: new row ``i`` extends old row ``j`` by one token (see :func:`extends_by_one`)."""
+        return (
+            (ids[:, None, :-1] == old_ids[None, :, 1:]).all(-1)
+            & (mask[:, None, :-1] == old_mask[None, :, 1:]).all(-1)
+            & (mask[:, None, -1] == 1)
+            & (old_mask[None, :, 0] == 0)
+        )
 
     @staticmethod
     def _splice(state: _RowCache, rows: th.Tensor, cache_r: Any, kv_mask_r: th.Tensor) -> None:
@@ -740,7 +823,10 @@ class CausalLMPolicy(BasePolicy):
         logits, values = self._outputs(ids, mask)
         dist = self._distribution(logits)
         actions = dist.get_actions(deterministic=deterministic)
-        return actions, values.unsqueeze(-1), dist.log_prob(actions)
+        log_prob = dist.log_prob(actions)
+        if self._caching():
+            self._look_ahead(ids, mask, actions)
+        return actions, values.unsqueeze(-1), log_prob
 
     def evaluate_actions(self, obs: PyTorchObs, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """Values, log-probs and entropies for given transitions: full recompute, never the cache.
@@ -774,7 +860,7 @@ class CausalLMPolicy(BasePolicy):
         return self._outputs(ids, mask)[1].unsqueeze(-1)
 
     def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
-        return self.get_distribution(observation).get_actions(deterministic=deterministic)
+        return self.forward(observation, deterministic=deterministic)[0]
 
     # ---------------------------------------------------------------------------------------------------------
     # Whole sequences (the fast update path)

@@ -250,8 +250,11 @@ def test_cached_rollout_matches_full_recompute(factory, group_size):
             ref_values, ref_log_prob, _ = policy.evaluate_actions(obs_t, actions)
         worst = max(worst, (values - ref_values).abs().max().item(), (log_prob - ref_log_prob).abs().max().item())
         state = policy._caches[env.num_envs]
-        assert state.kv_mask.shape[1] <= W  # bounded
-        obs, _, dones, infos = env.step(actions.numpy())
+        assert state.kv_mask.shape[1] <= 2 * W  # bounded (at most one masked hole per replaced token)
+        actions = actions.numpy().copy()
+        if step % 3 == 0:  # an outside sampler (e.g. exploration mixing) replaces some tokens
+            actions[: 2] = np.random.default_rng(step).integers(4, V, 2)
+        obs, _, dones, infos = env.step(actions)
         n_reused += int((~th.as_tensor(dones)).sum())
         for i, done in enumerate(dones):  # SB3's bootstrap on truncation: a batch of one, other cache slot
             if done and infos[i]["TimeLimit.truncated"]:
@@ -263,7 +266,8 @@ def test_cached_rollout_matches_full_recompute(factory, group_size):
                     )
                     v_term = policy.predict_values(term)
                     hook.remove()
-                    assert calls == [(1, 1)]  # the terminal window extends a cached row: a one-token step
+                    # a look-ahead row of the batch cache (a lookup), or one token past a cached row (one step)
+                    assert calls == [] or calls == [(1, 1)]
                     v_ref = policy.evaluate_actions(term, th.zeros(1, dtype=th.long))[0]
                 worst = max(worst, (v_term - v_ref).abs().max().item())
         if step == 20:  # an outside call with unrelated observations of the same batch size
@@ -430,8 +434,10 @@ def _predictions(model, obs):
 
 def test_save_load_round_trip_from_model_object(tmp_path):
     env = FakeTextVecEnv(n_envs=2)
-    model = PPO(CausalLMPolicy, env, n_steps=8, batch_size=16, n_epochs=1, seed=0,
-                policy_kwargs={"model": tiny_llama(), "top_k": 7})
+    lm = tiny_llama()
+    user_kwargs = {"model": lm, "top_k": 7}
+    model = PPO(CausalLMPolicy, env, n_steps=8, batch_size=16, n_epochs=1, seed=0, policy_kwargs=user_kwargs)
+    assert user_kwargs["model"] is lm and model.policy.lm is lm  # the user's dict is left alone; model used in place
     model.learn(16)
     path = tmp_path / "ppo_lm.zip"
     model.save(path)
@@ -495,5 +501,17 @@ def test_missing_default_model_or_bad_path_is_clear(tmp_path):
     except (ImportError, AttributeError, FileNotFoundError):
         with pytest.raises(FileNotFoundError, match="bundled LM"):
             CausalLMPolicy(obs_space(), spaces.Discrete(V), lambda _: 1e-3, model=None)
-    else:
-        pytest.skip("the bundled LM exists; its default path is exercised by the integration tests")
+    else:  # the bundled LM is built: model=None loads it
+        policy = CausalLMPolicy(obs_space(), spaces.Discrete(V), lambda _: 1e-3, model=None)
+        assert policy.lm_vocab >= V
+
+
+def test_policy_save_load_keeps_dtype(tmp_path):
+    policy = make_policy(tiny_gpt2(), dtype="bfloat16")
+    assert policy.lm.dtype == th.bfloat16 and policy.value_head.weight.dtype == th.float32
+    policy.save(str(tmp_path / "p.pt"))
+    loaded = CausalLMPolicy.load(str(tmp_path / "p.pt"))
+    assert loaded.lm.dtype == th.bfloat16
+    obs = {k: th.as_tensor(v) for k, v in FakeTextVecEnv(n_envs=2).reset().items()}
+    with th.no_grad():
+        assert th.equal(policy.predict_values(obs), loaded.predict_values(obs))
