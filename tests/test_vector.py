@@ -110,6 +110,16 @@ def test_pure_functions():
     assert (group_ids(rounds, 3) == episode_ids(rounds, 6) // 3).all()
 
 
+def test_numpy_block_draws_equal_one_by_one_draws():
+    """The vector env draws prompts DRAW_BLOCK at a time; numpy must give the single env's sequence."""
+    for n in (1, 2, 5, 7, 64, 1000, 2**33 + 5):
+        a, _ = seeding.np_random(3)
+        b, _ = seeding.np_random(3)
+        one_by_one = [int(a.integers(n)) for _ in range(150)]
+        blocks = b.integers(n, size=64).tolist() + b.integers(n, size=64).tolist() + b.integers(n, size=22).tolist()
+        assert one_by_one == blocks and int(a.integers(n)) == int(b.integers(n))
+
+
 # -- same semantics as N single envs ----------------------------------------------------------------
 
 

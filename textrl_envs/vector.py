@@ -30,6 +30,8 @@ OBS_BACKENDS = ("numpy", "torch")
 VECTOR_KWARGS = ("num_envs", "device", "group_size", "obs_backend", "render_mode")
 #: Largest prompt table (prompts x window elements) kept at full window width (2 x 8 bytes each).
 FULL_WIDTH_TABLE_MAX = 1 << 22
+#: Prompt draws taken from a group's RNG at once (the same values as drawing them one by one).
+DRAW_BLOCK = 64
 
 
 # -- pure tensor bookkeeping ------------------------------------------------------------------------
@@ -274,7 +276,9 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
     ## Starting State
     Each group draws its prompt for every round with its own RNG (``np_random`` semantics of the
     single env: ``rng.integers(len(prompts))``), seeded ``seed + k * G`` for group ``k`` by
-    ``reset(seed=seed)`` (or by ``seed[k * G]`` for a list of per-env seeds).
+    ``reset(seed=seed)`` (or by ``seed[k * G]`` for a list of per-env seeds). The draws are taken
+    :data:`DRAW_BLOCK` at a time (numpy yields the same values as one at a time), so the prompt
+    sequence is exactly the single env's, also across ``reset()`` without a seed.
     ``reset(options={"prompt": str})`` or ``{"prompt_index": int}`` sets the prompt of every env's
     episode begun by that reset; later episodes draw from ``prompts`` again (as ``SyncVectorEnv``,
     which passes the options only to ``reset``, does).
@@ -389,6 +393,7 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         self._round = np.zeros(n, dtype=np.int64)
         self._group_rngs: list[np.random.Generator | None] = [None] * self.num_groups
         self._group_prompts: list[dict[int, int]] = [{} for _ in range(self.num_groups)]
+        self._group_draws: list[list[int]] = [[] for _ in range(self.num_groups)]  # drawn ahead, reversed
         self._num_prompts = len(spec.prompt_texts)
         self._decoder = fast_decoder(spec.tokenizer)
         self._everyone = np.ones(n, dtype=np.bool_)
@@ -448,6 +453,7 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         for k, s in enumerate(seeds):
             if s is not None or self._group_rngs[k] is None:
                 self._group_rngs[k], _ = seeding.np_random(s)
+                self._group_draws[k] = []  # a new stream; unseeded resets keep consuming the old one
         self._round[:] = int(self._round.max()) + 1 if self._started else 0
         self._group_prompts = [{} for _ in range(self.num_groups)]
         if given is not None:
@@ -574,12 +580,13 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         """The group's prompt RNG (a randomly seeded one if no seed was ever given)."""
         if self._group_rngs[group] is None:
             self._group_rngs[group], _ = seeding.np_random()
+            self._group_draws[group] = []
         return self._group_rngs[group]
 
     def _start_episodes(self, envs: np.ndarray) -> None:
         """Begin the current round's episode in ``envs`` (their ``_round`` already set)."""
         g, n_prompts = self.group_size, self._num_prompts
-        tables, rngs = self._group_prompts, self._group_rngs
+        tables, rngs, draws = self._group_prompts, self._group_rngs, self._group_draws
         rounds = self._round[envs].tolist()
         rows = []
         for j, r in zip(envs.tolist(), rounds):
@@ -587,9 +594,13 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
             table = tables[k]
             row = table.get(r)
             if row is None:  # the first member to start round r draws the group's prompt for it
-                rng = rngs[k] if rngs[k] is not None else self._rng(k)
-                # the draw of TextGenEnv.reset (resolve_prompt): int(rng.integers(len(prompts)))
-                row = table[r] = int(rng.integers(n_prompts))
+                pending = draws[k]
+                if not pending:
+                    # TextGenEnv.reset draws int(rng.integers(len(prompts))) per episode; numpy gives the
+                    # same values drawn DRAW_BLOCK at a time, so draw ahead and hand them out in order
+                    rng = rngs[k] if rngs[k] is not None else self._rng(k)
+                    pending.extend(rng.integers(n_prompts, size=DRAW_BLOCK)[::-1].tolist())
+                row = table[r] = pending.pop()
                 if len(table) > 4:  # forget rounds every member has moved past
                     oldest = int(self._round[k * g : (k + 1) * g].min())
                     for old in [old for old in table if old < oldest]:
