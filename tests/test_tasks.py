@@ -354,3 +354,14 @@ def test_tokenizer_without_eos_warns_and_only_truncates():
     env.reset(seed=0)
     steps = run(env, [eos] * 3)  # the old EOS id is now an ordinary token
     assert [s[1] for s in steps] == [False] * 3 and [s[2] for s in steps] == [False, False, True]
+
+
+def test_bundled_classifier_reward_in_an_env(tokenizer):
+    from textrl_envs.rewards import HFClassifierReward
+
+    env = gym.make("TextGen-v0", reward="classifier", reward_kwargs={"device": "cpu"})
+    reward = env.unwrapped.text_spec.reward
+    assert isinstance(reward, HFClassifierReward)
+    env.reset(seed=0, options={"prompt": "The movie was"})
+    *_, (r, term, _, info) = run(env, encode(tokenizer, " wonderful and brilliant.") + [tokenizer.eos_token_id])
+    assert term and r == pytest.approx(reward(["The movie was"], [info["completion"]])[0]) and r > 0.5
