@@ -124,11 +124,16 @@ def test_classifier_prob_and_logit_match_a_manual_forward(tiny_classifier_dir):
 
 def test_classifier_batching_truncation_and_empty_text(tiny_classifier_dir):
     texts = ["a", "the movie was great and the music was lovely", "", "word " * 200]
-    big = HFClassifierReward(tiny_classifier_dir, batch_size=32, device="cpu")
-    one = HFClassifierReward(tiny_classifier_dir, batch_size=1, device="auto")
+    big = HFClassifierReward(tiny_classifier_dir, batch_size=32, device="cpu", empty_score=None)
+    one = HFClassifierReward(tiny_classifier_dir, batch_size=1, device="auto", empty_score=None)
     a, b = big(["p"] * 4, texts), one(["p"] * 4, texts)
     np.testing.assert_allclose(a, b, rtol=1e-5)  # padding does not change a score
-    assert np.all((a > 0) & (a < 1))
+    assert np.all((a > 0) & (a < 1))  # the empty text ran through the model as one EOS token
+    # by default an empty or blank completion earns empty_score, without running the model
+    default = HFClassifierReward(tiny_classifier_dir, device="cpu")
+    got = default(["p"] * 4, texts[:2] + ["", "  "])
+    np.testing.assert_allclose(got, list(a[:2]) + [0.0, 0.0], rtol=1e-5)
+    assert HFClassifierReward(tiny_classifier_dir, empty_score=-1.0)(["p"], [""]) == [-1.0]
     assert big.max_length == 16  # the model's position limit
     assert big.to("cpu") is big and str(big.device) == "cpu"
     assert "POSITIVE" in repr(big)

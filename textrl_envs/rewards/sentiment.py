@@ -79,7 +79,9 @@ class HFClassifierReward(RewardModel):
 
     Texts are scored in batches of ``batch_size`` under ``torch.no_grad()``, truncated to
     ``max_length`` tokens (default: the model's position limit, or the tokenizer's
-    ``model_max_length``); an empty text is scored as the single EOS token (or pad, or token 0).
+    ``model_max_length``). A text that is empty or only whitespace gets ``empty_score`` (default 0.0,
+    so that stopping at once earns nothing; a tiny classifier can score a lone EOS token as very
+    positive); with ``empty_score=None`` it is scored as the single EOS token (or pad, or token 0).
 
     :param path: Local model directory (default: the bundled classifier,
         :func:`textrl_envs.assets.classifier_path`). Nothing is downloaded.
@@ -90,6 +92,7 @@ class HFClassifierReward(RewardModel):
     :param batch_size: Texts per forward pass.
     :param max_length: Truncation length in tokens.
     :param include_prompt: Score ``prompt + completion`` instead of the completion alone.
+    :param empty_score: Reward of an empty (or whitespace-only) text; ``None`` runs the model on it.
     :param name: Name used in messages and logs.
     """
 
@@ -102,9 +105,11 @@ class HFClassifierReward(RewardModel):
         batch_size: int = 32,
         max_length: int | None = None,
         include_prompt: bool = False,
+        empty_score: float | None = 0.0,
         name: str | None = None,
     ) -> None:
         super().__init__(name or "classifier")
+        self.empty_score = None if empty_score is None else float(empty_score)
         if output not in CLASSIFIER_OUTPUTS:
             raise ValueError(f"output must be one of {CLASSIFIER_OUTPUTS}, got {output!r}")
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -192,7 +197,14 @@ class HFClassifierReward(RewardModel):
         return torch.cat(out).numpy()
 
     def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> np.ndarray:
-        z = self.logits(_texts(prompts, completions, self.include_prompt)).astype(np.float64)
+        texts = _texts(prompts, completions, self.include_prompt)
+        out = np.full(len(texts), np.nan if self.empty_score is None else self.empty_score, dtype=np.float64)
+        run = [i for i, t in enumerate(texts) if self.empty_score is None or t.strip()]
+        if run:
+            out[run] = self._label_scores(self.logits([texts[i] for i in run]).astype(np.float64))
+        return out
+
+    def _label_scores(self, z: np.ndarray) -> np.ndarray:
         if self.output == "logit":
             return z[:, self.label_index]
         if z.shape[1] == 1:
