@@ -3,8 +3,9 @@
 Random actions, N envs, ``--max-new-tokens``-token episodes (random word tokens, no EOS, so every
 episode runs the full budget; ``--eos-prob p`` makes a random action EOS with probability p, so
 episodes end at different times), a cheap length reward so the env itself is what is measured. Each repeat times the vector env and the SyncVectorEnv on the same pre-drawn actions;
-the script prints the median env-steps per second of each and their ratio, the same on CUDA when
-available, and the memory figure (observation dtype, bytes per env, N=1024 x 256-token windows)::
+the script prints the median env-steps per second of each and their ratio (per wall-clock second,
+and per CPU second of the process, which other processes on a shared machine do not distort), the
+same on CUDA when available, and the memory figure (observation dtype, bytes per env, N=1024 x 256-token windows)::
 
     python scripts/bench_vector.py                 # N=256, 32-token episodes, 5 repeats
     python scripts/bench_vector.py --eos-prob 0.03 # episodes of ~20 tokens on average, out of step
@@ -66,18 +67,23 @@ def env_kwargs(tokenizer, max_new_tokens: int, max_prompt_tokens: int, n_prompts
     )
 
 
-def time_steps(env, actions: np.ndarray, to_device=None) -> float:
-    """Env-steps per second of ``env`` over the rows of ``actions`` (after a reset)."""
+def time_steps(env, actions: np.ndarray, to_device=None) -> tuple[float, float]:
+    """Env-steps per second of ``env`` over the rows of ``actions`` (after a reset).
+
+    :return: ``(per wall-clock second, per CPU second of this process)``; the second is robust to
+        other processes taking the cores of a shared machine.
+    """
     env.reset(seed=0)
     batches = [torch.as_tensor(a, device=to_device) for a in actions] if to_device is not None else list(actions)
     if to_device is not None and to_device.type == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     for a in batches:
         env.step(a)
     if to_device is not None and to_device.type == "cuda":
         torch.cuda.synchronize()
-    return actions.size / (time.perf_counter() - start)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return actions.size / wall, actions.size / max(cpu, 1e-9)
 
 
 def draw_actions(rng: np.random.Generator, shape: tuple[int, int], vocab: int, eos_prob: float) -> np.ndarray:
@@ -103,8 +109,18 @@ def bench(num_envs: int, steps: int, repeats: int, kw: dict, device: str, obs_ba
         vec_rates.append(time_steps(vec, actions, dev))
         sync_rates.append(time_steps(sync, actions))
     sync.close()
-    v, s = statistics.median(vec_rates), statistics.median(sync_rates)
-    return {"device": str(vec.device), "obs_backend": obs_backend, "vector": v, "sync": s, "ratio": v / s}
+    v, s = statistics.median(r[0] for r in vec_rates), statistics.median(r[0] for r in sync_rates)
+    v_cpu, s_cpu = statistics.median(r[1] for r in vec_rates), statistics.median(r[1] for r in sync_rates)
+    return {
+        "device": str(vec.device),
+        "obs_backend": obs_backend,
+        "vector": v,
+        "sync": s,
+        "ratio": v / s,
+        "vector_cpu": v_cpu,
+        "sync_cpu": s_cpu,
+        "ratio_cpu": v_cpu / s_cpu,
+    }
 
 
 def memory_figure(kw: dict, device: str) -> dict:
@@ -159,13 +175,19 @@ def main() -> None:
         f"{args.steps} steps x {args.repeats} repeats (median); torch {torch.__version__}, "
         f"{torch.get_num_threads()} torch threads"
     )
-    print(f"{'device':<8} {'obs':<6} {'vector env-steps/s':>20} {'SyncVectorEnv env-steps/s':>27} {'ratio':>8}")
+    print(
+        f"{'device':<8} {'obs':<6} {'vector env-steps/s':>20} {'SyncVectorEnv env-steps/s':>27} {'ratio':>8}"
+        f"   | per CPU-second: {'vector':>11} {'sync':>9} {'ratio':>7}"
+    )
     configs = [("cpu", "numpy"), ("cpu", "torch")]
     if torch.cuda.is_available():
         configs += [("cuda", "numpy"), ("cuda", "torch")]
     for device, backend in configs:
         r = bench(args.num_envs, args.steps, args.repeats, kw, device, backend, args.eos_prob)
-        print(f"{r['device']:<8} {r['obs_backend']:<6} {r['vector']:>20,.0f} {r['sync']:>27,.0f} {r['ratio']:>7.1f}x")
+        print(
+            f"{r['device']:<8} {r['obs_backend']:<6} {r['vector']:>20,.0f} {r['sync']:>27,.0f} {r['ratio']:>7.1f}x"
+            f"   |                 {r['vector_cpu']:>11,.0f} {r['sync_cpu']:>9,.0f} {r['ratio_cpu']:>6.1f}x"
+        )
     m = memory_figure(kw, "cpu")
     print(
         f"memory: N=1024 x W={m['window']} windows, observations {m['dtype']}: device state "

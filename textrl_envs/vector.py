@@ -422,7 +422,7 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
 
     def prompt_indices(self) -> np.ndarray:
         """Prompt index of each env's current episode (``-1`` for a prompt given as text)."""
-        return np.asarray([self._row_index[r] for r in self._row], dtype=np.int64)
+        return self._prompt_index_of(np.arange(self.num_envs))
 
     def state_nbytes(self) -> int:
         """Bytes of per-env token state on the device (ids, mask, generated counts), all envs."""
@@ -614,15 +614,17 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         self._episode_ids = episode_ids(self._round, self.num_envs)  # new arrays: step infos keep the old
         self._group_ids = group_ids(self._round, self.group_size)
 
-    def _prompt_index_array(self) -> np.ndarray:
-        return np.asarray(self._row_index, dtype=np.int64)[self._row]
+    def _prompt_index_of(self, envs: np.ndarray) -> np.ndarray:
+        """Public prompt index of ``envs``' current episodes: the row, or -1 for rows of prompts given as text."""
+        rows = self._row[envs]
+        return np.where(rows < self._num_prompts, rows, -1)
 
     def _reset_info(self, envs: np.ndarray, infos: dict[str, Any]) -> dict[str, Any]:
         n = self.num_envs
         mask = _mask(n, envs)
         infos["prompt"] = _object_array(n, envs, [self._row_text[r] for r in self._row[envs]])
         infos["_prompt"] = mask
-        infos["prompt_index"] = np.where(mask, self._prompt_index_array(), 0)
+        infos["prompt_index"] = _int_array(n, envs, self._prompt_index_of(envs))
         infos["_prompt_index"] = mask.copy()
         return infos
 
