@@ -56,15 +56,6 @@ def kw(tokenizer_dir):
     return dict(prompts=PROMPTS, reward=length_reward, tokenizer=tokenizer_dir, max_new_tokens=6, max_prompt_tokens=5)
 
 
-class ListCompletionIds(gym.Wrapper):
-    """Keeps the single envs' infos comparable (``completion_ids`` as a tuple, as in SyncVectorEnv tests)."""
-
-    def step(self, action):
-        obs, r, term, trunc, info = self.env.step(action)
-        if "completion_ids" in info:
-            info = dict(info, completion_ids=tuple(int(t) for t in info["completion_ids"]))
-        return obs, r, term, trunc, info
-
 
 def biased_actions(rng, n, vocab):
     a = rng.integers(3, vocab, size=n)
@@ -99,7 +90,7 @@ def test_make_vec_env_returns_monitored_vecenv(kw):
 
 def test_matches_dummy_vec_env(kw):
     n, seed = 5, 3
-    dummy = DummyVecEnv([lambda: ListCompletionIds(gym.make(TEST_ID, **kw)) for _ in range(n)])
+    dummy = DummyVecEnv([lambda: gym.make(TEST_ID, **kw) for _ in range(n)])
     ours = make_vec_env(TEST_ID, n_envs=n, device="cpu", monitor=False, **kw)
     dummy.seed(seed)
     ours.seed(seed)

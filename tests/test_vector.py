@@ -60,16 +60,6 @@ def kw(tokenizer):
     return dict(prompts=PROMPTS, reward=length_reward, tokenizer=tokenizer, max_new_tokens=7, max_prompt_tokens=5)
 
 
-class ListCompletionIds(gym.Wrapper):
-    """Work around TextGenEnv's ndarray ``completion_ids`` info, which SyncVectorEnv cannot batch when
-    two envs finish in the same step with different lengths (it assumes equal shapes)."""
-
-    def step(self, action):
-        obs, r, term, trunc, info = self.env.step(action)
-        if "completion_ids" in info:
-            info = dict(info, completion_ids=tuple(int(t) for t in info["completion_ids"]))
-        return obs, r, term, trunc, info
-
 
 def biased_actions(rng: np.random.Generator, n: int, vocab: int, step: int) -> np.ndarray:
     """Random tokens; env j emits EOS with probability (j + 1) / (2n + 2), so episodes end at different times."""
@@ -131,7 +121,7 @@ def _assert_obs_equal(a, b):
 @pytest.mark.parametrize("num_envs,seed", [(6, 7), (3, 123)])
 def test_matches_sync_vector_env(kw, num_envs, seed):
     sync = gym.vector.SyncVectorEnv(
-        [lambda: ListCompletionIds(gym.make(TEST_ID, **kw)) for _ in range(num_envs)],
+        [lambda: gym.make(TEST_ID, **kw) for _ in range(num_envs)],
         autoreset_mode=AutoresetMode.SAME_STEP,
     )
     vec = gym.make_vec(TEST_ID, num_envs=num_envs, device="cpu", **kw)
@@ -198,7 +188,7 @@ def test_registered_ids_match_sync_vector_env(env_id):
     vec = gym.make_vec(env_id, num_envs=n, device="cpu")
     assert isinstance(vec, TextGenVectorEnv)
     sync = gym.vector.SyncVectorEnv(
-        [lambda: ListCompletionIds(gym.make(env_id)) for _ in range(n)], autoreset_mode=AutoresetMode.SAME_STEP
+        [lambda: gym.make(env_id) for _ in range(n)], autoreset_mode=AutoresetMode.SAME_STEP
     )
     _assert_obs_equal(sync.reset(seed=5)[0], vec.reset(seed=5)[0])
     rng = np.random.default_rng(5)
@@ -221,7 +211,7 @@ def test_registered_ids_match_sync_vector_env(env_id):
 
 def test_reset_without_seed_continues_rngs_like_sync(kw):
     sync = gym.vector.SyncVectorEnv(
-        [lambda: ListCompletionIds(gym.make(TEST_ID, **kw)) for _ in range(4)], autoreset_mode=AutoresetMode.SAME_STEP
+        [lambda: gym.make(TEST_ID, **kw) for _ in range(4)], autoreset_mode=AutoresetMode.SAME_STEP
     )
     vec = TextGenVectorEnv(num_envs=4, device="cpu", **kw)
     sync.reset(seed=[3, 1, 4, 1])

@@ -90,7 +90,8 @@ class TextGenEnv(gym.Env):
 
     ## Episode End
     Terminated when the action is the EOS token; truncated when ``max_new_tokens`` tokens have been
-    generated without EOS. The final ``info`` holds ``prompt``, ``completion``, ``completion_ids``,
+    generated without EOS. The final ``info`` holds ``prompt``, ``completion``, ``completion_ids``
+    (a tuple of ints, without EOS, so that vector envs can batch infos of different lengths),
     ``prompt_index`` and ``reward``.
 
     ## Arguments
@@ -181,7 +182,7 @@ class TextGenEnv(gym.Env):
             info = {
                 "prompt": self._prompt_text,
                 "completion": completion,
-                "completion_ids": np.asarray(ids, dtype=np.int64),
+                "completion_ids": tuple(ids),
                 "prompt_index": self._prompt_index,
                 "reward": reward,
             }

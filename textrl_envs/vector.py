@@ -298,7 +298,7 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
       of the episode each env's action belonged to, so on a same-step autoreset the *finished*
       episode's ids (the new episode's ids appear from the next step on, and in :meth:`episode_ids`).
     * ``final_info`` (envs whose episode ended this step): ``prompt`` (str), ``completion`` (str),
-      ``completion_ids`` (``int64`` array, without EOS), ``prompt_index`` (``-1`` for a prompt given
+      ``completion_ids`` (tuple of ints, without EOS, as :class:`~textrl_envs.env.TextGenEnv`), ``prompt_index`` (``-1`` for a prompt given
       as text), ``reward`` (float), ``group_id``, ``episode_id``; object arrays for str and arrays.
     * top level on ``reset`` and for envs autoreset this step: ``prompt`` and ``prompt_index`` of
       the episode begun.
@@ -511,7 +511,7 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
             final_info = {
                 "prompt": _object_array(n, done, prompt_text),
                 "completion": _object_array(n, done, completions),
-                "completion_ids": _object_array(n, done, completion_ids),
+                "completion_ids": _object_array(n, done, [tuple(c.tolist()) for c in completion_ids]),
                 "prompt_index": _int_array(n, done, prompt_index),
                 "reward": rewards.copy(),
                 "group_id": np.where(done_mask, step_group_ids, 0),

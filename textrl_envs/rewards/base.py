@@ -12,6 +12,7 @@ unchanged. A plain callable with that signature is accepted everywhere a :class:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from typing import Any, Callable, Mapping, Sequence
@@ -71,15 +72,27 @@ def reward_name(reward: Any) -> str:
     return getattr(reward, "__name__", None) or type(reward).__name__
 
 
-def _accepts_kwargs(fn: Callable) -> tuple[bool, set[str]]:
+def _accepts_kwargs(fn: Callable) -> tuple[bool, frozenset[str]]:
+    try:
+        return _accepts_kwargs_cached(fn)
+    except TypeError:  # unhashable callable
+        return _inspect_kwargs(fn)
+
+
+@functools.lru_cache(maxsize=256)
+def _accepts_kwargs_cached(fn: Callable) -> tuple[bool, frozenset[str]]:
+    return _inspect_kwargs(fn)
+
+
+def _inspect_kwargs(fn: Callable) -> tuple[bool, frozenset[str]]:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return True, set()
+        return True, frozenset()
     params = sig.parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return True, set()
-    return False, {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        return True, frozenset()
+    return False, frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 def _shorten(text: str, limit: int = 80) -> str:
