@@ -27,16 +27,6 @@ from textrl_envs.vector import TextGenVectorEnv
 BENCH_ID = "TextRLBench/Tiny-v0"
 
 
-class ListCompletionIds(gym.Wrapper):
-    """SyncVectorEnv cannot batch TextGenEnv's ndarray ``completion_ids`` info when two envs finish in
-    the same step with different lengths (it assumes equal shapes); a tuple goes in an object array."""
-
-    def step(self, action):
-        obs, r, term, trunc, info = self.env.step(action)
-        if "completion_ids" in info:
-            info = dict(info, completion_ids=tuple(info["completion_ids"].tolist()))
-        return obs, r, term, trunc, info
-
 
 def length_reward(prompts, completions, **kwargs):
     """Cheap reward: number of characters of the completion."""
@@ -99,7 +89,7 @@ def bench(num_envs: int, steps: int, repeats: int, kw: dict, device: str, obs_ba
     rng = np.random.default_rng(1)
     vec = TextGenVectorEnv(num_envs=num_envs, device=device, obs_backend=obs_backend, **kw)
     sync = gym.vector.SyncVectorEnv(
-        [lambda: ListCompletionIds(gym.make(BENCH_ID, **kw)) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
+        [lambda: gym.make(BENCH_ID, **kw) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
     )
     dev = vec.device if obs_backend == "torch" else None
     vec_rates, sync_rates = [], []

@@ -90,9 +90,9 @@ def test_pure_functions():
     n_ids, n_mask = append_tokens(w_ids[:2], w_mask[:2], torch.tensor([4, 3]))
     assert n_ids.tolist() == [[0, 7, 8, 9, 4], [0, 0, 5, 6, 3]]
     assert n_mask.tolist() == [[0, 1, 1, 1, 1], [0, 0, 1, 1, 1]]
-    term, trunc = episode_ends(torch.tensor([1, 1, 4, 4]), torch.tensor([1, 3, 3, 2]), 1, 3)
+    term, trunc = episode_ends(np.array([1, 1, 4, 4]), np.array([1, 3, 3, 2]), 1, 3)
     assert term.tolist() == [True, True, False, False] and trunc.tolist() == [False, False, True, False]
-    term, trunc = episode_ends(torch.tensor([1, 4]), torch.tensor([3, 1]), None, 3)
+    term, trunc = episode_ends(np.array([1, 4]), np.array([3, 1]), None, 3)
     assert term.tolist() == [False, False] and trunc.tolist() == [True, False]
     rounds = np.array([0, 0, 2, 1, 0, 5])
     assert episode_ids(rounds, 6).tolist() == [0, 1, 14, 9, 4, 35]
