@@ -57,7 +57,10 @@ def positions_from_mask(attention_mask: th.Tensor) -> th.Tensor:
 
 
 def process_logits(
-    logits: th.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+    logits: th.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
 ) -> th.Tensor:
     """Apply temperature, then top-k, then top-p (nucleus) filtering, in Hugging Face's order.
 
@@ -135,7 +138,9 @@ def model_spec(lm: nn.Module) -> dict[str, Any]:
     """
     return {
         "config": json.loads(lm.config.to_json_string(use_diff=False)),
-        "name_or_path": str(getattr(lm.config, "_name_or_path", "") or getattr(lm, "name_or_path", "")),
+        "name_or_path": str(
+            getattr(lm.config, "_name_or_path", "") or getattr(lm, "name_or_path", "")
+        ),
     }
 
 
@@ -146,7 +151,9 @@ def model_spec(lm: nn.Module) -> dict[str, Any]:
 
 def _default_model_path() -> str:
     try:
-        from textrl_envs.assets import lm_path  # noqa: PLC0415 (lazy: the bundled LM is optional at import)
+        from textrl_envs.assets import (
+            lm_path,  # lazy: the bundled LM is optional at import
+        )
 
         return str(lm_path())
     except (ImportError, AttributeError, FileNotFoundError) as e:
@@ -164,13 +171,15 @@ def _as_dtype(dtype: th.dtype | str | None) -> th.dtype | None:
     name = str(dtype).replace("torch.", "")
     value = getattr(th, name, None)
     if not isinstance(value, th.dtype):
-        raise ValueError(f"dtype {dtype!r} is not a torch dtype; use e.g. 'float32', 'bfloat16' or th.float16")
+        raise ValueError(  # noqa: TRY004
+            f"dtype {dtype!r} is not a torch dtype; use e.g. 'float32', 'bfloat16' or th.float16"
+        )
     return value
 
 
 def _load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
     """Build the causal LM from a path, a model instance, a :func:`model_spec` dict, or ``None``."""
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel  # noqa: PLC0415
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
     if model is None:
         model = _default_model_path()
@@ -178,10 +187,14 @@ def _load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
         return model.to(dtype) if dtype is not None else model
     if isinstance(model, dict):
         if "config" not in model:
-            raise ValueError(f"model dict must be a model_spec with a 'config' key, got keys {sorted(model)}")
+            raise ValueError(
+                f"model dict must be a model_spec with a 'config' key, got keys {sorted(model)}"
+            )
         cfg = dict(model["config"])
         config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-        dtype = dtype or _as_dtype(cfg.get("dtype") or cfg.get("torch_dtype"))  # the saved model's own dtype
+        dtype = dtype or _as_dtype(
+            cfg.get("dtype") or cfg.get("torch_dtype")
+        )  # the saved model's own dtype
         kwargs = {"dtype": dtype} if dtype is not None else {}
         return AutoModelForCausalLM.from_config(config, **kwargs)
     if isinstance(model, (str, os.PathLike)):
@@ -193,7 +206,9 @@ def _load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
                 "from the SB3 checkpoint)"
             )
         kwargs = {"dtype": dtype} if dtype is not None else {}
-        return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+        return AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, **kwargs
+        )
     raise TypeError(
         f"model must be None, a local path, a transformers PreTrainedModel or a model_spec dict; got {type(model)}"
     )
@@ -207,14 +222,16 @@ def _make_portable(model: Any, spec: dict[str, Any]) -> None:
     for the ``BaseAlgorithm`` whose ``policy_kwargs["model"]`` is this very object and swaps in the spec; the
     weights are saved anyway in the state dict. Paths and specs are left as they are.
     """
-    from stable_baselines3.common.base_class import BaseAlgorithm  # noqa: PLC0415
+    from stable_baselines3.common.base_class import BaseAlgorithm
 
     frame = sys._getframe(1)
     for _ in range(8):
         if frame is None:
             return
         algo = frame.f_locals.get("self")
-        if isinstance(algo, BaseAlgorithm) and isinstance(getattr(algo, "policy_kwargs", None), dict):
+        if isinstance(algo, BaseAlgorithm) and isinstance(
+            getattr(algo, "policy_kwargs", None), dict
+        ):
             if algo.policy_kwargs.get("model") is model:
                 # a new dict: the user's own policy_kwargs (which SB3 keeps by reference) still holds their model
                 algo.policy_kwargs = {**algo.policy_kwargs, "model": spec}
@@ -242,12 +259,16 @@ class EmbeddingCritic(nn.Module):
 
     def __init__(self, embedding: nn.Module, hidden: int = 256):
         super().__init__()
-        self._embedding = [embedding]  # a list keeps it out of this module's parameters / state dict
+        self._embedding = [
+            embedding
+        ]  # a list keeps it out of this module's parameters / state dict
         dim = embedding.weight.shape[1]
         self.mlp = nn.Sequential(nn.Linear(2 * dim, hidden), nn.Tanh())
         self.head = nn.Linear(hidden, 1)
 
-    def values_per_position(self, input_ids: th.Tensor, attention_mask: th.Tensor) -> th.Tensor:
+    def values_per_position(
+        self, input_ids: th.Tensor, attention_mask: th.Tensor
+    ) -> th.Tensor:
         """Value of every prefix: ``[B, L]``, entry ``j`` for the state whose last token is ``j``."""
         with th.no_grad():
             emb = self._embedding[0](input_ids).float()
@@ -286,6 +307,8 @@ class _RowCache:
     version: int
     prev_ids: th.Tensor | None = None
     prev_mask: th.Tensor | None = None
+    prev_logits: th.Tensor | None = None
+    prev_values: th.Tensor | None = None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -325,21 +348,35 @@ class CausalLMPolicy(BasePolicy):
 
     **Incremental decoding.** Under ``torch.no_grad`` (rollout, ``predict_values``, ``predict``) and with
     ``use_cache=True``, the policy keeps one ``transformers.DynamicCache`` per batch size (the last two used) holding
-    every row's keys/values right-aligned in one batch. On each call, each row is classified:
+    every row's keys/values right-aligned in one batch, with an explicit 2-D mask over the cache columns. Each row of a
+    call is classified against the cached window (:meth:`_classify`):
 
-    - identical to the cached window (all rows): the stored logits and values are returned, no forward;
-    - extends the cached window by exactly one token (:func:`extends_by_one`): served by one batched single-token
-      forward over the cache, with the 2-D mask ``[cache mask, new column]`` and position ``n_valid - 1``;
-    - a call with a new batch size whose rows all match rows of a cached batch (SB3's one-env
-      ``predict_values(terminal_obs)`` bootstrap on truncation): those rows' keys/values are copied into a small
-      cache of their own and served by a single-token step (:meth:`_borrow_rows`);
-    - anything else (auto-reset, new group prompt, an outside call with other observations): recomputed with one
-      prefill over those rows only, whose cache is left-padded with masked slots and spliced into the batch cache.
+    - ``same``: the cached window; its stored logits and value are returned, no forward;
+    - ``extend``: the cached window plus exactly one token (:func:`extends_by_one`: ``new[:-1] == old[1:]`` for ids
+      and mask, the new last token valid, nothing valid dropped off the left edge);
+    - ``replace``: the window *before* the look-ahead (below) plus a token other than the look-ahead one; the
+      look-ahead column is masked out for that row (a masked hole), then it is treated as ``extend``;
+    - ``back``: the window before the look-ahead itself (e.g. ``predict`` then ``forward`` on one observation): the
+      look-ahead column is masked out and the outputs kept from before the look-ahead are returned;
+    - ``redo``: anything else (auto-reset, new group prompt, an outside call with other observations).
 
-    Cache columns masked for every row are cropped after each step, so the cache never exceeds ``W`` columns. The
-    cache is dropped when the parameters change (a version counter over the parameters' in-place update counters,
-    plus ``set_training_mode(True)``) and is never used with gradients (``evaluate_actions``, ``evaluate_sequences``
-    always recompute in full). Models with sliding-window cache layers fall back to full recomputation.
+    All ``extend``/``replace`` rows share one batched single-token forward over the cache (2-D mask
+    ``[cache mask, new column]``, position ``n_valid - 1``; other rows feed a masked dummy token). ``redo`` rows get one
+    prefill over those rows only; their cache is left-padded with masked slots and spliced into the batch cache.
+
+    *Look-ahead.* After ``forward`` samples the actions, it immediately runs the single-token step for
+    ``window + action`` of every row (:meth:`_look_ahead`). In ``collect_rollouts`` the next observation of every
+    continuing env is exactly that, so the next ``forward`` finds those rows ``same``: still one batched forward per
+    generated token, just computed one call earlier. The payoff is SB3's bootstrap of truncated episodes, which calls
+    ``predict_values(terminal_obs)`` one env at a time: the terminal window is a look-ahead row, so it is a lookup
+    (:meth:`_serve_from_other_batches`) rather than a batch-of-one forward per finished env. Calls with a new batch
+    size whose rows all match cached rows (same, one token past, or replaced) are served from those rows too.
+
+    Leading cache columns masked for every row are cropped after each step, so the cache stays within ``W`` columns
+    (plus at most one hole per replaced token in an episode). The cache is dropped when the parameters change (a
+    version counter over the parameters' in-place update counters, plus ``set_training_mode(True)``) and is never
+    used with gradients (``evaluate_actions``, ``evaluate_sequences`` always recompute in full). Models whose cache
+    layers are not plain ``DynamicLayer`` (sliding windows, linear attention) fall back to full recomputation.
 
     **Saving.** ``_get_constructor_parameters`` stores the model as a config-only :func:`model_spec` dict, and when
     an SB3 algorithm builds the policy from a model *object*, its ``policy_kwargs["model"]`` is replaced by that spec
@@ -399,7 +436,9 @@ class CausalLMPolicy(BasePolicy):
             optimizer_kwargs=optimizer_kwargs,
         )
         if use_sde:
-            raise ValueError("CausalLMPolicy has a discrete (token) action space; use_sde must be False")
+            raise ValueError(
+                "CausalLMPolicy has a discrete (token) action space; use_sde must be False"
+            )
         self._check_spaces(observation_space, action_space)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -408,7 +447,9 @@ class CausalLMPolicy(BasePolicy):
         if top_k is not None and top_k < 0:
             raise ValueError(f"top_k must be >= 0 or None, got {top_k}")
 
-        self.dtype_name = None if dtype is None else str(_as_dtype(dtype)).replace("torch.", "")
+        self.dtype_name = (
+            None if dtype is None else str(_as_dtype(dtype)).replace("torch.", "")
+        )
         self.temperature = float(temperature)
         self.top_k = top_k
         self.top_p = top_p
@@ -423,7 +464,9 @@ class CausalLMPolicy(BasePolicy):
         self._spec = model_spec(self.lm)
         if not isinstance(model, (str, os.PathLike)) and model is not None:
             _make_portable(model, self._spec)
-        self._model_arg = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+        self._model_arg = (
+            os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+        )
 
         self.n_actions = int(action_space.n)
         self.lm_vocab = int(self.lm.get_output_embeddings().weight.shape[0])
@@ -435,7 +478,9 @@ class CausalLMPolicy(BasePolicy):
             )
         hidden = int(self.lm.get_input_embeddings().weight.shape[1])
         if separate_critic:
-            self.critic = EmbeddingCritic(self.lm.get_input_embeddings(), hidden=critic_hidden)
+            self.critic = EmbeddingCritic(
+                self.lm.get_input_embeddings(), hidden=critic_hidden
+            )
             self.value_head = self.critic.head
             init_modules = [self.critic.mlp, self.critic.head]
         else:
@@ -454,47 +499,61 @@ class CausalLMPolicy(BasePolicy):
             if enable is not None:
                 enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:  # transformers releases before the rename
-                self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                self.lm.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False}
+                )
         self.action_dist = CategoricalDistribution(self.n_actions)
         self._caches: OrderedDict[int, _RowCache] = OrderedDict()
         self._cache_supported = True
         self.train(False)
-        self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
+        self.optimizer = self.optimizer_class(
+            self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs
+        )
 
     # ---------------------------------------------------------------------------------------------------------
     # SB3 plumbing
     # ---------------------------------------------------------------------------------------------------------
 
     @staticmethod
-    def _check_spaces(observation_space: spaces.Space, action_space: spaces.Space) -> None:
-        if not isinstance(observation_space, spaces.Dict) or any(k not in observation_space.spaces for k in OBS_KEYS):
-            got = sorted(observation_space.spaces) if isinstance(observation_space, spaces.Dict) else observation_space
+    def _check_spaces(
+        observation_space: spaces.Space, action_space: spaces.Space
+    ) -> None:
+        if not isinstance(observation_space, spaces.Dict) or any(
+            k not in observation_space.spaces for k in OBS_KEYS
+        ):
+            got = (
+                sorted(observation_space.spaces)
+                if isinstance(observation_space, spaces.Dict)
+                else observation_space
+            )
             raise ValueError(
                 f"CausalLMPolicy needs a Dict observation space with keys {list(OBS_KEYS)} (right-aligned token "
                 f"window and its mask); the env gives {got}"
             )
         if not isinstance(action_space, spaces.Discrete):
-            raise ValueError(f"CausalLMPolicy needs a Discrete(len(tokenizer)) action space; the env gives {action_space}")
+            raise ValueError(  # noqa: TRY004
+                f"CausalLMPolicy needs a Discrete(len(tokenizer)) action space; the env gives {action_space}"
+            )
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
         data.update(
-            dict(
-                lr_schedule=self._dummy_schedule,
-                model=self._spec,
-                dtype=self.dtype_name,
-                temperature=self.temperature,
-                top_k=self.top_k,
-                top_p=self.top_p,
-                separate_critic=self.separate_critic,
-                use_cache=self.use_cache,
-                gradient_checkpointing=self.gradient_checkpointing,
-                value_head_init_std=self.value_head_init_std,
-                ortho_init=self.ortho_init,
-                critic_hidden=self.critic_hidden,
-                optimizer_class=self.optimizer_class,
-                optimizer_kwargs=self.optimizer_kwargs,
-            )
+            {
+                "lr_schedule": self._dummy_schedule,
+                "model": self._spec,
+                "dtype": self.dtype_name,
+                "temperature": self.temperature,
+                "top_k": self.top_k,
+                "top_p": self.top_p,
+                "separate_critic": self.separate_critic,
+                "use_cache": self.use_cache,
+                "gradient_checkpointing": self.gradient_checkpointing,
+                "value_head_init_std": self.value_head_init_std,
+                "ortho_init": self.ortho_init,
+                "critic_hidden": self.critic_hidden,
+                "optimizer_class": self.optimizer_class,
+                "optimizer_kwargs": self.optimizer_kwargs,
+            }
         )
         return data
 
@@ -509,10 +568,13 @@ class CausalLMPolicy(BasePolicy):
         if self.separate_critic:
             self.critic.eval()
         if self.gradient_checkpointing and mode:
-            from transformers.modeling_layers import GradientCheckpointingLayer  # noqa: PLC0415
+            from transformers.modeling_layers import GradientCheckpointingLayer
 
             for module in self.lm.modules():
-                if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
+                if (
+                    isinstance(module, GradientCheckpointingLayer)
+                    and module.gradient_checkpointing
+                ):
                     module.training = True
         return self
 
@@ -539,7 +601,9 @@ class CausalLMPolicy(BasePolicy):
     def _parse_obs(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         if not isinstance(obs, dict) or any(k not in obs for k in OBS_KEYS):
             got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
-            raise ValueError(f"CausalLMPolicy expects observations with keys {list(OBS_KEYS)}; got {got}")
+            raise ValueError(
+                f"CausalLMPolicy expects observations with keys {list(OBS_KEYS)}; got {got}"
+            )
         ids = th.as_tensor(obs["input_ids"], device=self.device)
         mask = th.as_tensor(obs["attention_mask"], device=self.device)
         if ids.is_floating_point():
@@ -557,7 +621,13 @@ class CausalLMPolicy(BasePolicy):
     # Model pieces
     # ---------------------------------------------------------------------------------------------------------
 
-    def _trunk(self, ids: th.Tensor, mask: th.Tensor, position_ids: th.Tensor, cache: Any = None) -> th.Tensor:
+    def _trunk(
+        self,
+        ids: th.Tensor,
+        mask: th.Tensor,
+        position_ids: th.Tensor,
+        cache: Any = None,
+    ) -> th.Tensor:
         """Final hidden states ``[B, L, d]`` of the LM body (after its final norm)."""
         out = self.lm.base_model(
             input_ids=ids,
@@ -576,7 +646,9 @@ class CausalLMPolicy(BasePolicy):
             logits = th.tanh(logits / cap) * cap
         return logits[..., : self.n_actions].float()
 
-    def _value(self, hidden_last: th.Tensor, ids: th.Tensor, mask: th.Tensor) -> th.Tensor:
+    def _value(
+        self, hidden_last: th.Tensor, ids: th.Tensor, mask: th.Tensor
+    ) -> th.Tensor:
         """Values ``[B]`` of the states given by whole windows (``hidden_last``: trunk output at the last column)."""
         if self.separate_critic:
             return self.critic.values_per_position(ids, mask)[:, -1]
@@ -586,16 +658,24 @@ class CausalLMPolicy(BasePolicy):
         return process_logits(logits, self.temperature, self.top_k, self.top_p)
 
     def _distribution(self, logits: th.Tensor) -> CategoricalDistribution:
-        return self.action_dist.proba_distribution(action_logits=self._processed(logits))
+        return self.action_dist.proba_distribution(
+            action_logits=self._processed(logits)
+        )
 
     @staticmethod
     def _trim(ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         """Drop leading columns that are padding in every row (exactly neutral: masked keys weigh 0)."""
         any_valid = mask.any(dim=0)
-        start = int(any_valid.nonzero()[0, 0]) if bool(any_valid.any()) else mask.shape[1] - 1
+        start = (
+            int(any_valid.nonzero()[0, 0])
+            if bool(any_valid.any())
+            else mask.shape[1] - 1
+        )
         return ids[:, start:], mask[:, start:]
 
-    def _full_outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    def _full_outputs(
+        self, ids: th.Tensor, mask: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor]:
         """Logits ``[B, V]`` and values ``[B]`` for whole windows, no cache (differentiable)."""
         ids, mask = self._trim(ids, mask)
         hidden = self._trunk(ids, mask, positions_from_mask(mask))[:, -1]
@@ -616,34 +696,51 @@ class CausalLMPolicy(BasePolicy):
     # Incremental decoding
     # ---------------------------------------------------------------------------------------------------------
 
-    def _prefill(self, ids: th.Tensor, mask: th.Tensor) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
+    def _prefill(
+        self, ids: th.Tensor, mask: th.Tensor
+    ) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
         """Full forward of some rows, building their cache: ``(cache, kv_mask, logits, values)``."""
-        from transformers import DynamicCache  # noqa: PLC0415
+        from transformers import DynamicCache
 
         t_ids, t_mask = self._trim(ids, mask)
         cache = DynamicCache(config=self.lm.config)
-        hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask), cache=cache)[:, -1]
+        hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask), cache=cache)[
+            :, -1
+        ]
         if not self._cache_layers_ok(cache):
             raise _CacheUnsupported
-        return cache, t_mask.clone(), self._logits(hidden), self._value(hidden, ids, mask)
+        return (
+            cache,
+            t_mask.clone(),
+            self._logits(hidden),
+            self._value(hidden, ids, mask),
+        )
 
     def _cache_layers_ok(self, cache: Any) -> bool:
-        from transformers.cache_utils import DynamicLayer  # noqa: PLC0415
+        from transformers.cache_utils import DynamicLayer
 
         ok = all(type(layer) is DynamicLayer for layer in cache.layers)
         if not ok:
-            self._cache_supported = False  # e.g. sliding-window layers: splicing/cropping would be wrong
+            self._cache_supported = (
+                False  # e.g. sliding-window layers: splicing/cropping would be wrong
+            )
         return ok
 
-    def _cached_outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    def _cached_outputs(
+        self, ids: th.Tensor, mask: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor]:
         batch = ids.shape[0]
         version = self._param_version()
         state = self._caches.pop(batch, None)
         if state is not None and (
-            state.version != version or state.ids.shape != ids.shape or state.ids.device != ids.device
+            state.version != version
+            or state.ids.shape != ids.shape
+            or state.ids.device != ids.device
         ):
             state = None
-        if state is None or not bool(self._classify(state, ids, mask)[3].logical_not().any()):
+        if state is None or not bool(
+            self._classify(state, ids, mask)[-1].logical_not().any()
+        ):
             # nothing to reuse in this slot (e.g. a new batch size): try rows of the other cached batches
             served = self._serve_from_other_batches(ids, mask, version)
             if isinstance(served, tuple):
@@ -664,16 +761,25 @@ class CausalLMPolicy(BasePolicy):
     @staticmethod
     def _classify(
         state: _RowCache, ids: th.Tensor, mask: th.Tensor
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """Per row: ``same`` (the cached window), ``extend`` (cached window + 1 token), ``replace`` (the window
-        before the look-ahead + a token other than the look-ahead one), ``redo`` (anything else)."""
+        before the look-ahead + a token other than the look-ahead one), ``back`` (the window before the look-ahead
+        itself), ``redo`` (anything else)."""
         same = (state.ids == ids).all(dim=1) & (state.mask == mask).all(dim=1)
         extend = extends_by_one(state.ids, state.mask, ids, mask) & ~same
+        replace = back = th.zeros_like(same)
         if state.prev_ids is not None:
-            replace = extends_by_one(state.prev_ids, state.prev_mask, ids, mask) & ~same & ~extend
-        else:
-            replace = th.zeros_like(same)
-        return same, extend, replace, ~(same | extend | replace)
+            replace = (
+                extends_by_one(state.prev_ids, state.prev_mask, ids, mask)
+                & ~same
+                & ~extend
+            )
+            back = (
+                (state.prev_ids == ids).all(dim=1)
+                & (state.prev_mask == mask).all(dim=1)
+                & ~same
+            )
+        return same, extend, replace, back, ~(same | extend | replace | back)
 
     def _new_state(self, ids: th.Tensor, mask: th.Tensor, version: int) -> _RowCache:
         cache, kv_mask, logits, values = self._prefill(ids, mask)
@@ -681,13 +787,22 @@ class CausalLMPolicy(BasePolicy):
 
     def _advance(self, state: _RowCache, ids: th.Tensor, mask: th.Tensor) -> None:
         """Bring every row of ``state`` to the new windows: reuse, one batched one-token step, and/or a prefill."""
-        same, extend, replace, redo = self._classify(state, ids, mask)
-        logits, values = state.logits.clone(), state.values.clone()  # rows in `same` keep theirs
+        _same, extend, replace, back, redo = self._classify(state, ids, mask)
+        logits, values = (
+            state.logits.clone(),
+            state.values.clone(),
+        )  # rows in `same` keep theirs
+        if bool(
+            (replace | back).any()
+        ):  # drop the look-ahead token of these rows: its column becomes a masked hole
+            state.kv_mask = state.kv_mask.clone()
+            state.kv_mask[replace | back, -1] = 0
+            logits[back], values[back] = (
+                state.prev_logits[back],
+                state.prev_values[back],
+            )
         step = extend | replace
         if bool(step.any()):
-            if bool(replace.any()):  # drop the look-ahead token of these rows: its column becomes a masked hole
-                state.kv_mask = state.kv_mask.clone()
-                state.kv_mask[replace, -1] = 0
             # one single-token step for the whole batch; the other rows feed a masked dummy token
             new_tok = th.where(step, ids[:, -1], th.zeros_like(ids[:, -1])).unsqueeze(1)
             kv_mask = th.cat([state.kv_mask, step.long().unsqueeze(1)], dim=1)
@@ -696,19 +811,23 @@ class CausalLMPolicy(BasePolicy):
             state.kv_mask = kv_mask
             logits[step] = self._logits(hidden[step])
             if self.separate_critic:
-                values[step] = self.critic.values_per_position(ids[step], mask[step])[:, -1]
+                values[step] = self.critic.values_per_position(ids[step], mask[step])[
+                    :, -1
+                ]
             else:
                 values[step] = self.value_head(hidden[step].float()).squeeze(-1)
         if bool(redo.any()):
             rows = redo.nonzero().squeeze(1)
-            cache_r, kv_mask_r, logits_r, values_r = self._prefill(ids[rows], mask[rows])
+            cache_r, kv_mask_r, logits_r, values_r = self._prefill(
+                ids[rows], mask[rows]
+            )
             logits[rows], values[rows] = logits_r, values_r
             if bool(redo.all()):
                 state.cache, state.kv_mask = cache_r, kv_mask_r
             else:
                 self._splice(state, rows, cache_r, kv_mask_r)
         state.ids, state.mask, state.logits, state.values = ids, mask, logits, values
-        state.prev_ids = state.prev_mask = None
+        state.prev_ids = state.prev_mask = state.prev_logits = state.prev_values = None
 
     def _look_ahead(self, ids: th.Tensor, mask: th.Tensor, actions: th.Tensor) -> None:
         """Extend the batch cache by the tokens just chosen, computing the *next* step's outputs now.
@@ -722,11 +841,11 @@ class CausalLMPolicy(BasePolicy):
         state = self._caches.get(ids.shape[0])
         if state is None or state.ids is not ids or bool(mask[:, 0].any()):
             return  # not the state of this call, or a full window (the next one would drop a token)
-        prev_ids, prev_mask = ids, mask
+        prev = (ids, mask, state.logits, state.values)
         next_ids = th.cat([ids[:, 1:], actions.reshape(-1, 1).long()], dim=1)
         next_mask = th.cat([mask[:, 1:], th.ones_like(mask[:, :1])], dim=1)
         self._advance(state, next_ids, next_mask)
-        state.prev_ids, state.prev_mask = prev_ids, prev_mask
+        state.prev_ids, state.prev_mask, state.prev_logits, state.prev_values = prev
 
     def _serve_from_other_batches(
         self, ids: th.Tensor, mask: th.Tensor, version: int
@@ -738,12 +857,18 @@ class CausalLMPolicy(BasePolicy):
         or one token past a cached row (its keys/values are copied into a new small cache and one single-token step
         does the rest). Returns ``None`` when some row matches no cached row.
         """
-        from transformers import DynamicCache  # noqa: PLC0415
+        from transformers import DynamicCache
 
         for other in reversed(list(self._caches.values())):
-            if other.version != version or other.ids.shape[1] != ids.shape[1] or other.ids.device != ids.device:
+            if (
+                other.version != version
+                or other.ids.shape[1] != ids.shape[1]
+                or other.ids.device != ids.device
+            ):
                 continue
-            same = (ids[:, None] == other.ids[None]).all(-1) & (mask[:, None] == other.mask[None]).all(-1)
+            same = (ids[:, None] == other.ids[None]).all(-1) & (
+                mask[:, None] == other.mask[None]
+            ).all(-1)
             if bool(same.any(dim=1).all()):
                 src = same.float().argmax(dim=1)
                 return other.logits[src], other.values[src]
@@ -758,20 +883,35 @@ class CausalLMPolicy(BasePolicy):
                 continue
             src = ok.float().argmax(dim=1)
             rows = th.arange(ids.shape[0], device=ids.device)
-            from_prev = ~(same | ext)[rows, src]  # served from the window before the look-ahead
+            from_prev = ~(same | ext)[
+                rows, src
+            ]  # served from the window before the look-ahead
             kv_mask = other.kv_mask[src].clone()
             kv_mask[from_prev, -1] = 0  # the look-ahead token is not part of these rows
             c_ids, c_mask = other.ids[src].clone(), other.mask[src].clone()
             if bool(from_prev.any()):
-                c_ids[from_prev], c_mask[from_prev] = other.prev_ids[src][from_prev], other.prev_mask[src][from_prev]
+                c_ids[from_prev], c_mask[from_prev] = (
+                    other.prev_ids[src][from_prev],
+                    other.prev_mask[src][from_prev],
+                )
             cache = DynamicCache()
             for i, layer in enumerate(other.cache.layers):
                 cache.update(layer.keys[src], layer.values[src], i)
-            return _RowCache(cache, kv_mask, c_ids, c_mask, other.logits[src], other.values[src], version)
+            return _RowCache(
+                cache,
+                kv_mask,
+                c_ids,
+                c_mask,
+                other.logits[src],
+                other.values[src],
+                version,
+            )
         return None
 
     @staticmethod
-    def _extends_matrix(old_ids: th.Tensor, old_mask: th.Tensor, ids: th.Tensor, mask: th.Tensor) -> th.Tensor:
+    def _extends_matrix(
+        old_ids: th.Tensor, old_mask: th.Tensor, ids: th.Tensor, mask: th.Tensor
+    ) -> th.Tensor:
         """``[B_new, B_old]``: new row ``i`` extends old row ``j`` by one token (see :func:`extends_by_one`)."""
         return (
             (ids[:, None, :-1] == old_ids[None, :, 1:]).all(-1)
@@ -781,7 +921,9 @@ class CausalLMPolicy(BasePolicy):
         )
 
     @staticmethod
-    def _splice(state: _RowCache, rows: th.Tensor, cache_r: Any, kv_mask_r: th.Tensor) -> None:
+    def _splice(
+        state: _RowCache, rows: th.Tensor, cache_r: Any, kv_mask_r: th.Tensor
+    ) -> None:
         """Write recomputed rows into the batch cache, left-padding whichever is shorter with masked slots."""
         length = max(state.kv_mask.shape[1], kv_mask_r.shape[1])
         kv_mask = left_pad_columns(state.kv_mask, length, dim=1)
@@ -812,7 +954,9 @@ class CausalLMPolicy(BasePolicy):
     # The SB3 policy API
     # ---------------------------------------------------------------------------------------------------------
 
-    def forward(self, obs: PyTorchObs, deterministic: bool = False) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    def forward(
+        self, obs: PyTorchObs, deterministic: bool = False
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """Sample (or pick the mode of) the next token; uses the rollout cache under ``no_grad``.
 
         :param obs: dict observation (``input_ids``, ``attention_mask``), batched.
@@ -828,7 +972,9 @@ class CausalLMPolicy(BasePolicy):
             self._look_ahead(ids, mask, actions)
         return actions, values.unsqueeze(-1), log_prob
 
-    def evaluate_actions(self, obs: PyTorchObs, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    def evaluate_actions(
+        self, obs: PyTorchObs, actions: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """Values, log-probs and entropies for given transitions: full recompute, never the cache.
 
         :param obs: dict observation, batched (floats from the rollout buffer are fine).
@@ -859,7 +1005,9 @@ class CausalLMPolicy(BasePolicy):
         ids, mask = self._parse_obs(obs)
         return self._outputs(ids, mask)[1].unsqueeze(-1)
 
-    def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
+    def _predict(
+        self, observation: PyTorchObs, deterministic: bool = False
+    ) -> th.Tensor:
         return self.forward(observation, deterministic=deterministic)[0]
 
     # ---------------------------------------------------------------------------------------------------------
@@ -882,20 +1030,30 @@ class CausalLMPolicy(BasePolicy):
         :param action_mask: ``[B, L]`` bool-like, true where the token was an action (never at column 0).
         :return: ``(log_prob, entropy, values)``, each ``[B, L]`` float32.
         """
-        ids, mask = self._parse_obs({"input_ids": input_ids, "attention_mask": attention_mask})
+        ids, mask = self._parse_obs(
+            {"input_ids": input_ids, "attention_mask": attention_mask}
+        )
         act = th.as_tensor(action_mask, device=ids.device).bool()
         if act.dim() == 1:
             act = act.unsqueeze(0)
         if bool(act[:, 0].any()):
-            raise ValueError("action_mask[:, 0] is set, but an action needs at least one token before it")
+            raise ValueError(
+                "action_mask[:, 0] is set, but an action needs at least one token before it"
+            )
         batch, length = ids.shape
         any_valid = mask.any(dim=0)
         start = int(any_valid.nonzero()[0, 0]) if bool(any_valid.any()) else length - 1
         t_ids, t_mask = ids[:, start:], mask[:, start:]
-        hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask))  # [B, L - start, d]
+        hidden = self._trunk(
+            t_ids, t_mask, positions_from_mask(t_mask)
+        )  # [B, L - start, d]
 
-        b_idx, j_idx = act.nonzero(as_tuple=True)  # positions of actions (in full coordinates)
-        state_h = hidden[b_idx, j_idx - 1 - start]  # hidden state of the state whose last token is j - 1
+        b_idx, j_idx = act.nonzero(
+            as_tuple=True
+        )  # positions of actions (in full coordinates)
+        state_h = hidden[
+            b_idx, j_idx - 1 - start
+        ]  # hidden state of the state whose last token is j - 1
         dist = self._distribution(self._logits(state_h))
         zeros = th.zeros(batch, length, device=ids.device)
         log_prob = zeros.index_put((b_idx, j_idx), dist.log_prob(ids[b_idx, j_idx]))

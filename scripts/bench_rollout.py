@@ -51,8 +51,21 @@ class BenchTextVecEnv(VecEnv):
     :param seed: prompt seed.
     """
 
-    def __init__(self, n_envs: int, vocab: int, prompt_len: int, max_new: int, eos_id: int | None = None, seed=0):
-        self.width, self.prompt_len, self.max_new, self.eos_id = prompt_len + max_new, prompt_len, max_new, eos_id
+    def __init__(
+        self,
+        n_envs: int,
+        vocab: int,
+        prompt_len: int,
+        max_new: int,
+        eos_id: int | None = None,
+        seed=0,
+    ):
+        self.width, self.prompt_len, self.max_new, self.eos_id = (
+            prompt_len + max_new,
+            prompt_len,
+            max_new,
+            eos_id,
+        )
         space = spaces.Dict(
             {
                 "input_ids": spaces.Box(0, vocab - 1, (self.width,), np.int64),
@@ -74,7 +87,9 @@ class BenchTextVecEnv(VecEnv):
     def _reset_row(self, i: int) -> None:
         self.ids[i] = 0
         self.mask[i] = 0
-        self.ids[i, -self.prompt_len :] = self.rng.integers(4, self.vocab, self.prompt_len)
+        self.ids[i, -self.prompt_len :] = self.rng.integers(
+            4, self.vocab, self.prompt_len
+        )
         self.mask[i, -self.prompt_len :] = 1
         self.generated[i] = 0
 
@@ -102,7 +117,10 @@ class BenchTextVecEnv(VecEnv):
             eos = self.eos_id is not None and self._actions[i] == self.eos_id
             if eos or self.generated[i] >= self.max_new:
                 dones[i] = True
-                infos[i]["terminal_observation"] = {"input_ids": self.ids[i].copy(), "attention_mask": self.mask[i].copy()}
+                infos[i]["terminal_observation"] = {
+                    "input_ids": self.ids[i].copy(),
+                    "attention_mask": self.mask[i].copy(),
+                }
                 infos[i]["TimeLimit.truncated"] = not eos
                 self._reset_row(i)
         return self._obs(), rewards, dones, infos
@@ -134,14 +152,37 @@ def load_models(names: list[str]) -> list[tuple[str, th.nn.Module]]:
             try:
                 from textrl_envs.assets import lm_path
 
-                models.append(("bundled LM", AutoModelForCausalLM.from_pretrained(lm_path(), local_files_only=True)))
+                models.append(
+                    (
+                        "bundled LM",
+                        AutoModelForCausalLM.from_pretrained(
+                            lm_path(), local_files_only=True
+                        ),
+                    )
+                )
             except (ImportError, AttributeError, FileNotFoundError) as e:
-                print(f"[bundled LM not available ({type(e).__name__}); using a random stand-in with its config]")
-                cfg = GPT2Config(vocab_size=1600, n_positions=256, n_embd=128, n_layer=4, n_head=4,
-                                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2)
-                models.append(("bundled-size stand-in (GPT-2 4x128)", GPT2LMHeadModel(cfg)))
+                print(
+                    f"[bundled LM not available ({type(e).__name__}); using a random stand-in with its config]"
+                )
+                cfg = GPT2Config(
+                    vocab_size=1600,
+                    n_positions=256,
+                    n_embd=128,
+                    n_layer=4,
+                    n_head=4,
+                    resid_pdrop=0.0,
+                    embd_pdrop=0.0,
+                    attn_pdrop=0.0,
+                    bos_token_id=1,
+                    eos_token_id=2,
+                )
+                models.append(
+                    ("bundled-size stand-in (GPT-2 4x128)", GPT2LMHeadModel(cfg))
+                )
         elif name == "gpt2-small":
-            cfg = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
+            cfg = GPT2Config(
+                n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024
+            )
             models.append(("GPT-2-small size (12x768)", GPT2LMHeadModel(cfg)))
         else:
             raise ValueError(f"unknown model {name!r}; known: bundled, gpt2-small")
@@ -150,25 +191,48 @@ def load_models(names: list[str]) -> list[tuple[str, th.nn.Module]]:
     return models
 
 
-def time_collect(lm, vocab: int, n_envs: int, prompt_len: int, tokens: int, use_cache: bool, repeats: int) -> list[float]:
+def time_collect(
+    lm,
+    vocab: int,
+    n_envs: int,
+    prompt_len: int,
+    tokens: int,
+    use_cache: bool,
+    repeats: int,
+    warmup: bool = True,
+) -> list[float]:
     """Seconds per ``collect_rollouts`` of ``tokens`` steps (each repeat starts from fresh prompts and no cache)."""
     env = BenchTextVecEnv(n_envs, vocab, prompt_len, tokens)
-    model = PPO(CausalLMPolicy, env, n_steps=tokens, batch_size=n_envs * tokens, n_epochs=1, seed=0, device="cpu",
-                policy_kwargs={"model": lm, "use_cache": use_cache})
-    _, callback = model._setup_learn(n_envs * tokens * (repeats + 1), None, progress_bar=False)
+    model = PPO(
+        CausalLMPolicy,
+        env,
+        n_steps=tokens,
+        batch_size=n_envs * tokens,
+        n_epochs=1,
+        seed=0,
+        device="cpu",
+        policy_kwargs={"model": lm, "use_cache": use_cache},
+    )
+    _, callback = model._setup_learn(
+        n_envs * tokens * (repeats + 1), None, progress_bar=False
+    )
     times = []
-    for r in range(repeats + 1):  # the first run warms up
+    for r in range(int(warmup), repeats + 1):  # run 0 warms up
         model._last_obs = env.reset()
         model._last_episode_starts = np.ones(n_envs, bool)
         model.policy.reset_cache()
         t0 = time.perf_counter()
-        assert model.collect_rollouts(env, callback, model.rollout_buffer, n_rollout_steps=tokens)
-        if r:
+        assert model.collect_rollouts(
+            env, callback, model.rollout_buffer, n_rollout_steps=tokens
+        )
+        if r or not warmup:
             times.append(time.perf_counter() - t0)
     return times
 
 
-def time_generate(lm, vocab: int, n_envs: int, prompt_len: int, tokens: int, repeats: int) -> list[float]:
+def time_generate(
+    lm, vocab: int, n_envs: int, prompt_len: int, tokens: int, repeats: int
+) -> list[float]:
     """Seconds per ``generate(do_sample=True)`` of ``tokens`` new tokens for ``n_envs`` prompts."""
     env = BenchTextVecEnv(n_envs, vocab, prompt_len, tokens, seed=1)
     env.reset()
@@ -178,8 +242,16 @@ def time_generate(lm, vocab: int, n_envs: int, prompt_len: int, tokens: int, rep
     for r in range(repeats + 1):
         t0 = time.perf_counter()
         with th.no_grad():
-            out = lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, top_p=1.0,
-                              max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=0)
+            out = lm.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                pad_token_id=0,
+            )
         assert out.shape[1] == prompt_len + tokens
         if r:
             times.append(time.perf_counter() - t0)
@@ -191,41 +263,103 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=["bundled", "gpt2-small"])
     p.add_argument("--n-envs", type=int, default=16)
     p.add_argument("--prompt-len", type=int, default=8)
-    p.add_argument("--tokens", type=int, default=32, help="tokens per env for the generate comparison")
-    p.add_argument("--long-tokens", type=int, default=64, help="tokens per env for the cache-off comparison")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=32,
+        help="tokens per env for the generate comparison",
+    )
+    p.add_argument(
+        "--long-tokens",
+        type=int,
+        default=64,
+        help="tokens per env for the cache-off comparison",
+    )
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--uncached-repeats", type=int, default=1, help="repeats of the slow cache-off loop")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads for every measurement (1 is fastest on a small, shared CPU)")
+    p.add_argument(
+        "--uncached-repeats",
+        type=int,
+        default=1,
+        help="repeats of the slow cache-off loop",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for every measurement (1 is fastest on a small, shared CPU)",
+    )
     args = p.parse_args()
     th.set_num_threads(args.threads)
-    print(f"torch {th.__version__}, {th.get_num_threads()} threads; {args.n_envs} envs, prompt {args.prompt_len} "
-          f"tokens; medians of {args.repeats} repeats (cache-off: {args.uncached_repeats}) after one warm-up")
+    print(
+        f"torch {th.__version__}, {th.get_num_threads()} threads; {args.n_envs} envs, prompt {args.prompt_len} "
+        f"tokens; medians of {args.repeats} repeats (cache-off: {args.uncached_repeats}, no warm-up) after one warm-up"
+    )
     rows = []
     for label, lm in load_models(args.models):
         vocab = lm.config.vocab_size
         n_tok = args.n_envs * args.tokens
-        gen = statistics.median(time_generate(lm, vocab, args.n_envs, args.prompt_len, args.tokens, args.repeats))
+        gen = statistics.median(
+            time_generate(
+                lm, vocab, args.n_envs, args.prompt_len, args.tokens, args.repeats
+            )
+        )
         col = statistics.median(
-            time_collect(lm, vocab, args.n_envs, args.prompt_len, args.tokens, True, args.repeats)
+            time_collect(
+                lm, vocab, args.n_envs, args.prompt_len, args.tokens, True, args.repeats
+            )
         )
         n_long = args.n_envs * args.long_tokens
         cached = statistics.median(
-            time_collect(lm, vocab, args.n_envs, args.prompt_len, args.long_tokens, True, args.repeats)
+            time_collect(
+                lm,
+                vocab,
+                args.n_envs,
+                args.prompt_len,
+                args.long_tokens,
+                True,
+                args.repeats,
+            )
         )
         uncached = statistics.median(
-            time_collect(lm, vocab, args.n_envs, args.prompt_len, args.long_tokens, False, args.uncached_repeats)
+            time_collect(
+                lm,
+                vocab,
+                args.n_envs,
+                args.prompt_len,
+                args.long_tokens,
+                False,
+                args.uncached_repeats,
+                warmup=False,
+            )
         )
-        rows.append((label, n_tok / col, n_tok / gen, gen / col, n_long / cached, n_long / uncached, uncached / cached))
+        rows.append(
+            (
+                label,
+                n_tok / col,
+                n_tok / gen,
+                gen / col,
+                n_long / cached,
+                n_long / uncached,
+                uncached / cached,
+            )
+        )
         print(f"\n{label}")
-        print(f"  {args.tokens} tokens: collect_rollouts {n_tok / col:8.0f} tok/s | generate {n_tok / gen:8.0f} tok/s"
-              f" | ratio {gen / col:.2f}x")
-        print(f"  {args.long_tokens} tokens: cached {n_long / cached:8.0f} tok/s | cache off {n_long / uncached:8.0f} "
-              f"tok/s | speed-up {uncached / cached:.1f}x")
-    print("\n| model | collect_rollouts tok/s | generate tok/s | ratio | cached tok/s (long) | cache-off tok/s | speed-up |")
+        print(
+            f"  {args.tokens} tokens: collect_rollouts {n_tok / col:8.0f} tok/s | generate {n_tok / gen:8.0f} tok/s"
+            f" | ratio {gen / col:.2f}x"
+        )
+        print(
+            f"  {args.long_tokens} tokens: cached {n_long / cached:8.0f} tok/s | cache off {n_long / uncached:8.0f} "
+            f"tok/s | speed-up {uncached / cached:.1f}x"
+        )
+    print(
+        "\n| model | collect_rollouts tok/s | generate tok/s | ratio | cached tok/s (long) | cache-off tok/s | speed-up |"
+    )
     print("|---|---|---|---|---|---|---|")
     for label, c, g, ratio, lc, lu, speed in rows:
-        print(f"| {label} | {c:.0f} | {g:.0f} | {ratio:.2f}x | {lc:.0f} | {lu:.0f} | {speed:.1f}x |")
+        print(
+            f"| {label} | {c:.0f} | {g:.0f} | {ratio:.2f}x | {lc:.0f} | {lu:.0f} | {speed:.1f}x |"
+        )
 
 
 if __name__ == "__main__":
