@@ -200,9 +200,17 @@ def time_collect(
     use_cache: bool,
     repeats: int,
     warmup: bool = True,
+    env_name: str = "stand-in",
 ) -> list[float]:
     """Seconds per ``collect_rollouts`` of ``tokens`` steps (each repeat starts from fresh prompts and no cache)."""
-    env = BenchTextVecEnv(n_envs, vocab, prompt_len, tokens)
+    if env_name == "textgen":
+        from textrl_envs.sb3 import make_vec_env
+
+        env = make_vec_env(
+            "TextGen-v0", n_envs=n_envs, device="cpu", seed=0, max_new_tokens=tokens
+        )
+    else:
+        env = BenchTextVecEnv(n_envs, vocab, prompt_len, tokens)
     model = PPO(
         CausalLMPolicy,
         env,
@@ -283,6 +291,13 @@ def main() -> None:
         help="repeats of the slow cache-off loop",
     )
     p.add_argument(
+        "--env",
+        choices=["stand-in", "textgen"],
+        default="stand-in",
+        help="stand-in: this script's VecEnv (fixed prompt length, no EOS); textgen: textrl_envs.sb3.make_vec_env"
+        "('TextGen-v0') with its bundled tokenizer, prompts and EOS (episodes may end early: more prefills)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -292,7 +307,7 @@ def main() -> None:
     th.set_num_threads(args.threads)
     print(
         f"torch {th.__version__}, {th.get_num_threads()} threads; {args.n_envs} envs, prompt {args.prompt_len} "
-        f"tokens; medians of {args.repeats} repeats (cache-off: {args.uncached_repeats}, no warm-up) after one warm-up"
+        f"tokens; env {args.env}; medians of {args.repeats} repeats (cache-off: {args.uncached_repeats}, no warm-up) after one warm-up"
     )
     rows = []
     for label, lm in load_models(args.models):
@@ -305,7 +320,14 @@ def main() -> None:
         )
         col = statistics.median(
             time_collect(
-                lm, vocab, args.n_envs, args.prompt_len, args.tokens, True, args.repeats
+                lm,
+                vocab,
+                args.n_envs,
+                args.prompt_len,
+                args.tokens,
+                True,
+                args.repeats,
+                env_name=args.env,
             )
         )
         n_long = args.n_envs * args.long_tokens
@@ -318,6 +340,7 @@ def main() -> None:
                 args.long_tokens,
                 True,
                 args.repeats,
+                env_name=args.env,
             )
         )
         uncached = statistics.median(
@@ -330,6 +353,7 @@ def main() -> None:
                 False,
                 args.uncached_repeats,
                 warmup=False,
+                env_name=args.env,
             )
         )
         rows.append(
