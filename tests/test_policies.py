@@ -317,10 +317,17 @@ def test_policy_log_probs_use_the_processed_distribution():
 # ------------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("factory,group_size", [(tiny_gpt2, 1), (tiny_llama, 2)])
-def test_cached_rollout_matches_full_recompute(factory, group_size):
+@pytest.mark.parametrize(
+    "factory,group_size,kwargs",
+    [
+        (tiny_gpt2, 1, {"top_k": 20}),
+        (tiny_llama, 2, {"top_p": 0.9}),
+        (tiny_qwen2, 3, {"separate_critic": True}),
+    ],
+)
+def test_cached_rollout_matches_full_recompute(factory, group_size, kwargs):
     th.manual_seed(0)
-    policy = make_policy(factory(), top_k=20)
+    policy = make_policy(factory(), **kwargs)
     env = FakeTextVecEnv(n_envs=6, group_size=group_size, seed=3)
     obs = env.reset()
     policy.set_training_mode(False)
