@@ -447,8 +447,11 @@ class CausalLMPolicy(BasePolicy):
         if top_k is not None and top_k < 0:
             raise ValueError(f"top_k must be >= 0 or None, got {top_k}")
 
+        resolved_dtype = _as_dtype(dtype)
         self.dtype_name = (
-            None if dtype is None else str(_as_dtype(dtype)).replace("torch.", "")
+            None
+            if resolved_dtype is None
+            else str(resolved_dtype).replace("torch.", "")
         )
         self.temperature = float(temperature)
         self.top_k = top_k
@@ -460,13 +463,10 @@ class CausalLMPolicy(BasePolicy):
         self.ortho_init = ortho_init
         self.critic_hidden = critic_hidden
 
-        self.lm = _load_lm(model, _as_dtype(dtype))
+        self.lm = _load_lm(model, resolved_dtype)
         self._spec = model_spec(self.lm)
         if not isinstance(model, (str, os.PathLike)) and model is not None:
             _make_portable(model, self._spec)
-        self._model_arg = (
-            os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
-        )
 
         self.n_actions = int(action_space.n)
         self.lm_vocab = int(self.lm.get_output_embeddings().weight.shape[0])
