@@ -1,0 +1,284 @@
+"""The ``sb3-grpo`` command: ``compare`` (PPO vs GRPO over seeds, with a report) and ``perf`` (throughput).
+
+Thin on purpose: the argument parsing lives here, the work in :mod:`sb3_grpo.bench`.
+
+::
+
+    sb3-grpo compare                                   # the README's main job, about 5 minutes on 2 CPU cores
+    sb3-grpo compare --env CartPole-v1 --algos ppo,grpo --seeds 5 --timesteps 50000 --out runs/cartpole
+    sb3-grpo compare --set grpo.learning_rate=1e-4 --set '*.n_epochs=2' --resume --out runs/compare-...
+    sb3-grpo report runs/cartpole                      # rewrite report.md and curves.png from results.json
+    sb3-grpo perf --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sb3_grpo.bench.algos import ALGOS, DEFAULT_GROUP_SIZE, algo_table
+
+#: The no-argument comparison (the README's main job): about five minutes on a 2-core CPU.
+DEFAULT_ENV = "TextGen-v0"
+DEFAULT_ALGOS = "ppo,grpo,grpo-group"
+DEFAULT_SEEDS = 3
+DEFAULT_TIMESTEPS = 4608
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def _value(text: str) -> Any:
+    """A ``--set`` value: JSON (numbers, true/false/null, lists, dicts), ``None``, or else the plain string."""
+    if text in ("None", "none"):
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_set(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Parse ``--set algo.key=value`` items (``*`` as algo: every algorithm).
+
+    :param items: The raw strings.
+    :return: ``{algo: {key: value}}``.
+    :raises ValueError: for an item that is not ``algo.key=value``.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        algo, dot, key = name.partition(".")
+        if not sep or not dot or not algo or not key:
+            raise ValueError(
+                f"--set {item!r}: expected ALGO.KEY=VALUE, e.g. grpo.learning_rate=1e-4 or '*.n_epochs=2'"
+            )
+        out.setdefault(algo.strip(), {})[key.strip()] = _value(value.strip())
+    return out
+
+
+def load_config_file(path: str) -> dict[str, dict[str, Any]]:
+    """Read ``--config``: a JSON object ``{"<algo>" or "*": {"<parameter>": value, ...}, ...}``.
+
+    :param path: The file.
+    :return: The overrides.
+    :raises ValueError: when it cannot be read or has another shape.
+    """
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as err:
+        raise ValueError(f"--config {path}: {err.strerror or err}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--config {path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ValueError(
+            f'--config {path}: expected {{"<algo>" or "*": {{"<parameter>": value}}}}, e.g. '
+            '{"*": {"n_epochs": 2}, "grpo": {"grad_var_coef": 0.02}}'
+        )
+    return data
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sb3-grpo`` argument parser (subcommands ``compare``, ``report``, ``perf``)."""
+    parser = argparse.ArgumentParser(
+        prog="sb3-grpo",
+        description="Compare PPO and GRPO variants on Gymnasium / text envs, and measure throughput.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{compare,report,perf}")
+
+    c = sub.add_parser(
+        "compare",
+        help="train algorithms over seeds and write results.json, curves.png, report.md",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Train each algorithm on each seed, evaluate it separately, and write to --out: results.json "
+            "(after every run), tensorboard/<algo>/seed<k>/, curves.png and report.md.\n\n"
+            f"With no arguments: {DEFAULT_ENV}, {DEFAULT_ALGOS}, {DEFAULT_SEEDS} seeds x {DEFAULT_TIMESTEPS} tokens, "
+            "into a fresh runs/compare-<timestamp>/ (about five minutes on a 2-core CPU).\n\n"
+            "Algorithms (--algos):\n" + algo_table() + "\n\n"
+            f"Group-advantage algorithms get envs in prompt groups of {DEFAULT_GROUP_SIZE} (--group-size); the "
+            "others get ungrouped envs. Text envs use CausalLMPolicy with the bundled LM; other ids use "
+            "MlpPolicy / MultiInputPolicy with SB3's defaults.\n\n"
+            "Ctrl-C keeps the runs that finished (the report marks the missing ones); --resume completes them."
+        ),
+    )
+    c.add_argument("--env", default=DEFAULT_ENV, help=f"registered env id (default {DEFAULT_ENV})")
+    c.add_argument("--algos", default=DEFAULT_ALGOS, help=f"comma-separated names (default {DEFAULT_ALGOS})")
+    c.add_argument("--seeds", type=_positive_int, default=DEFAULT_SEEDS, help="number of seeds, 0..K-1 (default %(default)s)")
+    c.add_argument(
+        "--timesteps", type=_positive_int, default=None,
+        help=f"env steps (tokens for text envs) per run (default {DEFAULT_TIMESTEPS} for the default env, else 50000)",
+    )
+    c.add_argument("--out", default=None, help="output folder (default: a fresh runs/compare-<timestamp>)")
+    c.add_argument("--n-envs", type=_positive_int, default=None, help="parallel envs (default 16 for text envs, else 1)")
+    c.add_argument(
+        "--group-size", type=_positive_int, default=None,
+        help=f"prompt group size for group-advantage algorithms (default {DEFAULT_GROUP_SIZE})",
+    )
+    c.add_argument("--eval-episodes", type=_positive_int, default=None,
+                   help="episodes of the final evaluation (default 64 for text envs, else 10)")
+    c.add_argument("--threshold", type=float, default=None,
+                   help="reward for the 'steps to threshold' column (default: halfway from untrained to best)")
+    c.add_argument("--config", default=None, metavar="FILE.json",
+                   help='hyperparameters: {"*": {...}, "<algo>": {"<param>": value}}')
+    c.add_argument("--set", action="append", default=[], metavar="ALGO.KEY=VALUE",
+                   help="override one hyperparameter (JSON value; ALGO may be '*'); repeatable, wins over --config")
+    mode = c.add_mutually_exclusive_group()
+    mode.add_argument("--overwrite", action="store_true", help="replace the results in an existing --out")
+    mode.add_argument("--resume", action="store_true", help="continue an existing --out, skipping completed runs")
+    c.add_argument("--device", default="auto", help="torch device: auto, cpu, cuda (default auto)")
+    c.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.set_defaults(subparser=c)
+
+    r = sub.add_parser("report", help="rewrite report.md and curves.png from DIR/results.json")
+    r.add_argument("dir", help="an out dir of `sb3-grpo compare`")
+    r.set_defaults(subparser=r)
+
+    p = sub.add_parser("perf", help="throughput measurements: env, rollout, update, grad-variance cost")
+    p.add_argument("--out", default=None, help="output folder for perf.json / perf.md (default runs/perf-<timestamp>)")
+    p.add_argument("--quick", action="store_true", help="small sizes, one repeat (about a minute)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.set_defaults(subparser=p)
+    return parser
+
+
+def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
+    from sb3_grpo.bench.algos import parse_algos
+    from sb3_grpo.bench.compare import CompareError, make_config, prepare_out_dir, run_compare
+
+    try:
+        algos = parse_algos(args.algos)
+        overrides: dict[str, dict[str, Any]] = {}
+        if args.config:
+            for key, values in load_config_file(args.config).items():
+                overrides.setdefault(key, {}).update(values)
+        for key, values in parse_set(args.set).items():
+            overrides.setdefault(key, {}).update(values)
+        timesteps = args.timesteps
+        if timesteps is None:
+            timesteps = DEFAULT_TIMESTEPS if args.env == DEFAULT_ENV else 50_000
+        cfg = make_config(
+            env_id=args.env,
+            algos=algos,
+            seeds=args.seeds,
+            timesteps=timesteps,
+            n_envs=args.n_envs,
+            group_size=args.group_size,
+            eval_episodes=args.eval_episodes,
+            device=args.device,
+            overrides=overrides,
+            threshold=args.threshold,
+        )
+        out = Path(args.out) if args.out else Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
+        prepare_out_dir(out, overwrite=args.overwrite, resume=args.resume)
+    except (CompareError, ValueError) as err:
+        parser.error(str(err))  # exits 2
+    if args.threads:
+        import torch as th
+
+        th.set_num_threads(args.threads)
+    command = shlex.join(["sb3-grpo", *argv])
+    runs = len(cfg.algos) * len(cfg.seeds)
+    grouped = [a for a in cfg.algos if cfg.group_sizes[a] > 1]
+    print(
+        f"sb3-grpo compare: {cfg.env_id}, {', '.join(cfg.algos)} x {len(cfg.seeds)} seeds x {cfg.timesteps:,} "
+        f"steps ({runs} runs) -> {out}/"
+        + (f"\n  {', '.join(grouped)}: envs in prompt groups of {cfg.group_size}" if grouped else ""),
+        flush=True,
+    )
+    start = time.perf_counter()
+    try:
+        run_compare(cfg, out, command, resume=args.resume, progress=False if args.no_progress else None)
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted: completed runs are kept in {out}/results.json and report.md marks the missing ones; "
+            f"continue with: {shlex.join(['sb3-grpo', *_resume_argv(argv, out)])}",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    print(f"done in {time.perf_counter() - start:.0f} s: {out}/report.md, {out}/curves.png, {out}/results.json")
+    print(f"tensorboard: tensorboard --logdir {out}/tensorboard")
+    return 0
+
+
+def _resume_argv(argv: Sequence[str], out: Path) -> list[str]:
+    rest = [a for a in argv if a not in ("--overwrite", "--resume")]
+    if "--out" not in rest and not any(a.startswith("--out=") for a in rest):
+        rest += ["--out", str(out)]
+    return [*rest, "--resume"]
+
+
+def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sb3_grpo.bench.compare import RESULTS_FILE, load_results
+    from sb3_grpo.bench.report import write_report
+
+    out = Path(args.dir)
+    if not (out / RESULTS_FILE).is_file():
+        parser.error(f"{out / RESULTS_FILE} does not exist; give an out dir of `sb3-grpo compare`")
+    write_report(load_results(out), out)
+    print(f"wrote {out}/report.md and {out}/curves.png")
+    return 0
+
+
+def _perf(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sb3_grpo.bench.perf import run_perf
+
+    out = Path(args.out) if args.out else Path("runs") / time.strftime("perf-%Y%m%d-%H%M%S")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"cannot create --out {out}: {err.strerror or err}")
+    if args.threads:
+        import torch as th
+
+        th.set_num_threads(args.threads)
+    try:
+        run_perf(out, quick=args.quick)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; measurements so far are in {out}/perf.json", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``sb3-grpo`` console script.
+
+    :param argv: Arguments without the program name (``sys.argv[1:]`` when ``None``).
+    :return: The exit status (0 ok, 2 bad usage, 130 interrupted).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "compare":
+        return _compare(args, args.subparser, argv)
+    if args.command == "report":
+        return _report(args, args.subparser)
+    if args.command == "perf":
+        return _perf(args, args.subparser)
+    parser.print_help()
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
