@@ -56,6 +56,15 @@ KL_CONTROLLER_GAIN = 0.1
 KL_CONTROLLER_CLIP = 0.2
 
 
+def _ignore_greedy(fn):
+    """Adapt ``f(returns, group_ids)`` to the tracker's ``f(returns, group_ids, is_greedy)``."""
+
+    def advantage_fn(returns: th.Tensor, group_ids: th.Tensor, _is_greedy: th.Tensor):
+        return fn(returns, group_ids)
+
+    return advantage_fn
+
+
 def _env_group_size(env: VecEnv) -> int | None:
     """``group_size`` the VecEnv reports through ``get_attr`` (``None`` if it has none)."""
     try:
@@ -264,15 +273,15 @@ class GRPO(OnPolicyAlgorithm):
 
         # Same sanity checks as PPO
         if normalize_advantage:
-            assert (
-                batch_size > 1
-            ), "`batch_size` must be greater than 1. See https://github.com/DLR-RM/stable-baselines3/issues/440"
+            assert batch_size > 1, (
+                "`batch_size` must be greater than 1. See https://github.com/DLR-RM/stable-baselines3/issues/440"
+            )
 
         if self.env is not None:
             buffer_size = self.env.num_envs * self.n_steps
-            assert buffer_size > 1 or (
-                not normalize_advantage
-            ), f"`n_steps * n_envs` must be greater than 1. Currently n_steps={self.n_steps} and n_envs={self.env.num_envs}"
+            assert buffer_size > 1 or (not normalize_advantage), (
+                f"`n_steps * n_envs` must be greater than 1. Currently n_steps={self.n_steps} and n_envs={self.env.num_envs}"
+            )
             untruncated_batches = buffer_size // batch_size
             if buffer_size % batch_size > 0:
                 warnings.warn(
@@ -408,9 +417,9 @@ class GRPO(OnPolicyAlgorithm):
             group_size = self._check_grouped_env(env)
             greedy = None
             if self.advantage == "group":
-                advantage_fn = lambda r, g, _greedy: group_advantages(r, g)  # noqa: E731
+                advantage_fn = _ignore_greedy(group_advantages)
             elif self.advantage == "rloo":
-                advantage_fn = lambda r, g, _greedy: rloo_advantages(r, g)  # noqa: E731
+                advantage_fn = _ignore_greedy(rloo_advantages)
             else:
                 advantage_fn = self_critical_advantages
                 greedy = np.arange(env.num_envs) % group_size == 0
@@ -727,9 +736,7 @@ class GRPO(OnPolicyAlgorithm):
                 if use_grad_var:
                     # Var[grad L_CLIP] over K contiguous slices of the (randomly permuted) minibatch; its
                     # gradient comes from double backprop when loss.backward() runs
-                    grad_var = self._gradient_variance(
-                        [-part.mean() for part in th.tensor_split(surrogate, n_slices)]
-                    )
+                    grad_var = self._gradient_variance([-part.mean() for part in th.tensor_split(surrogate, n_slices)])
                     grad_vars.append(grad_var.item())
                     details["grad_var"] = grad_vars[-1]
                     loss = loss + self.grad_var_coef * grad_var
@@ -825,7 +832,7 @@ class GRPO(OnPolicyAlgorithm):
             pearson_corr(self.rollout_buffer.values, self.rollout_buffer.returns),
         )
 
-    def learn(
+    def learn(  # noqa: PYI019 (SB3's convention; typing.Self needs Python 3.11)
         self: SelfGRPO,
         total_timesteps: int,
         callback: MaybeCallback = None,

@@ -160,7 +160,11 @@ def gradient_variance(
         )  # fmt: skip
         stacked = th.cat(
             [
-                (th.zeros((n_slices, p.numel()), dtype=p.dtype, device=p.device) if g is None else g.reshape(n_slices, -1))
+                (
+                    th.zeros((n_slices, p.numel()), dtype=p.dtype, device=p.device)
+                    if g is None
+                    else g.reshape(n_slices, -1)
+                )
                 for g, p in zip(grads, params, strict=True)
             ],
             dim=1,
@@ -338,9 +342,7 @@ def uniform_log_prob(
     )
 
 
-def uniform_sample(
-    action_space: spaces.Space, n: int, rng: np.random.Generator, squashed: bool = False
-) -> np.ndarray:
+def uniform_sample(action_space: spaces.Space, n: int, rng: np.random.Generator, squashed: bool = False) -> np.ndarray:
     """
     Draw ``n`` actions from the uniform policy on ``action_space`` (see :func:`uniform_log_prob`).
 
@@ -363,9 +365,7 @@ def uniform_sample(
     raise ValueError(f"uniform exploration does not support {type(action_space).__name__} actions")
 
 
-def mixture_log_prob(
-    log_prob: th.Tensor, uniform_log_prob_: float | th.Tensor, alpha: float
-) -> th.Tensor:
+def mixture_log_prob(log_prob: th.Tensor, uniform_log_prob_: float | th.Tensor, alpha: float) -> th.Tensor:
     """
     Log density of the exploration mixture ``(1 - alpha) * pi + alpha * uniform``:
 

@@ -104,8 +104,13 @@ def main() -> None:
     parser.add_argument("--n-envs", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for small MLPs)")
     parser.add_argument("--kwargs", default="{}", help="JSON dict of extra constructor kwargs for every algo")
-    parser.add_argument("--cost-only", type=int, default=0, metavar="REPEATS",
-                        help="only time one update with and without the grad-var penalty, REPEATS times each")
+    parser.add_argument(
+        "--cost-only",
+        type=int,
+        default=0,
+        metavar="REPEATS",
+        help="only time one update with and without the grad-var penalty, REPEATS times each",
+    )
     args = parser.parse_args()
     th.set_num_threads(args.threads)
     extra = json.loads(args.kwargs)

@@ -76,9 +76,7 @@ def test_each_extra_changes_the_update(extra):
 
 # ------------------------------------------------------------------------------------------ logging
 def test_defaults_log_every_quantity():
-    model = _quiet(
-        GRPO("MlpPolicy", "CartPole-v1", seed=0, kl_coef=0.1, clip_range=lambda p: 0.1 + 0.2 * p, **SMALL)
-    )
+    model = _quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, kl_coef=0.1, clip_range=lambda p: 0.1 + 0.2 * p, **SMALL))
     model.learn(256)
     logged = model.logger.name_to_value
     ppo_keys = [
@@ -288,7 +286,7 @@ def test_bad_input_raises_at_construction(kwargs, match):
 
 class NanReward(gym.Wrapper):
     def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
+        obs, _reward, terminated, truncated, info = self.env.step(action)
         return obs, math.nan, terminated, truncated, info
 
 
