@@ -21,7 +21,7 @@ Results on this project's 2-core CPU box shared with other jobs (2026-11-29; wal
 - ``--cost-only 5``: one update 0.87 s with the penalty (K=4) vs 0.41 s without, 2.1x
   (K=2: 0.78 s vs 0.40 s, 1.95x).
 - Pendulum-v1 (rl-zoo hyperparameters below, 4 envs, 100k steps, seed 0): ``ppo`` -119 +- 72,
-  ``grpo-explore`` (defaults, ``explore_alpha=0.2``) -119 +- 72 (a random policy scores about -1200).
+  ``grpo-explore`` (defaults, ``explore_alpha=0.2``) -119 +- 72 (the untrained policy: -1049 +- 206).
 
 Algorithms: ``ppo`` (stock SB3 PPO), ``grpo`` (GRPO defaults), ``grpo-nogradvar`` (defaults with
 ``grad_var_coef=0``), ``grpo-explore`` (defaults with ``explore_alpha=0.2``), ``grpo-off`` (every GRPO extra off: must match ``ppo`` exactly).
