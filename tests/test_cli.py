@@ -1,0 +1,229 @@
+"""``sb3-grpo compare`` / ``report``: outputs, bad input, Ctrl-C and --resume (tiny settings, seconds each)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+from stable_baselines3.common.callbacks import BaseCallback
+
+from sb3_grpo.bench import compare as compare_mod
+from sb3_grpo.bench.algos import ALGOS, parse_algos
+from sb3_grpo.bench.compare import make_config, prepare_out_dir, run_compare
+from sb3_grpo.bench.report import curve_auc, render_report, steps_to_threshold, summarize, volatility
+from sb3_grpo.cli import main, parse_set
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+CARTPOLE = [
+    "compare", "--env", "CartPole-v1", "--algos", "ppo,grpo", "--seeds", "2", "--timesteps", "256",
+    "--eval-episodes", "2", "--no-progress",
+    "--set", "*.n_steps=64", "--set", "*.batch_size=32", "--set", "*.n_epochs=1",
+]
+TEXT = [
+    "compare", "--env", "TextGen-v0", "--algos", "ppo,grpo-group", "--seeds", "1", "--timesteps", "96",
+    "--n-envs", "4", "--group-size", "2", "--eval-episodes", "4", "--no-progress",
+    "--set", "*.n_steps=24", "--set", "*.batch_size=48", "--set", "*.n_epochs=1",
+]
+RUN_KEYS = {
+    "algo", "seed", "status", "curve", "final", "env_steps", "wall_time_s", "steps_per_s", "peak_rss_mb",
+    "cuda_peak_mb", "kl_to_init", "kl_ref", "fingerprint",
+}
+
+
+def _check_outputs(out, algos, seeds):
+    assert (out / "results.json").is_file() and (out / "curves.png").stat().st_size > 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "complete"
+    assert set(results["runs"]) == {f"{a}/seed{s}" for a in algos for s in seeds}
+    for run in results["runs"].values():
+        assert RUN_KEYS <= set(run)
+        assert run["curve"]["steps"] and len(run["curve"]["steps"]) == len(run["curve"]["reward"])
+        assert math.isfinite(run["final"]["reward_mean"]) and run["peak_rss_mb"] > 0
+    assert results["untrained"] is not None and "versions" in results["environment"]
+    report = (out / "report.md").read_text()
+    for text in ("final reward", "vs PPO", "AUC", "seed std", "volatility", "peak RSS", "KL to init",
+                 "The claim", "sb3-grpo compare", "Versions:", "Hardware:", "separate evaluation"):
+        assert text in report, text
+    for algo in algos:
+        assert f"| {algo} |" in report
+    return results
+
+
+def test_compare_cartpole(tmp_path):
+    out = tmp_path / "cp"
+    assert main([*CARTPOLE, "--out", str(out)]) == 0
+    results = _check_outputs(out, ["ppo", "grpo"], [0, 1])
+    assert (out / "tensorboard" / "grpo" / "seed1").is_dir()
+    assert results["config"]["hyperparameters"]["grpo"]["n_steps"] == 64
+    # the report can be regenerated from results.json alone
+    (out / "report.md").unlink()
+    assert main(["report", str(out)]) == 0 and (out / "report.md").is_file()
+
+
+def test_compare_textgen(tmp_path):
+    out = tmp_path / "text"
+    assert main([*TEXT, "--out", str(out)]) == 0
+    results = _check_outputs(out, ["ppo", "grpo-group"], [0])
+    assert results["config"]["group_sizes"] == {"ppo": 1, "grpo-group": 2}
+    assert results["runs"]["ppo/seed0"]["step_unit"] == "tokens"
+    assert "prompt groups of 2" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--algos", "ppo,nope"], "'nope'"),
+        (["--env", "NoSuchEnv-v0"], "unknown env 'NoSuchEnv-v0'"),
+        (["--seeds", "0"], "--seeds"),
+        (["--timesteps", "-5"], "--timesteps"),
+        (["--n-envs", "0"], "--n-envs"),
+        (["--eval-episodes", "x"], "--eval-episodes"),
+        (["--set", "grpo.learning_rate"], "ALGO.KEY=VALUE"),
+        (["--set", "grpo.no_such_param=1"], "no_such_param"),
+        (["--set", "sac.learning_rate=1"], "'sac'"),
+        (["--env", "CartPole-v1", "--algos", "ppo,grpo-group"], "prompt groups"),
+        (["--n-envs", "6", "--algos", "grpo-group"], "multiple of the group size"),
+        (["--overwrite", "--resume"], "not allowed with"),
+    ],
+)
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, message):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", *args, "--out", str(out)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not out.exists()
+
+
+def test_unknown_algo_lists_known(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["compare", "--algos", "ppo,grpoo", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert all(name in err for name in ALGOS)
+
+
+def test_existing_out_dir_refused(tmp_path, capsys):
+    out = tmp_path / "exists"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(SystemExit) as exc:
+        main([*CARTPOLE, "--out", str(out)])
+    assert exc.value.code == 2 and "--overwrite" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    with pytest.raises(SystemExit):  # --resume without results.json
+        main([*CARTPOLE, "--out", str(out), "--resume"])
+
+
+def test_unwritable_out_dir(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        main([*CARTPOLE, "--out", str(blocker / "sub")])
+    assert exc.value.code == 2 and "cannot write" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+class _Interrupt(BaseCallback):
+    def _on_step(self) -> bool:
+        raise KeyboardInterrupt
+
+
+def _tiny_cartpole_config():
+    return make_config(
+        "CartPole-v1", ["ppo", "grpo"], seeds=1, timesteps=128, eval_episodes=2, device="cpu",
+        overrides={"*": {"n_steps": 64, "batch_size": 32, "n_epochs": 1}},
+    )
+
+
+def test_ctrl_c_keeps_completed_runs_and_resume_skips_them(tmp_path, capsys):
+    out = tmp_path / "cc"
+    cfg = _tiny_cartpole_config()
+    prepare_out_dir(out, overwrite=False, resume=False)
+    calls = []
+
+    def callbacks_for(algo, seed):
+        calls.append(algo)
+        return [_Interrupt()] if len(calls) == 2 else []
+
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(cfg, out, "sb3-grpo compare ...", callbacks_for=callbacks_for, progress=False)
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "interrupted"
+    assert list(results["runs"]) == ["ppo/seed0"]
+    report = (out / "report.md").read_text()
+    assert "Incomplete" in report and "grpo seed 0" in report
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    first_wall = results["runs"]["ppo/seed0"]["wall_time_s"]
+
+    args = ["compare", "--env", "CartPole-v1", "--algos", "ppo,grpo", "--seeds", "1", "--timesteps", "128",
+            "--eval-episodes", "2", "--device", "cpu", "--no-progress", "--out", str(out), "--resume",
+            "--set", "*.n_steps=64", "--set", "*.batch_size=32", "--set", "*.n_epochs=1"]
+    assert main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "complete" and set(results["runs"]) == {"ppo/seed0", "grpo/seed0"}
+    assert results["runs"]["ppo/seed0"]["wall_time_s"] == first_wall  # kept, not rerun
+    assert "keeping 1 completed run" in capsys.readouterr().out
+    assert "Incomplete" not in (out / "report.md").read_text()
+
+
+def test_cli_interrupt_exit_code(tmp_path, monkeypatch, capsys):
+    calls = []
+    real = compare_mod.run_one
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compare_mod, "run_one", flaky)
+    out = tmp_path / "ki"
+    assert main([*CARTPOLE, "--seeds", "1", "--out", str(out)]) == 130
+    assert "--resume" in capsys.readouterr().err
+    assert list(json.loads((out / "results.json").read_text())["runs"]) == ["ppo/seed0"]
+
+
+def test_parse_helpers():
+    assert parse_algos("ppo, grpo,ppo") == ["ppo", "grpo"]
+    assert parse_set(["grpo.learning_rate=1e-4", "*.adaptive_clip=null", "ppo.policy_kwargs={\"top_k\": 5}"]) == {
+        "grpo": {"learning_rate": 1e-4},
+        "*": {"adaptive_clip": None},
+        "ppo": {"policy_kwargs": {"top_k": 5}},
+    }
+
+
+def test_metrics():
+    steps, rewards = [100, 200, 300, 400], [0.0, 1.0, 1.0, 3.0]
+    assert curve_auc(steps, rewards) == pytest.approx((0.5 + 1.0 + 2.0) * 100 / 300)
+    assert steps_to_threshold(steps, rewards, 0.6) == 300  # smoothed: 0, .5, .667, 1.667
+    assert steps_to_threshold(steps, rewards, 1.0) == 400
+    assert steps_to_threshold(steps, rewards, 10.0) is None
+    assert math.isnan(volatility([1.0, 2.0]))
+    assert volatility([0, 0, 0, 1, 0, 1, 0, 1]) > 0
+
+
+def test_report_from_handmade_results():
+    def run(algo, seed, final):
+        return {"algo": algo, "seed": seed, "status": "complete", "curve": {"steps": [1, 2, 3, 4], "reward": [0, 1, 2, final]},
+                "final": {"reward_mean": final, "deterministic": True}, "wall_time_s": 1.0, "steps_per_s": 4.0,
+                "peak_rss_mb": 10.0, "cuda_peak_mb": None, "kl_to_init": 0.1, "kl_ref": None}
+
+    results = {
+        "config": {"env_id": "TextGen-v0", "algos": ["ppo", "grpo"], "seeds": [0, 1, 2], "timesteps": 4, "n_envs": 1,
+                   "eval_episodes": 1, "text": True, "threshold": None, "hyperparameters": {}, "group_sizes": {}},
+        "untrained": {"reward_mean": 0.0},
+        "runs": {f"{a}/seed{s}": run(a, s, f) for a, vals in (("ppo", (1.0, 1.2, 0.8)), ("grpo", (1.3, 1.1)))
+                 for s, f in enumerate(vals)},
+        "status": "interrupted",
+    }
+    summary = summarize(results)
+    assert summary["ppo"]["final_mean"] == pytest.approx(1.0)
+    assert summary["grpo"]["vs_ppo_pct"] == pytest.approx(20.0)
+    assert summary["grpo"]["seeds_missing"] == [2]
+    text = render_report(results)
+    assert "Incomplete (interrupted): 5 of 6 runs" in text and "grpo seed 2" in text
+    assert "What we found" in text and "within seed noise" in text
