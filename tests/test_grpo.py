@@ -61,6 +61,17 @@ def test_extras_off_equals_stock_ppo(env_id, kwargs):
     assert grpo._n_updates == ppo._n_updates
 
 
+def test_extras_off_equals_stock_ppo_dict_observations():
+    def make_env():
+        np.random.seed(0)  # the env draws its observation table from numpy's global RNG at creation
+        return SimpleMultiObsEnv(random_start=True)
+
+    hp = {"n_steps": 64, "batch_size": 32, "n_epochs": 2, "seed": 5, "device": "cpu"}
+    ppo = _quiet(PPO("MultiInputPolicy", make_env(), **hp)).learn(128)
+    grpo = _quiet(GRPO("MultiInputPolicy", make_env(), **hp, **OFF)).learn(128)
+    assert _same_params(_params(ppo), _params(grpo))
+
+
 @pytest.mark.parametrize(
     "extra",
     [{"adaptive_clip": (1.0, 0.01)}, {"grad_var_coef": 1.0}, {"explore_alpha": 0.5}, {"kl_coef": 1.0}],
