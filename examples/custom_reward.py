@@ -45,7 +45,7 @@ def main() -> None:
         "CausalLMPolicy",
         env,
         advantage="group",  # DeepSeekMath-style: each completion against the other 3 of its prompt group
-        n_steps=48,
+        n_steps=min(48, max(8, args.timesteps // 8)),  # tokens per env per rollout
         batch_size=96,
         n_epochs=2,
         learning_rate=3e-4,

@@ -18,19 +18,24 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from sb3_grpo import GRPO, CausalLMPolicy
 from textrl_envs.sb3 import make_vec_env
 
-COMMON = dict(n_steps=48, batch_size=192, n_epochs=2, learning_rate=3e-4, gamma=1.0, seed=0, device="cpu")
+COMMON = dict(batch_size=192, n_epochs=2, learning_rate=3e-4, gamma=1.0, seed=0, device="cpu")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timesteps", type=int, default=768, help="env steps (tokens) per algorithm")
     args = parser.parse_args()
+    n_steps = min(48, max(8, args.timesteps // 8))  # tokens per env per rollout (8 envs)
 
     models = {
-        "ppo": PPO(CausalLMPolicy, make_vec_env("TextGen-v0", n_envs=8, seed=0), **COMMON),
+        "ppo": PPO(CausalLMPolicy, make_vec_env("TextGen-v0", n_envs=8, seed=0), n_steps=n_steps, **COMMON),
         # group-relative advantages need prompt groups: 8 envs = 2 prompts x 4 completions
         "grpo-group": GRPO(
-            "CausalLMPolicy", make_vec_env("TextGen-v0", n_envs=8, group_size=4, seed=0), advantage="group", **COMMON
+            "CausalLMPolicy",
+            make_vec_env("TextGen-v0", n_envs=8, group_size=4, seed=0),
+            advantage="group",
+            n_steps=n_steps,
+            **COMMON,
         ),
     }
     for name, model in models.items():

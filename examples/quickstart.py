@@ -26,8 +26,8 @@ def main() -> None:
     model = GRPO(
         "CausalLMPolicy",  # the bundled tiny GPT-2, matching the env's bundled tokenizer
         env,
-        n_steps=48,  # tokens per rollout (two episodes of at most 24 tokens)
-        batch_size=48,
+        n_steps=min(48, args.timesteps),  # tokens per rollout (up to two episodes of at most 24 tokens)
+        batch_size=24,
         n_epochs=2,
         learning_rate=3e-4,
         gamma=1.0,  # the reward comes at the end of the completion

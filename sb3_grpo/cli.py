@@ -29,7 +29,7 @@ from sb3_grpo.bench.algos import ALGOS, DEFAULT_GROUP_SIZE, algo_table
 DEFAULT_ENV = "TextGen-v0"
 DEFAULT_ALGOS = "ppo,grpo,grpo-group"
 DEFAULT_SEEDS = 3
-DEFAULT_TIMESTEPS = 4608
+DEFAULT_TIMESTEPS = 3072
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"prompt group size for group-advantage algorithms (default {DEFAULT_GROUP_SIZE})",
     )
     c.add_argument("--eval-episodes", type=_positive_int, default=None,
-                   help="episodes of the final evaluation (default 64 for text envs, else 10)")
+                   help="episodes of the final evaluation (default 128 for text envs, else 10)")
     c.add_argument("--threshold", type=float, default=None,
                    help="reward for the 'steps to threshold' column (default: halfway from untrained to best)")
     c.add_argument("--config", default=None, metavar="FILE.json",
@@ -146,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--overwrite", action="store_true", help="replace the results in an existing --out")
     mode.add_argument("--resume", action="store_true", help="continue an existing --out, skipping completed runs")
     c.add_argument("--device", default="auto", help="torch device: auto, cpu, cuda (default auto)")
-    c.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    c.add_argument("--threads", type=_positive_int, default=1,
+                   help="torch CPU threads (default 1: fastest for the small bundled models on a shared CPU; "
+                   "raise it for bigger models)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     c.set_defaults(subparser=c)
 

@@ -49,9 +49,9 @@ KL_MAX_STATES = 2048
 #: reward comes at the end of the completion.
 TEXT_DEFAULTS: dict[str, Any] = {
     "n_steps": 48,
-    "batch_size": 192,
-    "n_epochs": 4,
-    "learning_rate": 3e-5,
+    "batch_size": 256,
+    "n_epochs": 1,
+    "learning_rate": 1e-3,
     "gamma": 1.0,
     "gae_lambda": 0.95,
     "clip_range": 0.2,
@@ -60,7 +60,7 @@ TEXT_DEFAULTS: dict[str, Any] = {
     "max_grad_norm": 0.5,
 }
 TEXT_N_ENVS = 16
-TEXT_EVAL_EPISODES = 64
+TEXT_EVAL_EPISODES = 128
 CLASSIC_N_ENVS = 1
 CLASSIC_EVAL_EPISODES = 10
 
@@ -233,7 +233,7 @@ def make_config(
     :param timesteps: Env steps per run (>= 1).
     :param n_envs: Envs per run (``None``: 16 for text envs, 1 otherwise).
     :param group_size: Group size of group-advantage algorithms (``None``: 4).
-    :param eval_episodes: Evaluation episodes (``None``: 64 for text envs, 10 otherwise).
+    :param eval_episodes: Evaluation episodes (``None``: 128 for text envs, 10 otherwise).
     :param eval_deterministic: See :class:`CompareConfig`.
     :param device: Torch device for model and text env.
     :param overrides: Per-algorithm constructor overrides (``"*"`` for all).

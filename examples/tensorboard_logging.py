@@ -3,7 +3,7 @@
 SB3 writes ``rollout/ep_rew_mean``, ``train/*`` (PPO's keys) and GRPO's own (``train/grad_var``,
 ``train/clip_fraction_pos``, ``train/explore_alpha``, ...) under ``--logdir``::
 
-    python examples/tensorboard.py --logdir runs/tb
+    python examples/tensorboard_logging.py --logdir runs/tb
     tensorboard --logdir runs/tb          # then open http://localhost:6006
 """
 
@@ -25,7 +25,8 @@ def main() -> None:
     logdir = args.logdir or tempfile.mkdtemp(prefix="sb3-grpo-tb-")
 
     env = make_vec_env("TextGen-v0", n_envs=8, seed=0)
-    model = GRPO("CausalLMPolicy", env, n_steps=48, batch_size=192, n_epochs=1, learning_rate=3e-4, gamma=1.0,
+    n_steps = min(48, max(8, args.timesteps // 8))  # tokens per env per rollout (8 envs)
+    model = GRPO("CausalLMPolicy", env, n_steps=n_steps, batch_size=192, n_epochs=1, learning_rate=3e-4, gamma=1.0,
                  seed=0, device="cpu", tensorboard_log=logdir)
     model.learn(total_timesteps=args.timesteps, tb_log_name="grpo_textgen")
 
