@@ -17,7 +17,8 @@ the ``grpo`` and ``grpo-nogradvar`` rows.
 Results on this project's 2-core CPU box shared with other jobs (2026-11-29; wall times are noisy):
 
 - CartPole-v1, 100k steps, seeds 0 1 2, 10 deterministic eval episodes: ``ppo`` 500 / 500 / 500,
-  ``grpo`` (defaults) 500 / 500 / 500, ``grpo-nogradvar`` 500 / 500 / 500.
+  ``grpo`` (defaults) 500 / 500 / 500, ``grpo-nogradvar`` 500 / 500 / 500; seeds 3 4 on a quieter
+  machine: ``ppo`` 500 / 500 (37 s each, 0.37 s per update), ``grpo`` 500 / 500 (65 s, 0.87 s per update).
 - ``--cost-only 5``: one update 0.87 s with the penalty (K=4) vs 0.41 s without, 2.1x
   (K=2: 0.78 s vs 0.40 s, 1.95x).
 - Pendulum-v1 (rl-zoo hyperparameters below, 4 envs, 100k steps, seed 0): ``ppo`` -119 +- 72,
