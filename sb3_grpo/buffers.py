@@ -7,19 +7,25 @@ What GRPO stores about a rollout beyond SB3's :class:`~stable_baselines3.common.
   rollouts (running returns of unfinished episodes, returns of group members that finished earlier), so a
   group whose members finish in different rollouts still gets its baseline.
 
+- :class:`SequenceRolloutBuffer`: the text fast path. It keeps a text env's rollout (right-aligned token
+  windows, see :mod:`textrl_envs.core`) on the policy's device and serves the update whole sequences, so
+  that the policy computes every generated token's log-prob, entropy and value in one forward per
+  sequence (``CausalLMPolicy.evaluate_sequences``) instead of one forward per transition.
+
 The per-transition path reuses SB3's ``RolloutBuffer`` / ``DictRolloutBuffer`` unchanged; GRPO only
-overwrites their ``advantages`` for the group forms. The text fast path's ``SequenceRolloutBuffer``
-(whole episodes, one forward per sequence at train time) belongs in this module as well.
+overwrites their ``advantages`` for the group forms (the sequence buffer inherits the same fields).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import DictRolloutBuffer
 
 GroupAdvantageFn = Callable[[th.Tensor, th.Tensor, th.Tensor], tuple[th.Tensor, th.Tensor]]
 
@@ -169,3 +175,189 @@ class EpisodeGroupTracker:
             "frac_steps_nonzero_advantage": float(np.mean(advantages != 0)) if advantages.size else 0.0,
         }
         return advantages, stats
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The text fast path
+# ----------------------------------------------------------------------------------------------------------
+
+
+class SequenceSamples(NamedTuple):
+    """
+    A minibatch of whole sequences for the text fast path.
+
+    Every tensor is ``[S, W]``: ``S`` sequences (the steps of one episode within the rollout), each in its
+    final window of width ``W``. At a position ``j`` where ``action_mask[s, j]`` is true, ``input_ids[s, j]``
+    is the action taken in the state whose newest token is at ``j - 1``, and the per-transition fields are
+    stored there (zero elsewhere). ``index`` is the transition's flat index in ``RolloutBuffer`` order
+    (``env * n_steps + step``), ``-1`` elsewhere. ``x[action_mask]`` lists the transitions sequence by
+    sequence, step by step, the same order for every field.
+    """
+
+    input_ids: th.Tensor
+    attention_mask: th.Tensor
+    action_mask: th.Tensor
+    old_values: th.Tensor
+    old_log_prob: th.Tensor
+    advantages: th.Tensor
+    returns: th.Tensor
+    index: th.Tensor
+
+
+def episode_segments(episode_starts: np.ndarray) -> np.ndarray:
+    """
+    Split a rollout into per-env runs of consecutive steps that belong to one episode.
+
+    :param episode_starts: ``[n_steps, n_envs]``, 1 where the observation starts a new episode
+    :return: ``int64`` array ``[n_segments, 3]`` of ``(env, t0, t1)``: steps ``t0 .. t1 - 1`` of ``env``
+    """
+    n_steps, n_envs = episode_starts.shape
+    rows = []
+    for env in range(n_envs):
+        cuts = [0, *(np.flatnonzero(episode_starts[1:, env] > 0.5) + 1).tolist(), n_steps]
+        rows.extend((env, t0, t1) for t0, t1 in zip(cuts[:-1], cuts[1:]))
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+
+
+def pack_segments(lengths: np.ndarray, tokens_per_batch: int, order: np.ndarray) -> list[np.ndarray]:
+    """
+    Group segments, taken in ``order``, into minibatches of about ``tokens_per_batch`` transitions.
+
+    A segment is never split: a minibatch closes as soon as it holds ``tokens_per_batch`` transitions or
+    more, so it holds fewer than ``tokens_per_batch + max(lengths)`` (the last one may hold fewer).
+
+    :param lengths: transitions per segment
+    :param tokens_per_batch: target transitions per minibatch (>= 1)
+    :param order: permutation of the segment indices
+    :return: arrays of segment indices, one per minibatch
+    """
+    batches, current, count = [], [], 0
+    for i in order:
+        current.append(int(i))
+        count += int(lengths[i])
+        if count >= tokens_per_batch:
+            batches.append(np.asarray(current, dtype=np.int64))
+            current, count = [], 0
+    if current:
+        batches.append(np.asarray(current, dtype=np.int64))
+    return batches
+
+
+class SequenceRolloutBuffer(DictRolloutBuffer):
+    """
+    Rollout buffer of a text env that serves whole sequences to the update (the text fast path).
+
+    It records what :class:`~stable_baselines3.common.buffers.DictRolloutBuffer` records, so returns and
+    advantages (GAE, or GRPO's group forms written into ``advantages``) come from the same code; the token
+    windows are kept as ``int64`` tensors on the buffer's device instead of per-step numpy copies.
+    :meth:`get_sequences` then yields :class:`SequenceSamples`: the steps of each episode within the rollout
+    become one sequence, the episode's window after its last step (the last observation shifted left by
+    one, the last action appended).
+
+    The observation window holds the whole prompt and completion (``W = P + T``), so a sequence whose
+    episode began in an earlier rollout is still complete in context; only its earlier actions are not
+    trained on again.
+
+    Minibatches are made of whole sequences in random order, about ``batch_size`` transitions each
+    (:func:`pack_segments`), so they differ from PPO's random transitions; the loss of any set of
+    transitions is the same either way (tested), and with one minibatch per epoch the update matches
+    PPO's to float rounding.
+
+    :param buffer_size: steps per env in a rollout (``n_steps``)
+    :param observation_space: ``Dict`` with ``input_ids`` and ``attention_mask``
+    :param action_space: the ``Discrete`` token space
+    :param device: where the token windows and minibatches live (the policy's device)
+    :param gae_lambda: GAE's lambda
+    :param gamma: discount factor
+    :param n_envs: number of envs
+    """
+
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: spaces.Dict,
+        action_space: spaces.Space,
+        device: th.device | str = "auto",
+        gae_lambda: float = 1,
+        gamma: float = 0.99,
+        n_envs: int = 1,
+    ):
+        if not is_text_space(observation_space, action_space):
+            raise ValueError(
+                "SequenceRolloutBuffer needs a text env: Dict observations with 'input_ids' and 'attention_mask' "
+                f"and a Discrete action space; got {observation_space} and {action_space}"
+            )
+        super().__init__(buffer_size, observation_space, action_space, device, gae_lambda, gamma, n_envs)
+
+    def reset(self) -> None:
+        super().reset()
+        width = self.obs_shape["input_ids"][0]
+        self.observations = {}  # the windows live on the device instead
+        self.token_ids = th.zeros((self.buffer_size, self.n_envs, width), dtype=th.long, device=self.device)
+        self.token_mask = th.zeros((self.buffer_size, self.n_envs, width), dtype=th.long, device=self.device)
+
+    def add(self, obs, action, reward, episode_start, value, log_prob) -> None:  # type: ignore[override]
+        """Record one step (same arguments as :meth:`DictRolloutBuffer.add`)."""
+        self.token_ids[self.pos] = th.as_tensor(obs["input_ids"], device=self.device).long()
+        self.token_mask[self.pos] = th.as_tensor(obs["attention_mask"], device=self.device).long()
+        super().add({}, action, reward, episode_start, value, log_prob)
+
+    def get(self, batch_size: int | None = None):  # type: ignore[override]
+        raise NotImplementedError(
+            "SequenceRolloutBuffer serves whole sequences: use get_sequences(); pass "
+            "rollout_buffer_class=DictRolloutBuffer to GRPO for the per-transition path"
+        )
+
+    def get_sequences(self, batch_size: int | None = None) -> Generator[SequenceSamples, None, None]:
+        """
+        Yield the rollout as minibatches of whole sequences, in random order.
+
+        :param batch_size: transitions per minibatch, approximately (sequences are never split);
+            ``None``: the whole rollout at once
+        """
+        assert self.full, "the rollout is not complete"
+        segments = episode_segments(self.episode_starts)
+        lengths = segments[:, 2] - segments[:, 1]
+        order = np.random.permutation(len(segments))
+        for batch in pack_segments(lengths, batch_size or self.buffer_size * self.n_envs, order):
+            yield self.sequence_samples(segments[batch])
+
+    def sequence_samples(self, segments: np.ndarray) -> SequenceSamples:
+        """
+        The :class:`SequenceSamples` of the given segments (rows of :func:`episode_segments`).
+        """
+        width = self.token_ids.shape[-1]
+        env = th.as_tensor(segments[:, 0], device=self.device)
+        first = th.as_tensor(segments[:, 1], device=self.device)
+        last = th.as_tensor(segments[:, 2] - 1, device=self.device)
+        length = last - first + 1
+        actions = th.as_tensor(self.actions[..., 0], device=self.device).long()  # [n_steps, n_envs]
+        # the episode's window after its last step in the rollout
+        ids = th.cat([self.token_ids[last, env, 1:], actions[last, env].unsqueeze(1)], dim=1)
+        mask = th.cat([self.token_mask[last, env, 1:], th.ones_like(length).unsqueeze(1)], dim=1)
+        # step first + k sits at column W - length + k
+        k = th.arange(width, device=self.device).unsqueeze(0) - (width - length).unsqueeze(1)
+        action_mask = k >= 0
+        step = th.where(action_mask, first.unsqueeze(1) + k, th.zeros_like(k))
+        env_col = env.unsqueeze(1).expand_as(step)
+
+        def per_step(values: np.ndarray) -> th.Tensor:
+            gathered = th.as_tensor(values, dtype=th.float32, device=self.device)[step, env_col]
+            return th.where(action_mask, gathered, th.zeros_like(gathered))
+
+        return SequenceSamples(
+            input_ids=ids,
+            attention_mask=mask,
+            action_mask=action_mask,
+            old_values=per_step(self.values),
+            old_log_prob=per_step(self.log_probs),
+            advantages=per_step(self.advantages),
+            returns=per_step(self.returns),
+            index=th.where(action_mask, env_col * self.buffer_size + step, th.full_like(step, -1)),
+        )
+
+
+def is_text_space(observation_space: spaces.Space, action_space: spaces.Space) -> bool:
+    """True for a text env's spaces: ``Dict`` with ``input_ids`` and ``attention_mask``, ``Discrete`` actions."""
+    keys = set(getattr(observation_space, "spaces", {}) or {})
+    return isinstance(action_space, spaces.Discrete) and {"input_ids", "attention_mask"} <= keys

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Iterator
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 import torch as th
@@ -31,7 +32,13 @@ from stable_baselines3.common.vec_env import VecEnv
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from sb3_grpo.buffers import GROUPED_ENV_HINT, EpisodeGroupTracker
+from sb3_grpo.buffers import (
+    GROUPED_ENV_HINT,
+    EpisodeGroupTracker,
+    SequenceRolloutBuffer,
+    SequenceSamples,
+    is_text_space,
+)
 from sb3_grpo.objectives import (
     adaptive_clip_range,
     clip_fraction,
@@ -54,6 +61,23 @@ ADVANTAGES = ("gae", "group", "rloo", "self_critical")
 # Ziegler et al. 2019 (arXiv 1909.08593), section 2.2: beta <- beta * (1 + K_beta * e), e clipped to +-0.2
 KL_CONTROLLER_GAIN = 0.1
 KL_CONTROLLER_CLIP = 0.2
+
+
+class _Minibatch(NamedTuple):
+    """One minibatch of the update, flat per transition, from either path.
+
+    ``observations`` is set on the per-transition path (SB3 ``RolloutBuffer``), ``sequences`` on the text
+    fast path (:class:`~sb3_grpo.buffers.SequenceRolloutBuffer`); the flat fields list the same
+    transitions in the same order as the policy's outputs for them.
+    """
+
+    actions: th.Tensor
+    old_values: th.Tensor
+    old_log_prob: th.Tensor
+    advantages: th.Tensor
+    returns: th.Tensor
+    observations: Any
+    sequences: SequenceSamples | None
 
 
 def _ignore_greedy(fn):
@@ -347,6 +371,13 @@ class GRPO(OnPolicyAlgorithm):
         return group_size
 
     def _setup_model(self) -> None:
+        if (
+            self.rollout_buffer_class is None
+            and hasattr(self.policy_class, "evaluate_sequences")
+            and is_text_space(self.observation_space, self.action_space)
+        ):
+            # the text fast path: whole sequences, one forward each at update time
+            self.rollout_buffer_class = SequenceRolloutBuffer
         super()._setup_model()
 
         # Initialize schedules for policy/value clipping (as PPO)
@@ -453,7 +484,9 @@ class GRPO(OnPolicyAlgorithm):
                     actions[rows].shape
                 )
                 eval_actions = actions.long().flatten() if isinstance(self.action_space, spaces.Discrete) else actions
-                _, explore_log_probs, _ = self.policy.evaluate_actions(obs_tensor, eval_actions)
+                # log pi of the uniform draws, from the distribution the policy already computed for this
+                # step (get_distribution, not evaluate_actions: a CausalLMPolicy serves it from its cache)
+                explore_log_probs = self.policy.get_distribution(obs_tensor).log_prob(eval_actions)
                 log_probs[rows] = explore_log_probs.reshape(log_probs.shape)[rows]
             log_u = uniform_log_prob(self.action_space, actions, squashed)
             mixed = mixture_log_prob(log_probs, log_u, alpha)
@@ -596,14 +629,64 @@ class GRPO(OnPolicyAlgorithm):
     # ------------------------------------------------------------------------------------------------------
     # Update
     # ------------------------------------------------------------------------------------------------------
-    def _reference_log_prob(self, observations: Any, actions: th.Tensor) -> th.Tensor:
-        """``log pi_ref(a|s)`` of the frozen reference policy (no gradient)."""
+    def _minibatches(self) -> Iterator[_Minibatch]:
+        """
+        One epoch of minibatches: random transitions from a ``RolloutBuffer`` (PPO's path), or whole
+        sequences from a :class:`~sb3_grpo.buffers.SequenceRolloutBuffer` (the text fast path).
+        """
+        if isinstance(self.rollout_buffer, SequenceRolloutBuffer):
+            for seq in self.rollout_buffer.get_sequences(self.batch_size):
+                m = seq.action_mask
+                yield _Minibatch(
+                    seq.input_ids[m], seq.old_values[m], seq.old_log_prob[m], seq.advantages[m], seq.returns[m], None, seq
+                )
+            return
+        for rollout_data in self.rollout_buffer.get(self.batch_size):
+            actions = rollout_data.actions
+            if isinstance(self.action_space, spaces.Discrete):
+                # Convert discrete action from float to long
+                actions = rollout_data.actions.long().flatten()
+            yield _Minibatch(
+                actions,
+                rollout_data.old_values,
+                rollout_data.old_log_prob,
+                rollout_data.advantages,
+                rollout_data.returns,
+                rollout_data.observations,
+                None,
+            )
+
+    def _evaluate(self, batch: _Minibatch) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
+        """Values, log-probs and entropies of the minibatch's transitions under the current policy, flat."""
+        if batch.sequences is None:
+            values, log_prob, entropy = self.policy.evaluate_actions(batch.observations, batch.actions)
+            return values.flatten(), log_prob, entropy
+        seq = batch.sequences
+        log_prob, entropy, values = self.policy.evaluate_sequences(  # type: ignore[operator]
+            seq.input_ids, seq.attention_mask, seq.action_mask
+        )
+        m = seq.action_mask
+        return values[m], log_prob[m], entropy[m]
+
+    def _reference_log_prob(self, batch: _Minibatch) -> th.Tensor:
+        """``log pi_ref(a|s)`` of the frozen reference policy for the minibatch's transitions (no gradient)."""
         with th.no_grad():
+            if batch.sequences is None:
+                if self.ref_policy is None:
+                    _, ref_log_prob, _ = self.policy.reference_evaluate_actions(batch.observations, batch.actions)  # type: ignore[attr-defined]
+                else:
+                    _, ref_log_prob, _ = self.ref_policy.evaluate_actions(batch.observations, batch.actions)
+                return ref_log_prob
+            seq = batch.sequences
             if self.ref_policy is None:
-                _, ref_log_prob, _ = self.policy.reference_evaluate_actions(observations, actions)  # type: ignore[attr-defined]
+                ref_log_prob, _, _ = self.policy.reference_evaluate_sequences(  # type: ignore[attr-defined]
+                    seq.input_ids, seq.attention_mask, seq.action_mask
+                )
             else:
-                _, ref_log_prob, _ = self.ref_policy.evaluate_actions(observations, actions)
-        return ref_log_prob
+                ref_log_prob, _, _ = self.ref_policy.evaluate_sequences(  # type: ignore[operator]
+                    seq.input_ids, seq.attention_mask, seq.action_mask
+                )
+            return ref_log_prob[seq.action_mask]
 
     def _gradient_variance(self, slice_objectives: list[th.Tensor]) -> th.Tensor:
         """
@@ -657,23 +740,17 @@ class GRPO(OnPolicyAlgorithm):
         for epoch in range(self.n_epochs):
             approx_kl_divs = []
             # Do a complete pass on the rollout buffer
-            for rollout_data in self.rollout_buffer.get(self.batch_size):
-                actions = rollout_data.actions
-                if isinstance(self.action_space, spaces.Discrete):
-                    # Convert discrete action from float to long
-                    actions = rollout_data.actions.long().flatten()
-
-                n_samples = len(actions)
+            for rollout_data in self._minibatches():
+                n_samples = len(rollout_data.actions)
                 n_slices = min(self.grad_var_slices, n_samples)
                 use_grad_var = self.grad_var_coef > 0 and n_slices >= 2
                 if use_grad_var:
                     # the fused attention kernels (flash / memory-efficient) have no double backward: record
                     # attention with the math kernel so that Var can be differentiated (no-op for MLPs)
                     with sdpa_kernel(SDPBackend.MATH):
-                        values, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, actions)
+                        values, log_prob, entropy = self._evaluate(rollout_data)
                 else:
-                    values, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, actions)
-                values = values.flatten()
+                    values, log_prob, entropy = self._evaluate(rollout_data)
                 # Normalize advantage (GAE only: group advantages are already normalized, and the steps
                 # that have no complete group must keep advantage 0)
                 advantages = rollout_data.advantages
@@ -742,7 +819,7 @@ class GRPO(OnPolicyAlgorithm):
                     loss = loss + self.grad_var_coef * grad_var
 
                 if use_kl:
-                    ref_log_prob = self._reference_log_prob(rollout_data.observations, actions)
+                    ref_log_prob = self._reference_log_prob(rollout_data)
                     kl_ref = kl_k3(log_prob, ref_log_prob).mean()
                     kl_refs.append(kl_ref.item())
                     details["kl_ref"] = kl_refs[-1]

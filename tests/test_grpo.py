@@ -312,7 +312,7 @@ def test_non_finite_advantages_raise_before_any_update():
 
 def test_non_finite_loss_raises_before_the_optimizer_step():
     model = _quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, kl_coef=0.1, **SMALL))
-    model._reference_log_prob = lambda obs, actions: th.full((len(actions),), math.nan)
+    model._reference_log_prob = lambda batch: th.full((len(batch.actions),), math.nan)
     before = _params(model)
     with pytest.raises(RuntimeError, match=r"non-finite loss at update 0 .*kl_ref=nan"):
         model.learn(256)
