@@ -29,7 +29,7 @@ from sb3_grpo.bench.algos import ALGOS, DEFAULT_GROUP_SIZE, algo_table
 DEFAULT_ENV = "TextGen-v0"
 DEFAULT_ALGOS = "ppo,grpo,grpo-group"
 DEFAULT_SEEDS = 3
-DEFAULT_TIMESTEPS = 3072
+DEFAULT_TIMESTEPS = 3584
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

@@ -48,7 +48,7 @@ KL_MAX_STATES = 2048
 #: see the README's comparison section). Rollouts of ``n_envs x n_steps`` tokens; gamma 1 because the
 #: reward comes at the end of the completion.
 TEXT_DEFAULTS: dict[str, Any] = {
-    "n_steps": 48,
+    "n_steps": 32,
     "batch_size": 256,
     "n_epochs": 1,
     "learning_rate": 1e-3,
@@ -451,13 +451,20 @@ def environment_info(device: str = "cpu") -> dict[str, Any]:
     return {"versions": versions, "hardware": hardware}
 
 
+def resolved_device(device: str) -> str:
+    """``"auto"`` resolved as SB3 resolves it (``"cuda"`` when available, else ``"cpu"``)."""
+    from stable_baselines3.common.utils import get_device
+
+    return str(get_device(device))
+
+
 def new_results(cfg: CompareConfig, command: str) -> dict[str, Any]:
     """The skeleton of ``results.json`` for a fresh comparison."""
     return {
         "schema": SCHEMA_VERSION,
         "command": command,
         "config": asdict(cfg),
-        "environment": environment_info(cfg.device),
+        "environment": environment_info(resolved_device(cfg.device)),
         "status": "running",
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "untrained": None,
@@ -794,6 +801,10 @@ def run_compare(
 
     from sb3_grpo.bench.report import write_report
 
+    if cfg.text:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # one "Loading weights" bar per run would break the progress bar
     results = new_results(cfg, command)
     if resume:
         old = load_results(out)
