@@ -22,10 +22,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from textrl_envs.rewards.base import call_reward
+from textrl_envs.rewards.base import call_reward, check_reward_timeout
 from textrl_envs.tasks import PromptItem
 
 TRUNCATION_SIDES = ("left", "right", "error")
+#: What an env does with a NaN/inf reward: raise (default), or score it 0 and flag ``info["reward_nonfinite"]``.
+NONFINITE_REWARD = ("raise", "skip")
 
 
 @dataclass
@@ -42,6 +44,10 @@ class EpisodeSpec:
     :ivar eos_token_id: Id that terminates an episode (``None``: episodes end only by truncation).
     :ivar pad_token_id: Id written in padded slots.
     :ivar vocab_size: ``len(tokenizer)``, the size of the action space.
+    :ivar nonfinite_reward: ``"raise"`` or ``"skip"`` (see :meth:`score_flagged`).
+    :ivar reward_timeout: Seconds a reward call may take (``None``: no limit).
+    :ivar episode_budget: Tokens per episode when lowered below ``max_new_tokens`` by
+        ``set_max_new_tokens`` (a curriculum); ``None``: ``max_new_tokens``. The window stays the same.
     """
 
     tokenizer: Any
@@ -55,6 +61,32 @@ class EpisodeSpec:
     pad_token_id: int
     vocab_size: int
     task_id: str | None = None
+    nonfinite_reward: str = "raise"
+    reward_timeout: float | None = None
+    episode_budget: int | None = None
+
+    @property
+    def budget(self) -> int:
+        """Tokens an episode may generate now: ``episode_budget`` if set, else ``max_new_tokens``."""
+        return self.max_new_tokens if self.episode_budget is None else self.episode_budget
+
+    def set_budget(self, n: int | None) -> None:
+        """Lower the per-episode budget to ``n`` tokens (``None``: back to ``max_new_tokens``).
+
+        The observation width ``W`` does not change; episodes in progress that already have ``n``
+        tokens end (truncated) at their next step.
+
+        :raises ValueError: unless ``1 <= n <= max_new_tokens``.
+        """
+        if n is not None:
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= self.max_new_tokens:
+                raise ValueError(
+                    f"max_new_tokens budget must be an int in [1, {self.max_new_tokens}] (the env's max_new_tokens, "
+                    f"which fixes the observation width), got {n!r}; build the env with a larger max_new_tokens "
+                    "to allow longer episodes"
+                )
+            n = int(n)
+        self.episode_budget = n
 
     @property
     def window(self) -> int:
@@ -77,9 +109,30 @@ class EpisodeSpec:
         :param completions: Completion texts.
         :param prompt_texts: Prompt texts per episode, when some are not from the prompt list.
         """
+        return self.score_flagged(prompt_indices, completions, prompt_texts)[0]
+
+    def score_flagged(
+        self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rewards of finished episodes and which of them were non-finite.
+
+        With ``nonfinite_reward="raise"`` a NaN/inf reward raises (naming the reward, prompt and
+        completion) and the flags are all ``False``; with ``"skip"`` it is replaced by 0.0 and flagged,
+        so that the env can set ``info["reward_nonfinite"] = True`` and the algorithm drop the episode.
+        ``reward_timeout`` bounds the call (see :func:`~textrl_envs.rewards.base.call_reward`).
+
+        :return: ``(rewards, nonfinite)``: ``float64`` and ``bool`` arrays, one entry per episode.
+        """
         texts = list(prompt_texts) if prompt_texts is not None else [self.prompt_texts[i] for i in prompt_indices]
         meta = {k: [v[i] if i >= 0 else None for i in prompt_indices] for k, v in self.metadata.items()}
-        return call_reward(self.reward, texts, completions, meta)
+        on_nonfinite = "nan" if self.nonfinite_reward == "skip" else "raise"
+        values = call_reward(
+            self.reward, texts, completions, meta, on_nonfinite=on_nonfinite, timeout=self.reward_timeout
+        )
+        bad = ~np.isfinite(values)
+        if bad.any():
+            values = np.where(bad, 0.0, values)
+        return values, bad
 
 
 def load_tokenizer(tokenizer: Any = None):
@@ -183,6 +236,8 @@ def build_spec(
     max_new_tokens: int | None = None,
     max_prompt_tokens: int | None = None,
     prompt_truncation: str = "left",
+    nonfinite_reward: str = "raise",
+    reward_timeout: float | None = None,
 ) -> EpisodeSpec:
     """Resolve environment arguments (task defaults overridden by the user's) into an :class:`EpisodeSpec`.
 
@@ -198,6 +253,11 @@ def build_spec(
     :param prompt_truncation: What to do with a prompt over ``max_prompt_tokens``: ``"left"``
         (default) drops tokens on the left and keeps the end, which the LM continues; ``"right"``
         drops tokens on the right; ``"error"`` raises.
+    :param nonfinite_reward: ``"raise"`` (default): a NaN/inf reward raises a ``ValueError`` naming the
+        reward, prompt and completion; ``"skip"``: it is scored 0.0 and the episode's final info gets
+        ``reward_nonfinite=True`` (GRPO then drops the episode and counts it in ``rollout/skipped_episodes``).
+    :param reward_timeout: Seconds a reward call may take (``None``: no limit); a reward that runs
+        longer raises a ``TimeoutError`` naming it and the completion.
     """
     from textrl_envs.rewards.registry import resolve_reward
     from textrl_envs.tasks import get_task
@@ -223,6 +283,12 @@ def build_spec(
     )
     if prompt_truncation not in TRUNCATION_SIDES:
         raise ValueError(f"prompt_truncation must be one of {TRUNCATION_SIDES}, got {prompt_truncation!r}")
+    if nonfinite_reward not in NONFINITE_REWARD:
+        raise ValueError(
+            f"nonfinite_reward must be one of {NONFINITE_REWARD} ('raise': stop with an error; 'skip': score "
+            f"0 and flag info['reward_nonfinite']), got {nonfinite_reward!r}"
+        )
+    reward_timeout = check_reward_timeout(reward_timeout)
     texts, metadata = _split_prompts(prompts)
     reward_fn = resolve_reward(reward, **(reward_kwargs or {}))
     tok = load_tokenizer(tokenizer)
@@ -240,6 +306,8 @@ def build_spec(
         pad_token_id=pad,
         vocab_size=len(tok),
         task_id=task,
+        nonfinite_reward=nonfinite_reward,
+        reward_timeout=reward_timeout,
     )
 
 

@@ -19,6 +19,8 @@ SPEC_KWARGS = (
     "max_new_tokens",
     "max_prompt_tokens",
     "prompt_truncation",
+    "nonfinite_reward",
+    "reward_timeout",
 )
 
 
@@ -96,7 +98,8 @@ class TextGenEnv(gym.Env):
 
     ## Arguments
     ``gym.make(id, prompts=..., reward=..., tokenizer=..., max_new_tokens=..., max_prompt_tokens=...,
-    prompt_truncation="left", reward_kwargs=None)``; see :func:`textrl_envs.core.build_spec`.
+    prompt_truncation="left", reward_kwargs=None, nonfinite_reward="raise", reward_timeout=None)``; see
+    :func:`textrl_envs.core.build_spec`. :meth:`set_max_new_tokens` lowers the episode budget (a curriculum).
 
     ## Vectorized environment
     ``gym.make_vec(id, num_envs=N, device=..., group_size=G)`` returns
@@ -137,8 +140,14 @@ class TextGenEnv(gym.Env):
 
     @property
     def max_new_tokens(self) -> int:
-        """Generation budget."""
+        """Generation budget the env was built with (it fixes the observation width)."""
         return self.text_spec.max_new_tokens
+
+    def set_max_new_tokens(self, n: int | None) -> None:
+        """Lower the token budget of episodes to ``n <= max_new_tokens`` (``None``: back to the full
+        budget), e.g. for a curriculum; the observation space does not change. See
+        :meth:`textrl_envs.core.EpisodeSpec.set_budget`."""
+        self.text_spec.set_budget(n)
 
     def _obs(self) -> dict[str, np.ndarray]:
         return {"input_ids": self._ids.copy(), "attention_mask": self._mask.copy()}
@@ -171,14 +180,15 @@ class TextGenEnv(gym.Env):
         self._mask[-1] = 1
         self._generated.append(token)
         terminated = spec.eos_token_id is not None and token == spec.eos_token_id
-        truncated = not terminated and len(self._generated) >= spec.max_new_tokens
+        truncated = not terminated and len(self._generated) >= spec.budget
         reward = 0.0
         info: dict[str, Any] = {}
         if terminated or truncated:
             self._done = True
             ids = self._generated[:-1] if terminated else self._generated
             completion = spec.decode(ids)
-            reward = float(spec.score([self._prompt_index], [completion], prompt_texts=[self._prompt_text])[0])
+            rewards, nonfinite = spec.score_flagged([self._prompt_index], [completion], prompt_texts=[self._prompt_text])
+            reward = float(rewards[0])
             info = {
                 "prompt": self._prompt_text,
                 "completion": completion,
@@ -186,6 +196,8 @@ class TextGenEnv(gym.Env):
                 "prompt_index": self._prompt_index,
                 "reward": reward,
             }
+            if spec.nonfinite_reward == "skip":
+                info["reward_nonfinite"] = bool(nonfinite[0])
         if self.render_mode == "human":
             print(self.render())
         return self._obs(), reward, terminated, truncated, info

@@ -305,7 +305,8 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
       episode's ids (the new episode's ids appear from the next step on, and in :meth:`episode_ids`).
     * ``final_info`` (envs whose episode ended this step): ``prompt`` (str), ``completion`` (str),
       ``completion_ids`` (tuple of ints, without EOS, as :class:`~textrl_envs.env.TextGenEnv`), ``prompt_index`` (``-1`` for a prompt given
-      as text), ``reward`` (float), ``group_id``, ``episode_id``; object arrays for str and arrays.
+      as text), ``reward`` (float), ``group_id``, ``episode_id``; object arrays for str and arrays; with
+      ``nonfinite_reward="skip"`` also ``reward_nonfinite`` (bool: the reward was NaN/inf and is scored 0).
     * top level on ``reset`` and for envs autoreset this step: ``prompt`` and ``prompt_index`` of
       the episode begun.
 
@@ -415,8 +416,19 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
 
     @property
     def max_new_tokens(self) -> int:
-        """Generation budget."""
+        """Generation budget the env was built with (it fixes the observation width)."""
         return self.text_spec.max_new_tokens
+
+    def set_max_new_tokens(self, n: int | None) -> None:
+        """Lower every env's episode budget to ``n <= max_new_tokens`` tokens (``None``: the full budget).
+
+        For a curriculum (:class:`sb3_grpo.callbacks.MaxNewTokensCurriculum`); call it between
+        rollouts. The observation width does not change; episodes in progress that already have ``n``
+        tokens end (truncated) at their next step. Through SB3: ``venv.env_method("set_max_new_tokens", n)``.
+
+        :raises ValueError: unless ``1 <= n <= max_new_tokens``.
+        """
+        self.text_spec.set_budget(n)
 
     def episode_ids(self) -> np.ndarray:
         """Ids of the episodes in progress (those the next actions belong to), ``(N,)`` ``int64``."""
@@ -487,7 +499,7 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         tokens, host_tokens = self._check_actions(actions)
         self._ids, self._mask = append_tokens(self._ids, self._mask, tokens)
         self._generated += 1
-        terminated, truncated = episode_ends(host_tokens, self._generated, spec.eos_token_id, spec.max_new_tokens)
+        terminated, truncated = episode_ends(host_tokens, self._generated, spec.eos_token_id, spec.budget)
 
         n = self.num_envs
         rewards = np.zeros(n, dtype=np.float64)
@@ -510,7 +522,7 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
             rows = self._row[done].tolist()
             prompt_index = [self._row_index[r] for r in rows]
             prompt_text = [self._row_text[r] for r in rows]
-            rewards[done] = spec.score(prompt_index, completions, prompt_texts=prompt_text)
+            rewards[done], nonfinite = spec.score_flagged(prompt_index, completions, prompt_texts=prompt_text)
             done_mask = _mask(n, done)
             final_info = {
                 "prompt": _object_array(n, done, prompt_text),
@@ -521,6 +533,8 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
                 "group_id": np.where(done_mask, step_group_ids, 0),
                 "episode_id": np.where(done_mask, step_episode_ids, 0),
             }
+            if spec.nonfinite_reward == "skip":  # the flag of episodes whose NaN/inf reward was scored 0
+                final_info["reward_nonfinite"] = _mask(n, done[nonfinite])
             for key in list(final_info):
                 final_info[f"_{key}"] = done_mask.copy()
             infos["final_obs"] = _object_array(

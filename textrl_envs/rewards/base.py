@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import threading
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -100,6 +101,60 @@ def _shorten(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+#: What :func:`call_reward` may do with NaN/inf rewards.
+ON_NONFINITE = ("raise", "nan")
+
+
+def check_reward_timeout(timeout: Any) -> float | None:
+    """Validate a reward timeout: ``None`` (wait forever) or a positive number of seconds.
+
+    :raises ValueError: for anything else.
+    """
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)) or not (
+        math.isfinite(float(timeout)) and float(timeout) > 0
+    ):
+        raise ValueError(
+            f"reward_timeout must be None (no limit) or a positive number of seconds, got {timeout!r}; "
+            "e.g. reward_timeout=30.0"
+        )
+    return float(timeout)
+
+
+class RewardTimeoutError(TimeoutError):
+    """A reward model ran longer than its ``reward_timeout`` (see :func:`call_reward`)."""
+
+
+def _call_with_timeout(fn: Callable[[], Any], timeout: float, name: str, completions: list[str]) -> Any:
+    """Run ``fn()`` in a daemon worker thread and wait at most ``timeout`` seconds for it.
+
+    A Python thread cannot be killed: on timeout the worker is abandoned (it is a daemon, so it never
+    keeps the interpreter alive) and a :class:`TimeoutError` is raised in the caller.
+    """
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["out"] = fn()
+        except BaseException as exc:  # handed to the caller below
+            box["exc"] = exc
+
+    worker = threading.Thread(target=work, name=f"reward-{name}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise RewardTimeoutError(
+            f"reward {name!r} did not return within reward_timeout={timeout:g} s "
+            f"(batch of {len(completions)}; first completion: {_shorten(completions[0]) if completions else ''!r}); "
+            "the reward hangs or is too slow: fix it, or raise reward_timeout. Training can resume from the "
+            "last checkpoint."
+        )
+    if "exc" in box:
+        raise box["exc"]
+    return box["out"]
+
+
 def call_reward(
     reward: RewardFn,
     prompts: Sequence[str],
@@ -107,6 +162,7 @@ def call_reward(
     metadata: Mapping[str, Sequence[Any]] | None = None,
     *,
     on_nonfinite: str = "raise",
+    timeout: float | None = None,
 ) -> np.ndarray:
     """Call a reward model on a batch and check what it returns.
 
@@ -120,10 +176,17 @@ def call_reward(
     :param metadata: Per-example metadata lists, aligned with ``prompts``.
     :param on_nonfinite: ``"raise"`` (default) raises on NaN/inf; ``"nan"`` returns them as they are
         (for callers that count and skip bad episodes).
+    :param timeout: Seconds to wait for the reward (``None``: no limit). The reward then runs in a
+        daemon worker thread; a reward still running after ``timeout`` is abandoned and a
+        :class:`TimeoutError` naming it and the first completion is raised.
     :return: ``float64`` array of shape ``(len(prompts),)``.
     :raises RuntimeError: if the reward raises (the cause is chained).
+    :raises RewardTimeoutError: (a :class:`TimeoutError`) if it runs longer than ``timeout``.
     :raises ValueError: if it returns the wrong number of values, non-numbers, or non-finite values.
     """
+    if on_nonfinite not in ON_NONFINITE:
+        raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
+    timeout = check_reward_timeout(timeout)
     prompts, completions = list(prompts), list(completions)
     kwargs = dict(metadata or {})
     if not isinstance(reward, RewardModel):
@@ -132,7 +195,12 @@ def call_reward(
             kwargs = {k: v for k, v in kwargs.items() if k in names}
     name = reward_name(reward)
     try:
-        out = reward(prompts, completions, **kwargs)
+        if timeout is None:
+            out = reward(prompts, completions, **kwargs)
+        else:
+            out = _call_with_timeout(lambda: reward(prompts, completions, **kwargs), timeout, name, completions)
+    except RewardTimeoutError:
+        raise
     except Exception as exc:  # re-raised with context
         raise RuntimeError(
             f"reward {name!r} raised {type(exc).__name__}: {exc} "
