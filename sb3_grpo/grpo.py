@@ -32,6 +32,7 @@ from stable_baselines3.common.vec_env import VecEnv
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from sb3_grpo import distributed
 from sb3_grpo.buffers import (
     GROUPED_ENV_HINT,
     EpisodeGroupTracker,
@@ -57,6 +58,8 @@ from sb3_grpo.objectives import (
 SelfGRPO = TypeVar("SelfGRPO", bound="GRPO")
 
 ADVANTAGES = ("gae", "group", "rloo", "self_critical")
+#: What GRPO does with NaN/inf rewards, advantages, losses or gradients (``nonfinite=``).
+NONFINITE = ("raise", "skip")
 
 # Ziegler et al. 2019 (arXiv 1909.08593), section 2.2: beta <- beta * (1 + K_beta * e), e clipped to +-0.2
 KL_CONTROLLER_GAIN = 0.1
@@ -145,8 +148,14 @@ class GRPO(OnPolicyAlgorithm):
     operation (and every random draw) is the one SB3's ``PPO`` performs, so the parameters after
     ``learn()`` are identical to PPO's for the same seed (tested).
 
-    Non-finite advantages, losses or gradients raise a ``RuntimeError`` naming the quantity and the
-    update, before the optimizer touches the weights.
+    Non-finite rewards, advantages, losses or gradients raise a ``RuntimeError`` naming the quantity, the
+    env / update / timestep, before the optimizer touches the weights (``nonfinite="raise"``, the default).
+    With ``nonfinite="skip"`` they are dropped instead and counted: an episode whose reward is NaN/inf
+    (or whose env set ``info["reward_nonfinite"]``, see the text envs' ``nonfinite_reward="skip"``) gets
+    reward 0 and advantage 0 on its steps of the rollout, with its value target set to the old value (so
+    it moves neither the policy nor the critic, up to advantage normalization), counted in
+    ``rollout/skipped_episodes``; a minibatch with a non-finite loss or gradient takes no optimizer step,
+    counted in ``train/skipped_nonfinite``. Either way no NaN reaches the weights.
 
     :param policy: The policy model to use (MlpPolicy, CnnPolicy, MultiInputPolicy, CausalLMPolicy, ...)
     :param env: The environment to learn from (if registered in Gym, can be str)
@@ -186,6 +195,8 @@ class GRPO(OnPolicyAlgorithm):
     :param kl_target: target KL for the adaptive controller of ``kl_coef`` (None: fixed ``kl_coef``)
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this
         (None: never); ``train/grad_norm`` and ``train/grad_norm_max`` are logged at every update
+    :param nonfinite: ``"raise"`` (default) or ``"skip"``: what to do with NaN/inf rewards, advantages,
+        losses and gradients (see above)
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -233,10 +244,16 @@ class GRPO(OnPolicyAlgorithm):
         kl_coef: float = 0.0,
         kl_target: float | None = None,
         grad_norm_warn: float | None = 1000.0,
+        nonfinite: str = "raise",
     ):
         # Validate GRPO's own arguments first: cheap, and before any model is built
         if advantage not in ADVANTAGES:
             raise ValueError(f"advantage={advantage!r} is not known; known: {', '.join(ADVANTAGES)}")
+        if nonfinite not in NONFINITE:
+            raise ValueError(
+                f"nonfinite={nonfinite!r} is not known; use 'raise' (stop with an error, the default) or 'skip' "
+                "(drop bad episodes and minibatches and count them in the logs)"
+            )
         if grad_var_coef < 0:
             raise ValueError(f"grad_var_coef must be >= 0 (0 turns the penalty off), got {grad_var_coef}")
         if grad_var_coef > 0:
@@ -265,6 +282,12 @@ class GRPO(OnPolicyAlgorithm):
                     f"or None; got {adaptive_clip}"
                 )
             adaptive_clip = (float(adaptive_clip[0]), float(adaptive_clip[1]))
+
+        # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed)
+        if distributed.setup():
+            device = distributed.local_device(device)
+            if distributed.get_rank() > 0:
+                verbose = 0
 
         super().__init__(
             policy,
@@ -333,6 +356,7 @@ class GRPO(OnPolicyAlgorithm):
         self.kl_coef = float(kl_coef)
         self.kl_target = kl_target
         self.grad_norm_warn = grad_norm_warn
+        self.nonfinite = nonfinite
 
         if self.explore_alpha > 0 and getattr(self, "action_space", None) is not None:
             # raises a clear ValueError for unbounded Box or unsupported action spaces
@@ -378,7 +402,14 @@ class GRPO(OnPolicyAlgorithm):
         ):
             # the text fast path: whole sequences, one forward each at update time
             self.rollout_buffer_class = SequenceRolloutBuffer
+        # torch.distributed: rank r seeds with seed + 1000 * r; rank 0's weights are broadcast below
+        self._world_size = distributed.get_world_size() if distributed.setup() else 1
+        self._rank = distributed.get_rank() if self._world_size > 1 else 0
+        if self._world_size > 1:
+            self.seed = distributed.rank_seed(self.seed, self._rank)
         super()._setup_model()
+        if self._world_size > 1:
+            self._setup_distributed()
 
         # Initialize schedules for policy/value clipping (as PPO)
         self.clip_range = FloatSchedule(self.clip_range)
@@ -402,6 +433,41 @@ class GRPO(OnPolicyAlgorithm):
         self._group_tracker: EpisodeGroupTracker | None = None
         self._grad_norm_warned = False
         self._grad_var_batched = True
+        self._skipped_nonfinite = 0
+
+    def _setup_distributed(self) -> None:
+        """Start every rank from rank 0's weights, check the ranks step in lockstep, log on rank 0 only."""
+        distributed.broadcast_module(self.policy, src=0)
+        n_envs = self.env.num_envs if self.env is not None else 0
+        if not distributed.all_equal(n_envs):
+            raise ValueError(
+                f"GRPO under torch.distributed needs the same number of envs on every rank (this rank, "
+                f"{self._rank}, has {n_envs}); every rank must run the same n_envs, n_steps and total_timesteps, "
+                "or the ranks fall out of lockstep and wait for each other forever"
+            )
+        if self._rank > 0:
+            self.set_logger(distributed.null_logger())
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """SB3's ``save``; under ``torch.distributed`` only rank 0 writes (the weights are the same everywhere)."""
+        if getattr(self, "_rank", 0) > 0:
+            return
+        super().save(*args, **kwargs)
+
+    def _idle_step(self) -> bool:
+        """
+        A distributed rank's step without a minibatch (it had fewer than the others this epoch): join the
+        collectives of a real step with no contribution and take the same optimizer step.
+
+        :return: False when the ranks stop the epochs early (``target_kl``).
+        """
+        if self.target_kl is not None and distributed.mean_across_ranks(0.0, 0.0) > 1.5 * self.target_kl:
+            return False
+        self.policy.optimizer.zero_grad()
+        distributed.average_gradients(self.policy.parameters(), contributed=False)
+        th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        self.policy.optimizer.step()
+        return True
 
     def _select_grad_var_params(self) -> list[th.nn.Parameter]:
         named = [(name, p) for name, p in self.policy.named_parameters() if p.requires_grad]
@@ -417,7 +483,14 @@ class GRPO(OnPolicyAlgorithm):
         return chosen
 
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "ref_policy", "_group_tracker", "_grad_var_param_list"]
+        return [
+            *super()._excluded_save_params(),
+            "ref_policy",
+            "_group_tracker",
+            "_grad_var_param_list",
+            "_world_size",
+            "_rank",
+        ]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         state_dicts, tensors = super()._get_torch_save_params()
@@ -518,6 +591,7 @@ class GRPO(OnPolicyAlgorithm):
 
         n_steps = 0
         rollout_buffer.reset()
+        self._reset_episode_screen(env.num_envs, n_rollout_steps)
         # Sample new weights for the state dependent exploration
         if self.use_sde:
             self.policy.reset_noise(env.num_envs)
@@ -555,6 +629,7 @@ class GRPO(OnPolicyAlgorithm):
                     clipped_actions = np.clip(actions, self.action_space.low, self.action_space.high)
 
             new_obs, rewards, dones, infos = env.step(clipped_actions)
+            rewards = self._screen_rewards(rewards, dones, infos, n_steps)
 
             self.num_timesteps += env.num_envs
 
@@ -611,6 +686,7 @@ class GRPO(OnPolicyAlgorithm):
             self.logger.record("rollout/n_complete_groups", stats["n_groups"])
             self.logger.record("rollout/frac_steps_nonzero_advantage", stats["frac_steps_nonzero_advantage"])
 
+        self._drop_skipped_episodes(rollout_buffer)
         if not np.all(np.isfinite(rollout_buffer.advantages)):
             n_bad_rewards = int(np.sum(~np.isfinite(rollout_buffer.rewards)))
             n_bad_values = int(np.sum(~np.isfinite(rollout_buffer.values)))
@@ -625,6 +701,51 @@ class GRPO(OnPolicyAlgorithm):
         callback.on_rollout_end()
 
         return True
+
+    def _reset_episode_screen(self, n_envs: int, n_rollout_steps: int) -> None:
+        """Start the rollout's bookkeeping of episodes to drop (``nonfinite="skip"``)."""
+        self._episode_first_row = np.zeros(n_envs, dtype=np.int64)
+        self._skip_rows = np.zeros((n_rollout_steps, n_envs), dtype=bool)
+        self._skipped_episodes = 0
+
+    def _screen_rewards(self, rewards: np.ndarray, dones: np.ndarray, infos: list[dict], row: int) -> np.ndarray:
+        """Check one step's rewards. ``"raise"``: a NaN/inf reward raises with its env, timestep and
+        completion. ``"skip"``: it becomes 0, and the episode (also one flagged ``info["reward_nonfinite"]``
+        by the env) is marked so that :meth:`_drop_skipped_episodes` zeroes its advantages."""
+        bad = ~np.isfinite(rewards)
+        if self.nonfinite == "raise":
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                where = f"; completion {infos[i]['completion']!r}" if "completion" in infos[i] else ""
+                raise RuntimeError(
+                    f"GRPO: env {i} returned a non-finite reward ({rewards[i]}) at timestep {self.num_timesteps + len(rewards)} "
+                    f"(update {self._n_updates}){where}; non-finite rewards make non-finite advantages, so no update "
+                    "was made. Fix the reward, or pass nonfinite='skip' to drop such episodes (and, for text envs, "
+                    "nonfinite_reward='skip')"
+                )
+            return rewards
+        flagged = bad | np.array([bool(info.get("reward_nonfinite", False)) for info in infos])
+        if bad.any():
+            rewards = np.where(bad, 0.0, rewards).astype(rewards.dtype)
+        for i in np.flatnonzero(flagged):
+            self._skip_rows[self._episode_first_row[i] : row + 1, i] = True
+            self._skipped_episodes += 1
+        ended = np.flatnonzero(dones)
+        self._episode_first_row[ended] = row + 1
+        return rewards
+
+    def _drop_skipped_episodes(self, rollout_buffer: RolloutBuffer) -> None:
+        """``nonfinite="skip"``: zero the advantages of dropped episodes and of any non-finite advantage, and
+        set their value targets to the old values; log ``rollout/skipped_episodes``."""
+        if self.nonfinite != "skip":
+            return
+        drop = self._skip_rows | ~np.isfinite(rollout_buffer.advantages) | ~np.isfinite(rollout_buffer.values)
+        if drop.any():
+            values = np.nan_to_num(rollout_buffer.values, nan=0.0, posinf=0.0, neginf=0.0)
+            rollout_buffer.advantages[drop] = 0.0
+            rollout_buffer.values[drop] = values[drop]
+            rollout_buffer.returns[drop] = values[drop]
+        self.logger.record("rollout/skipped_episodes", self._skipped_episodes)
 
     # ------------------------------------------------------------------------------------------------------
     # Update
@@ -740,7 +861,12 @@ class GRPO(OnPolicyAlgorithm):
         for epoch in range(self.n_epochs):
             approx_kl_divs = []
             # Do a complete pass on the rollout buffer
-            for rollout_data in self._minibatches():
+            for rollout_data in distributed.pad_to_max(self._minibatches()):
+                if rollout_data is None:  # distributed: this rank has fewer minibatches than another this epoch
+                    if not self._idle_step():
+                        continue_training = False
+                        break
+                    continue
                 n_samples = len(rollout_data.actions)
                 n_slices = min(self.grad_var_slices, n_samples)
                 use_grad_var = self.grad_var_coef > 0 and n_slices >= 2
@@ -833,6 +959,8 @@ class GRPO(OnPolicyAlgorithm):
                     log_ratio = log_prob - rollout_data.old_log_prob
                     approx_kl_div = th.mean((th.exp(log_ratio) - 1) - log_ratio).cpu().numpy()
                     approx_kl_divs.append(approx_kl_div)
+                if self._world_size > 1 and self.target_kl is not None:
+                    approx_kl_div = distributed.mean_across_ranks(float(approx_kl_div))  # all ranks stop together
 
                 if self.target_kl is not None and approx_kl_div > 1.5 * self.target_kl:
                     continue_training = False
@@ -841,14 +969,23 @@ class GRPO(OnPolicyAlgorithm):
                     break
 
                 if not th.isfinite(loss):
+                    if self.nonfinite == "skip":  # no step on this minibatch; counted in train/skipped_nonfinite
+                        self._skipped_nonfinite += 1
+                        continue
                     self._raise_non_finite("loss", epoch, details)
 
                 # Optimization step
                 self.policy.optimizer.zero_grad()
                 loss.backward()
+                if self._world_size > 1:
+                    distributed.average_gradients(self.policy.parameters())
                 # Clip grad norm (the returned norm is the one before clipping)
                 grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
                 if not th.isfinite(grad_norm):
+                    if self.nonfinite == "skip":  # drop the gradient: the weights and Adam's moments stay finite
+                        self.policy.optimizer.zero_grad()
+                        self._skipped_nonfinite += 1
+                        continue
                     self._raise_non_finite("gradient", epoch, {**details, "grad_norm": grad_norm.item()})
                 grad_norms.append(grad_norm.item())
                 self.policy.optimizer.step()
@@ -860,9 +997,14 @@ class GRPO(OnPolicyAlgorithm):
         explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
 
         # Adaptive KL controller (Ziegler et al. 2019, arXiv 1909.08593, section 2.2)
-        if use_kl and self.kl_target is not None and kl_refs:
-            error = np.clip(np.mean(kl_refs) / self.kl_target - 1.0, -KL_CONTROLLER_CLIP, KL_CONTROLLER_CLIP)
-            self.kl_coef *= 1.0 + KL_CONTROLLER_GAIN * float(error)
+        if use_kl and self.kl_target is not None and (kl_refs or self._world_size > 1):
+            if self._world_size > 1:  # the same kl_coef on every rank
+                kl_mean = distributed.mean_across_ranks(float(np.sum(kl_refs)), len(kl_refs))
+            else:
+                kl_mean = np.mean(kl_refs)
+            if np.isfinite(kl_mean):
+                error = np.clip(kl_mean / self.kl_target - 1.0, -KL_CONTROLLER_CLIP, KL_CONTROLLER_CLIP)
+                self.kl_coef *= 1.0 + KL_CONTROLLER_GAIN * float(error)
 
         # Logs (PPO's first, same keys)
         self.logger.record("train/entropy_loss", np.mean(entropy_losses))
@@ -872,11 +1014,17 @@ class GRPO(OnPolicyAlgorithm):
         self.logger.record("train/approx_kl", np.mean(approx_kl_divs))
         self.logger.record("train/clip_fraction", np.mean(clip_fractions))
         self.logger.record("train/loss", loss.item())
+        if self.nonfinite == "skip":
+            self.logger.record("train/skipped_nonfinite", self._skipped_nonfinite)
+            self._skipped_nonfinite = 0
         self.logger.record("train/explained_variance", explained_var)
         if hasattr(self.policy, "log_std"):
             self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
 
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        if self._world_size > 1:  # num_timesteps counts this rank's steps; every rank steps as many
+            self.logger.record("time/global_timesteps", self.num_timesteps * self._world_size)
+            self.logger.record("dist/world_size", self._world_size)
         self.logger.record("train/clip_range", clip_range)
         if self.clip_range_vf is not None:
             self.logger.record("train/clip_range_vf", clip_range_vf)

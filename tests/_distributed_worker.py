@@ -1,0 +1,76 @@
+"""Worker of ``tests/test_distributed.py``: run under ``torchrun --nproc_per_node 2``.
+
+Each rank trains GRPO for two updates on CartPole (MlpPolicy) and on TextGen-v0 (CausalLMPolicy, the text fast
+path), then writes its final parameters and a fingerprint of its rollout to ``OUT/<name>_rank<r>.pt`` and tries to
+save the model to ``OUT/<name>_rank<r>.zip`` (only rank 0 may write it).
+"""
+
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch as th
+from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
+
+from sb3_grpo import GRPO, distributed
+
+out = sys.argv[1]
+th.set_num_threads(1)
+rank = distributed.get_rank()  # RANK, before GRPO starts the process group
+
+
+def report(name: str, model: GRPO, rollout_fingerprint: th.Tensor) -> None:
+    params = th.cat([p.detach().flatten().float() for p in model.policy.parameters()])
+    th.save(
+        {
+            "params": params,
+            "rollout": rollout_fingerprint,
+            "seed": model.seed,
+            "num_timesteps": model.num_timesteps,
+            "n_log_outputs": len(model.logger.output_formats),
+            "world_size": distributed.get_world_size(),
+        },
+        os.path.join(out, f"{name}_rank{rank}.pt"),
+    )
+    model.save(os.path.join(out, f"{name}_rank{rank}.zip"))
+
+
+# CartPole, MlpPolicy: SB3's per-transition path
+env = sb3_make_vec_env("CartPole-v1", n_envs=2, seed=distributed.rank_seed(0))
+model = GRPO(
+    "MlpPolicy",
+    env,
+    n_steps=32,
+    batch_size=32,
+    n_epochs=2,
+    seed=0,
+    target_kl=1.0,
+    tensorboard_log=os.path.join(out, "tb"),
+    verbose=1,
+)
+model.learn(2 * 32 * 2)
+report("cartpole", model, th.as_tensor(model.rollout_buffer.observations).flatten())
+
+# TextGen-v0, CausalLMPolicy: whole-sequence minibatches (ranks may have different numbers per epoch)
+from textrl_envs.sb3 import make_vec_env  # noqa: E402
+
+env = make_vec_env(
+    "TextGen-v0", n_envs=4, group_size=2, seed=distributed.rank_seed(0), device="cpu", max_new_tokens=6
+)
+model = GRPO(
+    "CausalLMPolicy",
+    env,
+    n_steps=8,
+    batch_size=6,
+    n_epochs=2,
+    learning_rate=1e-3,
+    seed=0,
+    advantage="group",
+    kl_coef=0.05,
+    kl_target=0.01,
+    grad_var_coef=0.0,
+    target_kl=10.0,
+)
+model.learn(2 * 8 * 4)
+report("textgen", model, model.rollout_buffer.token_ids.flatten().float())
