@@ -83,14 +83,14 @@ def get_rank() -> int:
     """
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
-    return int(os.environ.get("RANK", 0))
+    return int(os.environ.get("RANK", "0"))
 
 
 def get_world_size() -> int:
     """The number of processes: the process group's, else ``torchrun``'s ``WORLD_SIZE`` variable, else 1."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", 1))
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def is_main_process() -> bool:
@@ -119,7 +119,7 @@ def setup(backend: str | None = None) -> bool:
         if backend is None:
             backend = "nccl" if th.cuda.is_available() else "gloo"
         if backend == "nccl":
-            th.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            th.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend=backend)
     return is_active()
 
@@ -135,7 +135,7 @@ def local_device(device: th.device | str = "auto") -> th.device:
     """
     device = th.device("cuda" if th.cuda.is_available() else "cpu") if str(device) == "auto" else th.device(device)
     if device.type == "cuda" and device.index is None:
-        device = th.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        device = th.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return device
 
 

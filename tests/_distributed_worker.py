@@ -53,11 +53,9 @@ model.learn(2 * 32 * 2)
 report("cartpole", model, th.as_tensor(model.rollout_buffer.observations).flatten())
 
 # TextGen-v0, CausalLMPolicy: whole-sequence minibatches (ranks may have different numbers per epoch)
-from textrl_envs.sb3 import make_vec_env  # noqa: E402
+from textrl_envs.sb3 import make_vec_env
 
-env = make_vec_env(
-    "TextGen-v0", n_envs=4, group_size=2, seed=distributed.rank_seed(0), device="cpu", max_new_tokens=6
-)
+env = make_vec_env("TextGen-v0", n_envs=4, group_size=2, seed=distributed.rank_seed(0), device="cpu", max_new_tokens=6)
 model = GRPO(
     "CausalLMPolicy",
     env,
