@@ -11,6 +11,8 @@ The math lives in small pure functions (:func:`positions_from_mask`, :func:`proc
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import json
 import os
 import sys
@@ -29,6 +31,7 @@ from torch import nn
 __all__ = [
     "CausalLMPolicy",
     "extends_by_one",
+    "lora_spec",
     "left_pad_columns",
     "model_spec",
     "positions_from_mask",
@@ -240,6 +243,91 @@ def _make_portable(model: Any, spec: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# LoRA (peft, optional) and mixed precision
+# --------------------------------------------------------------------------------------------------------------
+
+LORA_INSTALL_HINT = 'pip install "textrl[lora]"  (or: pip install peft)'
+
+
+def _import_peft() -> Any:
+    try:
+        import peft
+    except ImportError as err:
+        raise ImportError(
+            f"CausalLMPolicy(lora=...) needs the optional dependency peft, which is not installed ({err}); "
+            f"install it with: {LORA_INSTALL_HINT}; or drop policy_kwargs['lora'] to train the full model"
+        ) from err
+    return peft
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (set, frozenset, tuple, list)):
+        items = [_jsonable(v) for v in value]
+        return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def lora_spec(lora: Any) -> dict[str, Any]:
+    """The JSON-able spec of a LoRA configuration: the ``peft.LoraConfig`` fields that differ from their defaults.
+
+    This is what ``CausalLMPolicy`` stores (and SB3 saves) instead of a pickled peft object; ``LoraConfig(**spec)``
+    rebuilds the configuration. Sets become sorted lists and enums their values.
+
+    :param lora: a ``peft.LoraConfig``, or a dict of its keyword arguments (e.g. ``{"r": 8, "lora_alpha": 16}``).
+    :return: the spec (a plain dict of JSON types).
+    """
+    peft = _import_peft()
+    if isinstance(lora, dict):
+        try:
+            config = peft.LoraConfig(**lora)
+        except TypeError as err:
+            raise ValueError(
+                f"policy_kwargs['lora'] is not a valid set of peft.LoraConfig arguments ({err}); pass e.g. "
+                "{'r': 8, 'lora_alpha': 16, 'target_modules': ['c_attn']} or a peft.LoraConfig"
+            ) from err
+    elif isinstance(lora, peft.LoraConfig):
+        config = lora
+    else:
+        raise TypeError(
+            f"policy_kwargs['lora'] must be a peft.LoraConfig or a dict of its arguments, got {type(lora).__name__}"
+        )
+    defaults = _jsonable(peft.LoraConfig().to_dict())
+    given = _jsonable(config.to_dict())
+    skip = {"peft_type", "peft_version"}
+    return {k: v for k, v in given.items() if k not in skip and defaults.get(k, object()) != v}
+
+
+def _apply_lora(lm: nn.Module, spec: dict[str, Any]) -> Any:
+    """Inject LoRA adapters into ``lm`` in place (its other weights are frozen); returns the ``PeftModel``."""
+    peft = _import_peft()
+    try:
+        return peft.get_peft_model(lm, peft.LoraConfig(**spec))
+    except ValueError as err:
+        raise ValueError(
+            f"peft could not add LoRA adapters to this {type(lm).__name__} ({err}); name the layers to adapt, "
+            "e.g. policy_kwargs['lora'] = {'r': 8, 'target_modules': ['q_proj', 'v_proj']} (module names from "
+            "model.named_modules())"
+        ) from err
+
+
+AUTOCAST_DTYPES = ("bfloat16", "float16")
+
+
+def _autocast_dtype(value: th.dtype | str | None) -> th.dtype | None:
+    dtype = _as_dtype(value)
+    if dtype is not None and dtype not in (th.bfloat16, th.float16):
+        raise ValueError(
+            f"autocast_dtype={value!r} is not supported; use one of {', '.join(AUTOCAST_DTYPES)} (mixed precision) "
+            "or None (no autocast; to run the whole model in a lower precision use dtype=...)"
+        )
+    return dtype
+
+
+# --------------------------------------------------------------------------------------------------------------
 # The critic used with separate_critic=True
 # --------------------------------------------------------------------------------------------------------------
 
@@ -396,6 +484,16 @@ class CausalLMPolicy(BasePolicy):
     :param separate_critic: use an :class:`EmbeddingCritic` instead of a value head on the shared trunk.
     :param use_cache: keep the rollout KV cache (``False``: recompute every prefix, for benchmarks and debugging).
     :param gradient_checkpointing: trade compute for memory in the update forward.
+    :param lora: train LoRA adapters instead of the LM (needs ``peft``: ``pip install "textrl[lora]"``): a
+        ``peft.LoraConfig`` or a dict of its arguments (e.g. ``{"r": 8, "lora_alpha": 16}``). The adapters are
+        injected into the LM in place; only they and the value head (or separate critic) are trained and given to the
+        optimizer. The policy then defines ``reference_evaluate_actions`` / ``reference_evaluate_sequences``: the same
+        model with the adapters switched off (peft's ``disable_adapter()``), which ``GRPO(kl_coef > 0)`` uses as the
+        KL reference instead of a frozen copy. Stored as a JSON-able :func:`lora_spec`; the adapter weights are in the
+        state dict.
+    :param autocast_dtype: ``"bfloat16"`` or ``"float16"``: run the LM (trunk and output layer) under
+        ``torch.autocast`` in rollout and update; logits are cast to float32 before the softmax, so log-probs,
+        entropies, values (the value head runs outside autocast) and advantages stay float32. ``None``: no autocast.
     :param value_head_init_std: std of the value head's normal init (``None``: orthogonal if ``ortho_init``).
     :param ortho_init: SB3's flag; here it only decides the value head's init.
     :param critic_hidden: width of the separate critic's MLP.
@@ -418,6 +516,8 @@ class CausalLMPolicy(BasePolicy):
         separate_critic: bool = False,
         use_cache: bool = True,
         gradient_checkpointing: bool = False,
+        lora: Any = None,
+        autocast_dtype: th.dtype | str | None = None,
         value_head_init_std: float | None = None,
         ortho_init: bool = True,
         critic_hidden: int = 256,
@@ -459,6 +559,8 @@ class CausalLMPolicy(BasePolicy):
         self.separate_critic = separate_critic
         self.use_cache = use_cache
         self.gradient_checkpointing = gradient_checkpointing
+        self._autocast = _autocast_dtype(autocast_dtype)
+        self.autocast_dtype = None if self._autocast is None else str(self._autocast).replace("torch.", "")
         self.value_head_init_std = value_head_init_std
         self.ortho_init = ortho_init
         self.critic_hidden = critic_hidden
@@ -467,6 +569,11 @@ class CausalLMPolicy(BasePolicy):
         self._spec = model_spec(self.lm)
         if not isinstance(model, (str, os.PathLike)) and model is not None:
             _make_portable(model, self._spec)
+        self.lora = None if lora is None else lora_spec(lora)
+        if self.lora is not None:
+            # adapters injected into self.lm in place (self.lm stays the transformers model); the PeftModel wrapper
+            # is kept unregistered, only for disable_adapter(), so the state dict has no duplicate keys
+            self.__dict__["_peft_model"] = _apply_lora(self.lm, self.lora)
 
         self.n_actions = int(action_space.n)
         self.lm_vocab = int(self.lm.get_output_embeddings().weight.shape[0])
@@ -506,8 +613,13 @@ class CausalLMPolicy(BasePolicy):
         self._caches: OrderedDict[int, _RowCache] = OrderedDict()
         self._cache_supported = True
         self.train(False)
+        params = (
+            [p for p in self.parameters() if p.requires_grad]
+            if self.lora is not None
+            else self.parameters()
+        )
         self.optimizer = self.optimizer_class(
-            self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs
+            params, lr=lr_schedule(1), **self.optimizer_kwargs
         )
 
     # ---------------------------------------------------------------------------------------------------------
@@ -548,6 +660,8 @@ class CausalLMPolicy(BasePolicy):
                 "separate_critic": self.separate_critic,
                 "use_cache": self.use_cache,
                 "gradient_checkpointing": self.gradient_checkpointing,
+                "lora": self.lora,
+                "autocast_dtype": self.autocast_dtype,
                 "value_head_init_std": self.value_head_init_std,
                 "ortho_init": self.ortho_init,
                 "critic_hidden": self.critic_hidden,
@@ -629,18 +743,26 @@ class CausalLMPolicy(BasePolicy):
         cache: Any = None,
     ) -> th.Tensor:
         """Final hidden states ``[B, L, d]`` of the LM body (after its final norm)."""
-        out = self.lm.base_model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            cache=cache,
-            use_cache=cache is not None,
-        )
+        with self._autocast_context():
+            out = self.lm.base_model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=cache is not None,
+            )
         return out.last_hidden_state
+
+    def _autocast_context(self) -> Any:
+        """``torch.autocast`` to ``autocast_dtype`` on the policy's device (a no-op context without it)."""
+        if self._autocast is None:
+            return contextlib.nullcontext()
+        return th.autocast(device_type=self.device.type, dtype=self._autocast)
 
     def _logits(self, hidden: th.Tensor) -> th.Tensor:
         """Raw next-token logits over the env's ``V`` actions (float32)."""
-        logits = self.lm.get_output_embeddings()(hidden)
+        with self._autocast_context():
+            logits = self.lm.get_output_embeddings()(hidden)
         cap = getattr(self.lm.config, "final_logit_softcapping", None)
         if cap:
             logits = th.tanh(logits / cap) * cap
@@ -1065,3 +1187,48 @@ class CausalLMPolicy(BasePolicy):
             v = self.value_head(state_h.float()).squeeze(-1)
         values = zeros.index_put((b_idx, j_idx), v)
         return log_prob, entropy, values
+
+    # ---------------------------------------------------------------------------------------------------------
+    # The KL reference of a LoRA policy: the same LM with its adapters switched off
+    # ---------------------------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def adapters_disabled(self):
+        """Context in which the LM runs without its LoRA adapters (the base model); needs ``lora``."""
+        peft_model = self.__dict__.get("_peft_model")
+        if peft_model is None:
+            raise ValueError(
+                "adapters_disabled() needs a LoRA policy; pass policy_kwargs={'lora': {...}} to CausalLMPolicy"
+            )
+        with peft_model.disable_adapter():
+            yield
+
+    @property
+    def reference_evaluate_actions(self):
+        """``evaluate_actions`` of the base model (adapters off); defined only with ``lora``.
+
+        ``GRPO(kl_coef > 0)`` uses it as the KL reference instead of a frozen copy of the policy. Without ``lora``
+        the attribute does not exist (``hasattr`` is False), so GRPO keeps its frozen copy.
+        """
+        if self.__dict__.get("_peft_model") is None:
+            raise AttributeError("reference_evaluate_actions exists only for a LoRA policy (policy_kwargs['lora'])")
+        return self._reference_evaluate_actions
+
+    @property
+    def reference_evaluate_sequences(self):
+        """``evaluate_sequences`` of the base model (adapters off); defined only with ``lora``."""
+        if self.__dict__.get("_peft_model") is None:
+            raise AttributeError("reference_evaluate_sequences exists only for a LoRA policy (policy_kwargs['lora'])")
+        return self._reference_evaluate_sequences
+
+    def _reference_evaluate_actions(
+        self, obs: PyTorchObs, actions: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        with self.adapters_disabled():
+            return self.evaluate_actions(obs, actions)
+
+    def _reference_evaluate_sequences(
+        self, input_ids: th.Tensor, attention_mask: th.Tensor, action_mask: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        with self.adapters_disabled():
+            return self.evaluate_sequences(input_ids, attention_mask, action_mask)
