@@ -31,8 +31,8 @@ from torch import nn
 __all__ = [
     "CausalLMPolicy",
     "extends_by_one",
-    "lora_spec",
     "left_pad_columns",
+    "lora_spec",
     "model_spec",
     "positions_from_mask",
     "process_logits",

@@ -14,10 +14,10 @@ from gymnasium import spaces
 
 peft = pytest.importorskip("peft")
 
-from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel
 
-from sb3_grpo import GRPO  # noqa: E402
-from sb3_grpo.policies import CausalLMPolicy, lora_spec  # noqa: E402
+from sb3_grpo import GRPO
+from sb3_grpo.policies import CausalLMPolicy, lora_spec
 
 V, W = 60, 14
 OBS = spaces.Dict(
