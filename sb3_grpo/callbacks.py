@@ -502,7 +502,8 @@ class RollbackCallback(_PeriodicEvaluation):
     evaluation (see :class:`AtomicCheckpointCallback`), loaded with ``model.set_parameters``. Without an
     ``eval_env`` only the non-finite trigger is active and the state is the one at the last finite check.
     The timestep counter is not rolled back. After ``max_rollbacks`` rollbacks training stops (the collapse
-    keeps coming back: lower the learning rate). Logged: ``rollback/count``.
+    keeps coming back: lower the learning rate), after a last rollback so that the model ends with good
+    weights. Logged: ``rollback/count``.
 
     :param eval_env: The evaluation env (``None``: only the non-finite trigger).
     :param eval_freq: Timesteps between evaluations.
@@ -581,9 +582,11 @@ class RollbackCallback(_PeriodicEvaluation):
 
     def _roll_back(self, reason: str) -> None:
         if self.n_rollbacks >= self.max_rollbacks:
+            source = self._rollback_to()  # stop with good weights, not the collapsed ones
             warnings.warn(
                 f"RollbackCallback: {reason} at {self.num_timesteps} timesteps after {self.n_rollbacks} rollbacks "
-                f"(max_rollbacks={self.max_rollbacks}); stopping training. Lower the learning rate or check the reward.",
+                f"(max_rollbacks={self.max_rollbacks}); stopping training with the weights of {source}. Lower the "
+                "learning rate or check the reward.",
                 TrainingAlertWarning,
                 stacklevel=2,
             )
