@@ -23,13 +23,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sb3_grpo.bench.algos import ALGOS, DEFAULT_GROUP_SIZE, algo_table
+from sb3_grpo.bench.algos import DEFAULT_GROUP_SIZE, algo_table
+from sb3_grpo.bench.compare import TEXT_DEFAULTS
 
 #: The no-argument comparison (the README's main job): about five minutes on a 2-core CPU.
 DEFAULT_ENV = "TextGen-v0"
 DEFAULT_ALGOS = "ppo,grpo,grpo-group"
 DEFAULT_SEEDS = 3
-DEFAULT_TIMESTEPS = 3584
+DEFAULT_TIMESTEPS = 8192
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -116,8 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
             "into a fresh runs/compare-<timestamp>/ (about five minutes on a 2-core CPU).\n\n"
             "Algorithms (--algos):\n" + algo_table() + "\n\n"
             f"Group-advantage algorithms get envs in prompt groups of {DEFAULT_GROUP_SIZE} (--group-size); the "
-            "others get ungrouped envs. Text envs use CausalLMPolicy with the bundled LM; other ids use "
-            "MlpPolicy / MultiInputPolicy with SB3's defaults.\n\n"
+            "others get ungrouped envs. Text envs use CausalLMPolicy with the bundled LM and these defaults for "
+            "every algorithm: " + ", ".join(f"{k}={v}" for k, v in TEXT_DEFAULTS.items()) + "; other ids use "
+            "MlpPolicy / MultiInputPolicy with SB3's defaults (n_steps lowered when a rollout would exceed "
+            "--timesteps). Override any of them with --set or --config.\n\n"
             "Ctrl-C keeps the runs that finished (the report marks the missing ones); --resume completes them."
         ),
     )
@@ -126,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seeds", type=_positive_int, default=DEFAULT_SEEDS, help="number of seeds, 0..K-1 (default %(default)s)")
     c.add_argument(
         "--timesteps", type=_positive_int, default=None,
-        help=f"env steps (tokens for text envs) per run (default {DEFAULT_TIMESTEPS} for the default env, else 50000)",
+        help=f"env steps (tokens for text envs) per run (default {DEFAULT_TIMESTEPS} for text envs, else 50000)",
     )
     c.add_argument("--out", default=None, help="output folder (default: a fresh runs/compare-<timestamp>)")
     c.add_argument("--n-envs", type=_positive_int, default=None, help="parallel envs (default 16 for text envs, else 1)")
@@ -137,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--eval-episodes", type=_positive_int, default=None,
                    help="episodes of the final evaluation (default 128 for text envs, else 10)")
     c.add_argument("--threshold", type=float, default=None,
-                   help="reward for the 'steps to threshold' column (default: halfway from untrained to best)")
+                   help="training reward for the 'steps to threshold' column (default: halfway from where the "
+                   "training curves start to where the best algorithm's curves end)")
     c.add_argument("--config", default=None, metavar="FILE.json",
                    help='hyperparameters: {"*": {...}, "<algo>": {"<param>": value}}')
     c.add_argument("--set", action="append", default=[], metavar="ALGO.KEY=VALUE",
@@ -178,7 +182,9 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
             overrides.setdefault(key, {}).update(values)
         timesteps = args.timesteps
         if timesteps is None:
-            timesteps = DEFAULT_TIMESTEPS if args.env == DEFAULT_ENV else 50_000
+            import textrl_envs
+
+            timesteps = DEFAULT_TIMESTEPS if args.env in textrl_envs.ENV_IDS else 50_000
         cfg = make_config(
             env_id=args.env,
             algos=algos,

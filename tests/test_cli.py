@@ -227,3 +227,22 @@ def test_report_from_handmade_results():
     text = render_report(results)
     assert "Incomplete (interrupted): 5 of 6 runs" in text and "grpo seed 2" in text
     assert "What we found" in text and "within seed noise" in text
+
+
+def test_perf_helpers():
+    from sb3_grpo.bench import perf
+
+    rows = [perf._row("env: a vs b", 200.0, 100.0, "env steps/s", "setup", True),
+            perf._row("update: x vs y", None, 2.0, "s/update", "not available", False)]
+    assert rows[0]["ratio"] == pytest.approx(2.0) and rows[1]["ratio"] is None
+    table = perf.markdown_table(rows)
+    assert "| env: a vs b | 200 | 100 | 2.00x |" in table and "| update: x vs y | – |" in table
+    assert isinstance(perf.sequence_fast_path_available(), bool)
+
+
+def test_help_lists_algorithms(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ALGOS) and "five minutes" in out

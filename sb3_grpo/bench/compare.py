@@ -51,7 +51,7 @@ TEXT_DEFAULTS: dict[str, Any] = {
     "n_steps": 32,
     "batch_size": 256,
     "n_epochs": 1,
-    "learning_rate": 1e-3,
+    "learning_rate": 3e-4,
     "gamma": 1.0,
     "gae_lambda": 0.95,
     "clip_range": 0.2,
@@ -184,32 +184,7 @@ def resolve_hyperparameters(
     kwargs.update(spec.kwargs)
     kwargs.update(overrides.get("*", {}))
     kwargs.update(overrides.get(spec.name, {}))
-    if (
-        text
-        and spec.cls_name == "GRPO"
-        and kwargs.get("grad_var_coef", 0.01) > 0
-        and "grad_var_params" not in kwargs
-        and not (kwargs.get("policy_kwargs") or {}).get("model")
-    ):
-        kwargs["grad_var_params"] = bundled_lm_last_block()
     return _jsonable(kwargs)
-
-
-def bundled_lm_last_block() -> list[str] | None:
-    """Parameter-name prefixes of the bundled GPT-2's last block and final norm (``None`` if unknown).
-
-    The comparison measures the gradient variance over these on text envs: over every LM parameter the double
-    backward makes a GRPO update about ten times the cost of a PPO update on a CPU (``sb3-grpo perf`` measures
-    both); over the last block it costs about twice. ``--set grpo.grad_var_params=null`` restores all parameters.
-    """
-    try:
-        from textrl_envs.assets import lm_path
-
-        with open(os.path.join(lm_path(), "config.json")) as f:
-            n_layer = int(json.load(f)["n_layer"])
-    except (OSError, ImportError, KeyError, ValueError, FileNotFoundError):
-        return None
-    return [f"lm.transformer.h.{n_layer - 1}.", "lm.transformer.ln_f."]
 
 
 def make_config(
