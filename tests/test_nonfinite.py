@@ -1,0 +1,217 @@
+"""Non-finite rewards, losses and gradients: raise with context by default, skip and count with
+``GRPO(nonfinite="skip")`` / ``nonfinite_reward="skip"``; no NaN ever reaches the weights or a checkpoint.
+Also the reward timeout of ``call_reward``."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import math
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
+from stable_baselines3.common.logger import configure
+
+from sb3_grpo import GRPO
+from sb3_grpo.callbacks import AtomicCheckpointCallback, latest_checkpoint, nonfinite_parameters
+from textrl_envs.rewards.base import RewardTimeoutError, call_reward
+from textrl_envs.sb3 import make_vec_env
+
+SMALL = {"n_steps": 32, "batch_size": 32, "n_epochs": 2, "seed": 0, "device": "cpu"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    n = th.get_num_threads()
+    th.set_num_threads(1)
+    yield
+    th.set_num_threads(n)
+
+
+def _quiet(model):
+    model.set_logger(configure(None, []))
+    return model
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
+
+
+def _same(a, b):
+    return all(th.equal(a[k], b[k]) for k in a)
+
+
+class NanEvery(gym.Wrapper):
+    """CartPole whose reward is NaN on every ``k``-th step."""
+
+    def __init__(self, env, k=20):
+        super().__init__(env)
+        self.k, self.n = k, 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.n += 1
+        return obs, (math.nan if self.n % self.k == 0 else reward), terminated, truncated, info
+
+
+class RolloutLog(BaseCallback):
+    """Copies the logger's values at each rollout end (before SB3 dumps them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.values = []
+
+    def _on_rollout_end(self):
+        self.values.append(dict(self.model.logger.name_to_value))
+
+    def _on_step(self):
+        return True
+
+
+def _nan_env(k=20):
+    return sb3_make_vec_env(lambda: NanEvery(gym.make("CartPole-v1"), k), n_envs=2, seed=0)
+
+
+def test_nonfinite_reward_raises_with_env_and_timestep():
+    model = _quiet(GRPO("MlpPolicy", _nan_env(), **SMALL))
+    before = _params(model)
+    with pytest.raises(RuntimeError, match=r"env \d returned a non-finite reward \(nan\) at timestep \d+ \(update 0\).*nonfinite='skip'"):
+        model.learn(64)
+    assert _same(before, _params(model))
+
+
+def test_skip_drops_bad_episodes_and_counts_them(tmp_path):
+    model = _quiet(GRPO("MlpPolicy", _nan_env(), nonfinite="skip", **SMALL))
+    log = RolloutLog()
+    model.learn(128, callback=[log, AtomicCheckpointCallback(64, tmp_path)])
+    skipped = [v["rollout/skipped_episodes"] for v in log.values]
+    assert sum(skipped) > 0
+    assert np.isfinite(model.rollout_buffer.advantages).all()
+    assert np.isfinite(model.rollout_buffer.rewards).all()
+    assert not nonfinite_parameters(model.policy)
+    loaded = GRPO.load(latest_checkpoint(tmp_path), device="cpu")
+    assert not nonfinite_parameters(loaded.policy)
+
+
+def test_skip_zeroes_the_advantages_of_the_flagged_episode_only():
+    env = sb3_make_vec_env(lambda: NanEvery(gym.make("CartPole-v1"), 10), n_envs=1, seed=0)
+    model = _quiet(GRPO("MlpPolicy", env, nonfinite="skip", **{**SMALL, "n_epochs": 1}))
+    model.learn(64)
+    buffer = model.rollout_buffer
+    # the second rollout holds env steps 33..64: NaN rewards at steps 40, 50, 60 -> rows 7, 17, 27
+    starts = buffer.episode_starts[:, 0]
+    expected = np.zeros(32, dtype=bool)
+    for row in (7, 17, 27):
+        first = max([r for r in range(row + 1) if starts[r]] or [0])
+        expected[first : row + 1] = True
+    assert (buffer.advantages[:, 0] == 0.0).tolist() == expected.tolist()
+    assert buffer.rewards[[7, 17, 27], 0].tolist() == [0.0, 0.0, 0.0]
+    np.testing.assert_array_equal(buffer.returns[expected, 0], buffer.values[expected, 0])
+
+
+def test_skip_nonfinite_loss_takes_no_step_and_checkpoint_stays_finite(tmp_path):
+    model = _quiet(GRPO("MlpPolicy", "CartPole-v1", kl_coef=0.1, nonfinite="skip", **SMALL))
+    model._reference_log_prob = lambda batch: th.full((len(batch.actions),), math.nan)
+    before = _params(model)
+    model.learn(64, callback=AtomicCheckpointCallback(32, tmp_path))
+    assert model.logger.name_to_value["train/skipped_nonfinite"] == 2  # 1 minibatch x 2 epochs of the last update
+    assert _same(before, _params(model))
+    loaded = GRPO.load(latest_checkpoint(tmp_path), device="cpu")
+    assert _same(before, _params(loaded)) and loaded.num_timesteps == 64
+
+
+def test_nonfinite_gradient_raise_and_skip():
+    def poisoned(nonfinite):
+        # (no grad-variance penalty: it is made of gradients, so it would make the loss itself NaN)
+        model = _quiet(GRPO("MlpPolicy", "CartPole-v1", nonfinite=nonfinite, grad_var_coef=0.0, **SMALL))
+        model.policy.action_net.weight.register_hook(lambda g: g * math.nan)
+        return model
+
+    model = poisoned("raise")
+    before = _params(model)
+    with pytest.raises(RuntimeError, match=r"non-finite gradient at update 0 .*No optimizer step was taken"):
+        model.learn(32)
+    assert _same(before, _params(model))
+
+    model = poisoned("skip")
+    before = _params(model)
+    model.learn(64)
+    assert model.logger.name_to_value["train/skipped_nonfinite"] == 2
+    assert _same(before, _params(model))
+    for state in model.policy.optimizer.state.values():  # Adam's moments never saw the NaN
+        assert all(th.isfinite(v).all() for v in state.values() if isinstance(v, th.Tensor))
+
+
+def test_bad_nonfinite_option():
+    with pytest.raises(ValueError, match="nonfinite='drop' is not known; use 'raise'"):
+        GRPO("MlpPolicy", "CartPole-v1", nonfinite="drop")
+
+
+# --------------------------------------------------------------------------------------------- text envs
+def _nan_for_odd_lengths(prompts, completions):
+    return [math.nan if len(c) % 2 else 1.0 for c in completions]
+
+
+def _all_nan(prompts, completions):
+    return [math.inf] + [math.nan] * (len(completions) - 1)
+
+
+def test_text_env_raises_naming_reward_and_completion():
+    env = make_vec_env(None, n_envs=2, device="cpu", prompts=["The movie was"], reward=_all_nan, max_new_tokens=4)
+    env.reset()
+    with pytest.raises(ValueError, match=r"reward '_all_nan' returned a non-finite value \(inf\) for prompt 'The movie was' and completion"):
+        for _ in range(4):
+            env.step(np.array([5, 5]))
+
+
+def test_text_env_skip_flags_the_episode_and_grpo_drops_it():
+    env = make_vec_env(
+        "TextGen-v0", n_envs=2, device="cpu", seed=0, reward=_nan_for_odd_lengths, nonfinite_reward="skip", max_new_tokens=4
+    )
+    env.reset()
+    flags = []
+    for _ in range(4):
+        _, rewards, dones, infos = env.step(np.array([5, 6]))
+        flags += [(info["reward_nonfinite"], r) for info, r, d in zip(infos, rewards, dones) if d]
+    assert flags and all(np.isfinite(r) for _, r in flags)
+    assert all(r == 0.0 for bad, r in flags if bad)
+
+    model = _quiet(GRPO("CausalLMPolicy", env, n_steps=8, batch_size=8, n_epochs=1, seed=0, device="cpu", nonfinite="skip"))
+    log = RolloutLog()
+    model.learn(32, callback=log)
+    assert sum(v["rollout/skipped_episodes"] for v in log.values) > 0
+    assert not nonfinite_parameters(model.policy)
+
+
+# --------------------------------------------------------------------------------------------- timeouts
+def test_call_reward_timeout():
+    release = threading.Event()
+
+    def hangs(prompts, completions):
+        release.wait(10)
+        return [0.0] * len(completions)
+
+    def quick(prompts, completions):
+        return [1.0] * len(completions)
+
+    def own_timeout(prompts, completions):
+        raise TimeoutError("upstream API")
+
+    try:
+        start = time.perf_counter()
+        with pytest.raises(RewardTimeoutError, match=r"reward 'hangs' did not return within reward_timeout=0.2 s .*'a completion'"):
+            call_reward(hangs, ["p"], ["a completion"], timeout=0.2)
+        assert time.perf_counter() - start < 2
+    finally:
+        release.set()
+    assert call_reward(quick, ["p", "q"], ["a", "b"], timeout=5).tolist() == [1.0, 1.0]
+    with pytest.raises(RuntimeError, match="reward 'own_timeout' raised TimeoutError: upstream API"):
+        call_reward(own_timeout, ["p"], ["a"], timeout=5)
+    with pytest.raises(ValueError, match="reward_timeout must be None .* or a positive number of seconds"):
+        call_reward(quick, ["p"], ["a"], timeout=0)
