@@ -798,6 +798,7 @@ def run_compare(
         log(f"resume: keeping {kept} completed run(s) from {out / RESULTS_FILE}")
     path = out / RESULTS_FILE
     write_json_atomic(path, results)
+    started = time.perf_counter()
 
     todo = [(a, s) for a, s in planned_runs(cfg) if cfg.run_key(a, s) not in results["runs"]]
     bar = tqdm(
@@ -832,6 +833,7 @@ def run_compare(
     bar.close()
     results["status"] = "complete"
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    results["session_wall_s"] = round(time.perf_counter() - started, 1)
     write_json_atomic(path, results)
     write_report(results, out)
     return results

@@ -268,16 +268,17 @@ def claim_check(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -> 
         reward_worse = not math.isnan(se) and diff < -2 * se
         ratio = s["final_std"] / ppo["final_std"] if ppo["final_std"] and not math.isnan(ppo["final_std"]) else math.nan
         stab_ok = "beyond seed noise" in stab_verdict and ratio <= 1 - CLAIM_STABILITY_GAIN / 100
+        stab_worse = "less stable than PPO beyond seed noise" in stab_verdict
         if reward_ok and stab_ok:
             overall = "supported"
-        elif reward_ok:
-            overall = "partly supported (reward gain shown, stability gain not shown)"
-        elif reward_worse:
-            overall = "contradicted (final reward below PPO's beyond seed noise)"
+        elif reward_worse or stab_worse:
+            overall = "contradicted (" + " and ".join(
+                x for x, bad in (("final reward below PPO's", reward_worse), ("seed-to-seed std above PPO's", stab_worse)) if bad
+            ) + " beyond seed noise)"
+        elif reward_ok or stab_ok:
+            overall = "partly supported (" + ("reward gain" if reward_ok else "stability gain") + " shown, the other not)"
         else:
-            overall = "not supported by this measurement (no reward gain beyond seed noise" + (
-                ", no resolvable stability gain)" if not stab_ok else ")"
-            )
+            overall = "not supported by this measurement (no reward gain beyond seed noise, no resolvable stability gain)"
         verdicts.append((algo, reward_verdict, stab_verdict, overall))
         lines.append(
             f"| {algo} | {_fmt_pct(gain)} | {_fmt(se_pct, '.0f')}{'%' if not math.isnan(se_pct) else ''} | "
@@ -474,7 +475,9 @@ def render_report(results: dict[str, Any]) -> str:
         "",
         "Hardware: " + ", ".join(f"{k}: {v}" for k, v in env.get("hardware", {}).items() if v is not None),
         "",
-        f"Started {results.get('started', '?')}, finished {results.get('finished', '?')}, status {status}.",
+        f"Started {results.get('started', '?')}, finished {results.get('finished', '?')}, status {status}"
+        + (f"; the last session took {results['session_wall_s']:.0f} s (all runs, evaluations and setup)."
+           if results.get("session_wall_s") is not None else "."),
         "",
     ]
     return "\n".join(lines)
