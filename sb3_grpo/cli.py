@@ -170,7 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
     from sb3_grpo.bench.algos import parse_algos
-    from sb3_grpo.bench.compare import CompareError, make_config, prepare_out_dir, run_compare
+    from sb3_grpo.bench.compare import (
+        CompareError,
+        make_config,
+        prepare_out_dir,
+        run_compare,
+    )
 
     try:
         algos = parse_algos(args.algos)

@@ -12,7 +12,13 @@ from stable_baselines3.common.callbacks import BaseCallback
 from sb3_grpo.bench import compare as compare_mod
 from sb3_grpo.bench.algos import ALGOS, parse_algos
 from sb3_grpo.bench.compare import make_config, prepare_out_dir, run_compare
-from sb3_grpo.bench.report import curve_auc, render_report, steps_to_threshold, summarize, volatility
+from sb3_grpo.bench.report import (
+    curve_auc,
+    render_report,
+    steps_to_threshold,
+    summarize,
+    volatility,
+)
 from sb3_grpo.cli import main, parse_set
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

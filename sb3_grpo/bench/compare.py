@@ -323,8 +323,8 @@ def prepare_out_dir(out: Path, overwrite: bool, resume: bool) -> bool:
         missing = [p for p in [out, *out.parents] if not p.exists()]
         out.mkdir(parents=True, exist_ok=True)
         created = missing
-        probe = tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-", delete=True)
-        probe.close()
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
+            pass
     except OSError as err:
         for path in created:  # innermost first
             try:

@@ -176,7 +176,7 @@ def rollout_vs_generate(n_envs: int = 16, tokens: int = 24, repeats: int = 3, en
 
 def _train_seconds(model: Any, repeats: int) -> float:
     """Median seconds of ``model.train()`` after one collected rollout (the same buffer every time)."""
-    total, callback = model._setup_learn(model.n_steps * model.n_envs * 4, None, progress_bar=False)
+    _total, callback = model._setup_learn(model.n_steps * model.n_envs * 4, None, progress_bar=False)
     model.collect_rollouts(model.env, callback, model.rollout_buffer, n_rollout_steps=model.n_steps)
     times = []
     for _ in range(repeats):

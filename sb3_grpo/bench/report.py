@@ -227,10 +227,10 @@ def claim_check(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -> 
             "TextGen-v0): short, not \"long\", text generation; the claim's setting may differ."
         )
     lines += [
-        "Reward gain = change of the mean final (evaluation) reward relative to PPO's; its uncertainty is the "
+        ("Reward gain = change of the mean final (evaluation) reward relative to PPO's; its uncertainty is the "
         "standard error of the difference of the two means over seeds. Stability gain = reduction of the "
         "seed-to-seed std of the final reward, and of the within-run volatility, relative to PPO's (in the table: "
-        "relative change, negative = steadier than PPO).",
+        "relative change, negative = steadier than PPO)."),
         "",
         "| algorithm | reward gain vs PPO | ± (1 s.e.) | seed std vs PPO | volatility vs PPO | verdict |",
         "|---|---|---|---|---|---|",
@@ -381,13 +381,13 @@ def render_report(results: dict[str, Any]) -> str:
     if done < total:
         missing = [f"{a} seed {seed}" for a, s in summary.items() for seed in s["seeds_missing"]]
         lines += [
-            f"**Incomplete ({status}): {done} of {total} runs finished.** Missing: {', '.join(missing)}. "
-            "Rows below average the seeds that finished; rerun the command with `--resume` to complete it.",
+            (f"**Incomplete ({status}): {done} of {total} runs finished.** Missing: {', '.join(missing)}. "
+            "Rows below average the seeds that finished; rerun the command with `--resume` to complete it."),
             "",
         ]
     lines += [
-        f"{len(cfg['algos'])} algorithms x {len(cfg['seeds'])} seeds x {cfg['timesteps']:,} env steps "
-        f"({'tokens' if cfg.get('text') else 'steps'}), {cfg['n_envs']} envs.",
+        (f"{len(cfg['algos'])} algorithms x {len(cfg['seeds'])} seeds x {cfg['timesteps']:,} env steps "
+        f"({'tokens' if cfg.get('text') else 'steps'}), {cfg['n_envs']} envs."),
         "",
     ]
     deterministic = None
@@ -398,16 +398,16 @@ def render_report(results: dict[str, Any]) -> str:
         deterministic = untrained.get("deterministic")
     policy_word = "greedy (deterministic) actions" if deterministic else "actions sampled from the policy"
     lines += [
-        f"**Final reward** is measured by a separate evaluation after training, not read off the noisy "
+        (f"**Final reward** is measured by a separate evaluation after training, not read off the noisy "
         f"training curve: {cfg['eval_episodes']} episodes with {policy_word}, on an env seeded "
-        f"10000 + seed and torch seeded the same way.",
+        f"10000 + seed and torch seeded the same way."),
         "",
     ]
     if untrained:
         lines += [f"Untrained policy (same evaluation, seed 0): **{untrained['reward_mean']:.3f}**.", ""]
     lines += [
-        f"| algorithm | seeds | final reward (mean ± std) | vs PPO | AUC | steps to {_fmt(summary[cfg['algos'][0]]['threshold'])} "
-        f"| seed std | volatility | wall time (s) | {unit} | peak RSS (MB) | KL to init | KL to ref |",
+        (f"| algorithm | seeds | final reward (mean ± std) | vs PPO | AUC | steps to {_fmt(summary[cfg['algos'][0]]['threshold'])} "
+        f"| seed std | volatility | wall time (s) | {unit} | peak RSS (MB) | KL to init | KL to ref |"),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for algo, s in summary.items():
@@ -425,23 +425,23 @@ def render_report(results: dict[str, Any]) -> str:
         "Columns:",
         "- *final reward*: mean ± std over seeds of each run's evaluation reward (above).",
         "- *vs PPO*: `(final - final_ppo) / |final_ppo|`.",
-        "- *AUC*: time-average of the training reward curve (area under it divided by the steps it spans); "
-        "rewards earlier in training count as much as later ones.",
+        ("- *AUC*: time-average of the training reward curve (area under it divided by the steps it spans); "
+        "rewards earlier in training count as much as later ones."),
         "- *steps to X*: first env step at which the training curve (smoothed over 3 rollouts) reaches X "
         + ("(set by --threshold)" if cfg.get("threshold") is not None else
            "(halfway from where the training curves start to where the best algorithm's curves end)")
         + "; mean over the seeds that reach it (reached/seeds).",
         "- *seed std*: std over seeds (ddof=1) of the final reward: seed-to-seed stability.",
-        "- *volatility*: std of the rollout-to-rollout change of the training reward over the second half of "
+        ("- *volatility*: std of the rollout-to-rollout change of the training reward over the second half of "
         "training, mean over seeds: within-run stability (lower is steadier; it includes sampling noise of the "
-        "episodes of each rollout).",
+        "episodes of each rollout)."),
         f"- *wall time*: `learn()` only (evaluation excluded); *{unit}*: env steps / wall time.",
         "- *peak RSS*: " + ("peak resident memory of the process during the run (reset before each run)" if all(
             r.get("peak_rss_per_run") for r in results["runs"].values()) else
             "peak resident memory of the process so far (not reset between runs on this platform)")
         + "; CUDA peak allocated when a GPU is used.",
-        "- *KL to init*: mean `KL(pi_final || pi_initial)` over the evaluation's states (every algorithm); "
-        "*KL to ref*: the last `train/kl_ref` of algorithms that have a KL term in their loss.",
+        ("- *KL to init*: mean `KL(pi_final || pi_initial)` over the evaluation's states (every algorithm); "
+        "*KL to ref*: the last `train/kl_ref` of algorithms that have a KL term in their loss."),
         "",
         "![reward curves](curves.png)",
         "",
@@ -450,8 +450,8 @@ def render_report(results: dict[str, Any]) -> str:
     lines += ["## Algorithms and hyperparameters", ""]
     if any(cfg["hyperparameters"].get(a, {}).get("grad_var_params") for a in cfg["algos"]):
         lines += [
-            "`grad_var_params` is set below: GRPO's gradient variance is measured over those parameters only "
-            "(the design's default is every trainable parameter).",
+            ("`grad_var_params` is set below: GRPO's gradient variance is measured over those parameters only "
+            "(the design's default is every trainable parameter)."),
             "",
         ]
     for algo in cfg["algos"]:
