@@ -28,7 +28,8 @@ What ``GRPO`` does when a process group is active (:func:`setup` found or starte
 - **Advantages.** Group advantages are computed within each rank's groups (a group's envs live on one rank);
   PPO's per-minibatch advantage normalisation uses the rank's own minibatch, as in CleanRL's multi-GPU PPO.
 - **Logging and saving.** Rank 0 logs and saves; ranks > 0 get an SB3 logger with no outputs (and
-  ``verbose=0``), and their ``save()`` does nothing.
+  ``verbose=0``), and their ``save()`` does nothing. ``GRPO.load`` makes no collective call (rank 0 alone may load a
+  model to evaluate it); to continue training on every rank, every rank loads the same file.
 - **Timesteps.** ``num_timesteps`` (and therefore ``learn(total_timesteps)`` and SB3's ``time/total_timesteps``)
   count *this rank's* env steps, as on one process; the global count is ``world_size`` times that and is logged as
   ``time/global_timesteps``, next to ``dist/world_size``.
@@ -245,16 +246,19 @@ def mean_across_ranks(total: float, count: float = 1.0) -> float:
     :return: the global weighted mean, the same on every rank.
     """
     if is_active():
-        device = th.device("cuda", th.cuda.current_device()) if dist.get_backend() == "nccl" else th.device("cpu")
-        t = th.tensor([float(total), float(count)], dtype=th.float64, device=device)
+        t = th.tensor([float(total), float(count)], dtype=th.float64, device=_collective_device())
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         total, count = float(t[0]), float(t[1])
     return total / count if count > 0 else float("nan")
 
 
+def _collective_device() -> th.device:
+    """Where small tensors for collectives live: this rank's GPU with NCCL, the CPU otherwise."""
+    return local_device("cuda") if dist.get_backend() == "nccl" else th.device("cpu")
+
+
 def _all_reduce_int(value: int, op: Any) -> int:
-    device = th.device("cuda", th.cuda.current_device()) if dist.get_backend() == "nccl" else th.device("cpu")
-    t = th.tensor([int(value)], dtype=th.int64, device=device)
+    t = th.tensor([int(value)], dtype=th.int64, device=_collective_device())
     dist.all_reduce(t, op=op)
     return int(t.item())
 

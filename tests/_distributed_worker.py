@@ -72,3 +72,9 @@ model = GRPO(
 )
 model.learn(2 * 8 * 4)
 report("textgen", model, model.rollout_buffer.token_ids.flatten().float())
+
+# rank 0 alone loads a checkpoint (e.g. to evaluate it): GRPO.load makes no collective call, so it must not hang
+if rank == 0:
+    loaded = GRPO.load(os.path.join(out, "cartpole_rank0.zip"), device="cpu")
+    th.save({"params": th.cat([p.detach().flatten().float() for p in loaded.policy.parameters()])},
+            os.path.join(out, "rank0_loaded.pt"))  # fmt: skip

@@ -60,11 +60,8 @@ def test_only_rank0_logs_and_saves(two_ranks):
     assert sorted(p.name for p in (two_ranks / "tb").iterdir()) == ["GRPO_1"]
 
 
-def test_training_changed_the_weights(two_ranks):
-    from sb3_grpo import GRPO
-
-    model = GRPO.load(two_ranks / "cartpole_rank0.zip", device="cpu")
-    loaded = th.cat([p.detach().flatten().float() for p in model.policy.parameters()])
+def test_rank0_alone_loads_the_checkpoint(two_ranks):
+    loaded = th.load(two_ranks / "rank0_loaded.pt")["params"]
     assert th.equal(loaded, _load(two_ranks, "cartpole", 0)["params"])
 
 
