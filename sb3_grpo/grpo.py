@@ -283,7 +283,9 @@ class GRPO(OnPolicyAlgorithm):
                 )
             adaptive_clip = (float(adaptive_clip[0]), float(adaptive_clip[1]))
 
-        # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed)
+        # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed); GRPO.load
+        # builds with _init_setup_model=False and makes no collective call (rank 0 alone may load a model)
+        self._sync_ranks_at_setup = _init_setup_model
         if distributed.setup():
             device = distributed.local_device(device)
             if distributed.get_rank() > 0:
@@ -409,7 +411,7 @@ class GRPO(OnPolicyAlgorithm):
             self.seed = distributed.rank_seed(self.seed, self._rank)
         super()._setup_model()
         if self._world_size > 1:
-            self._setup_distributed()
+            self._setup_distributed(sync=getattr(self, "_sync_ranks_at_setup", False))
 
         # Initialize schedules for policy/value clipping (as PPO)
         self.clip_range = FloatSchedule(self.clip_range)
@@ -435,8 +437,15 @@ class GRPO(OnPolicyAlgorithm):
         self._grad_var_batched = True
         self._skipped_nonfinite = 0
 
-    def _setup_distributed(self) -> None:
-        """Start every rank from rank 0's weights, check the ranks step in lockstep, log on rank 0 only."""
+    def _setup_distributed(self, sync: bool) -> None:
+        """
+        Log on rank 0 only; with ``sync`` (a new model, not ``load``) start every rank from rank 0's weights and
+        check that the ranks can step in lockstep (collective calls: every rank must build the model).
+        """
+        if self._rank > 0:
+            self.set_logger(distributed.null_logger())
+        if not sync:
+            return
         distributed.broadcast_module(self.policy, src=0)
         n_envs = self.env.num_envs if self.env is not None else 0
         if not distributed.all_equal(n_envs):
@@ -445,8 +454,6 @@ class GRPO(OnPolicyAlgorithm):
                 f"{self._rank}, has {n_envs}); every rank must run the same n_envs, n_steps and total_timesteps, "
                 "or the ranks fall out of lockstep and wait for each other forever"
             )
-        if self._rank > 0:
-            self.set_logger(distributed.null_logger())
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         """SB3's ``save``; under ``torch.distributed`` only rank 0 writes (the weights are the same everywhere)."""
@@ -490,6 +497,7 @@ class GRPO(OnPolicyAlgorithm):
             "_grad_var_param_list",
             "_world_size",
             "_rank",
+            "_sync_ranks_at_setup",
         ]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
