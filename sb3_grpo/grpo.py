@@ -404,6 +404,8 @@ class GRPO(OnPolicyAlgorithm):
         ):
             # the text fast path: whole sequences, one forward each at update time
             self.rollout_buffer_class = SequenceRolloutBuffer
+        # GRPO.load() restores the saved exploration RNG before calling _setup_model: keep its state
+        loaded_explore_rng = self.__dict__.get("_explore_rng")
         # torch.distributed: rank r seeds with seed + 1000 * r; rank 0's weights are broadcast below
         self._world_size = distributed.get_world_size() if distributed.setup() else 1
         self._rank = distributed.get_rank() if self._world_size > 1 else 0
@@ -430,7 +432,10 @@ class GRPO(OnPolicyAlgorithm):
             self.ref_policy.set_training_mode(False)
             for param in self.ref_policy.parameters():
                 param.requires_grad_(False)
-        self._explore_rng = np.random.default_rng(self.seed)
+        if isinstance(loaded_explore_rng, np.random.Generator) and self._world_size == 1:
+            self._explore_rng = loaded_explore_rng
+        else:
+            self._explore_rng = np.random.default_rng(self.seed)
         self._rollout_explore_alpha = 0.0
         self._group_tracker: EpisodeGroupTracker | None = None
         self._grad_norm_warned = False
@@ -475,6 +480,15 @@ class GRPO(OnPolicyAlgorithm):
         th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
         self.policy.optimizer.step()
         return True
+
+    def set_random_seed(self, seed: int | None = None) -> None:
+        """SB3's ``set_random_seed`` (Python, NumPy, torch, action space, env), plus GRPO's exploration RNG.
+
+        :param seed: The seed (``None``: nothing is reseeded, as in SB3).
+        """
+        super().set_random_seed(seed)
+        if seed is not None:
+            self._explore_rng = np.random.default_rng(seed)
 
     def _select_grad_var_params(self) -> list[th.nn.Parameter]:
         named = [(name, p) for name, p in self.policy.named_parameters() if p.requires_grad]
