@@ -1,0 +1,345 @@
+"""Memory of one GRPO update (rollout + train, the text fast path), with and without LoRA and checkpointing.
+
+Each configuration runs in its own subprocess, so the peaks do not mix: peak RSS (``ru_maxrss``) and, on CUDA, peak
+GPU memory (``torch.cuda.max_memory_allocated``). The figures per configuration:
+
+- ``base MB``: peak RSS after the imports (Python, torch, transformers, peft; TRL and datasets in TRL's rows) and the
+  env (tokenizer, prompts, reward), before any model is built;
+- ``built MB``: peak RSS once ``GRPO`` is built (the model, its KL reference: a frozen copy without LoRA, the adapter-off
+  model with LoRA);
+- ``peak MB``: peak RSS over the rollout and the update (activations, gradients, Adam state);
+- ``update MB``: ``peak - base``, what the training itself costs; the ratios compare it with the full model's.
+
+Setup (the same for every row, and for TRL's ``GRPOTrainer`` when TRL is importable): ``TextGen-v0`` with its bundled
+tokenizer and reward, ``--n-envs`` completions of up to ``--tokens`` tokens in groups of ``--group-size`` (one
+episode per env: ``n_steps = tokens``), ``advantage="group"`` with ``kl_coef=0.04`` (DeepSeekMath's beta), one epoch
+over the rollout as one minibatch, no gradient-variance penalty (TRL has none). Models: the bundled LM and a
+GPT-2-small-size model built from a config (12 layers, 768 wide, 50257-token vocabulary, random weights). LoRA: rank 8
+on ``c_attn``. TRL is not a dependency: without it the TRL rows print "TRL not installed"::
+
+    HF_HUB_OFFLINE=1 python scripts/bench_memory.py                  # all rows, a few minutes on a CPU
+    HF_HUB_OFFLINE=1 python scripts/bench_memory.py --models bundled --json mem.json
+    PYTHONPATH=/path/to/trl/site HF_HUB_OFFLINE=1 python scripts/bench_memory.py   # with TRL rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["c_attn"], "fan_in_fan_out": True}
+GPT2_SMALL = {"vocab_size": 50257, "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024}
+KL_COEF = 0.04
+
+
+def rss_mb() -> float:
+    """Peak resident set size of this process so far, in MB (``ru_maxrss`` is KB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def gpu_mb(device) -> float | None:
+    import torch as th
+
+    if device.type != "cuda":
+        return None
+    th.cuda.synchronize(device)
+    return th.cuda.max_memory_allocated(device) / 2**20
+
+
+def build_lm(name: str):
+    """The model object (``None``: the bundled LM, which the policy loads itself)."""
+    if name == "bundled":
+        return None
+    import torch as th
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    th.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(**GPT2_SMALL))
+
+
+def run_grpo(cfg: dict) -> dict:
+    """Child: build GRPO, collect one rollout, run one update; report the memory peaks."""
+    import torch as th
+
+    th.set_num_threads(cfg["threads"])
+    import transformers  # noqa: F401  (imported before the baseline, as TRL's child does)
+    from stable_baselines3.common.callbacks import CallbackList
+    from stable_baselines3.common.logger import configure
+
+    import sb3_grpo.policies  # noqa: F401
+    from sb3_grpo import GRPO
+    from textrl_envs.sb3 import make_vec_env
+
+    if importlib.util.find_spec("peft") is not None:
+        import peft  # noqa: F401  (in every row, LoRA or not: the same imports before the baseline)
+    device = th.device(cfg["device"])
+    env = make_vec_env(
+        "TextGen-v0",
+        n_envs=cfg["n_envs"],
+        group_size=cfg["group_size"],
+        seed=0,
+        device=str(device),
+        max_new_tokens=cfg["tokens"],
+    )
+    base = rss_mb()
+    policy_kwargs = {"model": build_lm(cfg["model"]), "gradient_checkpointing": cfg["ckpt"]}
+    if cfg["lora"]:
+        policy_kwargs["lora"] = LORA
+    if cfg.get("autocast"):
+        policy_kwargs["autocast_dtype"] = cfg["autocast"]
+    n_steps = cfg["tokens"]
+    model = GRPO(
+        "CausalLMPolicy",
+        env,
+        n_steps=n_steps,
+        batch_size=n_steps * cfg["n_envs"],
+        n_epochs=1,
+        learning_rate=1e-5,
+        seed=0,
+        advantage="group",
+        kl_coef=KL_COEF,
+        grad_var_coef=0.0,
+        device=device,
+        policy_kwargs=policy_kwargs,
+    )
+    model.set_logger(configure(None, []))
+    built = rss_mb()
+    model._setup_learn(n_steps * cfg["n_envs"], None)
+    callback = CallbackList([])
+    callback.init_callback(model)
+    t0 = time.perf_counter()
+    model.collect_rollouts(model.env, callback, model.rollout_buffer, n_steps)
+    t1 = time.perf_counter()
+    model.train()
+    t2 = time.perf_counter()
+    params = list(model.policy.parameters())
+    return {
+        "base_mb": base,
+        "built_mb": built,
+        "peak_mb": rss_mb(),
+        "gpu_peak_mb": gpu_mb(device),
+        "params_m": sum(p.numel() for p in params) / 1e6,
+        "trainable_m": sum(p.numel() for p in params if p.requires_grad) / 1e6,
+        "kl_reference": "frozen copy" if model.ref_policy is not None else "adapters off",
+        "rollout_s": t1 - t0,
+        "update_s": t2 - t1,
+        "rollout_tokens": int(n_steps * cfg["n_envs"]),
+    }
+
+
+def _prompt_rows(prompts: list[str]):
+    for p in prompts:
+        yield {"prompt": p}
+
+
+def run_trl(cfg: dict) -> dict:
+    """Child: TRL's ``GRPOTrainer``, one step (generation + update) on the same prompts, reward and sizes."""
+    import torch as th
+
+    th.set_num_threads(cfg["threads"])
+    import gymnasium as gym
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    import textrl_envs  # noqa: F401
+    from textrl_envs.assets import lm_path, tokenizer_path
+
+    spec = gym.make("TextGen-v0").unwrapped.text_spec
+    env_reward = spec.reward
+    if importlib.util.find_spec("peft") is not None:
+        import peft
+    base = rss_mb()
+
+    def reward(prompts, completions, **kwargs):
+        return [float(r) for r in env_reward(prompts, completions)]
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path()))
+    tmp = tempfile.mkdtemp(prefix="bench_memory_trl_")
+    if cfg["model"] == "bundled":
+        model_path = str(lm_path())
+    else:  # TRL builds its reference model from a path
+        model_path = os.path.join(tmp, "model")
+        build_lm(cfg["model"]).save_pretrained(model_path)
+    n_prompts = cfg["n_envs"] // cfg["group_size"]
+    prompts = (spec.prompt_texts * n_prompts)[: max(n_prompts, 1) * 4]
+    try:
+        dataset = Dataset.from_dict({"prompt": prompts})
+    except Exception:  # noqa: BLE001  (datasets/pyarrow version mismatch): a plain list serves the DataLoader too
+        from datasets import IterableDataset
+
+        dataset = IterableDataset.from_generator(_prompt_rows, gen_kwargs={"prompts": prompts})
+    peft_config = None
+    if cfg["lora"]:
+        import peft
+
+        peft_config = peft.LoraConfig(**LORA)
+    args = GRPOConfig(
+        output_dir=os.path.join(tmp, "out"),
+        per_device_train_batch_size=cfg["n_envs"],
+        num_generations=cfg["group_size"],
+        max_completion_length=cfg["tokens"],
+        beta=KL_COEF,
+        num_iterations=1,
+        max_steps=1,
+        learning_rate=1e-5,
+        gradient_checkpointing=cfg["ckpt"],
+        use_cpu=cfg["device"] == "cpu",
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=model_path,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    built = rss_mb()
+    t0 = time.perf_counter()
+    trainer.train()
+    t1 = time.perf_counter()
+    params = list(trainer.model.parameters())
+    return {
+        "base_mb": base,
+        "built_mb": built,
+        "peak_mb": rss_mb(),
+        "gpu_peak_mb": gpu_mb(th.device(cfg["device"])),
+        "params_m": sum(p.numel() for p in params) / 1e6,
+        "trainable_m": sum(p.numel() for p in params if p.requires_grad) / 1e6,
+        "kl_reference": "TRL",
+        "rollout_s": float("nan"),
+        "update_s": t1 - t0,
+        "rollout_tokens": int(cfg["n_envs"] * cfg["tokens"]),
+    }
+
+
+def child(cfg: dict) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    result = run_trl(cfg) if cfg["impl"] == "trl" else run_grpo(cfg)
+    print("RESULT " + json.dumps({**cfg, **result}), flush=True)
+
+
+def run_child(cfg: dict, timeout: int) -> dict:
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return {**cfg, "error": " | ".join(tail) or f"exit code {proc.returncode}"}
+
+
+def label(r: dict) -> str:
+    parts = ["TRL GRPOTrainer" if r["impl"] == "trl" else "GRPO"]
+    parts.append("LoRA" if r["lora"] else "full")
+    if r["ckpt"]:
+        parts.append("ckpt")
+    if r.get("autocast"):
+        parts.append(r["autocast"])
+    return " + ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["bundled", "gpt2-small"], choices=["bundled", "gpt2-small"])
+    parser.add_argument("--n-envs", type=int, default=8, help="completions per rollout")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=16, help="max completion tokens (= n_steps)")
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per child")
+    parser.add_argument("--autocast", default=None, help="also run GRPO rows with this autocast dtype (bfloat16)")
+    parser.add_argument("--no-trl", action="store_true", help="skip TRL even when it is installed")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per configuration")
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(json.loads(args.child))
+        return []
+
+    if args.device is None:
+        import torch as th
+
+        args.device = "cuda" if th.cuda.is_available() else "cpu"
+    have_trl = importlib.util.find_spec("trl") is not None and not args.no_trl
+    common = {
+        "n_envs": args.n_envs,
+        "group_size": args.group_size,
+        "tokens": args.tokens,
+        "device": args.device,
+        "threads": args.threads,
+    }
+    rows = []
+    for model in args.models:
+        variants = [(False, False), (False, True), (True, False), (True, True)]
+        configs = [{**common, "impl": "grpo", "model": model, "lora": lo, "ckpt": ck} for lo, ck in variants]
+        if args.autocast:
+            configs.append({**common, "impl": "grpo", "model": model, "lora": False, "ckpt": False,
+                            "autocast": args.autocast})  # fmt: skip
+        if have_trl:
+            configs += [{**common, "impl": "trl", "model": model, "lora": lo, "ckpt": False} for lo in (False, True)]
+        for cfg in configs:
+            print(f"running {model}: {label(cfg)} ...", file=sys.stderr, flush=True)
+            rows.append(run_child(cfg, args.timeout))
+
+    print(
+        f"\nOne GRPO update (rollout + train) on TextGen-v0: {args.n_envs} completions of up to {args.tokens} tokens, "
+        f"groups of {args.group_size}, kl_coef={KL_COEF}, device {args.device}, {args.threads} torch thread(s) per run"
+    )
+    gpu = args.device.startswith("cuda")
+    head = f"{'model':11s} {'configuration':32s} {'params M':>8s} {'train M':>8s} {'base MB':>8s} {'built MB':>8s} "
+    head += f"{'peak MB':>8s} {'update MB':>9s} {'x full':>7s} {'update s':>8s}" + (f" {'GPU MB':>8s}" if gpu else "")
+    print(head)
+    for model in args.models:
+        ref = next((r for r in rows if r["model"] == model and r["impl"] == "grpo" and not r["lora"] and not r["ckpt"]
+                    and not r.get("autocast") and "error" not in r), None)  # fmt: skip
+        for r in (r for r in rows if r["model"] == model):
+            if "error" in r:
+                print(f"{model:11s} {label(r):32s} failed: {r['error'][:200]}")
+                continue
+            update = r["peak_mb"] - r["base_mb"]
+            ratio = update / (ref["peak_mb"] - ref["base_mb"]) if ref else float("nan")
+            line = f"{model:11s} {label(r):32s} {r['params_m']:8.1f} {r['trainable_m']:8.2f} {r['base_mb']:8.0f} "
+            line += f"{r['built_mb']:8.0f} {r['peak_mb']:8.0f} {update:9.0f} {ratio:7.2f} {r['update_s']:8.1f}"
+            if gpu:
+                line += f" {r['gpu_peak_mb'] or float('nan'):8.0f}"
+            print(line)
+    if not have_trl:
+        print("TRL not installed: no GRPOTrainer rows (pip install trl, or put it on PYTHONPATH, to compare)")
+    print("update MB = peak RSS - RSS after imports; x full = update MB / the full-model, no-checkpointing GRPO row's")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
