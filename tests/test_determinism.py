@@ -1,0 +1,102 @@
+"""Same seed on CPU, same results: two runs give identical episode rewards, completions and parameters."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch as th
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
+from stable_baselines3.common.logger import configure
+
+from sb3_grpo import GRPO
+from textrl_envs.sb3 import make_vec_env
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    n = th.get_num_threads()
+    th.set_num_threads(1)
+    yield
+    th.set_num_threads(n)
+
+
+class Episodes(BaseCallback):
+    """Every finished episode's (timestep, env, return, completion)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def _on_step(self):
+        for i, info in enumerate(self.locals["infos"]):
+            if "episode" in info:
+                self.seen.append((self.num_timesteps, i, info["episode"]["r"], info.get("completion")))
+        return True
+
+
+def _run(make):
+    model, steps = make()
+    model.set_logger(configure(None, []))
+    episodes = Episodes()
+    model.learn(steps, callback=episodes)
+    params = {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
+    return episodes.seen, params, model.rollout_buffer.rewards.copy()
+
+
+def _assert_identical(first, second):
+    (ep1, p1, r1), (ep2, p2, r2) = first, second
+    assert ep1 and ep1 == ep2
+    assert (r1 == r2).all()
+    assert p1.keys() == p2.keys()
+    for k in p1:
+        assert th.equal(p1[k], p2[k]), k
+
+
+def _mlp_grpo():
+    env = sb3_make_vec_env("CartPole-v1", n_envs=2, seed=1)
+    return GRPO("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=2, explore_alpha=0.2, seed=1, device="cpu"), 384
+
+
+def _mlp_ppo():
+    env = sb3_make_vec_env("CartPole-v1", n_envs=2, seed=1)
+    return PPO("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=2, seed=1, device="cpu"), 256
+
+
+def _text(advantage):
+    def make():
+        group = 1 if advantage == "gae" else 2
+        env = make_vec_env("TextGen-v0", n_envs=4, group_size=group, seed=3, device="cpu", max_new_tokens=6)
+        model = GRPO(
+            "CausalLMPolicy", env, n_steps=8, batch_size=16, n_epochs=2, advantage=advantage, kl_coef=0.05,
+            explore_alpha=0.1, learning_rate=1e-3, seed=3, device="cpu",
+        )
+        return model, 64
+
+    return make
+
+
+@pytest.mark.parametrize("make", [_mlp_grpo, _mlp_ppo], ids=["grpo_mlp", "ppo_mlp"])
+def test_mlp_runs_are_identical(make):
+    _assert_identical(_run(make), _run(make))
+
+
+@pytest.mark.parametrize("advantage", ["gae", "group"])
+def test_text_runs_with_causal_lm_policy_are_identical(advantage):
+    first, second = _run(_text(advantage)), _run(_text(advantage))
+    _assert_identical(first, second)
+    assert all(c is not None for *_, c in first[0])  # completions were compared too
+
+
+def test_different_seeds_differ():
+    def seeded(seed):
+        def make():
+            env = sb3_make_vec_env("CartPole-v1", n_envs=2, seed=seed)
+            return GRPO("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=1, seed=seed, device="cpu"), 128
+
+        return make
+
+    (_, p1, _), (_, p2, _) = _run(seeded(1)), _run(seeded(2))
+    assert any(not th.equal(p1[k], p2[k]) for k in p1)
