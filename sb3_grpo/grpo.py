@@ -157,6 +157,13 @@ class GRPO(OnPolicyAlgorithm):
     ``rollout/skipped_episodes``; a minibatch with a non-finite loss or gradient takes no optimizer step,
     counted in ``train/skipped_nonfinite``. Either way no NaN reaches the weights.
 
+    Launched with ``torchrun`` (or inside an initialised ``torch.distributed`` process group), ``GRPO``
+    trains data-parallel: rank 0's weights are broadcast at setup, rank ``r`` is seeded with
+    ``seed + 1000 * r``, gradients are averaged over the ranks before clipping and the optimizer step
+    (a rank that skips a non-finite loss joins the average with no gradient), ``target_kl`` and the KL
+    controller use cross-rank means, and only rank 0 logs and saves; ``num_timesteps`` counts the rank's
+    own steps. See :mod:`sb3_grpo.distributed`.
+
     :param policy: The policy model to use (MlpPolicy, CnnPolicy, MultiInputPolicy, CausalLMPolicy, ...)
     :param env: The environment to learn from (if registered in Gym, can be str)
     :param learning_rate: The learning rate, it can be a function of the current progress remaining (1 to 0)
@@ -475,11 +482,19 @@ class GRPO(OnPolicyAlgorithm):
         """
         if self.target_kl is not None and distributed.mean_across_ranks(0.0, 0.0) > 1.5 * self.target_kl:
             return False
+        self._join_gradient_step()
+        return True
+
+    def _join_gradient_step(self) -> None:
+        """Distributed, without a usable minibatch: join the gradient average with no gradient of this rank's, and
+        take the optimizer step the other ranks take (none when the averaged gradient is non-finite)."""
         self.policy.optimizer.zero_grad()
         distributed.average_gradients(self.policy.parameters(), contributed=False)
-        th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
-        self.policy.optimizer.step()
-        return True
+        grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        if th.isfinite(grad_norm):
+            self.policy.optimizer.step()
+        else:  # the contributing ranks raise or skip this step
+            self.policy.optimizer.zero_grad()
 
     def set_random_seed(self, seed: int | None = None) -> None:
         """SB3's ``set_random_seed`` (Python, NumPy, torch, action space, env), plus GRPO's exploration RNG.
@@ -993,6 +1008,8 @@ class GRPO(OnPolicyAlgorithm):
                 if not th.isfinite(loss):
                     if self.nonfinite == "skip":  # no step on this minibatch; counted in train/skipped_nonfinite
                         self._skipped_nonfinite += 1
+                        if self._world_size > 1:  # still join the other ranks' gradient average, with no gradient
+                            self._join_gradient_step()
                         continue
                     self._raise_non_finite("loss", epoch, details)
 
