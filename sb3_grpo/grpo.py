@@ -10,6 +10,7 @@ policies, schedules, logger and ``learn`` loop.
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 from collections.abc import Iterator
 from typing import Any, ClassVar, NamedTuple, TypeVar
@@ -1094,6 +1095,49 @@ class GRPO(OnPolicyAlgorithm):
         self.logger.record(
             "train/value_return_corr",
             pearson_corr(self.rollout_buffer.values, self.rollout_buffer.returns),
+        )
+
+    @classmethod
+    def load(  # noqa: PYI019 (SB3's convention)
+        cls: type[SelfGRPO],
+        path: Any,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ) -> SelfGRPO:
+        """
+        SB3's ``load``, with clear errors for a path that does not exist or a file that is not a complete saved
+        model (a torn write); see :func:`sb3_grpo.callbacks.latest_checkpoint` to find the newest complete one.
+        """
+        if isinstance(path, (str, os.PathLike)):
+            from sb3_grpo.callbacks import is_complete_checkpoint
+
+            path = os.fspath(path)
+            candidates = [path] if path.endswith(".zip") else [path, path + ".zip"]
+            found = next((c for c in candidates if os.path.isfile(c)), None)
+            if found is None:
+                raise FileNotFoundError(
+                    f"no saved model at {' or '.join(map(repr, candidates))}; give the path of a file written by "
+                    "model.save() or a checkpoint callback"
+                )
+            if not is_complete_checkpoint(found):
+                raise ValueError(
+                    f"{found!r} is not a complete saved model (truncated or corrupt, e.g. written by a process killed "
+                    "mid-save without AtomicCheckpointCallback); load the newest complete checkpoint instead: "
+                    "sb3_grpo.callbacks.latest_checkpoint(folder)"
+                )
+            path = found
+        return super().load(
+            path,
+            env=env,
+            device=device,
+            custom_objects=custom_objects,
+            print_system_info=print_system_info,
+            force_reset=force_reset,
+            **kwargs,
         )
 
     def learn(  # noqa: PYI019 (SB3's convention; typing.Self needs Python 3.11)
