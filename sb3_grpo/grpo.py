@@ -294,7 +294,8 @@ class GRPO(OnPolicyAlgorithm):
         # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed); GRPO.load
         # builds with _init_setup_model=False and makes no collective call (rank 0 alone may load a model)
         self._sync_ranks_at_setup = _init_setup_model
-        if distributed.setup():
+        on_cpu = str(device) != "auto" and th.device(device).type == "cpu"
+        if distributed.setup(backend="gloo" if on_cpu else None):
             device = distributed.local_device(device)
             if distributed.get_rank() > 0:
                 verbose = 0
