@@ -14,7 +14,9 @@ Each measurement is a plain function returning a row (``name``, ``ours``, ``base
 4. :func:`grad_var_cost`: seconds per update of GRPO with and without the gradient-variance penalty (MLP on
    CartPole and the bundled LM on TextGen-v0).
 
-The measuring functions live here (importable from an installed package); ``scripts/bench_*.py`` hold the
+Paired measurements alternate their calls (A, B, A, B, ...) after one warm-up each and report medians, so a
+load spike on a shared machine does not land on one side only. The measuring functions live here (importable
+from an installed package); ``scripts/bench_*.py`` hold the
 longer, configurable versions of the same measurements.
 """
 
@@ -101,8 +103,29 @@ def vector_env_vs_sync(num_envs: int = 64, steps: int = 96, repeats: int = 3, en
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _collect_seconds(n_envs: int, tokens: int, use_cache: bool, repeats: int, env_id: str) -> float:
-    """Median seconds of one ``PPO.collect_rollouts`` of ``tokens`` steps with ``CausalLMPolicy``."""
+def _interleaved(timers: dict[str, Any], repeats: int) -> dict[str, float]:
+    """Median seconds of each zero-argument callable, after one warm-up call each, calls alternating.
+
+    Alternating (A, B, A, B, ...) rather than timing A's repeats then B's keeps a load spike on a shared
+    machine from landing on one side of a comparison only.
+
+    :param timers: ``{name: fn}``; each call does one unit of work.
+    :param repeats: Timed calls per callable.
+    :return: ``{name: median seconds}``.
+    """
+    for fn in timers.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in timers}
+    for _ in range(repeats):
+        for name, fn in timers.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _collector(n_envs: int, tokens: int, use_cache: bool, env_id: str) -> Any:
+    """A callable that runs one ``PPO.collect_rollouts`` of ``tokens`` steps with ``CausalLMPolicy``."""
     from stable_baselines3 import PPO
 
     from sb3_grpo.policies import CausalLMPolicy
@@ -111,19 +134,12 @@ def _collect_seconds(n_envs: int, tokens: int, use_cache: bool, repeats: int, en
     env = make_vec_env(env_id, n_envs=n_envs, device="cpu", seed=0)
     model = PPO(CausalLMPolicy, env, n_steps=tokens, batch_size=n_envs * tokens, n_epochs=1, seed=0, device="cpu",
                 policy_kwargs={"use_cache": use_cache})
-    _, callback = model._setup_learn(n_envs * tokens * (repeats + 2), None, progress_bar=False)
-    times = []
-    for r in range(repeats + 1):  # the first one warms up
-        start = time.perf_counter()
-        model.collect_rollouts(env, callback, model.rollout_buffer, n_rollout_steps=tokens)
-        if r:
-            times.append(time.perf_counter() - start)
-    env.close()
-    return statistics.median(times)
+    _, callback = model._setup_learn(10**9, None, progress_bar=False)
+    return lambda: model.collect_rollouts(env, callback, model.rollout_buffer, n_rollout_steps=tokens)
 
 
-def _generate_seconds(n_envs: int, tokens: int, repeats: int, env_id: str) -> float:
-    """Median seconds of ``generate(do_sample=True)`` of exactly ``tokens`` new tokens for the env's prompts."""
+def _generator(n_envs: int, tokens: int, env_id: str) -> Any:
+    """A callable that runs ``generate(do_sample=True)`` of exactly ``tokens`` new tokens for the env's prompts."""
     import torch as th
     from transformers import AutoModelForCausalLM
 
@@ -138,34 +154,38 @@ def _generate_seconds(n_envs: int, tokens: int, repeats: int, env_id: str) -> fl
     ids, mask = ids[:, -width:], mask[:, -width:]
     lm = AutoModelForCausalLM.from_pretrained(lm_path(), local_files_only=True).eval()
     pad = lm.config.pad_token_id if lm.config.pad_token_id is not None else 0
-    times = []
-    for r in range(repeats + 1):
-        start = time.perf_counter()
+
+    def generate() -> None:
         with th.no_grad():
             lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, top_p=1.0,
                         max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=pad)
-        if r:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+    return generate
 
 
 def rollout_vs_generate(n_envs: int = 16, tokens: int = 24, repeats: int = 3, env_id: str = "TextGen-v0") -> list[dict]:
-    """Rollout tokens/s (cache on) against ``generate`` and against the cache-off loop.
+    """Rollout tokens/s (cache on) against ``generate`` and against the cache-off loop (calls interleaved).
 
     :param n_envs: Envs (rows).
     :param tokens: Steps per rollout (the env's token budget: episodes auto-reset inside the loop).
-    :param repeats: Timed repeats (median; the cache-off loop runs once).
+    :param repeats: Timed repeats of each (median).
     :param env_id: A text env id.
     :return: Two rows.
     """
     n = n_envs * tokens
-    cached = _collect_seconds(n_envs, tokens, True, repeats, env_id)
-    generate = _generate_seconds(n_envs, tokens, repeats, env_id)
-    uncached = _collect_seconds(n_envs, tokens, False, 1, env_id)
+    t = _interleaved(
+        {
+            "cached": _collector(n_envs, tokens, True, env_id),
+            "generate": _generator(n_envs, tokens, env_id),
+            "uncached": _collector(n_envs, tokens, False, env_id),
+        },
+        repeats,
+    )
     notes = f"{env_id}, bundled LM, {n_envs} envs x {tokens} steps, SB3 collect_rollouts with CausalLMPolicy"
     return [
-        _row("rollout: collect_rollouts (KV cache) vs generate", n / cached, n / generate, "tokens/s", notes, True),
-        _row("rollout: KV cache vs full recompute", n / cached, n / uncached, "tokens/s", notes + "; baseline use_cache=False", True),
+        _row("rollout: collect_rollouts (KV cache) vs generate", n / t["cached"], n / t["generate"], "tokens/s", notes, True),
+        _row("rollout: KV cache vs full recompute", n / t["cached"], n / t["uncached"], "tokens/s",
+             notes + "; baseline use_cache=False", True),
     ]
 
 
@@ -174,16 +194,11 @@ def rollout_vs_generate(n_envs: int = 16, tokens: int = 24, repeats: int = 3, en
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _train_seconds(model: Any, repeats: int) -> float:
-    """Median seconds of ``model.train()`` after one collected rollout (the same buffer every time)."""
-    _total, callback = model._setup_learn(model.n_steps * model.n_envs * 4, None, progress_bar=False)
+def _trainer(model: Any) -> Any:
+    """Collect one rollout into ``model``; return ``model.train`` (each call: one update on that rollout)."""
+    _, callback = model._setup_learn(model.n_steps * model.n_envs * 4, None, progress_bar=False)
     model.collect_rollouts(model.env, callback, model.rollout_buffer, n_rollout_steps=model.n_steps)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        model.train()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return model.train
 
 
 def _text_model(algo: str, n_envs: int, n_steps: int, batch_size: int, env_id: str, **kwargs: Any) -> Any:
@@ -218,13 +233,15 @@ def update_seq_vs_stock(n_envs: int = 16, n_steps: int = 48, repeats: int = 2, e
     :return: A row (``ours`` is ``None`` and the notes say "not available" without the fast path).
     """
     batch = n_envs * n_steps // 4
-    stock = _train_seconds(_text_model("ppo", n_envs, n_steps, batch, env_id), repeats)
+    stock_model = _text_model("ppo", n_envs, n_steps, batch, env_id)
     notes = f"{env_id}, bundled LM, {n_envs * n_steps} tokens per update, 1 epoch, minibatch {batch}"
     if not sequence_fast_path_available():
+        stock = _interleaved({"stock": _trainer(stock_model)}, repeats)["stock"]
         return _row("update: sequence fast path vs stock PPO.train", None, stock, "s/update",
                     notes + "; sequence fast path not available (no sb3_grpo.buffers.SequenceRolloutBuffer)", False)
     model = _text_model("ppo-seq", n_envs, n_steps, batch, env_id)
-    ours = _train_seconds(model, repeats)
+    t = _interleaved({"ours": _trainer(model), "stock": _trainer(stock_model)}, repeats)
+    ours, stock = t["ours"], t["stock"]
     used = type(model.rollout_buffer).__name__
     return _row("update: sequence fast path vs stock PPO.train", ours, stock, "s/update",
                 notes + f"; ppo-seq buffer: {used}", False)
@@ -243,19 +260,28 @@ def grad_var_cost(quick: bool = False, env_id: str = "TextGen-v0") -> list[dict]
 
     rows = []
     n_steps = 512 if quick else 2048
-    times = {}
-    for coef in (0.01, 0.0):
-        model = GRPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=1, seed=0), n_steps=n_steps, batch_size=64,
-                     n_epochs=1, seed=0, device="cpu", grad_var_coef=coef)
-        times[coef] = _train_seconds(model, 2)
+    times = _interleaved(
+        {
+            coef: _trainer(GRPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=1, seed=0), n_steps=n_steps,
+                                batch_size=64, n_epochs=1, seed=0, device="cpu", grad_var_coef=coef))
+            for coef in (0.01, 0.0)
+        },
+        1 if quick else 3,
+    )
     rows.append(_row("grad-variance penalty cost (MLP)", times[0.01], times[0.0], "s/update",
                      f"CartPole-v1, GRPO defaults vs grad_var_coef=0, {n_steps} steps, 1 epoch, minibatch 64", False))
     n_envs, steps = (8, 24) if quick else (16, 48)
     batch = n_envs * steps // 4
     last_block = ["lm.transformer.h.3.", "lm.transformer.ln_f."]
     for label, params in (("all LM parameters", None), ("last block + final norm", last_block)):
-        t_on = _train_seconds(_text_model("grpo", n_envs, steps, batch, env_id, grad_var_params=params), 1)
-        t_off = _train_seconds(_text_model("grpo", n_envs, steps, batch, env_id, grad_var_coef=0.0), 1)
+        t = _interleaved(
+            {
+                "on": _trainer(_text_model("grpo", n_envs, steps, batch, env_id, grad_var_params=params)),
+                "off": _trainer(_text_model("grpo", n_envs, steps, batch, env_id, grad_var_coef=0.0)),
+            },
+            1 if quick else 3,
+        )
+        t_on, t_off = t["on"], t["off"]
         rows.append(_row(f"grad-variance penalty cost (LM, {label})", t_on, t_off, "s/update",
                          f"{env_id}, bundled LM, {n_envs * steps} tokens, 1 epoch, minibatch {batch}", False))
     # for costs, 'ratio' reads as the slowdown factor: ours / baseline
