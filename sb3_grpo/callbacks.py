@@ -243,7 +243,9 @@ class AtomicCheckpointCallback(CheckpointCallback):
         if keep_last is not None:
             _check_positive_int("keep_last", keep_last)
         if not name_prefix or os.sep in name_prefix:
-            raise ValueError(f"name_prefix must be a non-empty file name prefix without {os.sep!r}, got {name_prefix!r}")
+            raise ValueError(
+                f"name_prefix must be a non-empty file name prefix without {os.sep!r}, got {name_prefix!r}"
+            )
         super().__init__(
             save_freq,
             os.fspath(save_path),
@@ -534,7 +536,9 @@ class RollbackCallback(_PeriodicEvaluation):
     ):
         super().__init__(eval_env, eval_freq, n_eval_episodes, deterministic, verbose)
         if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0):
-            raise ValueError(f"threshold must be a finite number > 0 (the reward drop that triggers a rollback), got {threshold!r}")
+            raise ValueError(
+                f"threshold must be a finite number > 0 (the reward drop that triggers a rollback), got {threshold!r}"
+            )
         if eval_env is None and not check_finite:
             raise ValueError("RollbackCallback with neither an eval_env nor check_finite=True never rolls back")
         self.threshold = float(threshold)
@@ -740,7 +744,7 @@ class MaxNewTokensCurriculum(BaseCallback):
         _check_positive_int("end", end)
 
         def budget(progress: float) -> int:
-            return int(round(start + (end - start) * progress))
+            return round(start + (end - start) * progress)
 
         return budget
 
@@ -825,7 +829,11 @@ class TrainingMonitor(BaseCallback):
 
     def _checks(self) -> list[tuple[tuple[str, ...], float | None, str]]:
         return [
-            (("train/grad_norm_max", "train/grad_norm"), self.max_grad_norm, "lower the learning rate or scale the rewards"),
+            (
+                ("train/grad_norm_max", "train/grad_norm"),
+                self.max_grad_norm,
+                "lower the learning rate or scale the rewards",
+            ),
             (("train/kl_ref",), self.kl_target, "raise kl_coef (or set kl_target on GRPO) or lower the learning rate"),
             (("train/approx_kl",), self.approx_kl_target, "lower the learning rate or n_epochs, or set target_kl"),
         ]

@@ -62,7 +62,7 @@ class Progress(BaseCallback):
 def slow_disk(out: str, fast_saves: int = 2) -> None:
     """Make SB3 write model zips (after the first ``fast_saves``) in two halves, 30 s apart (``out/writing``
     marks the pause)."""
-    import stable_baselines3.common.base_class as base_class
+    from stable_baselines3.common import base_class
 
     original = base_class.save_to_zip_file
     count = [0]
@@ -100,7 +100,9 @@ def main() -> None:
     checkpoints = callback_class(SAVE_FREQ[kind], ckpt)
     if "--slow-save" in flags:
         slow_disk(out)
-    model.learn(10_000_000, callback=[checkpoints, Progress(os.path.join(out, "progress.txt"))], reset_num_timesteps=False)
+    model.learn(
+        10_000_000, callback=[checkpoints, Progress(os.path.join(out, "progress.txt"))], reset_num_timesteps=False
+    )
 
 
 if __name__ == "__main__":

@@ -163,9 +163,7 @@ def test_checkpoint_skips_nonfinite_weights_with_a_warning(tmp_path):
 # ---------------------------------------------------------------------------------------------- early stopping
 def test_early_stopping_after_patience_and_restores_best(tmp_path, monkeypatch):
     model = _cartpole()
-    cb = EarlyStoppingCallback(
-        gym.make("CartPole-v1"), patience=2, eval_freq=32, best_model_path=tmp_path / "best.zip"
-    )
+    cb = EarlyStoppingCallback(gym.make("CartPole-v1"), patience=2, eval_freq=32, best_model_path=tmp_path / "best.zip")
     scores = iter([1.0, 3.0, 2.0, 3.0, 9.0, 9.0])
     best_params = {}
 

@@ -70,8 +70,17 @@ def _text(advantage):
         group = 1 if advantage == "gae" else 2
         env = make_vec_env("TextGen-v0", n_envs=4, group_size=group, seed=3, device="cpu", max_new_tokens=6)
         model = GRPO(
-            "CausalLMPolicy", env, n_steps=8, batch_size=16, n_epochs=2, advantage=advantage, kl_coef=0.05,
-            explore_alpha=0.1, learning_rate=1e-3, seed=3, device="cpu",
+            "CausalLMPolicy",
+            env,
+            n_steps=8,
+            batch_size=16,
+            n_epochs=2,
+            advantage=advantage,
+            kl_coef=0.05,
+            explore_alpha=0.1,
+            learning_rate=1e-3,
+            seed=3,
+            device="cpu",
         )
         return model, 64
 

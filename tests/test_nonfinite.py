@@ -19,7 +19,11 @@ from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
 from stable_baselines3.common.logger import configure
 
 from sb3_grpo import GRPO
-from sb3_grpo.callbacks import AtomicCheckpointCallback, latest_checkpoint, nonfinite_parameters
+from sb3_grpo.callbacks import (
+    AtomicCheckpointCallback,
+    latest_checkpoint,
+    nonfinite_parameters,
+)
 from textrl_envs.rewards.base import RewardTimeoutError, call_reward
 from textrl_envs.sb3 import make_vec_env
 
@@ -81,7 +85,10 @@ def _nan_env(k=20):
 def test_nonfinite_reward_raises_with_env_and_timestep():
     model = _quiet(GRPO("MlpPolicy", _nan_env(), **SMALL))
     before = _params(model)
-    with pytest.raises(RuntimeError, match=r"env \d returned a non-finite reward \(nan\) at timestep \d+ \(update 0\).*nonfinite='skip'"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"env \d returned a non-finite reward \(nan\) at timestep \d+ \(update 0\).*nonfinite='skip'",
+    ):
         model.learn(64)
     assert _same(before, _params(model))
 
@@ -165,14 +172,23 @@ def _all_nan(prompts, completions):
 def test_text_env_raises_naming_reward_and_completion():
     env = make_vec_env(None, n_envs=2, device="cpu", prompts=["The movie was"], reward=_all_nan, max_new_tokens=4)
     env.reset()
-    with pytest.raises(ValueError, match=r"reward '_all_nan' returned a non-finite value \(inf\) for prompt 'The movie was' and completion"):
+    with pytest.raises(
+        ValueError,
+        match=r"reward '_all_nan' returned a non-finite value \(inf\) for prompt 'The movie was' and completion",
+    ):
         for _ in range(4):
             env.step(np.array([5, 5]))
 
 
 def test_text_env_skip_flags_the_episode_and_grpo_drops_it():
     env = make_vec_env(
-        "TextGen-v0", n_envs=2, device="cpu", seed=0, reward=_nan_for_odd_lengths, nonfinite_reward="skip", max_new_tokens=4
+        "TextGen-v0",
+        n_envs=2,
+        device="cpu",
+        seed=0,
+        reward=_nan_for_odd_lengths,
+        nonfinite_reward="skip",
+        max_new_tokens=4,
     )
     env.reset()
     flags = []
@@ -182,7 +198,9 @@ def test_text_env_skip_flags_the_episode_and_grpo_drops_it():
     assert flags and all(np.isfinite(r) for _, r in flags)
     assert all(r == 0.0 for bad, r in flags if bad)
 
-    model = _quiet(GRPO("CausalLMPolicy", env, n_steps=8, batch_size=8, n_epochs=1, seed=0, device="cpu", nonfinite="skip"))
+    model = _quiet(
+        GRPO("CausalLMPolicy", env, n_steps=8, batch_size=8, n_epochs=1, seed=0, device="cpu", nonfinite="skip")
+    )
     log = RolloutLog()
     model.learn(32, callback=log)
     assert sum(v["rollout/skipped_episodes"] for v in log.values) > 0
@@ -205,7 +223,9 @@ def test_call_reward_timeout():
 
     try:
         start = time.perf_counter()
-        with pytest.raises(RewardTimeoutError, match=r"reward 'hangs' did not return within reward_timeout=0.2 s .*'a completion'"):
+        with pytest.raises(
+            RewardTimeoutError, match=r"reward 'hangs' did not return within reward_timeout=0.2 s .*'a completion'"
+        ):
             call_reward(hangs, ["p"], ["a completion"], timeout=0.2)
         assert time.perf_counter() - start < 2
     finally:

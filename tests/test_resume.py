@@ -25,12 +25,17 @@ from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
 from stable_baselines3.common.logger import configure
 
 from sb3_grpo import GRPO
-from sb3_grpo.callbacks import AtomicCheckpointCallback, is_complete_checkpoint, latest_checkpoint, nonfinite_parameters
+from sb3_grpo.callbacks import (
+    AtomicCheckpointCallback,
+    is_complete_checkpoint,
+    latest_checkpoint,
+    nonfinite_parameters,
+)
 from textrl_envs.sb3 import make_vec_env
 
 WORKER = Path(__file__).with_name("_resume_worker.py")
 sys.path.insert(0, str(WORKER.parent))
-import _resume_worker  # noqa: E402
+import _resume_worker
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL and fork semantics are POSIX")
 
@@ -86,12 +91,32 @@ def _lr(progress_remaining):
 MODELS = {
     "mlp": (
         _cartpole_env,
-        lambda env: GRPO("MlpPolicy", env, n_steps=32, batch_size=32, n_epochs=2, learning_rate=_lr, explore_alpha=0.3, seed=0, device="cpu"),
+        lambda env: GRPO(
+            "MlpPolicy",
+            env,
+            n_steps=32,
+            batch_size=32,
+            n_epochs=2,
+            learning_rate=_lr,
+            explore_alpha=0.3,
+            seed=0,
+            device="cpu",
+        ),
         64,
     ),
     "causal_lm": (
         _text_env,
-        lambda env: GRPO("CausalLMPolicy", env, n_steps=8, batch_size=16, n_epochs=1, learning_rate=_lr, explore_alpha=0.3, seed=0, device="cpu"),
+        lambda env: GRPO(
+            "CausalLMPolicy",
+            env,
+            n_steps=8,
+            batch_size=16,
+            n_epochs=1,
+            learning_rate=_lr,
+            explore_alpha=0.3,
+            seed=0,
+            device="cpu",
+        ),
         32,
     ),
 }
@@ -119,7 +144,9 @@ def test_save_load_round_trip(tmp_path, kind):
     np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
     with th.no_grad():
         obs_t = model.policy.obs_to_tensor(obs)[0]
-        np.testing.assert_array_equal(model.policy.predict_values(obs_t).numpy(), loaded.policy.predict_values(obs_t).numpy())
+        np.testing.assert_array_equal(
+            model.policy.predict_values(obs_t).numpy(), loaded.policy.predict_values(obs_t).numpy()
+        )
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
@@ -150,7 +177,7 @@ def test_train_save_load_train_equals_continuing(tmp_path, kind):
 def _start(out: Path, kind: str, *flags: str) -> subprocess.Popen:
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    log = open(out / "worker.log", "ab")
+    log = open(out / "worker.log", "ab")  # noqa: SIM115 (the child process writes to it)
     return subprocess.Popen([sys.executable, str(WORKER), str(out), kind, *flags], stdout=log, stderr=log, env=env)
 
 
@@ -166,7 +193,9 @@ def _wait(proc: subprocess.Popen, out: Path, condition, what: str, timeout: floa
     deadline = time.monotonic() + timeout
     while not condition():
         if proc.poll() is not None:
-            raise AssertionError(f"worker exited ({proc.returncode}) before {what}:\n{(out / 'worker.log').read_text()[-3000:]}")
+            raise AssertionError(
+                f"worker exited ({proc.returncode}) before {what}:\n{(out / 'worker.log').read_text()[-3000:]}"
+            )
         if time.monotonic() > deadline:
             proc.kill()
             raise AssertionError(f"timed out waiting for {what}:\n{(out / 'worker.log').read_text()[-3000:]}")
@@ -218,7 +247,9 @@ def test_sigkill_loses_at_most_one_checkpoint_interval(tmp_path, kind):
 def test_sigkill_while_a_checkpoint_is_half_written(tmp_path):
     interval = _resume_worker.SAVE_FREQ["cartpole"]
     atomic, plain = tmp_path / "atomic", tmp_path / "plain"
-    procs = {out: _start(out, "cartpole", "--slow-save", *(["--plain"] if out is plain else [])) for out in (atomic, plain)}
+    procs = {
+        out: _start(out, "cartpole", "--slow-save", *(["--plain"] if out is plain else [])) for out in (atomic, plain)
+    }
     for out, proc in procs.items():
         _wait(proc, out, lambda out=out: (out / "writing").exists(), "a half-written checkpoint")
         _kill(proc)
@@ -227,7 +258,7 @@ def test_sigkill_while_a_checkpoint_is_half_written(tmp_path):
     env = _resume_worker.make_env("cartpole")
     names = sorted(p.name for p in (atomic / "ckpt").iterdir())
     assert names == [
-        ".rl_model_192_steps.zip.%d.tmp" % procs[atomic].pid,
+        f".rl_model_192_steps.zip.{procs[atomic].pid}.tmp",
         "rl_model_128_steps.zip",
         "rl_model_64_steps.zip",
     ]
@@ -295,7 +326,17 @@ def test_misbehaving_reward_gives_a_clear_error_and_the_run_resumes(tmp_path, re
             "TextGen-v0", n_envs=2, seed=0, device="cpu", max_new_tokens=4, reward=reward, reward_timeout=0.5
         )
 
-    model = _quiet(GRPO("CausalLMPolicy", env_with(Misbehaving(mode, good_calls=6)), n_steps=8, batch_size=16, n_epochs=1, seed=0, device="cpu"))
+    model = _quiet(
+        GRPO(
+            "CausalLMPolicy",
+            env_with(Misbehaving(mode, good_calls=6)),
+            n_steps=8,
+            batch_size=16,
+            n_epochs=1,
+            seed=0,
+            device="cpu",
+        )
+    )
     with pytest.raises(error, match=match):
         model.learn(10_000, callback=AtomicCheckpointCallback(8, tmp_path))
     last = latest_checkpoint(tmp_path)
