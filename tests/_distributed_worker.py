@@ -5,6 +5,7 @@ path), then writes its final parameters and a fingerprint of its rollout to ``OU
 save the model to ``OUT/<name>_rank<r>.zip`` (only rank 0 may write it).
 """
 
+import importlib.util
 import os
 import sys
 
@@ -72,6 +73,24 @@ model = GRPO(
 )
 model.learn(2 * 8 * 4)
 report("textgen", model, model.rollout_buffer.token_ids.flatten().float())
+
+# TextGen-v0 with LoRA: only the adapters and the value head are averaged; the KL reference is the adapter-off model
+if importlib.util.find_spec("peft") is not None:
+    model = GRPO(
+        "CausalLMPolicy",
+        env,
+        n_steps=8,
+        batch_size=6,
+        n_epochs=2,
+        learning_rate=1e-2,
+        seed=0,
+        advantage="group",
+        kl_coef=0.05,
+        grad_var_coef=0.0,
+        policy_kwargs={"lora": {"r": 4, "target_modules": ["c_attn"], "fan_in_fan_out": True}},
+    )
+    model.learn(2 * 8 * 4)
+    report("textgen_lora", model, model.rollout_buffer.token_ids.flatten().float())
 
 # rank 0 alone loads a checkpoint (e.g. to evaluate it): GRPO.load makes no collective call, so it must not hang
 if rank == 0:
