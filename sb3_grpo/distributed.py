@@ -182,7 +182,7 @@ def null_logger():
 
 
 def broadcast_module(module: nn.Module, src: int = 0) -> None:
-    """Copy rank ``src``'s parameters and buffers into ``module`` on every rank (in place, no gradient).
+    """Copy rank ``src``'s parameters and floating-point buffers into ``module`` on every rank (in place).
 
     :param module: the module, built identically on every rank.
     :param src: the rank whose values win.
@@ -190,7 +190,8 @@ def broadcast_module(module: nn.Module, src: int = 0) -> None:
     if not is_active():
         return
     with th.no_grad():
-        for tensor in [*module.parameters(), *module.buffers()]:
+        # floating-point buffers only (integer / bool buffers such as causal masks are constants of the config)
+        for tensor in [*module.parameters(), *(b for b in module.buffers() if b.is_floating_point())]:
             dist.broadcast(tensor.data, src=src)
 
 
