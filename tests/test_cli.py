@@ -242,7 +242,7 @@ def test_perf_helpers():
             perf._row("update: x vs y", None, 2.0, "s/update", "not available", False)]
     assert rows[0]["ratio"] == pytest.approx(2.0) and rows[1]["ratio"] is None
     table = perf.markdown_table(rows)
-    assert "| env: a vs b | 200 | 100 | 2.00x |" in table and "| update: x vs y | – |" in table
+    assert "| env: a vs b | 200 | 100 | env steps/s | 2.00x | – |" in table and "| update: x vs y | – |" in table
     assert isinstance(perf.sequence_fast_path_available(), bool)
 
 

@@ -32,11 +32,31 @@ import numpy as np
 ROW_KEYS = ("name", "ours", "baseline", "ratio", "unit", "notes")
 
 
-def _row(name: str, ours: float | None, baseline: float | None, unit: str, notes: str, higher_is_better: bool) -> dict:
-    ratio = None
-    if ours is not None and baseline is not None and ours > 0 and baseline > 0:
-        ratio = ours / baseline if higher_is_better else baseline / ours
-    return {"name": name, "ours": ours, "baseline": baseline, "ratio": ratio, "unit": unit, "notes": notes}
+def _ratio(ours: float | None, baseline: float | None, higher_is_better: bool) -> float | None:
+    if ours is None or baseline is None or ours <= 0 or baseline <= 0:
+        return None
+    return ours / baseline if higher_is_better else baseline / ours
+
+
+def _row(
+    name: str,
+    ours: float | None,
+    baseline: float | None,
+    unit: str,
+    notes: str,
+    higher_is_better: bool,
+    cpu: tuple[float | None, float | None] | None = None,
+) -> dict:
+    """One measurement: wall-clock figures, and the same ratio on process CPU time when ``cpu`` is given."""
+    return {
+        "name": name,
+        "ours": ours,
+        "baseline": baseline,
+        "ratio": _ratio(ours, baseline, higher_is_better),
+        "cpu_ratio": _ratio(*cpu, higher_is_better) if cpu is not None else None,
+        "unit": unit,
+        "notes": notes,
+    }
 
 
 def _length_reward(prompts, completions, **kwargs):
@@ -103,25 +123,32 @@ def vector_env_vs_sync(num_envs: int = 64, steps: int = 96, repeats: int = 3, en
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _interleaved(timers: dict[str, Any], repeats: int) -> dict[str, float]:
-    """Median seconds of each zero-argument callable, after one warm-up call each, calls alternating.
+def _interleaved(timers: dict[Any, Any], repeats: int) -> tuple[dict[Any, float], dict[Any, float]]:
+    """Median wall-clock and process-CPU seconds of each zero-argument callable, calls alternating.
 
-    Alternating (A, B, A, B, ...) rather than timing A's repeats then B's keeps a load spike on a shared
-    machine from landing on one side of a comparison only.
+    Alternating (A, B, A, B, ...) after one warm-up call each, rather than timing A's repeats then B's, keeps a
+    load spike on a shared machine from landing on one side of a comparison only. Process CPU time (all of this
+    process's threads) hardly depends on what other processes do, so its ratios are the steadier figure on a
+    shared machine; wall-clock is what a user waits.
 
     :param timers: ``{name: fn}``; each call does one unit of work.
     :param repeats: Timed calls per callable.
-    :return: ``{name: median seconds}``.
+    :return: ``({name: median wall seconds}, {name: median CPU seconds})``.
     """
     for fn in timers.values():
         fn()
-    times: dict[str, list[float]] = {name: [] for name in timers}
+    wall: dict[Any, list[float]] = {name: [] for name in timers}
+    cpu: dict[Any, list[float]] = {name: [] for name in timers}
     for _ in range(repeats):
         for name, fn in timers.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    return (
+        {name: statistics.median(v) for name, v in wall.items()},
+        {name: statistics.median(v) for name, v in cpu.items()},
+    )
 
 
 def _collector(n_envs: int, tokens: int, use_cache: bool, env_id: str) -> Any:
@@ -173,7 +200,7 @@ def rollout_vs_generate(n_envs: int = 16, tokens: int = 24, repeats: int = 3, en
     :return: Two rows.
     """
     n = n_envs * tokens
-    t = _interleaved(
+    t, c = _interleaved(
         {
             "cached": _collector(n_envs, tokens, True, env_id),
             "generate": _generator(n_envs, tokens, env_id),
@@ -183,9 +210,10 @@ def rollout_vs_generate(n_envs: int = 16, tokens: int = 24, repeats: int = 3, en
     )
     notes = f"{env_id}, bundled LM, {n_envs} envs x {tokens} steps, SB3 collect_rollouts with CausalLMPolicy"
     return [
-        _row("rollout: collect_rollouts (KV cache) vs generate", n / t["cached"], n / t["generate"], "tokens/s", notes, True),
+        _row("rollout: collect_rollouts (KV cache) vs generate", n / t["cached"], n / t["generate"], "tokens/s", notes,
+             True, cpu=(n / c["cached"], n / c["generate"])),
         _row("rollout: KV cache vs full recompute", n / t["cached"], n / t["uncached"], "tokens/s",
-             notes + "; baseline use_cache=False", True),
+             notes + "; baseline use_cache=False", True, cpu=(n / c["cached"], n / c["uncached"])),
     ]
 
 
@@ -236,15 +264,15 @@ def update_seq_vs_stock(n_envs: int = 16, n_steps: int = 48, repeats: int = 2, e
     stock_model = _text_model("ppo", n_envs, n_steps, batch, env_id)
     notes = f"{env_id}, bundled LM, {n_envs * n_steps} tokens per update, 1 epoch, minibatch {batch}"
     if not sequence_fast_path_available():
-        stock = _interleaved({"stock": _trainer(stock_model)}, repeats)["stock"]
+        stock = _interleaved({"stock": _trainer(stock_model)}, repeats)[0]["stock"]
         return _row("update: sequence fast path vs stock PPO.train", None, stock, "s/update",
                     notes + "; sequence fast path not available (no sb3_grpo.buffers.SequenceRolloutBuffer)", False)
     model = _text_model("ppo-seq", n_envs, n_steps, batch, env_id)
-    t = _interleaved({"ours": _trainer(model), "stock": _trainer(stock_model)}, repeats)
+    t, c = _interleaved({"ours": _trainer(model), "stock": _trainer(stock_model)}, repeats)
     ours, stock = t["ours"], t["stock"]
     used = type(model.rollout_buffer).__name__
     return _row("update: sequence fast path vs stock PPO.train", ours, stock, "s/update",
-                notes + f"; ppo-seq buffer: {used}", False)
+                notes + f"; ppo-seq buffer: {used}", False, cpu=(c["ours"], c["stock"]))
 
 
 def grad_var_cost(quick: bool = False, env_id: str = "TextGen-v0") -> list[dict]:
@@ -260,7 +288,7 @@ def grad_var_cost(quick: bool = False, env_id: str = "TextGen-v0") -> list[dict]
 
     rows = []
     n_steps = 512 if quick else 2048
-    times = _interleaved(
+    times, cpu = _interleaved(
         {
             coef: _trainer(GRPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=1, seed=0), n_steps=n_steps,
                                 batch_size=64, n_epochs=1, seed=0, device="cpu", grad_var_coef=coef))
@@ -268,13 +296,14 @@ def grad_var_cost(quick: bool = False, env_id: str = "TextGen-v0") -> list[dict]
         },
         1 if quick else 3,
     )
-    rows.append(_row("grad-variance penalty cost (MLP)", times[0.01], times[0.0], "s/update",
-                     f"CartPole-v1, GRPO defaults vs grad_var_coef=0, {n_steps} steps, 1 epoch, minibatch 64", False))
+    notes = f"CartPole-v1, GRPO defaults vs grad_var_coef=0, {n_steps} steps, 1 epoch, minibatch 64"
+    rows.append(_row("grad-variance penalty cost (MLP)", times[0.01], times[0.0], "s/update", notes, False,
+                     cpu=(cpu[0.01], cpu[0.0])))
     n_envs, steps = (8, 24) if quick else (16, 48)
     batch = n_envs * steps // 4
     last_block = ["lm.transformer.h.3.", "lm.transformer.ln_f."]
     for label, params in (("all LM parameters", None), ("last block + final norm", last_block)):
-        t = _interleaved(
+        t, c = _interleaved(
             {
                 "on": _trainer(_text_model("grpo", n_envs, steps, batch, env_id, grad_var_params=params)),
                 "off": _trainer(_text_model("grpo", n_envs, steps, batch, env_id, grad_var_coef=0.0)),
@@ -282,12 +311,14 @@ def grad_var_cost(quick: bool = False, env_id: str = "TextGen-v0") -> list[dict]
             1 if quick else 3,
         )
         t_on, t_off = t["on"], t["off"]
-        rows.append(_row(f"grad-variance penalty cost (LM, {label})", t_on, t_off, "s/update",
-                         f"{env_id}, bundled LM, {n_envs * steps} tokens, 1 epoch, minibatch {batch}", False))
+        notes = f"{env_id}, bundled LM, {n_envs * steps} tokens, 1 epoch, minibatch {batch}"
+        rows.append(_row(f"grad-variance penalty cost (LM, {label})", t_on, t_off, "s/update", notes, False,
+                         cpu=(c["on"], c["off"])))
     # for costs, 'ratio' reads as the slowdown factor: ours / baseline
     for row in rows:
-        if row["ours"] and row["baseline"]:
-            row["ratio"] = row["ours"] / row["baseline"]
+        for key in ("ratio", "cpu_ratio"):
+            if row[key]:
+                row[key] = 1.0 / row[key]
     return rows
 
 
@@ -311,12 +342,15 @@ def markdown_table(rows: list[dict]) -> str:
     :return: The table text.
     """
     lines = [
-        "| measurement | ours | baseline | ratio | unit | setup |",
-        "|---|---|---|---|---|---|",
+        "| measurement | ours | baseline | unit | ratio (wall) | ratio (CPU time) | setup |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = "–" if r["ratio"] is None else f"{r['ratio']:.2f}x"
-        lines.append(f"| {r['name']} | {_fmt(r['ours'])} | {_fmt(r['baseline'])} | {ratio} | {r['unit']} | {r['notes']} |")
+        cpu = "–" if r.get("cpu_ratio") is None else f"{r['cpu_ratio']:.2f}x"
+        lines.append(
+            f"| {r['name']} | {_fmt(r['ours'])} | {_fmt(r['baseline'])} | {r['unit']} | {ratio} | {cpu} | {r['notes']} |"
+        )
     return "\n".join(lines)
 
 
@@ -338,7 +372,8 @@ def run_perf(out: Path, quick: bool = False, log: Any = print) -> dict:
         "quick": quick,
         "environment": environment_info("cuda" if th.cuda.is_available() else "cpu"),
         "ratio_meaning": "throughput rows: ours / baseline (higher is better); s/update rows: baseline / ours "
-        "speed-up, except grad-variance rows: ours / baseline = slowdown factor",
+        "speed-up, except grad-variance rows: ours / baseline = slowdown factor. 'CPU time' ratios use this "
+        "process's CPU seconds (steadier on a shared machine); wall-clock figures are what a user waits",
         "rows": [],
         "errors": [],
     }
