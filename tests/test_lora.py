@@ -137,7 +137,9 @@ def test_grpo_with_kl_and_save_load(tmp_path):
     assert a.keys() == b.keys() and any("lora_A" in k for k in a)
     assert all(th.equal(a[k], b[k]) for k in a)
     ids, mask, act = batch()
-    assert th.equal(model.policy.evaluate_sequences(ids, mask, act)[0], loaded.policy.evaluate_sequences(ids, mask, act)[0])
+    assert th.equal(
+        model.policy.evaluate_sequences(ids, mask, act)[0], loaded.policy.evaluate_sequences(ids, mask, act)[0]
+    )
 
 
 def test_missing_peft_error_names_the_extra(monkeypatch):
