@@ -163,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("perf", help="throughput measurements: env, rollout, update, grad-variance cost")
     p.add_argument("--out", default=None, help="output folder for perf.json / perf.md (default runs/perf-<timestamp>)")
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat (about a minute)")
-    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=_positive_int, default=1,
+                   help="torch CPU threads (default 1: small models on a shared CPU are fastest and steadiest so)")
     p.set_defaults(subparser=p)
     return parser
 
