@@ -6,6 +6,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import math
+import re
 import warnings
 import zipfile
 from pathlib import Path
@@ -208,7 +209,8 @@ def test_rollback_on_reward_collapse(monkeypatch):
 
     monkeypatch.setattr(cb, "_evaluate", fake_eval)
     after = Probe(_params)
-    model.learn(32 * 4, callback=[cb, after])  # rollout starts at 0, 32, 64, 96
+    with pytest.warns(TrainingAlertWarning, match="fell more than 2 below the best 10 .* rolled back"):
+        model.learn(32 * 4, callback=[cb, after])  # rollout starts at 0, 32, 64, 96
     assert cb.n_rollbacks == 1 and cb.rollbacks[0][0] == 96 and "fell more than 2" in cb.rollbacks[0][1]
     assert _same(after.seen[-1], snap)  # the 4th rollout runs with the weights of the best evaluation
 
@@ -327,8 +329,12 @@ def test_curriculum_linear_schedule_and_bad_budgets():
 def test_training_monitor_warns_on_grad_norm_and_kl():
     model = _cartpole(kl_coef=0.1, learning_rate=1e-2)
     monitor = TrainingMonitor(max_grad_norm=1e-6, kl_target=1e-12, approx_kl_target=1e-12)
-    with pytest.warns(TrainingAlertWarning, match="train/grad_norm_max = .* exceeds 1e-06"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         model.learn(32 * 3, callback=monitor)
+    messages = [str(w.message) for w in caught if issubclass(w.category, TrainingAlertWarning)]
+    assert any(re.search(r"train/grad_norm_max = .* exceeds 1e-06 at update 1", m) for m in messages)
+    assert len(messages) == len(monitor.alerts)  # one warning per alert
     keys = {key for _, key, _, _ in monitor.alerts}
     assert keys == {"train/grad_norm_max", "train/kl_ref", "train/approx_kl"}
     assert {u for u, _, _, _ in monitor.alerts} == {1, 2, 3}  # once per update, the last at training end
