@@ -16,6 +16,7 @@ EXAMPLES = {
     "distributed_train.py": ["--timesteps", "128"],
     "local_hf_model.py": ["--timesteps", "64"],
     "ppo_vs_grpo.py": ["--timesteps", "128"],
+    "reliable_training.py": ["--timesteps", "128", "--out", "run"],
     "tensorboard_logging.py": ["--timesteps", "96"],
 }
 
