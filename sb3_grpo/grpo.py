@@ -642,6 +642,7 @@ class GRPO(OnPolicyAlgorithm):
             tracker.reset_rollout(n_rollout_steps)
         greedy_envs = self._greedy_envs(env.num_envs)
 
+        completion_lengths: list[int] = []  # text envs: tokens of each completion that ended in this rollout
         callback.on_rollout_start()
 
         while n_steps < n_rollout_steps:
@@ -678,6 +679,9 @@ class GRPO(OnPolicyAlgorithm):
                 return False
 
             self._update_info_buffer(infos, dones)
+            completion_lengths.extend(
+                len(infos[idx]["completion_ids"]) for idx in np.flatnonzero(dones) if "completion_ids" in infos[idx]
+            )
             n_steps += 1
 
             if tracker is not None:
@@ -716,6 +720,8 @@ class GRPO(OnPolicyAlgorithm):
             values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
 
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
+        if completion_lengths:
+            self.logger.record("rollout/completion_length", float(np.mean(completion_lengths)))
 
         if tracker is not None:
             group_adv, stats = tracker.compute()
