@@ -174,11 +174,27 @@ def test_train_save_load_train_equals_continuing(tmp_path, kind):
 
 
 # ---------------------------------------------------------------------------------------------- SIGKILL
+_STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_workers():
+    """Kill any worker a failing test left running (they train forever otherwise)."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
 def _start(out: Path, kind: str, *flags: str) -> subprocess.Popen:
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    log = open(out / "worker.log", "ab")  # noqa: SIM115 (the child process writes to it)
-    return subprocess.Popen([sys.executable, str(WORKER), str(out), kind, *flags], stdout=log, stderr=log, env=env)
+    with open(out / "worker.log", "ab") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, str(WORKER), str(out), kind, *flags], stdout=log, stderr=log, env=env)
+    _STARTED.append(proc)
+    return proc
 
 
 def _progress(out: Path) -> int:
