@@ -169,6 +169,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_device(device: str) -> None:
+    """Reject a device torch cannot use here, before anything is trained or written."""
+    import torch as th
+
+    if device == "auto":
+        return
+    try:
+        kind = th.device(device).type
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {device!r} is not a torch device; use auto, cpu or cuda") from None
+    if kind == "cuda" and not th.cuda.is_available():
+        raise ValueError(
+            f"--device {device}, but CUDA is not available on this machine; use --device auto (CUDA when available) or cpu"
+        )
+
+
 def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
     from sb3_grpo.bench.algos import parse_algos
     from sb3_grpo.bench.compare import (
@@ -191,6 +207,7 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
             import textrl_envs
 
             timesteps = DEFAULT_TIMESTEPS if args.env in textrl_envs.ENV_IDS else 50_000
+        _check_device(args.device)
         cfg = make_config(
             env_id=args.env,
             algos=algos,

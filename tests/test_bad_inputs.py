@@ -508,14 +508,7 @@ CASES = [
         lambda: cli("compare", "--device", "cuda", "--out", "out"),
         SystemExit,
         r"CUDA is not available",
-        marks=[
-            pytest.mark.skipif(CUDA, reason="this machine has CUDA"),
-            pytest.mark.xfail(
-                reason="known CLI bug: --device is not validated before the run starts; a ValueError traceback and "
-                "a partial out/results.json instead of exit status 2",
-                strict=False,
-            ),
-        ],
+        marks=pytest.mark.skipif(CUDA, reason="this machine has CUDA"),
     ),
 ]
 
