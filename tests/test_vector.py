@@ -471,3 +471,25 @@ def test_cuda_without_cuda_says_what_to_do(kw):
     with pytest.raises(ValueError, match="CUDA is not available.*device='auto'.*device='cpu'"):
         TextGenVectorEnv(num_envs=2, device="cuda", **kw)
     assert resolve_device("auto").type == "cpu"
+
+
+def test_fast_decoder_gives_exactly_what_tokenizer_decode_gives(tokenizer):
+    from transformers import AutoTokenizer
+
+    from textrl_envs.assets import tokenizer_path
+    from textrl_envs.vector import byte_level_table, fast_decoder
+
+    bundled = AutoTokenizer.from_pretrained(tokenizer_path())  # byte-level BPE: the byte-table path
+    assert byte_level_table(bundled, bundled._tokenizer) is not None
+    assert byte_level_table(tokenizer, tokenizer._tokenizer) is None  # word-level: the Rust path
+    rng = np.random.default_rng(0)
+    for tok in (bundled, tokenizer):
+        decode = fast_decoder(tok)
+        assert decode is not None
+        for _ in range(500):
+            ids = rng.integers(0, len(tok), int(rng.integers(0, 40))).tolist()
+            assert decode(ids) == tok.decode(ids, skip_special_tokens=True)
+    # invalid UTF-8 (a lone continuation byte, a truncated multi-byte char) is replaced as the Rust decoder does
+    lone = [i for i in range(len(bundled)) if bundled.convert_ids_to_tokens(i) in ("\u0100", "\u00c3")]
+    for ids in ([lone[0]], lone, lone[::-1]):
+        assert fast_decoder(bundled)(ids) == bundled.decode(ids, skip_special_tokens=True)

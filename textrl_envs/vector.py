@@ -13,7 +13,9 @@ pin down; :class:`TextGenVectorEnv` is the thin stateful shell around them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -186,40 +188,94 @@ def completion_slices(rows: np.ndarray, generated: np.ndarray, terminated: np.nd
     return [rows[m, w - int(g) : w - int(t)] for m, (g, t) in enumerate(zip(generated, terminated))]
 
 
-def fast_decoder(tokenizer):
-    """The Rust ``tokenizers.Tokenizer`` behind ``tokenizer`` when decoding through it directly gives
-    exactly what ``tokenizer.decode(ids, skip_special_tokens=True)`` gives, else ``None``.
+def fast_decoder(tokenizer) -> Callable[[list[int]], str] | None:
+    """A function giving exactly ``tokenizer.decode(ids, skip_special_tokens=True)`` for a list of ids, with
+    less overhead per call, or ``None`` when no such shortcut is known for this tokenizer.
 
-    That holds for a fast tokenizer whose ``decode``/``_decode`` are the stock ones and that does no
-    clean-up of tokenization spaces (the stock path then only adds per-call Python overhead).
+    For a fast tokenizer whose ``decode``/``_decode`` are the stock ones and that does no clean-up of
+    tokenization spaces, the Rust tokenizer decodes directly; when its decoder is a plain byte-level one
+    (GPT-2, Llama 3, Qwen2 style) and it has no non-special added tokens, a table of each token's bytes does
+    the same in pure Python, about 3x faster per completion here (1.4 against 4.4 us for 32 tokens). The
+    table is checked against the Rust decoder at construction (single tokens and random sequences) and
+    dropped on any difference.
     """
     from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
     cls = type(tokenizer)
     backend = getattr(tokenizer, "_tokenizer", None)
-    if (
+    if not (
         isinstance(tokenizer, PreTrainedTokenizerFast)
         and backend is not None
         and cls.decode is PreTrainedTokenizerBase.decode
         and cls._decode is PreTrainedTokenizerFast._decode
         and not tokenizer.clean_up_tokenization_spaces
     ):
-        return backend
-    return None
+        return None
+    rust = functools.partial(backend.decode, skip_special_tokens=True)
+    table = byte_level_table(tokenizer, backend)
+    if table is None:
+        return rust
+
+    def from_table(ids: list[int]) -> str:
+        return b"".join([table[i] for i in ids]).decode("utf-8", "replace")
+
+    rng = np.random.default_rng(0)
+    n = len(table)
+    singles = [[i] for i in (range(n) if n <= 4096 else rng.integers(0, n, 4096).tolist())]
+    sequences = [rng.integers(0, n, int(rng.integers(1, 33))).tolist() for _ in range(256)]
+    if all(from_table(ids) == rust(ids) for ids in singles + sequences):
+        return from_table
+    return rust
 
 
-def decode_batch(spec: EpisodeSpec, sequences: Sequence[Sequence[int]], backend=None) -> list[str]:
+def _byte_to_unicode() -> dict[str, int]:
+    """GPT-2's reversible map between bytes and printable characters (Radford et al. 2019), inverted:
+    printable Latin-1 bytes map to themselves, the other 68 bytes to U+0100 onwards in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    chars = dict(zip(printable, printable))
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + extra
+            extra += 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+def byte_level_table(tokenizer, backend) -> list[bytes] | None:
+    """Each token id's bytes for a tokenizer whose decoder is exactly ``ByteLevel`` (special tokens: ``b""``),
+    or ``None`` if the tokenizer is of another kind or has non-special added tokens."""
+    import json
+
+    try:
+        config = json.loads(backend.to_str())
+    except (AttributeError, ValueError):
+        return None
+    decoder = config.get("decoder") or {}
+    if decoder.get("type") != "ByteLevel" or any(not t.get("special") for t in config.get("added_tokens", [])):
+        return None
+    special = set(tokenizer.all_special_ids) | {t["id"] for t in config.get("added_tokens", [])}
+    to_byte = _byte_to_unicode()
+    table = [b""] * len(tokenizer)
+    for token, i in backend.get_vocab(with_added_tokens=False).items():
+        if i >= len(table) or i in special:
+            continue
+        if any(c not in to_byte for c in token):
+            return None
+        table[i] = bytes(to_byte[c] for c in token)
+    return table
+
+
+def decode_batch(spec: EpisodeSpec, sequences: Sequence[list[int]], decode=None) -> list[str]:
     """Completion texts, exactly as :meth:`EpisodeSpec.decode` gives them, for a batch of id lists.
 
     :param spec: The episode spec (its tokenizer).
     :param sequences: Token-id lists.
-    :param backend: :func:`fast_decoder` of the tokenizer, or ``None`` to go through ``spec.decode``.
-        (One ``decode`` call per sequence: the Rust ``decode_batch`` spends more on its thread pool
-        than it saves on short completions, measured 13.7 against 5.3 us per 32-token sequence.)
+    :param decode: :func:`fast_decoder` of the tokenizer, or ``None`` to go through ``spec.decode``.
+        (One call per sequence: the Rust ``decode_batch`` spends more on its thread pool than it saves on
+        short completions, measured 13.7 against 5.3 us per 32-token sequence.)
     """
-    if backend is not None:
-        decode = backend.decode
-        return [decode(seq, skip_special_tokens=True) for seq in sequences]
+    if decode is not None:
+        return [decode(seq) for seq in sequences]
     return [spec.decode(seq) for seq in sequences]
 
 
