@@ -38,14 +38,6 @@ from textrl_envs.sb3 import make_vec_env
 TB = "tb"  # a tensorboard folder every GRPO case asks for: a failed constructor must not create it
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    n = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n)
-
-
 @functools.cache
 def text_env(group_size: int = 1):
     return make_vec_env("TextGen-v0", n_envs=2, group_size=group_size, device="cpu", max_new_tokens=4)

@@ -18,7 +18,6 @@ import torch as th
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
-from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_grpo import GRPO
@@ -36,29 +35,13 @@ from sb3_grpo.callbacks import (
     latest_checkpoint,
     nonfinite_parameters,
 )
+from helpers import params, quiet
 
 SMALL = {"n_steps": 32, "batch_size": 32, "n_epochs": 1, "seed": 0, "device": "cpu"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    n = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n)
-
-
-def _quiet(model):
-    model.set_logger(configure(None, []))
-    return model
-
-
 def _cartpole(**kw):
-    return _quiet(GRPO("MlpPolicy", "CartPole-v1", **{**SMALL, **kw}))
-
-
-def _params(model):
-    return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
+    return quiet(GRPO("MlpPolicy", "CartPole-v1", **{**SMALL, **kw}))
 
 
 def _same(a, b):
@@ -102,7 +85,7 @@ def test_atomic_save_round_trips_and_refuses_nan_weights(tmp_path):
     path = atomic_save(model, tmp_path / "m")
     assert path == tmp_path / "m.zip" and is_complete_checkpoint(path)
     loaded = GRPO.load(path, device="cpu")
-    assert _same(_params(model), _params(loaded))
+    assert _same(params(model), params(loaded))
     with th.no_grad():
         next(model.policy.parameters())[0] = math.nan
     assert nonfinite_parameters(model.policy)
@@ -140,7 +123,7 @@ def test_latest_checkpoint_skips_truncated_and_foreign_files(tmp_path):
 
 def test_checkpoint_saves_vecnormalize_stats_atomically(tmp_path):
     env = VecNormalize(sb3_make_vec_env("CartPole-v1", n_envs=1, seed=0))
-    model = _quiet(GRPO("MlpPolicy", env, **SMALL))
+    model = quiet(GRPO("MlpPolicy", env, **SMALL))
     model.learn(64, callback=AtomicCheckpointCallback(64, tmp_path, save_vecnormalize=True))
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["rl_model_64_steps.zip", "rl_model_vecnormalize_64_steps.pkl"]
@@ -172,7 +155,7 @@ def test_early_stopping_after_patience_and_restores_best(tmp_path, monkeypatch):
         s = next(scores)
         cb.evaluations.append((cb.num_timesteps, s))
         if s == 3.0 and not best_params:
-            best_params.update(_params(cb.model))
+            best_params.update(params(cb.model))
         return s
 
     monkeypatch.setattr(cb, "_evaluate", fake_eval)
@@ -181,8 +164,8 @@ def test_early_stopping_after_patience_and_restores_best(tmp_path, monkeypatch):
     assert cb.stopped_early and [s for _, s in cb.evaluations] == [1.0, 3.0, 2.0, 3.0]
     assert model.num_timesteps < 200
     assert cb.best_mean_reward == 3.0 and cb.best_timestep == 64
-    assert _same(_params(model), best_params)  # restored at training end
-    assert _same(_params(GRPO.load(tmp_path / "best.zip", device="cpu")), best_params)
+    assert _same(params(model), best_params)  # restored at training end
+    assert _same(params(GRPO.load(tmp_path / "best.zip", device="cpu")), best_params)
 
 
 def test_early_stopping_with_real_evaluations():
@@ -204,11 +187,11 @@ def test_rollback_on_reward_collapse(monkeypatch):
     def fake_eval():
         s = next(scores)
         if s == 10.0:
-            snap.update(_params(cb.model))
+            snap.update(params(cb.model))
         return s
 
     monkeypatch.setattr(cb, "_evaluate", fake_eval)
-    after = Probe(_params)
+    after = Probe(params)
     with pytest.warns(TrainingAlertWarning, match="fell more than 2 below the best 10 .* rolled back"):
         model.learn(32 * 4, callback=[cb, after])  # rollout starts at 0, 32, 64, 96
     assert cb.n_rollbacks == 1 and cb.rollbacks[0][0] == 96 and "fell more than 2" in cb.rollbacks[0][1]
@@ -291,7 +274,7 @@ def test_max_new_tokens_curriculum_on_the_text_env():
 
     env = make_vec_env("TextGen-v0", n_envs=2, seed=0, device="cpu", max_new_tokens=6)
     width = env.observation_space["input_ids"].shape
-    model = _quiet(GRPO("CausalLMPolicy", env, n_steps=8, batch_size=8, n_epochs=1, seed=0, device="cpu"))
+    model = quiet(GRPO("CausalLMPolicy", env, n_steps=8, batch_size=8, n_epochs=1, seed=0, device="cpu"))
     lengths = []
 
     class Lengths(BaseCallback):

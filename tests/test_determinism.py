@@ -15,14 +15,6 @@ from sb3_grpo import GRPO
 from textrl_envs.sb3 import make_vec_env
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    n = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n)
-
-
 class Episodes(BaseCallback):
     """Every finished episode's (timestep, env, return, completion)."""
 

@@ -10,36 +10,18 @@ from gymnasium import spaces
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.envs import SimpleMultiObsEnv
-from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_grpo import GRPO
 from sb3_grpo.objectives import group_advantages, rloo_advantages
+from helpers import params, quiet
 
 OFF = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "advantage": "gae", "kl_coef": 0.0}
 SMALL = {"n_steps": 128, "batch_size": 32, "n_epochs": 2, "device": "cpu"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny networks: thread start-up dominates on a busy machine."""
-    n_threads = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n_threads)
-
-
-def _params(model):
-    return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
-
-
 def _same_params(a, b):
     return all(th.equal(a[k], b[k]) for k in a)
-
-
-def _quiet(model):
-    model.set_logger(configure(None, []))
-    return model
 
 
 # ------------------------------------------------------------------------------------- equivalence
@@ -55,9 +37,9 @@ def _quiet(model):
 )
 def test_extras_off_equals_stock_ppo(env_id, kwargs):
     hp = {"n_steps": 256, "batch_size": 64, "n_epochs": 3, "seed": 7, "device": "cpu", **kwargs}
-    ppo = _quiet(PPO("MlpPolicy", env_id, **hp)).learn(512)
-    grpo = _quiet(GRPO("MlpPolicy", env_id, **hp, **OFF)).learn(512)
-    assert _same_params(_params(ppo), _params(grpo))
+    ppo = quiet(PPO("MlpPolicy", env_id, **hp)).learn(512)
+    grpo = quiet(GRPO("MlpPolicy", env_id, **hp, **OFF)).learn(512)
+    assert _same_params(params(ppo), params(grpo))
     assert grpo._n_updates == ppo._n_updates
 
 
@@ -67,9 +49,9 @@ def test_extras_off_equals_stock_ppo_dict_observations():
         return SimpleMultiObsEnv(random_start=True)
 
     hp = {"n_steps": 64, "batch_size": 32, "n_epochs": 2, "seed": 5, "device": "cpu"}
-    ppo = _quiet(PPO("MultiInputPolicy", make_env(), **hp)).learn(128)
-    grpo = _quiet(GRPO("MultiInputPolicy", make_env(), **hp, **OFF)).learn(128)
-    assert _same_params(_params(ppo), _params(grpo))
+    ppo = quiet(PPO("MultiInputPolicy", make_env(), **hp)).learn(128)
+    grpo = quiet(GRPO("MultiInputPolicy", make_env(), **hp, **OFF)).learn(128)
+    assert _same_params(params(ppo), params(grpo))
 
 
 @pytest.mark.parametrize(
@@ -80,14 +62,14 @@ def test_extras_off_equals_stock_ppo_dict_observations():
 def test_each_extra_changes_the_update(extra):
     """The equivalence test can fail: switching any one mechanism on moves the parameters elsewhere."""
     hp = {**SMALL, "seed": 3}
-    ppo = _quiet(PPO("MlpPolicy", "CartPole-v1", **hp)).learn(256)
-    grpo = _quiet(GRPO("MlpPolicy", "CartPole-v1", **hp, **{**OFF, **extra})).learn(256)
-    assert not _same_params(_params(ppo), _params(grpo))
+    ppo = quiet(PPO("MlpPolicy", "CartPole-v1", **hp)).learn(256)
+    grpo = quiet(GRPO("MlpPolicy", "CartPole-v1", **hp, **{**OFF, **extra})).learn(256)
+    assert not _same_params(params(ppo), params(grpo))
 
 
 # ------------------------------------------------------------------------------------------ logging
 def test_defaults_log_every_quantity():
-    model = _quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, kl_coef=0.1, clip_range=lambda p: 0.1 + 0.2 * p, **SMALL))
+    model = quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, kl_coef=0.1, clip_range=lambda p: 0.1 + 0.2 * p, **SMALL))
     model.learn(256)
     logged = model.logger.name_to_value
     ppo_keys = [
@@ -118,7 +100,7 @@ def test_explore_alpha_schedule():
 
 
 def test_grad_norm_warning():
-    model = _quiet(GRPO("MlpPolicy", "Pendulum-v1", seed=0, grad_norm_warn=1e-3, **SMALL))
+    model = quiet(GRPO("MlpPolicy", "Pendulum-v1", seed=0, grad_norm_warn=1e-3, **SMALL))
     with pytest.warns(UserWarning, match="grad_norm_warn"):
         model.learn(128)
 
@@ -133,7 +115,7 @@ def _collect_one_rollout(model):
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_stored_log_prob_is_the_mixture_density(env_id):
     alpha = 0.5
-    model = _quiet(GRPO("MlpPolicy", env_id, seed=1, explore_alpha=alpha, **SMALL))
+    model = quiet(GRPO("MlpPolicy", env_id, seed=1, explore_alpha=alpha, **SMALL))
     buf = _collect_one_rollout(model)
     obs = th.as_tensor(buf.observations.reshape(-1, *model.observation_space.shape))
     actions = th.as_tensor(buf.actions.reshape(len(obs), -1))
@@ -154,7 +136,7 @@ def test_stored_log_prob_is_the_mixture_density(env_id):
 
 
 def test_pendulum_learns_with_exploration_smoke():
-    model = _quiet(GRPO("MlpPolicy", "Pendulum-v1", seed=0, explore_alpha=0.2, explore_fraction=1.0, **SMALL))
+    model = quiet(GRPO("MlpPolicy", "Pendulum-v1", seed=0, explore_alpha=0.2, explore_fraction=1.0, **SMALL))
     model.learn(512)
     assert model.logger.name_to_value["train/explore_alpha"] > 0
     assert all(th.isfinite(p).all() for p in model.policy.parameters())
@@ -218,7 +200,7 @@ def _episodes(buf, infos_group):
 
 @pytest.mark.parametrize("advantage, reference", [("group", group_advantages), ("rloo", rloo_advantages)])
 def test_group_advantages_in_buffer_match_reference(advantage, reference):
-    model = _quiet(GRPO("MlpPolicy", make_group_env(), advantage=advantage, seed=0, **{**SMALL, "n_steps": 10}))
+    model = quiet(GRPO("MlpPolicy", make_group_env(), advantage=advantage, seed=0, **{**SMALL, "n_steps": 10}))
     buf = _collect_one_rollout(model)
     n_envs = 8
     group_of = np.array([[(t // 3) * 2 + env // 4 for env in range(n_envs)] for t in range(10)])
@@ -236,7 +218,7 @@ def test_group_advantages_in_buffer_match_reference(advantage, reference):
 
 
 def test_self_critical_greedy_members_and_baseline():
-    model = _quiet(GRPO("MlpPolicy", make_group_env(), advantage="self_critical", seed=0, **{**SMALL, "n_steps": 9}))
+    model = quiet(GRPO("MlpPolicy", make_group_env(), advantage="self_critical", seed=0, **{**SMALL, "n_steps": 9}))
     buf = _collect_one_rollout(model)
     obs = th.as_tensor(buf.observations[:, [0, 4]].reshape(-1, 4))
     greedy, _ = model.policy.predict(obs.numpy(), deterministic=True)
@@ -252,7 +234,7 @@ def test_self_critical_greedy_members_and_baseline():
 
 def test_group_advantage_learns_toy_task():
     env = make_group_env()
-    model = _quiet(
+    model = quiet(
         GRPO("MlpPolicy", env, advantage="group", seed=0, n_steps=24, batch_size=48, n_epochs=4,
              learning_rate=3e-3, grad_var_coef=0.0, device="cpu")
     )  # fmt: skip
@@ -303,43 +285,43 @@ class NanReward(gym.Wrapper):
 
 def test_non_finite_advantages_raise_before_any_update():
     env = make_vec_env(lambda: NanReward(gym.make("CartPole-v1")), n_envs=1)
-    model = _quiet(GRPO("MlpPolicy", env, seed=0, **SMALL))
-    before = _params(model)
+    model = quiet(GRPO("MlpPolicy", env, seed=0, **SMALL))
+    before = params(model)
     with pytest.raises(RuntimeError, match="non-finite advantages"):
         model.learn(256)
-    assert _same_params(before, _params(model))
+    assert _same_params(before, params(model))
 
 
 def test_non_finite_loss_raises_before_the_optimizer_step():
-    model = _quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, kl_coef=0.1, **SMALL))
+    model = quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, kl_coef=0.1, **SMALL))
     model._reference_log_prob = lambda batch: th.full((len(batch.actions),), math.nan)
-    before = _params(model)
+    before = params(model)
     with pytest.raises(RuntimeError, match=r"non-finite loss at update 0 .*kl_ref=nan"):
         model.learn(256)
-    assert _same_params(before, _params(model))
+    assert _same_params(before, params(model))
 
 
 # ------------------------------------------------------------------------------ drop-in behaviour
 def test_dict_observations_with_grad_var():
-    model = _quiet(GRPO("MultiInputPolicy", SimpleMultiObsEnv(random_start=False), seed=0, **{**SMALL, "n_steps": 64}))
+    model = quiet(GRPO("MultiInputPolicy", SimpleMultiObsEnv(random_start=False), seed=0, **{**SMALL, "n_steps": 64}))
     model.learn(64)
     assert model.logger.name_to_value["train/grad_var"] > 0
 
 
 def test_grad_var_on_named_parameter_subset():
-    model = _quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, grad_var_params=["action_net"], **SMALL))
+    model = quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, grad_var_params=["action_net"], **SMALL))
     assert len(model._grad_var_param_list) == 2  # weight and bias
     model.learn(128)
     assert model.logger.name_to_value["train/grad_var"] > 0
 
 
 def test_save_load_keeps_reference_policy(tmp_path):
-    model = _quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, kl_coef=0.1, **SMALL)).learn(128)
+    model = quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, kl_coef=0.1, **SMALL)).learn(128)
     model.save(tmp_path / "grpo")
     loaded = GRPO.load(tmp_path / "grpo", device="cpu")
     for a, b in zip(model.ref_policy.parameters(), loaded.ref_policy.parameters()):
         assert th.equal(a, b)
-    assert not _same_params(_params(model), {k: v for k, v in model.ref_policy.state_dict().items()})
+    assert not _same_params(params(model), {k: v for k, v in model.ref_policy.state_dict().items()})
     obs = np.zeros((3, 4), np.float32)
     np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
     assert loaded.kl_coef == 0.1 and loaded.adaptive_clip == (1.1, 0.9)

@@ -16,7 +16,6 @@ import pytest
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
-from stable_baselines3.common.logger import configure
 
 from sb3_grpo import GRPO
 from sb3_grpo.callbacks import (
@@ -26,25 +25,9 @@ from sb3_grpo.callbacks import (
 )
 from textrl_envs.rewards.base import RewardTimeoutError, call_reward
 from textrl_envs.sb3 import make_vec_env
+from helpers import params, quiet
 
 SMALL = {"n_steps": 32, "batch_size": 32, "n_epochs": 2, "seed": 0, "device": "cpu"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    n = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n)
-
-
-def _quiet(model):
-    model.set_logger(configure(None, []))
-    return model
-
-
-def _params(model):
-    return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
 
 
 def _same(a, b):
@@ -83,18 +66,18 @@ def _nan_env(k=20):
 
 
 def test_nonfinite_reward_raises_with_env_and_timestep():
-    model = _quiet(GRPO("MlpPolicy", _nan_env(), **SMALL))
-    before = _params(model)
+    model = quiet(GRPO("MlpPolicy", _nan_env(), **SMALL))
+    before = params(model)
     with pytest.raises(
         RuntimeError,
         match=r"env \d returned a non-finite reward \(nan\) at timestep \d+ \(update 0\).*nonfinite='skip'",
     ):
         model.learn(64)
-    assert _same(before, _params(model))
+    assert _same(before, params(model))
 
 
 def test_skip_drops_bad_episodes_and_counts_them(tmp_path):
-    model = _quiet(GRPO("MlpPolicy", _nan_env(), nonfinite="skip", **SMALL))
+    model = quiet(GRPO("MlpPolicy", _nan_env(), nonfinite="skip", **SMALL))
     log = RolloutLog()
     model.learn(128, callback=[log, AtomicCheckpointCallback(64, tmp_path)])
     skipped = [v["rollout/skipped_episodes"] for v in log.values]
@@ -108,7 +91,7 @@ def test_skip_drops_bad_episodes_and_counts_them(tmp_path):
 
 def test_skip_zeroes_the_advantages_of_the_flagged_episode_only():
     env = sb3_make_vec_env(lambda: NanEvery(gym.make("CartPole-v1"), 10), n_envs=1, seed=0)
-    model = _quiet(GRPO("MlpPolicy", env, nonfinite="skip", **{**SMALL, "n_epochs": 1}))
+    model = quiet(GRPO("MlpPolicy", env, nonfinite="skip", **{**SMALL, "n_epochs": 1}))
     model.learn(64)
     buffer = model.rollout_buffer
     # the second rollout holds env steps 33..64: NaN rewards at steps 40, 50, 60 -> rows 7, 17, 27
@@ -123,34 +106,34 @@ def test_skip_zeroes_the_advantages_of_the_flagged_episode_only():
 
 
 def test_skip_nonfinite_loss_takes_no_step_and_checkpoint_stays_finite(tmp_path):
-    model = _quiet(GRPO("MlpPolicy", "CartPole-v1", kl_coef=0.1, nonfinite="skip", **SMALL))
+    model = quiet(GRPO("MlpPolicy", "CartPole-v1", kl_coef=0.1, nonfinite="skip", **SMALL))
     model._reference_log_prob = lambda batch: th.full((len(batch.actions),), math.nan)
-    before = _params(model)
+    before = params(model)
     model.learn(64, callback=AtomicCheckpointCallback(32, tmp_path))
     assert model.logger.name_to_value["train/skipped_nonfinite"] == 2  # 1 minibatch x 2 epochs of the last update
-    assert _same(before, _params(model))
+    assert _same(before, params(model))
     loaded = GRPO.load(latest_checkpoint(tmp_path), device="cpu")
-    assert _same(before, _params(loaded)) and loaded.num_timesteps == 64
+    assert _same(before, params(loaded)) and loaded.num_timesteps == 64
 
 
 def test_nonfinite_gradient_raise_and_skip():
     def poisoned(nonfinite):
         # (no grad-variance penalty: it is made of gradients, so it would make the loss itself NaN)
-        model = _quiet(GRPO("MlpPolicy", "CartPole-v1", nonfinite=nonfinite, grad_var_coef=0.0, **SMALL))
+        model = quiet(GRPO("MlpPolicy", "CartPole-v1", nonfinite=nonfinite, grad_var_coef=0.0, **SMALL))
         model.policy.action_net.weight.register_hook(lambda g: g * math.nan)
         return model
 
     model = poisoned("raise")
-    before = _params(model)
+    before = params(model)
     with pytest.raises(RuntimeError, match=r"non-finite gradient at update 0 .*No optimizer step was taken"):
         model.learn(32)
-    assert _same(before, _params(model))
+    assert _same(before, params(model))
 
     model = poisoned("skip")
-    before = _params(model)
+    before = params(model)
     model.learn(64)
     assert model.logger.name_to_value["train/skipped_nonfinite"] == 2
-    assert _same(before, _params(model))
+    assert _same(before, params(model))
     for state in model.policy.optimizer.state.values():  # Adam's moments never saw the NaN
         assert all(th.isfinite(v).all() for v in state.values() if isinstance(v, th.Tensor))
 
@@ -198,7 +181,7 @@ def test_text_env_skip_flags_the_episode_and_grpo_drops_it():
     assert flags and all(np.isfinite(r) for _, r in flags)
     assert all(r == 0.0 for bad, r in flags if bad)
 
-    model = _quiet(
+    model = quiet(
         GRPO("CausalLMPolicy", env, n_steps=8, batch_size=8, n_epochs=1, seed=0, device="cpu", nonfinite="skip")
     )
     log = RolloutLog()

@@ -23,15 +23,6 @@ from sb3_grpo.objectives import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors: thread start-up dominates on a busy machine."""
-    n_threads = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n_threads)
-
-
 # --------------------------------------------------------------------------------------------- clip
 def test_clipped_surrogate_float_matches_ppo_ops():
     gen = th.Generator().manual_seed(0)

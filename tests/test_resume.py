@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 import torch as th
 from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
-from stable_baselines3.common.logger import configure
 
 from sb3_grpo import GRPO
 from sb3_grpo.callbacks import (
@@ -36,25 +35,9 @@ from textrl_envs.sb3 import make_vec_env
 WORKER = Path(__file__).with_name("_resume_worker.py")
 sys.path.insert(0, str(WORKER.parent))
 import _resume_worker
+from helpers import params, quiet
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL and fork semantics are POSIX")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    n = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n)
-
-
-def _quiet(model):
-    model.set_logger(configure(None, []))
-    return model
-
-
-def _params(model):
-    return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
 
 
 def _assert_same_params(a, b):
@@ -126,11 +109,11 @@ MODELS = {
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_save_load_round_trip(tmp_path, kind):
     make_env, make_model, steps = MODELS[kind]
-    model = _quiet(make_model(make_env()))
+    model = quiet(make_model(make_env()))
     model.learn(steps)
     model.save(tmp_path / "model.zip")
     loaded = GRPO.load(tmp_path / "model.zip", env=make_env(), device="cpu")
-    _assert_same_params(_params(model), _params(loaded))
+    _assert_same_params(params(model), params(loaded))
     _assert_same_optimizer(model, loaded)
     assert loaded.num_timesteps == model.num_timesteps == steps
     assert loaded._n_updates == model._n_updates
@@ -155,10 +138,10 @@ def test_train_save_load_train_equals_continuing(tmp_path, kind):
     timesteps and schedules (learning rate and exploration decay over the combined N + M), when both continue
     from a reset env with the same seed (SB3 does not save the env's mid-episode state or the global RNGs)."""
     make_env, make_model, steps = MODELS[kind]
-    a = _quiet(make_model(make_env()))
+    a = quiet(make_model(make_env()))
     a.learn(steps)
     a.save(tmp_path / "model.zip")
-    b = _quiet(GRPO.load(tmp_path / "model.zip", env=make_env(), device="cpu"))
+    b = quiet(GRPO.load(tmp_path / "model.zip", env=make_env(), device="cpu"))
     for m in (a, b):  # one after the other: the seeded RNGs are global
         m.set_random_seed(7)
         m._last_obs = None  # a reset env, as after loading
@@ -167,7 +150,7 @@ def test_train_save_load_train_equals_continuing(tmp_path, kind):
         m.learn(steps, reset_num_timesteps=False)
     assert a.num_timesteps == b.num_timesteps == 2 * steps
     assert a._n_updates == b._n_updates
-    _assert_same_params(_params(a), _params(b))
+    _assert_same_params(params(a), params(b))
     _assert_same_optimizer(a, b)
     lr = a.policy.optimizer.param_groups[0]["lr"]
     assert lr == b.policy.optimizer.param_groups[0]["lr"] < 1e-3  # the linear schedule went on, not restarted
@@ -284,7 +267,7 @@ def test_sigkill_while_a_checkpoint_is_half_written(tmp_path):
     model = GRPO.load(last, env=env, device="cpu")
     assert model.num_timesteps == 128 >= _progress(atomic) - interval
     # resuming with the callback cleans up the dead process's temp file
-    _quiet(model).learn(64, reset_num_timesteps=False, callback=AtomicCheckpointCallback(64, atomic / "ckpt"))
+    quiet(model).learn(64, reset_num_timesteps=False, callback=AtomicCheckpointCallback(64, atomic / "ckpt"))
     assert sorted(p.name for p in (atomic / "ckpt").iterdir()) == [
         "rl_model_128_steps.zip",
         "rl_model_192_steps.zip",
@@ -342,7 +325,7 @@ def test_misbehaving_reward_gives_a_clear_error_and_the_run_resumes(tmp_path, re
             "TextGen-v0", n_envs=2, seed=0, device="cpu", max_new_tokens=4, reward=reward, reward_timeout=0.5
         )
 
-    model = _quiet(
+    model = quiet(
         GRPO(
             "CausalLMPolicy",
             env_with(Misbehaving(mode, good_calls=6)),
@@ -358,7 +341,7 @@ def test_misbehaving_reward_gives_a_clear_error_and_the_run_resumes(tmp_path, re
     last = latest_checkpoint(tmp_path)
     assert last is not None
     assert all(is_complete_checkpoint(p) for p in tmp_path.iterdir())
-    resumed = _quiet(GRPO.load(last, env=env_with(Misbehaving(mode, good_calls=10**9)), device="cpu"))
+    resumed = quiet(GRPO.load(last, env=env_with(Misbehaving(mode, good_calls=10**9)), device="cpu"))
     start = resumed.num_timesteps
     assert start >= 16
     resumed.learn(32, reset_num_timesteps=False, callback=AtomicCheckpointCallback(8, tmp_path))

@@ -56,7 +56,6 @@ def kw(tokenizer_dir):
     return dict(prompts=PROMPTS, reward=length_reward, tokenizer=tokenizer_dir, max_new_tokens=6, max_prompt_tokens=5)
 
 
-
 def biased_actions(rng, n, vocab):
     a = rng.integers(3, vocab, size=n)
     a[rng.random(n) < (np.arange(n) + 1) / (2 * n + 2)] = EOS

@@ -10,37 +10,20 @@ import pytest
 import torch as th
 from stable_baselines3 import PPO
 from stable_baselines3.common.buffers import DictRolloutBuffer
-from stable_baselines3.common.logger import configure
 
 from sb3_grpo import GRPO, CausalLMPolicy
 from sb3_grpo.buffers import SequenceRolloutBuffer, episode_segments, pack_segments
 from textrl_envs.sb3 import make_vec_env
+from helpers import params, quiet
 
 OFF = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "advantage": "gae", "kl_coef": 0.0}
 N_ENVS, N_STEPS = 4, 12
 HP = {"n_steps": N_STEPS, "batch_size": 16, "n_epochs": 2, "learning_rate": 1e-3, "seed": 3, "device": "cpu"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    n = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n)
-
-
 def _env(seed=0, **kw):
     # 8-token completions of the bundled LM: episodes end at EOS or cross rollout boundaries
     return make_vec_env("TextGen-v0", n_envs=N_ENVS, seed=seed, device="cpu", max_new_tokens=8, **kw)
-
-
-def _quiet(model):
-    model.set_logger(configure(None, []))
-    return model
-
-
-def _params(model):
-    return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
 
 
 # ---------------------------------------------------------------------------------------- buffer helpers
@@ -81,7 +64,7 @@ def _collect(model):
 
 
 def test_sequences_rebuild_every_stored_window_and_field():
-    model = _quiet(GRPO("CausalLMPolicy", _env(), **HP, **OFF))
+    model = quiet(GRPO("CausalLMPolicy", _env(), **HP, **OFF))
     buf = _collect(model)
     seg = episode_segments(buf.episode_starts)
     assert len(seg) > N_ENVS, "the rollout should hold episode ends (EOS or the 8-token budget)"
@@ -107,7 +90,7 @@ def test_sequences_rebuild_every_stored_window_and_field():
 
 
 def test_sequence_outputs_equal_per_transition_outputs_on_the_same_rollout():
-    model = _quiet(GRPO("CausalLMPolicy", _env(), **HP, **OFF))
+    model = quiet(GRPO("CausalLMPolicy", _env(), **HP, **OFF))
     buf = _collect(model)
     model.batch_size = N_STEPS * N_ENVS  # one minibatch: the whole rollout
     batch = next(model._minibatches())
@@ -144,17 +127,17 @@ def test_one_update_from_the_same_rollout_is_the_same_on_both_paths(extras):
     """Same rollout, one minibatch per epoch: the fast path's update equals the per-transition path's."""
     hp = {**HP, "batch_size": N_STEPS * N_ENVS, "n_epochs": 2}
     extras = {**OFF, **extras}
-    fast = _quiet(GRPO("CausalLMPolicy", _env(), **hp, **extras))
-    slow = _quiet(GRPO("CausalLMPolicy", _env(), rollout_buffer_class=DictRolloutBuffer, **hp, **extras))
+    fast = quiet(GRPO("CausalLMPolicy", _env(), **hp, **extras))
+    slow = quiet(GRPO("CausalLMPolicy", _env(), rollout_buffer_class=DictRolloutBuffer, **hp, **extras))
     slow.policy.load_state_dict(fast.policy.state_dict())
     if fast.ref_policy is not None:
         slow.ref_policy.load_state_dict(fast.ref_policy.state_dict())
     buf = _collect(fast)
     slow.rollout_buffer = _per_transition_copy(slow, buf)
-    before = _params(fast)
+    before = params(fast)
     fast.train()
     slow.train()
-    after_fast, after_slow = _params(fast), _params(slow)
+    after_fast, after_slow = params(fast), params(slow)
     assert any(not th.equal(before[k], after_fast[k]) for k in before), "the update must move the weights"
     for k in after_fast:
         th.testing.assert_close(after_fast[k], after_slow[k], atol=2e-6, rtol=1e-5)
@@ -166,19 +149,19 @@ def test_one_update_from_the_same_rollout_is_the_same_on_both_paths(extras):
 # ------------------------------------------------------------------------------------- PPO equivalence
 def test_textgen_extras_off_per_transition_equals_stock_ppo_exactly():
     """The anchor: on TextGen-v0, GRPO with every extra off computes what stock PPO computes."""
-    ppo = _quiet(PPO(CausalLMPolicy, _env(), **HP)).learn(2 * N_STEPS * N_ENVS)
-    grpo = _quiet(GRPO("CausalLMPolicy", _env(), rollout_buffer_class=DictRolloutBuffer, **HP, **OFF))
+    ppo = quiet(PPO(CausalLMPolicy, _env(), **HP)).learn(2 * N_STEPS * N_ENVS)
+    grpo = quiet(GRPO("CausalLMPolicy", _env(), rollout_buffer_class=DictRolloutBuffer, **HP, **OFF))
     grpo.learn(2 * N_STEPS * N_ENVS)
-    a, b = _params(ppo), _params(grpo)
+    a, b = params(ppo), params(grpo)
     assert all(th.equal(a[k], b[k]) for k in a)
 
 
 def test_textgen_extras_off_fast_path_matches_stock_ppo_with_one_minibatch():
     """Through the fast path (sequence minibatches), one minibatch per epoch: PPO's update to float rounding."""
     hp = {**HP, "batch_size": N_STEPS * N_ENVS}
-    ppo = _quiet(PPO(CausalLMPolicy, _env(), **hp)).learn(2 * N_STEPS * N_ENVS)
-    grpo = _quiet(GRPO("CausalLMPolicy", _env(), **hp, **OFF)).learn(2 * N_STEPS * N_ENVS)
+    ppo = quiet(PPO(CausalLMPolicy, _env(), **hp)).learn(2 * N_STEPS * N_ENVS)
+    grpo = quiet(GRPO("CausalLMPolicy", _env(), **hp, **OFF)).learn(2 * N_STEPS * N_ENVS)
     assert isinstance(grpo.rollout_buffer, SequenceRolloutBuffer)
-    a, b = _params(ppo), _params(grpo)
+    a, b = params(ppo), params(grpo)
     for k in a:
         th.testing.assert_close(a[k], b[k], atol=5e-6, rtol=1e-5)

@@ -60,7 +60,6 @@ def kw(tokenizer):
     return dict(prompts=PROMPTS, reward=length_reward, tokenizer=tokenizer, max_new_tokens=7, max_prompt_tokens=5)
 
 
-
 def biased_actions(rng: np.random.Generator, n: int, vocab: int, step: int) -> np.ndarray:
     """Random tokens; env j emits EOS with probability (j + 1) / (2n + 2), so episodes end at different times."""
     a = rng.integers(3, vocab, size=n)

@@ -1,0 +1,20 @@
+"""Shared test set-up: offline Hugging Face, one torch thread.
+
+Nothing in the tests may reach a model hub (``HF_HUB_OFFLINE=1``), and the tiny models they train run
+fastest, and steadiest, on one torch thread when two pytest workers share a 2-core machine.
+"""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch as th
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    n = th.get_num_threads()
+    th.set_num_threads(1)
+    yield
+    th.set_num_threads(n)
