@@ -6,18 +6,15 @@ critic a scalar value head. During rollout the policy keeps a per-row KV cache (
 so that stock SB3 ``collect_rollouts`` runs one single-token forward per step instead of one per prefix.
 
 The math lives in small pure functions (:func:`positions_from_mask`, :func:`process_logits`,
-:func:`extends_by_one`, :func:`left_pad_columns`) that the tests pin down.
+:func:`extends_by_one`, :func:`left_pad_columns`) that the tests pin down. This module holds the policy; the
+rollout cache and its window math live in :mod:`sb3_grpo.kv_cache`, loading and describing the Hugging Face model
+(and its LoRA adapters) in :mod:`sb3_grpo.models`; their public names are re-exported here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
-import json
 import os
-import sys
-from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +24,23 @@ from stable_baselines3.common.distributions import CategoricalDistribution
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
+
+from sb3_grpo.kv_cache import (
+    RolloutCache,
+    extends_by_one,
+    left_pad_columns,
+    positions_from_mask,
+    trim_padding,
+)
+from sb3_grpo.models import (
+    _apply_lora,
+    _as_dtype,
+    _autocast_dtype,
+    _load_lm,
+    _make_portable,
+    lora_spec,
+    model_spec,
+)
 
 __all__ = [
     "CausalLMPolicy",
@@ -44,19 +58,6 @@ OBS_KEYS = ("input_ids", "attention_mask")
 # --------------------------------------------------------------------------------------------------------------
 # Small pure functions
 # --------------------------------------------------------------------------------------------------------------
-
-
-def positions_from_mask(attention_mask: th.Tensor) -> th.Tensor:
-    """Position ids from an attention mask: ``cumsum - 1``, clamped at 0.
-
-    A token's position is the number of valid tokens before it, so it does not depend on how much left
-    padding the window carries. Every path of the policy (full recompute, cached step, whole sequences)
-    uses this rule, which is what makes them agree.
-
-    :param attention_mask: ``[B, L]`` mask, 1 for real tokens, 0 for padding.
-    :return: ``[B, L]`` long tensor of position ids (0 on leading padding).
-    """
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def process_logits(
@@ -91,240 +92,6 @@ def process_logits(
         remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
         logits = logits.masked_fill(remove, float("-inf"))
     return logits
-
-
-def extends_by_one(
-    old_ids: th.Tensor, old_mask: th.Tensor, new_ids: th.Tensor, new_mask: th.Tensor
-) -> th.Tensor:
-    """Which rows of a new right-aligned window extend the old window by exactly one token.
-
-    True for row ``b`` when the window shifted left by one (``new[:-1] == old[1:]`` for ids and mask), the
-    new last token is valid, and nothing valid fell off the left edge (``old_mask[0] == 0``), i.e. the valid
-    tokens of the new window are the valid tokens of the old one plus one.
-
-    :param old_ids: ``[B, W]`` ids of the cached window.
-    :param old_mask: ``[B, W]`` its mask.
-    :param new_ids: ``[B, W]`` ids of the new window.
-    :param new_mask: ``[B, W]`` its mask.
-    :return: ``[B]`` bool tensor.
-    """
-    if old_ids.shape != new_ids.shape:
-        return th.zeros(new_ids.shape[0], dtype=th.bool, device=new_ids.device)
-    same_ids = (new_ids[:, :-1] == old_ids[:, 1:]).all(dim=1)
-    same_mask = (new_mask[:, :-1] == old_mask[:, 1:]).all(dim=1)
-    return same_ids & same_mask & (new_mask[:, -1] == 1) & (old_mask[:, 0] == 0)
-
-
-def left_pad_columns(t: th.Tensor, length: int, dim: int = -2) -> th.Tensor:
-    """Pad ``t`` with zeros on the left of dimension ``dim`` up to ``length`` (no-op if already as long).
-
-    :param t: tensor, e.g. cached keys ``[B, H, K, D]``.
-    :param length: the target size of ``dim``.
-    :param dim: the sequence dimension.
-    :return: the padded tensor.
-    """
-    missing = length - t.shape[dim]
-    if missing <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return th.cat([t.new_zeros(shape), t], dim=dim)
-
-
-def model_spec(lm: nn.Module) -> dict[str, Any]:
-    """A JSON-serialisable description of a Hugging Face model: its full config, no weights.
-
-    SB3 stores this instead of the model object; the weights come back from the state dict SB3 saves.
-
-    :param lm: a ``PreTrainedModel``.
-    :return: ``{"config": dict, "name_or_path": str}``.
-    """
-    return {
-        "config": json.loads(lm.config.to_json_string(use_diff=False)),
-        "name_or_path": str(
-            getattr(lm.config, "_name_or_path", "") or getattr(lm, "name_or_path", "")
-        ),
-    }
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Model loading
-# --------------------------------------------------------------------------------------------------------------
-
-
-def _default_model_path() -> str:
-    try:
-        from textrl_envs.assets import (
-            lm_path,  # lazy: the bundled LM is optional at import
-        )
-
-        return str(lm_path())
-    except (ImportError, AttributeError, FileNotFoundError) as e:
-        raise FileNotFoundError(
-            "CausalLMPolicy got model=None, which means the bundled LM from textrl_envs.assets.lm_path(), "
-            f"but it is not available ({e}); pass policy_kwargs={{'model': <local model dir or PreTrainedModel>}}"
-        ) from e
-
-
-def _as_dtype(dtype: th.dtype | str | None) -> th.dtype | None:
-    if dtype is None or isinstance(dtype, th.dtype):
-        return dtype
-    if dtype == "auto":
-        return None
-    name = str(dtype).replace("torch.", "")
-    value = getattr(th, name, None)
-    if not isinstance(value, th.dtype):
-        raise ValueError(  # noqa: TRY004
-            f"dtype {dtype!r} is not a torch dtype; use e.g. 'float32', 'bfloat16' or th.float16"
-        )
-    return value
-
-
-def _load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
-    """Build the causal LM from a path, a model instance, a :func:`model_spec` dict, or ``None``."""
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
-
-    if model is None:
-        model = _default_model_path()
-    if isinstance(model, PreTrainedModel):
-        return model.to(dtype) if dtype is not None else model
-    if isinstance(model, dict):
-        if "config" not in model:
-            raise ValueError(
-                f"model dict must be a model_spec with a 'config' key, got keys {sorted(model)}"
-            )
-        cfg = dict(model["config"])
-        config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-        dtype = dtype or _as_dtype(
-            cfg.get("dtype") or cfg.get("torch_dtype")
-        )  # the saved model's own dtype
-        kwargs = {"dtype": dtype} if dtype is not None else {}
-        return AutoModelForCausalLM.from_config(config, **kwargs)
-    if isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        if not os.path.isdir(path):
-            raise FileNotFoundError(
-                f"CausalLMPolicy model directory {path!r} does not exist (or is not a directory); pass an existing "
-                "local model directory, a PreTrainedModel, or a model_spec dict (config only; weights then come "
-                "from the SB3 checkpoint)"
-            )
-        kwargs = {"dtype": dtype} if dtype is not None else {}
-        return AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, **kwargs
-        )
-    raise TypeError(
-        f"model must be None, a local path, a transformers PreTrainedModel or a model_spec dict; got {type(model)}"
-    )
-
-
-def _make_portable(model: Any, spec: dict[str, Any]) -> None:
-    """Replace a model *object* in the calling SB3 algorithm's ``policy_kwargs`` by its config spec.
-
-    SB3 saves ``algo.policy_kwargs`` with the algorithm (cloudpickled when not JSON), which would pickle the whole
-    Hugging Face model into the zip. The policy never sees the algorithm, so it looks up the few frames above it
-    for the ``BaseAlgorithm`` whose ``policy_kwargs["model"]`` is this very object and swaps in the spec; the
-    weights are saved anyway in the state dict. Paths and specs are left as they are.
-    """
-    from stable_baselines3.common.base_class import BaseAlgorithm
-
-    frame = sys._getframe(1)
-    for _ in range(8):
-        if frame is None:
-            return
-        algo = frame.f_locals.get("self")
-        if isinstance(algo, BaseAlgorithm) and isinstance(
-            getattr(algo, "policy_kwargs", None), dict
-        ):
-            if algo.policy_kwargs.get("model") is model:
-                # a new dict: the user's own policy_kwargs (which SB3 keeps by reference) still holds their model
-                algo.policy_kwargs = {**algo.policy_kwargs, "model": spec}
-            return
-        frame = frame.f_back
-
-
-# --------------------------------------------------------------------------------------------------------------
-# LoRA (peft, optional) and mixed precision
-# --------------------------------------------------------------------------------------------------------------
-
-LORA_INSTALL_HINT = 'pip install "textrl[lora]"  (or: pip install peft)'
-
-
-def _import_peft() -> Any:
-    try:
-        import peft
-    except ImportError as err:
-        raise ImportError(
-            f"CausalLMPolicy(lora=...) needs the optional dependency peft, which is not installed ({err}); "
-            f"install it with: {LORA_INSTALL_HINT}; or drop policy_kwargs['lora'] to train the full model"
-        ) from err
-    return peft
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (set, frozenset, tuple, list)):
-        items = [_jsonable(v) for v in value]
-        return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    return value
-
-
-def lora_spec(lora: Any) -> dict[str, Any]:
-    """The JSON-able spec of a LoRA configuration: the ``peft.LoraConfig`` fields that differ from their defaults.
-
-    This is what ``CausalLMPolicy`` stores (and SB3 saves) instead of a pickled peft object; ``LoraConfig(**spec)``
-    rebuilds the configuration. Sets become sorted lists and enums their values.
-
-    :param lora: a ``peft.LoraConfig``, or a dict of its keyword arguments (e.g. ``{"r": 8, "lora_alpha": 16}``).
-    :return: the spec (a plain dict of JSON types).
-    """
-    peft = _import_peft()
-    if isinstance(lora, dict):
-        try:
-            config = peft.LoraConfig(**lora)
-        except TypeError as err:
-            raise ValueError(
-                f"policy_kwargs['lora'] is not a valid set of peft.LoraConfig arguments ({err}); pass e.g. "
-                "{'r': 8, 'lora_alpha': 16, 'target_modules': ['c_attn']} or a peft.LoraConfig"
-            ) from err
-    elif isinstance(lora, peft.LoraConfig):
-        config = lora
-    else:
-        raise TypeError(
-            f"policy_kwargs['lora'] must be a peft.LoraConfig or a dict of its arguments, got {type(lora).__name__}"
-        )
-    defaults = _jsonable(peft.LoraConfig().to_dict())
-    given = _jsonable(config.to_dict())
-    skip = {"peft_type", "peft_version"}
-    return {k: v for k, v in given.items() if k not in skip and defaults.get(k, object()) != v}
-
-
-def _apply_lora(lm: nn.Module, spec: dict[str, Any]) -> Any:
-    """Inject LoRA adapters into ``lm`` in place (its other weights are frozen); returns the ``PeftModel``."""
-    peft = _import_peft()
-    try:
-        return peft.get_peft_model(lm, peft.LoraConfig(**spec))
-    except ValueError as err:
-        raise ValueError(
-            f"peft could not add LoRA adapters to this {type(lm).__name__} ({err}); name the layers to adapt, "
-            "e.g. policy_kwargs['lora'] = {'r': 8, 'target_modules': ['q_proj', 'v_proj']} (module names from "
-            "model.named_modules())"
-        ) from err
-
-
-AUTOCAST_DTYPES = ("bfloat16", "float16")
-
-
-def _autocast_dtype(value: th.dtype | str | None) -> th.dtype | None:
-    dtype = _as_dtype(value)
-    if dtype is not None and dtype not in (th.bfloat16, th.float16):
-        raise ValueError(
-            f"autocast_dtype={value!r} is not supported; use one of {', '.join(AUTOCAST_DTYPES)} (mixed precision) "
-            "or None (no autocast; to run the whole model in a lower precision use dtype=...)"
-        )
-    return dtype
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -366,40 +133,6 @@ class EmbeddingCritic(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Rollout cache state
-# --------------------------------------------------------------------------------------------------------------
-
-
-class _CacheUnsupported(Exception):
-    """The model's cache layers cannot be spliced / cropped per row (e.g. sliding-window layers)."""
-
-
-@dataclass
-class _RowCache:
-    """KV cache and bookkeeping for one batch of envs (one batch size).
-
-    Invariants: ``cache`` holds, for every row, the keys/values of exactly the valid tokens of ``ids[b]`` in order;
-    ``kv_mask[b]`` marks which cache columns are real for row ``b`` (right-aligned: a suffix, except for the masked
-    hole a replaced look-ahead token leaves); leading columns masked for every row are cropped, so ``K`` stays
-    within ``W`` plus at most one hole per step of an episode; ``logits``/``values`` are the outputs for ``ids``;
-    ``version`` is the parameter version they were computed with. After a look-ahead step, ``prev_ids`` /
-    ``prev_mask`` hold the window before it (the look-ahead token is the last cache column), else ``None``.
-    """
-
-    cache: Any
-    kv_mask: th.Tensor
-    ids: th.Tensor
-    mask: th.Tensor
-    logits: th.Tensor
-    values: th.Tensor
-    version: int
-    prev_ids: th.Tensor | None = None
-    prev_mask: th.Tensor | None = None
-    prev_logits: th.Tensor | None = None
-    prev_values: th.Tensor | None = None
-
-
-# --------------------------------------------------------------------------------------------------------------
 # The policy
 # --------------------------------------------------------------------------------------------------------------
 
@@ -436,8 +169,10 @@ class CausalLMPolicy(BasePolicy):
 
     **Incremental decoding.** Under ``torch.no_grad`` (rollout, ``predict_values``, ``predict``) and with
     ``use_cache=True``, the policy keeps one ``transformers.DynamicCache`` per batch size (the last two used) holding
-    every row's keys/values right-aligned in one batch, with an explicit 2-D mask over the cache columns. Each row of a
-    call is classified against the cached window (:meth:`_classify`):
+    every row's keys/values right-aligned in one batch, with an explicit 2-D mask over the cache columns. The cache is
+    a :class:`~sb3_grpo.kv_cache.RolloutCache` (``self._rollout_cache``, in :mod:`sb3_grpo.kv_cache`), which runs
+    the LM through the policy's ``_trunk``, ``_logits`` and ``_value``. Each row of a call is classified against the
+    cached window (:meth:`~sb3_grpo.kv_cache.RolloutCache._classify`):
 
     - ``same``: the cached window; its stored logits and value are returned, no forward;
     - ``extend``: the cached window plus exactly one token (:func:`extends_by_one`: ``new[:-1] == old[1:]`` for ids
@@ -453,12 +188,13 @@ class CausalLMPolicy(BasePolicy):
     prefill over those rows only; their cache is left-padded with masked slots and spliced into the batch cache.
 
     *Look-ahead.* After ``forward`` samples the actions, it immediately runs the single-token step for
-    ``window + action`` of every row (:meth:`_look_ahead`). In ``collect_rollouts`` the next observation of every
-    continuing env is exactly that, so the next ``forward`` finds those rows ``same``: still one batched forward per
-    generated token, just computed one call earlier. The payoff is SB3's bootstrap of truncated episodes, which calls
-    ``predict_values(terminal_obs)`` one env at a time: the terminal window is a look-ahead row, so it is a lookup
-    (:meth:`_serve_from_other_batches`) rather than a batch-of-one forward per finished env. Calls with a new batch
-    size whose rows all match cached rows (same, one token past, or replaced) are served from those rows too.
+    ``window + action`` of every row (:meth:`_look_ahead`, i.e. :meth:`~sb3_grpo.kv_cache.RolloutCache.look_ahead`).
+    In ``collect_rollouts`` the next observation of every continuing env is exactly that, so the next ``forward`` finds
+    those rows ``same``: still one batched forward per generated token, just computed one call earlier. The payoff is
+    SB3's bootstrap of truncated episodes, which calls ``predict_values(terminal_obs)`` one env at a time: the terminal
+    window is a look-ahead row, so it is a lookup (:meth:`~sb3_grpo.kv_cache.RolloutCache._serve_from_other_batches`)
+    rather than a batch-of-one forward per finished env. Calls with a new batch size whose rows all match cached rows
+    (same, one token past, or replaced) are served from those rows too.
 
     Leading cache columns masked for every row are cropped after each step, so the cache stays within ``W`` columns
     (plus at most one hole per replaced token in an episode). The cache is dropped when the parameters change (a
@@ -468,9 +204,9 @@ class CausalLMPolicy(BasePolicy):
 
     **Saving.** ``_get_constructor_parameters`` stores the model as a config-only :func:`model_spec` dict, and when
     an SB3 algorithm builds the policy from a model *object*, its ``policy_kwargs["model"]`` is replaced by that spec
-    too (see :func:`_make_portable`), so no Hugging Face object is pickled and loading needs no model directory; the
-    weights come from SB3's state dict. A model given as a path stays a path: loading then needs that directory and
-    says so clearly when it is gone.
+    too (see :func:`sb3_grpo.models._make_portable`), so no Hugging Face object is pickled and loading needs no model
+    directory; the weights come from SB3's state dict. A model given as a path stays a path: loading then needs that
+    directory and says so clearly when it is gone.
 
     :param observation_space: the env's ``Dict`` observation space.
     :param action_space: the env's ``Discrete(V)`` action space.
@@ -610,8 +346,13 @@ class CausalLMPolicy(BasePolicy):
                     gradient_checkpointing_kwargs={"use_reentrant": False}
                 )
         self.action_dist = CategoricalDistribution(self.n_actions)
-        self._caches: OrderedDict[int, _RowCache] = OrderedDict()
-        self._cache_supported = True
+        self._rollout_cache = RolloutCache(
+            trunk=self._trunk,
+            logits=self._logits,
+            value=self._value,
+            parameters=self.parameters,
+            lm_config=self.lm.config,
+        )
         self.train(False)
         params = (
             [p for p in self.parameters() if p.requires_grad]
@@ -703,14 +444,7 @@ class CausalLMPolicy(BasePolicy):
 
     def reset_cache(self) -> None:
         """Drop every rollout KV cache (the next call recomputes all rows)."""
-        self._caches.clear()
-
-    def _param_version(self) -> int:
-        # In-place updates (optimizer.step, load_state_dict, copy_) bump each tensor's version counter.
-        params = self.__dict__.get("_param_list")
-        if params is None or params[0] is not next(self.parameters()):
-            params = self.__dict__["_param_list"] = list(self.parameters())
-        return sum(p._version for p in params)
+        self._rollout_cache.reset()
 
     def _parse_obs(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         if not isinstance(obs, dict) or any(k not in obs for k in OBS_KEYS):
@@ -784,293 +518,27 @@ class CausalLMPolicy(BasePolicy):
             action_logits=self._processed(logits)
         )
 
-    @staticmethod
-    def _trim(ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
-        """Drop leading columns that are padding in every row (exactly neutral: masked keys weigh 0)."""
-        any_valid = mask.any(dim=0)
-        start = (
-            int(any_valid.nonzero()[0, 0])
-            if bool(any_valid.any())
-            else mask.shape[1] - 1
-        )
-        return ids[:, start:], mask[:, start:]
-
     def _full_outputs(
         self, ids: th.Tensor, mask: th.Tensor
     ) -> tuple[th.Tensor, th.Tensor]:
         """Logits ``[B, V]`` and values ``[B]`` for whole windows, no cache (differentiable)."""
-        ids, mask = self._trim(ids, mask)
+        ids, mask = trim_padding(ids, mask)
         hidden = self._trunk(ids, mask, positions_from_mask(mask))[:, -1]
         return self._logits(hidden), self._value(hidden, ids, mask)
 
     def _outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         if self._caching():
-            try:
-                return self._cached_outputs(ids, mask)
-            except _CacheUnsupported:
-                self.reset_cache()
+            served = self._rollout_cache.outputs(ids, mask)
+            if served is not None:
+                return served
         return self._full_outputs(ids, mask)
 
     def _caching(self) -> bool:
-        return self.use_cache and self._cache_supported and not th.is_grad_enabled()
-
-    # ---------------------------------------------------------------------------------------------------------
-    # Incremental decoding
-    # ---------------------------------------------------------------------------------------------------------
-
-    def _prefill(
-        self, ids: th.Tensor, mask: th.Tensor
-    ) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
-        """Full forward of some rows, building their cache: ``(cache, kv_mask, logits, values)``."""
-        from transformers import DynamicCache
-
-        t_ids, t_mask = self._trim(ids, mask)
-        cache = DynamicCache(config=self.lm.config)
-        hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask), cache=cache)[
-            :, -1
-        ]
-        if not self._cache_layers_ok(cache):
-            raise _CacheUnsupported
-        return (
-            cache,
-            t_mask.clone(),
-            self._logits(hidden),
-            self._value(hidden, ids, mask),
-        )
-
-    def _cache_layers_ok(self, cache: Any) -> bool:
-        from transformers.cache_utils import DynamicLayer
-
-        ok = all(type(layer) is DynamicLayer for layer in cache.layers)
-        if not ok:
-            self._cache_supported = (
-                False  # e.g. sliding-window layers: splicing/cropping would be wrong
-            )
-        return ok
-
-    def _cached_outputs(
-        self, ids: th.Tensor, mask: th.Tensor
-    ) -> tuple[th.Tensor, th.Tensor]:
-        batch = ids.shape[0]
-        version = self._param_version()
-        state = self._caches.pop(batch, None)
-        if state is not None and (
-            state.version != version
-            or state.ids.shape != ids.shape
-            or state.ids.device != ids.device
-        ):
-            state = None
-        if state is None or not bool(
-            self._classify(state, ids, mask)[-1].logical_not().any()
-        ):
-            # nothing to reuse in this slot (e.g. a new batch size): try rows of the other cached batches
-            served = self._serve_from_other_batches(ids, mask, version)
-            if isinstance(served, tuple):
-                return served
-            if served is not None:
-                state = served
-        if state is None:
-            state = self._new_state(ids, mask, version)
-        else:
-            self._advance(state, ids, mask)
-        state.version = version
-        self._crop(state)
-        self._caches[batch] = state
-        while len(self._caches) > 2:
-            self._caches.popitem(last=False)
-        return state.logits, state.values
-
-    @staticmethod
-    def _classify(
-        state: _RowCache, ids: th.Tensor, mask: th.Tensor
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
-        """Per row: ``same`` (the cached window), ``extend`` (cached window + 1 token), ``replace`` (the window
-        before the look-ahead + a token other than the look-ahead one), ``back`` (the window before the look-ahead
-        itself), ``redo`` (anything else)."""
-        same = (state.ids == ids).all(dim=1) & (state.mask == mask).all(dim=1)
-        extend = extends_by_one(state.ids, state.mask, ids, mask) & ~same
-        replace = back = th.zeros_like(same)
-        if state.prev_ids is not None:
-            replace = (
-                extends_by_one(state.prev_ids, state.prev_mask, ids, mask)
-                & ~same
-                & ~extend
-            )
-            back = (
-                (state.prev_ids == ids).all(dim=1)
-                & (state.prev_mask == mask).all(dim=1)
-                & ~same
-            )
-        return same, extend, replace, back, ~(same | extend | replace | back)
-
-    def _new_state(self, ids: th.Tensor, mask: th.Tensor, version: int) -> _RowCache:
-        cache, kv_mask, logits, values = self._prefill(ids, mask)
-        return _RowCache(cache, kv_mask, ids, mask, logits, values, version)
-
-    def _advance(self, state: _RowCache, ids: th.Tensor, mask: th.Tensor) -> None:
-        """Bring every row of ``state`` to the new windows: reuse, one batched one-token step, and/or a prefill."""
-        _same, extend, replace, back, redo = self._classify(state, ids, mask)
-        logits, values = (
-            state.logits.clone(),
-            state.values.clone(),
-        )  # rows in `same` keep theirs
-        if bool(
-            (replace | back).any()
-        ):  # drop the look-ahead token of these rows: its column becomes a masked hole
-            state.kv_mask = state.kv_mask.clone()
-            state.kv_mask[replace | back, -1] = 0
-            logits[back], values[back] = (
-                state.prev_logits[back],
-                state.prev_values[back],
-            )
-        step = extend | replace
-        if bool(step.any()):
-            # one single-token step for the whole batch; the other rows feed a masked dummy token
-            new_tok = th.where(step, ids[:, -1], th.zeros_like(ids[:, -1])).unsqueeze(1)
-            kv_mask = th.cat([state.kv_mask, step.long().unsqueeze(1)], dim=1)
-            pos = (mask.sum(dim=1, keepdim=True) - 1).clamp(min=0)
-            hidden = self._trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]
-            state.kv_mask = kv_mask
-            logits[step] = self._logits(hidden[step])
-            if self.separate_critic:
-                values[step] = self.critic.values_per_position(ids[step], mask[step])[
-                    :, -1
-                ]
-            else:
-                values[step] = self.value_head(hidden[step].float()).squeeze(-1)
-        if bool(redo.any()):
-            rows = redo.nonzero().squeeze(1)
-            cache_r, kv_mask_r, logits_r, values_r = self._prefill(
-                ids[rows], mask[rows]
-            )
-            logits[rows], values[rows] = logits_r, values_r
-            if bool(redo.all()):
-                state.cache, state.kv_mask = cache_r, kv_mask_r
-            else:
-                self._splice(state, rows, cache_r, kv_mask_r)
-        state.ids, state.mask, state.logits, state.values = ids, mask, logits, values
-        state.prev_ids = state.prev_mask = state.prev_logits = state.prev_values = None
+        return self.use_cache and self._rollout_cache.supported and not th.is_grad_enabled()
 
     def _look_ahead(self, ids: th.Tensor, mask: th.Tensor, actions: th.Tensor) -> None:
-        """Extend the batch cache by the tokens just chosen, computing the *next* step's outputs now.
-
-        In ``collect_rollouts`` the next observation of a continuing env is this window plus its action, and the
-        terminal observation of a finished env is too; so the next ``forward`` finds those rows ``same`` and SB3's
-        per-env ``predict_values(terminal_obs)`` bootstrap is a lookup instead of a batch-of-one forward. A row
-        whose next window turns out different (an outside caller chose another token) masks the look-ahead column
-        and takes a normal step; any other change is recomputed as usual.
-        """
-        state = self._caches.get(ids.shape[0])
-        if state is None or state.ids is not ids or bool(mask[:, 0].any()):
-            return  # not the state of this call, or a full window (the next one would drop a token)
-        prev = (ids, mask, state.logits, state.values)
-        next_ids = th.cat([ids[:, 1:], actions.reshape(-1, 1).long()], dim=1)
-        next_mask = th.cat([mask[:, 1:], th.ones_like(mask[:, :1])], dim=1)
-        self._advance(state, next_ids, next_mask)
-        state.prev_ids, state.prev_mask, state.prev_logits, state.prev_values = prev
-
-    def _serve_from_other_batches(
-        self, ids: th.Tensor, mask: th.Tensor, version: int
-    ) -> tuple[th.Tensor, th.Tensor] | _RowCache | None:
-        """Serve a batch (typically of a new size) from rows of another cached batch, when every row matches one.
-
-        SB3 bootstraps truncated episodes with ``predict_values(terminal_obs)``, one env at a time; each terminal
-        window is a batch-cache row plus its action, i.e. a look-ahead row (returned as is: ``(logits, values)``)
-        or one token past a cached row (its keys/values are copied into a new small cache and one single-token step
-        does the rest). Returns ``None`` when some row matches no cached row.
-        """
-        from transformers import DynamicCache
-
-        for other in reversed(list(self._caches.values())):
-            if (
-                other.version != version
-                or other.ids.shape[1] != ids.shape[1]
-                or other.ids.device != ids.device
-            ):
-                continue
-            same = (ids[:, None] == other.ids[None]).all(-1) & (
-                mask[:, None] == other.mask[None]
-            ).all(-1)
-            if bool(same.any(dim=1).all()):
-                src = same.float().argmax(dim=1)
-                return other.logits[src], other.values[src]
-            ext = self._extends_matrix(other.ids, other.mask, ids, mask)
-            rep = (
-                self._extends_matrix(other.prev_ids, other.prev_mask, ids, mask)
-                if other.prev_ids is not None
-                else th.zeros_like(ext)
-            )
-            ok = same | ext | rep  # [B_new, B_cached]
-            if not bool(ok.any(dim=1).all()):
-                continue
-            src = ok.float().argmax(dim=1)
-            rows = th.arange(ids.shape[0], device=ids.device)
-            from_prev = ~(same | ext)[
-                rows, src
-            ]  # served from the window before the look-ahead
-            kv_mask = other.kv_mask[src].clone()
-            kv_mask[from_prev, -1] = 0  # the look-ahead token is not part of these rows
-            c_ids, c_mask = other.ids[src].clone(), other.mask[src].clone()
-            if bool(from_prev.any()):
-                c_ids[from_prev], c_mask[from_prev] = (
-                    other.prev_ids[src][from_prev],
-                    other.prev_mask[src][from_prev],
-                )
-            cache = DynamicCache()
-            for i, layer in enumerate(other.cache.layers):
-                cache.update(layer.keys[src], layer.values[src], i)
-            return _RowCache(
-                cache,
-                kv_mask,
-                c_ids,
-                c_mask,
-                other.logits[src],
-                other.values[src],
-                version,
-            )
-        return None
-
-    @staticmethod
-    def _extends_matrix(
-        old_ids: th.Tensor, old_mask: th.Tensor, ids: th.Tensor, mask: th.Tensor
-    ) -> th.Tensor:
-        """``[B_new, B_old]``: new row ``i`` extends old row ``j`` by one token (see :func:`extends_by_one`)."""
-        return (
-            (ids[:, None, :-1] == old_ids[None, :, 1:]).all(-1)
-            & (mask[:, None, :-1] == old_mask[None, :, 1:]).all(-1)
-            & (mask[:, None, -1] == 1)
-            & (old_mask[None, :, 0] == 0)
-        )
-
-    @staticmethod
-    def _splice(
-        state: _RowCache, rows: th.Tensor, cache_r: Any, kv_mask_r: th.Tensor
-    ) -> None:
-        """Write recomputed rows into the batch cache, left-padding whichever is shorter with masked slots."""
-        length = max(state.kv_mask.shape[1], kv_mask_r.shape[1])
-        kv_mask = left_pad_columns(state.kv_mask, length, dim=1)
-        kv_mask[rows] = left_pad_columns(kv_mask_r, length, dim=1)
-        state.kv_mask = kv_mask
-        for layer, layer_r in zip(state.cache.layers, cache_r.layers, strict=True):
-            keys = left_pad_columns(layer.keys, length)
-            vals = left_pad_columns(layer.values, length)
-            keys[rows] = left_pad_columns(layer_r.keys, length)
-            vals[rows] = left_pad_columns(layer_r.values, length)
-            layer.keys, layer.values = keys, vals
-
-    @staticmethod
-    def _crop(state: _RowCache) -> None:
-        """Remove leading cache columns masked for every row, so the cache stays within the window width."""
-        any_valid = state.kv_mask.any(dim=0)
-        if not bool(any_valid.any()):
-            return
-        start = int(any_valid.nonzero()[0, 0])
-        if start == 0:
-            return
-        state.kv_mask = state.kv_mask[:, start:]
-        for layer in state.cache.layers:
-            layer.keys = layer.keys[..., start:, :]
-            layer.values = layer.values[..., start:, :]
+        """Extend the batch cache by the tokens just chosen (:meth:`sb3_grpo.kv_cache.RolloutCache.look_ahead`)."""
+        self._rollout_cache.look_ahead(ids, mask, actions)
 
     # ---------------------------------------------------------------------------------------------------------
     # The SB3 policy API

@@ -343,7 +343,7 @@ def test_cached_rollout_matches_full_recompute(factory, group_size, kwargs):
             (values - ref_values).abs().max().item(),
             (log_prob - ref_log_prob).abs().max().item(),
         )
-        state = policy._caches[env.num_envs]
+        state = policy._rollout_cache.states[env.num_envs]
         assert (
             state.kv_mask.shape[1] <= 2 * W
         )  # bounded (at most one masked hole per replaced token)
@@ -430,7 +430,7 @@ def test_cache_invalidated_when_weights_change():
         v2 = policy.predict_values(obs)
     np.testing.assert_allclose(v2 - v1, th.ones_like(v1), atol=1e-5)
     policy.set_training_mode(True)
-    assert not policy._caches
+    assert not policy._rollout_cache.states
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,447 @@
+"""The rollout KV cache of :class:`~sb3_grpo.policies.CausalLMPolicy`: one single-token forward per rollout step.
+
+:class:`RolloutCache` keeps, per batch size (the last two used), a ``transformers.DynamicCache`` with every row's
+keys/values right-aligned in one batch, classifies each row of a call against the cached window, and brings the
+cache to the new windows with at most one batched single-token step plus one prefill of the rows that changed
+otherwise. It sees the policy only through the callables it is given: the LM body (``trunk``), the output layer
+(``logits``), the critic (``value``) and the parameters (for the version check). The design is documented on
+:class:`~sb3_grpo.policies.CausalLMPolicy` ("Incremental decoding").
+
+The window rules it shares with the policy's full-recompute path, and the cache math, are small pure functions
+(:func:`positions_from_mask`, :func:`trim_padding`, :func:`extends_by_one`, :func:`left_pad_columns`) that the
+tests pin down; ``sb3_grpo.policies`` re-exports them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch as th
+
+__all__ = [
+    "RolloutCache",
+    "extends_by_one",
+    "left_pad_columns",
+    "positions_from_mask",
+    "trim_padding",
+]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Small pure functions
+# --------------------------------------------------------------------------------------------------------------
+
+
+
+def positions_from_mask(attention_mask: th.Tensor) -> th.Tensor:
+    """Position ids from an attention mask: ``cumsum - 1``, clamped at 0.
+
+    A token's position is the number of valid tokens before it, so it does not depend on how much left
+    padding the window carries. Every path of the policy (full recompute, cached step, whole sequences)
+    uses this rule, which is what makes them agree.
+
+    :param attention_mask: ``[B, L]`` mask, 1 for real tokens, 0 for padding.
+    :return: ``[B, L]`` long tensor of position ids (0 on leading padding).
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+
+
+def extends_by_one(
+    old_ids: th.Tensor, old_mask: th.Tensor, new_ids: th.Tensor, new_mask: th.Tensor
+) -> th.Tensor:
+    """Which rows of a new right-aligned window extend the old window by exactly one token.
+
+    True for row ``b`` when the window shifted left by one (``new[:-1] == old[1:]`` for ids and mask), the
+    new last token is valid, and nothing valid fell off the left edge (``old_mask[0] == 0``), i.e. the valid
+    tokens of the new window are the valid tokens of the old one plus one.
+
+    :param old_ids: ``[B, W]`` ids of the cached window.
+    :param old_mask: ``[B, W]`` its mask.
+    :param new_ids: ``[B, W]`` ids of the new window.
+    :param new_mask: ``[B, W]`` its mask.
+    :return: ``[B]`` bool tensor.
+    """
+    if old_ids.shape != new_ids.shape:
+        return th.zeros(new_ids.shape[0], dtype=th.bool, device=new_ids.device)
+    same_ids = (new_ids[:, :-1] == old_ids[:, 1:]).all(dim=1)
+    same_mask = (new_mask[:, :-1] == old_mask[:, 1:]).all(dim=1)
+    return same_ids & same_mask & (new_mask[:, -1] == 1) & (old_mask[:, 0] == 0)
+
+
+def left_pad_columns(t: th.Tensor, length: int, dim: int = -2) -> th.Tensor:
+    """Pad ``t`` with zeros on the left of dimension ``dim`` up to ``length`` (no-op if already as long).
+
+    :param t: tensor, e.g. cached keys ``[B, H, K, D]``.
+    :param length: the target size of ``dim``.
+    :param dim: the sequence dimension.
+    :return: the padded tensor.
+    """
+    missing = length - t.shape[dim]
+    if missing <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return th.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def trim_padding(ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    """Drop leading columns that are padding in every row (exactly neutral: masked keys weigh 0)."""
+    any_valid = mask.any(dim=0)
+    start = (
+        int(any_valid.nonzero()[0, 0])
+        if bool(any_valid.any())
+        else mask.shape[1] - 1
+    )
+    return ids[:, start:], mask[:, start:]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Rollout cache state
+# --------------------------------------------------------------------------------------------------------------
+
+
+class _CacheUnsupported(Exception):
+    """The model's cache layers cannot be spliced / cropped per row (e.g. sliding-window layers)."""
+
+
+@dataclass
+class _RowCache:
+    """KV cache and bookkeeping for one batch of envs (one batch size).
+
+    Invariants: ``cache`` holds, for every row, the keys/values of exactly the valid tokens of ``ids[b]`` in order;
+    ``kv_mask[b]`` marks which cache columns are real for row ``b`` (right-aligned: a suffix, except for the masked
+    hole a replaced look-ahead token leaves); leading columns masked for every row are cropped, so ``K`` stays
+    within ``W`` plus at most one hole per step of an episode; ``logits``/``values`` are the outputs for ``ids``;
+    ``version`` is the parameter version they were computed with. After a look-ahead step, ``prev_ids`` /
+    ``prev_mask`` hold the window before it (the look-ahead token is the last cache column), else ``None``.
+    """
+
+    cache: Any
+    kv_mask: th.Tensor
+    ids: th.Tensor
+    mask: th.Tensor
+    logits: th.Tensor
+    values: th.Tensor
+    version: int
+    prev_ids: th.Tensor | None = None
+    prev_mask: th.Tensor | None = None
+    prev_logits: th.Tensor | None = None
+    prev_values: th.Tensor | None = None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The cache
+# --------------------------------------------------------------------------------------------------------------
+
+
+class RolloutCache:
+    """The rollout KV cache of one policy: a ``_RowCache`` per batch size (the last two used).
+
+    The policy asks it for the outputs of a batch of windows (:meth:`outputs`) under ``no_grad`` and, after sampling,
+    to look one token ahead (:meth:`look_ahead`); it drops everything on :meth:`reset` and whenever the parameters
+    changed (a version counter over the parameters' in-place update counters). Each row of a call is classified
+    against the cached window (:meth:`_classify`) and brought up to date by :meth:`_advance`; a new batch size
+    whose rows all match cached rows is served from those (:meth:`_serve_from_other_batches`). Models whose cache
+    layers are not plain ``DynamicLayer`` (sliding windows, linear attention) set :attr:`supported` to False.
+
+    :param trunk: ``trunk(ids, mask, position_ids, cache=None) -> [B, L, d]``: the LM body's final hidden states,
+        filling ``cache`` (a ``DynamicCache``) when given.
+    :param logits: ``logits(hidden) -> [B, V]``: raw next-token logits (float32).
+    :param value: ``value(hidden_last, ids, mask) -> [B]``: values of the states given by whole windows.
+    :param parameters: ``parameters() -> iterable of tensors``: the policy's parameters (for the version check).
+    :param lm_config: the LM's config (for ``DynamicCache(config=...)``).
+    """
+
+    def __init__(
+        self,
+        trunk: Callable[..., th.Tensor],
+        logits: Callable[[th.Tensor], th.Tensor],
+        value: Callable[[th.Tensor, th.Tensor, th.Tensor], th.Tensor],
+        parameters: Callable[[], Iterable[th.Tensor]],
+        lm_config: Any,
+    ):
+        self._trunk = trunk
+        self._logits = logits
+        self._value = value
+        self._parameters = parameters
+        self._lm_config = lm_config
+        self.states: OrderedDict[int, _RowCache] = OrderedDict()
+        self.supported = True
+        self._param_list: list[th.Tensor] | None = None
+
+    def reset(self) -> None:
+        """Drop every batch's cache (the next call recomputes all rows)."""
+        self.states.clear()
+
+    def outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor] | None:
+        """Logits ``[B, V]`` and values ``[B]`` for whole windows, from the cache (call under ``no_grad``).
+
+        :return: ``None`` when the model's cache layers cannot be spliced / cropped per row; the cache is then
+            dropped and :attr:`supported` is False, so the caller recomputes in full from now on.
+        """
+        try:
+            return self._cached_outputs(ids, mask)
+        except _CacheUnsupported:
+            self.reset()
+            return None
+
+    def _param_version(self) -> int:
+        # In-place updates (optimizer.step, load_state_dict, copy_) bump each tensor's version counter.
+        params = self._param_list
+        if params is None or params[0] is not next(iter(self._parameters())):
+            params = self._param_list = list(self._parameters())
+        return sum(p._version for p in params)
+
+    def _prefill(
+        self, ids: th.Tensor, mask: th.Tensor
+    ) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
+        """Full forward of some rows, building their cache: ``(cache, kv_mask, logits, values)``."""
+        from transformers import DynamicCache
+
+        t_ids, t_mask = trim_padding(ids, mask)
+        cache = DynamicCache(config=self._lm_config)
+        hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask), cache=cache)[
+            :, -1
+        ]
+        if not self._cache_layers_ok(cache):
+            raise _CacheUnsupported
+        return (
+            cache,
+            t_mask.clone(),
+            self._logits(hidden),
+            self._value(hidden, ids, mask),
+        )
+
+    def _cache_layers_ok(self, cache: Any) -> bool:
+        from transformers.cache_utils import DynamicLayer
+
+        ok = all(type(layer) is DynamicLayer for layer in cache.layers)
+        if not ok:
+            self.supported = (
+                False  # e.g. sliding-window layers: splicing/cropping would be wrong
+            )
+        return ok
+
+    def _cached_outputs(
+        self, ids: th.Tensor, mask: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor]:
+        batch = ids.shape[0]
+        version = self._param_version()
+        state = self.states.pop(batch, None)
+        if state is not None and (
+            state.version != version
+            or state.ids.shape != ids.shape
+            or state.ids.device != ids.device
+        ):
+            state = None
+        if state is None or not bool(
+            self._classify(state, ids, mask)[-1].logical_not().any()
+        ):
+            # nothing to reuse in this slot (e.g. a new batch size): try rows of the other cached batches
+            served = self._serve_from_other_batches(ids, mask, version)
+            if isinstance(served, tuple):
+                return served
+            if served is not None:
+                state = served
+        if state is None:
+            state = self._new_state(ids, mask, version)
+        else:
+            self._advance(state, ids, mask)
+        state.version = version
+        self._crop(state)
+        self.states[batch] = state
+        while len(self.states) > 2:
+            self.states.popitem(last=False)
+        return state.logits, state.values
+
+    @staticmethod
+    def _classify(
+        state: _RowCache, ids: th.Tensor, mask: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+        """Per row: ``same`` (the cached window), ``extend`` (cached window + 1 token), ``replace`` (the window
+        before the look-ahead + a token other than the look-ahead one), ``back`` (the window before the look-ahead
+        itself), ``redo`` (anything else)."""
+        same = (state.ids == ids).all(dim=1) & (state.mask == mask).all(dim=1)
+        extend = extends_by_one(state.ids, state.mask, ids, mask) & ~same
+        replace = back = th.zeros_like(same)
+        if state.prev_ids is not None:
+            replace = (
+                extends_by_one(state.prev_ids, state.prev_mask, ids, mask)
+                & ~same
+                & ~extend
+            )
+            back = (
+                (state.prev_ids == ids).all(dim=1)
+                & (state.prev_mask == mask).all(dim=1)
+                & ~same
+            )
+        return same, extend, replace, back, ~(same | extend | replace | back)
+
+    def _new_state(self, ids: th.Tensor, mask: th.Tensor, version: int) -> _RowCache:
+        cache, kv_mask, logits, values = self._prefill(ids, mask)
+        return _RowCache(cache, kv_mask, ids, mask, logits, values, version)
+
+    def _advance(self, state: _RowCache, ids: th.Tensor, mask: th.Tensor) -> None:
+        """Bring every row of ``state`` to the new windows: reuse, one batched one-token step, and/or a prefill."""
+        _same, extend, replace, back, redo = self._classify(state, ids, mask)
+        logits, values = (
+            state.logits.clone(),
+            state.values.clone(),
+        )  # rows in `same` keep theirs
+        if bool(
+            (replace | back).any()
+        ):  # drop the look-ahead token of these rows: its column becomes a masked hole
+            state.kv_mask = state.kv_mask.clone()
+            state.kv_mask[replace | back, -1] = 0
+            logits[back], values[back] = (
+                state.prev_logits[back],
+                state.prev_values[back],
+            )
+        step = extend | replace
+        if bool(step.any()):
+            # one single-token step for the whole batch; the other rows feed a masked dummy token
+            new_tok = th.where(step, ids[:, -1], th.zeros_like(ids[:, -1])).unsqueeze(1)
+            kv_mask = th.cat([state.kv_mask, step.long().unsqueeze(1)], dim=1)
+            pos = (mask.sum(dim=1, keepdim=True) - 1).clamp(min=0)
+            hidden = self._trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]
+            state.kv_mask = kv_mask
+            logits[step] = self._logits(hidden[step])
+            values[step] = self._value(hidden[step], ids[step], mask[step])
+        if bool(redo.any()):
+            rows = redo.nonzero().squeeze(1)
+            cache_r, kv_mask_r, logits_r, values_r = self._prefill(
+                ids[rows], mask[rows]
+            )
+            logits[rows], values[rows] = logits_r, values_r
+            if bool(redo.all()):
+                state.cache, state.kv_mask = cache_r, kv_mask_r
+            else:
+                self._splice(state, rows, cache_r, kv_mask_r)
+        state.ids, state.mask, state.logits, state.values = ids, mask, logits, values
+        state.prev_ids = state.prev_mask = state.prev_logits = state.prev_values = None
+
+    def look_ahead(self, ids: th.Tensor, mask: th.Tensor, actions: th.Tensor) -> None:
+        """Extend the batch cache by the tokens just chosen, computing the *next* step's outputs now.
+
+        In ``collect_rollouts`` the next observation of a continuing env is this window plus its action, and the
+        terminal observation of a finished env is too; so the next ``forward`` finds those rows ``same`` and SB3's
+        per-env ``predict_values(terminal_obs)`` bootstrap is a lookup instead of a batch-of-one forward. A row
+        whose next window turns out different (an outside caller chose another token) masks the look-ahead column
+        and takes a normal step; any other change is recomputed as usual.
+        """
+        state = self.states.get(ids.shape[0])
+        if state is None or state.ids is not ids or bool(mask[:, 0].any()):
+            return  # not the state of this call, or a full window (the next one would drop a token)
+        prev = (ids, mask, state.logits, state.values)
+        next_ids = th.cat([ids[:, 1:], actions.reshape(-1, 1).long()], dim=1)
+        next_mask = th.cat([mask[:, 1:], th.ones_like(mask[:, :1])], dim=1)
+        self._advance(state, next_ids, next_mask)
+        state.prev_ids, state.prev_mask, state.prev_logits, state.prev_values = prev
+
+    def _serve_from_other_batches(
+        self, ids: th.Tensor, mask: th.Tensor, version: int
+    ) -> tuple[th.Tensor, th.Tensor] | _RowCache | None:
+        """Serve a batch (typically of a new size) from rows of another cached batch, when every row matches one.
+
+        SB3 bootstraps truncated episodes with ``predict_values(terminal_obs)``, one env at a time; each terminal
+        window is a batch-cache row plus its action, i.e. a look-ahead row (returned as is: ``(logits, values)``)
+        or one token past a cached row (its keys/values are copied into a new small cache and one single-token step
+        does the rest). Returns ``None`` when some row matches no cached row.
+        """
+        from transformers import DynamicCache
+
+        for other in reversed(list(self.states.values())):
+            if (
+                other.version != version
+                or other.ids.shape[1] != ids.shape[1]
+                or other.ids.device != ids.device
+            ):
+                continue
+            same = (ids[:, None] == other.ids[None]).all(-1) & (
+                mask[:, None] == other.mask[None]
+            ).all(-1)
+            if bool(same.any(dim=1).all()):
+                src = same.float().argmax(dim=1)
+                return other.logits[src], other.values[src]
+            ext = self._extends_matrix(other.ids, other.mask, ids, mask)
+            rep = (
+                self._extends_matrix(other.prev_ids, other.prev_mask, ids, mask)
+                if other.prev_ids is not None
+                else th.zeros_like(ext)
+            )
+            ok = same | ext | rep  # [B_new, B_cached]
+            if not bool(ok.any(dim=1).all()):
+                continue
+            src = ok.float().argmax(dim=1)
+            rows = th.arange(ids.shape[0], device=ids.device)
+            from_prev = ~(same | ext)[
+                rows, src
+            ]  # served from the window before the look-ahead
+            kv_mask = other.kv_mask[src].clone()
+            kv_mask[from_prev, -1] = 0  # the look-ahead token is not part of these rows
+            c_ids, c_mask = other.ids[src].clone(), other.mask[src].clone()
+            if bool(from_prev.any()):
+                c_ids[from_prev], c_mask[from_prev] = (
+                    other.prev_ids[src][from_prev],
+                    other.prev_mask[src][from_prev],
+                )
+            cache = DynamicCache()
+            for i, layer in enumerate(other.cache.layers):
+                cache.update(layer.keys[src], layer.values[src], i)
+            return _RowCache(
+                cache,
+                kv_mask,
+                c_ids,
+                c_mask,
+                other.logits[src],
+                other.values[src],
+                version,
+            )
+        return None
+
+    @staticmethod
+    def _extends_matrix(
+        old_ids: th.Tensor, old_mask: th.Tensor, ids: th.Tensor, mask: th.Tensor
+    ) -> th.Tensor:
+        """``[B_new, B_old]``: new row ``i`` extends old row ``j`` by one token (see :func:`extends_by_one`)."""
+        return (
+            (ids[:, None, :-1] == old_ids[None, :, 1:]).all(-1)
+            & (mask[:, None, :-1] == old_mask[None, :, 1:]).all(-1)
+            & (mask[:, None, -1] == 1)
+            & (old_mask[None, :, 0] == 0)
+        )
+
+    @staticmethod
+    def _splice(
+        state: _RowCache, rows: th.Tensor, cache_r: Any, kv_mask_r: th.Tensor
+    ) -> None:
+        """Write recomputed rows into the batch cache, left-padding whichever is shorter with masked slots."""
+        length = max(state.kv_mask.shape[1], kv_mask_r.shape[1])
+        kv_mask = left_pad_columns(state.kv_mask, length, dim=1)
+        kv_mask[rows] = left_pad_columns(kv_mask_r, length, dim=1)
+        state.kv_mask = kv_mask
+        for layer, layer_r in zip(state.cache.layers, cache_r.layers, strict=True):
+            keys = left_pad_columns(layer.keys, length)
+            vals = left_pad_columns(layer.values, length)
+            keys[rows] = left_pad_columns(layer_r.keys, length)
+            vals[rows] = left_pad_columns(layer_r.values, length)
+            layer.keys, layer.values = keys, vals
+
+    @staticmethod
+    def _crop(state: _RowCache) -> None:
+        """Remove leading cache columns masked for every row, so the cache stays within the window width."""
+        any_valid = state.kv_mask.any(dim=0)
+        if not bool(any_valid.any()):
+            return
+        start = int(any_valid.nonzero()[0, 0])
+        if start == 0:
+            return
+        state.kv_mask = state.kv_mask[:, start:]
+        for layer in state.cache.layers:
+            layer.keys = layer.keys[..., start:, :]
+            layer.values = layer.values[..., start:, :]
