@@ -157,14 +157,36 @@ def _interleaved(timers: dict[Any, Any], repeats: int) -> tuple[dict[Any, float]
     )
 
 
-def _collector(n_envs: int, tokens: int, use_cache: bool, env_id: str) -> Any:
+def _no_eos_tokenizer() -> Any:
+    """The bundled tokenizer without an EOS token: episodes then run their whole budget (the env's documented
+    fallback), as ``generate(min_new_tokens=max_new_tokens)`` does, so both sides make the same tokens."""
+    from transformers import AutoTokenizer
+
+    from textrl_envs.assets import tokenizer_path
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path())
+    tokenizer.eos_token = None
+    return tokenizer
+
+
+def _text_env(env_id: str, n_envs: int, tokens: int, full_length: bool) -> Any:
+    import warnings
+
+    from textrl_envs.sb3 import make_vec_env
+
+    kwargs = {"tokenizer": _no_eos_tokenizer()} if full_length else {}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="the tokenizer has no EOS token")
+        return make_vec_env(env_id, n_envs=n_envs, device="cpu", seed=0, max_new_tokens=tokens, **kwargs)
+
+
+def _collector(n_envs: int, tokens: int, use_cache: bool, env_id: str, full_length: bool = True) -> Any:
     """A callable that runs one ``PPO.collect_rollouts`` of ``tokens`` steps with ``CausalLMPolicy``."""
     from stable_baselines3 import PPO
 
     from sb3_grpo.policies import CausalLMPolicy
-    from textrl_envs.sb3 import make_vec_env
 
-    env = make_vec_env(env_id, n_envs=n_envs, device="cpu", seed=0, max_new_tokens=tokens)
+    env = _text_env(env_id, n_envs, tokens, full_length)
     model = PPO(CausalLMPolicy, env, n_steps=tokens, batch_size=n_envs * tokens, n_epochs=1, seed=0, device="cpu",
                 policy_kwargs={"use_cache": use_cache})
     _, callback = model._setup_learn(10**9, None, progress_bar=False)
@@ -177,9 +199,8 @@ def _generator(n_envs: int, tokens: int, env_id: str) -> Any:
     from transformers import AutoModelForCausalLM
 
     from textrl_envs.assets import lm_path
-    from textrl_envs.sb3 import make_vec_env
 
-    env = make_vec_env(env_id, n_envs=n_envs, device="cpu", seed=0, max_new_tokens=tokens)
+    env = _text_env(env_id, n_envs, tokens, full_length=False)
     obs = env.reset()
     env.close()
     ids, mask = th.as_tensor(obs["input_ids"]), th.as_tensor(obs["attention_mask"])
@@ -202,31 +223,46 @@ def rollout_vs_generate(
     """Rollout tokens/s (cache on) against ``generate`` at ``tokens``, and against the cache-off loop at
     ``long_tokens`` (calls interleaved).
 
-    The env's budget is the rollout length, so each rollout is one episode per env unless EOS ends it earlier
-    (then the env auto-resets inside the loop, as in training); ``generate`` always makes exactly ``tokens``.
+    The env is the real batched text env (SB3 adapter, reward and all) with the bundled LM. The first two rows
+    use the bundled tokenizer without EOS, so that every episode runs the whole budget, as
+    ``generate(min_new_tokens=tokens)`` does and as the cache comparison at ``long_tokens`` needs; the last row
+    repeats the comparison with ``generate`` with EOS on, where episodes end early and auto-reset inside the
+    loop (their new prompts are prefilled), as in training.
 
     :param n_envs: Envs (rows).
     :param tokens: Steps per rollout for the comparison with ``generate``.
     :param long_tokens: Steps per rollout for the comparison with the cache off.
     :param repeats: Timed repeats of each (median).
     :param env_id: A text env id.
-    :return: Two rows.
+    :return: Three rows.
     """
-    notes = f"{env_id}, bundled LM, {n_envs} envs, SB3 collect_rollouts with CausalLMPolicy"
-    t, c = _interleaved({"cached": _collector(n_envs, tokens, True, env_id), "generate": _generator(n_envs, tokens, env_id)}, repeats)
+    notes = f"{env_id} vector env, bundled LM, {n_envs} envs, SB3 collect_rollouts with CausalLMPolicy"
+    t, c = _interleaved(
+        {
+            "cached": _collector(n_envs, tokens, True, env_id),
+            "generate": _generator(n_envs, tokens, env_id),
+            "cached-eos": _collector(n_envs, tokens, True, env_id, full_length=False),
+        },
+        repeats,
+    )
     n = n_envs * tokens
     rows = [
         _row("rollout: collect_rollouts (KV cache) vs generate", n / t["cached"], n / t["generate"], "tokens/s",
-             notes + f", {tokens} tokens", True, cpu=(n / c["cached"], n / c["generate"])),
+             notes + f", {tokens}-token episodes (no EOS)", True, cpu=(n / c["cached"], n / c["generate"])),
+        _row("rollout with EOS: collect_rollouts (KV cache) vs generate", n / t["cached-eos"], n / t["generate"],
+             "tokens/s", notes + f", {tokens}-token budget, EOS ends episodes (auto-resets inside the loop)", True,
+             cpu=(n / c["cached-eos"], n / c["generate"])),
     ]
     t, c = _interleaved(
         {"cached": _collector(n_envs, long_tokens, True, env_id), "uncached": _collector(n_envs, long_tokens, False, env_id)},
         repeats,
     )
     n = n_envs * long_tokens
-    rows.append(
+    rows.insert(
+        1,
         _row("rollout: KV cache vs full recompute", n / t["cached"], n / t["uncached"], "tokens/s",
-             notes + f", {long_tokens} tokens; baseline use_cache=False", True, cpu=(n / c["cached"], n / c["uncached"]))
+             notes + f", {long_tokens}-token episodes (no EOS); baseline use_cache=False", True,
+             cpu=(n / c["cached"], n / c["uncached"])),
     )
     return rows
 
