@@ -70,9 +70,9 @@ left out)::
     | TRL GRPOTrainer (generate)  |      16 |        1024 |       15267 |     14.9 |    6.7 |   6.7 |         153.8 |     2281 |       1.9 |      4.7 |       +0.108 |       +0.684 |
     ours / TRL: completions/s x0.89, tokens/s x0.86 (TRL padded completion positions: 24512)
 
-On this setup ours does not match TRL yet: about 0.86-0.93x its rates over repeated runs. Per update ours samples the same N x T
-positions as TRL but its rollout takes about twice as long (the env loop's per-step overhead around a 1M-parameter
-LM, against one ``generate`` call), and its update trains on about 1.6x the tokens.
+On this setup ours does not match TRL yet: about 0.86-0.93x its rates over repeated runs. Per update ours
+samples the same N x T positions as TRL but its rollout takes about twice as long (the env loop's per-step overhead
+around a 1M-parameter LM, against one ``generate`` call), and its update trains on about 1.6x the tokens.
 """
 
 from __future__ import annotations
