@@ -13,3 +13,25 @@ def quiet(model):
 def params(model) -> dict[str, th.Tensor]:
     """A detached copy of the policy's state dict."""
     return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
+
+
+# A tiny word-level text task for env tests: vocabulary, prompts and a cheap deterministic reward.
+WORDS = ["the", "movie", "was", "good", "bad", "great", "a", "cat", "dog", "sat", "on", "mat", "and", "it", "very", "fun", "plot"]
+PROMPTS = ["the movie was", "a cat sat on the mat", "the dog", "it was very", "the plot was"]
+EOS = 1
+
+
+def word_tokenizer():
+    """A word-level Hugging Face tokenizer over :data:`WORDS` (``<pad>`` 0, ``<eos>`` 1, ``<unk>`` 2), built offline."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": EOS, "<unk>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+
+
+def length_reward(prompts, completions, **kwargs):
+    """Cheap deterministic reward: words in the completion, plus a per-prompt bonus."""
+    return [len(c.split()) + 0.5 * len(p) for p, c in zip(prompts, completions)]

@@ -18,27 +18,15 @@ from stable_baselines3.common.vec_env import (
 
 from textrl_envs.sb3 import TextGenSB3VecEnv, make_vec_env, unbatch_info
 from textrl_envs.vector import TextGenVectorEnv
+from helpers import EOS, PROMPTS, WORDS, length_reward, word_tokenizer
 
 TEST_ID = "TextRLTest/TinySB3-v0"
-WORDS = ["the", "movie", "was", "good", "bad", "great", "a", "cat", "dog", "sat", "on", "mat", "and", "it", "very", "fun", "plot"]
-PROMPTS = ["the movie was", "a cat sat on the mat", "the dog", "it was very", "the plot was"]
-EOS = 1
-
-
-def length_reward(prompts, completions, **kwargs):
-    return [len(c.split()) + 0.5 * len(p) for p, c in zip(prompts, completions)]
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
     """A tiny word-level tokenizer saved as a local HF tokenizer directory (passed by path)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": EOS, "<unk>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    fast = word_tokenizer()
     path = tmp_path_factory.mktemp("tok")
     fast.save_pretrained(path)
     return str(path)

@@ -25,27 +25,14 @@ from textrl_envs.vector import (
     resolve_device,
     start_windows_,
 )
+from helpers import EOS, PROMPTS, length_reward, word_tokenizer
 
 TEST_ID = "TextRLTest/TinyVector-v0"
-WORDS = ["the", "movie", "was", "good", "bad", "great", "a", "cat", "dog", "sat", "on", "mat", "and", "it", "very", "fun", "plot"]
-PROMPTS = ["the movie was", "a cat sat on the mat", "the dog", "it was very", "the plot was"]
-EOS = 1
-
-
-def length_reward(prompts, completions, **kwargs):
-    """Cheap deterministic reward: words in the completion, plus a per-prompt bonus."""
-    return [len(c.split()) + 0.5 * len(p) for p, c in zip(prompts, completions)]
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": EOS, "<unk>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    return word_tokenizer()
 
 
 @pytest.fixture(scope="module")
