@@ -144,6 +144,9 @@ class GRPO(OnPolicyAlgorithm):
       ``reference_evaluate_actions(obs, actions)``, e.g. a LoRA model with its adapter switched off, that
       method). With ``kl_target``, ``kl_coef`` follows Ziegler et al.'s (arXiv 1909.08593) proportional
       controller after each update: ``kl_coef *= 1 + 0.1 * clip(KL / kl_target - 1, -0.2, 0.2)``.
+      Known limit: k3 assumes the tokens were sampled from the policy; with ``explore_alpha > 0`` the
+      uniformly explored tokens enter the mean unweighted, so the estimate (and ``train/kl_ref``) reads high
+      while ``alpha > 0``. For KL-regularised runs keep ``explore_alpha=0`` (as ``grpo-deepseek`` does).
 
     With ``grad_var_coef=0, adaptive_clip=None, explore_alpha=0, advantage="gae", kl_coef=0`` every
     operation (and every random draw) is the one SB3's ``PPO`` performs, so the parameters after
