@@ -57,38 +57,15 @@ report("cartpole", model, th.as_tensor(model.rollout_buffer.observations).flatte
 from textrl_envs.sb3 import make_vec_env
 
 env = make_vec_env("TextGen-v0", n_envs=4, group_size=2, seed=distributed.rank_seed(0), device="cpu", max_new_tokens=6)
-model = GRPO(
-    "CausalLMPolicy",
-    env,
-    n_steps=8,
-    batch_size=6,
-    n_epochs=2,
-    learning_rate=1e-3,
-    seed=0,
-    advantage="group",
-    kl_coef=0.05,
-    kl_target=0.01,
-    grad_var_coef=0.0,
-    target_kl=10.0,
-)
+TEXT_HP = dict(n_steps=8, batch_size=6, n_epochs=2, seed=0, advantage="group", kl_coef=0.05, grad_var_coef=0.0)
+model = GRPO("CausalLMPolicy", env, learning_rate=1e-3, kl_target=0.01, target_kl=10.0, **TEXT_HP)
 model.learn(2 * 8 * 4)
 report("textgen", model, model.rollout_buffer.token_ids.flatten().float())
 
 # TextGen-v0 with LoRA: only the adapters and the value head are averaged; the KL reference is the adapter-off model
 if importlib.util.find_spec("peft") is not None:
-    model = GRPO(
-        "CausalLMPolicy",
-        env,
-        n_steps=8,
-        batch_size=6,
-        n_epochs=2,
-        learning_rate=1e-2,
-        seed=0,
-        advantage="group",
-        kl_coef=0.05,
-        grad_var_coef=0.0,
-        policy_kwargs={"lora": {"r": 4, "target_modules": ["c_attn"], "fan_in_fan_out": True}},
-    )
+    lora = {"r": 4, "target_modules": ["c_attn"], "fan_in_fan_out": True}
+    model = GRPO("CausalLMPolicy", env, learning_rate=1e-2, policy_kwargs={"lora": lora}, **TEXT_HP)
     model.learn(2 * 8 * 4)
     report("textgen_lora", model, model.rollout_buffer.token_ids.flatten().float())
 

@@ -35,3 +35,16 @@ def word_tokenizer():
 def length_reward(prompts, completions, **kwargs):
     """Cheap deterministic reward: words in the completion, plus a per-prompt bonus."""
     return [len(c.split()) + 0.5 * len(p) for p, c in zip(prompts, completions)]
+
+
+def register_test_id(env_id: str) -> None:
+    """Register ``env_id`` as a task-less text env (prompts, reward and tokenizer come from ``gym.make`` kwargs)."""
+    import gymnasium as gym
+
+    if env_id not in gym.registry:
+        gym.register(
+            env_id,
+            entry_point="textrl_envs.env:TextGenEnv",
+            vector_entry_point="textrl_envs.vector:TextGenVectorEnv",
+            kwargs={"task": None},
+        )

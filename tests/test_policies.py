@@ -55,9 +55,10 @@ def tiny_gpt2(vocab: int = LM_V) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(cfg)
 
 
-def tiny_llama(vocab: int = LM_V) -> LlamaForCausalLM:
+def _tiny_decoder(model_cls, config_cls, vocab: int):
+    """A 2-layer Llama-style decoder (grouped-query attention, rotary positions) from a tiny config."""
     th.manual_seed(0)
-    cfg = LlamaConfig(
+    cfg = config_cls(
         vocab_size=vocab,
         hidden_size=32,
         intermediate_size=64,
@@ -69,24 +70,15 @@ def tiny_llama(vocab: int = LM_V) -> LlamaForCausalLM:
         eos_token_id=EOS,
         pad_token_id=0,
     )
-    return LlamaForCausalLM(cfg)
+    return model_cls(cfg)
+
+
+def tiny_llama(vocab: int = LM_V) -> LlamaForCausalLM:
+    return _tiny_decoder(LlamaForCausalLM, LlamaConfig, vocab)
 
 
 def tiny_qwen2(vocab: int = LM_V) -> Qwen2ForCausalLM:
-    th.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=EOS,
-        pad_token_id=0,
-    )
-    return Qwen2ForCausalLM(cfg)
+    return _tiny_decoder(Qwen2ForCausalLM, Qwen2Config, vocab)
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from stable_baselines3.common.vec_env import (
 
 from textrl_envs.sb3 import TextGenSB3VecEnv, make_vec_env, unbatch_info
 from textrl_envs.vector import TextGenVectorEnv
-from helpers import EOS, PROMPTS, WORDS, length_reward, word_tokenizer
+from helpers import EOS, PROMPTS, WORDS, length_reward, register_test_id, word_tokenizer
 
 TEST_ID = "TextRLTest/TinySB3-v0"
 
@@ -34,13 +34,7 @@ def tokenizer_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def kw(tokenizer_dir):
-    if TEST_ID not in gym.registry:
-        gym.register(
-            TEST_ID,
-            entry_point="textrl_envs.env:TextGenEnv",
-            vector_entry_point="textrl_envs.vector:TextGenVectorEnv",
-            kwargs={"task": None},
-        )
+    register_test_id(TEST_ID)
     return dict(prompts=PROMPTS, reward=length_reward, tokenizer=tokenizer_dir, max_new_tokens=6, max_prompt_tokens=5)
 
 

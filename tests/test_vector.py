@@ -25,7 +25,7 @@ from textrl_envs.vector import (
     resolve_device,
     start_windows_,
 )
-from helpers import EOS, PROMPTS, length_reward, word_tokenizer
+from helpers import EOS, PROMPTS, length_reward, register_test_id, word_tokenizer
 
 TEST_ID = "TextRLTest/TinyVector-v0"
 
@@ -37,13 +37,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def kw(tokenizer):
-    if TEST_ID not in gym.registry:
-        gym.register(
-            TEST_ID,
-            entry_point="textrl_envs.env:TextGenEnv",
-            vector_entry_point="textrl_envs.vector:TextGenVectorEnv",
-            kwargs={"task": None},
-        )
+    register_test_id(TEST_ID)
     return dict(prompts=PROMPTS, reward=length_reward, tokenizer=tokenizer, max_new_tokens=7, max_prompt_tokens=5)
 
 
