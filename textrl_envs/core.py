@@ -135,6 +135,33 @@ class EpisodeSpec:
         return values, bad
 
 
+class TextSpecAccess:
+    """What the single and the vector text env expose of their :class:`EpisodeSpec` (``self.text_spec``)."""
+
+    text_spec: EpisodeSpec
+
+    @property
+    def tokenizer(self):
+        """The tokenizer that maps actions to text."""
+        return self.text_spec.tokenizer
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Generation budget the env was built with (it fixes the observation width)."""
+        return self.text_spec.max_new_tokens
+
+    def set_max_new_tokens(self, n: int | None) -> None:
+        """Lower the episode budget to ``n <= max_new_tokens`` tokens (``None``: the full budget).
+
+        For a curriculum (:class:`sb3_grpo.callbacks.MaxNewTokensCurriculum`); on a vector env call it between
+        rollouts. The observation width does not change; episodes in progress that already have ``n``
+        tokens end (truncated) at their next step. Through SB3: ``venv.env_method("set_max_new_tokens", n)``.
+
+        :raises ValueError: unless ``1 <= n <= max_new_tokens``.
+        """
+        self.text_spec.set_budget(n)
+
+
 def load_tokenizer(tokenizer: Any = None):
     """Resolve ``tokenizer``: ``None`` (the bundled one), a local path, or a tokenizer object.
 

@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from textrl_envs.core import EpisodeSpec, build_spec, check_kwargs, encode_prompt
+from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwargs, encode_prompt
 
 SPEC_KWARGS = (
     "task",
@@ -65,7 +65,7 @@ def resolve_prompt(spec: EpisodeSpec, options: dict[str, Any] | None, rng: np.ra
     return i, spec.prompt_texts[i], spec.prompt_ids[i]
 
 
-class TextGenEnv(gym.Env):
+class TextGenEnv(TextSpecAccess, gym.Env):
     """Text generation as an MDP: the state is the prompt plus the tokens so far, an action is the next token.
 
     ## Description
@@ -131,23 +131,6 @@ class TextGenEnv(gym.Env):
         self._prompt_text = ""
         self._done = True
         self._started = False
-
-    # -- properties users read -------------------------------------------------------------
-    @property
-    def tokenizer(self):
-        """The tokenizer that maps actions to text."""
-        return self.text_spec.tokenizer
-
-    @property
-    def max_new_tokens(self) -> int:
-        """Generation budget the env was built with (it fixes the observation width)."""
-        return self.text_spec.max_new_tokens
-
-    def set_max_new_tokens(self, n: int | None) -> None:
-        """Lower the token budget of episodes to ``n <= max_new_tokens`` (``None``: back to the full
-        budget), e.g. for a curriculum; the observation space does not change. See
-        :meth:`textrl_envs.core.EpisodeSpec.set_budget`."""
-        self.text_spec.set_budget(n)
 
     def _obs(self) -> dict[str, np.ndarray]:
         return {"input_ids": self._ids.copy(), "attention_mask": self._mask.copy()}

@@ -25,7 +25,7 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from textrl_envs.core import EpisodeSpec, build_spec, check_kwargs
+from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwargs
 from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
 
 OBS_BACKENDS = ("numpy", "torch")
@@ -301,7 +301,7 @@ def _object_array(n: int, where: np.ndarray, values: Sequence[Any]) -> np.ndarra
 # -- the environment --------------------------------------------------------------------------------
 
 
-class TextGenVectorEnv(gym.vector.VectorEnv):
+class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
     """N text-generation episodes as torch tensors on one device, with prompt groups.
 
     ## Description
@@ -463,28 +463,6 @@ class TextGenVectorEnv(gym.vector.VectorEnv):
         self._episode_ids = episode_ids(self._round, n)
         self._group_ids = group_ids(self._round, self.group_size)
         self._started = False
-
-    # -- properties users read -------------------------------------------------------------------
-    @property
-    def tokenizer(self):
-        """The tokenizer that maps actions to text."""
-        return self.text_spec.tokenizer
-
-    @property
-    def max_new_tokens(self) -> int:
-        """Generation budget the env was built with (it fixes the observation width)."""
-        return self.text_spec.max_new_tokens
-
-    def set_max_new_tokens(self, n: int | None) -> None:
-        """Lower every env's episode budget to ``n <= max_new_tokens`` tokens (``None``: the full budget).
-
-        For a curriculum (:class:`sb3_grpo.callbacks.MaxNewTokensCurriculum`); call it between
-        rollouts. The observation width does not change; episodes in progress that already have ``n``
-        tokens end (truncated) at their next step. Through SB3: ``venv.env_method("set_max_new_tokens", n)``.
-
-        :raises ValueError: unless ``1 <= n <= max_new_tokens``.
-        """
-        self.text_spec.set_budget(n)
 
     def episode_ids(self) -> np.ndarray:
         """Ids of the episodes in progress (those the next actions belong to), ``(N,)`` ``int64``."""
