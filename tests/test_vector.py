@@ -18,6 +18,9 @@ from gymnasium.vector import AutoresetMode
 from textrl_envs.vector import (
     TextGenVectorEnv,
     append_tokens,
+    append_tokens_,
+    completion_bounds,
+    completion_tuples,
     episode_ends,
     episode_ids,
     group_ids,
@@ -54,6 +57,20 @@ def biased_actions(rng: np.random.Generator, n: int, vocab: int, step: int) -> n
 # -- the pure bookkeeping ---------------------------------------------------------------------------
 
 
+def test_in_place_append_equals_the_pure_one():
+    rng = np.random.default_rng(0)
+    ids = torch.as_tensor(rng.integers(0, 50, (7, 6)))
+    mask = torch.as_tensor(rng.integers(0, 2, (7, 6)))
+    for _ in range(8):  # repeated shifts: rows never leak into one another
+        tokens = torch.as_tensor(rng.integers(0, 50, 7))
+        want_ids, want_mask = append_tokens(ids, mask, tokens)
+        host = tokens.numpy().copy() if rng.random() < 0.5 else None
+        append_tokens_(ids, mask, tokens, host)
+        assert torch.equal(ids, want_ids) and torch.equal(mask, want_mask)
+    with pytest.raises(ValueError, match="contiguous"):
+        append_tokens_(ids.t(), mask.t(), tokens)
+
+
 def test_pure_functions():
     ids, mask = pack_prompts([np.array([5, 6]), np.array([7, 8, 9])], width=3, pad_token_id=0)
     assert ids.tolist() == [[0, 5, 6], [7, 8, 9]] and mask.tolist() == [[0, 1, 1], [1, 1, 1]]
@@ -70,6 +87,10 @@ def test_pure_functions():
     n_ids, n_mask = append_tokens(w_ids[:2], w_mask[:2], torch.tensor([4, 3]))
     assert n_ids.tolist() == [[0, 7, 8, 9, 4], [0, 0, 5, 6, 3]]
     assert n_mask.tolist() == [[0, 1, 1, 1, 1], [0, 0, 1, 1, 1]]
+    starts, stops = completion_bounds(5, np.array([1, 3]), np.array([True, False]))
+    assert starts.tolist() == [4, 2] and stops.tolist() == [4, 5]
+    assert completion_tuples(n_ids.numpy(), starts, stops) == [(), (5, 6, 3)]
+    assert completion_tuples(n_ids.numpy()[:0], starts[:0], stops[:0]) == []
     term, trunc = episode_ends(np.array([1, 1, 4, 4]), np.array([1, 3, 3, 2]), 1, 3)
     assert term.tolist() == [True, True, False, False] and trunc.tolist() == [False, False, True, False]
     term, trunc = episode_ends(np.array([1, 4]), np.array([3, 1]), None, 3)
@@ -358,6 +379,38 @@ def test_groups_share_prompts_and_ids_are_consistent(kw):
             assert by_group[r * 3 + k] == {draws[r]}
 
 
+def test_group_members_far_out_of_step_keep_their_rounds_prompts(kw):
+    """One member ends every episode on its first token while the others run the whole budget, so the
+    group's rounds drift far apart (past the prompt ring's initial width, which must grow); every
+    member's r-th episode still gets the group RNG's r-th draw, also after an unseeded reset."""
+    n, g, seed = 6, 3, 4
+    vec = TextGenVectorEnv(num_envs=n, group_size=g, device="cpu", **kw)
+    _, info = vec.reset(seed=seed)
+    prompts = defaultdict(list)  # env -> prompt of each of its episodes, in order
+    for j in range(n):
+        prompts[j].append(info["prompt"][j])
+    actions = np.full(n, 4)
+    actions[[0, 4]] = EOS
+    for _ in range(3 * kw["max_new_tokens"]):
+        _, _, term, trunc, info = vec.step(actions)
+        for j in np.flatnonzero(term | trunc):
+            prompts[j].append(info["prompt"][j])
+    assert len(prompts[0]) == 3 * kw["max_new_tokens"] + 1 and len(prompts[1]) == 4  # 18 rounds apart
+    _, info = vec.reset()  # every env moves to one round past the newest; the streams continue
+    first = int(vec.unwrapped._round[0])
+    for j in range(n):
+        prompts[j].extend([None] * (first - len(prompts[j])) + [info["prompt"][j]])
+    for k in range(n // g):
+        rng_k, _ = seeding.np_random(seed + k * g)
+        draws = [PROMPTS[int(rng_k.integers(len(PROMPTS)))] for _ in range(first + 1)]
+        for j in range(k * g, (k + 1) * g):
+            for r, p in enumerate(prompts[j]):
+                if p is not None:
+                    assert p == draws[r], (j, r)
+        slow = prompts[k * g + 1]
+        assert slow[-1] == draws[first]  # the round after the reset is the group's next draw
+
+
 def test_group_size_one_matches_groups_of_singletons(kw):
     a = TextGenVectorEnv(num_envs=4, group_size=1, device="cpu", **kw)
     b = TextGenVectorEnv(num_envs=4, group_size=4, device="cpu", **kw)
@@ -457,7 +510,7 @@ def test_fast_decoder_gives_exactly_what_tokenizer_decode_gives(tokenizer):
     from transformers import AutoTokenizer
 
     from textrl_envs.assets import tokenizer_path
-    from textrl_envs.vector import byte_level_table, fast_decoder
+    from textrl_envs.decoding import byte_level_table, fast_decoder
 
     bundled = AutoTokenizer.from_pretrained(tokenizer_path())  # byte-level BPE: the byte-table path
     assert byte_level_table(bundled, bundled._tokenizer) is not None
@@ -473,3 +526,27 @@ def test_fast_decoder_gives_exactly_what_tokenizer_decode_gives(tokenizer):
     lone = [i for i in range(len(bundled)) if bundled.convert_ids_to_tokens(i) in ("\u0100", "\u00c3")]
     for ids in ([lone[0]], lone, lone[::-1]):
         assert fast_decoder(bundled)(ids) == bundled.decode(ids, skip_special_tokens=True)
+
+
+def test_batched_byte_table_decoding_equals_one_sequence_at_a_time():
+    from transformers import AutoTokenizer
+
+    from textrl_envs.assets import tokenizer_path
+    from textrl_envs.decoding import ByteTableDecoder, fast_decoder
+
+    bundled = AutoTokenizer.from_pretrained(tokenizer_path())
+    decode = fast_decoder(bundled)
+    assert isinstance(decode, ByteTableDecoder)
+    rng = np.random.default_rng(1)
+    lone = [i for i in range(len(bundled)) if bundled.convert_ids_to_tokens(i) in ("\u0100", "\u00c3")]
+    rows = rng.integers(0, len(bundled), (64, 12))
+    rows[::5, -2:] = lone[:2]  # invalid UTF-8 at the ends of some rows: replaced within each row only
+    starts = rng.integers(0, 13, 64)
+    stops = np.minimum(12, starts + rng.integers(0, 12, 64))
+    got = decode.decode_rows(rows, starts, stops)
+    assert got == [bundled.decode(r[a:b].tolist(), skip_special_tokens=True) for r, a, b in zip(rows, starts, stops)]
+    assert decode.decode_rows(rows[:0], starts[:0], stops[:0]) == []
+    ascii_ids = np.array([i for i, b in enumerate(decode.table) if b.isascii()])  # the one-decode path
+    rows = ascii_ids[rng.integers(0, len(ascii_ids), (64, 12))]
+    got = decode.decode_rows(rows, starts, stops)
+    assert got == [bundled.decode(r[a:b].tolist(), skip_special_tokens=True) for r, a, b in zip(rows, starts, stops)]

@@ -13,27 +13,24 @@ pin down; :class:`TextGenVectorEnv` is the thin stateful shell around them.
 
 from __future__ import annotations
 
-import functools
-
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwargs
+from textrl_envs.decoding import ByteTableDecoder, fast_decoder
 from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
+from textrl_envs.groups import GroupPrompts
 
 OBS_BACKENDS = ("numpy", "torch")
 VECTOR_KWARGS = ("num_envs", "device", "group_size", "obs_backend", "render_mode")
 #: Largest prompt table (prompts x window elements) kept at full window width (2 x 8 bytes each).
 FULL_WIDTH_TABLE_MAX = 1 << 22
-#: Prompt draws taken from a group's RNG at once (the same values as drawing them one by one).
-DRAW_BLOCK = 64
 
 
 # -- pure tensor bookkeeping ------------------------------------------------------------------------
@@ -127,6 +124,34 @@ def append_tokens(ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -
     return new_ids, new_mask
 
 
+def append_tokens_(ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, host_tokens: np.ndarray | None = None) -> None:
+    """In-place :func:`append_tokens`: shift each row left by one and write the token at index ``W - 1``.
+
+    On CPU the shift is one overlapping copy of the flattened (contiguous) state through numpy: moving
+    every element one place left moves each row's columns ``1..W-1`` to ``0..W-2``, and the element that
+    crosses into the previous row's last column is then overwritten by that row's token. That is about
+    5x cheaper than building new tensors with ``torch.cat`` at ``(256, 40)`` (numpy assignment is defined
+    as if the source were copied first, so the overlap is safe). On other devices, torch ops.
+
+    :param ids: ``(N, W)`` contiguous token ids, modified in place.
+    :param mask: ``(N, W)`` contiguous attention mask, modified in place.
+    :param tokens: ``(N,)`` the actions on ``ids``' device.
+    :param host_tokens: The same actions as a numpy array, if at hand (spares a copy on CPU).
+    """
+    if not (ids.is_contiguous() and mask.is_contiguous()):
+        raise ValueError("append_tokens_ needs contiguous (N, W) state tensors")
+    if ids.device.type == "cpu":
+        for state, last in ((ids.numpy(), tokens.numpy() if host_tokens is None else host_tokens), (mask.numpy(), 1)):
+            flat = state.reshape(-1)  # a view: the state is contiguous
+            flat[:-1] = flat[1:]
+            state[:, -1] = last
+        return
+    ids[:, :-1] = ids[:, 1:].clone()
+    ids[:, -1] = tokens
+    mask[:, :-1] = mask[:, 1:].clone()
+    mask[:, -1] = 1
+
+
 def episode_ends(
     tokens: np.ndarray, generated: np.ndarray, eos_token_id: int | None, max_new_tokens: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -172,111 +197,52 @@ def group_ids(rounds: np.ndarray, group_size: int) -> np.ndarray:
     return rounds * (n // group_size) + np.arange(n, dtype=np.int64) // group_size
 
 
-def completion_slices(rows: np.ndarray, generated: np.ndarray, terminated: np.ndarray) -> list[np.ndarray]:
-    """Completion token ids of finished episodes, cut from their final windows.
+def completion_bounds(width: int, generated: np.ndarray, terminated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Columns of finished episodes' completions in their final windows: ``rows[m, starts[m]:stops[m]]``.
 
     The generated tokens are the last ``generated`` columns of the right-aligned window (they always
     fit: ``W = max_prompt_tokens + max_new_tokens``); a terminated episode's last token is EOS, which
     the completion leaves out (as :class:`~textrl_envs.env.TextGenEnv` does).
 
-    :param rows: ``(M, W)`` final ``input_ids`` of the finished episodes.
-    :param generated: ``(M,)`` tokens generated in each.
+    :param width: The window width ``W``.
+    :param generated: ``(M,)`` tokens generated in each episode.
     :param terminated: ``(M,)`` whether each ended on EOS.
-    :return: One ``int64`` array per episode (views into ``rows``).
+    :return: ``(starts, stops)``, ``int64`` arrays of shape ``(M,)``.
     """
-    w = rows.shape[1]
-    return [rows[m, w - int(g) : w - int(t)] for m, (g, t) in enumerate(zip(generated, terminated))]
+    return width - generated, width - terminated.astype(np.int64)
 
 
-def fast_decoder(tokenizer) -> Callable[[list[int]], str] | None:
-    """A function giving exactly ``tokenizer.decode(ids, skip_special_tokens=True)`` for a list of ids, with
-    less overhead per call, or ``None`` when no such shortcut is known for this tokenizer.
-
-    For a fast tokenizer whose ``decode``/``_decode`` are the stock ones and that does no clean-up of
-    tokenization spaces, the Rust tokenizer decodes directly; when its decoder is a plain byte-level one
-    (GPT-2, Llama 3, Qwen2 style) and it has no non-special added tokens, a table of each token's bytes does
-    the same in pure Python, about 3x faster per completion here (1.4 against 4.4 us for 32 tokens). The
-    table is checked against the Rust decoder at construction (single tokens and random sequences) and
-    dropped on any difference.
-    """
-    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
-
-    cls = type(tokenizer)
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if not (
-        isinstance(tokenizer, PreTrainedTokenizerFast)
-        and backend is not None
-        and cls.decode is PreTrainedTokenizerBase.decode
-        and cls._decode is PreTrainedTokenizerFast._decode
-        and not tokenizer.clean_up_tokenization_spaces
-    ):
-        return None
-    rust = functools.partial(backend.decode, skip_special_tokens=True)
-    table = byte_level_table(tokenizer, backend)
-    if table is None:
-        return rust
-
-    def from_table(ids: list[int]) -> str:
-        return b"".join([table[i] for i in ids]).decode("utf-8", "replace")
-
-    rng = np.random.default_rng(0)
-    n = len(table)
-    singles = [[i] for i in (range(n) if n <= 4096 else rng.integers(0, n, 4096).tolist())]
-    sequences = [rng.integers(0, n, int(rng.integers(1, 33))).tolist() for _ in range(256)]
-    if all(from_table(ids) == rust(ids) for ids in singles + sequences):
-        return from_table
-    return rust
+def completion_tuples(rows: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, ...]]:
+    """``[tuple(rows[m, starts[m]:stops[m]]) ...]`` as Python ints, with one ``tolist`` for the batch."""
+    if len(rows) == 0:
+        return []
+    first, last = int(starts.min()), int(stops.max())
+    if first == starts.max() and last == stops.min():  # all the same columns (e.g. every episode hit the budget)
+        return list(map(tuple, rows[:, first:last].tolist()))
+    lists = rows[:, first:].tolist()
+    return [tuple(r[a:b]) for r, a, b in zip(lists, (starts - first).tolist(), (stops - first).tolist())]
 
 
-def _byte_to_unicode() -> dict[str, int]:
-    """GPT-2's reversible map between bytes and printable characters (Radford et al. 2019), inverted:
-    printable Latin-1 bytes map to themselves, the other 68 bytes to U+0100 onwards in byte order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
-    chars = dict(zip(printable, printable))
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = 256 + extra
-            extra += 1
-    return {chr(c): b for b, c in chars.items()}
-
-
-def byte_level_table(tokenizer, backend) -> list[bytes] | None:
-    """Each token id's bytes for a tokenizer whose decoder is exactly ``ByteLevel`` (special tokens: ``b""``),
-    or ``None`` if the tokenizer is of another kind or has non-special added tokens."""
-    import json
-
-    try:
-        config = json.loads(backend.to_str())
-    except (AttributeError, ValueError):
-        return None
-    decoder = config.get("decoder") or {}
-    if decoder.get("type") != "ByteLevel" or any(not t.get("special") for t in config.get("added_tokens", [])):
-        return None
-    special = set(tokenizer.all_special_ids) | {t["id"] for t in config.get("added_tokens", [])}
-    to_byte = _byte_to_unicode()
-    table = [b""] * len(tokenizer)
-    for token, i in backend.get_vocab(with_added_tokens=False).items():
-        if i >= len(table) or i in special:
-            continue
-        if any(c not in to_byte for c in token):
-            return None
-        table[i] = bytes(to_byte[c] for c in token)
-    return table
-
-
-def decode_batch(spec: EpisodeSpec, sequences: Sequence[list[int]], decode=None) -> list[str]:
-    """Completion texts, exactly as :meth:`EpisodeSpec.decode` gives them, for a batch of id lists.
+def decode_completions(
+    spec: EpisodeSpec, rows: np.ndarray, starts: np.ndarray, stops: np.ndarray, id_tuples: Sequence[Sequence[int]], decode=None
+) -> list[str]:
+    """Completion texts, exactly as :meth:`EpisodeSpec.decode` gives them, for a batch of finished episodes.
 
     :param spec: The episode spec (its tokenizer).
-    :param sequences: Token-id lists.
-    :param decode: :func:`fast_decoder` of the tokenizer, or ``None`` to go through ``spec.decode``.
-        (One call per sequence: the Rust ``decode_batch`` spends more on its thread pool than it saves on
-        short completions, measured 13.7 against 5.3 us per 32-token sequence.)
+    :param rows: ``(M, W)`` final ``input_ids``; episode ``m``'s completion is ``rows[m, starts[m]:stops[m]]``.
+    :param starts: ``(M,)`` see :func:`completion_bounds`.
+    :param stops: ``(M,)`` idem.
+    :param id_tuples: The same completions as id sequences (:func:`completion_tuples`).
+    :param decode: :func:`fast_decoder` of the tokenizer, or ``None`` to go through ``spec.decode``. A
+        :class:`ByteTableDecoder` decodes the whole batch at once; other decoders are called once per
+        sequence (the Rust ``decode_batch`` spends more on its thread pool than it saves on short
+        completions, measured 13.7 against 5.3 us per 32-token sequence).
     """
+    if isinstance(decode, ByteTableDecoder):
+        return decode.decode_rows(rows, starts, stops)
     if decode is not None:
-        return [decode(seq) for seq in sequences]
-    return [spec.decode(seq) for seq in sequences]
+        return [decode(seq) for seq in id_tuples]
+    return [spec.decode(seq) for seq in id_tuples]
 
 
 def _int_array(n: int, where: np.ndarray, values: Sequence[int]) -> np.ndarray:
@@ -293,8 +259,7 @@ def _mask(n: int, where: np.ndarray) -> np.ndarray:
 
 def _object_array(n: int, where: np.ndarray, values: Sequence[Any]) -> np.ndarray:
     out = np.full(n, None, dtype=object)
-    for i, v in zip(where.tolist(), values):
-        out[i] = v
+    out[where] = np.fromiter(values, dtype=object, count=len(values))  # tuples stay elements, not a 2-D array
     return out
 
 
@@ -339,7 +304,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
     Each group draws its prompt for every round with its own RNG (``np_random`` semantics of the
     single env: ``rng.integers(len(prompts))``), seeded ``seed + k * G`` for group ``k`` by
     ``reset(seed=seed)`` (or by ``seed[k * G]`` for a list of per-env seeds). The draws are taken
-    :data:`DRAW_BLOCK` at a time (numpy yields the same values as one at a time), so the prompt
+    :data:`~textrl_envs.groups.DRAW_BLOCK` at a time (numpy yields the same values as one at a time), so the prompt
     sequence is exactly the single env's, also across ``reset()`` without a seed.
     ``reset(options={"prompt": str})`` or ``{"prompt_index": int}`` sets the prompt of every env's
     episode begun by that reset; later episodes draw from ``prompts`` again (as ``SyncVectorEnv``,
@@ -454,9 +419,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         self._generated = np.zeros(n, dtype=np.int64)
         self._row = np.zeros(n, dtype=np.int64)
         self._round = np.zeros(n, dtype=np.int64)
-        self._group_rngs: list[np.random.Generator | None] = [None] * self.num_groups
-        self._group_prompts: list[dict[int, int]] = [{} for _ in range(self.num_groups)]
-        self._group_draws: list[list[int]] = [[] for _ in range(self.num_groups)]  # drawn ahead, reversed
+        self._prompts = GroupPrompts(self.num_groups, self.group_size, len(spec.prompt_texts))
         self._num_prompts = len(spec.prompt_texts)
         self._decoder = fast_decoder(spec.tokenizer)
         self._everyone = np.ones(n, dtype=np.bool_)
@@ -502,16 +465,9 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         given = resolve_prompt(self.text_spec, options, None, self.prompt_truncation) if options else None  # type: ignore[arg-type]
 
         super().reset(seed=int(seed) if isinstance(seed, (int, np.integer)) else None)
-        for k, s in enumerate(seeds):
-            if s is not None or self._group_rngs[k] is None:
-                self._group_rngs[k], _ = seeding.np_random(s)
-                self._group_draws[k] = []  # a new stream; unseeded resets keep consuming the old one
+        self._prompts.seed(seeds)  # unseeded groups keep consuming their streams
         self._round[:] = int(self._round.max()) + 1 if self._started else 0
-        self._group_prompts = [{} for _ in range(self.num_groups)]
-        if given is not None:
-            row, r0 = self._row_for(*given), int(self._round[0])
-            for table in self._group_prompts:
-                table[r0] = row
+        self._prompts.new_round(int(self._round[0]), None if given is None else self._row_for(*given))
         everyone = np.arange(self.num_envs)
         self._start_episodes(everyone)
         self._started = True
@@ -531,7 +487,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             raise RuntimeError("step() called before reset(); call envs.reset() first")
         spec = self.text_spec
         tokens, host_tokens = self._check_actions(actions)
-        self._ids, self._mask = append_tokens(self._ids, self._mask, tokens)
+        append_tokens_(self._ids, self._mask, tokens, host_tokens)
         self._generated += 1
         terminated, truncated = episode_ends(host_tokens, self._generated, spec.eos_token_id, spec.budget)
 
@@ -550,9 +506,9 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             final_ids, final_mask = self._ids.index_select(0, done_t), self._mask.index_select(0, done_t)
             finals = self._backend(final_ids), self._backend(final_mask)
             host_ids = finals[0] if self.obs_backend == "numpy" else final_ids.cpu().numpy()
-            generated = self._generated[done]
-            completion_ids = [c.tolist() for c in completion_slices(host_ids, generated, terminated[done])]
-            completions = decode_batch(spec, completion_ids, self._decoder)
+            starts, stops = completion_bounds(spec.window, self._generated[done], terminated[done])
+            completion_ids = completion_tuples(host_ids, starts, stops)
+            completions = decode_completions(spec, host_ids, starts, stops, completion_ids, self._decoder)
             rows = self._row[done].tolist()
             prompt_index = [self._row_index[r] for r in rows]
             prompt_text = [self._row_text[r] for r in rows]
@@ -561,7 +517,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             final_info = {
                 "prompt": _object_array(n, done, prompt_text),
                 "completion": _object_array(n, done, completions),
-                "completion_ids": _object_array(n, done, [tuple(c) for c in completion_ids]),
+                "completion_ids": _object_array(n, done, completion_ids),
                 "prompt_index": _int_array(n, done, prompt_index),
                 "reward": rewards.copy(),
                 "group_id": np.where(done_mask, step_group_ids, 0),
@@ -572,7 +528,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             for key in list(final_info):
                 final_info[f"_{key}"] = done_mask.copy()
             infos["final_obs"] = _object_array(
-                n, done, [{"input_ids": finals[0][m], "attention_mask": finals[1][m]} for m in range(done.size)]
+                n, done, [{"input_ids": i, "attention_mask": m} for i, m in zip(finals[0], finals[1])]
             )
             infos["_final_obs"] = done_mask.copy()
             infos["final_info"], infos["_final_info"] = final_info, done_mask.copy()
@@ -628,39 +584,12 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             self._row_index.append(-1)
         return self._extra_rows[text]
 
-    def _rng(self, group: int) -> np.random.Generator:
-        """The group's prompt RNG (a randomly seeded one if no seed was ever given)."""
-        if self._group_rngs[group] is None:
-            self._group_rngs[group], _ = seeding.np_random()
-            self._group_draws[group] = []
-        return self._group_rngs[group]
-
     def _start_episodes(self, envs: np.ndarray) -> None:
         """Begin the current round's episode in ``envs`` (their ``_round`` already set)."""
-        g, n_prompts = self.group_size, self._num_prompts
-        tables, rngs, draws = self._group_prompts, self._group_rngs, self._group_draws
-        rounds = self._round[envs].tolist()
-        rows = []
-        for j, r in zip(envs.tolist(), rounds):
-            k = j // g
-            table = tables[k]
-            row = table.get(r)
-            if row is None:  # the first member to start round r draws the group's prompt for it
-                pending = draws[k]
-                if not pending:
-                    # TextGenEnv.reset draws int(rng.integers(len(prompts))) per episode; numpy gives the
-                    # same values drawn DRAW_BLOCK at a time, so draw ahead and hand them out in order
-                    rng = rngs[k] if rngs[k] is not None else self._rng(k)
-                    pending.extend(rng.integers(n_prompts, size=DRAW_BLOCK)[::-1].tolist())
-                row = table[r] = pending.pop()
-                if len(table) > 4:  # forget rounds every member has moved past
-                    oldest = int(self._round[k * g : (k + 1) * g].min())
-                    for old in [old for old in table if old < oldest]:
-                        del table[old]
-            rows.append(row)
+        rows = self._prompts.rows(envs, self._round[envs], self._round)
         self._row[envs] = rows
         envs_t = torch.as_tensor(envs, device=self.device)
-        rows_t = torch.as_tensor(rows, dtype=torch.int64, device=self.device)
+        rows_t = torch.as_tensor(rows, device=self.device)
         start_windows_(self._ids, self._mask, envs_t, rows_t, self._packed_ids, self._packed_mask, self.text_spec.pad_token_id)
         self._generated[envs] = 0
         self._episode_ids = episode_ids(self._round, self.num_envs)  # new arrays: step infos keep the old

@@ -1,0 +1,111 @@
+"""Which prompt each group round uses: the prompt bookkeeping of :class:`~textrl_envs.vector.TextGenVectorEnv`.
+
+Envs are split into groups of ``G`` consecutive envs; env ``j`` of group ``k = j // G`` counts its episodes
+in rounds, and its ``r``-th episode uses its group's ``r``-th prompt. The first member to begin a round
+draws that round's prompt from the group's RNG exactly as the single env draws one per episode
+(``int(rng.integers(num_prompts))``); later members of the round read it back.
+
+:class:`GroupPrompts` does this for a whole batch of starting envs with a few numpy operations and no
+per-env Python loop:
+
+* draws are taken :data:`DRAW_BLOCK` at a time per group (numpy gives the same values as drawing them one
+  by one, which a test pins down) and handed out from a ``(groups, DRAW_BLOCK)`` buffer;
+* the prompts of the rounds still ahead of some member live in a ring ``(groups, R)``, round ``r`` at
+  column ``r % R``; ``R`` doubles whenever the members of a group drift further apart than that.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gymnasium.utils import seeding
+
+#: Prompt draws taken from a group's RNG at once (the same values as drawing them one by one).
+DRAW_BLOCK = 64
+#: Initial number of rounds the ring keeps per group (it grows when members drift further apart).
+RING_ROUNDS = 4
+
+
+class GroupPrompts:
+    """Per-group prompt RNGs, the draws taken ahead, and the prompt row of each recent group round.
+
+    :param num_groups: Number of groups.
+    :param group_size: Envs per group ``G``.
+    :param num_prompts: Size of the prompt list the RNGs draw from.
+    """
+
+    def __init__(self, num_groups: int, group_size: int, num_prompts: int) -> None:
+        self.num_groups, self.group_size, self.num_prompts = num_groups, group_size, num_prompts
+        self.rngs: list[np.random.Generator | None] = [None] * num_groups
+        self._draws = np.zeros((num_groups, DRAW_BLOCK), dtype=np.int64)
+        self._next_draw = np.full(num_groups, DRAW_BLOCK, dtype=np.int64)  # DRAW_BLOCK: none left
+        self._ring = np.zeros((num_groups, RING_ROUNDS), dtype=np.int64)
+        self._newest = np.full(num_groups, -1, dtype=np.int64)  # newest round begun in each group
+
+    def seed(self, seeds: list[int | None]) -> None:
+        """Seed group ``k`` with ``seeds[k]``; ``None`` keeps its stream (a random one if it has none yet).
+
+        A new stream discards the draws taken ahead from the old one.
+        """
+        for k, s in enumerate(seeds):
+            if s is not None or self.rngs[k] is None:
+                self.rngs[k], _ = seeding.np_random(s)
+                self._next_draw[k] = DRAW_BLOCK
+
+    def new_round(self, first_round: int, row: int | None = None) -> None:
+        """Every group begins round ``first_round`` next (after a reset), with prompt ``row`` if given.
+
+        :param first_round: The round all envs start now; rounds before it are forgotten.
+        :param row: A prompt row for that round in every group (``reset(options=...)``), which draws nothing;
+            ``None``: each group draws it.
+        """
+        if row is None:
+            self._newest[:] = first_round - 1
+        else:
+            self._newest[:] = first_round
+            self._ring[:, first_round % self._ring.shape[1]] = row
+
+    def rows(self, envs: np.ndarray, rounds: np.ndarray, all_rounds: np.ndarray) -> np.ndarray:
+        """The prompt rows of the episodes ``envs`` begin now, drawing those of rounds begun first here.
+
+        :param envs: ``(M,)`` distinct env indices.
+        :param rounds: ``(M,)`` the round each begins; at most one round past its group's newest
+            (members advance one round per episode).
+        :param all_rounds: ``(N,)`` the current round of every env, these included.
+        :return: ``(M,)`` rows.
+        """
+        groups = envs // self.group_size
+        fresh = np.unique(groups[rounds > self._newest[groups]])
+        if fresh.size:
+            newest = self._newest.copy()
+            newest[fresh] += 1
+            oldest = all_rounds.reshape(self.num_groups, self.group_size).min(axis=1)
+            self._fit(int((newest - oldest).max(initial=0)) + 1)  # rounds oldest..newest are still needed
+            self._newest = newest
+            self._ring[fresh, newest[fresh] % self._ring.shape[1]] = self._draw(fresh)
+        return self._ring[groups, rounds % self._ring.shape[1]]
+
+    def _draw(self, groups: np.ndarray) -> np.ndarray:
+        """The next draw of each of ``groups`` (distinct), refilling the buffers that ran out."""
+        for k in groups[self._next_draw[groups] >= DRAW_BLOCK].tolist():
+            if self.rngs[k] is None:
+                self.rngs[k], _ = seeding.np_random()
+            self._draws[k] = self.rngs[k].integers(self.num_prompts, size=DRAW_BLOCK)
+            self._next_draw[k] = 0
+        out = self._draws[groups, self._next_draw[groups]]
+        self._next_draw[groups] += 1
+        return out
+
+    def _fit(self, span: int) -> None:
+        """Grow the ring (doubling) to hold ``span`` consecutive rounds per group, keeping the ``R`` rounds up to
+        each group's newest."""
+        old = self._ring.shape[1]
+        if span <= old:
+            return
+        new = old
+        while new < span:
+            new *= 2
+        ring = np.zeros((self.num_groups, new), dtype=np.int64)
+        for r in range(old):  # every live round keeps its slot modulo the new width
+            rounds = self._newest - ((self._newest - r) % old)  # the live round at slot r in each group
+            ring[np.arange(self.num_groups), rounds % new] = self._ring[:, r]
+        self._ring = ring
