@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ from sb3_grpo.models import (
     lora_spec,
     model_spec,
 )
+from sb3_grpo.packing import first_fit_decreasing, packed_batch, suffix_lengths
 
 __all__ = [
     "CausalLMPolicy",
@@ -202,6 +204,16 @@ class CausalLMPolicy(BasePolicy):
     used with gradients (``evaluate_actions``, ``evaluate_sequences`` always recompute in full). Models whose cache
     layers are not plain ``DynamicLayer`` (sliding windows, linear attention) fall back to full recomputation.
 
+    **Packed update forward.** :meth:`evaluate_sequences` (the text fast path's update) gets a batch of episode
+    segments of different lengths. With ``pack_sequences=True`` (default), right-aligned rows, and an LM that uses
+    ``"sdpa"`` or ``"eager"`` attention, their valid tokens are laid end to end into rows as long as the longest
+    segment (first-fit decreasing, :mod:`sb3_grpo.packing`), with position ids restarting at each segment and a
+    block-diagonal causal 4-D attention mask, so no token attends across segments. Every token's hidden state is the
+    padded forward's up to float rounding, computed over fewer positions (on GRPO's default text rollouts about 40%
+    fewer). The first packed forward of a policy is checked against the padded one (hidden states at every action
+    position, within float tolerance); a model that does not honour 4-D masks fails the check, is told so in a
+    warning and is evaluated padded from then on.
+
     **Saving.** ``_get_constructor_parameters`` stores the model as a config-only :func:`model_spec` dict, and when
     an SB3 algorithm builds the policy from a model *object*, its ``policy_kwargs["model"]`` is replaced by that spec
     too (see :func:`sb3_grpo.models._make_portable`), so no Hugging Face object is pickled and loading needs no model
@@ -219,6 +231,8 @@ class CausalLMPolicy(BasePolicy):
     :param top_p: nucleus sampling mass in ``(0, 1]`` (``None``: all).
     :param separate_critic: use an :class:`EmbeddingCritic` instead of a value head on the shared trunk.
     :param use_cache: keep the rollout KV cache (``False``: recompute every prefix, for benchmarks and debugging).
+    :param pack_sequences: in :meth:`evaluate_sequences`, pack short sequences end to end into shared rows (see
+        "Packed update forward" above) when that saves at least a sixth of the padded positions; ``False``: always pad.
     :param gradient_checkpointing: trade compute for memory in the update forward.
     :param lora: train LoRA adapters instead of the LM (needs ``peft``: ``pip install "textrl[lora]"``): a
         ``peft.LoraConfig`` or a dict of its arguments (e.g. ``{"r": 8, "lora_alpha": 16}``). The adapters are
@@ -251,6 +265,7 @@ class CausalLMPolicy(BasePolicy):
         top_p: float | None = None,
         separate_critic: bool = False,
         use_cache: bool = True,
+        pack_sequences: bool = True,
         gradient_checkpointing: bool = False,
         lora: Any = None,
         autocast_dtype: th.dtype | str | None = None,
@@ -294,6 +309,8 @@ class CausalLMPolicy(BasePolicy):
         self.top_p = top_p
         self.separate_critic = separate_critic
         self.use_cache = use_cache
+        self.pack_sequences = bool(pack_sequences)
+        self._packing_verified = False
         self.gradient_checkpointing = gradient_checkpointing
         self._autocast = _autocast_dtype(autocast_dtype)
         self.autocast_dtype = None if self._autocast is None else str(self._autocast).replace("torch.", "")
@@ -400,6 +417,7 @@ class CausalLMPolicy(BasePolicy):
                 "top_p": self.top_p,
                 "separate_critic": self.separate_critic,
                 "use_cache": self.use_cache,
+                "pack_sequences": self.pack_sequences,
                 "gradient_checkpointing": self.gradient_checkpointing,
                 "lora": self.lora,
                 "autocast_dtype": self.autocast_dtype,
@@ -631,19 +649,9 @@ class CausalLMPolicy(BasePolicy):
                 "action_mask[:, 0] is set, but an action needs at least one token before it"
             )
         batch, length = ids.shape
-        any_valid = mask.any(dim=0)
-        start = int(any_valid.nonzero()[0, 0]) if bool(any_valid.any()) else length - 1
-        t_ids, t_mask = ids[:, start:], mask[:, start:]
-        hidden = self._trunk(
-            t_ids, t_mask, positions_from_mask(t_mask)
-        )  # [B, L - start, d]
-
-        b_idx, j_idx = act.nonzero(
-            as_tuple=True
-        )  # positions of actions (in full coordinates)
-        state_h = hidden[
-            b_idx, j_idx - 1 - start
-        ]  # hidden state of the state whose last token is j - 1
+        b_idx, j_idx = act.nonzero(as_tuple=True)  # positions of actions (in full coordinates)
+        # the hidden state of the state whose last token is j - 1
+        state_h = self._hidden_at(ids, mask, b_idx, j_idx - 1)
         dist = self._distribution(self._logits(state_h))
         zeros = th.zeros(batch, length, device=ids.device)
         log_prob = zeros.index_put((b_idx, j_idx), dist.log_prob(ids[b_idx, j_idx]))
@@ -655,6 +663,65 @@ class CausalLMPolicy(BasePolicy):
             v = self.value_head(state_h.float()).squeeze(-1)
         values = zeros.index_put((b_idx, j_idx), v)
         return log_prob, entropy, values
+
+    def _hidden_at(self, ids: th.Tensor, mask: th.Tensor, rows: th.Tensor, cols: th.Tensor) -> th.Tensor:
+        """Final hidden states ``[n, d]`` at window positions ``(rows[i], cols[i])``: packed when it pays, else padded."""
+        packed = self._packed_hidden_at(ids, mask, rows, cols) if self.pack_sequences else None
+        if packed is not None:
+            return packed
+        return self._padded_hidden_at(ids, mask, rows, cols)
+
+    def _padded_hidden_at(self, ids: th.Tensor, mask: th.Tensor, rows: th.Tensor, cols: th.Tensor) -> th.Tensor:
+        any_valid = mask.any(dim=0)
+        length = ids.shape[1]
+        start = int(any_valid.nonzero()[0, 0]) if bool(any_valid.any()) else length - 1
+        t_ids, t_mask = ids[:, start:], mask[:, start:]
+        hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask))  # [B, L - start, d]
+        return hidden[rows, cols - start]
+
+    def _packed_hidden_at(self, ids: th.Tensor, mask: th.Tensor, rows: th.Tensor, cols: th.Tensor) -> th.Tensor | None:
+        """:meth:`_hidden_at` through a packed forward (:mod:`sb3_grpo.packing`), or ``None`` when packing does not
+        apply (attention other than sdpa / eager, rows that are not right-aligned, a query on padding, or a layout
+        that would save less than a sixth of the positions) or failed its one-time check against the padded forward."""
+        attn = getattr(self.lm.config, "_attn_implementation", None)
+        if attn not in ("sdpa", "eager") or ids.shape[0] < 2:
+            return None
+        lengths = suffix_lengths(mask)
+        if lengths is None or not bool(lengths.min() > 0):
+            return None
+        within = cols - (ids.shape[1] - lengths[rows])  # each query's position within its sequence
+        if bool((within < 0).any()):
+            return None
+        capacity = int(lengths.max())
+        layout = first_fit_decreasing(lengths.cpu().numpy(), capacity)
+        if layout[2] * 6 > ids.shape[0] * 5:
+            return None
+        mask_dtype = th.bool if attn == "sdpa" else next(self.lm.parameters()).dtype
+        try:
+            batch = packed_batch(ids, lengths, capacity, mask_dtype, layout=layout)
+            hidden = self._trunk(batch.input_ids, batch.attention_mask, batch.position_ids)
+            out = hidden[batch.row[rows], batch.offset[rows] + within]
+        except (RuntimeError, ValueError, TypeError) as err:
+            return self._packing_failed(f"the packed forward raised {type(err).__name__}: {err}")
+        if not self._packing_verified:
+            with th.no_grad():
+                reference = self._padded_hidden_at(ids, mask, rows, cols).float()
+                error = float((out.detach().float() - reference).abs().max()) / max(float(reference.abs().max()), 1e-6)
+            full_precision = self._autocast is None and next(self.lm.parameters()).dtype == th.float32
+            tolerance = 1e-3 if full_precision else 5e-2
+            if not error <= tolerance:
+                return self._packing_failed(f"its hidden states differ from the padded forward's (relative error {error:.2e})")
+            self._packing_verified = True
+        return out
+
+    def _packing_failed(self, why: str) -> None:
+        self.pack_sequences = False
+        warnings.warn(
+            f"CausalLMPolicy: packed sequences are not usable with this model ({why}); evaluating padded sequences "
+            "from now on (pass pack_sequences=False to skip the attempt)",
+            stacklevel=4,
+        )
+        return None
 
     # ---------------------------------------------------------------------------------------------------------
     # The KL reference of a LoRA policy: the same LM with its adapters switched off
