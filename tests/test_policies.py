@@ -32,6 +32,7 @@ from sb3_grpo.policies import (
     left_pad_columns,
     positions_from_mask,
     process_logits,
+    sample_categorical,
 )
 
 V = 60  # env vocabulary (len(tokenizer))
@@ -273,6 +274,22 @@ def test_process_logits_matches_hand_computation():
     )
     # identity when all controls are off
     assert th.equal(process_logits(logits), logits)
+
+
+def test_sample_categorical_draws_from_the_given_distribution():
+    th.manual_seed(0)
+    probs = th.softmax(2 * th.randn(3, 12), dim=-1)
+    probs[1, [0, 5, 11]] = 0  # removed tokens (top-k / top-p), including the first and the last
+    probs[2, :-1] = 0  # a single token left
+    n = 100_000
+    draws = sample_categorical(probs.repeat(n, 1)).reshape(n, 3)
+    for r in range(3):
+        freq = th.bincount(draws[:, r], minlength=12).double() / n
+        want = (probs[r] / probs[r].sum()).double()
+        assert freq[want == 0].sum() == 0  # never a token of probability 0
+        # within 5 standard errors of every token's probability
+        assert ((freq - want).abs() <= 5 * (want * (1 - want) / n).sqrt() + 1e-9).all(), r
+    assert sample_categorical(th.tensor([[0.0, 3.0, 1.0]])).shape == (1,)  # weights need not sum to 1
 
 
 def test_policy_log_probs_use_the_processed_distribution():
