@@ -13,7 +13,10 @@ Sources, one per mechanism:
 - gradient-variance penalty: this project's design, ``L = L_CLIP - beta * Var[grad L_CLIP]``; ``Var`` is
   defined exactly in :func:`gradient_variance`; its gradient is obtained by double backpropagation.
 - k3 KL estimator: J. Schulman, "Approximating KL Divergence", 2020, http://joschu.net/blog/kl-approx.html;
-  used per token in DeepSeekMath's GRPO loss, arXiv 2402.03300, eq. 4.
+  used per token in DeepSeekMath's GRPO loss, arXiv 2402.03300, eq. 4. Under mixed exploration its mean is
+  importance-weighted back to the policy's own samples (ordinary importance sampling: ``E_mu[(pi / mu) f] =
+  E_pi[f]`` wherever ``mu > 0`` where ``pi > 0``; Owen, "Monte Carlo theory, methods and examples", 2013, ch. 9;
+  Precup et al. 2000).
 - group-relative advantage: Shao et al. 2024, "DeepSeekMath", arXiv 2402.03300, section 4.1.2.
 - leave-one-out (RLOO) baseline: Kool et al. 2019 "Buy 4 REINFORCE samples, get a baseline for free!";
   Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740, eq. 6.
@@ -40,6 +43,7 @@ __all__ = [
     "gradient_variance",
     "group_advantages",
     "kl_k3",
+    "kl_k3_weighted_mean",
     "mixture_log_prob",
     "pearson_corr",
     "rloo_advantages",
@@ -197,6 +201,56 @@ def kl_k3(log_prob: th.Tensor, ref_log_prob: th.Tensor) -> th.Tensor:
     """
     log_ratio = ref_log_prob - log_prob
     return th.exp(log_ratio) - log_ratio - 1
+
+
+def kl_k3_weighted_mean(
+    log_prob: th.Tensor,
+    ref_log_prob: th.Tensor,
+    old_policy_log_prob: th.Tensor | None = None,
+    behaviour_log_prob: th.Tensor | None = None,
+) -> th.Tensor:
+    """
+    Mean k3 estimate of ``KL(pi || pi_ref)`` from actions drawn by a behaviour policy ``mu`` (e.g. the
+    exploration mixture ``(1 - alpha) * pi_old + alpha * uniform``), importance-weighted back to the policy:
+
+    ``KL_hat = (1 / N) * sum_i w_i * k3_i``,  ``w_i = pi_old(a_i|s_i) / mu(a_i|s_i) = exp(old_policy_log_prob_i
+    - behaviour_log_prob_i)``,  ``k3_i = kl_k3(log_prob_i, ref_log_prob_i)``
+
+    Since ``E_mu[w f] = E_pi_old[f]`` (importance sampling), ``KL_hat`` is an unbiased estimate of the mean k3
+    that ``N`` tokens sampled from ``pi_old`` itself would give, i.e. of ``KL(pi || pi_ref)`` (Schulman's k3 is
+    unbiased under the sampling policy) at the visited states. The weights carry no gradient (they are rollout
+    data); the gradient flows through ``k3`` exactly as in the unweighted mean.
+
+    Normalised by the count ``N``, not by ``sum_i w_i`` (self-normalised importance sampling): the count keeps
+    the estimate unbiased, the weights of the uniform mixture are bounded (``w <= 1 / (1 - alpha)``, so the
+    variance cannot blow up, which is the usual reason to self-normalise), the loss of a minibatch stays a sum
+    of per-token terms (the same whichever way the tokens are grouped into minibatches), and with
+    ``mu = pi_old`` every weight is exactly 1 and the result is bit-identical to ``kl_k3(...).mean()``.
+
+    :param log_prob: ``log pi(a|s)`` of the current policy (with gradient), shape ``(N,)``
+    :param ref_log_prob: ``log pi_ref(a|s)``, shape ``(N,)``
+    :param old_policy_log_prob: ``log pi_old(a|s)`` of the policy that acted (before mixing), shape ``(N,)``;
+        ``None`` (with ``behaviour_log_prob=None``): the actions are the policy's own samples, all weights 1
+    :param behaviour_log_prob: ``log mu(a|s)`` of the distribution the actions were drawn from, shape ``(N,)``
+    :return: the scalar estimate
+    """
+    if old_policy_log_prob is None and behaviour_log_prob is None:
+        return kl_k3(log_prob, ref_log_prob).mean()
+    if old_policy_log_prob is None or behaviour_log_prob is None:
+        raise ValueError(
+            "kl_k3_weighted_mean needs both old_policy_log_prob (log pi_old) and behaviour_log_prob (log mu) for "
+            "the importance weights pi_old / mu, or neither (the actions were sampled from pi_old)"
+        )
+    if old_policy_log_prob.shape != log_prob.shape or behaviour_log_prob.shape != log_prob.shape:
+        raise ValueError(
+            f"kl_k3_weighted_mean: old_policy_log_prob {tuple(old_policy_log_prob.shape)} and behaviour_log_prob "
+            f"{tuple(behaviour_log_prob.shape)} must have the shape of log_prob {tuple(log_prob.shape)} (one per action)"
+        )
+    weights = th.exp((old_policy_log_prob - behaviour_log_prob).detach()).to(log_prob.dtype)
+    # a token pi_old cannot produce (w = 0, e.g. an explored token outside a top-k policy's support) adds exactly
+    # 0, value and gradient: its k3 is evaluated at log_prob := ref_log_prob instead of an inf (0 * inf = nan)
+    log_prob = th.where(weights > 0, log_prob, ref_log_prob.detach())
+    return (weights * kl_k3(log_prob, ref_log_prob)).mean()
 
 
 # ----------------------------------------------------------------------------------------------------------

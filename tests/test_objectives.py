@@ -14,6 +14,7 @@ from sb3_grpo.objectives import (
     gradient_variance,
     group_advantages,
     kl_k3,
+    kl_k3_weighted_mean,
     mixture_log_prob,
     pearson_corr,
     rloo_advantages,
@@ -200,6 +201,92 @@ def test_kl_k3_formula_and_unbiased():
     q = th.softmax(th.tensor([1.2, -0.3, 0.4, 0.0], dtype=th.float64), 0)
     expectation = (p * kl_k3(p.log(), q.log())).sum()
     assert expectation.item() == pytest.approx((p * (p.log() - q.log())).sum().item(), rel=1e-12)
+
+
+def test_kl_k3_weighted_mean_matches_a_loop_and_its_gradient():
+    gen = th.Generator().manual_seed(0)
+    n = 40
+    logp = (-3 * th.rand(n, generator=gen, dtype=th.float64)).requires_grad_()
+    ref = -3 * th.rand(n, generator=gen, dtype=th.float64)
+    old = -3 * th.rand(n, generator=gen, dtype=th.float64)
+    behaviour = -3 * th.rand(n, generator=gen, dtype=th.float64)
+    out = kl_k3_weighted_mean(logp, ref, old, behaviour)
+    expected, grads = 0.0, []
+    for i in range(n):
+        w = math.exp(old[i].item() - behaviour[i].item())
+        d = ref[i].item() - logp[i].item()
+        expected += w * (math.exp(d) - d - 1) / n
+        grads.append(w * (1 - math.exp(d)) / n)  # d/dlogp of w * k3 / n, w held fixed
+    assert out.item() == pytest.approx(expected, rel=1e-12)
+    out.backward()
+    np.testing.assert_allclose(logp.grad.numpy(), grads, rtol=1e-10)
+
+
+def test_kl_k3_weighted_mean_with_unit_weights_is_the_plain_mean_bit_for_bit():
+    gen = th.Generator().manual_seed(1)
+    logp, ref = -3 * th.rand(1000, generator=gen), -3 * th.rand(1000, generator=gen)
+    plain = kl_k3(logp, ref).mean()
+    assert th.equal(kl_k3_weighted_mean(logp, ref), plain)
+    stored = -3 * th.rand(1000, generator=gen)  # explore_alpha = 0: policy and behaviour log-probs are one array
+    assert th.equal(kl_k3_weighted_mean(logp, ref, stored, stored.clone()), plain)
+
+
+def test_kl_k3_weighted_mean_zero_weight_token_adds_nothing():
+    # an explored token outside the support of a top-k policy: log pi_old = log pi = -inf, w = 0
+    logp = th.tensor([-0.5, -float("inf")], requires_grad=True)
+    ref = th.tensor([-0.7, -3.0])
+    old = th.tensor([-0.5, -float("inf")])
+    behaviour = th.tensor([-0.6, -5.0])
+    out = kl_k3_weighted_mean(logp, ref, old, behaviour)
+    w0, d0 = math.exp(0.1), -0.2
+    assert out.item() == pytest.approx(w0 * (math.exp(d0) - d0 - 1) / 2, rel=1e-6)
+    out.backward()
+    assert th.isfinite(logp.grad).all() and logp.grad[1] == 0
+
+
+def test_kl_k3_weighted_mean_bad_arguments():
+    x = th.zeros(3)
+    with pytest.raises(ValueError, match="both old_policy_log_prob"):
+        kl_k3_weighted_mean(x, x, old_policy_log_prob=x)
+    with pytest.raises(ValueError, match="must have the shape of log_prob"):
+        kl_k3_weighted_mean(x, x, th.zeros(4), th.zeros(4))
+
+
+def _peaked_pair(n_actions: int):
+    """A peaked policy and a flatter reference over ``n_actions`` (float64), and KL(pi || ref) exactly."""
+    gen = th.Generator().manual_seed(2)
+    pi = th.softmax(4 * th.randn(n_actions, generator=gen, dtype=th.float64), 0)
+    ref = th.softmax(th.randn(n_actions, generator=gen, dtype=th.float64), 0)
+    return pi, ref, (pi * (pi.log() - ref.log())).sum().item()
+
+
+def test_weighted_k3_under_the_mixture_has_the_exact_kl_as_expectation():
+    """Exact expectations over a categorical: E_mu[w k3] = KL(pi || ref), while E_mu[k3] is not."""
+    pi, ref, kl = _peaked_pair(20)
+    alpha = 0.2
+    mu = mixture_log_prob(pi.log(), uniform_log_prob(spaces.Discrete(20)), alpha).exp()
+    assert mu.sum().item() == pytest.approx(1.0, rel=1e-12)
+    k3 = kl_k3(pi.log(), ref.log())
+    weighted = (mu * (pi / mu) * k3).sum().item()
+    unweighted = (mu * k3).sum().item()
+    assert weighted == pytest.approx(kl, rel=1e-12)
+    assert abs(unweighted - kl) > 0.5 * kl  # the explored actions, rare under pi, dominate the plain mean
+
+
+def test_weighted_k3_from_mixture_samples_is_close_to_the_exact_kl():
+    """Monte Carlo: actions drawn from mu = (1 - alpha) pi + alpha uniform. The weighted estimate lands on
+    KL(pi || ref) (its standard deviation per sample is about 2.3 here: 0.05 * KL is about 7 standard errors);
+    the plain mean over mu's samples is off by orders of magnitude (uniform draws of actions pi almost never
+    takes, where ref / pi and so k3 are huge)."""
+    n_actions, alpha, n = 20, 0.2, 20_000
+    pi, ref, kl = _peaked_pair(n_actions)
+    log_mu = mixture_log_prob(pi.log(), uniform_log_prob(spaces.Discrete(n_actions)), alpha)
+    gen = th.Generator().manual_seed(3)
+    a = th.multinomial(log_mu.exp(), n, replacement=True, generator=gen)
+    weighted = kl_k3_weighted_mean(pi.log()[a], ref.log()[a], pi.log()[a], log_mu[a]).item()
+    unweighted = kl_k3(pi.log()[a], ref.log()[a]).mean().item()
+    assert weighted == pytest.approx(kl, rel=0.05)
+    assert unweighted > 10 * kl
 
 
 # ------------------------------------------------------------------------------------- advantages
