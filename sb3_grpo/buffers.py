@@ -12,8 +12,13 @@ What GRPO stores about a rollout beyond SB3's :class:`~stable_baselines3.common.
   that the policy computes every generated token's log-prob, entropy and value in one forward per
   sequence (``CausalLMPolicy.evaluate_sequences``) instead of one forward per transition.
 
-The per-transition path reuses SB3's ``RolloutBuffer`` / ``DictRolloutBuffer`` unchanged; GRPO only
-overwrites their ``advantages`` for the group forms (the sequence buffer inherits the same fields).
+- :class:`GRPORolloutBuffer` / :class:`GRPODictRolloutBuffer`: the per-transition path, SB3's
+  ``RolloutBuffer`` / ``DictRolloutBuffer`` plus one field, ``policy_log_probs``: the acting policy's own
+  ``log pi_old(a|s)`` beside SB3's ``log_probs``, which under mixed exploration hold the behaviour mixture's
+  ``log mu(a|s)``. Their ratio is the importance weight of GRPO's KL-to-reference estimate
+  (:func:`~sb3_grpo.objectives.kl_k3_weighted_mean`). Everything else (storage, GAE, the random minibatch
+  order) is SB3's; GRPO also overwrites ``advantages`` for the group forms. The sequence buffer inherits
+  the same fields.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.buffers import DictRolloutBuffer
+from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
+from stable_baselines3.common.vec_env import VecNormalize
 
 GroupAdvantageFn = Callable[[th.Tensor, th.Tensor, th.Tensor], tuple[th.Tensor, th.Tensor]]
 
@@ -178,6 +184,86 @@ class EpisodeGroupTracker:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The per-transition path: SB3's buffers plus the policy's own log-prob
+# ----------------------------------------------------------------------------------------------------------
+class GRPORolloutBufferSamples(NamedTuple):
+    """SB3's ``RolloutBufferSamples`` / ``DictRolloutBufferSamples`` fields, same order, plus
+    ``old_policy_log_prob``: the acting policy's ``log pi_old(a|s)`` (``old_log_prob`` is the behaviour
+    distribution's, the exploration mixture's while ``explore_alpha > 0``)."""
+
+    observations: Any
+    actions: th.Tensor
+    old_values: th.Tensor
+    old_log_prob: th.Tensor
+    advantages: th.Tensor
+    returns: th.Tensor
+    old_policy_log_prob: th.Tensor
+
+
+class PolicyLogProbMixin:
+    """
+    Adds ``policy_log_probs`` (``[buffer_size, n_envs]``, float32) to an SB3 rollout buffer: the log-prob of
+    each stored action under the policy that acted, next to SB3's ``log_probs`` (the log-prob under the
+    distribution the action was actually drawn from). The two are equal, bit for bit, unless GRPO explores
+    with a uniform mixture; :meth:`add` stores ``log_prob`` in both when ``policy_log_prob`` is not given.
+    """
+
+    policy_log_probs: np.ndarray
+
+    def reset(self) -> None:
+        super().reset()  # type: ignore[misc]
+        self.policy_log_probs = np.zeros((self.buffer_size, self.n_envs), dtype=np.float32)  # type: ignore[attr-defined]
+
+    def add(self, *args: Any, policy_log_prob: th.Tensor | None = None, **kwargs: Any) -> None:
+        """
+        Record one step: SB3's ``add(obs, action, reward, episode_start, value, log_prob)``, plus
+
+        :param policy_log_prob: ``log pi_old(a|s)`` of the acting policy, shape ``(n_envs,)``; ``None``: the
+            action was sampled from the policy itself, ``log_prob`` is stored
+        """
+        log_prob = kwargs["log_prob"] if "log_prob" in kwargs else args[5]
+        own = log_prob if policy_log_prob is None else policy_log_prob
+        if len(own.shape) == 0:  # as SB3 does for log_prob
+            own = own.reshape(-1, 1)
+        self.policy_log_probs[self.pos] = own.clone().cpu().numpy()  # type: ignore[attr-defined]
+        super().add(*args, **kwargs)  # type: ignore[misc]
+
+    def get(self, batch_size: int | None = None) -> Generator[GRPORolloutBufferSamples, None, None]:
+        """SB3's ``get`` (same random minibatches), with ``old_policy_log_prob`` in every sample."""
+        if not self.generator_ready:  # type: ignore[attr-defined]  # SB3 flattens its own fields in get()
+            self.policy_log_probs = self.swap_and_flatten(self.policy_log_probs)  # type: ignore[attr-defined]
+        yield from super().get(batch_size)  # type: ignore[misc]
+
+    def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> GRPORolloutBufferSamples:
+        samples = super()._get_samples(batch_inds, env)  # type: ignore[misc]
+        own = self.to_torch(self.policy_log_probs[batch_inds].flatten())  # type: ignore[attr-defined]
+        return GRPORolloutBufferSamples(*samples, old_policy_log_prob=own)
+
+
+class GRPORolloutBuffer(PolicyLogProbMixin, RolloutBuffer):
+    """
+    SB3's :class:`~stable_baselines3.common.buffers.RolloutBuffer` that also stores the acting policy's own
+    log-probs (``policy_log_probs``, see :class:`PolicyLogProbMixin`); its samples are
+    :class:`GRPORolloutBufferSamples`. Same arguments as ``RolloutBuffer``.
+    """
+
+
+class GRPODictRolloutBuffer(PolicyLogProbMixin, DictRolloutBuffer):
+    """
+    SB3's :class:`~stable_baselines3.common.buffers.DictRolloutBuffer` that also stores the acting policy's own
+    log-probs (``policy_log_probs``, see :class:`PolicyLogProbMixin`); its samples are
+    :class:`GRPORolloutBufferSamples`. Same arguments as ``DictRolloutBuffer``.
+    """
+
+
+#: SB3's stock buffers and the GRPO subclass GRPO builds in their place
+GRPO_BUFFERS: dict[type[RolloutBuffer], type[RolloutBuffer]] = {
+    RolloutBuffer: GRPORolloutBuffer,
+    DictRolloutBuffer: GRPODictRolloutBuffer,
+}
+
+
+# ----------------------------------------------------------------------------------------------------------
 # The text fast path
 # ----------------------------------------------------------------------------------------------------------
 
@@ -191,7 +277,9 @@ class SequenceSamples(NamedTuple):
     is the action taken in the state whose newest token is at ``j - 1``, and the per-transition fields are
     stored there (zero elsewhere). ``index`` is the transition's flat index in ``RolloutBuffer`` order
     (``env * n_steps + step``), ``-1`` elsewhere. ``x[action_mask]`` lists the transitions sequence by
-    sequence, step by step, the same order for every field.
+    sequence, step by step, the same order for every field. ``old_log_prob`` is the behaviour distribution's
+    log-prob (the exploration mixture's while ``explore_alpha > 0``), ``old_policy_log_prob`` the acting
+    policy's own.
     """
 
     input_ids: th.Tensor
@@ -202,6 +290,7 @@ class SequenceSamples(NamedTuple):
     advantages: th.Tensor
     returns: th.Tensor
     index: th.Tensor
+    old_policy_log_prob: th.Tensor
 
 
 def episode_segments(episode_starts: np.ndarray) -> np.ndarray:
@@ -243,11 +332,11 @@ def pack_segments(lengths: np.ndarray, tokens_per_batch: int, order: np.ndarray)
     return batches
 
 
-class SequenceRolloutBuffer(DictRolloutBuffer):
+class SequenceRolloutBuffer(GRPODictRolloutBuffer):
     """
     Rollout buffer of a text env that serves whole sequences to the update (the text fast path).
 
-    It records what :class:`~stable_baselines3.common.buffers.DictRolloutBuffer` records, so returns and
+    It records what :class:`GRPODictRolloutBuffer` records (SB3's fields plus ``policy_log_probs``), so returns and
     advantages (GAE, or GRPO's group forms written into ``advantages``) come from the same code; the token
     windows are kept as ``int64`` tensors on the buffer's device instead of per-step numpy copies.
     :meth:`get_sequences` then yields :class:`SequenceSamples`: the steps of each episode within the rollout
@@ -296,11 +385,11 @@ class SequenceRolloutBuffer(DictRolloutBuffer):
         self.token_ids = th.zeros((self.buffer_size, self.n_envs, width), dtype=th.long, device=self.device)
         self.token_mask = th.zeros((self.buffer_size, self.n_envs, width), dtype=th.long, device=self.device)
 
-    def add(self, obs, action, reward, episode_start, value, log_prob) -> None:  # type: ignore[override]
-        """Record one step (same arguments as :meth:`DictRolloutBuffer.add`)."""
+    def add(self, obs, action, reward, episode_start, value, log_prob, policy_log_prob=None) -> None:  # type: ignore[override]
+        """Record one step (same arguments as :meth:`GRPODictRolloutBuffer.add`)."""
         self.token_ids[self.pos] = th.as_tensor(obs["input_ids"], device=self.device).long()
         self.token_mask[self.pos] = th.as_tensor(obs["attention_mask"], device=self.device).long()
-        super().add({}, action, reward, episode_start, value, log_prob)
+        super().add({}, action, reward, episode_start, value, log_prob, policy_log_prob=policy_log_prob)
 
     def get(self, batch_size: int | None = None):  # type: ignore[override]
         raise NotImplementedError(
@@ -354,6 +443,7 @@ class SequenceRolloutBuffer(DictRolloutBuffer):
             advantages=per_step(self.advantages),
             returns=per_step(self.returns),
             index=th.where(action_mask, env_col * self.buffer_size + step, th.full_like(step, -1)),
+            old_policy_log_prob=per_step(self.policy_log_probs),
         )
 
 

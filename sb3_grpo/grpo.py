@@ -36,7 +36,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from sb3_grpo import distributed
 from sb3_grpo.buffers import (
     GROUPED_ENV_HINT,
+    GRPO_BUFFERS,
     EpisodeGroupTracker,
+    GRPODictRolloutBuffer,
+    GRPORolloutBuffer,
+    PolicyLogProbMixin,
     SequenceRolloutBuffer,
     SequenceSamples,
     is_text_space,
@@ -47,7 +51,7 @@ from sb3_grpo.objectives import (
     clipped_surrogate,
     gradient_variance,
     group_advantages,
-    kl_k3,
+    kl_k3_weighted_mean,
     mixture_log_prob,
     pearson_corr,
     rloo_advantages,
@@ -72,7 +76,9 @@ class _Minibatch(NamedTuple):
 
     ``observations`` is set on the per-transition path (SB3 ``RolloutBuffer``), ``sequences`` on the text
     fast path (:class:`~sb3_grpo.buffers.SequenceRolloutBuffer`); the flat fields list the same
-    transitions in the same order as the policy's outputs for them.
+    transitions in the same order as the policy's outputs for them. ``old_log_prob`` is the behaviour
+    distribution's (the exploration mixture's while ``alpha > 0``), ``old_policy_log_prob`` the acting
+    policy's own (``None`` from a buffer that does not store it, e.g. a stock SB3 one put in by hand).
     """
 
     actions: th.Tensor
@@ -82,6 +88,7 @@ class _Minibatch(NamedTuple):
     returns: th.Tensor
     observations: Any
     sequences: SequenceSamples | None
+    old_policy_log_prob: th.Tensor | None = None
 
 
 def _ignore_greedy(fn):
@@ -139,14 +146,25 @@ class GRPO(OnPolicyAlgorithm):
       (the group form is already normalized; steps without a complete group must stay at 0), and need an
       env that reports ``group_size > 1`` and puts ``info["group_id"]`` in every step's info (see
       :class:`~sb3_grpo.buffers.EpisodeGroupTracker` for which steps get an advantage).
-    - **KL to a reference** (``kl_coef``, ``kl_target``): ``kl_coef * mean k3(pi, pi_ref)`` is added to
-      the loss, ``pi_ref`` is a frozen copy of the initial policy (or, if the policy defines
-      ``reference_evaluate_actions(obs, actions)``, e.g. a LoRA model with its adapter switched off, that
-      method). With ``kl_target``, ``kl_coef`` follows Ziegler et al.'s (arXiv 1909.08593) proportional
-      controller after each update: ``kl_coef *= 1 + 0.1 * clip(KL / kl_target - 1, -0.2, 0.2)``.
-      Known limit: k3 assumes the tokens were sampled from the policy; with ``explore_alpha > 0`` the
-      uniformly explored tokens enter the mean unweighted, so the estimate (and ``train/kl_ref``) reads high
-      while ``alpha > 0``. For KL-regularised runs keep ``explore_alpha=0`` (as ``grpo-deepseek`` does).
+    - **KL to a reference** (``kl_coef``, ``kl_target``): ``kl_coef * KL`` is added to the loss, with
+      ``KL = (1/N) sum_i w_i k3_i`` over the minibatch's ``N`` actions, ``k3 = exp(ref - logp) - (ref -
+      logp) - 1`` at the current policy (Schulman 2020, "Approximating KL Divergence"; DeepSeekMath eq. 4)
+      and ``w = pi_old(a|s) / mu(a|s)``, ``mu = (1 - alpha) * pi_old + alpha * uniform`` the distribution the
+      action was drawn from (see :func:`~sb3_grpo.objectives.kl_k3_weighted_mean`). k3 is unbiased only for
+      actions sampled from the policy; the importance weight makes the mean over mixture samples an
+      unbiased estimate of the one over the policy's own samples (``E_mu[w f] = E_pi_old[f]``), so uniformly
+      explored tokens, which the policy would rarely pick, count for little instead of dominating. The
+      rollout buffer stores both log-probs per action, ``log_probs`` (``log mu``, used by the PPO ratio) and
+      ``policy_log_probs`` (``log pi_old``): :class:`~sb3_grpo.buffers.GRPORolloutBuffer` /
+      :class:`~sb3_grpo.buffers.GRPODictRolloutBuffer`, which GRPO builds in place of SB3's ``RolloutBuffer``
+      / ``DictRolloutBuffer``, and :class:`~sb3_grpo.buffers.SequenceRolloutBuffer`. With ``alpha = 0`` every
+      ``w`` is exactly 1 and ``KL`` is the plain mean. The weights correct each action, not the states:
+      a state reached after an explored token is still in the average. ``KL`` is what the loss, the log
+      (``train/kl_ref``) and the controller use. ``pi_ref`` is a frozen copy of the initial policy (or, if
+      the policy defines ``reference_evaluate_actions(obs, actions)``, e.g. a LoRA model with its adapter
+      switched off, that method). With ``kl_target``, ``kl_coef`` follows Ziegler et al.'s (arXiv
+      1909.08593) proportional controller after each update:
+      ``kl_coef *= 1 + 0.1 * clip(KL / kl_target - 1, -0.2, 0.2)``.
 
     With ``grad_var_coef=0, adaptive_clip=None, explore_alpha=0, advantage="gae", kl_coef=0`` every
     operation (and every random draw) is the one SB3's ``PPO`` performs, so the parameters after
@@ -184,7 +202,12 @@ class GRPO(OnPolicyAlgorithm):
     :param max_grad_norm: The maximum value for the gradient clipping
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE)
     :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE
-    :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
+    :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected:
+        :class:`~sb3_grpo.buffers.SequenceRolloutBuffer` for a ``CausalLMPolicy`` on a text env, else GRPO's
+        subclass of SB3's ``RolloutBuffer`` / ``DictRolloutBuffer``; SB3's two stock classes, passed here, are
+        replaced by those subclasses too (same data and minibatches, plus the policy's own log-probs). Another
+        class works unless the KL term must be importance-weighted (``kl_coef > 0`` and ``explore_alpha > 0``),
+        which needs a subclass of :class:`~sb3_grpo.buffers.PolicyLogProbMixin`.
     :param rollout_buffer_kwargs: Keyword arguments to pass to the rollout buffer on creation
     :param target_kl: Stop the epochs of an update early when ``approx_kl > 1.5 * target_kl`` (as PPO)
     :param stats_window_size: Window size for the rollout logging
@@ -416,6 +439,22 @@ class GRPO(OnPolicyAlgorithm):
         ):
             # the text fast path: whole sequences, one forward each at update time
             self.rollout_buffer_class = SequenceRolloutBuffer
+        elif self.rollout_buffer_class is None:
+            dict_obs = isinstance(self.observation_space, spaces.Dict)
+            self.rollout_buffer_class = GRPODictRolloutBuffer if dict_obs else GRPORolloutBuffer
+        else:  # SB3's stock classes: the same buffer plus the policy's own log-probs (the KL's importance weights)
+            self.rollout_buffer_class = GRPO_BUFFERS.get(self.rollout_buffer_class, self.rollout_buffer_class)
+        if (
+            self.kl_coef > 0
+            and self.explore_alpha > 0
+            and not issubclass(self.rollout_buffer_class, PolicyLogProbMixin)
+        ):
+            raise ValueError(
+                f"kl_coef > 0 with explore_alpha > 0 weights the KL estimate by pi / mu, so the rollout buffer must "
+                f"store the policy's own log-probs beside the mixture's; {self.rollout_buffer_class.__name__} does "
+                "not. Use rollout_buffer_class=None (GRPO's default), a subclass of "
+                "sb3_grpo.buffers.PolicyLogProbMixin, or explore_alpha=0"
+            )
         # GRPO.load() restores the saved exploration RNG before calling _setup_model: keep its state
         loaded_explore_rng = self.__dict__.get("_explore_rng")
         # torch.distributed: rank r seeds with seed + 1000 * r; rank 0's weights are broadcast below
@@ -574,14 +613,15 @@ class GRPO(OnPolicyAlgorithm):
 
     def _sample_actions(
         self, obs_tensor: th.Tensor | dict[str, th.Tensor], alpha: float, greedy_envs: np.ndarray | None
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """
-        Actions, values and *behaviour* log-probs for one step. With ``alpha == 0`` and no greedy envs this
-        is exactly ``self.policy(obs_tensor)`` (PPO's call, same random draws).
+        Actions, values, *behaviour* log-probs (``log mu(a|s)``, the mixture's where it explores) and the
+        policy's own log-probs (``log pi(a|s)``) for one step. With ``alpha == 0`` and no greedy envs this is
+        exactly ``self.policy(obs_tensor)`` (PPO's call, same random draws), with its log-probs twice.
         """
         actions, values, log_probs = self.policy(obs_tensor)
         if alpha <= 0 and greedy_envs is None:
-            return actions, values, log_probs
+            return actions, values, log_probs, log_probs
         n_envs = actions.shape[0]
         greedy = np.zeros(n_envs, dtype=bool) if greedy_envs is None else greedy_envs
         if greedy.any():
@@ -605,8 +645,10 @@ class GRPO(OnPolicyAlgorithm):
                 log_probs[rows] = explore_log_probs.reshape(log_probs.shape)[rows]
             log_u = uniform_log_prob(self.action_space, actions, squashed)
             mixed = mixture_log_prob(log_probs, log_u, alpha)
+            policy_log_probs = log_probs  # log pi of every action, explored or not
             log_probs = th.where(th.as_tensor(~greedy, device=log_probs.device), mixed, log_probs)
-        return actions, values, log_probs
+            return actions, values, log_probs, policy_log_probs
+        return actions, values, log_probs, log_probs
 
     def collect_rollouts(
         self,
@@ -656,7 +698,7 @@ class GRPO(OnPolicyAlgorithm):
             with th.no_grad():
                 # Convert to pytorch tensor or to TensorDict
                 obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
-                actions, values, log_probs = self._sample_actions(obs_tensor, alpha, greedy_envs)
+                actions, values, log_probs, policy_log_probs = self._sample_actions(obs_tensor, alpha, greedy_envs)
             actions = actions.cpu().numpy()
 
             # Rescale and perform action
@@ -707,6 +749,8 @@ class GRPO(OnPolicyAlgorithm):
                         terminal_value = self.policy.predict_values(terminal_obs)[0]  # type: ignore[arg-type]
                     rewards[idx] += self.gamma * terminal_value
 
+            # the policy's own log-probs beside the behaviour's, for the importance-weighted KL (GRPO's buffers)
+            own = {"policy_log_prob": policy_log_probs} if isinstance(rollout_buffer, PolicyLogProbMixin) else {}
             rollout_buffer.add(
                 self._last_obs,  # type: ignore[arg-type]
                 actions,
@@ -714,6 +758,7 @@ class GRPO(OnPolicyAlgorithm):
                 self._last_episode_starts,  # type: ignore[arg-type]
                 values,
                 log_probs,
+                **own,
             )
             self._last_obs = new_obs  # type: ignore[assignment]
             self._last_episode_starts = dones
@@ -807,7 +852,14 @@ class GRPO(OnPolicyAlgorithm):
             for seq in self.rollout_buffer.get_sequences(self.batch_size):
                 m = seq.action_mask
                 yield _Minibatch(
-                    seq.input_ids[m], seq.old_values[m], seq.old_log_prob[m], seq.advantages[m], seq.returns[m], None, seq
+                    actions=seq.input_ids[m],
+                    old_values=seq.old_values[m],
+                    old_log_prob=seq.old_log_prob[m],
+                    advantages=seq.advantages[m],
+                    returns=seq.returns[m],
+                    observations=None,
+                    sequences=seq,
+                    old_policy_log_prob=seq.old_policy_log_prob[m],
                 )
             return
         for rollout_data in self.rollout_buffer.get(self.batch_size):
@@ -816,13 +868,14 @@ class GRPO(OnPolicyAlgorithm):
                 # Convert discrete action from float to long
                 actions = rollout_data.actions.long().flatten()
             yield _Minibatch(
-                actions,
-                rollout_data.old_values,
-                rollout_data.old_log_prob,
-                rollout_data.advantages,
-                rollout_data.returns,
-                rollout_data.observations,
-                None,
+                actions=actions,
+                old_values=rollout_data.old_values,
+                old_log_prob=rollout_data.old_log_prob,
+                advantages=rollout_data.advantages,
+                returns=rollout_data.returns,
+                observations=rollout_data.observations,
+                sequences=None,
+                old_policy_log_prob=getattr(rollout_data, "old_policy_log_prob", None),
             )
 
     def _evaluate(self, batch: _Minibatch) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
@@ -856,6 +909,26 @@ class GRPO(OnPolicyAlgorithm):
                     seq.input_ids, seq.attention_mask, seq.action_mask
                 )
             return ref_log_prob[seq.action_mask]
+
+    def _kl_to_reference(self, batch: _Minibatch, log_prob: th.Tensor) -> th.Tensor:
+        """
+        The minibatch's importance-weighted k3 estimate of ``KL(pi || pi_ref)``
+        (:func:`~sb3_grpo.objectives.kl_k3_weighted_mean`, weights ``pi_old / mu`` from the rollout).
+
+        :param batch: the minibatch
+        :param log_prob: ``log pi(a|s)`` of its actions under the current policy (with gradient)
+        """
+        ref_log_prob = self._reference_log_prob(batch)
+        if batch.old_policy_log_prob is None:
+            if self._rollout_explore_alpha > 0:
+                raise RuntimeError(
+                    f"GRPO: the rollout was collected with explore_alpha={self._rollout_explore_alpha:.3g} but the "
+                    f"rollout buffer ({type(self.rollout_buffer).__name__}) does not store the policy's own log-probs, "
+                    "so the KL to the reference cannot be importance-weighted; use GRPO's buffers "
+                    "(sb3_grpo.buffers.GRPORolloutBuffer, GRPODictRolloutBuffer, SequenceRolloutBuffer)"
+                )
+            return kl_k3_weighted_mean(log_prob, ref_log_prob)
+        return kl_k3_weighted_mean(log_prob, ref_log_prob, batch.old_policy_log_prob, batch.old_log_prob)
 
     def _gradient_variance(self, slice_objectives: list[th.Tensor]) -> th.Tensor:
         """
@@ -993,8 +1066,9 @@ class GRPO(OnPolicyAlgorithm):
                     loss = loss + self.grad_var_coef * grad_var
 
                 if use_kl:
-                    ref_log_prob = self._reference_log_prob(rollout_data)
-                    kl_ref = kl_k3(log_prob, ref_log_prob).mean()
+                    # (1/N) sum w * k3 with w = pi_old / mu: the KL of the policy's own samples, from the
+                    # mixture's (exactly the plain k3 mean when alpha = 0); the log and the controller use it too
+                    kl_ref = self._kl_to_reference(rollout_data, log_prob)
                     kl_refs.append(kl_ref.item())
                     details["kl_ref"] = kl_refs[-1]
                     loss = loss + self.kl_coef * kl_ref

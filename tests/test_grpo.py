@@ -8,12 +8,14 @@ import pytest
 import torch as th
 from gymnasium import spaces
 from stable_baselines3 import PPO
+from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.envs import SimpleMultiObsEnv
+from stable_baselines3.common.envs import IdentityEnv, SimpleMultiObsEnv
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_grpo import GRPO
-from sb3_grpo.objectives import group_advantages, rloo_advantages
+from sb3_grpo.buffers import GRPODictRolloutBuffer, GRPORolloutBuffer
+from sb3_grpo.objectives import group_advantages, kl_k3, rloo_advantages
 from helpers import params, quiet
 
 OFF = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "advantage": "gae", "kl_coef": 0.0}
@@ -130,9 +132,103 @@ def test_stored_log_prob_is_the_mixture_density(env_id):
             uniform = inside.float() / float(np.prod(space.high - space.low))
     expected = th.log((1 - alpha) * log_pi.double().exp() + alpha * uniform.double())
     np.testing.assert_allclose(buf.log_probs.reshape(-1), expected.numpy(), rtol=1e-4, atol=1e-5)
+    # beside it, the policy's own log-prob of every action, explored or not (the KL's importance weights)
+    np.testing.assert_allclose(buf.policy_log_probs.reshape(-1), log_pi.numpy(), rtol=1e-4, atol=1e-5)
     if isinstance(space, spaces.Box):
         # about alpha of the actions come from the uniform: inside the box, never clipped by the env
         assert inside.float().mean() > 0.4
+
+
+# ------------------------------------------------------------------- KL to the reference under exploration
+def _bandit_with_known_kl(explore_alpha: float, n_actions: int = 20, n_envs: int = 8, n_steps: int = 256):
+    """
+    GRPO on SB3's ``IdentityEnv`` whose policy and reference ignore the observation: a peaked ``pi`` and a
+    flatter ``ref`` (fixed logits in ``action_net``'s bias), so ``KL(pi || ref)`` is known exactly; with
+    ``learning_rate=0`` the update leaves ``pi`` where it is. One rollout, one minibatch, one epoch.
+    """
+    gen = th.Generator().manual_seed(2)
+    pi = th.softmax(4 * th.randn(n_actions, generator=gen, dtype=th.float64), 0)
+    ref = th.softmax(th.randn(n_actions, generator=gen, dtype=th.float64), 0)
+    env = DummyVecEnv([lambda: IdentityEnv(n_actions, ep_length=n_steps)] * n_envs)
+    kl = (pi * (pi.log() - ref.log())).sum().item()
+    model = quiet(
+        GRPO(
+            "MlpPolicy", env, n_steps=n_steps, batch_size=n_steps * n_envs, n_epochs=1, learning_rate=0.0, seed=0,
+            device="cpu", **{**OFF, "explore_alpha": explore_alpha, "explore_fraction": 1.0, "kl_coef": 0.1},
+            kl_target=kl,
+        )
+    )  # fmt: skip
+    with th.no_grad():
+        for policy, probs in ((model.policy, pi), (model.ref_policy, ref)):
+            policy.action_net.weight.zero_()
+            policy.action_net.bias.copy_(probs.log().float())
+    return model, pi, ref, kl
+
+
+def test_kl_to_reference_under_exploration_is_the_policys_kl():
+    """With alpha = 0.3 the rollout's actions come from the mixture; the logged KL, the KL in the loss and the
+    controller's input are the importance-weighted k3 mean, close to the exact KL(pi || ref), while the plain
+    k3 mean over the same actions is orders of magnitude off."""
+    model, pi, ref, kl = _bandit_with_known_kl(explore_alpha=0.3)
+    model.learn(model.n_steps * model.n_envs)
+    logged = model.logger.name_to_value
+    assert logged["train/explore_alpha"] == pytest.approx(0.3)
+    # 2048 actions, about 2.3 standard deviation per weighted sample here: 0.1 * KL is about 4 standard errors
+    assert logged["train/kl_ref"] == pytest.approx(kl, rel=0.1)
+    actions = th.as_tensor(model.rollout_buffer.actions).long().flatten()
+    unweighted = kl_k3(pi.log()[actions], ref.log()[actions]).mean().item()
+    assert unweighted > 100 * kl, "the rollout should hold uniformly explored actions"
+    # the loss holds kl_coef (0.1 during the update) times the logged estimate (one minibatch, ent_coef = 0)
+    pg_and_vf = logged["train/policy_gradient_loss"] + model.vf_coef * logged["train/value_loss"]
+    assert logged["train/loss"] == pytest.approx(pg_and_vf + 0.1 * logged["train/kl_ref"], rel=1e-5)
+    # and the controller moved kl_coef by its (unclipped) error on the same estimate
+    assert model.kl_coef == pytest.approx(0.1 * (1 + 0.1 * (logged["train/kl_ref"] / kl - 1)), rel=1e-9)
+
+
+def test_kl_to_reference_without_exploration_is_unchanged():
+    """alpha = 0: every weight is exactly 1, the estimate is the plain k3 mean of the policy's own samples."""
+    model, pi, ref, _ = _bandit_with_known_kl(explore_alpha=0.0)
+    model.learn(model.n_steps * model.n_envs)
+    buf = model.rollout_buffer
+    assert np.array_equal(buf.policy_log_probs, buf.log_probs)
+    actions = th.as_tensor(buf.actions).long().flatten()
+    plain = kl_k3(pi.log()[actions].float(), ref.log()[actions].float()).mean().item()
+    assert model.logger.name_to_value["train/kl_ref"] == pytest.approx(plain, rel=1e-5)
+
+
+def test_grpo_builds_its_buffers_in_place_of_sb3s():
+    assert type(GRPO("MlpPolicy", "CartPole-v1", n_steps=64).rollout_buffer) is GRPORolloutBuffer
+    stock = GRPO("MlpPolicy", "CartPole-v1", n_steps=64, rollout_buffer_class=RolloutBuffer)
+    assert type(stock.rollout_buffer) is GRPORolloutBuffer
+    multi = GRPO("MultiInputPolicy", SimpleMultiObsEnv(), n_steps=64, rollout_buffer_class=DictRolloutBuffer)
+    assert type(multi.rollout_buffer) is GRPODictRolloutBuffer
+
+
+def test_weighted_kl_needs_a_buffer_with_the_policys_log_probs():
+    class PlainBuffer(RolloutBuffer):
+        pass
+
+    with pytest.raises(ValueError, match="PlainBuffer does not.*rollout_buffer_class=None"):
+        GRPO("MlpPolicy", "CartPole-v1", n_steps=64, rollout_buffer_class=PlainBuffer, explore_alpha=0.1, kl_coef=0.1)
+    GRPO("MlpPolicy", "CartPole-v1", n_steps=64, rollout_buffer_class=PlainBuffer, explore_alpha=0.0, kl_coef=0.1)
+    # a stock buffer put in by hand after an explored rollout: a clear error, not a silently biased KL
+    model = quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, explore_alpha=0.3, kl_coef=0.1, **SMALL))
+    buf = _collect_one_rollout(model)
+    stock = RolloutBuffer(buf.buffer_size, model.observation_space, model.action_space, "cpu", n_envs=buf.n_envs)
+    stock.__dict__.update({k: v for k, v in buf.__dict__.items() if k != "policy_log_probs"})
+    model.rollout_buffer = stock
+    with pytest.raises(RuntimeError, match="does not store the policy's own log-probs"):
+        model.train()
+
+
+def test_save_load_with_exploration_and_kl(tmp_path):
+    model = quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, explore_alpha=0.3, kl_coef=0.1, **SMALL)).learn(128)
+    model.rollout_buffer_class = RolloutBuffer  # as a model saved before GRPO had its own buffers
+    model.save(tmp_path / "grpo")
+    loaded = quiet(GRPO.load(tmp_path / "grpo", env=model.env, device="cpu"))
+    assert type(loaded.rollout_buffer) is GRPORolloutBuffer
+    loaded.learn(128, reset_num_timesteps=False)
+    assert np.isfinite(loaded.logger.name_to_value["train/kl_ref"])
 
 
 def test_pendulum_learns_with_exploration_smoke():

@@ -12,7 +12,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.buffers import DictRolloutBuffer
 
 from sb3_grpo import GRPO, CausalLMPolicy
-from sb3_grpo.buffers import SequenceRolloutBuffer, episode_segments, pack_segments
+from sb3_grpo.buffers import GRPODictRolloutBuffer, SequenceRolloutBuffer, episode_segments, pack_segments
 from textrl_envs.sb3 import make_vec_env
 from helpers import params, quiet
 
@@ -49,7 +49,8 @@ def test_grpo_picks_the_sequence_buffer_for_causal_lm_policy_only():
     env = _env()
     assert isinstance(GRPO("CausalLMPolicy", env, **HP).rollout_buffer, SequenceRolloutBuffer)
     per_transition = GRPO("CausalLMPolicy", env, rollout_buffer_class=DictRolloutBuffer, **HP)
-    assert type(per_transition.rollout_buffer) is DictRolloutBuffer
+    # SB3's DictRolloutBuffer, plus the policy's own log-probs (the KL's importance weights)
+    assert type(per_transition.rollout_buffer) is GRPODictRolloutBuffer
 
 
 def _collect(model):
@@ -83,6 +84,7 @@ def test_sequences_rebuild_every_stored_window_and_field():
             assert not obs_mask[: w - j].any()
             assert int(samples.input_ids[s, j]) == int(buf.actions[step, env, 0])
             assert float(samples.old_log_prob[s, j]) == pytest.approx(float(buf.log_probs[step, env]))
+            assert float(samples.old_policy_log_prob[s, j]) == pytest.approx(float(buf.policy_log_probs[step, env]))
             assert float(samples.advantages[s, j]) == pytest.approx(float(buf.advantages[step, env]))
             assert float(samples.returns[s, j]) == pytest.approx(float(buf.returns[step, env]))
             assert float(samples.old_values[s, j]) == pytest.approx(float(buf.values[step, env]))
@@ -107,24 +109,32 @@ def test_sequence_outputs_equal_per_transition_outputs_on_the_same_rollout():
 
 
 def _per_transition_copy(model, buf):
-    """A DictRolloutBuffer holding exactly the data of a SequenceRolloutBuffer."""
-    copy = DictRolloutBuffer(
+    """A per-transition buffer (SB3's DictRolloutBuffer plus the policy's log-probs) holding exactly the data of a
+    SequenceRolloutBuffer."""
+    copy = GRPODictRolloutBuffer(
         buf.buffer_size, model.observation_space, model.action_space, "cpu", buf.gae_lambda, buf.gamma, buf.n_envs
     )
     copy.observations = {"input_ids": buf.token_ids.numpy().copy(), "attention_mask": buf.token_mask.numpy().copy()}
     for name in ("actions", "rewards", "returns", "episode_starts", "values", "log_probs", "advantages"):
         setattr(copy, name, getattr(buf, name).copy())
+    copy.policy_log_probs = buf.policy_log_probs.copy()
     copy.full, copy.pos = True, buf.pos
     return copy
 
 
 @pytest.mark.parametrize(
     "extras",
-    [OFF, {"grad_var_coef": 0.01, "grad_var_params": ["value_head"], "adaptive_clip": (1.1, 0.9), "kl_coef": 0.1}],
-    ids=["ppo", "grpo-terms"],
+    [
+        OFF,
+        {"grad_var_coef": 0.01, "grad_var_params": ["value_head"], "adaptive_clip": (1.1, 0.9), "kl_coef": 0.1},
+        # explored tokens: the importance-weighted KL (w = pi_old / mu) on both paths, and its controller
+        {"explore_alpha": 0.3, "explore_fraction": 1.0, "kl_coef": 0.1, "kl_target": 0.01},
+    ],
+    ids=["ppo", "grpo-terms", "explore-kl"],
 )
 def test_one_update_from_the_same_rollout_is_the_same_on_both_paths(extras):
-    """Same rollout, one minibatch per epoch: the fast path's update equals the per-transition path's."""
+    """Same rollout, one minibatch per epoch: the fast path's update equals the per-transition path's, the KL
+    to the reference and the KL controller included."""
     hp = {**HP, "batch_size": N_STEPS * N_ENVS, "n_epochs": 2}
     extras = {**OFF, **extras}
     fast = quiet(GRPO("CausalLMPolicy", _env(), **hp, **extras))
@@ -134,6 +144,9 @@ def test_one_update_from_the_same_rollout_is_the_same_on_both_paths(extras):
         slow.ref_policy.load_state_dict(fast.ref_policy.state_dict())
     buf = _collect(fast)
     slow.rollout_buffer = _per_transition_copy(slow, buf)
+    if extras["explore_alpha"] > 0:  # the weights pi_old / mu differ from 1: the test sees whether they are used
+        assert fast._rollout_explore_alpha == pytest.approx(0.3)
+        assert not np.array_equal(buf.policy_log_probs, buf.log_probs)
     before = params(fast)
     fast.train()
     slow.train()
@@ -141,7 +154,11 @@ def test_one_update_from_the_same_rollout_is_the_same_on_both_paths(extras):
     assert any(not th.equal(before[k], after_fast[k]) for k in before), "the update must move the weights"
     for k in after_fast:
         th.testing.assert_close(after_fast[k], after_slow[k], atol=2e-6, rtol=1e-5)
-    for key in ("train/policy_gradient_loss", "train/value_loss", "train/entropy_loss", "train/loss"):
+    keys = ["train/policy_gradient_loss", "train/value_loss", "train/entropy_loss", "train/loss"]
+    if extras["kl_coef"] > 0:
+        keys += ["train/kl_ref", "train/kl_coef"]
+        assert fast.logger.name_to_value["train/kl_ref"] > 0
+    for key in keys:
         a, b = fast.logger.name_to_value[key], slow.logger.name_to_value[key]
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6), key
 
