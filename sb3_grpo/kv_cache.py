@@ -135,6 +135,88 @@ class _RowCache:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Prefill memo
+# --------------------------------------------------------------------------------------------------------------
+
+
+class PrefillMemo:
+    """Keys/values, logits and value of recently prefilled windows, for the current parameters.
+
+    A window's keys/values depend only on its valid tokens (positions count valid tokens, and no other token is
+    attended to), so a window that comes back while the parameters are unchanged needs no forward. In RL on text
+    that is the rule rather than the exception: every member of a prompt group starts its episode on the same
+    prompt (each at its own step, so each start is a separate prefill), and prompt sets are small next to the
+    number of episodes. The memo keeps the most recently used windows up to ``max_bytes`` of keys/values, and is
+    cleared whenever the parameters change (:class:`RolloutCache` checks the version at every prefill).
+
+    :param max_bytes: budget for the stored keys and values (least recently used windows are evicted first).
+    """
+
+    def __init__(self, max_bytes: int = 64 * 2**20):
+        self.max_bytes = max_bytes
+        self.version: int | None = None
+        self._entries: OrderedDict[tuple[int, ...], tuple[list[tuple[th.Tensor, th.Tensor]], th.Tensor, th.Tensor]] = (
+            OrderedDict()
+        )
+        self._bytes = 0
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @staticmethod
+    def windows(ids: th.Tensor, mask: th.Tensor) -> list[tuple[int, ...]]:
+        """The key of each row: its valid token ids, in order."""
+        return [tuple(i for i, m in zip(row_ids, row_mask) if m) for row_ids, row_mask in zip(ids.tolist(), mask.tolist())]
+
+    def get(self, window: tuple[int, ...]):
+        entry = self._entries.get(window)
+        if entry is not None:
+            self._entries.move_to_end(window)
+        return entry
+
+    def remember(self, windows: list[tuple[int, ...]], cache: Any, kv_mask: th.Tensor, logits: th.Tensor, values: th.Tensor) -> None:
+        """Store each row of a freshly prefilled batch (right-aligned: row ``b``'s tokens are its last columns)."""
+        for b, window in enumerate(windows):
+            if window in self._entries or not window:
+                continue
+            n = len(window)
+            if int(kv_mask[b, -n:].sum()) != n:  # not a plain right-aligned prefill: do not guess
+                continue
+            layers = [(layer.keys[b : b + 1, :, -n:].clone(), layer.values[b : b + 1, :, -n:].clone()) for layer in cache.layers]
+            size = sum(k.numel() * k.element_size() * 2 for k, _ in layers)
+            if size > self.max_bytes:
+                continue
+            self._entries[window] = (layers, logits[b].clone(), values[b].clone())
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, (old, _, _) = self._entries.popitem(last=False)
+                self._bytes -= sum(k.numel() * k.element_size() * 2 for k, _ in old)
+
+    @staticmethod
+    def assemble(entries: list, lm_config: Any) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
+        """One right-aligned batch ``(cache, kv_mask, logits, values)`` from memo entries, in order."""
+        from transformers import DynamicCache
+
+        length = max(layers[0][0].shape[-2] for layers, _, _ in entries)
+        cache = DynamicCache(config=lm_config)
+        for i in range(len(entries[0][0])):
+            keys = th.cat([left_pad_columns(layers[i][0], length) for layers, _, _ in entries])
+            values = th.cat([left_pad_columns(layers[i][1], length) for layers, _, _ in entries])
+            cache.update(keys, values, i)
+        first = entries[0][0][0][0]
+        kv_mask = th.zeros(len(entries), length, dtype=th.long, device=first.device)
+        for b, (layers, _, _) in enumerate(entries):
+            kv_mask[b, length - layers[0][0].shape[-2] :] = 1
+        logits = th.stack([e[1] for e in entries])
+        values = th.stack([e[2] for e in entries])
+        return cache, kv_mask, logits, values
+
+
+# --------------------------------------------------------------------------------------------------------------
 # The cache
 # --------------------------------------------------------------------------------------------------------------
 
@@ -173,10 +255,12 @@ class RolloutCache:
         self.states: OrderedDict[int, _RowCache] = OrderedDict()
         self.supported = True
         self._param_list: list[th.Tensor] | None = None
+        self.memo = PrefillMemo()
 
     def reset(self) -> None:
-        """Drop every batch's cache (the next call recomputes all rows)."""
+        """Drop every batch's cache and the prefill memo (the next call recomputes all rows)."""
         self.states.clear()
+        self.memo.clear()
 
     def outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor] | None:
         """Logits ``[B, V]`` and values ``[B]`` for whole windows, from the cache (call under ``no_grad``).
@@ -198,6 +282,33 @@ class RolloutCache:
         return sum(p._version for p in params)
 
     def _prefill(
+        self, ids: th.Tensor, mask: th.Tensor
+    ) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
+        """Cache, mask, logits and values of some rows: ``(cache, kv_mask, logits, values)``.
+
+        Rows whose window the :class:`PrefillMemo` holds (for the current parameters) are copied from it; the
+        others get one full forward, and are remembered.
+        """
+        version = self._param_version()
+        if self.memo.version != version:
+            self.memo.clear()
+            self.memo.version = version
+        windows = self.memo.windows(ids, mask)
+        found = [self.memo.get(w) for w in windows]
+        missing = [i for i, entry in enumerate(found) if entry is None]
+        if len(missing) == len(found):
+            computed = self._compute_prefill(ids, mask)
+            self.memo.remember(windows, *computed)
+            return computed
+        if missing:
+            rows = th.as_tensor(missing, device=ids.device)
+            computed = self._compute_prefill(ids[rows], mask[rows])
+            self.memo.remember([windows[i] for i in missing], *computed)
+            for i, w in zip(missing, (windows[i] for i in missing)):
+                found[i] = self.memo.get(w)
+        return self.memo.assemble(found, self._lm_config)  # type: ignore[arg-type]
+
+    def _compute_prefill(
         self, ids: th.Tensor, mask: th.Tensor
     ) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
         """Full forward of some rows, building their cache: ``(cache, kv_mask, logits, values)``."""

@@ -25,7 +25,7 @@ def says_great(prompts, completions, **kwargs):
 
 def _env(group_size=1, seed=0):
     return make_vec_env(
-        "TextGen-v0", n_envs=8, group_size=group_size, seed=seed, device="cpu", max_new_tokens=4, reward=says_great
+        "TextGen-v0", n_envs=16, group_size=group_size, seed=seed, device="cpu", max_new_tokens=4, reward=says_great
     )
 
 
@@ -34,18 +34,28 @@ def _mean_reward(model, episodes=64):
     return reward
 
 
-@pytest.mark.parametrize("advantage, group_size, updates", [("gae", 1, 20), ("group", 4, 6)])
-def test_grpo_learns_an_easy_text_task(advantage, group_size, updates):
+def _seeds() -> list[int]:
+    """Seeds to run: ``TEXTRL_LEARNING_SEEDS="0-29"`` (or ``"3"``) sweeps them; the default is seed 0 only."""
+    first, _, last = os.environ.get("TEXTRL_LEARNING_SEEDS", "0").partition("-")
+    return list(range(int(first), int(last or first) + 1))
+
+
+# Settings chosen to learn on most seeds, not just on seed 0: with TEXTRL_LEARNING_SEEDS=0-29 group advantages pass
+# on all 30 seeds and GAE on 26 of 30 (on seeds 13, 17, 21 and 29 it ends at 0.02-0.47: the policy drifted away
+# from "great" before the value head caught up, a failure of short runs that the default seed does not hide).
+@pytest.mark.parametrize("seed", _seeds())
+@pytest.mark.parametrize("advantage, group_size, updates", [("gae", 1, 10), ("group", 8, 8)])
+def test_grpo_learns_an_easy_text_task(advantage, group_size, updates, seed):
     th.set_num_threads(1)
-    th.manual_seed(0)
+    th.manual_seed(seed)
     model = GRPO(
         "CausalLMPolicy",
-        _env(group_size),
+        _env(group_size, seed),
         n_steps=16,
         batch_size=64,
         n_epochs=2,
-        learning_rate=2e-3,
-        seed=0,
+        learning_rate=5e-4,
+        seed=seed,
         device="cpu",
         advantage=advantage,
         grad_var_params=["value_head"],
@@ -53,7 +63,7 @@ def test_grpo_learns_an_easy_text_task(advantage, group_size, updates):
     model.set_logger(configure(None, []))
     assert isinstance(model.rollout_buffer, SequenceRolloutBuffer)
     before = _mean_reward(model)
-    model.learn(16 * 8 * updates)
+    model.learn(16 * 16 * updates)
     after = _mean_reward(model)
     assert before < 0.2
     assert after > 0.6, f"{advantage}: reward {before:.2f} -> {after:.2f}"

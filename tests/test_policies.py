@@ -442,6 +442,37 @@ def test_cache_invalidated_when_weights_change():
     assert not policy._rollout_cache.states
 
 
+def _windows(rows: list[list[int]]) -> dict[str, th.Tensor]:
+    ids, mask = th.zeros(len(rows), W, dtype=th.long), th.zeros(len(rows), W, dtype=th.long)
+    for b, row in enumerate(rows):
+        ids[b, W - len(row) :], mask[b, W - len(row) :] = th.tensor(row), 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.mark.parametrize("factory", [tiny_gpt2, tiny_llama])
+def test_a_prompt_seen_before_is_served_from_the_prefill_memo(factory):
+    """A group member starting on its group's prompt a few steps after the others needs no forward for it."""
+    policy = make_policy(factory())
+    full = make_policy(factory(), use_cache=False)
+    full.load_state_dict(policy.state_dict())
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
+    with th.no_grad():
+        actions, _, _ = policy(_windows(prompts))
+        rows = [p + [int(a)] for p, a in zip(prompts, actions)]
+        rows[0] = prompts[2]  # env 0 auto-reset onto the prompt env 2 began with
+        with count_lm_calls(policy) as calls:
+            _, values, _ = policy(_windows(rows))
+        assert calls == [(4, 1)]  # only the look-ahead step: env 0's prompt came from the memo
+        _, want_values, _ = full(_windows(rows))
+        chosen = policy.get_distribution(_windows(rows)).distribution.logits
+        np.testing.assert_allclose(chosen, full.get_distribution(_windows(rows)).distribution.logits, atol=1e-5)
+        np.testing.assert_allclose(values, want_values, atol=1e-5)
+        policy.value_head.bias.add_(1.0)  # new parameters: the memo is stale
+        with count_lm_calls(policy) as calls:
+            policy(_windows([prompts[2]] * 2))
+        assert calls[0] == (2, 4)  # prefilled again
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # (b) one forward per sequence == per-transition evaluate_actions
 # ------------------------------------------------------------------------------------------------------------------
