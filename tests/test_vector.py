@@ -71,7 +71,12 @@ def test_in_place_append_equals_the_pure_one():
         append_tokens_(ids.t(), mask.t(), tokens)
 
 
-def test_pure_functions():
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_pure_functions(backend, monkeypatch):
+    if backend == "torch":  # the path other devices take, run on CPU tensors
+        from textrl_envs import vector
+
+        monkeypatch.setattr(vector, "_start_windows_numpy", lambda *a: vector._start_windows_torch(*map(torch.as_tensor, a[:6]), a[6]))
     ids, mask = pack_prompts([np.array([5, 6]), np.array([7, 8, 9])], width=3, pad_token_id=0)
     assert ids.tolist() == [[0, 5, 6], [7, 8, 9]] and mask.tolist() == [[0, 1, 1], [1, 1, 1]]
     w_ids = torch.full((4, 5), 9, dtype=torch.int64)

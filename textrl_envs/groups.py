@@ -74,12 +74,15 @@ class GroupPrompts:
         :return: ``(M,)`` rows.
         """
         groups = envs // self.group_size
-        fresh = np.unique(groups[rounds > self._newest[groups]])
+        fresh = groups[rounds > self._newest[groups]]
+        if self.group_size > 1:  # members of one group may begin the same round together
+            fresh = np.unique(fresh)
         if fresh.size:
             newest = self._newest.copy()
             newest[fresh] += 1
-            oldest = all_rounds.reshape(self.num_groups, self.group_size).min(axis=1)
-            self._fit(int((newest - oldest).max(initial=0)) + 1)  # rounds oldest..newest are still needed
+            if self.group_size > 1:  # a lone env only ever needs its newest round
+                oldest = all_rounds.reshape(self.num_groups, self.group_size).min(axis=1)
+                self._fit(int((newest - oldest).max(initial=0)) + 1)  # rounds oldest..newest are still needed
             self._newest = newest
             self._ring[fresh, newest[fresh] % self._ring.shape[1]] = self._draw(fresh)
         return self._ring[groups, rounds % self._ring.shape[1]]
