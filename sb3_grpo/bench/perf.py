@@ -181,7 +181,8 @@ def _text_env(env_id: str, n_envs: int, tokens: int, full_length: bool) -> Any:
 
 
 def _collector(n_envs: int, tokens: int, use_cache: bool, env_id: str, full_length: bool = True) -> Any:
-    """A callable that runs one ``PPO.collect_rollouts`` of ``tokens`` steps with ``CausalLMPolicy``."""
+    """A callable that runs one ``PPO.collect_rollouts`` of ``tokens`` steps with ``CausalLMPolicy``, starting each
+    time without cache, as a rollout after an update does."""
     from stable_baselines3 import PPO
 
     from sb3_grpo.policies import CausalLMPolicy
@@ -190,7 +191,12 @@ def _collector(n_envs: int, tokens: int, use_cache: bool, env_id: str, full_leng
     model = PPO(CausalLMPolicy, env, n_steps=tokens, batch_size=n_envs * tokens, n_epochs=1, seed=0, device="cpu",
                 policy_kwargs={"use_cache": use_cache})
     _, callback = model._setup_learn(10**9, None, progress_bar=False)
-    return lambda: model.collect_rollouts(env, callback, model.rollout_buffer, n_rollout_steps=tokens)
+
+    def collect() -> None:
+        model.policy.reset_cache()  # as after an update: no cache and no prefill memo carried over from the last call
+        model.collect_rollouts(env, callback, model.rollout_buffer, n_rollout_steps=tokens)
+
+    return collect
 
 
 def _generator(n_envs: int, tokens: int, env_id: str) -> Any:
@@ -322,6 +328,19 @@ def _update_on(model: Any, make_buffer: Any) -> Any:
     return update
 
 
+def _forward_positions(policy: Any, update: Any) -> int:
+    """Positions (rows x columns) the LM body computes in one call of ``update`` (the update's forwards)."""
+    shapes: list[tuple[int, ...]] = []
+    hook = policy.lm.base_model.register_forward_pre_hook(
+        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        update()
+    finally:
+        hook.remove()
+    return sum(rows * cols for rows, cols in shapes)
+
+
 LAST_BLOCK = ["lm.transformer.h.3.", "lm.transformer.ln_f."]
 
 
@@ -370,8 +389,13 @@ def update_seq_vs_stock(
         timers[label] = _update_on(model, lambda: seq_buffer)
     t, c = _interleaved(timers, repeats)
     n_seq = len(episode_segments(seq_buffer.episode_starts))
+    packed = _forward_positions(fast.policy, timers["ours"])
+    fast.policy.pack_sequences = False
+    padded = _forward_positions(fast.policy, timers["ours"])
+    fast.policy.pack_sequences = True
     notes = (f"{env_id}, bundled LM, one rollout of {n_envs} envs x {n_steps} steps = {n_envs * n_steps} tokens "
-             f"in {n_seq} sequences, {tokens}-token budget, 1 epoch, minibatch {hp['batch_size']}")
+             f"in {n_seq} sequences, {tokens}-token budget, 1 epoch, minibatch {hp['batch_size']}; packed forwards: "
+             f"{packed} positions (padded: {padded})")
     rows = [_row("update: sequence fast path vs stock PPO.train", t["ours"], t["stock"], "s/update", notes, False,
                  cpu=(c["ours"], c["stock"]))]
     for label, name in (("all", "all LM parameters"), ("last", "last block + final norm")):
