@@ -22,6 +22,7 @@ from typing import Any
 import torch as th
 
 __all__ = [
+    "PrefillMemo",
     "RolloutCache",
     "extends_by_one",
     "left_pad_columns",

@@ -207,7 +207,11 @@ class CausalLMPolicy(BasePolicy):
 
     All ``extend``/``replace`` rows share one batched single-token forward over the cache (2-D mask
     ``[cache mask, new column]``, position ``n_valid - 1``; other rows feed a masked dummy token). ``redo`` rows get one
-    prefill over those rows only; their cache is left-padded with masked slots and spliced into the batch cache.
+    prefill over those rows only; their cache is left-padded with masked slots and spliced into the batch cache. A
+    prefilled window's keys/values, logits and value are remembered (:class:`~sb3_grpo.kv_cache.PrefillMemo`, 64 MiB,
+    least recently used out first, emptied whenever the parameters change), so a window seen before under the same
+    parameters, typically a prompt that another member of the group, or an earlier episode, began with, is copied
+    instead of recomputed.
 
     *Look-ahead.* After ``forward`` samples the actions, it immediately runs the single-token step for
     ``window + action`` of every row (:meth:`_look_ahead`, i.e. :meth:`~sb3_grpo.kv_cache.RolloutCache.look_ahead`).
