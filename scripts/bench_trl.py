@@ -56,23 +56,26 @@ Unavoidable differences:
   tokens of the whole batch divided by their number, no per-sequence length normalisation); ours averages the
   per-token PPO loss over the update's transitions (also token-level), plus the k3 KL term per token in both. TRL
   computes the reference log-probs in a no-grad forward of the batch before its loss (in
-  ``_generate_and_score_completions``); ours in the update (the sequence path: one forward per episode for the
-  policy, one for the frozen reference). The steps of episodes cut by the rollout's end get advantage 0 in ours.
+  ``_generate_and_score_completions``); ours in the update (the sequence path: one packed forward over the
+  update's episodes for the policy, one for the frozen reference). The steps of episodes cut by the rollout's end get advantage 0 in ours.
 - The group std: unbiased (n - 1) in both (``torch.std``; :func:`sb3_grpo.objectives.group_advantages`).
 - Ours also carries the (untrained, with group advantages) value head of ``CausalLMPolicy``.
 
-Figures of the defaults (torch 2.13 CPU, transformers 5.24, TRL 1.16.0 on ``PYTHONPATH``, a 2-core CPU shared
-with other jobs, 1 thread, medians of 3 alternating loops, about 1 minute in all; the completions/CPU s column
-left out)::
+Figures of the defaults (torch 2.13 CPU, transformers 5.24, TRL 1.16.0 on ``PYTHONPATH``, a 2-core CPU, 1 thread,
+medians of 3 alternating loops, about 1 minute in all; the completions/CPU s column left out)::
 
     | loop                        | updates | completions | gen. tokens | mean len | wall s | CPU s | completions/s | tokens/s | rollout s | update s | reward first | reward last |
-    | ours: GRPO (group)          |      16 |        1696 |       24576 |     14.2 |   12.5 |  12.5 |         136.5 |     1966 |       4.0 |      8.5 |       +0.097 |       +0.538 |
-    | TRL GRPOTrainer (generate)  |      16 |        1024 |       15267 |     14.9 |    6.7 |   6.7 |         153.8 |     2281 |       1.9 |      4.7 |       +0.108 |       +0.684 |
-    ours / TRL: completions/s x0.89, tokens/s x0.86 (TRL padded completion positions: 24512)
+    | ours: GRPO (group)          |      16 |        1848 |       24576 |     13.0 |    9.0 |   8.9 |         204.4 |     2719 |       3.7 |      5.3 |       +0.185 |       +0.506 |
+    | TRL GRPOTrainer (generate)  |      16 |        1024 |       15267 |     14.9 |    7.4 |   7.3 |         138.1 |     2060 |       2.2 |      5.2 |       +0.108 |       +0.684 |
+    ours / TRL: completions/s x1.48, tokens/s x1.32 (TRL padded completion positions: 24512)
 
-On this setup ours does not match TRL yet: about 0.86-0.93x its rates over repeated runs. Per update ours
-samples the same N x T positions as TRL but its rollout takes about twice as long (the env loop's per-step overhead
-around a 1M-parameter LM, against one ``generate`` call), and its update trains on about 1.6x the tokens.
+Ours is faster on both rates (1.3-1.6x over repeated runs). Per update ours samples the same N x T positions as TRL;
+its rollout still takes longer (the envs that auto-reset get their prompt prefilled at nearly every step, where
+``generate`` prefills once; a prompt already prefilled under the same weights, e.g. by another member of its group,
+is copied from the policy's prefill memo instead), and its update trains on about 1.6x the tokens in about the
+same time, because the sequences of an update are packed end to end into shared rows
+(:mod:`sb3_grpo.packing`) rather than padded. TRL's reward rose further over these 16 updates (one seed; the
+loss normalisations differ, see above).
 """
 
 from __future__ import annotations
