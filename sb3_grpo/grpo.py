@@ -135,7 +135,10 @@ class GRPO(OnPolicyAlgorithm):
       ``(1 - alpha) * pi + alpha * uniform``; ``alpha`` decays linearly from ``explore_alpha`` to 0 over
       the first ``explore_fraction`` of training. The rollout stores the mixture's log-density, so the PPO
       ratio ``pi_new / pi_mix_old`` is an honest importance weight (so ``approx_kl`` and the clip
-      fraction are nonzero from the first epoch while ``alpha > 0``; keep ``target_kl`` loose then). Discrete, MultiDiscrete, MultiBinary
+      fraction are nonzero from the first epoch while ``alpha > 0``; keep ``target_kl`` loose then). Since
+      ``mu >= (1 - alpha) * pi_old``, a likely token's first ratio is about ``1 / (1 - alpha)``; above
+      ``alpha = eps_pos / (1 + eps_pos)`` that is outside the clip range and positive advantages get no
+      gradient, so GRPO warns at construction. Discrete, MultiDiscrete, MultiBinary
       and bounded Box actions (uniform density ``1 / volume`` on the box the policy samples in; SB3 clips
       Gaussian samples only when passing them to the env, so densities are compared before clipping).
     - **Advantage** (``advantage``): ``"gae"`` (PPO), or per completed group of episodes
@@ -398,11 +401,34 @@ class GRPO(OnPolicyAlgorithm):
         if self.explore_alpha > 0 and getattr(self, "action_space", None) is not None:
             # raises a clear ValueError for unbounded Box or unsupported action spaces
             uniform_log_prob(self.action_space)
+        self._warn_if_exploration_clips()
         if self.advantage != "gae" and self.env is not None:
             self._check_grouped_env(self.env)
 
         if _init_setup_model:
             self._setup_model()
+
+    def _warn_if_exploration_clips(self) -> None:
+        """Warn when the exploration mixture alone puts the first epoch's ratio outside the clip range.
+
+        The stored old log-prob is the mixture's, ``mu >= (1 - alpha) * pi_old``, so before any update the ratio
+        ``pi / mu`` of a likely token is about ``1 / (1 - alpha)``. Once that exceeds ``1 + eps_pos`` (``eps`` times
+        the positive scale of ``adaptive_clip``), i.e. ``alpha > eps_pos / (1 + eps_pos)``, the clipped objective
+        gives positive-advantage tokens no gradient from the first step on.
+        """
+        eps = self.clip_range(1.0) if callable(self.clip_range) else self.clip_range
+        if self.explore_alpha <= 0 or not isinstance(eps, (int, float)):
+            return
+        eps_pos = float(eps) * (self.adaptive_clip[0] if self.adaptive_clip is not None else 1.0)
+        threshold = eps_pos / (1.0 + eps_pos)
+        if self.explore_alpha > threshold:
+            warnings.warn(
+                f"GRPO: explore_alpha={self.explore_alpha:g} makes the PPO ratio of likely tokens start near "
+                f"1 / (1 - alpha) = {1.0 / (1.0 - self.explore_alpha):.3g}, above the clip bound 1 + {eps_pos:.3g}: "
+                f"tokens with positive advantage would get no gradient. Use explore_alpha <= {threshold:.3g} "
+                "or a wider clip_range",
+                stacklevel=3,
+            )
 
     # ------------------------------------------------------------------------------------------------------
     # Setup

@@ -1,6 +1,7 @@
 """GRPO against stock SB3 PPO and against hand-computed references (short seeded runs)."""
 
 import math
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -431,3 +432,15 @@ def test_causal_lm_policy_alias_is_lazy():
     policies = pytest.importorskip("sb3_grpo.policies")
     assert model._get_policy_from_name("CausalLMPolicy") is policies.CausalLMPolicy
     assert "CausalLMPolicy" not in GRPO.policy_aliases and "sb3_grpo" in sys.modules
+
+
+def test_exploration_that_would_clip_every_positive_advantage_warns():
+    # eps_pos = 0.2 * 1.1 = 0.22: the first-epoch ratio 1 / (1 - alpha) passes 1.22 above alpha = 0.22 / 1.22 = 0.18
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GRPO("MlpPolicy", "CartPole-v1", explore_alpha=0.17, device="cpu")
+        GRPO("MlpPolicy", "CartPole-v1", explore_alpha=0.3, clip_range=0.5, device="cpu")
+    with pytest.warns(UserWarning, match=r"explore_alpha=0.19 .* 1 / \(1 - alpha\) = 1.23.*explore_alpha <= 0.18"):
+        GRPO("MlpPolicy", "CartPole-v1", explore_alpha=0.19, device="cpu")
+    with pytest.warns(UserWarning, match="positive advantage would get no gradient"):
+        GRPO("MlpPolicy", "CartPole-v1", explore_alpha=0.19, adaptive_clip=None, clip_range=lambda _: 0.2, device="cpu")
