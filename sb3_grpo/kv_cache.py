@@ -305,8 +305,10 @@ class RolloutCache:
             rows = th.as_tensor(missing, device=ids.device)
             computed = self._compute_prefill(ids[rows], mask[rows])
             self.memo.remember([windows[i] for i in missing], *computed)
-            for i, w in zip(missing, (windows[i] for i in missing)):
-                found[i] = self.memo.get(w)
+            for i in missing:
+                found[i] = self.memo.get(windows[i])
+            if any(entry is None for entry in found):  # not kept (an empty window, over the budget): no shortcut
+                return self._compute_prefill(ids, mask)
         return self.memo.assemble(found, self._lm_config)  # type: ignore[arg-type]
 
     def _compute_prefill(

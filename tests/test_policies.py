@@ -760,3 +760,24 @@ def test_policy_save_load_keeps_dtype(tmp_path):
     obs = {k: th.as_tensor(v) for k, v in FakeTextVecEnv(n_envs=2).reset().items()}
     with th.no_grad():
         assert th.equal(policy.predict_values(obs), loaded.predict_values(obs))
+
+
+@pytest.mark.parametrize("budget", ["none", "full after the first call"])
+def test_prefill_memo_that_keeps_nothing_still_gives_the_full_recompute(budget):
+    policy = make_policy()
+    full = make_policy(use_cache=False)
+    full.load_state_dict(policy.state_dict())
+    memo = policy._rollout_cache.memo
+    if budget == "none":
+        memo.max_bytes = 1  # nothing fits: every prefill computes
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
+    with th.no_grad():
+        actions, _, _ = policy(_windows(prompts))
+        if budget != "none":  # the memo holds the prompts but keeps no new window: a hit and a miss it cannot keep
+            memo.remember = lambda *args: None
+        rows = [p + [int(a)] for p, a in zip(prompts, actions)]
+        rows[0], rows[1] = prompts[2], [20, 21]
+        _, values, _ = policy(_windows(rows))
+        _, want, _ = full(_windows(rows))
+    assert len(memo) == (0 if budget == "none" else 4)
+    np.testing.assert_allclose(values, want, atol=1e-5)
