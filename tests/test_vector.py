@@ -57,15 +57,20 @@ def biased_actions(rng: np.random.Generator, n: int, vocab: int, step: int) -> n
 # -- the pure bookkeeping ---------------------------------------------------------------------------
 
 
-def test_in_place_append_equals_the_pure_one():
+@pytest.mark.parametrize("path", ["numpy", "torch"])
+def test_in_place_append_equals_the_pure_one(path):
+    from textrl_envs.vector import _append_tokens_torch
+
     rng = np.random.default_rng(0)
     ids = torch.as_tensor(rng.integers(0, 50, (7, 6)))
     mask = torch.as_tensor(rng.integers(0, 2, (7, 6)))
     for _ in range(8):  # repeated shifts: rows never leak into one another
         tokens = torch.as_tensor(rng.integers(0, 50, 7))
         want_ids, want_mask = append_tokens(ids, mask, tokens)
-        host = tokens.numpy().copy() if rng.random() < 0.5 else None
-        append_tokens_(ids, mask, tokens, host)
+        if path == "torch":  # the path of other devices, on CPU tensors
+            _append_tokens_torch(ids, mask, tokens)
+        else:
+            append_tokens_(ids, mask, tokens, tokens.numpy().copy() if rng.random() < 0.5 else None)
         assert torch.equal(ids, want_ids) and torch.equal(mask, want_mask)
     with pytest.raises(ValueError, match="contiguous"):
         append_tokens_(ids.t(), mask.t(), tokens)

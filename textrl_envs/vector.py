@@ -156,11 +156,19 @@ def append_tokens_(ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, 
     if not (ids.is_contiguous() and mask.is_contiguous()):
         raise ValueError("append_tokens_ needs contiguous (N, W) state tensors")
     if ids.device.type == "cpu":
-        for state, last in ((ids.numpy(), tokens.numpy() if host_tokens is None else host_tokens), (mask.numpy(), 1)):
-            flat = state.reshape(-1)  # a view: the state is contiguous
-            flat[:-1] = flat[1:]
-            state[:, -1] = last
-        return
+        _append_tokens_numpy(ids.numpy(), mask.numpy(), tokens.numpy() if host_tokens is None else host_tokens)
+    else:
+        _append_tokens_torch(ids, mask, tokens)
+
+
+def _append_tokens_numpy(ids: np.ndarray, mask: np.ndarray, tokens: np.ndarray) -> None:
+    for state, last in ((ids, tokens), (mask, 1)):
+        flat = state.reshape(-1)  # a view: the state is contiguous
+        flat[:-1] = flat[1:]
+        state[:, -1] = last
+
+
+def _append_tokens_torch(ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> None:
     ids[:, :-1] = ids[:, 1:].clone()
     ids[:, -1] = tokens
     mask[:, :-1] = mask[:, 1:].clone()
