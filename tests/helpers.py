@@ -48,3 +48,13 @@ def register_test_id(env_id: str) -> None:
             vector_entry_point="textrl_envs.vector:TextGenVectorEnv",
             kwargs={"task": None},
         )
+
+
+def bundled_assets() -> bool:
+    """Whether the bundled tokenizer is present (it ships with the package; a source tree may not have built it)."""
+    try:
+        from textrl_envs.assets import tokenizer_path
+
+        return bool(tokenizer_path())
+    except (ImportError, OSError, ValueError):
+        return False

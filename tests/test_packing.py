@@ -7,8 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch as th
-from test_policies import V, W, make_policy, tiny_gpt2, tiny_llama, tiny_qwen2
-from transformers import GPT2Config, GPT2LMHeadModel
+from test_policies import V, W, count_lm_calls, make_policy, tiny_gpt2, tiny_llama, tiny_qwen2
 
 from sb3_grpo.packing import first_fit_decreasing, packed_batch, suffix_lengths
 
@@ -83,9 +82,7 @@ def ragged_batch(seed: int = 0, batch: int = 10):
 
 
 def eager_gpt2():
-    th.manual_seed(0)
-    cfg = GPT2Config(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_positions=64, attn_implementation="eager")
-    return GPT2LMHeadModel(cfg)
+    return tiny_gpt2(attn_implementation="eager")
 
 
 @pytest.mark.parametrize("build", [tiny_gpt2, tiny_llama, tiny_qwen2, eager_gpt2])
@@ -93,14 +90,9 @@ def test_packed_forward_equals_padded_forward_and_gradients(build):
     packed, padded = make_policy(build()), make_policy(build(), pack_sequences=False)
     padded.load_state_dict(packed.state_dict())
     ids, mask, act = ragged_batch()
-    calls = []
-    hook = packed.lm.base_model.register_forward_pre_hook(
-        lambda _m, _a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True
-    )
-    with warnings.catch_warnings():
+    with count_lm_calls(packed) as calls, warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback warning
         out_packed = packed.evaluate_sequences(ids, mask, act)
-    hook.remove()
     assert calls[0][0] < ids.shape[0] and calls[0][1] == W  # the packed forward ran: fewer rows
     assert packed.pack_sequences and packed._packing_verified
     out_padded = padded.evaluate_sequences(ids, mask, act)
@@ -122,12 +114,8 @@ def test_packing_skipped_when_it_would_not_pay():
     ids, mask, act = ragged_batch()
     mask[:] = 1  # every row full width: nothing to pack
     act[:, 0] = False
-    calls = []
-    hook = policy.lm.base_model.register_forward_pre_hook(
-        lambda _m, _a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True
-    )
-    policy.evaluate_sequences(ids, mask, act)
-    hook.remove()
+    with count_lm_calls(policy) as calls:
+        policy.evaluate_sequences(ids, mask, act)
     assert calls == [tuple(ids.shape)]
 
 

@@ -42,7 +42,7 @@ MAX_PROMPT, MAX_NEW = 6, 8
 W = MAX_PROMPT + MAX_NEW
 
 
-def tiny_gpt2(vocab: int = LM_V) -> GPT2LMHeadModel:
+def tiny_gpt2(vocab: int = LM_V, **config: object) -> GPT2LMHeadModel:
     th.manual_seed(0)
     cfg = GPT2Config(
         vocab_size=vocab,
@@ -52,6 +52,7 @@ def tiny_gpt2(vocab: int = LM_V) -> GPT2LMHeadModel:
         n_positions=64,
         bos_token_id=1,
         eos_token_id=EOS,
+        **config,
     )
     return GPT2LMHeadModel(cfg)
 

@@ -18,7 +18,7 @@ from stable_baselines3.common.vec_env import (
 
 from textrl_envs.sb3 import TextGenSB3VecEnv, make_vec_env, unbatch_info
 from textrl_envs.vector import TextGenVectorEnv
-from helpers import EOS, PROMPTS, WORDS, length_reward, register_test_id, word_tokenizer
+from helpers import EOS, PROMPTS, WORDS, bundled_assets, length_reward, register_test_id, word_tokenizer
 
 TEST_ID = "TextRLTest/TinySB3-v0"
 
@@ -243,16 +243,7 @@ def test_unbatch_info():
     assert unbatch_info(infos, 1) == {"d": {"x": 1.5}}
 
 
-def _bundled_assets() -> bool:
-    try:
-        from textrl_envs.assets import tokenizer_path
-
-        return bool(tokenizer_path())
-    except (ImportError, OSError, ValueError):
-        return False
-
-
-@pytest.mark.skipif(not _bundled_assets(), reason="bundled tokenizer not built yet")
+@pytest.mark.skipif(not bundled_assets(), reason="bundled tokenizer not built yet")
 def test_registered_id_with_groups_and_evaluate_policy():
     venv = make_vec_env("TextGen-v0", n_envs=4, group_size=2, device="cpu", seed=0)
     assert isinstance(venv, VecMonitor) and venv.unwrapped.spec.id == "TextGen-v0"

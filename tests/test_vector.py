@@ -28,7 +28,7 @@ from textrl_envs.vector import (
     resolve_device,
     start_windows_,
 )
-from helpers import EOS, PROMPTS, length_reward, register_test_id, word_tokenizer
+from helpers import EOS, PROMPTS, bundled_assets, length_reward, register_test_id, word_tokenizer
 
 TEST_ID = "TextRLTest/TinyVector-v0"
 
@@ -181,16 +181,7 @@ def test_matches_sync_vector_env(kw, num_envs, seed):
     vec.close()
 
 
-def _bundled_assets() -> bool:
-    try:
-        from textrl_envs.assets import tokenizer_path
-
-        return bool(tokenizer_path())
-    except (ImportError, OSError, ValueError):
-        return False
-
-
-@pytest.mark.skipif(not _bundled_assets(), reason="bundled tokenizer not built yet")
+@pytest.mark.skipif(not bundled_assets(), reason="bundled tokenizer not built yet")
 @pytest.mark.parametrize("env_id", ["TextGen-v0", "Arithmetic-v0", "IncreasingNumbers-v0", "CommonGen-v0", "Keywords-v0"])
 def test_registered_ids_match_sync_vector_env(env_id):
     import textrl_envs  # noqa: F401
