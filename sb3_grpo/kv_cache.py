@@ -188,14 +188,18 @@ class PrefillMemo:
             if int(kv_mask[b, -n:].sum()) != n:  # not a plain right-aligned prefill: do not guess
                 continue
             layers = [(layer.keys[b : b + 1, :, -n:].clone(), layer.values[b : b + 1, :, -n:].clone()) for layer in cache.layers]
-            size = sum(k.numel() * k.element_size() * 2 for k, _ in layers)
+            size = self._nbytes(layers)
             if size > self.max_bytes:
                 continue
             self._entries[window] = (layers, logits[b].clone(), values[b].clone())
             self._bytes += size
             while self._bytes > self.max_bytes:
                 _, (old, _, _) = self._entries.popitem(last=False)
-                self._bytes -= sum(k.numel() * k.element_size() * 2 for k, _ in old)
+                self._bytes -= self._nbytes(old)
+
+    @staticmethod
+    def _nbytes(layers: list[tuple[th.Tensor, th.Tensor]]) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
 
     @staticmethod
     def assemble(entries: list, lm_config: Any) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
@@ -287,13 +291,9 @@ class RolloutCache:
     ) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
         """Cache, mask, logits and values of some rows: ``(cache, kv_mask, logits, values)``.
 
-        Rows whose window the :class:`PrefillMemo` holds (for the current parameters) are copied from it; the
-        others get one full forward, and are remembered.
+        Rows whose window the :class:`PrefillMemo` holds (for the current parameters: :meth:`_cached_outputs`
+        empties it when they change) are copied from it; the others get one full forward, and are remembered.
         """
-        version = self._param_version()
-        if self.memo.version != version:
-            self.memo.clear()
-            self.memo.version = version
         windows = self.memo.windows(ids, mask)
         found = [self.memo.get(w) for w in windows]
         missing = [i for i, entry in enumerate(found) if entry is None]
@@ -346,6 +346,9 @@ class RolloutCache:
     ) -> tuple[th.Tensor, th.Tensor]:
         batch = ids.shape[0]
         version = self._param_version()
+        if self.memo.version != version:  # every prefill of this call runs with these parameters
+            self.memo.clear()
+            self.memo.version = version
         state = self.states.pop(batch, None)
         if state is not None and (
             state.version != version

@@ -696,12 +696,9 @@ class CausalLMPolicy(BasePolicy):
         return self._padded_hidden_at(ids, mask, rows, cols)
 
     def _padded_hidden_at(self, ids: th.Tensor, mask: th.Tensor, rows: th.Tensor, cols: th.Tensor) -> th.Tensor:
-        any_valid = mask.any(dim=0)
-        length = ids.shape[1]
-        start = int(any_valid.nonzero()[0, 0]) if bool(any_valid.any()) else length - 1
-        t_ids, t_mask = ids[:, start:], mask[:, start:]
+        t_ids, t_mask = trim_padding(ids, mask)
         hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask))  # [B, L - start, d]
-        return hidden[rows, cols - start]
+        return hidden[rows, cols - (ids.shape[1] - t_ids.shape[1])]
 
     def _packed_hidden_at(self, ids: th.Tensor, mask: th.Tensor, rows: th.Tensor, cols: th.Tensor) -> th.Tensor | None:
         """:meth:`_hidden_at` through a packed forward (:mod:`sb3_grpo.packing`), or ``None`` when packing does not

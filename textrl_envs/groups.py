@@ -64,15 +64,15 @@ class GroupPrompts:
             self._newest[:] = first_round
             self._ring[:, first_round % self._ring.shape[1]] = row
 
-    def rows(self, envs: np.ndarray, rounds: np.ndarray, all_rounds: np.ndarray) -> np.ndarray:
+    def rows(self, envs: np.ndarray, all_rounds: np.ndarray) -> np.ndarray:
         """The prompt rows of the episodes ``envs`` begin now, drawing those of rounds begun first here.
 
         :param envs: ``(M,)`` distinct env indices.
-        :param rounds: ``(M,)`` the round each begins; at most one round past its group's newest
-            (members advance one round per episode).
-        :param all_rounds: ``(N,)`` the current round of every env, these included.
+        :param all_rounds: ``(N,)`` the current round of every env; ``all_rounds[envs]`` are the rounds begun now,
+            each at most one past its group's newest (members advance one round per episode).
         :return: ``(M,)`` rows.
         """
+        rounds = all_rounds[envs]
         groups = envs // self.group_size
         fresh = groups[rounds > self._newest[groups]]
         if self.group_size > 1:  # members of one group may begin the same round together

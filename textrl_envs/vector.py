@@ -609,7 +609,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
 
     def _start_episodes(self, envs: np.ndarray) -> None:
         """Begin the current round's episode in ``envs`` (their ``_round`` already set)."""
-        rows = self._prompts.rows(envs, self._round[envs], self._round)
+        rows = self._prompts.rows(envs, self._round)
         self._row[envs] = rows
         envs_t = torch.as_tensor(envs, device=self.device)
         rows_t = torch.as_tensor(rows, device=self.device)
