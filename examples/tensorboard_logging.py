@@ -26,8 +26,18 @@ def main() -> None:
 
     env = make_vec_env("TextGen-v0", n_envs=8, seed=0)
     n_steps = min(48, max(8, args.timesteps // 8))  # tokens per env per rollout (8 envs)
-    model = GRPO("CausalLMPolicy", env, n_steps=n_steps, batch_size=192, n_epochs=1, learning_rate=3e-4, gamma=1.0,
-                 seed=0, device="cpu", tensorboard_log=logdir)
+    model = GRPO(
+        "CausalLMPolicy",
+        env,
+        n_steps=n_steps,
+        batch_size=192,
+        n_epochs=1,
+        learning_rate=3e-4,
+        gamma=1.0,
+        seed=0,
+        device="cpu",
+        tensorboard_log=logdir,
+    )
     model.learn(total_timesteps=args.timesteps, tb_log_name="grpo_textgen")
 
     events = [os.path.join(d, f) for d, _, files in os.walk(logdir) for f in files if f.startswith("events.")]

@@ -58,9 +58,7 @@ def parse_set(items: Sequence[str]) -> dict[str, dict[str, Any]]:
         name, sep, value = item.partition("=")
         algo, dot, key = name.partition(".")
         if not sep or not dot or not algo or not key:
-            raise ValueError(
-                f"--set {item!r}: expected ALGO.KEY=VALUE, e.g. grpo.learning_rate=1e-4 or '*.n_epochs=2'"
-            )
+            raise ValueError(f"--set {item!r}: expected ALGO.KEY=VALUE, e.g. grpo.learning_rate=1e-4 or '*.n_epochs=2'")
         out.setdefault(algo.strip(), {})[key.strip()] = _value(value.strip())
     return out
 
@@ -126,33 +124,62 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--env", default=DEFAULT_ENV, help=f"registered env id (default {DEFAULT_ENV})")
     c.add_argument("--algos", default=DEFAULT_ALGOS, help=f"comma-separated names (default {DEFAULT_ALGOS})")
-    c.add_argument("--seeds", type=_positive_int, default=DEFAULT_SEEDS, help="number of seeds, 0..K-1 (default %(default)s)")
     c.add_argument(
-        "--timesteps", type=_positive_int, default=None,
+        "--seeds", type=_positive_int, default=DEFAULT_SEEDS, help="number of seeds, 0..K-1 (default %(default)s)"
+    )
+    c.add_argument(
+        "--timesteps",
+        type=_positive_int,
+        default=None,
         help=f"env steps (tokens for text envs) per run (default {DEFAULT_TIMESTEPS} for text envs, else 50000)",
     )
     c.add_argument("--out", default=None, help="output folder (default: a fresh runs/compare-<timestamp>)")
-    c.add_argument("--n-envs", type=_positive_int, default=None, help="parallel envs (default 16 for text envs, else 1)")
     c.add_argument(
-        "--group-size", type=_positive_int, default=None,
+        "--n-envs", type=_positive_int, default=None, help="parallel envs (default 16 for text envs, else 1)"
+    )
+    c.add_argument(
+        "--group-size",
+        type=_positive_int,
+        default=None,
         help=f"prompt group size for group-advantage algorithms (default {DEFAULT_GROUP_SIZE})",
     )
-    c.add_argument("--eval-episodes", type=_positive_int, default=None,
-                   help="episodes of the final evaluation (default 128 for text envs, else 10)")
-    c.add_argument("--threshold", type=float, default=None,
-                   help="training reward for the 'steps to threshold' column (default: halfway from where the "
-                   "training curves start to where the best algorithm's curves end)")
-    c.add_argument("--config", default=None, metavar="FILE.json",
-                   help='hyperparameters: {"*": {...}, "<algo>": {"<param>": value}}')
-    c.add_argument("--set", action="append", default=[], metavar="ALGO.KEY=VALUE",
-                   help="override one hyperparameter (JSON value; ALGO may be '*'); repeatable, wins over --config")
+    c.add_argument(
+        "--eval-episodes",
+        type=_positive_int,
+        default=None,
+        help="episodes of the final evaluation (default 128 for text envs, else 10)",
+    )
+    c.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="training reward for the 'steps to threshold' column (default: halfway from where the "
+        "training curves start to where the best algorithm's curves end)",
+    )
+    c.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE.json",
+        help='hyperparameters: {"*": {...}, "<algo>": {"<param>": value}}',
+    )
+    c.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="ALGO.KEY=VALUE",
+        help="override one hyperparameter (JSON value; ALGO may be '*'); repeatable, wins over --config",
+    )
     mode = c.add_mutually_exclusive_group()
     mode.add_argument("--overwrite", action="store_true", help="replace the results in an existing --out")
     mode.add_argument("--resume", action="store_true", help="continue an existing --out, skipping completed runs")
     c.add_argument("--device", default="auto", help="torch device: auto, cpu, cuda (default auto)")
-    c.add_argument("--threads", type=_positive_int, default=1,
-                   help="torch CPU threads (default 1: fastest for the small bundled models on a shared CPU; "
-                   "raise it for bigger models)")
+    c.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        help="torch CPU threads (default 1: fastest for the small bundled models on a shared CPU; "
+        "raise it for bigger models)",
+    )
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     c.set_defaults(subparser=c)
 
@@ -163,8 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("perf", help="throughput measurements: env, rollout, update, grad-variance cost")
     p.add_argument("--out", default=None, help="output folder for perf.json / perf.md (default runs/perf-<timestamp>)")
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat (about a minute)")
-    p.add_argument("--threads", type=_positive_int, default=1,
-                   help="torch CPU threads (default 1: small models on a shared CPU are fastest and steadiest so)")
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        help="torch CPU threads (default 1: small models on a shared CPU are fastest and steadiest so)",
+    )
     p.set_defaults(subparser=p)
     return parser
 

@@ -36,7 +36,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------------------
 
 
-
 def positions_from_mask(attention_mask: th.Tensor) -> th.Tensor:
     """Position ids from an attention mask: ``cumsum - 1``, clamped at 0.
 
@@ -50,11 +49,7 @@ def positions_from_mask(attention_mask: th.Tensor) -> th.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-
-
-def extends_by_one(
-    old_ids: th.Tensor, old_mask: th.Tensor, new_ids: th.Tensor, new_mask: th.Tensor
-) -> th.Tensor:
+def extends_by_one(old_ids: th.Tensor, old_mask: th.Tensor, new_ids: th.Tensor, new_mask: th.Tensor) -> th.Tensor:
     """Which rows of a new right-aligned window extend the old window by exactly one token.
 
     True for row ``b`` when the window shifted left by one (``new[:-1] == old[1:]`` for ids and mask), the
@@ -93,11 +88,7 @@ def left_pad_columns(t: th.Tensor, length: int, dim: int = -2) -> th.Tensor:
 def trim_padding(ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
     """Drop leading columns that are padding in every row (exactly neutral: masked keys weigh 0)."""
     any_valid = mask.any(dim=0)
-    start = (
-        int(any_valid.nonzero()[0, 0])
-        if bool(any_valid.any())
-        else mask.shape[1] - 1
-    )
+    start = int(any_valid.nonzero()[0, 0]) if bool(any_valid.any()) else mask.shape[1] - 1
     return ids[:, start:], mask[:, start:]
 
 
@@ -171,7 +162,9 @@ class PrefillMemo:
     @staticmethod
     def windows(ids: th.Tensor, mask: th.Tensor) -> list[tuple[int, ...]]:
         """The key of each row: its valid token ids, in order."""
-        return [tuple(i for i, m in zip(row_ids, row_mask) if m) for row_ids, row_mask in zip(ids.tolist(), mask.tolist())]
+        return [
+            tuple(i for i, m in zip(row_ids, row_mask) if m) for row_ids, row_mask in zip(ids.tolist(), mask.tolist())
+        ]
 
     def get(self, window: tuple[int, ...]):
         entry = self._entries.get(window)
@@ -179,7 +172,9 @@ class PrefillMemo:
             self._entries.move_to_end(window)
         return entry
 
-    def remember(self, windows: list[tuple[int, ...]], cache: Any, kv_mask: th.Tensor, logits: th.Tensor, values: th.Tensor) -> None:
+    def remember(
+        self, windows: list[tuple[int, ...]], cache: Any, kv_mask: th.Tensor, logits: th.Tensor, values: th.Tensor
+    ) -> None:
         """Store each row of a freshly prefilled batch (right-aligned: row ``b``'s tokens are its last columns)."""
         for b, window in enumerate(windows):
             if window in self._entries or not window:
@@ -187,7 +182,10 @@ class PrefillMemo:
             n = len(window)
             if int(kv_mask[b, -n:].sum()) != n:  # not a plain right-aligned prefill: do not guess
                 continue
-            layers = [(layer.keys[b : b + 1, :, -n:].clone(), layer.values[b : b + 1, :, -n:].clone()) for layer in cache.layers]
+            layers = [
+                (layer.keys[b : b + 1, :, -n:].clone(), layer.values[b : b + 1, :, -n:].clone())
+                for layer in cache.layers
+            ]
             size = self._nbytes(layers)
             if size > self.max_bytes:
                 continue
@@ -286,9 +284,7 @@ class RolloutCache:
             params = self._param_list = list(self._parameters())
         return sum(p._version for p in params)
 
-    def _prefill(
-        self, ids: th.Tensor, mask: th.Tensor
-    ) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
+    def _prefill(self, ids: th.Tensor, mask: th.Tensor) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
         """Cache, mask, logits and values of some rows: ``(cache, kv_mask, logits, values)``.
 
         Rows whose window the :class:`PrefillMemo` holds (for the current parameters: :meth:`_cached_outputs`
@@ -311,17 +307,13 @@ class RolloutCache:
                 return self._compute_prefill(ids, mask)
         return self.memo.assemble(found, self._lm_config)  # type: ignore[arg-type]
 
-    def _compute_prefill(
-        self, ids: th.Tensor, mask: th.Tensor
-    ) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
+    def _compute_prefill(self, ids: th.Tensor, mask: th.Tensor) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
         """Full forward of some rows, building their cache: ``(cache, kv_mask, logits, values)``."""
         from transformers import DynamicCache
 
         t_ids, t_mask = trim_padding(ids, mask)
         cache = DynamicCache(config=self._lm_config)
-        hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask), cache=cache)[
-            :, -1
-        ]
+        hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask), cache=cache)[:, -1]
         if not self._cache_layers_ok(cache):
             raise _CacheUnsupported
         return (
@@ -336,14 +328,10 @@ class RolloutCache:
 
         ok = all(type(layer) is DynamicLayer for layer in cache.layers)
         if not ok:
-            self.supported = (
-                False  # e.g. sliding-window layers: splicing/cropping would be wrong
-            )
+            self.supported = False  # e.g. sliding-window layers: splicing/cropping would be wrong
         return ok
 
-    def _cached_outputs(
-        self, ids: th.Tensor, mask: th.Tensor
-    ) -> tuple[th.Tensor, th.Tensor]:
+    def _cached_outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         batch = ids.shape[0]
         version = self._param_version()
         if self.memo.version != version:  # every prefill of this call runs with these parameters
@@ -351,14 +339,10 @@ class RolloutCache:
             self.memo.version = version
         state = self.states.pop(batch, None)
         if state is not None and (
-            state.version != version
-            or state.ids.shape != ids.shape
-            or state.ids.device != ids.device
+            state.version != version or state.ids.shape != ids.shape or state.ids.device != ids.device
         ):
             state = None
-        if state is None or not bool(
-            self._classify(state, ids, mask)[-1].logical_not().any()
-        ):
+        if state is None or not bool(self._classify(state, ids, mask)[-1].logical_not().any()):
             # nothing to reuse in this slot (e.g. a new batch size): try rows of the other cached batches
             served = self._serve_from_other_batches(ids, mask, version)
             if isinstance(served, tuple):
@@ -387,16 +371,8 @@ class RolloutCache:
         extend = extends_by_one(state.ids, state.mask, ids, mask) & ~same
         replace = back = th.zeros_like(same)
         if state.prev_ids is not None:
-            replace = (
-                extends_by_one(state.prev_ids, state.prev_mask, ids, mask)
-                & ~same
-                & ~extend
-            )
-            back = (
-                (state.prev_ids == ids).all(dim=1)
-                & (state.prev_mask == mask).all(dim=1)
-                & ~same
-            )
+            replace = extends_by_one(state.prev_ids, state.prev_mask, ids, mask) & ~same & ~extend
+            back = (state.prev_ids == ids).all(dim=1) & (state.prev_mask == mask).all(dim=1) & ~same
         return same, extend, replace, back, ~(same | extend | replace | back)
 
     def _new_state(self, ids: th.Tensor, mask: th.Tensor, version: int) -> _RowCache:
@@ -410,9 +386,7 @@ class RolloutCache:
             state.logits.clone(),
             state.values.clone(),
         )  # rows in `same` keep theirs
-        if bool(
-            (replace | back).any()
-        ):  # drop the look-ahead token of these rows: its column becomes a masked hole
+        if bool((replace | back).any()):  # drop the look-ahead token of these rows: its column becomes a masked hole
             state.kv_mask = state.kv_mask.clone()
             state.kv_mask[replace | back, -1] = 0
             logits[back], values[back] = (
@@ -431,9 +405,7 @@ class RolloutCache:
             values[step] = self._value(hidden[step], ids[step], mask[step])
         if bool(redo.any()):
             rows = redo.nonzero().squeeze(1)
-            cache_r, kv_mask_r, logits_r, values_r = self._prefill(
-                ids[rows], mask[rows]
-            )
+            cache_r, kv_mask_r, logits_r, values_r = self._prefill(ids[rows], mask[rows])
             logits[rows], values[rows] = logits_r, values_r
             if bool(redo.all()):
                 state.cache, state.kv_mask = cache_r, kv_mask_r
@@ -473,15 +445,9 @@ class RolloutCache:
         from transformers import DynamicCache
 
         for other in reversed(list(self.states.values())):
-            if (
-                other.version != version
-                or other.ids.shape[1] != ids.shape[1]
-                or other.ids.device != ids.device
-            ):
+            if other.version != version or other.ids.shape[1] != ids.shape[1] or other.ids.device != ids.device:
                 continue
-            same = (ids[:, None] == other.ids[None]).all(-1) & (
-                mask[:, None] == other.mask[None]
-            ).all(-1)
+            same = (ids[:, None] == other.ids[None]).all(-1) & (mask[:, None] == other.mask[None]).all(-1)
             if bool(same.any(dim=1).all()):
                 src = same.float().argmax(dim=1)
                 return other.logits[src], other.values[src]
@@ -496,9 +462,7 @@ class RolloutCache:
                 continue
             src = ok.float().argmax(dim=1)
             rows = th.arange(ids.shape[0], device=ids.device)
-            from_prev = ~(same | ext)[
-                rows, src
-            ]  # served from the window before the look-ahead
+            from_prev = ~(same | ext)[rows, src]  # served from the window before the look-ahead
             kv_mask = other.kv_mask[src].clone()
             kv_mask[from_prev, -1] = 0  # the look-ahead token is not part of these rows
             c_ids, c_mask = other.ids[src].clone(), other.mask[src].clone()
@@ -522,9 +486,7 @@ class RolloutCache:
         return None
 
     @staticmethod
-    def _extends_matrix(
-        old_ids: th.Tensor, old_mask: th.Tensor, ids: th.Tensor, mask: th.Tensor
-    ) -> th.Tensor:
+    def _extends_matrix(old_ids: th.Tensor, old_mask: th.Tensor, ids: th.Tensor, mask: th.Tensor) -> th.Tensor:
         """``[B_new, B_old]``: new row ``i`` extends old row ``j`` by one token (see :func:`extends_by_one`)."""
         return (
             (ids[:, None, :-1] == old_ids[None, :, 1:]).all(-1)
@@ -534,9 +496,7 @@ class RolloutCache:
         )
 
     @staticmethod
-    def _splice(
-        state: _RowCache, rows: th.Tensor, cache_r: Any, kv_mask_r: th.Tensor
-    ) -> None:
+    def _splice(state: _RowCache, rows: th.Tensor, cache_r: Any, kv_mask_r: th.Tensor) -> None:
         """Write recomputed rows into the batch cache, left-padding whichever is shorter with masked slots."""
         length = max(state.kv_mask.shape[1], kv_mask_r.shape[1])
         kv_mask = left_pad_columns(state.kv_mask, length, dim=1)

@@ -31,9 +31,7 @@ def model_spec(lm: nn.Module) -> dict[str, Any]:
     """
     return {
         "config": json.loads(lm.config.to_json_string(use_diff=False)),
-        "name_or_path": str(
-            getattr(lm.config, "_name_or_path", "") or getattr(lm, "name_or_path", "")
-        ),
+        "name_or_path": str(getattr(lm.config, "_name_or_path", "") or getattr(lm, "name_or_path", "")),
     }
 
 
@@ -80,14 +78,10 @@ def _load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
         return model.to(dtype) if dtype is not None else model
     if isinstance(model, dict):
         if "config" not in model:
-            raise ValueError(
-                f"model dict must be a model_spec with a 'config' key, got keys {sorted(model)}"
-            )
+            raise ValueError(f"model dict must be a model_spec with a 'config' key, got keys {sorted(model)}")
         cfg = dict(model["config"])
         config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-        dtype = dtype or _as_dtype(
-            cfg.get("dtype") or cfg.get("torch_dtype")
-        )  # the saved model's own dtype
+        dtype = dtype or _as_dtype(cfg.get("dtype") or cfg.get("torch_dtype"))  # the saved model's own dtype
         kwargs = {"dtype": dtype} if dtype is not None else {}
         return AutoModelForCausalLM.from_config(config, **kwargs)
     if isinstance(model, (str, os.PathLike)):
@@ -99,9 +93,7 @@ def _load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
                 "from the SB3 checkpoint)"
             )
         kwargs = {"dtype": dtype} if dtype is not None else {}
-        return AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, **kwargs
-        )
+        return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
     raise TypeError(
         f"model must be None, a local path, a transformers PreTrainedModel or a model_spec dict; got {type(model)}"
     )
@@ -122,9 +114,7 @@ def _make_portable(model: Any, spec: dict[str, Any]) -> None:
         if frame is None:
             return
         algo = frame.f_locals.get("self")
-        if isinstance(algo, BaseAlgorithm) and isinstance(
-            getattr(algo, "policy_kwargs", None), dict
-        ):
+        if isinstance(algo, BaseAlgorithm) and isinstance(getattr(algo, "policy_kwargs", None), dict):
             if algo.policy_kwargs.get("model") is model:
                 # a new dict: the user's own policy_kwargs (which SB3 keeps by reference) still holds their model
                 algo.policy_kwargs = {**algo.policy_kwargs, "model": spec}

@@ -124,7 +124,9 @@ def packed_batch(
     if mask_dtype == th.bool:
         attention = allowed
     else:
-        attention = th.zeros(allowed.shape, dtype=mask_dtype, device=device).masked_fill(~allowed, th.finfo(mask_dtype).min)
+        attention = th.zeros(allowed.shape, dtype=mask_dtype, device=device).masked_fill(
+            ~allowed, th.finfo(mask_dtype).min
+        )
     return PackedBatch(
         packed_ids,
         positions,

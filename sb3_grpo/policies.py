@@ -136,16 +136,12 @@ class EmbeddingCritic(nn.Module):
 
     def __init__(self, embedding: nn.Module, hidden: int = 256):
         super().__init__()
-        self._embedding = [
-            embedding
-        ]  # a list keeps it out of this module's parameters / state dict
+        self._embedding = [embedding]  # a list keeps it out of this module's parameters / state dict
         dim = embedding.weight.shape[1]
         self.mlp = nn.Sequential(nn.Linear(2 * dim, hidden), nn.Tanh())
         self.head = nn.Linear(hidden, 1)
 
-    def values_per_position(
-        self, input_ids: th.Tensor, attention_mask: th.Tensor
-    ) -> th.Tensor:
+    def values_per_position(self, input_ids: th.Tensor, attention_mask: th.Tensor) -> th.Tensor:
         """Value of every prefix: ``[B, L]``, entry ``j`` for the state whose last token is ``j``."""
         with th.no_grad():
             emb = self._embedding[0](input_ids).float()
@@ -311,9 +307,7 @@ class CausalLMPolicy(BasePolicy):
             optimizer_kwargs=optimizer_kwargs,
         )
         if use_sde:
-            raise ValueError(
-                "CausalLMPolicy has a discrete (token) action space; use_sde must be False"
-            )
+            raise ValueError("CausalLMPolicy has a discrete (token) action space; use_sde must be False")
         self._check_spaces(observation_space, action_space)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -323,11 +317,7 @@ class CausalLMPolicy(BasePolicy):
             raise ValueError(f"top_k must be >= 0 or None, got {top_k}")
 
         resolved_dtype = _as_dtype(dtype)
-        self.dtype_name = (
-            None
-            if resolved_dtype is None
-            else str(resolved_dtype).replace("torch.", "")
-        )
+        self.dtype_name = None if resolved_dtype is None else str(resolved_dtype).replace("torch.", "")
         self.temperature = float(temperature)
         self.top_k = top_k
         self.top_p = top_p
@@ -362,9 +352,7 @@ class CausalLMPolicy(BasePolicy):
             )
         hidden = int(self.lm.get_input_embeddings().weight.shape[1])
         if separate_critic:
-            self.critic = EmbeddingCritic(
-                self.lm.get_input_embeddings(), hidden=critic_hidden
-            )
+            self.critic = EmbeddingCritic(self.lm.get_input_embeddings(), hidden=critic_hidden)
             self.value_head = self.critic.head
             init_modules = [self.critic.mlp, self.critic.head]
         else:
@@ -383,9 +371,7 @@ class CausalLMPolicy(BasePolicy):
             if enable is not None:
                 enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:  # transformers releases before the rename
-                self.lm.gradient_checkpointing_enable(
-                    gradient_checkpointing_kwargs={"use_reentrant": False}
-                )
+                self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.action_dist = CategoricalDistribution(self.n_actions)
         self._rollout_cache = RolloutCache(
             trunk=self._trunk,
@@ -395,31 +381,17 @@ class CausalLMPolicy(BasePolicy):
             lm_config=self.lm.config,
         )
         self.train(False)
-        params = (
-            [p for p in self.parameters() if p.requires_grad]
-            if self.lora is not None
-            else self.parameters()
-        )
-        self.optimizer = self.optimizer_class(
-            params, lr=lr_schedule(1), **self.optimizer_kwargs
-        )
+        params = [p for p in self.parameters() if p.requires_grad] if self.lora is not None else self.parameters()
+        self.optimizer = self.optimizer_class(params, lr=lr_schedule(1), **self.optimizer_kwargs)
 
     # ---------------------------------------------------------------------------------------------------------
     # SB3 plumbing
     # ---------------------------------------------------------------------------------------------------------
 
     @staticmethod
-    def _check_spaces(
-        observation_space: spaces.Space, action_space: spaces.Space
-    ) -> None:
-        if not isinstance(observation_space, spaces.Dict) or any(
-            k not in observation_space.spaces for k in OBS_KEYS
-        ):
-            got = (
-                sorted(observation_space.spaces)
-                if isinstance(observation_space, spaces.Dict)
-                else observation_space
-            )
+    def _check_spaces(observation_space: spaces.Space, action_space: spaces.Space) -> None:
+        if not isinstance(observation_space, spaces.Dict) or any(k not in observation_space.spaces for k in OBS_KEYS):
+            got = sorted(observation_space.spaces) if isinstance(observation_space, spaces.Dict) else observation_space
             raise ValueError(
                 f"CausalLMPolicy needs a Dict observation space with keys {list(OBS_KEYS)} (right-aligned token "
                 f"window and its mask); the env gives {got}"
@@ -468,10 +440,7 @@ class CausalLMPolicy(BasePolicy):
             from transformers.modeling_layers import GradientCheckpointingLayer
 
             for module in self.lm.modules():
-                if (
-                    isinstance(module, GradientCheckpointingLayer)
-                    and module.gradient_checkpointing
-                ):
+                if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
                     module.training = True
         return self
 
@@ -491,9 +460,7 @@ class CausalLMPolicy(BasePolicy):
     def _parse_obs(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         if not isinstance(obs, dict) or any(k not in obs for k in OBS_KEYS):
             got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
-            raise ValueError(
-                f"CausalLMPolicy expects observations with keys {list(OBS_KEYS)}; got {got}"
-            )
+            raise ValueError(f"CausalLMPolicy expects observations with keys {list(OBS_KEYS)}; got {got}")
         ids = th.as_tensor(obs["input_ids"], device=self.device)
         mask = th.as_tensor(obs["attention_mask"], device=self.device)
         if ids.is_floating_point():
@@ -544,9 +511,7 @@ class CausalLMPolicy(BasePolicy):
             logits = th.tanh(logits / cap) * cap
         return logits[..., : self.n_actions].float()
 
-    def _value(
-        self, hidden_last: th.Tensor, ids: th.Tensor, mask: th.Tensor
-    ) -> th.Tensor:
+    def _value(self, hidden_last: th.Tensor, ids: th.Tensor, mask: th.Tensor) -> th.Tensor:
         """Values ``[B]`` of the states given by whole windows (``hidden_last``: trunk output at the last column)."""
         if self.separate_critic:
             return self.critic.values_per_position(ids, mask)[:, -1]
@@ -556,13 +521,9 @@ class CausalLMPolicy(BasePolicy):
         return process_logits(logits, self.temperature, self.top_k, self.top_p)
 
     def _distribution(self, logits: th.Tensor) -> CategoricalDistribution:
-        return self.action_dist.proba_distribution(
-            action_logits=self._processed(logits)
-        )
+        return self.action_dist.proba_distribution(action_logits=self._processed(logits))
 
-    def _full_outputs(
-        self, ids: th.Tensor, mask: th.Tensor
-    ) -> tuple[th.Tensor, th.Tensor]:
+    def _full_outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         """Logits ``[B, V]`` and values ``[B]`` for whole windows, no cache (differentiable)."""
         ids, mask = trim_padding(ids, mask)
         hidden = self._trunk(ids, mask, positions_from_mask(mask))[:, -1]
@@ -586,9 +547,7 @@ class CausalLMPolicy(BasePolicy):
     # The SB3 policy API
     # ---------------------------------------------------------------------------------------------------------
 
-    def forward(
-        self, obs: PyTorchObs, deterministic: bool = False
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    def forward(self, obs: PyTorchObs, deterministic: bool = False) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """Sample (or pick the mode of) the next token; uses the rollout cache under ``no_grad``.
 
         :param obs: dict observation (``input_ids``, ``attention_mask``), batched.
@@ -604,9 +563,7 @@ class CausalLMPolicy(BasePolicy):
             self._look_ahead(ids, mask, actions)
         return actions, values.unsqueeze(-1), log_prob
 
-    def evaluate_actions(
-        self, obs: PyTorchObs, actions: th.Tensor
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    def evaluate_actions(self, obs: PyTorchObs, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """Values, log-probs and entropies for given transitions: full recompute, never the cache.
 
         :param obs: dict observation, batched (floats from the rollout buffer are fine).
@@ -637,9 +594,7 @@ class CausalLMPolicy(BasePolicy):
         ids, mask = self._parse_obs(obs)
         return self._outputs(ids, mask)[1].unsqueeze(-1)
 
-    def _predict(
-        self, observation: PyTorchObs, deterministic: bool = False
-    ) -> th.Tensor:
+    def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
         return self.forward(observation, deterministic=deterministic)[0]
 
     # ---------------------------------------------------------------------------------------------------------
@@ -662,16 +617,12 @@ class CausalLMPolicy(BasePolicy):
         :param action_mask: ``[B, L]`` bool-like, true where the token was an action (never at column 0).
         :return: ``(log_prob, entropy, values)``, each ``[B, L]`` float32.
         """
-        ids, mask = self._parse_obs(
-            {"input_ids": input_ids, "attention_mask": attention_mask}
-        )
+        ids, mask = self._parse_obs({"input_ids": input_ids, "attention_mask": attention_mask})
         act = th.as_tensor(action_mask, device=ids.device).bool()
         if act.dim() == 1:
             act = act.unsqueeze(0)
         if bool(act[:, 0].any()):
-            raise ValueError(
-                "action_mask[:, 0] is set, but an action needs at least one token before it"
-            )
+            raise ValueError("action_mask[:, 0] is set, but an action needs at least one token before it")
         batch, length = ids.shape
         b_idx, j_idx = act.nonzero(as_tuple=True)  # positions of actions (in full coordinates)
         # the hidden state of the state whose last token is j - 1
@@ -731,7 +682,9 @@ class CausalLMPolicy(BasePolicy):
             full_precision = self._autocast is None and next(self.lm.parameters()).dtype == th.float32
             tolerance = 1e-3 if full_precision else 5e-2
             if not error <= tolerance:
-                return self._packing_failed(f"its hidden states differ from the padded forward's (relative error {error:.2e})")
+                return self._packing_failed(
+                    f"its hidden states differ from the padded forward's (relative error {error:.2e})"
+                )
             self._packing_verified = True
         return out
 

@@ -87,9 +87,7 @@ class BenchTextVecEnv(VecEnv):
     def _reset_row(self, i: int) -> None:
         self.ids[i] = 0
         self.mask[i] = 0
-        self.ids[i, -self.prompt_len :] = self.rng.integers(
-            4, self.vocab, self.prompt_len
-        )
+        self.ids[i, -self.prompt_len :] = self.rng.integers(4, self.vocab, self.prompt_len)
         self.mask[i, -self.prompt_len :] = 1
         self.generated[i] = 0
 
@@ -155,15 +153,11 @@ def load_models(names: list[str]) -> list[tuple[str, th.nn.Module]]:
                 models.append(
                     (
                         "bundled LM",
-                        AutoModelForCausalLM.from_pretrained(
-                            lm_path(), local_files_only=True
-                        ),
+                        AutoModelForCausalLM.from_pretrained(lm_path(), local_files_only=True),
                     )
                 )
             except (ImportError, AttributeError, FileNotFoundError) as e:
-                print(
-                    f"[bundled LM not available ({type(e).__name__}); using a random stand-in with its config]"
-                )
+                print(f"[bundled LM not available ({type(e).__name__}); using a random stand-in with its config]")
                 cfg = GPT2Config(
                     vocab_size=1600,
                     n_positions=256,
@@ -176,13 +170,9 @@ def load_models(names: list[str]) -> list[tuple[str, th.nn.Module]]:
                     bos_token_id=1,
                     eos_token_id=2,
                 )
-                models.append(
-                    ("bundled-size stand-in (GPT-2 4x128)", GPT2LMHeadModel(cfg))
-                )
+                models.append(("bundled-size stand-in (GPT-2 4x128)", GPT2LMHeadModel(cfg)))
         elif name == "gpt2-small":
-            cfg = GPT2Config(
-                n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024
-            )
+            cfg = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
             models.append(("GPT-2-small size (12x768)", GPT2LMHeadModel(cfg)))
         else:
             raise ValueError(f"unknown model {name!r}; known: bundled, gpt2-small")
@@ -206,9 +196,7 @@ def time_collect(
     if env_name == "textgen":
         from textrl_envs.sb3 import make_vec_env
 
-        env = make_vec_env(
-            "TextGen-v0", n_envs=n_envs, device="cpu", seed=0, max_new_tokens=tokens
-        )
+        env = make_vec_env("TextGen-v0", n_envs=n_envs, device="cpu", seed=0, max_new_tokens=tokens)
     else:
         env = BenchTextVecEnv(n_envs, vocab, prompt_len, tokens)
     model = PPO(
@@ -221,26 +209,20 @@ def time_collect(
         device="cpu",
         policy_kwargs={"model": lm, "use_cache": use_cache},
     )
-    _, callback = model._setup_learn(
-        n_envs * tokens * (repeats + 1), None, progress_bar=False
-    )
+    _, callback = model._setup_learn(n_envs * tokens * (repeats + 1), None, progress_bar=False)
     times = []
     for r in range(int(warmup), repeats + 1):  # run 0 warms up
         model._last_obs = env.reset()
         model._last_episode_starts = np.ones(n_envs, bool)
         model.policy.reset_cache()
         t0 = time.perf_counter()
-        assert model.collect_rollouts(
-            env, callback, model.rollout_buffer, n_rollout_steps=tokens
-        )
+        assert model.collect_rollouts(env, callback, model.rollout_buffer, n_rollout_steps=tokens)
         if r or not warmup:
             times.append(time.perf_counter() - t0)
     return times
 
 
-def time_generate(
-    lm, vocab: int, n_envs: int, prompt_len: int, tokens: int, repeats: int
-) -> list[float]:
+def time_generate(lm, vocab: int, n_envs: int, prompt_len: int, tokens: int, repeats: int) -> list[float]:
     """Seconds per ``generate(do_sample=True)`` of ``tokens`` new tokens for ``n_envs`` prompts."""
     env = BenchTextVecEnv(n_envs, vocab, prompt_len, tokens, seed=1)
     env.reset()
@@ -313,11 +295,7 @@ def main() -> None:
     for label, lm in load_models(args.models):
         vocab = lm.config.vocab_size
         n_tok = args.n_envs * args.tokens
-        gen = statistics.median(
-            time_generate(
-                lm, vocab, args.n_envs, args.prompt_len, args.tokens, args.repeats
-            )
-        )
+        gen = statistics.median(time_generate(lm, vocab, args.n_envs, args.prompt_len, args.tokens, args.repeats))
         col = statistics.median(
             time_collect(
                 lm,
@@ -381,9 +359,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|")
     for label, c, g, ratio, lc, lu, speed in rows:
-        print(
-            f"| {label} | {c:.0f} | {g:.0f} | {ratio:.2f}x | {lc:.0f} | {lu:.0f} | {speed:.1f}x |"
-        )
+        print(f"| {label} | {c:.0f} | {g:.0f} | {ratio:.2f}x | {lc:.0f} | {lu:.0f} | {speed:.1f}x |")
 
 
 if __name__ == "__main__":

@@ -33,15 +33,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--tokens", type=int, default=32, help="the env's completion budget")
     parser.add_argument("--n-steps", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadiest on a shared 2-core machine)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1 is steadiest on a shared 2-core machine)"
+    )
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
     th.set_num_threads(args.threads)
     rows = update_seq_vs_stock(args.n_envs, args.tokens, args.n_steps, args.repeats)
     print(markdown_table(rows))
     tokens = args.n_envs * args.n_steps
-    print(f"sequence path {tokens / rows[0]['ours']:.0f} tokens/s, stock PPO.train {tokens / rows[0]['baseline']:.0f} "
-          f"tokens/s: {rows[0]['ratio']:.1f}x (target >= 10x)")
+    print(
+        f"sequence path {tokens / rows[0]['ours']:.0f} tokens/s, stock PPO.train {tokens / rows[0]['baseline']:.0f} "
+        f"tokens/s: {rows[0]['ratio']:.1f}x (target >= 10x)"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -27,7 +27,6 @@ from textrl_envs.vector import TextGenVectorEnv
 BENCH_ID = "TextRLBench/Tiny-v0"
 
 
-
 def length_reward(prompts, completions, **kwargs):
     """Cheap reward: number of characters of the completion."""
     return [float(len(c)) for c in completions]

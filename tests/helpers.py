@@ -16,7 +16,25 @@ def params(model) -> dict[str, th.Tensor]:
 
 
 # A tiny word-level text task for env tests: vocabulary, prompts and a cheap deterministic reward.
-WORDS = ["the", "movie", "was", "good", "bad", "great", "a", "cat", "dog", "sat", "on", "mat", "and", "it", "very", "fun", "plot"]
+WORDS = [
+    "the",
+    "movie",
+    "was",
+    "good",
+    "bad",
+    "great",
+    "a",
+    "cat",
+    "dog",
+    "sat",
+    "on",
+    "mat",
+    "and",
+    "it",
+    "very",
+    "fun",
+    "plot",
+]
 PROMPTS = ["the movie was", "a cat sat on the mat", "the dog", "it was very", "the plot was"]
 EOS = 1
 

@@ -34,9 +34,7 @@ def classifier():
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     path = assets.classifier_path()
-    return AutoTokenizer.from_pretrained(
-        path
-    ), AutoModelForSequenceClassification.from_pretrained(path).eval()
+    return AutoTokenizer.from_pretrained(path), AutoModelForSequenceClassification.from_pretrained(path).eval()
 
 
 def test_paths_are_absolute_dirs():
@@ -62,9 +60,7 @@ def test_special_tokens(tokenizer):
 def test_digits_are_single_tokens(tokenizer):
     for d in range(10):
         for text in (str(d), f" {d}"):
-            assert len(tokenizer(text, add_special_tokens=False)["input_ids"]) == 1, (
-                text
-            )
+            assert len(tokenizer(text, add_special_tokens=False)["input_ids"]) == 1, text
     ids = tokenizer("12+7=19", add_special_tokens=False)["input_ids"]
     assert [tokenizer.decode([i]) for i in ids] == ["1", "2", "+", "7", "=", "1", "9"]
     ids = tokenizer("Numbers: 3 15", add_special_tokens=False)["input_ids"]
@@ -91,10 +87,7 @@ def test_lm_config_matches_tokenizer(lm, tokenizer):
 def test_lm_tokenizer_bundled_with_lm(tokenizer):
     from transformers import AutoTokenizer
 
-    assert (
-        AutoTokenizer.from_pretrained(assets.lm_path()).get_vocab()
-        == tokenizer.get_vocab()
-    )
+    assert AutoTokenizer.from_pretrained(assets.lm_path()).get_vocab() == tokenizer.get_vocab()
 
 
 def test_lm_greedy_arithmetic_runs(lm, tokenizer):
@@ -110,9 +103,7 @@ def test_lm_continues_opener_with_words(lm, tokenizer):
     ids = tokenizer(corpus.REVIEW_OPENERS[0], return_tensors="pt")
     with torch.no_grad():
         out = lm.generate(**ids, max_new_tokens=12, do_sample=False)
-    text = tokenizer.decode(
-        out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True
-    )
+    text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert re.search(r"[a-z]{3,}", text), text
 
 
@@ -136,9 +127,7 @@ def test_manifest_sha256_matches_weights():
     manifest = assets.load_manifest()
     for name in ("lm/model.safetensors", "classifier/model.safetensors"):
         with open(os.path.join(assets.assets_dir(), name), "rb") as f:
-            assert hashlib.sha256(f.read()).hexdigest() == manifest["sha256"][name], (
-                name
-            )
+            assert hashlib.sha256(f.read()).hexdigest() == manifest["sha256"][name], name
     for key in (
         "seed",
         "steps",
@@ -170,13 +159,9 @@ def test_corpus_formats():
         elif d.kind == "numbers":
             assert re.fullmatch(r"Numbers:( \d{1,2}){3,10}", d.text), d.text
         elif d.kind == "concepts":
-            assert re.fullmatch(
-                r"Concepts: [a-z]+(, [a-z]+){1,2}\. Sentence: [A-Z].*\.", d.text
-            ), d.text
+            assert re.fullmatch(r"Concepts: [a-z]+(, [a-z]+){1,2}\. Sentence: [A-Z].*\.", d.text), d.text
         elif d.kind == "keywords":
-            assert re.fullmatch(
-                r"Keywords: [a-z]+(, [a-z]+){0,2}\. Review: [A-Z].*\.", d.text
-            ), d.text
+            assert re.fullmatch(r"Keywords: [a-z]+(, [a-z]+){0,2}\. Review: [A-Z].*\.", d.text), d.text
         else:
             assert d.text.startswith(corpus.REVIEW_OPENERS), d.text
     assert {d.label for d in docs if d.kind == "review"} == {0, 1, None}
@@ -201,15 +186,9 @@ def test_concept_examples():
         assert len(refs) == 3 and len(set(refs)) == 3
         for ref in refs:
             assert ref.startswith(" ") and ref.endswith(".")
-            for w in (
-                words
-            ):  # the stem appears, possibly inflected (sing -> sang, write -> wrote)
+            for w in words:  # the stem appears, possibly inflected (sing -> sang, write -> wrote)
                 verb = corpus.VERBS_BY_BASE.get(w)
-                forms = (
-                    {w}
-                    if verb is None
-                    else {verb.base, verb.past, verb.third, verb.ing, verb.participle}
-                )
+                forms = {w} if verb is None else {verb.base, verb.past, verb.third, verb.ing, verb.participle}
                 assert any(re.search(rf"\b{f}\b", ref) for f in forms), (w, ref)
 
 

@@ -24,18 +24,63 @@ from sb3_grpo.cli import main, parse_set
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 CARTPOLE = [
-    "compare", "--env", "CartPole-v1", "--algos", "ppo,grpo", "--seeds", "2", "--timesteps", "256",
-    "--eval-episodes", "2", "--no-progress",
-    "--set", "*.n_steps=64", "--set", "*.batch_size=32", "--set", "*.n_epochs=1",
+    "compare",
+    "--env",
+    "CartPole-v1",
+    "--algos",
+    "ppo,grpo",
+    "--seeds",
+    "2",
+    "--timesteps",
+    "256",
+    "--eval-episodes",
+    "2",
+    "--no-progress",
+    "--set",
+    "*.n_steps=64",
+    "--set",
+    "*.batch_size=32",
+    "--set",
+    "*.n_epochs=1",
 ]
 TEXT = [
-    "compare", "--env", "TextGen-v0", "--algos", "ppo,grpo-group", "--seeds", "1", "--timesteps", "96",
-    "--n-envs", "4", "--group-size", "2", "--eval-episodes", "4", "--no-progress",
-    "--set", "*.n_steps=24", "--set", "*.batch_size=48", "--set", "*.n_epochs=1",
+    "compare",
+    "--env",
+    "TextGen-v0",
+    "--algos",
+    "ppo,grpo-group",
+    "--seeds",
+    "1",
+    "--timesteps",
+    "96",
+    "--n-envs",
+    "4",
+    "--group-size",
+    "2",
+    "--eval-episodes",
+    "4",
+    "--no-progress",
+    "--set",
+    "*.n_steps=24",
+    "--set",
+    "*.batch_size=48",
+    "--set",
+    "*.n_epochs=1",
 ]
 RUN_KEYS = {
-    "algo", "seed", "status", "curve", "final", "env_steps", "wall_time_s", "steps_per_s", "peak_rss_mb",
-    "cuda_peak_mb", "kl_to_init", "kl_ref", "fingerprint",
+    "algo",
+    "seed",
+    "status",
+    "curve",
+    "final",
+    "env_steps",
+    "wall_time_s",
+    "steps_per_s",
+    "peak_rss_mb",
+    "cuda_peak_mb",
+    "kl_to_init",
+    "kl_ref",
+    "fingerprint",
 }
 
 
@@ -50,8 +95,20 @@ def _check_outputs(out, algos, seeds):
         assert math.isfinite(run["final"]["reward_mean"]) and run["peak_rss_mb"] > 0
     assert results["untrained"] is not None and "versions" in results["environment"]
     report = (out / "report.md").read_text()
-    for text in ("final reward", "vs PPO", "AUC", "seed std", "volatility", "peak RSS", "KL to init",
-                 "The claim", "sb3-grpo compare", "Versions:", "Hardware:", "separate evaluation"):
+    for text in (
+        "final reward",
+        "vs PPO",
+        "AUC",
+        "seed std",
+        "volatility",
+        "peak RSS",
+        "KL to init",
+        "The claim",
+        "sb3-grpo compare",
+        "Versions:",
+        "Hardware:",
+        "separate evaluation",
+    ):
         assert text in report, text
     for algo in algos:
         assert f"| {algo} |" in report
@@ -140,7 +197,12 @@ class _Interrupt(BaseCallback):
 
 def _tiny_cartpole_config():
     return make_config(
-        "CartPole-v1", ["ppo", "grpo"], seeds=1, timesteps=128, eval_episodes=2, device="cpu",
+        "CartPole-v1",
+        ["ppo", "grpo"],
+        seeds=1,
+        timesteps=128,
+        eval_episodes=2,
+        device="cpu",
         overrides={"*": {"n_steps": 64, "batch_size": 32, "n_epochs": 1}},
     )
 
@@ -165,9 +227,31 @@ def test_ctrl_c_keeps_completed_runs_and_resume_skips_them(tmp_path, capsys):
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
     first_wall = results["runs"]["ppo/seed0"]["wall_time_s"]
 
-    args = ["compare", "--env", "CartPole-v1", "--algos", "ppo,grpo", "--seeds", "1", "--timesteps", "128",
-            "--eval-episodes", "2", "--device", "cpu", "--no-progress", "--out", str(out), "--resume",
-            "--set", "*.n_steps=64", "--set", "*.batch_size=32", "--set", "*.n_epochs=1"]
+    args = [
+        "compare",
+        "--env",
+        "CartPole-v1",
+        "--algos",
+        "ppo,grpo",
+        "--seeds",
+        "1",
+        "--timesteps",
+        "128",
+        "--eval-episodes",
+        "2",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--resume",
+        "--set",
+        "*.n_steps=64",
+        "--set",
+        "*.batch_size=32",
+        "--set",
+        "*.n_epochs=1",
+    ]
     assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["status"] == "complete" and set(results["runs"]) == {"ppo/seed0", "grpo/seed0"}
@@ -195,7 +279,7 @@ def test_cli_interrupt_exit_code(tmp_path, monkeypatch, capsys):
 
 def test_parse_helpers():
     assert parse_algos("ppo, grpo,ppo") == ["ppo", "grpo"]
-    assert parse_set(["grpo.learning_rate=1e-4", "*.adaptive_clip=null", "ppo.policy_kwargs={\"top_k\": 5}"]) == {
+    assert parse_set(["grpo.learning_rate=1e-4", "*.adaptive_clip=null", 'ppo.policy_kwargs={"top_k": 5}']) == {
         "grpo": {"learning_rate": 1e-4},
         "*": {"adaptive_clip": None},
         "ppo": {"policy_kwargs": {"top_k": 5}},
@@ -214,16 +298,39 @@ def test_metrics():
 
 def test_report_from_handmade_results():
     def run(algo, seed, final):
-        return {"algo": algo, "seed": seed, "status": "complete", "curve": {"steps": [1, 2, 3, 4], "reward": [0, 1, 2, final]},
-                "final": {"reward_mean": final, "deterministic": True}, "wall_time_s": 1.0, "steps_per_s": 4.0,
-                "peak_rss_mb": 10.0, "cuda_peak_mb": None, "kl_to_init": 0.1, "kl_ref": None}
+        return {
+            "algo": algo,
+            "seed": seed,
+            "status": "complete",
+            "curve": {"steps": [1, 2, 3, 4], "reward": [0, 1, 2, final]},
+            "final": {"reward_mean": final, "deterministic": True},
+            "wall_time_s": 1.0,
+            "steps_per_s": 4.0,
+            "peak_rss_mb": 10.0,
+            "cuda_peak_mb": None,
+            "kl_to_init": 0.1,
+            "kl_ref": None,
+        }
 
     results = {
-        "config": {"env_id": "TextGen-v0", "algos": ["ppo", "grpo"], "seeds": [0, 1, 2], "timesteps": 4, "n_envs": 1,
-                   "eval_episodes": 1, "text": True, "threshold": None, "hyperparameters": {}, "group_sizes": {}},
+        "config": {
+            "env_id": "TextGen-v0",
+            "algos": ["ppo", "grpo"],
+            "seeds": [0, 1, 2],
+            "timesteps": 4,
+            "n_envs": 1,
+            "eval_episodes": 1,
+            "text": True,
+            "threshold": None,
+            "hyperparameters": {},
+            "group_sizes": {},
+        },
         "untrained": {"reward_mean": 0.0},
-        "runs": {f"{a}/seed{s}": run(a, s, f) for a, vals in (("ppo", (1.0, 1.2, 0.8)), ("grpo", (1.3, 1.1)))
-                 for s, f in enumerate(vals)},
+        "runs": {
+            f"{a}/seed{s}": run(a, s, f)
+            for a, vals in (("ppo", (1.0, 1.2, 0.8)), ("grpo", (1.3, 1.1)))
+            for s, f in enumerate(vals)
+        },
         "status": "interrupted",
     }
     summary = summarize(results)
@@ -238,8 +345,10 @@ def test_report_from_handmade_results():
 def test_perf_helpers():
     from sb3_grpo.bench import perf
 
-    rows = [perf._row("env: a vs b", 200.0, 100.0, "env steps/s", "setup", True),
-            perf._row("update: x vs y", None, 2.0, "s/update", "not available", False)]
+    rows = [
+        perf._row("env: a vs b", 200.0, 100.0, "env steps/s", "setup", True),
+        perf._row("update: x vs y", None, 2.0, "s/update", "not available", False),
+    ]
     assert rows[0]["ratio"] == pytest.approx(2.0) and rows[1]["ratio"] is None
     table = perf.markdown_table(rows)
     assert "| env: a vs b | 200 | 100 | env steps/s | 2.00x | – |" in table and "| update: x vs y | – |" in table

@@ -34,7 +34,12 @@ def test_example_runs(name, tmp_path):
         args += ["--logdir", str(tmp_path / "tb")]
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / name), *args],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     if name == "tensorboard_logging.py":

@@ -244,11 +244,7 @@ def test_extends_by_one():
 def test_left_pad_columns():
     t = th.ones(2, 1, 3, 2)
     out = left_pad_columns(t, 5)
-    assert (
-        out.shape == (2, 1, 5, 2)
-        and out[:, :, :2].abs().sum() == 0
-        and out[:, :, 2:].eq(1).all()
-    )
+    assert out.shape == (2, 1, 5, 2) and out[:, :, :2].abs().sum() == 0 and out[:, :, 2:].eq(1).all()
     assert left_pad_columns(t, 2) is t
 
 
@@ -266,13 +262,9 @@ def test_process_logits_matches_hand_computation():
     kept = keep[order[:n_keep]]
     expected = np.full(6, -np.inf)
     expected[kept] = z[kept] - np.log(np.exp(z[kept]).sum())
-    got = th.log_softmax(process_logits(logits, temperature, top_k, top_p), -1)[
-        0
-    ].numpy()
+    got = th.log_softmax(process_logits(logits, temperature, top_k, top_p), -1)[0].numpy()
     assert np.array_equal(np.isinf(got), np.isinf(expected))
-    np.testing.assert_allclose(
-        got[~np.isinf(got)], expected[~np.isinf(expected)], atol=1e-6
-    )
+    np.testing.assert_allclose(got[~np.isinf(got)], expected[~np.isinf(expected)], atol=1e-6)
     # identity when all controls are off
     assert th.equal(process_logits(logits), logits)
 
@@ -311,9 +303,7 @@ def test_policy_log_probs_use_the_processed_distribution():
     keep_sorted = before < 0.9
     keep = th.zeros_like(keep_sorted).scatter(-1, idx, keep_sorted)
     hand = th.log_softmax(z.masked_fill(~keep, float("-inf")), -1)
-    np.testing.assert_allclose(
-        log_prob, hand.gather(1, actions[:, None]).squeeze(1), atol=1e-5
-    )
+    np.testing.assert_allclose(log_prob, hand.gather(1, actions[:, None]).squeeze(1), atol=1e-5)
     np.testing.assert_allclose(log_prob_eval, log_prob, atol=1e-5)
     p = hand.exp()
     hand_entropy = -(p * hand.clamp(min=-1e30)).sum(-1)
@@ -354,19 +344,13 @@ def test_cached_rollout_matches_full_recompute(factory, group_size, kwargs):
             (log_prob - ref_log_prob).abs().max().item(),
         )
         state = policy._rollout_cache.states[env.num_envs]
-        assert (
-            state.kv_mask.shape[1] <= 2 * W
-        )  # bounded (at most one masked hole per replaced token)
+        assert state.kv_mask.shape[1] <= 2 * W  # bounded (at most one masked hole per replaced token)
         actions = actions.numpy().copy()
-        if (
-            step % 3 == 0
-        ):  # an outside sampler (e.g. exploration mixing) replaces some tokens
+        if step % 3 == 0:  # an outside sampler (e.g. exploration mixing) replaces some tokens
             actions[:2] = np.random.default_rng(step).integers(4, V, 2)
         obs, _, dones, infos = env.step(actions)
         n_reused += int((~th.as_tensor(dones)).sum())
-        for i, done in enumerate(
-            dones
-        ):  # SB3's bootstrap on truncation: a batch of one, other cache slot
+        for i, done in enumerate(dones):  # SB3's bootstrap on truncation: a batch of one, other cache slot
             if done and infos[i]["TimeLimit.truncated"]:
                 term = policy.obs_to_tensor(infos[i]["terminal_observation"])[0]
                 with th.no_grad():
@@ -376,15 +360,11 @@ def test_cached_rollout_matches_full_recompute(factory, group_size, kwargs):
                     assert calls == [] or calls == [(1, 1)]
                     v_ref = policy.evaluate_actions(term, th.zeros(1, dtype=th.long))[0]
                 worst = max(worst, (v_term - v_ref).abs().max().item())
-        if (
-            step == 10
-        ):  # the same observation twice (predict, then forward): served from before the look-ahead
+        if step == 10:  # the same observation twice (predict, then forward): served from before the look-ahead
             with th.no_grad(), count_lm_calls(policy) as calls:
                 v_again = policy.predict_values(obs_t)
             assert calls == [] and th.allclose(v_again, values, atol=0)
-        if (
-            step == 20
-        ):  # an outside call with unrelated observations of the same batch size
+        if step == 20:  # an outside call with unrelated observations of the same batch size
             other = FakeTextVecEnv(n_envs=6, seed=99).reset()
             with th.no_grad():
                 policy.predict(other)
@@ -410,21 +390,15 @@ def test_collect_rollouts_buffer_matches_evaluate_actions():
         policy_kwargs={"model": tiny_qwen2(), "temperature": 0.8},
     )
     _, callback = model._setup_learn(24, None)
-    assert model.collect_rollouts(
-        env, callback, model.rollout_buffer, n_rollout_steps=24
-    )
+    assert model.collect_rollouts(env, callback, model.rollout_buffer, n_rollout_steps=24)
     buf = model.rollout_buffer
     # float32, as older SB3 releases store them
-    obs = {
-        k: th.as_tensor(v.reshape(-1, W)).float() for k, v in buf.observations.items()
-    }
+    obs = {k: th.as_tensor(v.reshape(-1, W)).float() for k, v in buf.observations.items()}
     actions = th.as_tensor(buf.actions.reshape(-1))
     with th.no_grad():
         values, log_prob, _ = model.policy.evaluate_actions(obs, actions)
     np.testing.assert_allclose(log_prob.numpy(), buf.log_probs.reshape(-1), atol=1e-5)
-    np.testing.assert_allclose(
-        values.numpy().reshape(-1), buf.values.reshape(-1), atol=1e-5
-    )
+    np.testing.assert_allclose(values.numpy().reshape(-1), buf.values.reshape(-1), atol=1e-5)
 
 
 def test_cache_invalidated_when_weights_change():
@@ -434,9 +408,7 @@ def test_cache_invalidated_when_weights_change():
     with th.no_grad():
         v1 = policy.predict_values(obs)
         with th.no_grad():
-            policy.value_head.bias.add_(
-                1.0
-            )  # an in-place update, like optimizer.step()
+            policy.value_head.bias.add_(1.0)  # an in-place update, like optimizer.step()
         v2 = policy.predict_values(obs)
     np.testing.assert_allclose(v2 - v1, th.ones_like(v1), atol=1e-5)
     policy.set_training_mode(True)
@@ -498,9 +470,7 @@ def test_evaluate_sequences_matches_evaluate_actions(kwargs):
             int(rng.integers(1, MAX_NEW + 1)),
         )
         seq = rng.integers(4, V, n_prompt + n_new)
-        if kwargs.get(
-            "top_k"
-        ):  # actions must lie in the support of the processed distribution
+        if kwargs.get("top_k"):  # actions must lie in the support of the processed distribution
             for t in range(n_new):
                 window = np.zeros(W, np.int64)
                 wmask = np.zeros(W, np.int64)
@@ -521,35 +491,23 @@ def test_evaluate_sequences_matches_evaluate_actions(kwargs):
             window, wmask = np.zeros(W, np.int64), np.zeros(W, np.int64)
             prefix = seq[: n_prompt + t]
             window[W - len(prefix) :], wmask[W - len(prefix) :] = prefix, 1
-            transitions.append(
-                (b, start + n_prompt + t, window, wmask, seq[n_prompt + t])
-            )
-    log_prob, entropy, values = policy.evaluate_sequences(
-        th.as_tensor(ids), th.as_tensor(mask), th.as_tensor(act)
-    )
+            transitions.append((b, start + n_prompt + t, window, wmask, seq[n_prompt + t]))
+    log_prob, entropy, values = policy.evaluate_sequences(th.as_tensor(ids), th.as_tensor(mask), th.as_tensor(act))
     assert log_prob.shape == entropy.shape == values.shape == (batch, W)
     obs = {
         "input_ids": th.as_tensor(np.stack([t[2] for t in transitions])).float(),
         "attention_mask": th.as_tensor(np.stack([t[3] for t in transitions])).float(),
     }
-    v_ref, lp_ref, ent_ref = policy.evaluate_actions(
-        obs, th.as_tensor([t[4] for t in transitions])
-    )
+    v_ref, lp_ref, ent_ref = policy.evaluate_actions(obs, th.as_tensor([t[4] for t in transitions]))
     bj = (
         th.as_tensor([t[0] for t in transitions]),
         th.as_tensor([t[1] for t in transitions]),
     )
     np.testing.assert_allclose(log_prob[bj].detach(), lp_ref.detach(), atol=1e-5)
     np.testing.assert_allclose(entropy[bj].detach(), ent_ref.detach(), atol=1e-5)
-    np.testing.assert_allclose(
-        values[bj].detach(), v_ref.detach().squeeze(1), atol=1e-5
-    )
+    np.testing.assert_allclose(values[bj].detach(), v_ref.detach().squeeze(1), atol=1e-5)
     off = ~th.as_tensor(act)
-    assert (
-        log_prob[off].abs().sum() == 0
-        and values[off].abs().sum() == 0
-        and entropy[off].abs().sum() == 0
-    )
+    assert log_prob[off].abs().sum() == 0 and values[off].abs().sum() == 0 and entropy[off].abs().sum() == 0
     # differentiable: one backward reaches the LM and the critic
     (log_prob.sum() + values.sum()).backward()
     assert policy.lm.get_input_embeddings().weight.grad is not None
@@ -577,9 +535,7 @@ def test_ppo_learns_without_crashing(factory):
     )
     model.learn(64)
     assert model.num_timesteps >= 64
-    assert not th.equal(
-        before, model.policy.lm.get_input_embeddings().weight
-    )  # the LM itself was trained
+    assert not th.equal(before, model.policy.lm.get_input_embeddings().weight)  # the LM itself was trained
 
 
 def test_a2c_learns_without_crashing():
@@ -596,17 +552,9 @@ def test_a2c_learns_without_crashing():
         },
     )
     model.policy.set_training_mode(True)
-    checkpointed = [
-        m
-        for m in model.policy.lm.modules()
-        if isinstance(m, GradientCheckpointingLayer)
-    ]
-    assert checkpointed and all(
-        m.training for m in checkpointed
-    )  # checkpointing active in the update ...
-    assert not any(
-        m.training for m in model.policy.lm.modules() if isinstance(m, th.nn.Dropout)
-    )  # ... no dropout
+    checkpointed = [m for m in model.policy.lm.modules() if isinstance(m, GradientCheckpointingLayer)]
+    assert checkpointed and all(m.training for m in checkpointed)  # checkpointing active in the update ...
+    assert not any(m.training for m in model.policy.lm.modules() if isinstance(m, th.nn.Dropout))  # ... no dropout
     model.learn(16)
     assert model.num_timesteps >= 16
 
@@ -642,9 +590,7 @@ def test_ortho_init_leaves_lm_weights_untouched():
 
 def _predictions(model, obs):
     with th.no_grad():
-        ids, mask = model.policy._parse_obs(
-            {k: th.as_tensor(v) for k, v in obs.items()}
-        )
+        ids, mask = model.policy._parse_obs({k: th.as_tensor(v) for k, v in obs.items()})
         logits, values = model.policy._full_outputs(ids, mask)
     return logits.numpy(), values.numpy(), model.predict(obs, deterministic=True)[0]
 
@@ -662,9 +608,7 @@ def test_save_load_round_trip_from_model_object(tmp_path):
         seed=0,
         policy_kwargs=user_kwargs,
     )
-    assert (
-        user_kwargs["model"] is lm and model.policy.lm is lm
-    )  # the user's dict is left alone; model used in place
+    assert user_kwargs["model"] is lm and model.policy.lm is lm  # the user's dict is left alone; model used in place
     model.learn(16)
     path = tmp_path / "ppo_lm.zip"
     model.save(path)
@@ -744,17 +688,13 @@ def test_missing_default_model_or_bad_path_is_clear(tmp_path):
         with pytest.raises(FileNotFoundError, match="bundled LM"):
             CausalLMPolicy(obs_space(), spaces.Discrete(V), lambda _: 1e-3, model=None)
     else:  # the bundled LM is built: model=None loads it
-        policy = CausalLMPolicy(
-            obs_space(), spaces.Discrete(V), lambda _: 1e-3, model=None
-        )
+        policy = CausalLMPolicy(obs_space(), spaces.Discrete(V), lambda _: 1e-3, model=None)
         assert policy.lm_vocab >= V
 
 
 def test_policy_save_load_keeps_dtype(tmp_path):
     policy = make_policy(tiny_gpt2(), dtype="bfloat16")
-    assert (
-        policy.lm.dtype == th.bfloat16 and policy.value_head.weight.dtype == th.float32
-    )
+    assert policy.lm.dtype == th.bfloat16 and policy.value_head.weight.dtype == th.float32
     policy.save(str(tmp_path / "p.pt"))
     loaded = CausalLMPolicy.load(str(tmp_path / "p.pt"))
     assert loaded.lm.dtype == th.bfloat16

@@ -39,8 +39,17 @@ from textrl_envs.rewards.constraints import inflections
 from textrl_envs.rewards.match import infer_answer
 
 BUILTINS = [
-    "arithmetic", "bleu", "classifier", "composite", "exact-match", "increasing-numbers",
-    "keywords", "length", "repetition", "rouge-l", "sentiment",
+    "arithmetic",
+    "bleu",
+    "classifier",
+    "composite",
+    "exact-match",
+    "increasing-numbers",
+    "keywords",
+    "length",
+    "repetition",
+    "rouge-l",
+    "sentiment",
 ]
 
 
@@ -90,8 +99,14 @@ def tiny_classifier_dir(tmp_path_factory):
     tok = AutoTokenizer.from_pretrained(tokenizer_path())
     torch.manual_seed(0)
     cfg = GPT2Config(
-        vocab_size=len(tok), n_positions=16, n_embd=16, n_layer=1, n_head=2, num_labels=2,
-        id2label={0: "NEGATIVE", 1: "POSITIVE"}, label2id={"NEGATIVE": 0, "POSITIVE": 1},
+        vocab_size=len(tok),
+        n_positions=16,
+        n_embd=16,
+        n_layer=1,
+        n_head=2,
+        num_labels=2,
+        id2label={0: "NEGATIVE", 1: "POSITIVE"},
+        label2id={"NEGATIVE": 0, "POSITIVE": 1},
         pad_token_id=tok.pad_token_id,
     )
     model = GPT2ForSequenceClassification(cfg)
@@ -150,8 +165,10 @@ def test_classifier_errors(tiny_classifier_dir, tmp_path):
 
 def test_bundled_classifier_prefers_positive_text():
     r = make_reward("classifier")
-    pos, neg = r(["p", "p"], [" The movie was wonderful and the acting was brilliant.",
-                              " The movie was terrible and the acting was awful."])
+    pos, neg = r(
+        ["p", "p"],
+        [" The movie was wonderful and the acting was brilliant.", " The movie was terrible and the acting was awful."],
+    )
     assert 0.5 < pos <= 1.0 and 0.0 <= neg < 0.5
 
 
@@ -219,8 +236,11 @@ def test_rouge_l_hand_values():
     r = RougeL()
     # LCS("a cat sat on mat", "the cat sat on the mat") = cat sat on mat: P = 4/5, R = 4/6
     f = 2 * (4 / 5) * (4 / 6) / (4 / 5 + 4 / 6)
-    got = r(["p", "p", "p"], ["a cat sat on mat", "A CAT SAT ON MAT", ""],
-            references=[["the cat sat on the mat", "a dog"], "the cat sat on the mat", ["x"]])
+    got = r(
+        ["p", "p", "p"],
+        ["a cat sat on mat", "A CAT SAT ON MAT", ""],
+        references=[["the cat sat on the mat", "a dog"], "the cat sat on the mat", ["x"]],
+    )
     assert got == [approx(f), approx(f), 0.0]
     assert r(["p"], ["the dog"], references=[["the cat", "the dog"]]) == [1.0]  # best reference
     assert RougeL()(["p"], ["cats"], references=[["cat"]]) == [1.0]  # Porter stemming, no download
@@ -233,8 +253,11 @@ def test_rouge_l_hand_values():
 
 def test_bleu_hand_values():
     r = Bleu()
-    got = r(["p"] * 3, ["the cat sat on the mat", "", "the cat"],
-            references=[[" the cat sat on the mat"], ["a b"], ["the cat sat on the mat"]])
+    got = r(
+        ["p"] * 3,
+        ["the cat sat on the mat", "", "the cat"],
+        references=[[" the cat sat on the mat"], ["a b"], ["the cat sat on the mat"]],
+    )
     # "the cat": 1- and 2-gram precisions 1 (effective order 2), brevity penalty exp(1 - 6/2)
     assert got == [1.0, 0.0, approx(math.exp(-2.0))]
     # all references count at once: the closest length sets the brevity penalty
@@ -354,6 +377,7 @@ def test_register_custom_reward_and_resolve():
     assert "test-constant-reward" in registered_rewards()
     with pytest.raises(ValueError, match="already registered"):
         register_reward("test-constant-reward", lambda: None)
+
     def fn(prompts, completions, **kw):
         return [0.0] * len(completions)
 
@@ -408,7 +432,9 @@ def test_call_reward_errors_name_the_reward_and_show_the_completion():
         call_reward(wrong_count, *args)
     with pytest.raises(ValueError, match=r"reward 'scalar' returned a scalar"):
         call_reward(scalar, *args)
-    with pytest.raises(ValueError, match=r"reward 'nan_reward' returned a non-finite value \(nan\).*'second completion'"):
+    with pytest.raises(
+        ValueError, match=r"reward 'nan_reward' returned a non-finite value \(nan\).*'second completion'"
+    ):
         call_reward(nan_reward, *args)
     assert np.isnan(call_reward(nan_reward, *args, on_nonfinite="nan")[1])
     with pytest.raises(RuntimeError, match=r"reward 'raising' raised KeyError: 'boom'.*'first completion'") as err:
@@ -474,6 +500,7 @@ def _manual_nll(model, ids, first):
 
 def test_perplexity_matches_a_manual_computation(tiny_lm):
     model, tok = tiny_lm
+
     def enc(s):
         return tok(s, add_special_tokens=False)["input_ids"]
 

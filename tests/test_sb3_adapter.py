@@ -237,7 +237,11 @@ def test_bad_input(kw):
 
 
 def test_unbatch_info():
-    infos = {"a": np.array([1, 2]), "_a": np.array([True, False]), "d": {"x": np.array([0.5, 1.5]), "_x": np.array([False, True])}}
+    infos = {
+        "a": np.array([1, 2]),
+        "_a": np.array([True, False]),
+        "d": {"x": np.array([0.5, 1.5]), "_x": np.array([False, True])},
+    }
     infos["_d"] = np.array([True, True])
     assert unbatch_info(infos, 0) == {"a": 1, "d": {}}
     assert unbatch_info(infos, 1) == {"d": {"x": 1.5}}
@@ -250,5 +254,7 @@ def test_registered_id_with_groups_and_evaluate_policy():
     venv.reset()
     prompts = [r["prompt"] for r in venv.unwrapped.reset_infos]
     assert prompts[0] == prompts[1] and prompts[2] == prompts[3]
-    rewards, _ = evaluate_policy(RandomPolicy(venv.action_space.n), venv, n_eval_episodes=8, return_episode_rewards=True)
+    rewards, _ = evaluate_policy(
+        RandomPolicy(venv.action_space.n), venv, n_eval_episodes=8, return_episode_rewards=True
+    )
     assert len(rewards) == 8 and all(np.isfinite(rewards))

@@ -71,8 +71,17 @@ def test_every_env_id_has_a_task_and_a_documented_class():
         module, name = entry.split(":")
         klass = getattr(__import__(module, fromlist=[name]), name)
         assert issubclass(klass, TextGenEnv) and klass.default_task == env_id
-        for section in ("Description", "Action Space", "Observation Space", "Rewards", "Starting State",
-                        "Episode End", "Arguments", "Vectorized environment", "Version History"):
+        for section in (
+            "Description",
+            "Action Space",
+            "Observation Space",
+            "Rewards",
+            "Starting State",
+            "Episode End",
+            "Arguments",
+            "Vectorized environment",
+            "Version History",
+        ):
             assert f"## {section}" in klass.__doc__, (env_id, section)
 
 
@@ -178,12 +187,12 @@ def test_observation_layout_after_reset_and_step(tokenizer):
     ids = encode(tokenizer, "The movie was")
     w = spec.window
     assert obs["input_ids"].dtype == np.int64 and obs["input_ids"].shape == (w,)
-    np.testing.assert_array_equal(obs["input_ids"][-len(ids):], ids)
+    np.testing.assert_array_equal(obs["input_ids"][-len(ids) :], ids)
     assert (obs["input_ids"][: w - len(ids)] == spec.pad_token_id).all()
     np.testing.assert_array_equal(obs["attention_mask"], [0] * (w - len(ids)) + [1] * len(ids))
     tok = encode(tokenizer, " great")[0]
     obs, r, term, trunc, info = env.step(tok)
-    assert obs["input_ids"][-1] == tok and obs["attention_mask"][-len(ids) - 1:].all()
+    assert obs["input_ids"][-1] == tok and obs["attention_mask"][-len(ids) - 1 :].all()
     assert r == 0.0 and not term and not trunc and info == {}
 
 
@@ -192,7 +201,7 @@ def test_episode_end_by_eos_and_by_budget(tokenizer):
     env.reset(seed=0, options={"prompt_index": 0})
     prompt = env.unwrapped.text_spec.prompt_texts[0]
     # EOS first: terminated, empty completion
-    (r, term, trunc, info), = run(env, [tokenizer.eos_token_id])
+    ((r, term, trunc, info),) = run(env, [tokenizer.eos_token_id])
     assert term and not trunc and info["completion"] == "" and len(info["completion_ids"]) == 0
     assert info["prompt"] == prompt and r == 0.0
     # budget: truncated after exactly max_new_tokens tokens
@@ -236,7 +245,7 @@ def test_user_tokenizer_prompts_and_reward(tokenizer):
     # a registered reward by name, with options
     env = gym.make("TextGen-v0", reward="sentiment", reward_kwargs={"scale": "prob"})
     env.reset(seed=0)
-    (r, *_), = run(env, [tokenizer.eos_token_id])
+    ((r, *_),) = run(env, [tokenizer.eos_token_id])
     assert r == 0.5  # empty completion: compound 0 -> (0 + 1) / 2
 
 

@@ -81,17 +81,29 @@ def test_pure_functions(backend, monkeypatch):
     if backend == "torch":  # the path other devices take, run on CPU tensors
         from textrl_envs import vector
 
-        monkeypatch.setattr(vector, "_start_windows_numpy", lambda *a: vector._start_windows_torch(*map(torch.as_tensor, a[:6]), a[6]))
+        monkeypatch.setattr(
+            vector, "_start_windows_numpy", lambda *a: vector._start_windows_torch(*map(torch.as_tensor, a[:6]), a[6])
+        )
     ids, mask = pack_prompts([np.array([5, 6]), np.array([7, 8, 9])], width=3, pad_token_id=0)
     assert ids.tolist() == [[0, 5, 6], [7, 8, 9]] and mask.tolist() == [[0, 1, 1], [1, 1, 1]]
     w_ids = torch.full((4, 5), 9, dtype=torch.int64)
     w_mask = torch.ones((4, 5), dtype=torch.int64)
-    start_windows_(w_ids, w_mask, torch.tensor([0, 1, 3]), torch.tensor([1, 0, 0]), torch.as_tensor(ids), torch.as_tensor(mask), 0)
+    start_windows_(
+        w_ids, w_mask, torch.tensor([0, 1, 3]), torch.tensor([1, 0, 0]), torch.as_tensor(ids), torch.as_tensor(mask), 0
+    )
     assert w_ids.tolist() == [[0, 0, 7, 8, 9], [0, 0, 0, 5, 6], [9] * 5, [0, 0, 0, 5, 6]]
     assert w_mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [1] * 5, [0, 0, 0, 1, 1]]
     f_ids, f_mask = pack_prompts([np.array([5, 6]), np.array([7, 8, 9])], width=5, pad_token_id=0)
     w2_ids, w2_mask = torch.full((4, 5), 9, dtype=torch.int64), torch.ones((4, 5), dtype=torch.int64)
-    start_windows_(w2_ids, w2_mask, torch.tensor([0, 1, 3]), torch.tensor([1, 0, 0]), torch.as_tensor(f_ids), torch.as_tensor(f_mask), 0)
+    start_windows_(
+        w2_ids,
+        w2_mask,
+        torch.tensor([0, 1, 3]),
+        torch.tensor([1, 0, 0]),
+        torch.as_tensor(f_ids),
+        torch.as_tensor(f_mask),
+        0,
+    )
     assert w2_ids.tolist() == w_ids.tolist() and w2_mask.tolist() == w_mask.tolist()  # full-width table: same rows
     w_ids, w_mask = w_ids[:2], w_mask[:2]
     n_ids, n_mask = append_tokens(w_ids[:2], w_mask[:2], torch.tensor([4, 3]))
@@ -182,7 +194,9 @@ def test_matches_sync_vector_env(kw, num_envs, seed):
 
 
 @pytest.mark.skipif(not bundled_assets(), reason="bundled tokenizer not built yet")
-@pytest.mark.parametrize("env_id", ["TextGen-v0", "Arithmetic-v0", "IncreasingNumbers-v0", "CommonGen-v0", "Keywords-v0"])
+@pytest.mark.parametrize(
+    "env_id", ["TextGen-v0", "Arithmetic-v0", "IncreasingNumbers-v0", "CommonGen-v0", "Keywords-v0"]
+)
 def test_registered_ids_match_sync_vector_env(env_id):
     import textrl_envs  # noqa: F401
 
@@ -243,7 +257,9 @@ def test_torch_backend_matches_numpy(kw):
         if "final_obs" in ia:
             i = int(np.flatnonzero(ia["_final_obs"])[0])
             assert isinstance(ia["final_obs"][i]["input_ids"], torch.Tensor)
-            np.testing.assert_array_equal(ia["final_obs"][i]["input_ids"].cpu().numpy(), ib["final_obs"][i]["input_ids"])
+            np.testing.assert_array_equal(
+                ia["final_obs"][i]["input_ids"].cpu().numpy(), ib["final_obs"][i]["input_ids"]
+            )
 
 
 def test_narrow_prompt_table_matches_full_width(kw, monkeypatch):
@@ -436,7 +452,9 @@ def test_ids_never_repeat_across_resets(kw):
 
 
 def test_memory_1024_envs_256_token_windows(kw):
-    vec = TextGenVectorEnv(num_envs=1024, group_size=8, device="cpu", **dict(kw, max_prompt_tokens=64, max_new_tokens=192))
+    vec = TextGenVectorEnv(
+        num_envs=1024, group_size=8, device="cpu", **dict(kw, max_prompt_tokens=64, max_new_tokens=192)
+    )
     assert vec.text_spec.window == 256
     assert vec.state_nbytes() == 1024 * (16 * 256 + 8)  # 4,104 bytes per env: ids + mask (int64) + counter
     obs, _ = vec.reset(seed=0)

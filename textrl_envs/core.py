@@ -205,7 +205,9 @@ def _special_ids(tokenizer) -> tuple[int | None, int]:
 
 def _split_prompts(prompts: Sequence[PromptItem]) -> tuple[list[str], dict[str, list[Any]]]:
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-        raise TypeError(f"prompts must be a list of str (or of dicts with a 'prompt' key); got {type(prompts).__name__}")
+        raise TypeError(
+            f"prompts must be a list of str (or of dicts with a 'prompt' key); got {type(prompts).__name__}"
+        )
     if len(prompts) == 0:
         raise ValueError("prompts is empty; give at least one prompt, e.g. prompts=['The movie was']")
     texts: list[str] = []
@@ -301,7 +303,9 @@ def build_spec(
         if reward_kwargs is None:
             reward_kwargs = dict(defaults.reward_kwargs)
     max_new_tokens = _check_int(
-        "max_new_tokens", max_new_tokens if max_new_tokens is not None else (defaults.max_new_tokens if defaults else 24), 1
+        "max_new_tokens",
+        max_new_tokens if max_new_tokens is not None else (defaults.max_new_tokens if defaults else 24),
+        1,
     )
     max_prompt_tokens = _check_int(
         "max_prompt_tokens",

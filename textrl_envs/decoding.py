@@ -101,7 +101,11 @@ class ByteTableDecoder:
 def _byte_to_unicode() -> dict[str, int]:
     """GPT-2's reversible map between bytes and printable characters (Radford et al. 2019), inverted:
     printable Latin-1 bytes map to themselves, the other 68 bytes to U+0100 onwards in byte order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\xa1"), ord("\xac") + 1),
+        *range(ord("\xae"), ord("\xff") + 1),
+    ]
     chars = dict(zip(printable, printable))
     extra = 0
     for b in range(256):

@@ -170,7 +170,9 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             self._done = True
             ids = self._generated[:-1] if terminated else self._generated
             completion = spec.decode(ids)
-            rewards, nonfinite = spec.score_flagged([self._prompt_index], [completion], prompt_texts=[self._prompt_text])
+            rewards, nonfinite = spec.score_flagged(
+                [self._prompt_index], [completion], prompt_texts=[self._prompt_text]
+            )
             reward = float(rewards[0])
             info = {
                 "prompt": self._prompt_text,
@@ -187,10 +189,11 @@ class TextGenEnv(TextSpecAccess, gym.Env):
 
     def _check_action(self, action) -> int:
         a = np.asarray(action)
-        if a.size != 1 or not (np.issubdtype(a.dtype, np.integer) or (np.issubdtype(a.dtype, np.floating) and float(a.reshape(-1)[0]).is_integer())):
-            raise ValueError(
-                f"action must be one integer token id in [0, {self.text_spec.vocab_size}), got {action!r}"
-            )
+        if a.size != 1 or not (
+            np.issubdtype(a.dtype, np.integer)
+            or (np.issubdtype(a.dtype, np.floating) and float(a.reshape(-1)[0]).is_integer())
+        ):
+            raise ValueError(f"action must be one integer token id in [0, {self.text_spec.vocab_size}), got {action!r}")
         token = int(a.reshape(-1)[0])
         if not 0 <= token < self.text_spec.vocab_size:
             raise ValueError(

@@ -47,14 +47,18 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:<n>' (a torch device); got {device!r}") from exc
+        raise ValueError(
+            f"device must be 'auto', 'cpu', 'cuda' or 'cuda:<n>' (a torch device); got {device!r}"
+        ) from exc
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"device={device!r} was requested but CUDA is not available on this machine; "
             "use device='auto' (CUDA when there is one, else CPU) or device='cpu'"
         )
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"device={device!r} does not exist; this machine has {torch.cuda.device_count()} CUDA device(s)")
+        raise ValueError(
+            f"device={device!r} does not exist; this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
     return dev
 
 
@@ -139,7 +143,9 @@ def append_tokens(ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -
     return new_ids, new_mask
 
 
-def append_tokens_(ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, host_tokens: np.ndarray | None = None) -> None:
+def append_tokens_(
+    ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, host_tokens: np.ndarray | None = None
+) -> None:
     """In-place :func:`append_tokens`: shift each row left by one and write the token at index ``W - 1``.
 
     On CPU the shift is one overlapping copy of the flattened (contiguous) state through numpy: moving
@@ -247,7 +253,12 @@ def completion_tuples(rows: np.ndarray, starts: np.ndarray, stops: np.ndarray) -
 
 
 def decode_completions(
-    spec: EpisodeSpec, rows: np.ndarray, starts: np.ndarray, stops: np.ndarray, id_tuples: Sequence[Sequence[int]], decode=None
+    spec: EpisodeSpec,
+    rows: np.ndarray,
+    starts: np.ndarray,
+    stops: np.ndarray,
+    id_tuples: Sequence[Sequence[int]],
+    decode=None,
 ) -> list[str]:
     """Completion texts, exactly as :meth:`EpisodeSpec.decode` gives them, for a batch of finished episodes.
 
@@ -429,7 +440,9 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         self._row_index: list[int] = list(range(len(spec.prompt_texts)))
         self._extra_rows: dict[str, int] = {}
         # Full-width rows make a reset two contiguous copies; a large prompt set keeps only P columns.
-        self._table_width = spec.window if len(spec.prompt_ids) * spec.window <= FULL_WIDTH_TABLE_MAX else spec.max_prompt_tokens
+        self._table_width = (
+            spec.window if len(spec.prompt_ids) * spec.window <= FULL_WIDTH_TABLE_MAX else spec.max_prompt_tokens
+        )
         packed, packed_mask = pack_prompts(spec.prompt_ids, self._table_width, spec.pad_token_id)
         self._packed_ids = torch.as_tensor(packed, device=self.device)
         self._packed_mask = torch.as_tensor(packed_mask, device=self.device)
@@ -591,7 +604,10 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         if isinstance(seed, Sequence) and not isinstance(seed, str):
             if len(seed) != self.num_envs:
                 raise ValueError(f"a list of seeds must have num_envs={self.num_envs} entries, got {len(seed)}")
-            return [None if seed[k * self.group_size] is None else int(seed[k * self.group_size]) for k in range(self.num_groups)]
+            return [
+                None if seed[k * self.group_size] is None else int(seed[k * self.group_size])
+                for k in range(self.num_groups)
+            ]
         raise TypeError(f"seed must be None, an int or a list of num_envs ints; got {type(seed).__name__}")
 
     def _row_for(self, index: int, text: str, ids: np.ndarray) -> int:
@@ -613,7 +629,9 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         self._row[envs] = rows
         envs_t = torch.as_tensor(envs, device=self.device)
         rows_t = torch.as_tensor(rows, device=self.device)
-        start_windows_(self._ids, self._mask, envs_t, rows_t, self._packed_ids, self._packed_mask, self.text_spec.pad_token_id)
+        start_windows_(
+            self._ids, self._mask, envs_t, rows_t, self._packed_ids, self._packed_mask, self.text_spec.pad_token_id
+        )
         self._generated[envs] = 0
         self._episode_ids = episode_ids(self._round, self.num_envs)  # new arrays: step infos keep the old
         self._group_ids = group_ids(self._round, self.group_size)

@@ -257,7 +257,9 @@ def make_config(
                 f"({', '.join(sorted(_text_ids()))}) provide; {env_id!r} is not one. Drop them from --algos"
             )
         if n_envs % group != 0:
-            raise CompareError(f"--n-envs ({n_envs}) must be a multiple of the group size ({group}) for {', '.join(grouped)}")
+            raise CompareError(
+                f"--n-envs ({n_envs}) must be a multiple of the group size ({group}) for {', '.join(grouped)}"
+            )
     cfg = CompareConfig(
         env_id=env_id,
         algos=list(dict.fromkeys(algos)),
@@ -265,7 +267,9 @@ def make_config(
         timesteps=timesteps,
         n_envs=n_envs,
         group_size=group,
-        eval_episodes=eval_episodes if eval_episodes is not None else (TEXT_EVAL_EPISODES if text else CLASSIC_EVAL_EPISODES),
+        eval_episodes=eval_episodes
+        if eval_episodes is not None
+        else (TEXT_EVAL_EPISODES if text else CLASSIC_EVAL_EPISODES),
         eval_deterministic=eval_deterministic,
         device=device,
         overrides=_jsonable(overrides),

@@ -188,8 +188,16 @@ def _collector(n_envs: int, tokens: int, use_cache: bool, env_id: str, full_leng
     from sb3_grpo.policies import CausalLMPolicy
 
     env = _text_env(env_id, n_envs, tokens, full_length)
-    model = PPO(CausalLMPolicy, env, n_steps=tokens, batch_size=n_envs * tokens, n_epochs=1, seed=0, device="cpu",
-                policy_kwargs={"use_cache": use_cache})
+    model = PPO(
+        CausalLMPolicy,
+        env,
+        n_steps=tokens,
+        batch_size=n_envs * tokens,
+        n_epochs=1,
+        seed=0,
+        device="cpu",
+        policy_kwargs={"use_cache": use_cache},
+    )
     _, callback = model._setup_learn(10**9, None, progress_bar=False)
 
     def collect() -> None:
@@ -217,8 +225,16 @@ def _generator(n_envs: int, tokens: int, env_id: str) -> Any:
 
     def generate() -> None:
         with th.no_grad():
-            lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, top_p=1.0,
-                        max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=pad)
+            lm.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                pad_token_id=pad,
+            )
 
     return generate
 
@@ -253,22 +269,44 @@ def rollout_vs_generate(
     )
     n = n_envs * tokens
     rows = [
-        _row("rollout: collect_rollouts (KV cache) vs generate", n / t["cached"], n / t["generate"], "tokens/s",
-             notes + f", {tokens}-token episodes (no EOS)", True, cpu=(n / c["cached"], n / c["generate"])),
-        _row("rollout with EOS: collect_rollouts (KV cache) vs generate", n / t["cached-eos"], n / t["generate"],
-             "tokens/s", notes + f", {tokens}-token budget, EOS ends episodes (auto-resets inside the loop)", True,
-             cpu=(n / c["cached-eos"], n / c["generate"])),
+        _row(
+            "rollout: collect_rollouts (KV cache) vs generate",
+            n / t["cached"],
+            n / t["generate"],
+            "tokens/s",
+            notes + f", {tokens}-token episodes (no EOS)",
+            True,
+            cpu=(n / c["cached"], n / c["generate"]),
+        ),
+        _row(
+            "rollout with EOS: collect_rollouts (KV cache) vs generate",
+            n / t["cached-eos"],
+            n / t["generate"],
+            "tokens/s",
+            notes + f", {tokens}-token budget, EOS ends episodes (auto-resets inside the loop)",
+            True,
+            cpu=(n / c["cached-eos"], n / c["generate"]),
+        ),
     ]
     t, c = _interleaved(
-        {"cached": _collector(n_envs, long_tokens, True, env_id), "uncached": _collector(n_envs, long_tokens, False, env_id)},
+        {
+            "cached": _collector(n_envs, long_tokens, True, env_id),
+            "uncached": _collector(n_envs, long_tokens, False, env_id),
+        },
         repeats,
     )
     n = n_envs * long_tokens
     rows.insert(
         1,
-        _row("rollout: KV cache vs full recompute", n / t["cached"], n / t["uncached"], "tokens/s",
-             notes + f", {long_tokens}-token episodes (no EOS); baseline use_cache=False", True,
-             cpu=(n / c["cached"], n / c["uncached"])),
+        _row(
+            "rollout: KV cache vs full recompute",
+            n / t["cached"],
+            n / t["uncached"],
+            "tokens/s",
+            notes + f", {long_tokens}-token episodes (no EOS); baseline use_cache=False",
+            True,
+            cpu=(n / c["cached"], n / c["uncached"]),
+        ),
     )
     return rows
 
@@ -299,7 +337,13 @@ def per_transition_copy(model: Any, buf: Any) -> Any:
     from stable_baselines3.common.buffers import DictRolloutBuffer
 
     out = DictRolloutBuffer(
-        buf.buffer_size, model.observation_space, model.action_space, model.device, buf.gae_lambda, buf.gamma, buf.n_envs
+        buf.buffer_size,
+        model.observation_space,
+        model.action_space,
+        model.device,
+        buf.gae_lambda,
+        buf.gamma,
+        buf.n_envs,
     )
     out.observations = {
         "input_ids": buf.token_ids.cpu().numpy().copy(),
@@ -366,8 +410,16 @@ def update_seq_vs_stock(
     from textrl_envs.sb3 import make_vec_env
 
     if not sequence_fast_path_available():
-        return [_row("update: sequence fast path vs stock PPO.train", None, None, "s/update",
-                     "sequence fast path not available (no sb3_grpo.buffers.SequenceRolloutBuffer)", False)]
+        return [
+            _row(
+                "update: sequence fast path vs stock PPO.train",
+                None,
+                None,
+                "s/update",
+                "sequence fast path not available (no sb3_grpo.buffers.SequenceRolloutBuffer)",
+                False,
+            )
+        ]
     off = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "advantage": "gae", "kl_coef": 0.0}
     env = make_vec_env(env_id, n_envs=n_envs, seed=0, device="cpu", max_new_tokens=tokens)
     hp = {"n_steps": n_steps, "batch_size": n_steps * n_envs // 4, "n_epochs": 1, "seed": 0, "device": "cpu"}
@@ -393,14 +445,32 @@ def update_seq_vs_stock(
     fast.policy.pack_sequences = False
     padded = _forward_positions(fast.policy, timers["ours"])
     fast.policy.pack_sequences = True
-    notes = (f"{env_id}, bundled LM, one rollout of {n_envs} envs x {n_steps} steps = {n_envs * n_steps} tokens "
-             f"in {n_seq} sequences, {tokens}-token budget, 1 epoch, minibatch {hp['batch_size']}; packed forwards: "
-             f"{packed} positions (padded: {padded})")
-    rows = [_row("update: sequence fast path vs stock PPO.train", t["ours"], t["stock"], "s/update", notes, False,
-                 cpu=(c["ours"], c["stock"]))]
+    notes = (
+        f"{env_id}, bundled LM, one rollout of {n_envs} envs x {n_steps} steps = {n_envs * n_steps} tokens "
+        f"in {n_seq} sequences, {tokens}-token budget, 1 epoch, minibatch {hp['batch_size']}; packed forwards: "
+        f"{packed} positions (padded: {padded})"
+    )
+    rows = [
+        _row(
+            "update: sequence fast path vs stock PPO.train",
+            t["ours"],
+            t["stock"],
+            "s/update",
+            notes,
+            False,
+            cpu=(c["ours"], c["stock"]),
+        )
+    ]
     for label, name in (("all", "all LM parameters"), ("last", "last block + final norm")):
-        row = _row(f"grad-variance penalty cost (LM, {name})", t[label], t["ours"], "s/update",
-                   notes + "; fast path with grad_var_coef=0.01 vs 0", False, cpu=(c[label], c["ours"]))
+        row = _row(
+            f"grad-variance penalty cost (LM, {name})",
+            t[label],
+            t["ours"],
+            "s/update",
+            notes + "; fast path with grad_var_coef=0.01 vs 0",
+            False,
+            cpu=(c[label], c["ours"]),
+        )
         row["ratio"], row["cpu_ratio"] = t[label] / t["ours"], c[label] / c["ours"]  # slowdown factor
         rows.append(row)
     return rows
@@ -420,15 +490,26 @@ def grad_var_cost(quick: bool = False) -> list[dict]:
     n_steps = 512 if quick else 2048
     times, cpu = _interleaved(
         {
-            coef: _trainer(GRPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=1, seed=0), n_steps=n_steps,
-                                batch_size=64, n_epochs=1, seed=0, device="cpu", grad_var_coef=coef))
+            coef: _trainer(
+                GRPO(
+                    "MlpPolicy",
+                    make_vec_env("CartPole-v1", n_envs=1, seed=0),
+                    n_steps=n_steps,
+                    batch_size=64,
+                    n_epochs=1,
+                    seed=0,
+                    device="cpu",
+                    grad_var_coef=coef,
+                )
+            )
             for coef in (0.01, 0.0)
         },
         1 if quick else 3,
     )
     notes = f"CartPole-v1, GRPO defaults vs grad_var_coef=0, {n_steps} steps, 1 epoch, minibatch 64"
-    row = _row("grad-variance penalty cost (MLP)", times[0.01], times[0.0], "s/update", notes, False,
-               cpu=(cpu[0.01], cpu[0.0]))
+    row = _row(
+        "grad-variance penalty cost (MLP)", times[0.01], times[0.0], "s/update", notes, False, cpu=(cpu[0.01], cpu[0.0])
+    )
     row["ratio"], row["cpu_ratio"] = times[0.01] / times[0.0], cpu[0.01] / cpu[0.0]  # slowdown factor
     return [row]
 
@@ -490,11 +571,22 @@ def run_perf(out: Path, quick: bool = False, log: Any = print) -> dict:
     }
     repeats = 1 if quick else 3
     steps = [
-        ("env", lambda: [vector_env_vs_sync(num_envs=64 if quick else 256, steps=64 if quick else 320, repeats=repeats)]),
-        ("rollout", lambda: rollout_vs_generate(n_envs=8 if quick else 16, tokens=16 if quick else 32,
-                                                long_tokens=32 if quick else 64, repeats=repeats)),
-        ("update", lambda: update_seq_vs_stock(n_envs=8 if quick else 16, tokens=16 if quick else 32,
-                                               n_steps=16 if quick else 64, repeats=repeats)),
+        (
+            "env",
+            lambda: [vector_env_vs_sync(num_envs=64 if quick else 256, steps=64 if quick else 320, repeats=repeats)],
+        ),
+        (
+            "rollout",
+            lambda: rollout_vs_generate(
+                n_envs=8 if quick else 16, tokens=16 if quick else 32, long_tokens=32 if quick else 64, repeats=repeats
+            ),
+        ),
+        (
+            "update",
+            lambda: update_seq_vs_stock(
+                n_envs=8 if quick else 16, tokens=16 if quick else 32, n_steps=16 if quick else 64, repeats=repeats
+            ),
+        ),
         ("grad-var", lambda: grad_var_cost(quick=quick)),
     ]
     for name, fn in steps:
@@ -523,7 +615,9 @@ def run_perf(out: Path, quick: bool = False, log: Any = print) -> dict:
         + "\n"
     )
     if result["errors"]:
-        text += "\nFailed measurements: " + "; ".join(f"{e['measurement']}: {e['error']}" for e in result["errors"]) + "\n"
+        text += (
+            "\nFailed measurements: " + "; ".join(f"{e['measurement']}: {e['error']}" for e in result["errors"]) + "\n"
+        )
     (out / "perf.md").write_text(text)
     write_json_atomic(out / "perf.json", result)
     log(table)

@@ -134,9 +134,11 @@ def summarize(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         runs = [r for r in results["runs"].values() if r["algo"] == algo and r.get("status") == "complete"]
         runs.sort(key=lambda r: r["seed"])
         finals = [r["final"]["reward_mean"] for r in runs]
-        reach = [steps_to_threshold(r["curve"]["steps"], r["curve"]["reward"], threshold) for r in runs] if (
-            threshold is not None
-        ) else []
+        reach = (
+            [steps_to_threshold(r["curve"]["steps"], r["curve"]["reward"], threshold) for r in runs]
+            if (threshold is not None)
+            else []
+        )
         kl_refs = [r["kl_ref"] for r in runs if r.get("kl_ref") is not None]
         out[algo] = {
             "seeds_done": [r["seed"] for r in runs],
@@ -208,7 +210,7 @@ def claim_check(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -> 
     """
     cfg = results["config"]
     lines = [
-        "## The claim: \"GRPO gains about 15% reward and 30% stability over PPO on long text generation\"",
+        '## The claim: "GRPO gains about 15% reward and 30% stability over PPO on long text generation"',
         "",
     ]
     if "ppo" not in summary or not summary["ppo"]["finals"]:
@@ -219,18 +221,22 @@ def claim_check(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -> 
     ppo = summary["ppo"]
     n_ppo = len(ppo["finals"])
     if not cfg.get("text"):
-        lines.append(f"Note: `{cfg['env_id']}` is not a text env; the claim is about text generation, so this "
-                     "only says how the same algorithms behave here.")
+        lines.append(
+            f"Note: `{cfg['env_id']}` is not a text env; the claim is about text generation, so this "
+            "only says how the same algorithms behave here."
+        )
     else:
         lines.append(
             f"Measured on `{cfg['env_id']}` with completions of at most the env's token budget (24 tokens for "
-            "TextGen-v0): short, not \"long\", text generation; the claim's setting may differ."
+            'TextGen-v0): short, not "long", text generation; the claim\'s setting may differ.'
         )
     lines += [
-        ("Reward gain = change of the mean final (evaluation) reward relative to PPO's; its uncertainty is the "
-        "standard error of the difference of the two means over seeds. Stability gain = reduction of the "
-        "seed-to-seed std of the final reward, and of the within-run volatility, relative to PPO's (in the table: "
-        "relative change, negative = steadier than PPO)."),
+        (
+            "Reward gain = change of the mean final (evaluation) reward relative to PPO's; its uncertainty is the "
+            "standard error of the difference of the two means over seeds. Stability gain = reduction of the "
+            "seed-to-seed std of the final reward, and of the within-run volatility, relative to PPO's (in the table: "
+            "relative change, negative = steadier than PPO)."
+        ),
         "",
         "| algorithm | reward gain vs PPO | ± (1 s.e.) | seed std vs PPO | volatility vs PPO | verdict |",
         "|---|---|---|---|---|---|",
@@ -244,8 +250,16 @@ def claim_check(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -> 
         if n > 1 and n_ppo > 1:
             se = math.sqrt(s["final_std"] ** 2 / n + ppo["final_std"] ** 2 / n_ppo)
         se_pct = 100.0 * se / abs(ppo["final_mean"]) if ppo["final_mean"] and not math.isnan(se) else math.nan
-        std_red = -relative_change(s["final_std"], ppo["final_std"]) if relative_change(s["final_std"], ppo["final_std"]) is not None else None
-        vol_red = -relative_change(s["volatility"], ppo["volatility"]) if relative_change(s["volatility"], ppo["volatility"]) is not None else None
+        std_red = (
+            -relative_change(s["final_std"], ppo["final_std"])
+            if relative_change(s["final_std"], ppo["final_std"]) is not None
+            else None
+        )
+        vol_red = (
+            -relative_change(s["volatility"], ppo["volatility"])
+            if relative_change(s["volatility"], ppo["volatility"]) is not None
+            else None
+        )
         diff = s["final_mean"] - ppo["final_mean"]
         if gain is None:
             reward_verdict = "reward gain undefined (PPO's mean final reward is 0 or missing)"
@@ -261,9 +275,11 @@ def claim_check(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -> 
             reward_verdict = f"reward {gain:+.0f}%: worse than PPO beyond seed noise (claim not supported)"
         stab_verdict = stability_verdict(s["final_std"], ppo["final_std"], n, n_ppo, "seed-to-seed std")
         if vol_red is not None:
-            stab_verdict += "; volatility " + (
-                f"{vol_red:.0f}% lower" if vol_red >= 0 else f"{-vol_red:.0f}% higher"
-            ) + (" (at least the claimed 30%)" if vol_red >= CLAIM_STABILITY_GAIN else "")
+            stab_verdict += (
+                "; volatility "
+                + (f"{vol_red:.0f}% lower" if vol_red >= 0 else f"{-vol_red:.0f}% higher")
+                + (" (at least the claimed 30%)" if vol_red >= CLAIM_STABILITY_GAIN else "")
+            )
         reward_ok = gain is not None and not math.isnan(se) and diff > 2 * se and gain >= CLAIM_REWARD_GAIN
         reward_worse = not math.isnan(se) and diff < -2 * se
         ratio = s["final_std"] / ppo["final_std"] if ppo["final_std"] and not math.isnan(ppo["final_std"]) else math.nan
@@ -272,13 +288,26 @@ def claim_check(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -> 
         if reward_ok and stab_ok:
             overall = "supported"
         elif reward_worse or stab_worse:
-            overall = "contradicted (" + " and ".join(
-                x for x, bad in (("final reward below PPO's", reward_worse), ("seed-to-seed std above PPO's", stab_worse)) if bad
-            ) + " beyond seed noise)"
+            overall = (
+                "contradicted ("
+                + " and ".join(
+                    x
+                    for x, bad in (
+                        ("final reward below PPO's", reward_worse),
+                        ("seed-to-seed std above PPO's", stab_worse),
+                    )
+                    if bad
+                )
+                + " beyond seed noise)"
+            )
         elif reward_ok or stab_ok:
-            overall = "partly supported (" + ("reward gain" if reward_ok else "stability gain") + " shown, the other not)"
+            overall = (
+                "partly supported (" + ("reward gain" if reward_ok else "stability gain") + " shown, the other not)"
+            )
         else:
-            overall = "not supported by this measurement (no reward gain beyond seed noise, no resolvable stability gain)"
+            overall = (
+                "not supported by this measurement (no reward gain beyond seed noise, no resolvable stability gain)"
+            )
         verdicts.append((algo, reward_verdict, stab_verdict, overall))
         lines.append(
             f"| {algo} | {_fmt_pct(gain)} | {_fmt(se_pct, '.0f')}{'%' if not math.isnan(se_pct) else ''} | "
@@ -381,13 +410,17 @@ def render_report(results: dict[str, Any]) -> str:
     if done < total:
         missing = [f"{a} seed {seed}" for a, s in summary.items() for seed in s["seeds_missing"]]
         lines += [
-            (f"**Incomplete ({status}): {done} of {total} runs finished.** Missing: {', '.join(missing)}. "
-            "Rows below average the seeds that finished; rerun the command with `--resume` to complete it."),
+            (
+                f"**Incomplete ({status}): {done} of {total} runs finished.** Missing: {', '.join(missing)}. "
+                "Rows below average the seeds that finished; rerun the command with `--resume` to complete it."
+            ),
             "",
         ]
     lines += [
-        (f"{len(cfg['algos'])} algorithms x {len(cfg['seeds'])} seeds x {cfg['timesteps']:,} env steps "
-        f"({'tokens' if cfg.get('text') else 'steps'}), {cfg['n_envs']} envs."),
+        (
+            f"{len(cfg['algos'])} algorithms x {len(cfg['seeds'])} seeds x {cfg['timesteps']:,} env steps "
+            f"({'tokens' if cfg.get('text') else 'steps'}), {cfg['n_envs']} envs."
+        ),
         "",
     ]
     deterministic = None
@@ -398,16 +431,20 @@ def render_report(results: dict[str, Any]) -> str:
         deterministic = untrained.get("deterministic")
     policy_word = "greedy (deterministic) actions" if deterministic else "actions sampled from the policy"
     lines += [
-        (f"**Final reward** is measured by a separate evaluation after training, not read off the noisy "
-        f"training curve: {cfg['eval_episodes']} episodes with {policy_word}, on an env seeded "
-        f"10000 + seed and torch seeded the same way."),
+        (
+            f"**Final reward** is measured by a separate evaluation after training, not read off the noisy "
+            f"training curve: {cfg['eval_episodes']} episodes with {policy_word}, on an env seeded "
+            f"10000 + seed and torch seeded the same way."
+        ),
         "",
     ]
     if untrained:
         lines += [f"Untrained policy (same evaluation, seed 0): **{untrained['reward_mean']:.3f}**.", ""]
     lines += [
-        (f"| algorithm | seeds | final reward (mean ± std) | vs PPO | AUC | steps to {_fmt(summary[cfg['algos'][0]]['threshold'])} "
-        f"| seed std | volatility | wall time (s) | {unit} | peak RSS (MB) | KL to init | KL to ref |"),
+        (
+            f"| algorithm | seeds | final reward (mean ± std) | vs PPO | AUC | steps to {_fmt(summary[cfg['algos'][0]]['threshold'])} "
+            f"| seed std | volatility | wall time (s) | {unit} | peak RSS (MB) | KL to init | KL to ref |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for algo, s in summary.items():
@@ -425,23 +462,35 @@ def render_report(results: dict[str, Any]) -> str:
         "Columns:",
         "- *final reward*: mean ± std over seeds of each run's evaluation reward (above).",
         "- *vs PPO*: `(final - final_ppo) / |final_ppo|`.",
-        ("- *AUC*: time-average of the training reward curve (area under it divided by the steps it spans); "
-        "rewards earlier in training count as much as later ones."),
+        (
+            "- *AUC*: time-average of the training reward curve (area under it divided by the steps it spans); "
+            "rewards earlier in training count as much as later ones."
+        ),
         "- *steps to X*: first env step at which the training curve (smoothed over 3 rollouts) reaches X "
-        + ("(set by --threshold)" if cfg.get("threshold") is not None else
-           "(halfway from where the training curves start to where the best algorithm's curves end)")
+        + (
+            "(set by --threshold)"
+            if cfg.get("threshold") is not None
+            else "(halfway from where the training curves start to where the best algorithm's curves end)"
+        )
         + "; mean over the seeds that reach it (reached/seeds).",
         "- *seed std*: std over seeds (ddof=1) of the final reward: seed-to-seed stability.",
-        ("- *volatility*: std of the rollout-to-rollout change of the training reward over the second half of "
-        "training, mean over seeds: within-run stability (lower is steadier; it includes sampling noise of the "
-        "episodes of each rollout)."),
+        (
+            "- *volatility*: std of the rollout-to-rollout change of the training reward over the second half of "
+            "training, mean over seeds: within-run stability (lower is steadier; it includes sampling noise of the "
+            "episodes of each rollout)."
+        ),
         f"- *wall time*: `learn()` only (evaluation excluded); *{unit}*: env steps / wall time.",
-        "- *peak RSS*: " + ("peak resident memory of the process during the run (reset before each run)" if all(
-            r.get("peak_rss_per_run") for r in results["runs"].values()) else
-            "peak resident memory of the process so far (not reset between runs on this platform)")
+        "- *peak RSS*: "
+        + (
+            "peak resident memory of the process during the run (reset before each run)"
+            if all(r.get("peak_rss_per_run") for r in results["runs"].values())
+            else "peak resident memory of the process so far (not reset between runs on this platform)"
+        )
         + "; CUDA peak allocated when a GPU is used.",
-        ("- *KL to init*: mean `KL(pi_final || pi_initial)` over the evaluation's states (every algorithm); "
-        "*KL to ref*: the last `train/kl_ref` of algorithms that have a KL term in their loss."),
+        (
+            "- *KL to init*: mean `KL(pi_final || pi_initial)` over the evaluation's states (every algorithm); "
+            "*KL to ref*: the last `train/kl_ref` of algorithms that have a KL term in their loss."
+        ),
         "",
         "![reward curves](curves.png)",
         "",
@@ -450,8 +499,10 @@ def render_report(results: dict[str, Any]) -> str:
     lines += ["## Algorithms and hyperparameters", ""]
     if any(cfg["hyperparameters"].get(a, {}).get("grad_var_params") for a in cfg["algos"]):
         lines += [
-            ("`grad_var_params` is set below: GRPO's gradient variance is measured over those parameters only "
-            "(the design's default is every trainable parameter)."),
+            (
+                "`grad_var_params` is set below: GRPO's gradient variance is measured over those parameters only "
+                "(the design's default is every trainable parameter)."
+            ),
             "",
         ]
     for algo in cfg["algos"]:
@@ -476,8 +527,11 @@ def render_report(results: dict[str, Any]) -> str:
         "Hardware: " + ", ".join(f"{k}: {v}" for k, v in env.get("hardware", {}).items() if v is not None),
         "",
         f"Started {results.get('started', '?')}, finished {results.get('finished', '?')}, status {status}"
-        + (f"; the last session took {results['session_wall_s']:.0f} s (all runs, evaluations and setup)."
-           if results.get("session_wall_s") is not None else "."),
+        + (
+            f"; the last session took {results['session_wall_s']:.0f} s (all runs, evaluations and setup)."
+            if results.get("session_wall_s") is not None
+            else "."
+        ),
         "",
     ]
     return "\n".join(lines)

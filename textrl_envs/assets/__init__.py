@@ -53,8 +53,7 @@ def _existing_dir(name: str, marker: str) -> str:
     path = os.path.join(ASSETS_DIR, name)
     if not os.path.isfile(os.path.join(path, marker)):
         raise FileNotFoundError(
-            f"bundled asset '{name}' not found at {path} (expected {marker}); "
-            f"rebuild the assets with `{BUILD_COMMAND}`"
+            f"bundled asset '{name}' not found at {path} (expected {marker}); rebuild the assets with `{BUILD_COMMAND}`"
         )
     return path
 
@@ -98,9 +97,7 @@ def manifest_path() -> str:
     """
     path = os.path.join(ASSETS_DIR, "MANIFEST.json")
     if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"{path} not found; rebuild the assets with `{BUILD_COMMAND}`"
-        )
+        raise FileNotFoundError(f"{path} not found; rebuild the assets with `{BUILD_COMMAND}`")
     return path
 
 

@@ -50,28 +50,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="output folder (default: the package assets)",
     )
     p.add_argument("--steps", type=int, default=600, help="LM training steps")
-    p.add_argument(
-        "--clf-steps", type=int, default=300, help="classifier training steps"
-    )
-    p.add_argument(
-        "--seed", type=int, default=0, help="seed of the corpus and of torch"
-    )
+    p.add_argument("--clf-steps", type=int, default=300, help="classifier training steps")
+    p.add_argument("--seed", type=int, default=0, help="seed of the corpus and of torch")
     p.add_argument(
         "--threads",
         type=int,
         default=1,
         help="torch CPU threads (1 is robust on a shared machine; the weights depend on it)",
     )
-    p.add_argument(
-        "--docs", type=int, default=40000, help="corpus documents for LM training"
-    )
+    p.add_argument("--docs", type=int, default=40000, help="corpus documents for LM training")
     p.add_argument("--vocab-size", type=int, default=1600, help="BPE vocabulary size")
-    p.add_argument(
-        "--batch-size", type=int, default=32, help="LM batch size (sequences)"
-    )
-    p.add_argument(
-        "--seq-len", type=int, default=128, help="LM training sequence length"
-    )
+    p.add_argument("--batch-size", type=int, default=32, help="LM batch size (sequences)")
+    p.add_argument("--seq-len", type=int, default=128, help="LM training sequence length")
     p.add_argument("--lr", type=float, default=3e-3, help="LM peak learning rate")
     return p.parse_args(argv)
 
@@ -140,15 +130,10 @@ def check_digits(tokenizer) -> None:
     :param tokenizer: a Hugging Face tokenizer
     :raises RuntimeError: naming the missing tokens
     """
-    missing = [
-        d
-        for d in DIGIT_TOKENS
-        if len(tokenizer(d, add_special_tokens=False)["input_ids"]) != 1
-    ]
+    missing = [d for d in DIGIT_TOKENS if len(tokenizer(d, add_special_tokens=False)["input_ids"]) != 1]
     if missing:
         raise RuntimeError(
-            f"digit tokens {missing!r} are not single tokens; grow the corpus "
-            f"number share or the vocabulary"
+            f"digit tokens {missing!r} are not single tokens; grow the corpus number share or the vocabulary"
         )
 
 
@@ -273,9 +258,7 @@ def evaluate_lm(
     return sum(losses) / len(losses)
 
 
-def train_lm(
-    tokenizer, texts: Sequence[str], args: argparse.Namespace
-) -> tuple[object, dict]:
+def train_lm(tokenizer, texts: Sequence[str], args: argparse.Namespace) -> tuple[object, dict]:
     """Pretrain the tiny GPT-2 on the corpus.
 
     :param tokenizer: the tokenizer
@@ -394,9 +377,7 @@ def classifier_config(tokenizer, max_len: int):
     )
 
 
-def encode_batch(
-    tokenizer, texts: Sequence[str], max_len: int
-) -> dict[str, torch.Tensor]:
+def encode_batch(tokenizer, texts: Sequence[str], max_len: int) -> dict[str, torch.Tensor]:
     """Right-padded, truncated batch encoding.
 
     :param tokenizer: the tokenizer
@@ -413,9 +394,7 @@ def encode_batch(
     )
 
 
-def classifier_accuracy(
-    model, tokenizer, pairs: Sequence[tuple[str, int]], max_len: int
-) -> float:
+def classifier_accuracy(model, tokenizer, pairs: Sequence[tuple[str, int]], max_len: int) -> float:
     """Accuracy on labelled pairs.
 
     :param model: the sequence classifier
@@ -436,9 +415,7 @@ def classifier_accuracy(
     return correct / len(pairs)
 
 
-def train_classifier(
-    tokenizer, args: argparse.Namespace, max_len: int = 64
-) -> tuple[object, dict]:
+def train_classifier(tokenizer, args: argparse.Namespace, max_len: int = 64) -> tuple[object, dict]:
     """Train the positive/negative review classifier on a fresh draw of the corpus.
 
     :param tokenizer: the tokenizer
@@ -451,9 +428,7 @@ def train_classifier(
     pairs = corpus.labelled_reviews(30000, seed=args.seed + 1)
     n_test = len(pairs) // 10
     train, test = pairs[:-n_test], pairs[-n_test:]
-    print(
-        f"[clf] labelled reviews: train {len(train)}, held-out {len(test)}", flush=True
-    )
+    print(f"[clf] labelled reviews: train {len(train)}, held-out {len(test)}", flush=True)
     torch.manual_seed(args.seed + 1)
     model = GPT2ForSequenceClassification(classifier_config(tokenizer, max_len))
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
@@ -462,9 +437,7 @@ def train_classifier(
     model.train()
     for step in range(args.clf_steps):
         for group in opt.param_groups:
-            group["lr"] = lr_at(
-                step, args.clf_steps, 2e-3, max(1, args.clf_steps // 20)
-            )
+            group["lr"] = lr_at(step, args.clf_steps, 2e-3, max(1, args.clf_steps // 20))
         idx = torch.randint(len(train), (64,), generator=gen).tolist()
         batch = encode_batch(tokenizer, [train[i][0] for i in idx], max_len)
         labels = torch.tensor([train[i][1] for i in idx])
@@ -522,9 +495,7 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def sample_continuations(
-    model, tokenizer, prompts: Sequence[str], max_new_tokens: int = 32
-) -> list[str]:
+def sample_continuations(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = 32) -> list[str]:
     """Greedy continuations, for the build log.
 
     :param model: the causal LM
@@ -539,11 +510,7 @@ def sample_continuations(
         for prompt in prompts:
             ids = tokenizer(prompt, return_tensors="pt")
             gen = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False)
-            out.append(
-                tokenizer.decode(
-                    gen[0, ids["input_ids"].shape[1] :], skip_special_tokens=True
-                )
-            )
+            out.append(tokenizer.decode(gen[0, ids["input_ids"].shape[1] :], skip_special_tokens=True))
     return out
 
 
@@ -568,8 +535,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     tokenizer = train_tokenizer(texts, args.vocab_size, args.seq_len)
     tokenizer.save_pretrained(str(out / "tokenizer"))
     print(
-        f"[tokenizer] len {len(tokenizer)}, eos {tokenizer.eos_token_id}, "
-        f"pad {tokenizer.pad_token_id}",
+        f"[tokenizer] len {len(tokenizer)}, eos {tokenizer.eos_token_id}, pad {tokenizer.pad_token_id}",
         flush=True,
     )
 

@@ -363,9 +363,7 @@ def _complement(rng: random.Random, polarity: int | None, film: bool = True) -> 
     )
 
 
-def _predicate(
-    rng: random.Random, polarity: int | None, plural: bool, film: bool = False
-) -> str:
+def _predicate(rng: random.Random, polarity: int | None, plural: bool, film: bool = False) -> str:
     """A verb phrase for a review subject (without the final period).
 
     :param rng: the random source
@@ -426,19 +424,11 @@ def _aspect_clause(rng: random.Random, polarity: int | None, aspect: str = "") -
     roll = rng.random()
     if polarity == POSITIVE and roll < 0.25:
         specific = ASPECT_VERBS_POS.get(aspect)
-        verb = (
-            specific[plural]
-            if specific and rng.random() < 0.6
-            else _pick(rng, GENERIC_VERBS_POS)
-        )
+        verb = specific[plural] if specific and rng.random() < 0.6 else _pick(rng, GENERIC_VERBS_POS)
         return f"{aspect} {verb}"
     if polarity == NEGATIVE and roll < 0.25:
         specific = ASPECT_VERBS_NEG.get(aspect)
-        verb = (
-            specific[plural]
-            if specific and rng.random() < 0.6
-            else _pick(rng, GENERIC_VERBS_NEG)
-        )
+        verb = specific[plural] if specific and rng.random() < 0.6 else _pick(rng, GENERIC_VERBS_NEG)
         return f"{aspect} {verb}"
     if roll < 0.7:
         return f"{aspect} {be} {_adj(rng, polarity)}"
@@ -609,9 +599,7 @@ def _follow_sentence(rng: random.Random, polarity: int | None) -> str:
     return _pick(rng, CLOSERS_NEU)
 
 
-def make_review(
-    rng: random.Random, polarity: int | None = None, opener: str = ""
-) -> str:
+def make_review(rng: random.Random, polarity: int | None = None, opener: str = "") -> str:
     """Generate one movie review.
 
     :param rng: the random source
@@ -860,9 +848,7 @@ class Frame(NamedTuple):
     place: str
 
 
-def _random_frame(
-    rng: random.Random, fixed: Frame | None = None, keep: Sequence[str] = ()
-) -> Frame:
+def _random_frame(rng: random.Random, fixed: Frame | None = None, keep: Sequence[str] = ()) -> Frame:
     """Fill a sentence frame, keeping the slots named in ``keep`` from ``fixed``.
 
     :param rng: the random source
@@ -916,9 +902,7 @@ def _realize(rng: random.Random, frame: Frame, need_place: bool, template: int) 
     if template == 2:
         return f"The {a} {v.third} the {o}{place} {_pick(rng, TIME_PHRASES)}."
     if template == 3:
-        return (
-            f"{where.strip().capitalize()}, the {a} {v.past} {_article(adj)} {adj} {o}."
-        )
+        return f"{where.strip().capitalize()}, the {a} {v.past} {_article(adj)} {adj} {o}."
     if template == 4:
         return f"The {a} wanted to {v.base} the {o}{place}."
     return f"The {o} was {v.participle} by the {a}{place}."
@@ -1103,9 +1087,7 @@ def numbers_examples(n: int, seed: int = 0) -> list[str]:
     return out
 
 
-def concept_examples(
-    n: int, seed: int = 0, n_refs: int = 3
-) -> list[tuple[str, list[str]]]:
+def concept_examples(n: int, seed: int = 0, n_refs: int = 3) -> list[tuple[str, list[str]]]:
     """Concept-to-sentence prompts with reference sentences.
 
     :param n: number of examples
@@ -1124,9 +1106,7 @@ def concept_examples(
         attempts = 0
         while len(refs) < n_refs and attempts < 100:
             filled = _random_frame(rng, frame, slots)
-            sentence = " " + _realize(
-                rng, filled, "place" in slots, templates[attempts % 6]
-            )
+            sentence = " " + _realize(rng, filled, "place" in slots, templates[attempts % 6])
             attempts += 1
             if sentence not in refs:
                 refs.append(sentence)

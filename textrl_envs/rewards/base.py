@@ -112,8 +112,10 @@ def check_reward_timeout(timeout: Any) -> float | None:
     """
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)) or not (
-        math.isfinite(float(timeout)) and float(timeout) > 0
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float, np.integer, np.floating))
+        or not (math.isfinite(float(timeout)) and float(timeout) > 0)
     ):
         raise ValueError(
             f"reward_timeout must be None (no limit) or a positive number of seconds, got {timeout!r}; "

@@ -39,9 +39,15 @@ def _parse_components(components: Any) -> list[tuple[str, Any, float]]:
             )
         reward, weight = item[0], item[1]
         kwargs = item[2] if len(item) == 3 else {}
-        if isinstance(weight, bool) or not isinstance(weight, (int, float, np.integer, np.floating)) or not np.isfinite(weight):
-            raise ValueError(f"component {reward_name(reward) if not isinstance(reward, str) else reward!r} has weight "
-                             f"{weight!r}; weights must be finite numbers")
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float, np.integer, np.floating))
+            or not np.isfinite(weight)
+        ):
+            raise ValueError(
+                f"component {reward_name(reward) if not isinstance(reward, str) else reward!r} has weight "
+                f"{weight!r}; weights must be finite numbers"
+            )
         if kwargs and not isinstance(reward, str):
             raise TypeError("component kwargs are only used with a registered reward name")
         model = resolve_reward(reward, **dict(kwargs))

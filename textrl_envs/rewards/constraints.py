@@ -73,7 +73,9 @@ class KeywordCoverage(RewardModel):
         super().__init__(name or "keywords")
         self.include_prompt = include_prompt
 
-    def score(self, prompts: list[str], completions: list[str], keywords: Sequence[Any] = (), **kwargs: Any) -> list[float]:
+    def score(
+        self, prompts: list[str], completions: list[str], keywords: Sequence[Any] = (), **kwargs: Any
+    ) -> list[float]:
         out = []
         for i, (p, c) in enumerate(zip(prompts, completions)):
             kws = keywords[i]
@@ -108,7 +110,11 @@ class LengthPenalty(RewardModel):
     """
 
     def __init__(
-        self, min_words: int = 0, max_words: int | None = None, per_word: float = 0.1, cap: float = 1.0,
+        self,
+        min_words: int = 0,
+        max_words: int | None = None,
+        per_word: float = 0.1,
+        cap: float = 1.0,
         name: str | None = None,
     ) -> None:
         super().__init__(name or "length")

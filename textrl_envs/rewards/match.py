@@ -54,7 +54,9 @@ class ExactMatch(RewardModel):
         self.strip = strip
         self.casefold = casefold
 
-    def score(self, prompts: list[str], completions: list[str], answer: Sequence[Any] = (), **kwargs: Any) -> list[float]:
+    def score(
+        self, prompts: list[str], completions: list[str], answer: Sequence[Any] = (), **kwargs: Any
+    ) -> list[float]:
         out = []
         for i, (p, c) in enumerate(zip(prompts, completions)):
             a = answer[i]
@@ -124,7 +126,9 @@ class ArithmeticReward(RewardModel):
         self.partial_weight = float(partial_weight)
         self.format_weight = float(format_weight)
 
-    def score(self, prompts: list[str], completions: list[str], answer: Sequence[Any] | None = None, **kwargs: Any) -> list[float]:
+    def score(
+        self, prompts: list[str], completions: list[str], answer: Sequence[Any] | None = None, **kwargs: Any
+    ) -> list[float]:
         out = []
         for i, (p, c) in enumerate(zip(prompts, completions)):
             a = answer[i] if answer is not None else None

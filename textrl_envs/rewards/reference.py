@@ -47,7 +47,9 @@ class RougeL(RewardModel):
         self.use_stemmer = use_stemmer
         self._scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=use_stemmer)
 
-    def score(self, prompts: list[str], completions: list[str], references: Sequence[Any] = (), **kwargs: Any) -> list[float]:
+    def score(
+        self, prompts: list[str], completions: list[str], references: Sequence[Any] = (), **kwargs: Any
+    ) -> list[float]:
         out = []
         for i, (p, c) in enumerate(zip(prompts, completions)):
             refs = _reference_list(self.name, references[i], i, p)
@@ -83,7 +85,9 @@ class Bleu(RewardModel):
 
         self._bleu = BLEU(smooth_method=smooth_method, tokenize=tokenize, lowercase=lowercase, effective_order=True)
 
-    def score(self, prompts: list[str], completions: list[str], references: Sequence[Any] = (), **kwargs: Any) -> list[float]:
+    def score(
+        self, prompts: list[str], completions: list[str], references: Sequence[Any] = (), **kwargs: Any
+    ) -> list[float]:
         out = []
         for i, (p, c) in enumerate(zip(prompts, completions)):
             refs = [r.strip() for r in _reference_list(self.name, references[i], i, p)]

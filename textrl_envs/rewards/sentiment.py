@@ -141,9 +141,9 @@ class HFClassifierReward(RewardModel):
         self.output = output
         self.batch_size = batch_size
         self.include_prompt = include_prompt
-        limits = [
-            getattr(self.model.config, k, None) for k in ("max_position_embeddings", "n_positions")
-        ] + [getattr(self.tokenizer, "model_max_length", None)]
+        limits = [getattr(self.model.config, k, None) for k in ("max_position_embeddings", "n_positions")] + [
+            getattr(self.tokenizer, "model_max_length", None)
+        ]
         limits = [int(x) for x in limits if isinstance(x, int) and 0 < x < 1_000_000]
         self.max_length = int(max_length) if max_length is not None else (min(limits) if limits else 512)
         self.device = resolve_device(device)
