@@ -54,6 +54,7 @@ __all__ = [
     "get_world_size",
     "is_active",
     "is_main_process",
+    "launched",
     "local_device",
     "mean_across_ranks",
     "null_logger",
@@ -101,6 +102,12 @@ def is_main_process() -> bool:
 
 def _launched_by_torchrun() -> bool:
     return all(v in os.environ for v in _TORCHRUN_VARS) and int(os.environ["WORLD_SIZE"]) > 1
+
+
+def launched() -> bool:
+    """True when this process takes part in data-parallel training: launched by ``torchrun`` with
+    ``WORLD_SIZE > 1``, or inside a process group the user initialised. Starts nothing."""
+    return _launched_by_torchrun() or (dist.is_available() and dist.is_initialized())
 
 
 def setup(backend: str | None = None) -> bool:

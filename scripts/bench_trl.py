@@ -74,7 +74,7 @@ its rollout still takes longer (the envs that auto-reset get their prompt prefil
 ``generate`` prefills once; a prompt already prefilled under the same weights, e.g. by another member of its group,
 is copied from the policy's prefill memo instead), and its update trains on about 1.6x the tokens in about the
 same time, because the sequences of an update are packed end to end into shared rows
-(:mod:`sb3_grpo.packing`) rather than padded. TRL's reward rose further over these 16 updates (one seed; the
+(:mod:`sb3_grpo.common.packing`) rather than padded. TRL's reward rose further over these 16 updates (one seed; the
 loss normalisations differ, see above).
 """
 

@@ -15,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
+from helpers import params, quiet
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
@@ -35,7 +36,6 @@ from sb3_grpo.callbacks import (
     latest_checkpoint,
     nonfinite_parameters,
 )
-from helpers import params, quiet
 
 SMALL = {"n_steps": 32, "batch_size": 32, "n_epochs": 1, "seed": 0, "device": "cpu"}
 

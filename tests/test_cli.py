@@ -352,7 +352,6 @@ def test_perf_helpers():
     assert rows[0]["ratio"] == pytest.approx(2.0) and rows[1]["ratio"] is None
     table = perf.markdown_table(rows)
     assert "| env: a vs b | 200 | 100 | env steps/s | 2.00x | – |" in table and "| update: x vs y | – |" in table
-    assert isinstance(perf.sequence_fast_path_available(), bool)
 
 
 def test_help_lists_algorithms(capsys):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
+from helpers import params, quiet
 from stable_baselines3 import PPO
 from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.env_util import make_vec_env
@@ -15,9 +16,8 @@ from stable_baselines3.common.envs import IdentityEnv, SimpleMultiObsEnv
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_grpo import GRPO
-from sb3_grpo.buffers import GRPODictRolloutBuffer, GRPORolloutBuffer
+from sb3_grpo.common.buffers import GRPODictRolloutBuffer, GRPORolloutBuffer
 from sb3_grpo.objectives import group_advantages, kl_k3, rloo_advantages
-from helpers import params, quiet
 
 OFF = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "advantage": "gae", "kl_coef": 0.0}
 SMALL = {"n_steps": 128, "batch_size": 32, "n_epochs": 2, "device": "cpu"}
@@ -391,7 +391,7 @@ def test_non_finite_advantages_raise_before_any_update():
 
 def test_non_finite_loss_raises_before_the_optimizer_step():
     model = quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, kl_coef=0.1, **SMALL))
-    model._reference_log_prob = lambda batch: th.full((len(batch.actions),), math.nan)
+    model.batch_source.reference_log_prob = lambda batch: th.full((len(batch.actions),), math.nan)
     before = params(model)
     with pytest.raises(RuntimeError, match=r"non-finite loss at update 0 .*kl_ref=nan"):
         model.learn(256)
@@ -407,7 +407,7 @@ def test_dict_observations_with_grad_var():
 
 def test_grad_var_on_named_parameter_subset():
     model = quiet(GRPO("MlpPolicy", "CartPole-v1", seed=0, grad_var_params=["action_net"], **SMALL))
-    assert len(model._grad_var_param_list) == 2  # weight and bias
+    assert len(model._grad_var.params) == 2  # weight and bias
     model.learn(128)
     assert model.logger.name_to_value["train/grad_var"] > 0
 

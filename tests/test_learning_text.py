@@ -15,7 +15,7 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.logger import configure
 
 from sb3_grpo import GRPO
-from sb3_grpo.buffers import SequenceRolloutBuffer
+from sb3_grpo.common.buffers import SequenceRolloutBuffer
 from textrl_envs.sb3 import make_vec_env
 
 

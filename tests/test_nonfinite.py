@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
+from helpers import params, quiet
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
 
@@ -25,7 +26,6 @@ from sb3_grpo.callbacks import (
 )
 from textrl_envs.rewards.base import RewardTimeoutError, call_reward
 from textrl_envs.sb3 import make_vec_env
-from helpers import params, quiet
 
 SMALL = {"n_steps": 32, "batch_size": 32, "n_epochs": 2, "seed": 0, "device": "cpu"}
 
@@ -107,7 +107,7 @@ def test_skip_zeroes_the_advantages_of_the_flagged_episode_only():
 
 def test_skip_nonfinite_loss_takes_no_step_and_checkpoint_stays_finite(tmp_path):
     model = quiet(GRPO("MlpPolicy", "CartPole-v1", kl_coef=0.1, nonfinite="skip", **SMALL))
-    model._reference_log_prob = lambda batch: th.full((len(batch.actions),), math.nan)
+    model.batch_source.reference_log_prob = lambda batch: th.full((len(batch.actions),), math.nan)
     before = params(model)
     model.learn(64, callback=AtomicCheckpointCallback(32, tmp_path))
     assert model.logger.name_to_value["train/skipped_nonfinite"] == 2  # 1 minibatch x 2 epochs of the last update

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -26,8 +27,10 @@ from transformers import (
 )
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from sb3_grpo import GRPO
 from sb3_grpo.policies import (
     CausalLMPolicy,
+    PortableModel,
     extends_by_one,
     left_pad_columns,
     positions_from_mask,
@@ -595,11 +598,16 @@ def _predictions(model, obs):
     return logits.numpy(), values.numpy(), model.predict(obs, deterministic=True)[0]
 
 
-def test_save_load_round_trip_from_model_object(tmp_path):
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_save_load_round_trip_from_model_object(tmp_path, algo):
+    """A model object saves as its config (weights in the state dict): stock PPO through PortableModel.of(lm), GRPO
+    from the bare object, which it swaps for the policy's spec itself; nothing is pickled either way."""
     env = FakeTextVecEnv(n_envs=2)
     lm = tiny_llama()
-    user_kwargs = {"model": lm, "top_k": 7}
-    model = PPO(
+    given = PortableModel.of(lm) if algo == "ppo" else lm
+    user_kwargs = {"model": given, "top_k": 7}
+    cls = PPO if algo == "ppo" else functools.partial(GRPO, explore_alpha=0.0, grad_var_coef=0.0)
+    model = cls(
         CausalLMPolicy,
         env,
         n_steps=8,
@@ -608,16 +616,16 @@ def test_save_load_round_trip_from_model_object(tmp_path):
         seed=0,
         policy_kwargs=user_kwargs,
     )
-    assert user_kwargs["model"] is lm and model.policy.lm is lm  # the user's dict is left alone; model used in place
+    assert user_kwargs["model"] is given and model.policy.lm is lm  # the user's dict is left alone; model used in place
     model.learn(16)
-    path = tmp_path / "ppo_lm.zip"
+    path = tmp_path / f"{algo}_lm.zip"
     model.save(path)
     with zipfile.ZipFile(path) as zf:
         data = json.loads(zf.read("data"))
     kwargs = data["policy_kwargs"]
     assert ":serialized:" not in kwargs  # plain JSON: nothing pickled
     assert kwargs["model"]["config"]["model_type"] == "llama"
-    loaded = PPO.load(path, env=env)
+    loaded = (PPO if algo == "ppo" else GRPO).load(path, env=env)
     obs = env.reset()
     for a, b in zip(_predictions(model, obs), _predictions(loaded, obs), strict=True):
         np.testing.assert_array_equal(a, b)

@@ -7,6 +7,7 @@ import csv
 import gymnasium as gym
 import numpy as np
 import pytest
+from helpers import EOS, PROMPTS, WORDS, bundled_assets, length_reward, register_test_id, word_tokenizer
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import (
@@ -18,7 +19,6 @@ from stable_baselines3.common.vec_env import (
 
 from textrl_envs.sb3 import TextGenSB3VecEnv, make_vec_env, unbatch_info
 from textrl_envs.vector import TextGenVectorEnv
-from helpers import EOS, PROMPTS, WORDS, bundled_assets, length_reward, register_test_id, word_tokenizer
 
 TEST_ID = "TextRLTest/TinySB3-v0"
 

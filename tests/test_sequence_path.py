@@ -8,13 +8,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 import torch as th
+from helpers import params, quiet
 from stable_baselines3 import PPO
 from stable_baselines3.common.buffers import DictRolloutBuffer
 
 from sb3_grpo import GRPO, CausalLMPolicy
-from sb3_grpo.buffers import GRPODictRolloutBuffer, SequenceRolloutBuffer, episode_segments, pack_segments
+from sb3_grpo.common.buffers import GRPODictRolloutBuffer, SequenceRolloutBuffer, episode_segments, pack_segments
 from textrl_envs.sb3 import make_vec_env
-from helpers import params, quiet
 
 OFF = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "advantage": "gae", "kl_coef": 0.0}
 N_ENVS, N_STEPS = 4, 12
@@ -95,9 +95,9 @@ def test_sequence_outputs_equal_per_transition_outputs_on_the_same_rollout():
     model = quiet(GRPO("CausalLMPolicy", _env(), **HP, **OFF))
     buf = _collect(model)
     model.batch_size = N_STEPS * N_ENVS  # one minibatch: the whole rollout
-    batch = next(model._minibatches())
-    values, log_prob, entropy = model._evaluate(batch)
-    index = batch.sequences.index[batch.sequences.action_mask]
+    batch = next(model.batch_source.minibatches(model.rollout_buffer, model.batch_size))
+    values, log_prob, entropy = model.batch_source.evaluate(batch)
+    index = batch.inputs.index[batch.inputs.action_mask]
     env, step = index // N_STEPS, index % N_STEPS
     obs = {"input_ids": buf.token_ids[step, env], "attention_mask": buf.token_mask[step, env]}
     ref_values, ref_log_prob, ref_entropy = model.policy.evaluate_actions(obs, batch.actions)

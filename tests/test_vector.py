@@ -14,6 +14,7 @@ import pytest
 import torch
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
+from helpers import EOS, PROMPTS, bundled_assets, length_reward, register_test_id, word_tokenizer
 
 from textrl_envs.vector import (
     TextGenVectorEnv,
@@ -28,7 +29,6 @@ from textrl_envs.vector import (
     resolve_device,
     start_windows_,
 )
-from helpers import EOS, PROMPTS, bundled_assets, length_reward, register_test_id, word_tokenizer
 
 TEST_ID = "TextRLTest/TinyVector-v0"
 

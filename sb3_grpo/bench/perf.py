@@ -29,8 +29,6 @@ from typing import Any
 
 import numpy as np
 
-ROW_KEYS = ("name", "ours", "baseline", "ratio", "unit", "notes")
-
 
 def _ratio(ours: float | None, baseline: float | None, higher_is_better: bool) -> float | None:
     if ours is None or baseline is None or ours <= 0 or baseline <= 0:
@@ -323,15 +321,6 @@ def _trainer(model: Any) -> Any:
     return model.train
 
 
-def sequence_fast_path_available() -> bool:
-    """Whether ``sb3_grpo.buffers.SequenceRolloutBuffer`` exists (the sequence update of the text fast path)."""
-    try:
-        from sb3_grpo import buffers
-    except ImportError:
-        return False
-    return hasattr(buffers, "SequenceRolloutBuffer")
-
-
 def per_transition_copy(model: Any, buf: Any) -> Any:
     """A ``DictRolloutBuffer`` holding exactly the data of a ``SequenceRolloutBuffer`` (for stock ``PPO.train``)."""
     from stable_baselines3.common.buffers import DictRolloutBuffer
@@ -399,27 +388,16 @@ def update_seq_vs_stock(
     :param n_steps: Steps per env per rollout.
     :param repeats: Timed ``train()`` calls of each (median, interleaved).
     :param env_id: A text env id.
-    :return: Rows (a single "not available" row without the fast path).
+    :return: Rows.
     """
     from stable_baselines3 import PPO
     from stable_baselines3.common.logger import configure
 
-    from sb3_grpo.buffers import episode_segments
+    from sb3_grpo.common.buffers import episode_segments
     from sb3_grpo.grpo import GRPO
     from sb3_grpo.policies import CausalLMPolicy
     from textrl_envs.sb3 import make_vec_env
 
-    if not sequence_fast_path_available():
-        return [
-            _row(
-                "update: sequence fast path vs stock PPO.train",
-                None,
-                None,
-                "s/update",
-                "sequence fast path not available (no sb3_grpo.buffers.SequenceRolloutBuffer)",
-                False,
-            )
-        ]
     off = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "advantage": "gae", "kl_coef": 0.0}
     env = make_vec_env(env_id, n_envs=n_envs, seed=0, device="cpu", max_new_tokens=tokens)
     hp = {"n_steps": n_steps, "batch_size": n_steps * n_envs // 4, "n_epochs": 1, "seed": 0, "device": "cpu"}

@@ -1,24 +1,35 @@
 """Loading and describing the Hugging Face causal LM behind :class:`~sb3_grpo.policies.CausalLMPolicy`.
 
-:func:`model_spec` is the JSON-able description SB3 saves instead of the model object; ``_load_lm`` builds the LM
-from a local path, a ``PreTrainedModel``, a spec or ``None`` (the bundled LM); ``_make_portable`` swaps a model
-object in the calling algorithm's ``policy_kwargs`` for its spec. The optional LoRA adapters (``peft``) are
-described by :func:`lora_spec` and injected by ``_apply_lora``; ``_autocast_dtype`` validates the mixed-precision
-setting. ``sb3_grpo.policies`` re-exports the public names.
+:func:`model_spec` is the JSON-able description SB3 saves instead of the model object; :func:`load_lm` builds the
+LM from a local path, a ``PreTrainedModel``, a spec, a :class:`PortableModel` or ``None`` (the bundled LM).
+:class:`PortableModel` is the spec that carries its live model: what to pass a stock SB3 algorithm so that its
+saved ``policy_kwargs`` stay plain JSON (``GRPO`` makes the swap itself). The optional LoRA adapters (``peft``)
+are described by :func:`lora_spec` and injected by :func:`apply_lora`; :func:`check_autocast_dtype` validates the
+mixed-precision setting. ``sb3_grpo.policies`` re-exports the public names.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import os
-import sys
 from typing import Any
 
 import torch as th
 from torch import nn
 
-__all__ = ["AUTOCAST_DTYPES", "LORA_INSTALL_HINT", "lora_spec", "model_spec"]
+from sb3_grpo.common.io import to_jsonable
+
+__all__ = [
+    "AUTOCAST_DTYPES",
+    "LORA_INSTALL_HINT",
+    "PortableModel",
+    "apply_lora",
+    "as_dtype",
+    "check_autocast_dtype",
+    "load_lm",
+    "lora_spec",
+    "model_spec",
+]
 
 
 def model_spec(lm: nn.Module) -> dict[str, Any]:
@@ -33,6 +44,35 @@ def model_spec(lm: nn.Module) -> dict[str, Any]:
         "config": json.loads(lm.config.to_json_string(use_diff=False)),
         "name_or_path": str(getattr(lm.config, "_name_or_path", "") or getattr(lm, "name_or_path", "")),
     }
+
+
+class PortableModel(dict):
+    """A :func:`model_spec` (config, no weights) that carries the live model it describes.
+
+    Pass it where a stock SB3 algorithm takes ``policy_kwargs`` so that the saved model stays portable::
+
+        PPO(CausalLMPolicy, env, policy_kwargs={"model": PortableModel.of(lm)})
+
+    The policy uses the carried model in place (not a copy). SB3 saves ``policy_kwargs`` as JSON where it can, and
+    this is a ``dict`` holding the spec, so the saved file holds the model's config; loading builds the model from
+    it and the weights come from the saved state dict, with no model directory needed. Pickles and copies carry the
+    spec only. ``GRPO`` makes this swap itself for a model object given in ``policy_kwargs``.
+    """
+
+    model: nn.Module | None = None
+
+    @classmethod
+    def of(cls, lm: nn.Module) -> PortableModel:
+        """The portable spec of ``lm``, carrying ``lm``.
+
+        :param lm: a ``PreTrainedModel``.
+        """
+        portable = cls(model_spec(lm))
+        portable.model = lm
+        return portable
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (dict(self),))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -54,7 +94,7 @@ def _default_model_path() -> str:
         ) from e
 
 
-def _as_dtype(dtype: th.dtype | str | None) -> th.dtype | None:
+def as_dtype(dtype: th.dtype | str | None) -> th.dtype | None:
     if dtype is None or isinstance(dtype, th.dtype):
         return dtype
     if dtype == "auto":
@@ -68,12 +108,14 @@ def _as_dtype(dtype: th.dtype | str | None) -> th.dtype | None:
     return value
 
 
-def _load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
+def load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
     """Build the causal LM from a path, a model instance, a :func:`model_spec` dict, or ``None``."""
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
     if model is None:
         model = _default_model_path()
+    if isinstance(model, PortableModel) and model.model is not None:
+        model = model.model
     if isinstance(model, PreTrainedModel):
         return model.to(dtype) if dtype is not None else model
     if isinstance(model, dict):
@@ -81,7 +123,7 @@ def _load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
             raise ValueError(f"model dict must be a model_spec with a 'config' key, got keys {sorted(model)}")
         cfg = dict(model["config"])
         config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-        dtype = dtype or _as_dtype(cfg.get("dtype") or cfg.get("torch_dtype"))  # the saved model's own dtype
+        dtype = dtype or as_dtype(cfg.get("dtype") or cfg.get("torch_dtype"))  # the saved model's own dtype
         kwargs = {"dtype": dtype} if dtype is not None else {}
         return AutoModelForCausalLM.from_config(config, **kwargs)
     if isinstance(model, (str, os.PathLike)):
@@ -99,29 +141,6 @@ def _load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
     )
 
 
-def _make_portable(model: Any, spec: dict[str, Any]) -> None:
-    """Replace a model *object* in the calling SB3 algorithm's ``policy_kwargs`` by its config spec.
-
-    SB3 saves ``algo.policy_kwargs`` with the algorithm (cloudpickled when not JSON), which would pickle the whole
-    Hugging Face model into the zip. The policy never sees the algorithm, so it looks up the few frames above it
-    for the ``BaseAlgorithm`` whose ``policy_kwargs["model"]`` is this very object and swaps in the spec; the
-    weights are saved anyway in the state dict. Paths and specs are left as they are.
-    """
-    from stable_baselines3.common.base_class import BaseAlgorithm
-
-    frame = sys._getframe(1)
-    for _ in range(8):
-        if frame is None:
-            return
-        algo = frame.f_locals.get("self")
-        if isinstance(algo, BaseAlgorithm) and isinstance(getattr(algo, "policy_kwargs", None), dict):
-            if algo.policy_kwargs.get("model") is model:
-                # a new dict: the user's own policy_kwargs (which SB3 keeps by reference) still holds their model
-                algo.policy_kwargs = {**algo.policy_kwargs, "model": spec}
-            return
-        frame = frame.f_back
-
-
 # --------------------------------------------------------------------------------------------------------------
 # LoRA (peft, optional) and mixed precision
 # --------------------------------------------------------------------------------------------------------------
@@ -129,7 +148,7 @@ def _make_portable(model: Any, spec: dict[str, Any]) -> None:
 LORA_INSTALL_HINT = 'pip install "textrl[lora]"  (or: pip install peft)'
 
 
-def _import_peft() -> Any:
+def import_peft() -> Any:
     try:
         import peft
     except ImportError as err:
@@ -138,17 +157,6 @@ def _import_peft() -> Any:
             f"install it with: {LORA_INSTALL_HINT}; or drop policy_kwargs['lora'] to train the full model"
         ) from err
     return peft
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (set, frozenset, tuple, list)):
-        items = [_jsonable(v) for v in value]
-        return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    return value
 
 
 def lora_spec(lora: Any) -> dict[str, Any]:
@@ -160,7 +168,7 @@ def lora_spec(lora: Any) -> dict[str, Any]:
     :param lora: a ``peft.LoraConfig``, or a dict of its keyword arguments (e.g. ``{"r": 8, "lora_alpha": 16}``).
     :return: the spec (a plain dict of JSON types).
     """
-    peft = _import_peft()
+    peft = import_peft()
     if isinstance(lora, dict):
         try:
             config = peft.LoraConfig(**lora)
@@ -175,15 +183,15 @@ def lora_spec(lora: Any) -> dict[str, Any]:
         raise TypeError(
             f"policy_kwargs['lora'] must be a peft.LoraConfig or a dict of its arguments, got {type(lora).__name__}"
         )
-    defaults = _jsonable(peft.LoraConfig().to_dict())
-    given = _jsonable(config.to_dict())
+    defaults = to_jsonable(peft.LoraConfig().to_dict())
+    given = to_jsonable(config.to_dict())
     skip = {"peft_type", "peft_version"}
     return {k: v for k, v in given.items() if k not in skip and defaults.get(k, object()) != v}
 
 
-def _apply_lora(lm: nn.Module, spec: dict[str, Any]) -> Any:
+def apply_lora(lm: nn.Module, spec: dict[str, Any]) -> Any:
     """Inject LoRA adapters into ``lm`` in place (its other weights are frozen); returns the ``PeftModel``."""
-    peft = _import_peft()
+    peft = import_peft()
     try:
         return peft.get_peft_model(lm, peft.LoraConfig(**spec))
     except ValueError as err:
@@ -197,8 +205,8 @@ def _apply_lora(lm: nn.Module, spec: dict[str, Any]) -> Any:
 AUTOCAST_DTYPES = ("bfloat16", "float16")
 
 
-def _autocast_dtype(value: th.dtype | str | None) -> th.dtype | None:
-    dtype = _as_dtype(value)
+def check_autocast_dtype(value: th.dtype | str | None) -> th.dtype | None:
+    dtype = as_dtype(value)
     if dtype is not None and dtype not in (th.bfloat16, th.float16):
         raise ValueError(
             f"autocast_dtype={value!r} is not supported; use one of {', '.join(AUTOCAST_DTYPES)} (mixed precision) "

@@ -5,16 +5,15 @@ the next token id. The actor is the LM's next-token distribution (after temperat
 critic a scalar value head. During rollout the policy keeps a per-row KV cache (see :class:`CausalLMPolicy`)
 so that stock SB3 ``collect_rollouts`` runs one single-token forward per step instead of one per prefix.
 
-The math lives in small pure functions (:func:`positions_from_mask`, :func:`process_logits`,
-:func:`extends_by_one`, :func:`left_pad_columns`) that the tests pin down. This module holds the policy; the
-rollout cache and its window math live in :mod:`sb3_grpo.kv_cache`, loading and describing the Hugging Face model
-(and its LoRA adapters) in :mod:`sb3_grpo.models`; their public names are re-exported here.
+This module holds the policy. Its pieces live beside it in :mod:`sb3_grpo.policies`: the logit processing and
+sampling (:mod:`.sampling`), the separate critic (:mod:`.critics`), the rollout cache and its window math
+(:mod:`.kv_cache`), and loading and describing the Hugging Face model and its LoRA adapters (:mod:`.models`); the
+update's sequence packing is :mod:`sb3_grpo.common.packing`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from typing import Any
 
@@ -26,128 +25,22 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
-from sb3_grpo.kv_cache import (
-    RolloutCache,
-    extends_by_one,
-    left_pad_columns,
-    positions_from_mask,
-    trim_padding,
-)
-from sb3_grpo.models import (
-    _apply_lora,
-    _as_dtype,
-    _autocast_dtype,
-    _load_lm,
-    _make_portable,
+from sb3_grpo.common.packing import first_fit_decreasing, packed_batch, suffix_lengths
+from sb3_grpo.policies.critics import EmbeddingCritic
+from sb3_grpo.policies.kv_cache import RolloutCache, positions_from_mask, trim_padding
+from sb3_grpo.policies.models import (
+    apply_lora,
+    as_dtype,
+    check_autocast_dtype,
+    load_lm,
     lora_spec,
     model_spec,
 )
-from sb3_grpo.packing import first_fit_decreasing, packed_batch, suffix_lengths
+from sb3_grpo.policies.sampling import process_logits, sample_categorical
 
-__all__ = [
-    "CausalLMPolicy",
-    "extends_by_one",
-    "left_pad_columns",
-    "lora_spec",
-    "model_spec",
-    "positions_from_mask",
-    "process_logits",
-    "sample_categorical",
-]
+__all__ = ["CausalLMPolicy"]
 
 OBS_KEYS = ("input_ids", "attention_mask")
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Small pure functions
-# --------------------------------------------------------------------------------------------------------------
-
-
-def process_logits(
-    logits: th.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-) -> th.Tensor:
-    """Apply temperature, then top-k, then top-p (nucleus) filtering, in Hugging Face's order.
-
-    Removed tokens get ``-inf``; the result is the logits of the distribution the policy samples from *and*
-    scores log-probs with. Ties at the top-k boundary are all kept (as in ``transformers``' ``TopKLogitsWarper``);
-    top-p keeps the smallest set of most likely tokens whose probability reaches ``top_p`` (at least one).
-
-    :param logits: ``[..., V]`` raw logits.
-    :param temperature: divide the logits by this (> 0).
-    :param top_k: keep the ``top_k`` most likely tokens; ``None`` or 0 keeps all.
-    :param top_p: keep the nucleus of mass ``top_p``; ``None`` or 1.0 keeps all.
-    :return: ``[..., V]`` processed logits (float32 or the input dtype).
-    """
-    if temperature != 1.0:
-        logits = logits / temperature
-    vocab = logits.shape[-1]
-    if top_k is not None and 0 < top_k < vocab:
-        kth = th.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, sorted_idx = th.sort(logits, dim=-1, descending=False)
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        remove_sorted = cum <= (1.0 - top_p)
-        remove_sorted[..., -1] = False  # always keep the most likely token
-        remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
-        logits = logits.masked_fill(remove, float("-inf"))
-    return logits
-
-
-def sample_categorical(probs: th.Tensor) -> th.Tensor:
-    """One draw per row from categorical distributions, by inverse transform sampling.
-
-    The index ``i`` with ``cdf[i - 1] <= u < cdf[i]`` for ``u`` uniform on ``[0, cdf[-1])``: the same distribution as
-    ``torch.multinomial(probs, 1)`` (a different random stream), at a small fraction of its cost on CPU, where
-    ``multinomial`` took about a tenth of a rollout step of the bundled LM. Tokens of probability 0 (removed by
-    top-k / top-p) are never drawn.
-
-    :param probs: ``[..., V]`` non-negative weights (need not sum to 1), at least one positive per row.
-    :return: ``[...]`` long tensor of indices.
-    """
-    cdf = probs.cumsum(dim=-1)
-    u = th.rand(probs.shape[:-1] + (1,), device=probs.device, dtype=cdf.dtype) * cdf[..., -1:]
-    index = th.searchsorted(cdf, u, right=True).squeeze(-1)
-    # float rounding could put u at cdf[-1]: never go past the last token that has probability
-    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).to(th.uint8).argmax(dim=-1)
-    return th.minimum(index, last)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The critic used with separate_critic=True
-# --------------------------------------------------------------------------------------------------------------
-
-
-class EmbeddingCritic(nn.Module):
-    """A small critic that shares no trainable weights with the LM.
-
-    Features of the state ending at position ``j``: the mean of the (detached, frozen) LM input embeddings of the
-    valid tokens up to ``j``, concatenated with the embedding of token ``j``; a two-layer MLP maps them to a scalar.
-    Gradients of the value loss never reach the LM, and the critic costs an embedding lookup, so it needs no KV
-    cache. Its prefix version (:meth:`values_per_position`) is what both the per-transition and the sequence paths
-    use, so they agree exactly.
-
-    :param embedding: the LM's input embedding module (read, detached).
-    :param hidden: width of the MLP.
-    """
-
-    def __init__(self, embedding: nn.Module, hidden: int = 256):
-        super().__init__()
-        self._embedding = [embedding]  # a list keeps it out of this module's parameters / state dict
-        dim = embedding.weight.shape[1]
-        self.mlp = nn.Sequential(nn.Linear(2 * dim, hidden), nn.Tanh())
-        self.head = nn.Linear(hidden, 1)
-
-    def values_per_position(self, input_ids: th.Tensor, attention_mask: th.Tensor) -> th.Tensor:
-        """Value of every prefix: ``[B, L]``, entry ``j`` for the state whose last token is ``j``."""
-        with th.no_grad():
-            emb = self._embedding[0](input_ids).float()
-        m = attention_mask.float().unsqueeze(-1)
-        mean = (emb * m).cumsum(1) / m.cumsum(1).clamp(min=1.0)
-        return self.head(self.mlp(th.cat([mean, emb], dim=-1))).squeeze(-1)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -188,9 +81,9 @@ class CausalLMPolicy(BasePolicy):
     **Incremental decoding.** Under ``torch.no_grad`` (rollout, ``predict_values``, ``predict``) and with
     ``use_cache=True``, the policy keeps one ``transformers.DynamicCache`` per batch size (the last two used) holding
     every row's keys/values right-aligned in one batch, with an explicit 2-D mask over the cache columns. The cache is
-    a :class:`~sb3_grpo.kv_cache.RolloutCache` (``self._rollout_cache``, in :mod:`sb3_grpo.kv_cache`), which runs
+    a :class:`~sb3_grpo.policies.kv_cache.RolloutCache` (``self._rollout_cache``, in :mod:`sb3_grpo.policies.kv_cache`), which runs
     the LM through the policy's ``_trunk``, ``_logits`` and ``_value``. Each row of a call is classified against the
-    cached window (:meth:`~sb3_grpo.kv_cache.RolloutCache._classify`):
+    cached window (:meth:`~sb3_grpo.policies.kv_cache.RolloutCache._classify`):
 
     - ``same``: the cached window; its stored logits and value are returned, no forward;
     - ``extend``: the cached window plus exactly one token (:func:`extends_by_one`: ``new[:-1] == old[1:]`` for ids
@@ -204,17 +97,17 @@ class CausalLMPolicy(BasePolicy):
     All ``extend``/``replace`` rows share one batched single-token forward over the cache (2-D mask
     ``[cache mask, new column]``, position ``n_valid - 1``; other rows feed a masked dummy token). ``redo`` rows get one
     prefill over those rows only; their cache is left-padded with masked slots and spliced into the batch cache. A
-    prefilled window's keys/values, logits and value are remembered (:class:`~sb3_grpo.kv_cache.PrefillMemo`, 64 MiB,
+    prefilled window's keys/values, logits and value are remembered (:class:`~sb3_grpo.policies.kv_cache.PrefillMemo`, 64 MiB,
     least recently used out first, emptied whenever the parameters change), so a window seen before under the same
     parameters, typically a prompt that another member of the group, or an earlier episode, began with, is copied
     instead of recomputed.
 
     *Look-ahead.* After ``forward`` samples the actions, it immediately runs the single-token step for
-    ``window + action`` of every row (:meth:`_look_ahead`, i.e. :meth:`~sb3_grpo.kv_cache.RolloutCache.look_ahead`).
+    ``window + action`` of every row (:meth:`_look_ahead`, i.e. :meth:`~sb3_grpo.policies.kv_cache.RolloutCache.look_ahead`).
     In ``collect_rollouts`` the next observation of every continuing env is exactly that, so the next ``forward`` finds
     those rows ``same``: still one batched forward per generated token, just computed one call earlier. The payoff is
     SB3's bootstrap of truncated episodes, which calls ``predict_values(terminal_obs)`` one env at a time: the terminal
-    window is a look-ahead row, so it is a lookup (:meth:`~sb3_grpo.kv_cache.RolloutCache._serve_from_other_batches`)
+    window is a look-ahead row, so it is a lookup (:meth:`~sb3_grpo.policies.kv_cache.RolloutCache._serve_from_other_batches`)
     rather than a batch-of-one forward per finished env. Calls with a new batch size whose rows all match cached rows
     (same, one token past, or replaced) are served from those rows too.
 
@@ -227,24 +120,28 @@ class CausalLMPolicy(BasePolicy):
     **Packed update forward.** :meth:`evaluate_sequences` (the text fast path's update) gets a batch of episode
     segments of different lengths. With ``pack_sequences=True`` (default), right-aligned rows, and an LM that uses
     ``"sdpa"`` or ``"eager"`` attention, their valid tokens are laid end to end into rows as long as the longest
-    segment (first-fit decreasing, :mod:`sb3_grpo.packing`), with position ids restarting at each segment and a
+    segment (first-fit decreasing, :mod:`sb3_grpo.common.packing`), with position ids restarting at each segment and a
     block-diagonal causal 4-D attention mask, so no token attends across segments. Every token's hidden state is the
     padded forward's up to float rounding, computed over fewer positions (``sb3-grpo perf``'s update row: 1,434
     instead of 2,258). The first packed forward of a policy is checked against the padded one (hidden states at every action
     position, within float tolerance); a model that does not honour 4-D masks fails the check, is told so in a
     warning and is evaluated padded from then on.
 
-    **Saving.** ``_get_constructor_parameters`` stores the model as a config-only :func:`model_spec` dict, and when
-    an SB3 algorithm builds the policy from a model *object*, its ``policy_kwargs["model"]`` is replaced by that spec
-    too (see :func:`sb3_grpo.models._make_portable`), so no Hugging Face object is pickled and loading needs no model
-    directory; the weights come from SB3's state dict. A model given as a path stays a path: loading then needs that
-    directory and says so clearly when it is gone.
+    **Saving.** ``_get_constructor_parameters`` stores the model as a config-only :func:`model_spec` dict
+    (:attr:`lm_spec`), so no Hugging Face object is pickled and loading needs no model directory; the weights come
+    from SB3's state dict. ``GRPO`` also replaces a model *object* in its ``policy_kwargs`` by that spec after
+    building the policy. Stock SB3 algorithms save ``policy_kwargs`` as they were given: pass them a local path or
+    ``PortableModel.of(lm)`` (:class:`~sb3_grpo.policies.models.PortableModel`, a spec that carries the model) rather
+    than the bare model object, which they would pickle into the file. A model given as a path stays a path: loading
+    then needs that directory and says so clearly when it is gone.
 
     :param observation_space: the env's ``Dict`` observation space.
     :param action_space: the env's ``Discrete(V)`` action space.
     :param lr_schedule: learning-rate schedule (SB3 passes it).
     :param model: a local model directory, a ``transformers.PreTrainedModel`` (used in place, not copied), a
-        :func:`model_spec` dict, or ``None`` for the bundled LM at ``textrl_envs.assets.lm_path()``.
+        :class:`~sb3_grpo.policies.models.PortableModel` (its model, in place), a :func:`model_spec` dict (config
+        only: random weights until a state dict is loaded), or ``None`` for the bundled LM at
+        ``textrl_envs.assets.lm_path()``.
     :param dtype: dtype to load / cast the LM to (``th.dtype`` or a name such as ``"bfloat16"``); heads stay float32.
     :param temperature: sampling temperature (> 0).
     :param top_k: keep only the ``top_k`` most likely tokens (``None``: all).
@@ -316,7 +213,7 @@ class CausalLMPolicy(BasePolicy):
         if top_k is not None and top_k < 0:
             raise ValueError(f"top_k must be >= 0 or None, got {top_k}")
 
-        resolved_dtype = _as_dtype(dtype)
+        resolved_dtype = as_dtype(dtype)
         self.dtype_name = None if resolved_dtype is None else str(resolved_dtype).replace("torch.", "")
         self.temperature = float(temperature)
         self.top_k = top_k
@@ -326,21 +223,19 @@ class CausalLMPolicy(BasePolicy):
         self.pack_sequences = bool(pack_sequences)
         self._packing_verified = False
         self.gradient_checkpointing = gradient_checkpointing
-        self._autocast = _autocast_dtype(autocast_dtype)
+        self._autocast = check_autocast_dtype(autocast_dtype)
         self.autocast_dtype = None if self._autocast is None else str(self._autocast).replace("torch.", "")
         self.value_head_init_std = value_head_init_std
         self.ortho_init = ortho_init
         self.critic_hidden = critic_hidden
 
-        self.lm = _load_lm(model, resolved_dtype)
+        self.lm = load_lm(model, resolved_dtype)
         self._spec = model_spec(self.lm)
-        if not isinstance(model, (str, os.PathLike)) and model is not None:
-            _make_portable(model, self._spec)
         self.lora = None if lora is None else lora_spec(lora)
         if self.lora is not None:
             # adapters injected into self.lm in place (self.lm stays the transformers model); the PeftModel wrapper
             # is kept unregistered, only for disable_adapter(), so the state dict has no duplicate keys
-            self.__dict__["_peft_model"] = _apply_lora(self.lm, self.lora)
+            self.__dict__["_peft_model"] = apply_lora(self.lm, self.lora)
 
         self.n_actions = int(action_space.n)
         self.lm_vocab = int(self.lm.get_output_embeddings().weight.shape[0])
@@ -425,6 +320,11 @@ class CausalLMPolicy(BasePolicy):
             }
         )
         return data
+
+    @property
+    def lm_spec(self) -> dict[str, Any]:
+        """The LM's :func:`model_spec` (its config, no weights): what saving stores in place of the model."""
+        return self._spec
 
     def train(self, mode: bool = True) -> CausalLMPolicy:
         """Set the module's mode; the LM and critic stay in eval mode (no dropout) in both modes.
@@ -540,7 +440,7 @@ class CausalLMPolicy(BasePolicy):
         return self.use_cache and self._rollout_cache.supported and not th.is_grad_enabled()
 
     def _look_ahead(self, ids: th.Tensor, mask: th.Tensor, actions: th.Tensor) -> None:
-        """Extend the batch cache by the tokens just chosen (:meth:`sb3_grpo.kv_cache.RolloutCache.look_ahead`)."""
+        """Extend the batch cache by the tokens just chosen (:meth:`sb3_grpo.policies.kv_cache.RolloutCache.look_ahead`)."""
         self._rollout_cache.look_ahead(ids, mask, actions)
 
     # ---------------------------------------------------------------------------------------------------------
@@ -652,7 +552,7 @@ class CausalLMPolicy(BasePolicy):
         return hidden[rows, cols - (ids.shape[1] - t_ids.shape[1])]
 
     def _packed_hidden_at(self, ids: th.Tensor, mask: th.Tensor, rows: th.Tensor, cols: th.Tensor) -> th.Tensor | None:
-        """:meth:`_hidden_at` through a packed forward (:mod:`sb3_grpo.packing`), or ``None`` when packing does not
+        """:meth:`_hidden_at` through a packed forward (:mod:`sb3_grpo.common.packing`), or ``None`` when packing does not
         apply (attention other than sdpa / eager, rows that are not right-aligned, a query on padding, or a layout
         that would save less than a sixth of the positions) or failed its one-time check against the padded forward."""
         attn = getattr(self.lm.config, "_attn_implementation", None)

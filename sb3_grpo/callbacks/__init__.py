@@ -1,0 +1,58 @@
+"""
+SB3 callbacks for long training runs: crash-safe checkpoints, early stopping, rollback, schedules, monitors.
+
+Every class here is a plain :class:`~stable_baselines3.common.callbacks.BaseCallback`, so they work with
+``GRPO``, stock ``PPO`` and any other SB3 algorithm, and combine in a list::
+
+    from sb3_grpo import GRPO
+    from sb3_grpo.callbacks import AtomicCheckpointCallback, EarlyStoppingCallback, latest_checkpoint
+
+    model = GRPO("MlpPolicy", "CartPole-v1")
+    model.learn(100_000, callback=[
+        AtomicCheckpointCallback(save_freq=5_000, save_path="ckpt"),
+        EarlyStoppingCallback(eval_env, patience=5, eval_freq=10_000, best_model_path="ckpt/best_model.zip"),
+    ])
+    # after a crash: resume from the newest checkpoint that is a complete file
+    model = GRPO.load(latest_checkpoint("ckpt"), env=env)
+    model.learn(100_000 - model.num_timesteps, reset_num_timesteps=False, callback=...)
+
+* :class:`AtomicCheckpointCallback`: SB3's ``CheckpointCallback`` written atomically (temp file in the same
+  folder, ``fsync``, ``os.replace``), so a process killed mid-write (even by SIGKILL) never leaves a file under a
+  checkpoint name that does not load; it also never saves non-finite weights. :func:`atomic_save` and
+  :func:`latest_checkpoint` are the building blocks.
+* :class:`EarlyStoppingCallback`: stop when the evaluation reward has not improved for ``patience``
+  evaluations; keep (and restore, and save) the best model.
+* :class:`RollbackCallback`: go back to the best earlier state when the evaluation reward collapses or the
+  weights become non-finite.
+* :class:`MaxNewTokensCurriculum`: short completions first, longer later (text envs).
+* :class:`GammaSchedule`: ``gamma_t = gamma_min + (gamma_max - gamma_min) * t / T``.
+* :class:`TrainingMonitor`: warn when the gradient norm or the KL (to the reference, or between
+  iterations) passes a threshold.
+
+Evaluations, rollbacks and schedules act at rollout boundaries (``on_rollout_start``), never in the middle of a
+rollout, so an on-policy update never mixes data from two policies.
+"""
+
+from sb3_grpo.callbacks._common import TrainingAlertWarning
+from sb3_grpo.callbacks.checkpoint import AtomicCheckpointCallback
+from sb3_grpo.callbacks.evaluation import EarlyStoppingCallback, RollbackCallback
+from sb3_grpo.callbacks.monitor import TrainingMonitor
+from sb3_grpo.callbacks.schedules import GammaSchedule, MaxNewTokensCurriculum
+from sb3_grpo.common.checkpoints import atomic_save, is_complete_checkpoint, latest_checkpoint, nonfinite_parameters
+from sb3_grpo.common.io import TMP_SUFFIX, atomic_write
+
+__all__ = [
+    "TMP_SUFFIX",
+    "AtomicCheckpointCallback",
+    "EarlyStoppingCallback",
+    "GammaSchedule",
+    "MaxNewTokensCurriculum",
+    "RollbackCallback",
+    "TrainingAlertWarning",
+    "TrainingMonitor",
+    "atomic_save",
+    "atomic_write",
+    "is_complete_checkpoint",
+    "latest_checkpoint",
+    "nonfinite_parameters",
+]

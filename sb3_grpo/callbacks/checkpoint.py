@@ -1,0 +1,152 @@
+"""Crash-safe checkpoints: :class:`AtomicCheckpointCallback` (SB3's ``CheckpointCallback``, written atomically)."""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from pathlib import Path
+
+from stable_baselines3.common.callbacks import CheckpointCallback
+
+from sb3_grpo.callbacks._common import TrainingAlertWarning, check_positive_int
+from sb3_grpo.common.checkpoints import _checkpoint_steps, nonfinite_parameters
+from sb3_grpo.common.io import TMP_SUFFIX, atomic_write
+
+__all__ = ["AtomicCheckpointCallback"]
+
+
+class AtomicCheckpointCallback(CheckpointCallback):
+    """SB3's :class:`~stable_baselines3.common.callbacks.CheckpointCallback`, crash-safe.
+
+    Same arguments, same file names (``<name_prefix>_<steps>_steps.zip``, plus ``<name_prefix>_vecnormalize_
+    <steps>_steps.pkl`` and ``<name_prefix>_replay_buffer_<steps>_steps.pkl`` when asked), but every file is
+    written with :func:`atomic_write`: to a temporary file in the same folder, ``fsync``-ed, then renamed into
+    place. A process killed at any moment (SIGKILL included) leaves only complete checkpoints under checkpoint
+    names, so :func:`latest_checkpoint` always finds one that loads; a run loses at most ``save_freq`` calls.
+
+    It never writes a model with NaN/inf weights: such a save is skipped with a warning (counted in
+    ``n_skipped_nonfinite`` and logged as ``checkpoint/skipped_nonfinite``). Temporary files left by dead
+    processes are removed when training starts.
+
+    :param save_freq: Save every ``save_freq`` calls of the callback (each call is one ``env.step()``, so
+        ``n_envs`` timesteps).
+    :param save_path: The checkpoint folder (created if needed).
+    :param name_prefix: Common prefix of the files.
+    :param save_replay_buffer: Also save the replay buffer (off-policy algorithms).
+    :param save_vecnormalize: Also save the ``VecNormalize`` statistics, when the env has them.
+    :param keep_last: Keep only the newest ``keep_last`` checkpoints (and their companion files);
+        ``None`` keeps all.
+    :param verbose: 2 prints every save.
+    """
+
+    def __init__(
+        self,
+        save_freq: int,
+        save_path: str | os.PathLike,
+        name_prefix: str = "rl_model",
+        save_replay_buffer: bool = False,
+        save_vecnormalize: bool = False,
+        keep_last: int | None = None,
+        verbose: int = 0,
+    ):
+        check_positive_int("save_freq", save_freq)
+        if keep_last is not None:
+            check_positive_int("keep_last", keep_last)
+        if not name_prefix or os.sep in name_prefix:
+            raise ValueError(
+                f"name_prefix must be a non-empty file name prefix without {os.sep!r}, got {name_prefix!r}"
+            )
+        super().__init__(
+            save_freq,
+            os.fspath(save_path),
+            name_prefix=name_prefix,
+            save_replay_buffer=save_replay_buffer,
+            save_vecnormalize=save_vecnormalize,
+            verbose=verbose,
+        )
+        self.keep_last = keep_last
+        self.n_skipped_nonfinite = 0
+        self.last_checkpoint: Path | None = None
+
+    def _init_callback(self) -> None:
+        super()._init_callback()
+        self._remove_stale_temp_files()
+
+    def _remove_stale_temp_files(self) -> None:
+        pattern = re.compile(r"\." + re.escape(self.name_prefix) + r"_.*\.(\d+)" + re.escape(TMP_SUFFIX))
+        for entry in Path(self.save_path).iterdir():
+            match = pattern.fullmatch(entry.name)
+            if match is None:
+                continue
+            pid = int(match.group(1))
+            if pid != os.getpid() and _pid_alive(pid):
+                continue  # another live process is writing it
+            entry.unlink(missing_ok=True)
+
+    def save_checkpoint(self) -> Path | None:
+        """Write a checkpoint now (what ``_on_step`` does every ``save_freq`` calls).
+
+        :return: The model path, or ``None`` if it was skipped (non-finite weights) or not written.
+        """
+        bad = nonfinite_parameters(self.model.policy)
+        if bad:
+            self.n_skipped_nonfinite += 1
+            self.logger.record("checkpoint/skipped_nonfinite", self.n_skipped_nonfinite)
+            warnings.warn(
+                f"AtomicCheckpointCallback: not saving a checkpoint at {self.num_timesteps} timesteps: the policy "
+                f"has non-finite values in {', '.join(bad[:5])}; the last good checkpoint is {self.last_checkpoint}",
+                TrainingAlertWarning,
+                stacklevel=2,
+            )
+            return None
+        model_path = atomic_write(self._checkpoint_path(extension="zip"), self.model.save)
+        if model_path is None:
+            return None
+        if self.verbose >= 2:
+            print(f"Saving model checkpoint to {model_path}")
+        replay_buffer = getattr(self.model, "replay_buffer", None)
+        if self.save_replay_buffer and replay_buffer is not None:
+            path = atomic_write(self._checkpoint_path("replay_buffer_", extension="pkl"), self.model.save_replay_buffer)  # type: ignore[attr-defined]
+            if self.verbose >= 2:
+                print(f"Saving model replay buffer checkpoint to {path}")
+        vec_normalize = self.model.get_vec_normalize_env()
+        if self.save_vecnormalize and vec_normalize is not None:
+            path = atomic_write(self._checkpoint_path("vecnormalize_", extension="pkl"), vec_normalize.save)
+            if self.verbose >= 2:
+                print(f"Saving model VecNormalize to {path}")
+        self.last_checkpoint = model_path
+        if self.keep_last is not None:
+            self._prune()
+        return model_path
+
+    def _on_step(self) -> bool:
+        if self.n_calls % self.save_freq == 0:
+            self.save_checkpoint()
+        return True
+
+    def _prune(self) -> None:
+        folder = Path(self.save_path)
+        steps = sorted(
+            s for s in (_checkpoint_steps(e.name, self.name_prefix) for e in folder.iterdir()) if s is not None
+        )
+        for old in steps[: -self.keep_last]:
+            for kind, ext in (("", "zip"), ("replay_buffer_", "pkl"), ("vecnormalize_", "pkl")):
+                (folder / f"{self.name_prefix}_{kind}{old}_steps.{ext}").unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Evaluation-driven callbacks
+# ---------------------------------------------------------------------------------------------------------

@@ -1,0 +1,188 @@
+"""The update's two paths behind one interface: where minibatches come from and how they are evaluated.
+
+GRPO's ``train`` reads the same for both; the path is chosen once, when the model is set up:
+
+- :class:`TransitionBatches`: PPO's path. SB3's random minibatches of transitions, each evaluated by the policy
+  on its own observation (``evaluate_actions``).
+- :class:`SequenceBatches`: the text fast path. Minibatches of whole episode segments from a
+  :class:`~sb3_grpo.common.buffers.SequenceRolloutBuffer`, every generated token's log-prob, entropy and value
+  from one forward per sequence (``CausalLMPolicy.evaluate_sequences``).
+
+Both yield :class:`~sb3_grpo.common.type_aliases.Minibatch` tuples whose flat fields list the same transitions
+in the same order as :meth:`evaluate` returns the policy's outputs for them, and both give the frozen KL
+reference policy's log-probs of the same transitions (:meth:`reference_log_prob`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.policies import BasePolicy
+
+from sb3_grpo.common.buffers import (
+    GRPO_BUFFERS,
+    GRPODictRolloutBuffer,
+    GRPORolloutBuffer,
+    SequenceRolloutBuffer,
+    is_text_space,
+)
+from sb3_grpo.common.type_aliases import Minibatch
+
+__all__ = [
+    "BatchSource",
+    "SequenceBatches",
+    "TransitionBatches",
+    "make_batch_source",
+    "rollout_buffer_class_for",
+]
+
+#: ``(observations or sequences, actions) -> (values or log-probs, ...)``: the policy's evaluation under the
+#: KL reference (a frozen copy's method, or the LoRA policy's adapters-off method).
+ReferenceFn = Callable[..., tuple[th.Tensor, th.Tensor, Any]]
+
+
+class TransitionBatches:
+    """PPO's update path: SB3's random minibatches of transitions from a ``RolloutBuffer`` / ``DictRolloutBuffer``.
+
+    :param policy: The policy being trained (``evaluate_actions``).
+    :param reference: ``evaluate_actions`` of the KL reference (``None``: no KL term).
+    :param discrete: Whether actions are ``Discrete`` (stored as floats by SB3, turned into a flat long tensor).
+    """
+
+    def __init__(self, policy: BasePolicy, reference: ReferenceFn | None, discrete: bool) -> None:
+        self.policy = policy
+        self.reference = reference
+        self.discrete = discrete
+
+    def minibatches(self, buffer: RolloutBuffer, batch_size: int) -> Iterator[Minibatch]:
+        """One epoch of minibatches of ``batch_size`` random transitions (SB3's ``get``, same random draws).
+
+        :param buffer: The filled rollout buffer.
+        :param batch_size: Transitions per minibatch.
+        """
+        for samples in buffer.get(batch_size):
+            actions = samples.actions
+            if self.discrete:
+                # Convert discrete action from float to long
+                actions = samples.actions.long().flatten()
+            yield Minibatch(
+                actions=actions,
+                old_values=samples.old_values,
+                old_log_prob=samples.old_log_prob,
+                advantages=samples.advantages,
+                returns=samples.returns,
+                inputs=samples.observations,
+                old_policy_log_prob=getattr(samples, "old_policy_log_prob", None),
+            )
+
+    def evaluate(self, minibatch: Minibatch) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
+        """Values, log-probs and entropies of the minibatch's transitions under the current policy, flat."""
+        values, log_prob, entropy = self.policy.evaluate_actions(minibatch.inputs, minibatch.actions)
+        return values.flatten(), log_prob, entropy
+
+    def reference_log_prob(self, minibatch: Minibatch) -> th.Tensor:
+        """``log pi_ref(a|s)`` of the KL reference for the minibatch's transitions (no gradient)."""
+        with th.no_grad():
+            _, ref_log_prob, _ = self.reference(minibatch.inputs, minibatch.actions)
+        return ref_log_prob
+
+
+class SequenceBatches:
+    """The text fast path: minibatches of whole sequences, one forward per sequence.
+
+    :param policy: A policy with ``evaluate_sequences`` (:class:`~sb3_grpo.policies.CausalLMPolicy`).
+    :param reference: ``evaluate_sequences`` of the KL reference (``None``: no KL term).
+    """
+
+    def __init__(self, policy: BasePolicy, reference: ReferenceFn | None) -> None:
+        self.policy = policy
+        self.reference = reference
+
+    def minibatches(self, buffer: SequenceRolloutBuffer, batch_size: int) -> Iterator[Minibatch]:
+        """One epoch of minibatches of whole sequences, about ``batch_size`` transitions each, in random order.
+
+        :param buffer: The filled sequence buffer.
+        :param batch_size: Transitions per minibatch, approximately (sequences are never split).
+        """
+        for seq in buffer.get_sequences(batch_size):
+            m = seq.action_mask
+            yield Minibatch(
+                actions=seq.input_ids[m],
+                old_values=seq.old_values[m],
+                old_log_prob=seq.old_log_prob[m],
+                advantages=seq.advantages[m],
+                returns=seq.returns[m],
+                inputs=seq,
+                old_policy_log_prob=seq.old_policy_log_prob[m],
+            )
+
+    def evaluate(self, minibatch: Minibatch) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
+        """Values, log-probs and entropies of the minibatch's transitions under the current policy, flat."""
+        seq = minibatch.inputs
+        log_prob, entropy, values = self.policy.evaluate_sequences(seq.input_ids, seq.attention_mask, seq.action_mask)
+        m = seq.action_mask
+        return values[m], log_prob[m], entropy[m]
+
+    def reference_log_prob(self, minibatch: Minibatch) -> th.Tensor:
+        """``log pi_ref(a|s)`` of the KL reference for the minibatch's transitions (no gradient)."""
+        seq = minibatch.inputs
+        with th.no_grad():
+            ref_log_prob, _, _ = self.reference(seq.input_ids, seq.attention_mask, seq.action_mask)
+        return ref_log_prob[seq.action_mask]
+
+
+BatchSource = TransitionBatches | SequenceBatches
+
+
+def make_batch_source(
+    buffer_class: type[RolloutBuffer], policy: BasePolicy, ref_policy: BasePolicy | None, discrete: bool, kl: bool
+) -> BatchSource:
+    """The batch source of a rollout buffer class: :class:`SequenceBatches` for a sequence buffer, else
+    :class:`TransitionBatches`.
+
+    :param buffer_class: The algorithm's rollout buffer class.
+    :param policy: The policy being trained.
+    :param ref_policy: The frozen KL reference policy, or ``None`` when there is none (no KL term, or a policy that
+        defines its own reference, e.g. a LoRA policy with its adapters off).
+    :param discrete: Whether the action space is ``Discrete``.
+    :param kl: Whether the update has a KL term (then a reference is needed).
+    """
+    sequences = issubclass(buffer_class, SequenceRolloutBuffer)
+    reference = None
+    if kl:
+        if ref_policy is not None:
+            reference = ref_policy.evaluate_sequences if sequences else ref_policy.evaluate_actions
+        else:
+            reference = policy.reference_evaluate_sequences if sequences else policy.reference_evaluate_actions
+    if sequences:
+        return SequenceBatches(policy, reference)
+    return TransitionBatches(policy, reference, discrete)
+
+
+def rollout_buffer_class_for(
+    requested: type[RolloutBuffer] | None,
+    policy_class: type[BasePolicy],
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+) -> type[RolloutBuffer]:
+    """The rollout buffer class, and with it the update path.
+
+    ``None`` chooses: the text fast path's :class:`~sb3_grpo.common.buffers.SequenceRolloutBuffer` for a policy with
+    ``evaluate_sequences`` on a text env, else GRPO's subclass of SB3's ``RolloutBuffer`` / ``DictRolloutBuffer``.
+    SB3's stock classes, requested by name, are replaced by those subclasses too (the same buffer plus the policy's
+    own log-probs, the KL's importance weights); any other class is used as it is.
+
+    :param requested: The ``rollout_buffer_class`` argument.
+    :param policy_class: The policy class.
+    :param observation_space: The env's observation space.
+    :param action_space: The env's action space.
+    """
+    if requested is not None:
+        return GRPO_BUFFERS.get(requested, requested)
+    if hasattr(policy_class, "evaluate_sequences") and is_text_space(observation_space, action_space):
+        return SequenceRolloutBuffer
+    return GRPODictRolloutBuffer if isinstance(observation_space, spaces.Dict) else GRPORolloutBuffer

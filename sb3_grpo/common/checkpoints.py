@@ -1,0 +1,119 @@
+"""Checkpoint files: saved atomically, never with non-finite weights, found again after a crash.
+
+:func:`atomic_save` writes through :func:`~sb3_grpo.common.io.atomic_write` (temp file, ``fsync``, rename);
+:func:`is_complete_checkpoint` tells a complete SB3 zip from a torn one without loading it; :func:`latest_checkpoint`
+finds the newest complete one, and :func:`existing_checkpoint` turns a path given to ``load`` into the file to read,
+with a clear error when there is none. :mod:`sb3_grpo.callbacks` re-exports the public names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+from pathlib import Path
+
+import torch as th
+from stable_baselines3.common.base_class import BaseAlgorithm
+
+from sb3_grpo.common.io import atomic_write
+
+__all__ = ["atomic_save", "existing_checkpoint", "is_complete_checkpoint", "latest_checkpoint", "nonfinite_parameters"]
+
+
+def nonfinite_parameters(module: th.nn.Module) -> list[str]:
+    """Names of the parameters and buffers of ``module`` that hold a NaN or an infinity."""
+    bad = []
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        if tensor.is_floating_point() and not bool(th.isfinite(tensor).all()):
+            bad.append(name)
+    return bad
+
+
+def atomic_save(model: BaseAlgorithm, path: str | os.PathLike) -> Path | None:
+    """``model.save(path)``, atomically (see :func:`atomic_write`), refusing non-finite weights.
+
+    :param model: An SB3 algorithm.
+    :param path: Where to save; ``.zip`` is appended when the name has no suffix (as SB3 does).
+    :return: The path written (``None`` when ``model.save`` wrote nothing, e.g. a distributed rank > 0).
+    :raises ValueError: if a policy parameter is NaN/inf (nothing is written: a checkpoint must never
+        carry them).
+    """
+    path = Path(path)
+    if path.suffix == "":
+        path = path.with_suffix(".zip")
+    bad = nonfinite_parameters(model.policy)
+    if bad:
+        raise ValueError(
+            f"not saving {path}: the policy has non-finite values in {', '.join(bad[:5])}"
+            f"{' ...' if len(bad) > 5 else ''}; roll back to an earlier checkpoint (RollbackCallback) or train "
+            "with GRPO(nonfinite='skip')"
+        )
+    return atomic_write(path, model.save)
+
+
+def _checkpoint_steps(name: str, name_prefix: str) -> int | None:
+    match = re.fullmatch(re.escape(name_prefix) + r"_(\d+)_steps\.zip", name)
+    return int(match.group(1)) if match else None
+
+
+def is_complete_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a complete SB3 model zip (a valid archive with ``data`` and ``policy.pth`` whose
+    CRCs check out). Cheap: nothing is unpickled or loaded into a model."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            return {"data", "policy.pth"} <= names and archive.testzip() is None
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError):
+        return False
+
+
+def latest_checkpoint(
+    save_path: str | os.PathLike, name_prefix: str = "rl_model", max_steps: int | None = None
+) -> Path | None:
+    """The newest complete checkpoint ``<save_path>/<name_prefix>_<steps>_steps.zip`` (SB3's naming).
+
+    Files that are not complete archives (see :func:`is_complete_checkpoint`) and temporary files are
+    skipped, so this is what to resume from after a crash.
+
+    :param save_path: The checkpoint folder.
+    :param name_prefix: The callback's ``name_prefix``.
+    :param max_steps: Only checkpoints of at most this many timesteps (``None``: any).
+    :return: The path, or ``None`` if there is none.
+    """
+    folder = Path(save_path)
+    if not folder.is_dir():
+        return None
+    found = []
+    for entry in folder.iterdir():
+        steps = _checkpoint_steps(entry.name, name_prefix)
+        if steps is not None and (max_steps is None or steps <= max_steps):
+            found.append((steps, entry))
+    for _, entry in sorted(found, reverse=True):
+        if is_complete_checkpoint(entry):
+            return entry
+    return None
+
+
+def existing_checkpoint(path: str | os.PathLike) -> str:
+    """The file ``load(path)`` should read: ``path``, or ``path + ".zip"`` as SB3 would try, if it is a complete
+    saved model.
+
+    :raises FileNotFoundError: when neither exists.
+    :raises ValueError: when the file is not a complete saved model (a torn write).
+    """
+    path = os.fspath(path)
+    candidates = [path] if path.endswith(".zip") else [path, path + ".zip"]
+    found = next((c for c in candidates if os.path.isfile(c)), None)
+    if found is None:
+        raise FileNotFoundError(
+            f"no saved model at {' or '.join(map(repr, candidates))}; give the path of a file written by "
+            "model.save() or a checkpoint callback"
+        )
+    if not is_complete_checkpoint(found):
+        raise ValueError(
+            f"{found!r} is not a complete saved model (truncated or corrupt, e.g. written by a process killed "
+            "mid-save without AtomicCheckpointCallback); load the newest complete checkpoint instead: "
+            "sb3_grpo.callbacks.latest_checkpoint(folder)"
+        )
+    return found

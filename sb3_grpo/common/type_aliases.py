@@ -1,0 +1,67 @@
+"""The sample tuples that GRPO's buffers yield and its update consumes (sb3-contrib's ``type_aliases.py``)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch as th
+
+__all__ = ["GRPORolloutBufferSamples", "Minibatch", "SequenceSamples"]
+
+
+class GRPORolloutBufferSamples(NamedTuple):
+    """SB3's ``RolloutBufferSamples`` / ``DictRolloutBufferSamples`` fields, same order, plus
+    ``old_policy_log_prob``: the acting policy's ``log pi_old(a|s)`` (``old_log_prob`` is the behaviour
+    distribution's, the exploration mixture's while ``explore_alpha > 0``)."""
+
+    observations: Any
+    actions: th.Tensor
+    old_values: th.Tensor
+    old_log_prob: th.Tensor
+    advantages: th.Tensor
+    returns: th.Tensor
+    old_policy_log_prob: th.Tensor
+
+
+class SequenceSamples(NamedTuple):
+    """
+    A minibatch of whole sequences for the text fast path.
+
+    Every tensor is ``[S, W]``: ``S`` sequences (the steps of one episode within the rollout), each in its
+    final window of width ``W``. At a position ``j`` where ``action_mask[s, j]`` is true, ``input_ids[s, j]``
+    is the action taken in the state whose newest token is at ``j - 1``, and the per-transition fields are
+    stored there (zero elsewhere). ``index`` is the transition's flat index in ``RolloutBuffer`` order
+    (``env * n_steps + step``), ``-1`` elsewhere. ``x[action_mask]`` lists the transitions sequence by
+    sequence, step by step, the same order for every field. ``old_log_prob`` is the behaviour distribution's
+    log-prob (the exploration mixture's while ``explore_alpha > 0``), ``old_policy_log_prob`` the acting
+    policy's own.
+    """
+
+    input_ids: th.Tensor
+    attention_mask: th.Tensor
+    action_mask: th.Tensor
+    old_values: th.Tensor
+    old_log_prob: th.Tensor
+    advantages: th.Tensor
+    returns: th.Tensor
+    index: th.Tensor
+    old_policy_log_prob: th.Tensor
+
+
+class Minibatch(NamedTuple):
+    """One minibatch of the update, flat per transition, from either batch source.
+
+    The flat fields list the same transitions in the same order as the policy's outputs for them.
+    ``old_log_prob`` is the behaviour distribution's (the exploration mixture's while ``alpha > 0``),
+    ``old_policy_log_prob`` the acting policy's own (``None`` from a buffer that does not store it, e.g. a stock
+    SB3 one put in by hand). ``inputs`` is what the batch source needs to evaluate the minibatch: the
+    observations (per-transition path) or the :class:`SequenceSamples` (the text fast path).
+    """
+
+    actions: th.Tensor
+    old_values: th.Tensor
+    old_log_prob: th.Tensor
+    advantages: th.Tensor
+    returns: th.Tensor
+    inputs: Any
+    old_policy_log_prob: th.Tensor | None = None

@@ -1,0 +1,83 @@
+"""Mixed exploration: act with ``(1 - alpha) * pi + alpha * uniform``, ``alpha`` decaying linearly to 0.
+
+:func:`explore_alpha_at` is the schedule; :func:`sample_actions` is one rollout step's draw, with the greedy
+members of self-critical groups, returning both the behaviour log-prob (the mixture's, which the PPO ratio
+divides by) and the policy's own (the KL estimate's importance weight). The densities are in
+:mod:`sb3_grpo.objectives` (:func:`~sb3_grpo.objectives.uniform_log_prob`,
+:func:`~sb3_grpo.objectives.mixture_log_prob`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.policies import BasePolicy
+
+from sb3_grpo.objectives import mixture_log_prob, uniform_log_prob, uniform_sample
+
+__all__ = ["explore_alpha_at", "sample_actions"]
+
+
+def explore_alpha_at(explore_alpha: float, explore_fraction: float, progress_remaining: float) -> float:
+    """``alpha = explore_alpha * max(0, 1 - progress / explore_fraction)``, ``progress = 1 - progress_remaining``
+    (0 at the start of ``learn``, 1 at the end).
+
+    :param explore_alpha: The initial mixture weight (0: no exploration).
+    :param explore_fraction: The fraction of training over which ``alpha`` decays to 0.
+    :param progress_remaining: SB3's ``_current_progress_remaining`` (1 to 0).
+    """
+    if explore_alpha <= 0:
+        return 0.0
+    progress = 1.0 - progress_remaining
+    return explore_alpha * max(0.0, 1.0 - progress / explore_fraction)
+
+
+def sample_actions(
+    policy: BasePolicy,
+    obs_tensor: th.Tensor | dict[str, th.Tensor],
+    action_space: spaces.Space,
+    alpha: float,
+    greedy_envs: np.ndarray | None,
+    rng: np.random.Generator,
+) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+    """
+    Actions, values, *behaviour* log-probs (``log mu(a|s)``, the mixture's where it explores) and the
+    policy's own log-probs (``log pi(a|s)``) for one step. With ``alpha == 0`` and no greedy envs this is
+    exactly ``policy(obs_tensor)`` (PPO's call, same random draws), with its log-probs twice.
+
+    :param policy: The acting policy.
+    :param obs_tensor: The step's observations, as tensors.
+    :param action_space: The env's action space.
+    :param alpha: The mixture weight of this rollout.
+    :param greedy_envs: Boolean mask of the envs that act greedily (self-critical baseline), or ``None``.
+    :param rng: The exploration RNG (which envs explore, and the uniform draws).
+    """
+    actions, values, log_probs = policy(obs_tensor)
+    if alpha <= 0 and greedy_envs is None:
+        return actions, values, log_probs, log_probs
+    n_envs = actions.shape[0]
+    greedy = np.zeros(n_envs, dtype=bool) if greedy_envs is None else greedy_envs
+    if greedy.any():
+        greedy_actions, _, greedy_log_probs = policy(obs_tensor, deterministic=True)
+        rows = th.as_tensor(greedy, device=actions.device)
+        actions[rows] = greedy_actions[rows]
+        log_probs[rows] = greedy_log_probs[rows]
+    if alpha <= 0:
+        return actions, values, log_probs, log_probs
+    squashed = bool(getattr(policy, "squash_output", False))
+    explore = (rng.random(n_envs) < alpha) & ~greedy
+    if explore.any():
+        rows = th.as_tensor(explore, device=actions.device)
+        uniform = uniform_sample(action_space, int(explore.sum()), rng, squashed)
+        actions[rows] = th.as_tensor(uniform, dtype=actions.dtype, device=actions.device).reshape(actions[rows].shape)
+        eval_actions = actions.long().flatten() if isinstance(action_space, spaces.Discrete) else actions
+        # log pi of the uniform draws, from the distribution the policy already computed for this
+        # step (get_distribution, not evaluate_actions: a CausalLMPolicy serves it from its cache)
+        explore_log_probs = policy.get_distribution(obs_tensor).log_prob(eval_actions)
+        log_probs[rows] = explore_log_probs.reshape(log_probs.shape)[rows]
+    log_u = uniform_log_prob(action_space, actions, squashed)
+    mixed = mixture_log_prob(log_probs, log_u, alpha)
+    policy_log_probs = log_probs  # log pi of every action, explored or not
+    log_probs = th.where(th.as_tensor(~greedy, device=log_probs.device), mixed, log_probs)
+    return actions, values, log_probs, policy_log_probs

@@ -1,0 +1,236 @@
+"""
+Group advantages (``advantage="group" | "rloo" | "self_critical"``): the per-step bookkeeping that turns a
+grouped env's stream of steps into one return per finished episode, and the group advantages of
+:mod:`sb3_grpo.objectives` back into one advantage per stored step.
+
+:class:`EpisodeGroupTracker` keeps what it needs across rollouts (running returns of unfinished episodes,
+returns of group members that finished earlier), so a group whose members finish in different rollouts still
+gets its baseline. :func:`make_group_tracker` builds the tracker an advantage form needs for a VecEnv.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.vec_env import VecEnv
+
+from sb3_grpo.objectives import group_advantages, rloo_advantages, self_critical_advantages
+
+__all__ = ["GROUPED_ENV_HINT", "EpisodeGroupTracker", "check_grouped_env", "env_group_size", "make_group_tracker"]
+
+GroupAdvantageFn = Callable[[th.Tensor, th.Tensor, th.Tensor], tuple[th.Tensor, th.Tensor]]
+
+GROUPED_ENV_HINT = "e.g. textrl_envs.sb3.make_vec_env(..., group_size=4)"
+
+
+class EpisodeGroupTracker:
+    """
+    Per-step bookkeeping for group advantages (``advantage="group" | "rloo" | "self_critical"``).
+
+    Conventions (the env's side of the contract):
+
+    - each step's info dict carries ``info["group_id"]`` (an int shared by the ``group_size`` episodes of
+      one group round, i.e. the completions of one prompt); on a ``done`` step the info describes the
+      episode that just ended (as SB3's ``info["episode"]`` does). ``info["episode_id"]`` is not needed:
+      episodes are delimited by ``dones`` per env.
+    - an episode's return is the undiscounted sum of its rewards (text envs pay at the end), including
+      rewards earned in earlier rollouts.
+
+    Which steps get an advantage: the steps (in this rollout) of every episode whose *whole group* has
+    finished by the end of this rollout, ``group_size`` members, counting members that finished in earlier
+    rollouts (their returns are remembered, they serve as baseline only). All other steps get advantage
+    0: episodes still running at the end of the rollout, and episodes whose group is not complete yet.
+    Requiring the whole group avoids the bias of baselines computed from the members that happen to
+    finish first (short completions). Keep ``n_steps`` well above the episode length so few groups
+    straddle two rollouts.
+
+    :param n_envs: number of envs of the VecEnv
+    :param group_size: number of episodes per group round (``G``)
+    :param advantage_fn: ``f(returns, group_ids, is_greedy) -> (advantages, valid)`` per episode,
+        one of the functions of :mod:`sb3_grpo.objectives` (wrapped)
+    :param greedy_envs: boolean mask of envs that act greedily (self-critical baseline), or ``None``
+    :param max_pending_groups: how many incomplete groups to remember across rollouts (oldest dropped)
+    """
+
+    def __init__(
+        self,
+        n_envs: int,
+        group_size: int,
+        advantage_fn: GroupAdvantageFn,
+        greedy_envs: np.ndarray | None = None,
+        max_pending_groups: int = 100_000,
+    ):
+        self.n_envs = n_envs
+        self.group_size = group_size
+        self.advantage_fn = advantage_fn
+        self.greedy_envs = np.zeros(n_envs, dtype=bool) if greedy_envs is None else np.asarray(greedy_envs, bool)
+        self.max_pending_groups = max_pending_groups
+        self.running_returns = np.zeros(n_envs, dtype=np.float64)
+        # group id -> list of (return, is_greedy) of members that finished in earlier rollouts
+        self.pending: OrderedDict[int, list[tuple[float, bool]]] = OrderedDict()
+        self.reset_rollout(0)
+
+    def reset_rollout(self, n_steps: int) -> None:
+        """Start recording a new rollout of ``n_steps`` steps."""
+        self.rewards = np.zeros((n_steps, self.n_envs), dtype=np.float64)
+        self.dones = np.zeros((n_steps, self.n_envs), dtype=bool)
+        self.group_ids = np.full((n_steps, self.n_envs), -1, dtype=np.int64)
+        self.pos = 0
+
+    def add(self, rewards: np.ndarray, dones: np.ndarray, infos: Sequence[dict[str, Any]]) -> None:
+        """
+        Record one step of the VecEnv (raw rewards, before any value bootstrapping).
+
+        :param rewards: rewards of the step, shape ``(n_envs,)``
+        :param dones: dones of the step, shape ``(n_envs,)``
+        :param infos: the VecEnv's list of info dicts
+        """
+        self.rewards[self.pos] = rewards
+        self.dones[self.pos] = dones
+        for idx, info in enumerate(infos):
+            group_id = info.get("group_id")
+            if group_id is None:
+                if dones[idx]:
+                    raise ValueError(
+                        f"a grouped advantage needs info['group_id'] on every step; env {idx} finished an "
+                        f"episode without one. Use an env with group_size > 1, {GROUPED_ENV_HINT}"
+                    )
+                continue
+            self.group_ids[self.pos, idx] = int(group_id)
+        self.pos += 1
+
+    def compute(self) -> tuple[np.ndarray, dict[str, float]]:
+        """
+        Advantages per stored step for the recorded rollout.
+
+        :return: ``(advantages, stats)``: ``advantages`` of shape ``(n_steps, n_envs)`` (float32, zeros for
+            steps without a complete group), and logging statistics ``group_reward_mean`` (mean of the
+            complete groups' mean returns), ``group_reward_std`` (mean within-group std), ``n_groups``,
+            ``frac_steps_nonzero_advantage``
+        """
+        n_steps = self.pos
+        # 1. segment each env's stream into episodes using dones
+        episodes = []  # (env, start, end_inclusive, return, group_id, is_greedy)
+        for env in range(self.n_envs):
+            start = 0
+            for t in range(n_steps):
+                if self.dones[t, env]:
+                    ret = self.running_returns[env] + self.rewards[start : t + 1, env].sum()
+                    episodes.append((env, start, t, ret, int(self.group_ids[t, env]), bool(self.greedy_envs[env])))
+                    self.running_returns[env] = 0.0
+                    start = t + 1
+            self.running_returns[env] += self.rewards[start:n_steps, env].sum()
+
+        # 2. gather members per group: earlier rollouts (baseline only) + this rollout
+        members: dict[int, list[tuple[float, bool, int]]] = {}  # group -> (return, greedy, episode index or -1)
+        for i, (_, _, _, ret, gid, greedy) in enumerate(episodes):
+            if gid not in members:
+                members[gid] = [(r, g, -1) for r, g in self.pending.get(gid, [])]
+            members[gid].append((ret, greedy, i))
+
+        advantages = np.zeros((n_steps, self.n_envs), dtype=np.float32)
+        returns, gids, greedies, owners = [], [], [], []
+        group_means, group_stds = [], []
+        for gid, group in members.items():
+            if len(group) >= self.group_size:
+                self.pending.pop(gid, None)
+                rets = np.array([m[0] for m in group])
+                group_means.append(rets.mean())
+                group_stds.append(rets.std(ddof=1) if len(rets) > 1 else 0.0)
+                for ret, greedy, owner in group:
+                    returns.append(ret)
+                    gids.append(gid)
+                    greedies.append(greedy)
+                    owners.append(owner)
+            else:
+                self.pending[gid] = [(m[0], m[1]) for m in group]
+                self.pending.move_to_end(gid)
+        while len(self.pending) > self.max_pending_groups:
+            self.pending.popitem(last=False)
+
+        if returns:
+            adv, valid = self.advantage_fn(
+                th.as_tensor(np.array(returns)), th.as_tensor(np.array(gids)), th.as_tensor(np.array(greedies))
+            )
+            adv = adv.cpu().numpy()
+            valid = valid.cpu().numpy()
+            for k, owner in enumerate(owners):
+                if owner >= 0 and valid[k]:
+                    env, start, end = episodes[owner][:3]
+                    advantages[start : end + 1, env] = adv[k]
+
+        stats = {
+            "group_reward_mean": float(np.mean(group_means)) if group_means else float("nan"),
+            "group_reward_std": float(np.mean(group_stds)) if group_stds else float("nan"),
+            "n_groups": float(len(group_means)),
+            "frac_steps_nonzero_advantage": float(np.mean(advantages != 0)) if advantages.size else 0.0,
+        }
+        return advantages, stats
+
+
+def _ignore_greedy(fn: Callable[[th.Tensor, th.Tensor], tuple[th.Tensor, th.Tensor]]) -> GroupAdvantageFn:
+    """Adapt ``f(returns, group_ids)`` to the tracker's ``f(returns, group_ids, is_greedy)``."""
+
+    def advantage_fn(returns: th.Tensor, group_ids: th.Tensor, _is_greedy: th.Tensor):
+        return fn(returns, group_ids)
+
+    return advantage_fn
+
+
+def env_group_size(env: VecEnv) -> int | None:
+    """``group_size`` the VecEnv reports through ``get_attr`` (``None`` if it has none)."""
+    try:
+        sizes = env.get_attr("group_size")
+    except (AttributeError, NotImplementedError, KeyError):
+        return None
+    values = {int(s) for s in sizes if s is not None}
+    if len(values) != 1:
+        return None
+    return values.pop()
+
+
+def check_grouped_env(env: VecEnv, advantage: str) -> int:
+    """The env's ``group_size``, after checking that it suits the group advantage form ``advantage``.
+
+    :param env: The VecEnv.
+    :param advantage: ``"group"``, ``"rloo"`` or ``"self_critical"``.
+    :return: ``group_size`` (> 1).
+    :raises ValueError: for an env without groups, or (self-critical) ``n_envs`` not a multiple of the group size.
+    """
+    group_size = env_group_size(env)
+    if group_size is None or group_size <= 1:
+        raise ValueError(
+            f"advantage={advantage!r} needs an env with group_size > 1, {GROUPED_ENV_HINT}; "
+            f"this env reports group_size={group_size}. Use advantage='gae' for ungrouped envs."
+        )
+    if advantage == "self_critical" and env.num_envs % group_size != 0:
+        raise ValueError(
+            f"advantage='self_critical' makes env i with i % group_size == 0 act greedily, so n_envs "
+            f"({env.num_envs}) must be a multiple of group_size ({group_size})"
+        )
+    return group_size
+
+
+def make_group_tracker(env: VecEnv, advantage: str) -> EpisodeGroupTracker:
+    """The :class:`EpisodeGroupTracker` of advantage form ``advantage`` for ``env``.
+
+    ``"group"``: DeepSeekMath's ``(r - mean_g) / (std_g + eps)``; ``"rloo"``: the leave-one-out baseline;
+    ``"self_critical"``: env ``i`` with ``i % group_size == 0`` acts greedily and its reward is its group's baseline.
+
+    :param env: The grouped VecEnv.
+    :param advantage: ``"group"``, ``"rloo"`` or ``"self_critical"``.
+    """
+    group_size = check_grouped_env(env, advantage)
+    greedy = None
+    if advantage == "group":
+        advantage_fn = _ignore_greedy(group_advantages)
+    elif advantage == "rloo":
+        advantage_fn = _ignore_greedy(rloo_advantages)
+    else:
+        advantage_fn = self_critical_advantages
+        greedy = np.arange(env.num_envs) % group_size == 0
+    return EpisodeGroupTracker(env.num_envs, group_size, advantage_fn, greedy_envs=greedy)

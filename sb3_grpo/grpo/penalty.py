@@ -1,0 +1,61 @@
+"""The gradient-variance penalty's state: which parameters it covers, and how the slice gradients are computed.
+
+The quantity itself, ``Var = (1/K) sum_k ||g_k - mean_j g_j||^2`` over the gradients ``g_k`` of ``K`` minibatch
+slices, is :func:`~sb3_grpo.objectives.gradient_variance`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch as th
+
+from sb3_grpo.objectives import gradient_variance
+
+__all__ = ["GradVarPenalty", "select_parameters"]
+
+
+def select_parameters(policy: th.nn.Module, prefixes: list[str] | None) -> list[th.nn.Parameter]:
+    """The trainable parameters of ``policy`` whose names start with one of ``prefixes`` (``None``: all).
+
+    :raises ValueError: when the prefixes match no trainable parameter (the message lists the top-level names).
+    """
+    named = [(name, p) for name, p in policy.named_parameters() if p.requires_grad]
+    if prefixes is None:
+        return [p for _, p in named]
+    chosen = [p for name, p in named if any(name.startswith(prefix) for prefix in prefixes)]
+    if not chosen:
+        tops = sorted({name.split(".")[0] for name, _ in named})
+        raise ValueError(f"grad_var_params={prefixes} matches no trainable parameter; names start with: {', '.join(tops)}")
+    return chosen
+
+
+class GradVarPenalty:
+    """``Var[grad L_CLIP]`` over a fixed set of parameters, as a differentiable tensor.
+
+    The ``K`` slice gradients are computed in one vectorized backward pass; if the policy has an op without a
+    batching rule, it falls back (once, with a warning) to ``K`` separate passes: same value.
+
+    :param params: The parameters the variance is measured over.
+    """
+
+    def __init__(self, params: list[th.nn.Parameter]) -> None:
+        self.params = params
+        self.batched = True
+
+    def __call__(self, slice_objectives: list[th.Tensor]) -> th.Tensor:
+        """The variance of the gradients of ``slice_objectives`` (one scalar per slice).
+
+        :param slice_objectives: ``K`` scalar objectives, one per slice of the minibatch.
+        """
+        if self.batched:
+            try:
+                return gradient_variance(slice_objectives, self.params, create_graph=True, batched=True)
+            except RuntimeError as err:
+                self.batched = False
+                warnings.warn(
+                    f"GRPO: vectorized slice gradients are not supported by this policy ({err}); computing the "
+                    f"{len(slice_objectives)} slice gradients of the grad-variance penalty one by one",
+                    stacklevel=4,
+                )
+        return gradient_variance(slice_objectives, self.params, create_graph=True, batched=False)

@@ -1,0 +1,30 @@
+"""Policies for language models: :class:`CausalLMPolicy` wraps any Hugging Face causal LM as an SB3 policy.
+
+- :mod:`.causal_lm`: the policy (actor = the LM's next-token distribution, critic = a value head).
+- :mod:`.sampling`: logit processing (temperature, top-k, top-p) and categorical sampling.
+- :mod:`.critics`: the separate critic (``separate_critic=True``).
+- :mod:`.kv_cache`: the rollout KV cache and its window math.
+- :mod:`.models`: loading and describing the Hugging Face model, LoRA adapters, :class:`PortableModel`.
+
+A new model adapter (a model family that needs special handling) goes in :mod:`.models` (loading) and
+:mod:`.causal_lm` (``_trunk`` / ``_logits``); a new policy for another kind of env gets a module of its own here.
+"""
+
+from sb3_grpo.policies.causal_lm import CausalLMPolicy
+from sb3_grpo.policies.kv_cache import PrefillMemo, RolloutCache, extends_by_one, left_pad_columns, positions_from_mask
+from sb3_grpo.policies.models import PortableModel, lora_spec, model_spec
+from sb3_grpo.policies.sampling import process_logits, sample_categorical
+
+__all__ = [
+    "CausalLMPolicy",
+    "PortableModel",
+    "PrefillMemo",
+    "RolloutCache",
+    "extends_by_one",
+    "left_pad_columns",
+    "lora_spec",
+    "model_spec",
+    "positions_from_mask",
+    "process_logits",
+    "sample_categorical",
+]
