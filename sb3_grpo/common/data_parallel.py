@@ -53,6 +53,10 @@ class SingleProcess:
 
     is_main = True
 
+    def device(self, device: th.device | str) -> th.device | str:
+        """The device this rank trains on (on CUDA, one GPU per rank: :func:`sb3_grpo.distributed.local_device`)."""
+        return device
+
     def seed(self, seed: int | None) -> int | None:
         """This rank's seed (see :func:`sb3_grpo.distributed.rank_seed`)."""
         return seed
@@ -83,6 +87,9 @@ class DataParallel(SingleProcess):
         self.world_size = world_size
         self.rank = rank
         self.is_main = rank == 0
+
+    def device(self, device: th.device | str) -> th.device | str:
+        return distributed.local_device(device)
 
     def seed(self, seed: int | None) -> int | None:
         return distributed.rank_seed(seed, self.rank)

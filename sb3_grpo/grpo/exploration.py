@@ -1,5 +1,13 @@
 """Mixed exploration: act with ``(1 - alpha) * pi + alpha * uniform``, ``alpha`` decaying linearly to 0.
 
+The rollout stores the mixture's log-density, so the PPO ratio ``pi_new / mu_old`` is an honest importance weight
+(so ``approx_kl`` and the clip fraction are nonzero from the first epoch while ``alpha > 0``; keep ``target_kl``
+loose then). Since ``mu >= (1 - alpha) * pi_old``, a likely token's first ratio is about ``1 / (1 - alpha)``; above
+``alpha = eps_pos / (1 + eps_pos)`` that is outside the clip range and positive advantages get no gradient, so
+GRPO warns at construction (:func:`~sb3_grpo.grpo.validation.warn_if_exploration_clips`). Box actions: the uniform
+density is ``1 / volume`` of the box the policy samples in (SB3 clips Gaussian samples only when passing them to
+the env, so densities are compared before clipping).
+
 :func:`explore_alpha_at` is the schedule; :func:`sample_actions` is one rollout step's draw, with the greedy
 members of self-critical groups, returning both the behaviour log-prob (the mixture's, which the PPO ratio
 divides by) and the policy's own (the KL estimate's importance weight). The densities are in

@@ -1,10 +1,25 @@
 """The KL-to-reference term: its importance-weighted k3 estimate and Ziegler et al.'s adaptive controller.
 
+``KL = (1/N) sum_i w_i k3_i`` over a minibatch's ``N`` actions, ``k3 = exp(ref - logp) - (ref - logp) - 1`` at the
+current policy (Schulman 2020, "Approximating KL Divergence"; DeepSeekMath eq. 4) and ``w = pi_old(a|s) / mu(a|s)``,
+``mu = (1 - alpha) * pi_old + alpha * uniform`` the distribution the action was drawn from
+(:func:`~sb3_grpo.objectives.kl_k3_weighted_mean`). k3 is unbiased only for actions sampled from the policy; the
+importance weight makes the mean over mixture samples an unbiased estimate of the one over the policy's own samples
+(``E_mu[w f] = E_pi_old[f]``), so uniformly explored tokens, which the policy would rarely pick, count for little
+instead of dominating. The rollout buffer stores both log-probs per action, ``log_probs`` (``log mu``, for the PPO
+ratio) and ``policy_log_probs`` (``log pi_old``) (:class:`~sb3_grpo.common.buffers.PolicyLogProbMixin`). With
+``alpha = 0`` every ``w`` is exactly 1 and ``KL`` is the plain mean. The weights correct each action, not the
+states: a state reached after an explored token is still in the average. ``KL`` is what the loss, the log
+(``train/kl_ref``) and the controller use. With ``kl_target``, ``kl_coef`` follows Ziegler et al.'s (arXiv
+1909.08593) proportional controller after each update (:func:`adapt_kl_coef`).
+
 The reference is a frozen copy of the initial policy, or a LoRA policy's own model with its adapters off; the
 batch source gives its log-probs (:meth:`~sb3_grpo.common.batch_sources.TransitionBatches.reference_log_prob`).
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import torch as th
@@ -13,7 +28,7 @@ from sb3_grpo.common.batch_sources import BatchSource
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.objectives import kl_k3_weighted_mean
 
-__all__ = ["KL_CONTROLLER_CLIP", "KL_CONTROLLER_GAIN", "adapt_kl_coef", "kl_to_reference"]
+__all__ = ["KL_CONTROLLER_CLIP", "KL_CONTROLLER_GAIN", "adapt_kl_coef", "frozen_copy", "kl_to_reference"]
 
 # Ziegler et al. 2019 (arXiv 1909.08593), section 2.2: beta <- beta * (1 + K_beta * e), e clipped to +-0.2
 KL_CONTROLLER_GAIN = 0.1
@@ -59,3 +74,12 @@ def adapt_kl_coef(kl_coef: float, kl_mean: float, kl_target: float) -> float:
         return kl_coef
     error = np.clip(kl_mean / kl_target - 1.0, -KL_CONTROLLER_CLIP, KL_CONTROLLER_CLIP)
     return kl_coef * (1.0 + KL_CONTROLLER_GAIN * float(error))
+
+
+def frozen_copy(policy: th.nn.Module) -> th.nn.Module:
+    """A frozen copy of ``policy`` (no gradients, evaluation mode): the KL reference ``pi_ref``."""
+    reference = copy.deepcopy(policy)
+    reference.set_training_mode(False)
+    for param in reference.parameters():
+        param.requires_grad_(False)
+    return reference

@@ -29,6 +29,7 @@ from sb3_grpo.common.packing import first_fit_decreasing, packed_batch, suffix_l
 from sb3_grpo.policies.critics import EmbeddingCritic
 from sb3_grpo.policies.kv_cache import RolloutCache, positions_from_mask, trim_padding
 from sb3_grpo.policies.models import (
+    LoRAReferenceMixin,
     apply_lora,
     as_dtype,
     check_autocast_dtype,
@@ -48,7 +49,7 @@ OBS_KEYS = ("input_ids", "attention_mask")
 # --------------------------------------------------------------------------------------------------------------
 
 
-class CausalLMPolicy(BasePolicy):
+class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
     """A Hugging Face causal LM (+ value head) as an SB3 actor-critic policy for text-generation envs.
 
     Works unchanged with stock ``PPO``, ``A2C`` and ``sb3_grpo.GRPO``: ``PPO(CausalLMPolicy, env).learn(...)``.
@@ -79,43 +80,12 @@ class CausalLMPolicy(BasePolicy):
     optimiser covers every trainable parameter: the LM and the value head (or the separate critic).
 
     **Incremental decoding.** Under ``torch.no_grad`` (rollout, ``predict_values``, ``predict``) and with
-    ``use_cache=True``, the policy keeps one ``transformers.DynamicCache`` per batch size (the last two used) holding
-    every row's keys/values right-aligned in one batch, with an explicit 2-D mask over the cache columns. The cache is
-    a :class:`~sb3_grpo.policies.kv_cache.RolloutCache` (``self._rollout_cache``, in :mod:`sb3_grpo.policies.kv_cache`), which runs
-    the LM through the policy's ``_trunk``, ``_logits`` and ``_value``. Each row of a call is classified against the
-    cached window (:meth:`~sb3_grpo.policies.kv_cache.RolloutCache._classify`):
-
-    - ``same``: the cached window; its stored logits and value are returned, no forward;
-    - ``extend``: the cached window plus exactly one token (:func:`extends_by_one`: ``new[:-1] == old[1:]`` for ids
-      and mask, the new last token valid, nothing valid dropped off the left edge);
-    - ``replace``: the window *before* the look-ahead (below) plus a token other than the look-ahead one; the
-      look-ahead column is masked out for that row (a masked hole), then it is treated as ``extend``;
-    - ``back``: the window before the look-ahead itself (e.g. ``predict`` then ``forward`` on one observation): the
-      look-ahead column is masked out and the outputs kept from before the look-ahead are returned;
-    - ``redo``: anything else (auto-reset, new group prompt, an outside call with other observations).
-
-    All ``extend``/``replace`` rows share one batched single-token forward over the cache (2-D mask
-    ``[cache mask, new column]``, position ``n_valid - 1``; other rows feed a masked dummy token). ``redo`` rows get one
-    prefill over those rows only; their cache is left-padded with masked slots and spliced into the batch cache. A
-    prefilled window's keys/values, logits and value are remembered (:class:`~sb3_grpo.policies.kv_cache.PrefillMemo`, 64 MiB,
-    least recently used out first, emptied whenever the parameters change), so a window seen before under the same
-    parameters, typically a prompt that another member of the group, or an earlier episode, began with, is copied
-    instead of recomputed.
-
-    *Look-ahead.* After ``forward`` samples the actions, it immediately runs the single-token step for
-    ``window + action`` of every row (:meth:`_look_ahead`, i.e. :meth:`~sb3_grpo.policies.kv_cache.RolloutCache.look_ahead`).
-    In ``collect_rollouts`` the next observation of every continuing env is exactly that, so the next ``forward`` finds
-    those rows ``same``: still one batched forward per generated token, just computed one call earlier. The payoff is
-    SB3's bootstrap of truncated episodes, which calls ``predict_values(terminal_obs)`` one env at a time: the terminal
-    window is a look-ahead row, so it is a lookup (:meth:`~sb3_grpo.policies.kv_cache.RolloutCache._serve_from_other_batches`)
-    rather than a batch-of-one forward per finished env. Calls with a new batch size whose rows all match cached rows
-    (same, one token past, or replaced) are served from those rows too.
-
-    Leading cache columns masked for every row are cropped after each step, so the cache stays within ``W`` columns
-    (plus at most one hole per replaced token in an episode). The cache is dropped when the parameters change (a
-    version counter over the parameters' in-place update counters, plus ``set_training_mode(True)``) and is never
-    used with gradients (``evaluate_actions``, ``evaluate_sequences`` always recompute in full). Models whose cache
-    layers are not plain ``DynamicLayer`` (sliding windows, linear attention) fall back to full recomputation.
+    ``use_cache=True``, the policy keeps a per-row KV cache for the batch of envs, a
+    :class:`~sb3_grpo.policies.kv_cache.RolloutCache` that runs the LM through the policy's ``_trunk``, ``_logits``
+    and ``_value``: one batched single-token forward per generated token, prefills only for rows whose window is new
+    (auto-resets, new group prompts), a memo of recent prefills, and a look-ahead step after sampling.
+    :mod:`sb3_grpo.policies.kv_cache` documents the rules; cached outputs equal a full recompute (tested). The cache
+    is dropped when the parameters change and is never used with gradients.
 
     **Packed update forward.** :meth:`evaluate_sequences` (the text fast path's update) gets a batch of episode
     segments of different lengths. With ``pack_sequences=True`` (default), right-aligned rows, and an LM that uses
@@ -245,28 +215,9 @@ class CausalLMPolicy(BasePolicy):
                 f"{self.n_actions}) (len(tokenizer)); use a model whose vocabulary covers the env's tokenizer, "
                 "or resize its token embeddings to at least the tokenizer length"
             )
-        hidden = int(self.lm.get_input_embeddings().weight.shape[1])
-        if separate_critic:
-            self.critic = EmbeddingCritic(self.lm.get_input_embeddings(), hidden=critic_hidden)
-            self.value_head = self.critic.head
-            init_modules = [self.critic.mlp, self.critic.head]
-        else:
-            self.value_head = nn.Linear(hidden, 1)
-            init_modules = [self.value_head]
-        for module in init_modules:
-            if value_head_init_std is not None and module is self.value_head:
-                nn.init.normal_(module.weight, std=value_head_init_std)
-                nn.init.zeros_(module.bias)
-            elif ortho_init:
-                gain = 1.0 if module is self.value_head else float(np.sqrt(2))
-                module.apply(lambda m, g=gain: self.init_weights(m, gain=g))
-
+        self._build_critic(int(self.lm.get_input_embeddings().weight.shape[1]))
         if gradient_checkpointing:
-            enable = getattr(self.lm, "activation_checkpointing_enable", None)
-            if enable is not None:
-                enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:  # transformers releases before the rename
-                self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self._enable_gradient_checkpointing()
         self.action_dist = CategoricalDistribution(self.n_actions)
         self._rollout_cache = RolloutCache(
             trunk=self._trunk,
@@ -278,6 +229,31 @@ class CausalLMPolicy(BasePolicy):
         self.train(False)
         params = [p for p in self.parameters() if p.requires_grad] if self.lora is not None else self.parameters()
         self.optimizer = self.optimizer_class(params, lr=lr_schedule(1), **self.optimizer_kwargs)
+
+    def _build_critic(self, hidden: int) -> None:
+        """The value head on the LM's last hidden state, or the separate :class:`EmbeddingCritic`; initialised as SB3
+        initialises its heads (``ortho_init``), or ``N(0, value_head_init_std)`` with zero bias."""
+        if self.separate_critic:
+            self.critic = EmbeddingCritic(self.lm.get_input_embeddings(), hidden=self.critic_hidden)
+            self.value_head = self.critic.head
+            init_modules = [self.critic.mlp, self.critic.head]
+        else:
+            self.value_head = nn.Linear(hidden, 1)
+            init_modules = [self.value_head]
+        for module in init_modules:
+            if self.value_head_init_std is not None and module is self.value_head:
+                nn.init.normal_(module.weight, std=self.value_head_init_std)
+                nn.init.zeros_(module.bias)
+            elif self.ortho_init:
+                gain = 1.0 if module is self.value_head else float(np.sqrt(2))
+                module.apply(lambda m, g=gain: self.init_weights(m, gain=g))
+
+    def _enable_gradient_checkpointing(self) -> None:
+        enable = getattr(self.lm, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:  # transformers releases before the rename
+            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     # ---------------------------------------------------------------------------------------------------------
     # SB3 plumbing
@@ -596,48 +572,3 @@ class CausalLMPolicy(BasePolicy):
             stacklevel=4,
         )
         return None
-
-    # ---------------------------------------------------------------------------------------------------------
-    # The KL reference of a LoRA policy: the same LM with its adapters switched off
-    # ---------------------------------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def adapters_disabled(self):
-        """Context in which the LM runs without its LoRA adapters (the base model); needs ``lora``."""
-        peft_model = self.__dict__.get("_peft_model")
-        if peft_model is None:
-            raise ValueError(
-                "adapters_disabled() needs a LoRA policy; pass policy_kwargs={'lora': {...}} to CausalLMPolicy"
-            )
-        with peft_model.disable_adapter():
-            yield
-
-    @property
-    def reference_evaluate_actions(self):
-        """``evaluate_actions`` of the base model (adapters off); defined only with ``lora``.
-
-        ``GRPO(kl_coef > 0)`` uses it as the KL reference instead of a frozen copy of the policy. Without ``lora``
-        the attribute does not exist (``hasattr`` is False), so GRPO keeps its frozen copy.
-        """
-        if self.__dict__.get("_peft_model") is None:
-            raise AttributeError("reference_evaluate_actions exists only for a LoRA policy (policy_kwargs['lora'])")
-        return self._reference_evaluate_actions
-
-    @property
-    def reference_evaluate_sequences(self):
-        """``evaluate_sequences`` of the base model (adapters off); defined only with ``lora``."""
-        if self.__dict__.get("_peft_model") is None:
-            raise AttributeError("reference_evaluate_sequences exists only for a LoRA policy (policy_kwargs['lora'])")
-        return self._reference_evaluate_sequences
-
-    def _reference_evaluate_actions(
-        self, obs: PyTorchObs, actions: th.Tensor
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-        with self.adapters_disabled():
-            return self.evaluate_actions(obs, actions)
-
-    def _reference_evaluate_sequences(
-        self, input_ids: th.Tensor, attention_mask: th.Tensor, action_mask: th.Tensor
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-        with self.adapters_disabled():
-            return self.evaluate_sequences(input_ids, attention_mask, action_mask)

@@ -5,11 +5,52 @@ keys/values right-aligned in one batch, classifies each row of a call against th
 cache to the new windows with at most one batched single-token step plus one prefill of the rows that changed
 otherwise. It sees the policy only through the callables it is given: the LM body (``trunk``), the output layer
 (``logits``), the critic (``value``) and the parameters (for the version check). The design is documented on
-:class:`~sb3_grpo.policies.CausalLMPolicy` ("Incremental decoding").
+:class:`~sb3_grpo.policies.CausalLMPolicy` and below.
 
 The window rules it shares with the policy's full-recompute path, and the cache math, are small pure functions
 (:func:`positions_from_mask`, :func:`trim_padding`, :func:`extends_by_one`, :func:`left_pad_columns`) that the
 tests pin down; ``sb3_grpo.policies`` re-exports them.
+
+Incremental decoding in detail
+------------------------------
+Under ``torch.no_grad`` (rollout, ``predict_values``, ``predict``) and with
+``use_cache=True``, the policy keeps one ``transformers.DynamicCache`` per batch size (the last two used) holding
+every row's keys/values right-aligned in one batch, with an explicit 2-D mask over the cache columns. The cache is
+a :class:`~sb3_grpo.policies.kv_cache.RolloutCache` (``self._rollout_cache``, in :mod:`sb3_grpo.policies.kv_cache`), which runs
+the LM through the policy's ``_trunk``, ``_logits`` and ``_value``. Each row of a call is classified against the
+cached window (:meth:`~sb3_grpo.policies.kv_cache.RolloutCache._classify`):
+
+- ``same``: the cached window; its stored logits and value are returned, no forward;
+- ``extend``: the cached window plus exactly one token (:func:`extends_by_one`: ``new[:-1] == old[1:]`` for ids
+  and mask, the new last token valid, nothing valid dropped off the left edge);
+- ``replace``: the window *before* the look-ahead (below) plus a token other than the look-ahead one; the
+  look-ahead column is masked out for that row (a masked hole), then it is treated as ``extend``;
+- ``back``: the window before the look-ahead itself (e.g. ``predict`` then ``forward`` on one observation): the
+  look-ahead column is masked out and the outputs kept from before the look-ahead are returned;
+- ``redo``: anything else (auto-reset, new group prompt, an outside call with other observations).
+
+All ``extend``/``replace`` rows share one batched single-token forward over the cache (2-D mask
+``[cache mask, new column]``, position ``n_valid - 1``; other rows feed a masked dummy token). ``redo`` rows get one
+prefill over those rows only; their cache is left-padded with masked slots and spliced into the batch cache. A
+prefilled window's keys/values, logits and value are remembered (:class:`~sb3_grpo.policies.kv_cache.PrefillMemo`, 64 MiB,
+least recently used out first, emptied whenever the parameters change), so a window seen before under the same
+parameters, typically a prompt that another member of the group, or an earlier episode, began with, is copied
+instead of recomputed.
+
+*Look-ahead.* After ``forward`` samples the actions, it immediately runs the single-token step for
+``window + action`` of every row (:meth:`RolloutCache.look_ahead`).
+In ``collect_rollouts`` the next observation of every continuing env is exactly that, so the next ``forward`` finds
+those rows ``same``: still one batched forward per generated token, just computed one call earlier. The payoff is
+SB3's bootstrap of truncated episodes, which calls ``predict_values(terminal_obs)`` one env at a time: the terminal
+window is a look-ahead row, so it is a lookup (:meth:`~sb3_grpo.policies.kv_cache.RolloutCache._serve_from_other_batches`)
+rather than a batch-of-one forward per finished env. Calls with a new batch size whose rows all match cached rows
+(same, one token past, or replaced) are served from those rows too.
+
+Leading cache columns masked for every row are cropped after each step, so the cache stays within ``W`` columns
+(plus at most one hole per replaced token in an episode). The cache is dropped when the parameters change (a
+version counter over the parameters' in-place update counters, plus ``set_training_mode(True)``) and is never
+used with gradients (``evaluate_actions``, ``evaluate_sequences`` always recompute in full). Models whose cache
+layers are not plain ``DynamicLayer`` (sliding windows, linear attention) fall back to full recomputation.
 """
 
 from __future__ import annotations

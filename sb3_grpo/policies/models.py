@@ -10,11 +10,13 @@ mixed-precision setting. ``sb3_grpo.policies`` re-exports the public names.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
 
 import torch as th
+from stable_baselines3.common.type_aliases import PyTorchObs
 from torch import nn
 
 from sb3_grpo.common.io import to_jsonable
@@ -22,7 +24,9 @@ from sb3_grpo.common.io import to_jsonable
 __all__ = [
     "AUTOCAST_DTYPES",
     "LORA_INSTALL_HINT",
+    "LoRAReferenceMixin",
     "PortableModel",
+    "portable_policy_kwargs",
     "apply_lora",
     "as_dtype",
     "check_autocast_dtype",
@@ -73,6 +77,19 @@ class PortableModel(dict):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (dict, (dict(self),))
+
+
+def portable_policy_kwargs(policy_kwargs: Any, lm_spec: dict[str, Any] | None) -> Any:
+    """``policy_kwargs`` with a model *object* in ``"model"`` replaced by ``lm_spec`` (a new dict; the given one is left
+    alone), so that SB3 saves JSON rather than a pickled Hugging Face model; paths, specs and ``None`` stay as they are.
+
+    :param policy_kwargs: An algorithm's ``policy_kwargs``.
+    :param lm_spec: The built policy's :func:`model_spec` (``None``: not an LM policy, nothing changes).
+    """
+    model = policy_kwargs.get("model") if isinstance(policy_kwargs, dict) else None
+    if model is None or lm_spec is None or isinstance(model, (str, os.PathLike, dict)):
+        return policy_kwargs
+    return {**policy_kwargs, "model": lm_spec}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -213,3 +230,54 @@ def check_autocast_dtype(value: th.dtype | str | None) -> th.dtype | None:
             "or None (no autocast; to run the whole model in a lower precision use dtype=...)"
         )
     return dtype
+
+
+class LoRAReferenceMixin:
+    """The KL reference of a LoRA policy: the same LM with its adapters switched off (peft's ``disable_adapter()``).
+
+    For a policy that keeps its ``PeftModel`` wrapper in ``self.__dict__["_peft_model"]`` (unregistered) and has
+    ``evaluate_actions`` / ``evaluate_sequences``. ``GRPO(kl_coef > 0)`` uses ``reference_evaluate_actions`` /
+    ``reference_evaluate_sequences`` instead of a frozen copy of the policy; without LoRA they do not exist
+    (``hasattr`` is False).
+    """
+
+    @contextlib.contextmanager
+    def adapters_disabled(self):
+        """Context in which the LM runs without its LoRA adapters (the base model); needs ``lora``."""
+        peft_model = self.__dict__.get("_peft_model")
+        if peft_model is None:
+            raise ValueError(
+                "adapters_disabled() needs a LoRA policy; pass policy_kwargs={'lora': {...}} to CausalLMPolicy"
+            )
+        with peft_model.disable_adapter():
+            yield
+
+    @property
+    def reference_evaluate_actions(self):
+        """``evaluate_actions`` of the base model (adapters off); defined only with ``lora``.
+
+        ``GRPO(kl_coef > 0)`` uses it as the KL reference instead of a frozen copy of the policy. Without ``lora``
+        the attribute does not exist (``hasattr`` is False), so GRPO keeps its frozen copy.
+        """
+        if self.__dict__.get("_peft_model") is None:
+            raise AttributeError("reference_evaluate_actions exists only for a LoRA policy (policy_kwargs['lora'])")
+        return self._reference_evaluate_actions
+
+    @property
+    def reference_evaluate_sequences(self):
+        """``evaluate_sequences`` of the base model (adapters off); defined only with ``lora``."""
+        if self.__dict__.get("_peft_model") is None:
+            raise AttributeError("reference_evaluate_sequences exists only for a LoRA policy (policy_kwargs['lora'])")
+        return self._reference_evaluate_sequences
+
+    def _reference_evaluate_actions(
+        self, obs: PyTorchObs, actions: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        with self.adapters_disabled():
+            return self.evaluate_actions(obs, actions)
+
+    def _reference_evaluate_sequences(
+        self, input_ids: th.Tensor, attention_mask: th.Tensor, action_mask: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        with self.adapters_disabled():
+            return self.evaluate_sequences(input_ids, attention_mask, action_mask)

@@ -1,0 +1,151 @@
+"""What GRPO adds to one rollout of SB3's ``collect_rollouts``: :class:`RolloutExtras`.
+
+The exploration mixture's actions and the greedy members of self-critical groups (:mod:`.exploration`), the
+bookkeeping that replaces GAE advantages by group advantages (:mod:`.groups`), the handling of non-finite rewards
+(:mod:`.nonfinite`), the policy's own log-probs for the buffer, and the rollout's GRPO logs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.policies import BasePolicy
+from stable_baselines3.common.vec_env import VecEnv
+
+from sb3_grpo.common.buffers import PolicyLogProbMixin
+from sb3_grpo.grpo.exploration import sample_actions
+from sb3_grpo.grpo.groups import EpisodeGroupTracker
+from sb3_grpo.grpo.nonfinite import NonFiniteEpisodes, check_advantages
+
+__all__ = ["RolloutExtras", "bootstrap_truncated", "env_actions"]
+
+
+class RolloutExtras:
+    """GRPO's state during one rollout.
+
+    :param action_space: The env's action space.
+    :param alpha: The exploration mixture's weight for this rollout.
+    :param tracker: The group advantages' tracker (``None`` for GAE), reset for this rollout.
+    :param self_critical: Whether the tracker's greedy envs act greedily (``advantage="self_critical"``).
+    :param nonfinite: ``"raise"`` or ``"skip"``.
+    :param rollout_buffer: The buffer being filled.
+    :param n_envs: Envs of the VecEnv.
+    :param n_rollout_steps: Steps per env in the rollout.
+    :param rng: The exploration RNG.
+    """
+
+    def __init__(
+        self,
+        action_space: spaces.Space,
+        alpha: float,
+        tracker: EpisodeGroupTracker | None,
+        self_critical: bool,
+        nonfinite: str,
+        rollout_buffer: RolloutBuffer,
+        n_envs: int,
+        n_rollout_steps: int,
+        rng: np.random.Generator,
+    ) -> None:
+        self.action_space = action_space
+        self.alpha = alpha
+        self.tracker = tracker
+        if tracker is not None:
+            tracker.reset_rollout(n_rollout_steps)
+        self.greedy_envs = tracker.greedy_envs if tracker is not None and self_critical else None
+        self.nonfinite = NonFiniteEpisodes(nonfinite, n_envs, n_rollout_steps)
+        # the policy's own log-probs beside the behaviour's, for the importance-weighted KL (GRPO's buffers)
+        self.stores_policy_log_prob = isinstance(rollout_buffer, PolicyLogProbMixin)
+        self.rng = rng
+        self.completion_lengths: list[int] = []  # text envs: tokens of each completion that ended in this rollout
+
+    @classmethod
+    def start(cls, model: Any, env: VecEnv, rollout_buffer: RolloutBuffer, n_rollout_steps: int) -> RolloutExtras:
+        """GRPO's state for the rollout of ``model`` (a :class:`~sb3_grpo.GRPO`) about to start; the mixture's weight
+        is fixed for the whole rollout (and kept as ``model._rollout_explore_alpha`` for the update's log)."""
+        model._rollout_explore_alpha = model.current_explore_alpha()
+        return cls(
+            model.action_space,
+            model._rollout_explore_alpha,
+            model._rollout_group_tracker(env),
+            model.advantage == "self_critical",
+            model.nonfinite,
+            rollout_buffer,
+            env.num_envs,
+            n_rollout_steps,
+            model._explore_rng,
+        )
+
+    def sample(
+        self, policy: BasePolicy, obs_tensor: th.Tensor | dict[str, th.Tensor]
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+        """One step's actions, values, behaviour log-probs and the policy's own log-probs
+        (:func:`~sb3_grpo.grpo.exploration.sample_actions`)."""
+        return sample_actions(policy, obs_tensor, self.action_space, self.alpha, self.greedy_envs, self.rng)
+
+    def check_rewards(
+        self, rewards: np.ndarray, dones: np.ndarray, infos: list[dict], row: int, timestep: int, n_updates: int
+    ) -> np.ndarray:
+        """The step's rewards after the non-finite check (:meth:`~.nonfinite.NonFiniteEpisodes.check_rewards`)."""
+        return self.nonfinite.check_rewards(rewards, dones, infos, row, timestep, n_updates)
+
+    def record_step(self, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]) -> None:
+        """Record one step: completion lengths, and the raw rewards (before the timeout bootstrap adds
+        ``gamma * V(terminal obs)``) for the group advantages."""
+        self.completion_lengths.extend(
+            len(infos[idx]["completion_ids"]) for idx in np.flatnonzero(dones) if "completion_ids" in infos[idx]
+        )
+        if self.tracker is not None:
+            self.tracker.add(rewards, dones, infos)
+
+    def buffer_extra(self, policy_log_probs: th.Tensor) -> dict[str, Any]:
+        """Keyword arguments of ``rollout_buffer.add`` beyond SB3's (the policy's own log-probs, where stored)."""
+        return {"policy_log_prob": policy_log_probs} if self.stores_policy_log_prob else {}
+
+    def finish(
+        self, rollout_buffer: RolloutBuffer, logger: Logger, timestep: int, n_updates: int, advantage: str
+    ) -> None:
+        """After GAE: group advantages in place of GAE's, episodes with non-finite rewards dropped, the check that
+        every advantage is finite, and the rollout's GRPO logs."""
+        if self.completion_lengths:
+            logger.record("rollout/completion_length", float(np.mean(self.completion_lengths)))
+        if self.tracker is not None:
+            group_adv, stats = self.tracker.compute()
+            rollout_buffer.advantages[:] = group_adv
+            logger.record("rollout/group_reward_mean", stats["group_reward_mean"])
+            logger.record("rollout/group_reward_std", stats["group_reward_std"])
+            logger.record("rollout/n_complete_groups", stats["n_groups"])
+            logger.record("rollout/frac_steps_nonzero_advantage", stats["frac_steps_nonzero_advantage"])
+        self.nonfinite.drop(rollout_buffer)
+        if self.nonfinite.nonfinite == "skip":
+            logger.record("rollout/skipped_episodes", self.nonfinite.dropped_episodes)
+        check_advantages(rollout_buffer, timestep, n_updates, advantage)
+
+
+def env_actions(policy: BasePolicy, action_space: spaces.Space, actions: np.ndarray) -> np.ndarray:
+    """The actions as the env takes them (SB3's rescaling of squashed, clipping of Gaussian Box actions)."""
+    if isinstance(action_space, spaces.Box):
+        if policy.squash_output:
+            # Unscale the actions to match env bounds if they were previously squashed to [-1, 1]
+            return policy.unscale_action(actions)
+        # Otherwise, clip the actions to avoid out of bound error
+        # as we are sampling from an unbounded Gaussian distribution
+        return np.clip(actions, action_space.low, action_space.high)
+    return actions
+
+
+def bootstrap_truncated(
+    policy: BasePolicy, gamma: float, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+) -> None:
+    """Handle timeout by bootstrapping with value function (SB3 GitHub issue #633): ``rewards += gamma * V(terminal
+    obs)`` for truncated episodes, in place."""
+    for idx, done in enumerate(dones):
+        if done and infos[idx].get("terminal_observation") is not None and infos[idx].get("TimeLimit.truncated", False):
+            terminal_obs = policy.obs_to_tensor(infos[idx]["terminal_observation"])[0]
+            with th.no_grad():
+                terminal_value = policy.predict_values(terminal_obs)[0]  # type: ignore[arg-type]
+            rewards[idx] += gamma * terminal_value
