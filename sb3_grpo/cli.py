@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sb3_grpo.bench.algos import DEFAULT_GROUP_SIZE, algo_table
-from sb3_grpo.bench.compare import TEXT_DEFAULTS
+from sb3_grpo.bench.config import TEXT_DEFAULTS
 
 #: The no-argument comparison (the README's main job): about five minutes on a 2-core CPU.
 DEFAULT_ENV = "TextGen-v0"
@@ -218,12 +218,9 @@ def _check_device(device: str) -> None:
 
 def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
     from sb3_grpo.bench.algos import parse_algos
-    from sb3_grpo.bench.compare import (
-        CompareError,
-        make_config,
-        prepare_out_dir,
-        run_compare,
-    )
+    from sb3_grpo.bench.compare import run_compare
+    from sb3_grpo.bench.config import CompareError, make_config
+    from sb3_grpo.bench.results import prepare_out_dir
 
     try:
         algos = parse_algos(args.algos)
@@ -291,8 +288,8 @@ def _resume_argv(argv: Sequence[str], out: Path) -> list[str]:
 
 
 def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from sb3_grpo.bench.compare import RESULTS_FILE, load_results
     from sb3_grpo.bench.report import write_report
+    from sb3_grpo.bench.results import RESULTS_FILE, load_results
 
     out = Path(args.dir)
     if not (out / RESULTS_FILE).is_file():

@@ -11,7 +11,8 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_grpo.bench import compare as compare_mod
 from sb3_grpo.bench.algos import ALGOS, parse_algos
-from sb3_grpo.bench.compare import make_config, prepare_out_dir, run_compare
+from sb3_grpo.bench.compare import run_compare
+from sb3_grpo.bench.config import make_config
 from sb3_grpo.bench.report import (
     curve_auc,
     render_report,
@@ -19,6 +20,7 @@ from sb3_grpo.bench.report import (
     summarize,
     volatility,
 )
+from sb3_grpo.bench.results import prepare_out_dir
 from sb3_grpo.cli import main, parse_set
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

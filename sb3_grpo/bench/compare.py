@@ -16,439 +16,29 @@ finished and ``--resume`` can skip them. A run records:
 from __future__ import annotations
 
 import copy
-import json
-import os
-import platform
 import resource
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sb3_grpo.bench.algos import ALGOS, DEFAULT_GROUP_SIZE, AlgoSpec
+from sb3_grpo.bench.algos import ALGOS, AlgoSpec
+from sb3_grpo.bench.config import TEXT_N_ENVS, CompareConfig
+from sb3_grpo.bench.results import (
+    RESULTS_FILE,
+    TENSORBOARD_DIR,
+    load_results,
+    new_results,
+)
+from sb3_grpo.common.io import to_jsonable, write_json_atomic
 
-RESULTS_FILE = "results.json"
-REPORT_FILE = "report.md"
-CURVES_FILE = "curves.png"
-TENSORBOARD_DIR = "tensorboard"
-#: Files and folders ``--overwrite`` removes from an out dir (nothing else is touched).
-OUTPUT_NAMES = (RESULTS_FILE, REPORT_FILE, CURVES_FILE, TENSORBOARD_DIR)
-SCHEMA_VERSION = 1
 EVAL_SEED_OFFSET = 10_000
 #: At most this many evaluation states are kept to measure the KL to the initial policy.
 KL_MAX_STATES = 2048
-
-#: Hyperparameters of every algorithm on a text env, unless overridden (tuned for the bundled LM on CPU:
-#: see the README's comparison section). Rollouts of ``n_envs x n_steps`` tokens; gamma 1 because the
-#: reward comes at the end of the completion.
-TEXT_DEFAULTS: dict[str, Any] = {
-    "n_steps": 32,
-    "batch_size": 256,
-    "n_epochs": 1,
-    "learning_rate": 3e-4,
-    "gamma": 1.0,
-    "gae_lambda": 0.95,
-    "clip_range": 0.2,
-    "ent_coef": 0.0,
-    "vf_coef": 0.5,
-    "max_grad_norm": 0.5,
-}
-TEXT_N_ENVS = 16
-TEXT_EVAL_EPISODES = 128
-CLASSIC_N_ENVS = 1
-CLASSIC_EVAL_EPISODES = 10
-
-
-class CompareError(ValueError):
-    """A comparison that cannot run as asked (bad names, numbers, out dir); the message says what to do."""
-
-
-@dataclass
-class CompareConfig:
-    """Everything that defines a comparison (what ``results.json`` stores under ``config``).
-
-    :param env_id: A registered Gymnasium id (text env of ``textrl_envs`` or any other).
-    :param algos: Names from :data:`~sb3_grpo.bench.algos.ALGOS`.
-    :param seeds: Seeds (``--seeds K`` gives ``0 .. K-1``).
-    :param timesteps: Env steps per run (tokens, for text envs).
-    :param n_envs: Envs stepped in parallel.
-    :param group_size: Envs per prompt group for group-advantage algorithms (others use 1).
-    :param eval_episodes: Episodes of the final evaluation.
-    :param eval_deterministic: Greedy actions in the evaluation (``None``: greedy for non-text envs,
-        sampled from the policy for text envs).
-    :param device: ``"auto"``, ``"cpu"``, ``"cuda"``.
-    :param overrides: Per algorithm name (or ``"*"``), constructor arguments on top of the defaults.
-    :param threshold: Reward the ``steps to threshold`` column waits for (``None``: halfway from the untrained
-        policy to the best final reward).
-    :param text: Whether ``env_id`` is a text env (set by :func:`make_config`).
-    :param hyperparameters: The resolved constructor arguments per algorithm (set by :func:`make_config`).
-    :param group_sizes: The group size each algorithm's envs use (set by :func:`make_config`).
-    """
-
-    env_id: str
-    algos: list[str]
-    seeds: list[int]
-    timesteps: int
-    n_envs: int
-    group_size: int = DEFAULT_GROUP_SIZE
-    eval_episodes: int = TEXT_EVAL_EPISODES
-    eval_deterministic: bool | None = None
-    device: str = "auto"
-    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
-    threshold: float | None = None
-    text: bool = False
-    hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
-    group_sizes: dict[str, int] = field(default_factory=dict)
-
-    def run_key(self, algo: str, seed: int) -> str:
-        """Key of one run in ``results.json["runs"]``."""
-        return f"{algo}/seed{seed}"
-
-    def fingerprint(self, algo: str) -> dict[str, Any]:
-        """What must be equal for a stored run of ``algo`` to count as done under this config."""
-        return {
-            "env_id": self.env_id,
-            "timesteps": self.timesteps,
-            "n_envs": self.n_envs,
-            "group_size": self.group_sizes.get(algo),
-            "eval_episodes": self.eval_episodes,
-            "eval_deterministic": self.eval_deterministic,
-            "hyperparameters": self.hyperparameters.get(algo),
-        }
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Building the config (all validation happens here, before anything touches the disk)
-# ------------------------------------------------------------------------------------------------------------
-
-
-def is_text_env(env_id: str) -> bool:
-    """Whether ``env_id`` is one of ``textrl_envs``' text envs."""
-    import textrl_envs
-
-    return env_id in textrl_envs.ENV_IDS
-
-
-def check_env_id(env_id: str) -> None:
-    """Raise :class:`CompareError` when ``env_id`` is not a registered Gymnasium id.
-
-    :param env_id: The id.
-    """
-    import gymnasium as gym
-
-    import textrl_envs
-
-    if env_id in gym.registry:
-        return
-    close = [k for k in gym.registry if k.lower().split("-")[0] == env_id.lower().split("-")[0]]
-    hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise CompareError(
-        f"unknown env {env_id!r}{hint}; text envs: {', '.join(textrl_envs.ENV_IDS)}; "
-        "or any registered Gymnasium id, e.g. CartPole-v1, Pendulum-v1"
-    )
-
-
-def _jsonable(value: Any) -> Any:
-    """Tuples to lists etc., so a config compares equal to itself after a JSON round trip."""
-    return json.loads(json.dumps(value, default=str))
-
-
-def resolve_hyperparameters(
-    spec: AlgoSpec, text: bool, n_envs: int, timesteps: int, overrides: dict[str, dict[str, Any]]
-) -> dict[str, Any]:
-    """Constructor arguments of one algorithm: env-kind defaults, the algorithm's own, then the overrides.
-
-    For non-text envs the defaults are SB3's, except that ``n_steps`` (and ``batch_size``) are lowered when
-    one rollout would not fit in ``timesteps``.
-
-    :param spec: The algorithm.
-    :param text: Text env or not.
-    :param n_envs: Number of envs.
-    :param timesteps: Env steps of the run.
-    :param overrides: ``{"*": {...}, name: {...}}``.
-    :return: The keyword arguments (JSON-able) passed to the class besides policy, env, seed, device.
-    """
-    kwargs: dict[str, Any] = dict(TEXT_DEFAULTS) if text else {}
-    if not text:
-        n_steps = 2048
-        if n_steps * n_envs > timesteps:
-            n_steps = max(8, timesteps // n_envs)
-            kwargs["n_steps"] = n_steps
-            kwargs["batch_size"] = min(64, n_steps * n_envs)
-    kwargs.update(spec.kwargs)
-    kwargs.update(overrides.get("*", {}))
-    kwargs.update(overrides.get(spec.name, {}))
-    return _jsonable(kwargs)
-
-
-def make_config(
-    env_id: str,
-    algos: Sequence[str],
-    seeds: int,
-    timesteps: int,
-    n_envs: int | None = None,
-    group_size: int | None = None,
-    eval_episodes: int | None = None,
-    eval_deterministic: bool | None = None,
-    device: str = "auto",
-    overrides: dict[str, dict[str, Any]] | None = None,
-    threshold: float | None = None,
-) -> CompareConfig:
-    """Check every input and resolve the defaults; raises :class:`CompareError` with what to do.
-
-    :param env_id: Registered env id.
-    :param algos: Algorithm names.
-    :param seeds: Number of seeds (>= 1).
-    :param timesteps: Env steps per run (>= 1).
-    :param n_envs: Envs per run (``None``: 16 for text envs, 1 otherwise).
-    :param group_size: Group size of group-advantage algorithms (``None``: 4).
-    :param eval_episodes: Evaluation episodes (``None``: 128 for text envs, 10 otherwise).
-    :param eval_deterministic: See :class:`CompareConfig`.
-    :param device: Torch device for model and text env.
-    :param overrides: Per-algorithm constructor overrides (``"*"`` for all).
-    :param threshold: See :class:`CompareConfig`.
-    :return: The config.
-    """
-    from sb3_grpo.bench.algos import constructor_parameters
-
-    unknown = [a for a in algos if a not in ALGOS]
-    if unknown:
-        raise CompareError(f"unknown algorithm(s) {', '.join(map(repr, unknown))}; known: {', '.join(ALGOS)}")
-    if not algos:
-        raise CompareError(f"no algorithm given; known: {', '.join(ALGOS)}")
-    for name, value in (("--seeds", seeds), ("--timesteps", timesteps)):
-        if not isinstance(value, int) or value < 1:
-            raise CompareError(f"{name} must be an integer >= 1, got {value}")
-    for name, value in (("--n-envs", n_envs), ("--group-size", group_size), ("--eval-episodes", eval_episodes)):
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise CompareError(f"{name} must be an integer >= 1, got {value}")
-    check_env_id(env_id)
-    text = is_text_env(env_id)
-    overrides = dict(overrides or {})
-    bad = [k for k in overrides if k != "*" and k not in ALGOS]
-    if bad:
-        raise CompareError(
-            f"override for unknown algorithm(s) {', '.join(map(repr, bad))}; known: {', '.join(ALGOS)} (or '*' for all)"
-        )
-    for name, values in overrides.items():
-        targets = list(algos) if name == "*" else [name]
-        for target in targets:
-            allowed = constructor_parameters(ALGOS[target])
-            wrong = sorted(set(values) - allowed)
-            if wrong:
-                raise CompareError(
-                    f"{target} has no parameter {', '.join(map(repr, wrong))}; its parameters: {', '.join(sorted(allowed))}"
-                )
-    n_envs = n_envs if n_envs is not None else (TEXT_N_ENVS if text else CLASSIC_N_ENVS)
-    grouped = [a for a in algos if ALGOS[a].grouped]
-    if group_size is not None and group_size < 2 and grouped:
-        raise CompareError(f"--group-size must be >= 2 for group-advantage algorithms ({', '.join(grouped)})")
-    group = group_size if group_size is not None else DEFAULT_GROUP_SIZE
-    if grouped:
-        if not text:
-            raise CompareError(
-                f"{', '.join(grouped)} need(s) envs in prompt groups (group_size > 1), which only the text envs "
-                f"({', '.join(sorted(_text_ids()))}) provide; {env_id!r} is not one. Drop them from --algos"
-            )
-        if n_envs % group != 0:
-            raise CompareError(
-                f"--n-envs ({n_envs}) must be a multiple of the group size ({group}) for {', '.join(grouped)}"
-            )
-    cfg = CompareConfig(
-        env_id=env_id,
-        algos=list(dict.fromkeys(algos)),
-        seeds=list(range(seeds)),
-        timesteps=timesteps,
-        n_envs=n_envs,
-        group_size=group,
-        eval_episodes=eval_episodes
-        if eval_episodes is not None
-        else (TEXT_EVAL_EPISODES if text else CLASSIC_EVAL_EPISODES),
-        eval_deterministic=eval_deterministic,
-        device=device,
-        overrides=_jsonable(overrides),
-        threshold=threshold,
-        text=text,
-    )
-    for algo in cfg.algos:
-        spec = ALGOS[algo]
-        cfg.hyperparameters[algo] = resolve_hyperparameters(spec, text, n_envs, timesteps, overrides)
-        cfg.group_sizes[algo] = group if spec.grouped else 1
-        hp = cfg.hyperparameters[algo]
-        batch = hp.get("batch_size", 64)
-        if not isinstance(batch, int) or batch < 1:
-            raise CompareError(f"{algo}: batch_size must be an integer >= 1, got {batch!r}")
-        if hp.get("n_steps", 2048) < 1:
-            raise CompareError(f"{algo}: n_steps must be >= 1, got {hp.get('n_steps')!r}")
-    return cfg
-
-
-def _text_ids() -> list[str]:
-    import textrl_envs
-
-    return list(textrl_envs.ENV_IDS)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# The out dir and results.json
-# ------------------------------------------------------------------------------------------------------------
-
-
-def prepare_out_dir(out: Path, overwrite: bool, resume: bool) -> bool:
-    """Create (or check) the out dir; on any failure nothing is left behind.
-
-    :param out: The folder.
-    :param overwrite: Remove this command's previous outputs (results.json, report.md, curves.png,
-        tensorboard/) and start afresh; other files are left alone.
-    :param resume: Keep previous results and skip the runs they hold.
-    :return: Whether the folder was created now.
-    :raises CompareError: exists without --overwrite/--resume, is not a folder, or is not writable.
-    """
-    if overwrite and resume:
-        raise CompareError("--overwrite and --resume exclude each other: pick one")
-    existed = out.exists()
-    if existed and not out.is_dir():
-        raise CompareError(f"--out {out} exists and is not a folder")
-    if existed and any(out.iterdir()) and not (overwrite or resume):
-        raise CompareError(
-            f"--out {out} already exists; pass --resume to continue it (completed runs are skipped), "
-            "--overwrite to replace its results, or another --out"
-        )
-    if resume and not (out / RESULTS_FILE).is_file():
-        raise CompareError(f"--resume: {out / RESULTS_FILE} does not exist; nothing to resume (drop --resume)")
-    created: list[Path] = []
-    try:
-        missing = [p for p in [out, *out.parents] if not p.exists()]
-        out.mkdir(parents=True, exist_ok=True)
-        created = missing
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
-            pass
-    except OSError as err:
-        for path in created:  # innermost first
-            try:
-                path.rmdir()
-            except OSError:
-                pass
-        raise CompareError(f"cannot write to --out {out}: {err.strerror or err}; choose a writable folder") from None
-    if overwrite:
-        for name in OUTPUT_NAMES:
-            path = out / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
-    return not existed
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temp file in the same folder and ``os.replace``.
-
-    :param path: Target file.
-    :param data: JSON-able data (NaN is written as ``NaN``).
-    """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=_json_default)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return str(value)
-
-
-def load_results(out: Path) -> dict[str, Any]:
-    """Read ``results.json`` of an out dir.
-
-    :param out: The folder.
-    :return: The stored results.
-    """
-    with open(out / RESULTS_FILE) as f:
-        return json.load(f)
-
-
-def environment_info(device: str = "cpu") -> dict[str, Any]:
-    """Versions and hardware, for the report.
-
-    :param device: The device the comparison used.
-    :return: A JSON-able dict.
-    """
-    import importlib.metadata as md
-
-    import torch as th
-
-    versions = {}
-    for pkg in ("textrl", "stable-baselines3", "gymnasium", "torch", "transformers", "numpy"):
-        try:
-            versions[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            versions[pkg] = "not installed"
-    versions["python"] = platform.python_version()
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    memory_gb = None
-    try:
-        memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    except (ValueError, OSError, AttributeError):
-        pass
-    hardware: dict[str, Any] = {
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "torch_threads": th.get_num_threads(),
-        "memory_gb": round(memory_gb, 1) if memory_gb else None,
-        "device": device,
-        "gpu": th.cuda.get_device_name(0) if th.cuda.is_available() else None,
-    }
-    try:
-        hardware["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        pass
-    return {"versions": versions, "hardware": hardware}
-
-
-def resolved_device(device: str) -> str:
-    """``"auto"`` resolved as SB3 resolves it (``"cuda"`` when available, else ``"cpu"``)."""
-    from stable_baselines3.common.utils import get_device
-
-    return str(get_device(device))
-
-
-def new_results(cfg: CompareConfig, command: str) -> dict[str, Any]:
-    """The skeleton of ``results.json`` for a fresh comparison."""
-    return {
-        "schema": SCHEMA_VERSION,
-        "command": command,
-        "config": asdict(cfg),
-        "environment": environment_info(resolved_device(cfg.device)),
-        "status": "running",
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "untrained": None,
-        "runs": {},
-    }
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -575,11 +165,11 @@ def _policy_for(spec: AlgoSpec, env: Any) -> Any:
     return "MlpPolicy"
 
 
-def _policy_kl(policy: Any, reference: Any, observations: list[Any]) -> float | None:
-    """Mean ``KL(policy || reference)`` over the given observation batches (``None`` if not computable)."""
+def _policy_kl(policy: Any, initial: Any, observations: list[Any]) -> float | None:
+    """Mean ``KL(policy || initial)`` over the given observation batches (``None`` if not computable)."""
     import torch as th
 
-    if reference is None or not observations:
+    if initial is None or not observations:
         return None
     try:
         total, count = 0.0, 0
@@ -587,7 +177,7 @@ def _policy_kl(policy: Any, reference: Any, observations: list[Any]) -> float | 
             for obs in observations:
                 tensor, _ = policy.obs_to_tensor(obs)
                 dist = policy.get_distribution(tensor).distribution
-                ref = reference.get_distribution(tensor).distribution
+                ref = initial.get_distribution(tensor).distribution
                 kl = th.distributions.kl_divergence(dist, ref)
                 if kl.dim() > 1:
                     kl = kl.sum(dim=-1)
@@ -598,14 +188,14 @@ def _policy_kl(policy: Any, reference: Any, observations: list[Any]) -> float | 
         return None
 
 
-def evaluate(model: Any, cfg: CompareConfig, algo: str, seed: int, reference: Any = None) -> dict[str, Any]:
+def evaluate(model: Any, cfg: CompareConfig, algo: str, seed: int, initial: Any = None) -> dict[str, Any]:
     """Evaluate ``model`` on a separately seeded env (``EVAL_SEED_OFFSET + seed``), torch seeded the same way.
 
     :param model: Trained (or untrained) model.
     :param cfg: The comparison.
     :param algo: Algorithm name.
     :param seed: The run's seed.
-    :param reference: The initial policy, to measure ``KL(pi || pi_init)`` on the evaluation states.
+    :param initial: The initial policy, to measure ``KL(pi || pi_init)`` on the evaluation states.
     :return: ``reward_mean``, ``reward_std``, ``episodes``, ``deterministic``, ``eval_time_s``, ``kl_to_init``.
     """
     import torch as th
@@ -633,13 +223,13 @@ def evaluate(model: Any, cfg: CompareConfig, algo: str, seed: int, reference: An
             n_eval_episodes=cfg.eval_episodes,
             deterministic=deterministic,
             return_episode_rewards=True,
-            callback=keep_states if reference is not None else None,
+            callback=keep_states if initial is not None else None,
             warn=False,
         )
     finally:
         env.close()
     elapsed = time.perf_counter() - start
-    kl = _policy_kl(model.policy, reference, states)
+    kl = _policy_kl(model.policy, initial, states)
     return {
         "reward_mean": float(np.mean(rewards)),
         "reward_std": float(np.std(rewards)),
@@ -699,8 +289,8 @@ def run_one(
     memory = _PeakMemory()
     memory.start()
     model = build_model(cfg, algo, seed, tb_dir)
-    reference = copy.deepcopy(model.policy)
-    reference.set_training_mode(False)
+    initial = copy.deepcopy(model.policy)
+    initial.set_training_mode(False)
     callback, curve = _make_callback(progress, callbacks)
     start = time.perf_counter()
     model.learn(cfg.timesteps, callback=callback)
@@ -708,9 +298,9 @@ def run_one(
     steps = int(model.num_timesteps)
     rss, cuda = memory.rss_mb(), memory.cuda_mb()
     kl_ref = model.logger.name_to_value.get("train/kl_ref") if getattr(model, "kl_coef", 0) else None
-    final = evaluate(model, cfg, algo, seed, reference=reference)
+    final = evaluate(model, cfg, algo, seed, initial=initial)
     model.get_env().close()
-    del model, reference
+    del model, initial
     if th.cuda.is_available():
         th.cuda.empty_cache()
     return {
@@ -791,7 +381,7 @@ def run_compare(
         for key, run in old.get("runs", {}).items():
             algo = run.get("algo")
             if algo in cfg.algos and run.get("seed") in cfg.seeds and run.get("status") == "complete":
-                if run.get("fingerprint") == _jsonable(cfg.fingerprint(algo)):
+                if run.get("fingerprint") == to_jsonable(cfg.fingerprint(algo)):
                     results["runs"][key] = run
                     kept += 1
                 else:

@@ -536,7 +536,7 @@ def run_perf(out: Path, quick: bool = False, log: Any = print) -> dict:
     """
     import torch as th
 
-    from sb3_grpo.bench.compare import environment_info, write_json_atomic
+    from sb3_grpo.bench.results import environment_info, write_json_atomic
 
     result: dict[str, Any] = {
         "quick": quick,
