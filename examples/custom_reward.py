@@ -20,7 +20,7 @@ from textrl_envs.sb3 import make_vec_env
 GOOD_WORDS = ("great", "good", "wonderful", "best", "fun", "love", "beautiful")
 
 
-def enthusiasm(prompts: list[str], completions: list[str], **kwargs) -> list[float]:
+def enthusiasm(prompts: list[str], completions: list[str], **kwargs) -> list[float]:  # noqa: ARG001  (the reward signature)
     """+1 per positive word, -0.02 per character beyond 60.
 
     :param prompts: The prompts of the finished episodes.

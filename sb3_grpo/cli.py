@@ -212,7 +212,8 @@ def _check_device(device: str) -> None:
         raise ValueError(f"--device {device!r} is not a torch device; use auto, cpu or cuda") from None
     if kind == "cuda" and not th.cuda.is_available():
         raise ValueError(
-            f"--device {device}, but CUDA is not available on this machine; use --device auto (CUDA when available) or cpu"
+            f"--device {device}, but CUDA is not available on this machine; "
+            "use --device auto (CUDA when available) or cpu"
         )
 
 

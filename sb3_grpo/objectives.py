@@ -244,7 +244,8 @@ def kl_k3_weighted_mean(
     if old_policy_log_prob.shape != log_prob.shape or behaviour_log_prob.shape != log_prob.shape:
         raise ValueError(
             f"kl_k3_weighted_mean: old_policy_log_prob {tuple(old_policy_log_prob.shape)} and behaviour_log_prob "
-            f"{tuple(behaviour_log_prob.shape)} must have the shape of log_prob {tuple(log_prob.shape)} (one per action)"
+            f"{tuple(behaviour_log_prob.shape)} must have the shape of log_prob {tuple(log_prob.shape)} "
+            "(one per action)"
         )
     weights = th.exp((old_policy_log_prob - behaviour_log_prob).detach()).to(log_prob.dtype)
     # a token pi_old cannot produce (w = 0, e.g. an explored token outside a top-k policy's support) adds exactly

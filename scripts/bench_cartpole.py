@@ -25,7 +25,8 @@ Results on this project's 2-core CPU box shared with other jobs (2026-11-29; wal
   ``grpo-explore`` (defaults, ``explore_alpha=0.2``) -119 +- 72 (the untrained policy: -1049 +- 206).
 
 Algorithms: ``ppo`` (stock SB3 PPO), ``grpo`` (GRPO defaults), ``grpo-nogradvar`` (defaults with
-``grad_var_coef=0``), ``grpo-explore`` (defaults with ``explore_alpha=0.2``), ``grpo-off`` (every GRPO extra off: must match ``ppo`` exactly).
+``grad_var_coef=0``), ``grpo-explore`` (defaults with ``explore_alpha=0.2``), ``grpo-off`` (every GRPO extra off: must
+match ``ppo`` exactly).
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ def main() -> None:
         returns = [r["eval_return"] for r in rows]
         print(
             f"{algo:<16} mean eval return {np.mean(returns):7.1f}  min {np.min(returns):7.1f}  "
-            f"mean s/update {np.mean([r['update_s'] for r in rows]):.3f}  mean wall {np.mean([r['wall_s'] for r in rows]):.1f} s"
+            f"mean s/update {np.mean([r['update_s'] for r in rows]):.3f}  "
+            f"mean wall {np.mean([r['wall_s'] for r in rows]):.1f} s"
         )
     if "grpo" in args.algos and "grpo-nogradvar" in args.algos:
         with_gv = np.mean([r["update_s"] for r in results if r["algo"] == "grpo"])

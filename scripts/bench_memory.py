@@ -5,7 +5,8 @@ GPU memory (``torch.cuda.max_memory_allocated``). The figures per configuration:
 
 - ``base MB``: peak RSS after the imports (Python, torch, transformers, peft; TRL and datasets in TRL's rows) and the
   env (tokenizer, prompts, reward), before any model is built;
-- ``built MB``: peak RSS once ``GRPO`` is built (the model, its KL reference: a frozen copy without LoRA, the adapter-off
+- ``built MB``: peak RSS once ``GRPO`` is built (the model, its KL reference: a frozen copy without LoRA, the
+  adapter-off
   model with LoRA);
 - ``peak MB``: peak RSS over the rollout and the update (activations, gradients, Adam state);
 - ``update MB``: ``peak - base``, what the training itself costs; the ratios compare it with the full model's.

@@ -14,7 +14,8 @@ generates exactly ``tokens`` tokens; the envs truncate at the budget and auto-re
 SB3 bootstraps each truncated env with ``predict_values(terminal_obs)`` inside the timed loop.
 
 The env here is a minimal stand-in VecEnv with the observation contract of ``textrl_envs`` (right-aligned window,
-append the action, EOS / truncation, same-step autoreset); swap in ``textrl_envs.sb3.make_vec_env`` once it exists.
+append the action, EOS / truncation, same-step autoreset) and random prompts of one length, so that ``generate`` gets
+exactly the same input; ``sb3-grpo perf`` times the same comparison on the real vector env (``TextGen-v0``).
 
 Usage::
 
@@ -126,16 +127,16 @@ class BenchTextVecEnv(VecEnv):
     def close(self):
         pass
 
-    def get_attr(self, attr_name, indices=None):
+    def get_attr(self, attr_name, indices=None):  # noqa: ARG002  (SB3 VecEnv's signature)
         return [getattr(self, attr_name, None)] * self.num_envs
 
-    def set_attr(self, attr_name, value, indices=None):
+    def set_attr(self, attr_name, value, indices=None):  # noqa: ARG002  (SB3 VecEnv's signature)
         setattr(self, attr_name, value)
 
-    def env_method(self, method_name, *args, indices=None, **kwargs):
+    def env_method(self, method_name, *args, indices=None, **kwargs):  # noqa: ARG002  (SB3 VecEnv's signature)
         return [None] * self.num_envs
 
-    def env_is_wrapped(self, wrapper_class, indices=None):
+    def env_is_wrapped(self, wrapper_class, indices=None):  # noqa: ARG002  (SB3 VecEnv's signature)
         return [False] * self.num_envs
 
 
@@ -289,7 +290,8 @@ def main() -> None:
     th.set_num_threads(args.threads)
     print(
         f"torch {th.__version__}, {th.get_num_threads()} threads; {args.n_envs} envs, prompt {args.prompt_len} "
-        f"tokens; env {args.env}; medians of {args.repeats} repeats (cache-off: {args.uncached_repeats}, no warm-up) after one warm-up"
+        f"tokens; env {args.env}; medians of {args.repeats} repeats (cache-off: {args.uncached_repeats}, no warm-up) "
+        "after one warm-up"
     )
     rows = []
     for label, lm in load_models(args.models):
@@ -355,7 +357,8 @@ def main() -> None:
             f"tok/s | speed-up {uncached / cached:.1f}x"
         )
     print(
-        "\n| model | collect_rollouts tok/s | generate tok/s | ratio | cached tok/s (long) | cache-off tok/s | speed-up |"
+        "\n| model | collect_rollouts tok/s | generate tok/s | ratio | cached tok/s (long) | cache-off tok/s "
+        "| speed-up |"
     )
     print("|---|---|---|---|---|---|---|")
     for label, c, g, ratio, lc, lu, speed in rows:

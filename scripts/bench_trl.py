@@ -57,16 +57,21 @@ Unavoidable differences:
   per-token PPO loss over the update's transitions (also token-level), plus the k3 KL term per token in both. TRL
   computes the reference log-probs in a no-grad forward of the batch before its loss (in
   ``_generate_and_score_completions``); ours in the update (the sequence path: one packed forward over the
-  update's episodes for the policy, one for the frozen reference). The steps of episodes cut by the rollout's end get advantage 0 in ours.
+  update's episodes for the policy, one for the frozen reference). The steps of episodes cut by the rollout's end get
+  advantage 0 in ours.
 - The group std: unbiased (n - 1) in both (``torch.std``; :func:`sb3_grpo.objectives.group_advantages`).
 - Ours also carries the (untrained, with group advantages) value head of ``CausalLMPolicy``.
 
 Figures of the defaults (torch 2.13 CPU, transformers 5.24, TRL 1.16.0 on ``PYTHONPATH``, a 2-core CPU, 1 thread,
 medians of 3 alternating loops, about 1 minute in all; the completions/CPU s column left out)::
 
-    | loop                        | updates | completions | gen. tokens | mean len | wall s | CPU s | completions/s | tokens/s | rollout s | update s | reward first | reward last |
-    | ours: GRPO (group)          |      16 |        1848 |       24576 |     13.0 |    9.0 |   8.9 |         204.4 |     2719 |       3.7 |      5.3 |       +0.185 |       +0.506 |
-    | TRL GRPOTrainer (generate)  |      16 |        1024 |       15267 |     14.9 |    7.4 |   7.3 |         138.1 |     2060 |       2.2 |      5.2 |       +0.108 |       +0.684 |
+    (the script prints one table; shown here in two halves)
+    | loop                       | updates | completions | gen. tokens | mean len | wall s | CPU s | completions/s |
+    | ours: GRPO (group)         |      16 |        1848 |       24576 |     13.0 |    9.0 |   8.9 |         204.4 |
+    | TRL GRPOTrainer (generate) |      16 |        1024 |       15267 |     14.9 |    7.4 |   7.3 |         138.1 |
+    | loop                       | tokens/s | rollout s | update s | reward first | reward last |
+    | ours: GRPO (group)         |     2719 |       3.7 |      5.3 |       +0.185 |       +0.506 |
+    | TRL GRPOTrainer (generate) |     2060 |       2.2 |      5.2 |       +0.108 |       +0.684 |
     ours / TRL: completions/s x1.48, tokens/s x1.32 (TRL padded completion positions: 24512)
 
 Ours is faster on both rates (1.3-1.6x over repeated runs). Per update ours samples the same N x T positions as TRL;

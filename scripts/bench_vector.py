@@ -2,7 +2,8 @@
 
 Random actions, N envs, ``--max-new-tokens``-token episodes (random word tokens, no EOS, so every
 episode runs the full budget; ``--eos-prob p`` makes a random action EOS with probability p, so
-episodes end at different times), a cheap length reward so the env itself is what is measured. Each repeat times the vector env and the SyncVectorEnv on the same pre-drawn actions;
+episodes end at different times), a cheap length reward so the env itself is what is measured. Each repeat times the
+vector env and the SyncVectorEnv on the same pre-drawn actions;
 the script prints the median env-steps per second of each and their ratio (per wall-clock second,
 and per CPU second of the process, which other processes on a shared machine do not distort), the
 same on CUDA when available, and the memory figure (observation dtype, bytes per env, N=1024 x 256-token windows)::
@@ -27,7 +28,7 @@ from textrl_envs.vector import TextGenVectorEnv
 BENCH_ID = "TextRLBench/Tiny-v0"
 
 
-def length_reward(prompts, completions, **kwargs):
+def length_reward(prompts, completions, **kwargs):  # noqa: ARG001  (a reward's signature)
     """Cheap reward: number of characters of the completion."""
     return [float(len(c)) for c in completions]
 

@@ -7,7 +7,8 @@ with ``--plain``) into ``OUT_DIR/ckpt`` and appends ``num_timesteps`` to ``OUT_D
 ``PROGRESS_EVERY`` steps, *after* the checkpoint callback ran for that step, so that a reported timestep ``T``
 guarantees that the checkpoint of every interval up to ``T`` is complete.
 
-``--slow-save`` simulates a slow disk: each model zip after the first two is written in two halves with a pause in between,
+``--slow-save`` simulates a slow disk: each model zip after the first two is written in two halves with a pause in
+between,
 and ``OUT_DIR/writing`` is created when the first half is on disk, so that the test can kill the process
 while a checkpoint is half-written.
 """

@@ -204,35 +204,9 @@ def make_config(
     check_env_id(env_id)
     text = is_text_env(env_id)
     overrides = dict(overrides or {})
-    bad = [k for k in overrides if k != "*" and k not in ALGOS]
-    if bad:
-        raise CompareError(
-            f"override for unknown algorithm(s) {', '.join(map(repr, bad))}; known: {', '.join(ALGOS)} (or '*' for all)"
-        )
-    for name, values in overrides.items():
-        targets = list(algos) if name == "*" else [name]
-        for target in targets:
-            allowed = constructor_parameters(ALGOS[target])
-            wrong = sorted(set(values) - allowed)
-            if wrong:
-                raise CompareError(
-                    f"{target} has no parameter {', '.join(map(repr, wrong))}; its parameters: {', '.join(sorted(allowed))}"
-                )
+    _check_overrides(overrides, algos)
     n_envs = n_envs if n_envs is not None else (TEXT_N_ENVS if text else CLASSIC_N_ENVS)
-    grouped = [a for a in algos if ALGOS[a].grouped]
-    if group_size is not None and group_size < 2 and grouped:
-        raise CompareError(f"--group-size must be >= 2 for group-advantage algorithms ({', '.join(grouped)})")
-    group = group_size if group_size is not None else DEFAULT_GROUP_SIZE
-    if grouped:
-        if not text:
-            raise CompareError(
-                f"{', '.join(grouped)} need(s) envs in prompt groups (group_size > 1), which only the text envs "
-                f"({', '.join(sorted(_text_ids()))}) provide; {env_id!r} is not one. Drop them from --algos"
-            )
-        if n_envs % group != 0:
-            raise CompareError(
-                f"--n-envs ({n_envs}) must be a multiple of the group size ({group}) for {', '.join(grouped)}"
-            )
+    group = _check_groups(algos, env_id, text, n_envs, group_size)
     cfg = CompareConfig(
         env_id=env_id,
         algos=list(dict.fromkeys(algos)),
@@ -260,6 +234,44 @@ def make_config(
         if hp.get("n_steps", 2048) < 1:
             raise CompareError(f"{algo}: n_steps must be >= 1, got {hp.get('n_steps')!r}")
     return cfg
+
+
+def _check_overrides(overrides: dict[str, dict[str, Any]], algos: Sequence[str]) -> None:
+    """Every override names a known algorithm (or ``"*"``) and only parameters its class takes."""
+    bad = [k for k in overrides if k != "*" and k not in ALGOS]
+    if bad:
+        raise CompareError(
+            f"override for unknown algorithm(s) {', '.join(map(repr, bad))}; known: {', '.join(ALGOS)} (or '*' for all)"
+        )
+    for name, values in overrides.items():
+        targets = list(algos) if name == "*" else [name]
+        for target in targets:
+            allowed = constructor_parameters(ALGOS[target])
+            wrong = sorted(set(values) - allowed)
+            if wrong:
+                raise CompareError(
+                    f"{target} has no parameter {', '.join(map(repr, wrong))}; "
+                    f"its parameters: {', '.join(sorted(allowed))}"
+                )
+
+
+def _check_groups(algos: Sequence[str], env_id: str, text: bool, n_envs: int, group_size: int | None) -> int:
+    """The group size of the group-advantage algorithms, after checking that the env and ``n_envs`` allow it."""
+    grouped = [a for a in algos if ALGOS[a].grouped]
+    if group_size is not None and group_size < 2 and grouped:
+        raise CompareError(f"--group-size must be >= 2 for group-advantage algorithms ({', '.join(grouped)})")
+    group = group_size if group_size is not None else DEFAULT_GROUP_SIZE
+    if grouped:
+        if not text:
+            raise CompareError(
+                f"{', '.join(grouped)} need(s) envs in prompt groups (group_size > 1), which only the text envs "
+                f"({', '.join(sorted(_text_ids()))}) provide; {env_id!r} is not one. Drop them from --algos"
+            )
+        if n_envs % group != 0:
+            raise CompareError(
+                f"--n-envs ({n_envs}) must be a multiple of the group size ({group}) for {', '.join(grouped)}"
+            )
+    return group
 
 
 def _text_ids() -> list[str]:

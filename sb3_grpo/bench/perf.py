@@ -57,7 +57,7 @@ def _row(
     }
 
 
-def _length_reward(prompts, completions, **kwargs):
+def _length_reward(prompts, completions, **kwargs):  # noqa: ARG001  (a reward's signature)
     """Cheap reward (characters of the completion) so that env benchmarks time the env, not a reward model."""
     return [float(len(c)) for c in completions]
 
@@ -519,7 +519,8 @@ def markdown_table(rows: list[dict]) -> str:
         ratio = "–" if r["ratio"] is None else f"{r['ratio']:.2f}x"
         cpu = "–" if r.get("cpu_ratio") is None else f"{r['cpu_ratio']:.2f}x"
         lines.append(
-            f"| {r['name']} | {_fmt(r['ours'])} | {_fmt(r['baseline'])} | {r['unit']} | {ratio} | {cpu} | {r['notes']} |"
+            f"| {r['name']} | {_fmt(r['ours'])} | {_fmt(r['baseline'])} | {r['unit']} | {ratio} | {cpu} "
+            f"| {r['notes']} |"
         )
     return "\n".join(lines)
 

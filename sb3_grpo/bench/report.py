@@ -442,7 +442,8 @@ def render_report(results: dict[str, Any]) -> str:
         lines += [f"Untrained policy (same evaluation, seed 0): **{untrained['reward_mean']:.3f}**.", ""]
     lines += [
         (
-            f"| algorithm | seeds | final reward (mean ± std) | vs PPO | AUC | steps to {_fmt(summary[cfg['algos'][0]]['threshold'])} "
+            "| algorithm | seeds | final reward (mean ± std) | vs PPO | AUC | "
+            f"steps to {_fmt(summary[cfg['algos'][0]]['threshold'])} "
             f"| seed std | volatility | wall time (s) | {unit} | peak RSS (MB) | KL to init | KL to ref |"
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",

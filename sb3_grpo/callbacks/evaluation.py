@@ -161,7 +161,8 @@ class EarlyStoppingCallback(_PeriodicEvaluation):
             self._stop = self.stopped_early = True
             if self.verbose >= 1:
                 print(
-                    f"Early stopping at {self.num_timesteps} timesteps: no improvement over {self.best_mean_reward:.3f} "
+                    f"Early stopping at {self.num_timesteps} timesteps: "
+                    f"no improvement over {self.best_mean_reward:.3f} "
                     f"(at {self.best_timestep} timesteps) in {self.n_no_improvement} evaluations"
                 )
 
@@ -257,7 +258,10 @@ class RollbackCallback(_PeriodicEvaluation):
             else:
                 limit = self.threshold * abs(self.best_mean_reward) if self.relative else self.threshold
                 if math.isfinite(self.best_mean_reward) and mean < self.best_mean_reward - limit:
-                    reason = f"evaluation reward {mean:.4g} fell more than {limit:.4g} below the best {self.best_mean_reward:.4g}"
+                    reason = (
+                        f"evaluation reward {mean:.4g} fell more than {limit:.4g} below the best "
+                        f"{self.best_mean_reward:.4g}"
+                    )
                 elif mean >= self.best_mean_reward:
                     self.best_mean_reward = mean
                     self._good = _snapshot(self.model)

@@ -11,7 +11,8 @@ What GRPO stores about a rollout beyond SB3's :class:`~stable_baselines3.common.
   ``log pi_old(a|s)`` beside SB3's ``log_probs``, which under mixed exploration hold the behaviour mixture's
   ``log mu(a|s)``. Their ratio is the importance weight of GRPO's KL-to-reference estimate
   (:func:`~sb3_grpo.objectives.kl_k3_weighted_mean`). Everything else (storage, GAE, the random minibatch
-  order) is SB3's; GRPO also overwrites ``advantages`` for the group forms (:mod:`sb3_grpo.grpo.groups`). The sequence buffer inherits
+  order) is SB3's; GRPO also overwrites ``advantages`` for the group forms (:mod:`sb3_grpo.grpo.groups`). The
+  sequence buffer inherits
   the same fields.
 """
 
@@ -65,10 +66,10 @@ class PolicyLogProbMixin:
             action was sampled from the policy itself, ``log_prob`` is stored
         """
         log_prob = kwargs["log_prob"] if "log_prob" in kwargs else args[5]
-        own = log_prob if policy_log_prob is None else policy_log_prob
-        if len(own.shape) == 0:  # as SB3 does for log_prob
-            own = own.reshape(-1, 1)
-        self.policy_log_probs[self.pos] = own.clone().cpu().numpy()  # type: ignore[attr-defined]
+        policy_log_prob = log_prob if policy_log_prob is None else policy_log_prob
+        if len(policy_log_prob.shape) == 0:  # as SB3 does for log_prob
+            policy_log_prob = policy_log_prob.reshape(-1, 1)
+        self.policy_log_probs[self.pos] = policy_log_prob.clone().cpu().numpy()  # type: ignore[attr-defined]
         super().add(*args, **kwargs)  # type: ignore[misc]
 
     def get(self, batch_size: int | None = None) -> Generator[GRPORolloutBufferSamples, None, None]:
@@ -79,8 +80,8 @@ class PolicyLogProbMixin:
 
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> GRPORolloutBufferSamples:
         samples = super()._get_samples(batch_inds, env)  # type: ignore[misc]
-        own = self.to_torch(self.policy_log_probs[batch_inds].flatten())  # type: ignore[attr-defined]
-        return GRPORolloutBufferSamples(*samples, old_policy_log_prob=own)
+        policy_log_prob = self.to_torch(self.policy_log_probs[batch_inds].flatten())  # type: ignore[attr-defined]
+        return GRPORolloutBufferSamples(*samples, old_policy_log_prob=policy_log_prob)
 
 
 class GRPORolloutBuffer(PolicyLogProbMixin, RolloutBuffer):

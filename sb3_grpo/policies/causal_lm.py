@@ -93,7 +93,8 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
     segment (first-fit decreasing, :mod:`sb3_grpo.common.packing`), with position ids restarting at each segment and a
     block-diagonal causal 4-D attention mask, so no token attends across segments. Every token's hidden state is the
     padded forward's up to float rounding, computed over fewer positions (``sb3-grpo perf``'s update row: 1,434
-    instead of 2,258). The first packed forward of a policy is checked against the padded one (hidden states at every action
+    instead of 2,258). The first packed forward of a policy is checked against the padded one (hidden states at every
+    action
     position, within float tolerance); a model that does not honour 4-D masks fails the check, is told so in a
     warning and is evaluated padded from then on.
 
@@ -416,7 +417,7 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         return self.use_cache and self._rollout_cache.supported and not th.is_grad_enabled()
 
     def _look_ahead(self, ids: th.Tensor, mask: th.Tensor, actions: th.Tensor) -> None:
-        """Extend the batch cache by the tokens just chosen (:meth:`sb3_grpo.policies.kv_cache.RolloutCache.look_ahead`)."""
+        """Extend the batch cache by the tokens just chosen (:meth:`~.kv_cache.RolloutCache.look_ahead`)."""
         self._rollout_cache.look_ahead(ids, mask, actions)
 
     # ---------------------------------------------------------------------------------------------------------
@@ -516,7 +517,8 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         return log_prob, entropy, values
 
     def _hidden_at(self, ids: th.Tensor, mask: th.Tensor, rows: th.Tensor, cols: th.Tensor) -> th.Tensor:
-        """Final hidden states ``[n, d]`` at window positions ``(rows[i], cols[i])``: packed when it pays, else padded."""
+        """Final hidden states ``[n, d]`` at window positions ``(rows[i], cols[i])``: packed when it pays, else
+        padded."""
         packed = self._packed_hidden_at(ids, mask, rows, cols) if self.pack_sequences else None
         if packed is not None:
             return packed
@@ -528,8 +530,8 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         return hidden[rows, cols - (ids.shape[1] - t_ids.shape[1])]
 
     def _packed_hidden_at(self, ids: th.Tensor, mask: th.Tensor, rows: th.Tensor, cols: th.Tensor) -> th.Tensor | None:
-        """:meth:`_hidden_at` through a packed forward (:mod:`sb3_grpo.common.packing`), or ``None`` when packing does not
-        apply (attention other than sdpa / eager, rows that are not right-aligned, a query on padding, or a layout
+        """:meth:`_hidden_at` through a packed forward (:mod:`~sb3_grpo.common.packing`), or ``None`` when packing does
+        not apply (attention other than sdpa / eager, rows that are not right-aligned, a query on padding, or a layout
         that would save less than a sixth of the positions) or failed its one-time check against the padded forward."""
         attn = getattr(self.lm.config, "_attn_implementation", None)
         if attn not in ("sdpa", "eager") or ids.shape[0] < 2:
@@ -553,8 +555,8 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
             return self._packing_failed(f"the packed forward raised {type(err).__name__}: {err}")
         if not self._packing_verified:
             with th.no_grad():
-                reference = self._padded_hidden_at(ids, mask, rows, cols).float()
-                error = float((out.detach().float() - reference).abs().max()) / max(float(reference.abs().max()), 1e-6)
+                padded = self._padded_hidden_at(ids, mask, rows, cols).float()
+                error = float((out.detach().float() - padded).abs().max()) / max(float(padded.abs().max()), 1e-6)
             full_precision = self._autocast is None and next(self.lm.parameters()).dtype == th.float32
             tolerance = 1e-3 if full_precision else 5e-2
             if not error <= tolerance:

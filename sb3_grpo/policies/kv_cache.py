@@ -16,9 +16,9 @@ Incremental decoding in detail
 Under ``torch.no_grad`` (rollout, ``predict_values``, ``predict``) and with
 ``use_cache=True``, the policy keeps one ``transformers.DynamicCache`` per batch size (the last two used) holding
 every row's keys/values right-aligned in one batch, with an explicit 2-D mask over the cache columns. The cache is
-a :class:`~sb3_grpo.policies.kv_cache.RolloutCache` (``self._rollout_cache``, in :mod:`sb3_grpo.policies.kv_cache`), which runs
+a :class:`RolloutCache` (``self._rollout_cache``), which runs
 the LM through the policy's ``_trunk``, ``_logits`` and ``_value``. Each row of a call is classified against the
-cached window (:meth:`~sb3_grpo.policies.kv_cache.RolloutCache._classify`):
+cached window (:meth:`RolloutCache._classify`):
 
 - ``same``: the cached window; its stored logits and value are returned, no forward;
 - ``extend``: the cached window plus exactly one token (:func:`extends_by_one`: ``new[:-1] == old[1:]`` for ids
@@ -32,7 +32,7 @@ cached window (:meth:`~sb3_grpo.policies.kv_cache.RolloutCache._classify`):
 All ``extend``/``replace`` rows share one batched single-token forward over the cache (2-D mask
 ``[cache mask, new column]``, position ``n_valid - 1``; other rows feed a masked dummy token). ``redo`` rows get one
 prefill over those rows only; their cache is left-padded with masked slots and spliced into the batch cache. A
-prefilled window's keys/values, logits and value are remembered (:class:`~sb3_grpo.policies.kv_cache.PrefillMemo`, 64 MiB,
+prefilled window's keys/values, logits and value are remembered (:class:`PrefillMemo`, 64 MiB,
 least recently used out first, emptied whenever the parameters change), so a window seen before under the same
 parameters, typically a prompt that another member of the group, or an earlier episode, began with, is copied
 instead of recomputed.
@@ -42,7 +42,7 @@ instead of recomputed.
 In ``collect_rollouts`` the next observation of every continuing env is exactly that, so the next ``forward`` finds
 those rows ``same``: still one batched forward per generated token, just computed one call earlier. The payoff is
 SB3's bootstrap of truncated episodes, which calls ``predict_values(terminal_obs)`` one env at a time: the terminal
-window is a look-ahead row, so it is a lookup (:meth:`~sb3_grpo.policies.kv_cache.RolloutCache._serve_from_other_batches`)
+window is a look-ahead row, so it is a lookup (:meth:`RolloutCache._serve_from_other_batches`)
 rather than a batch-of-one forward per finished env. Calls with a new batch size whose rows all match cached rows
 (same, one token past, or replaced) are served from those rows too.
 
@@ -143,7 +143,7 @@ class _CacheUnsupported(Exception):
 
 
 @dataclass
-class _RowCache:
+class _BatchCache:
     """KV cache and bookkeeping for one batch of envs (one batch size).
 
     Invariants: ``cache`` holds, for every row, the keys/values of exactly the valid tokens of ``ids[b]`` in order;
@@ -266,7 +266,7 @@ class PrefillMemo:
 
 
 class RolloutCache:
-    """The rollout KV cache of one policy: a ``_RowCache`` per batch size (the last two used).
+    """The rollout KV cache of one policy: a ``_BatchCache`` per batch size (the last two used).
 
     The policy asks it for the outputs of a batch of windows (:meth:`outputs`) under ``no_grad`` and, after sampling,
     to look one token ahead (:meth:`look_ahead`); it drops everything on :meth:`reset` and whenever the parameters
@@ -296,7 +296,7 @@ class RolloutCache:
         self._value = value
         self._parameters = parameters
         self._lm_config = lm_config
-        self.states: OrderedDict[int, _RowCache] = OrderedDict()
+        self.states: OrderedDict[int, _BatchCache] = OrderedDict()
         self.supported = True
         self._param_list: list[th.Tensor] | None = None
         self.memo = PrefillMemo()
@@ -403,7 +403,7 @@ class RolloutCache:
 
     @staticmethod
     def _classify(
-        state: _RowCache, ids: th.Tensor, mask: th.Tensor
+        state: _BatchCache, ids: th.Tensor, mask: th.Tensor
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """Per row: ``same`` (the cached window), ``extend`` (cached window + 1 token), ``replace`` (the window
         before the look-ahead + a token other than the look-ahead one), ``back`` (the window before the look-ahead
@@ -416,11 +416,11 @@ class RolloutCache:
             back = (state.prev_ids == ids).all(dim=1) & (state.prev_mask == mask).all(dim=1) & ~same
         return same, extend, replace, back, ~(same | extend | replace | back)
 
-    def _new_state(self, ids: th.Tensor, mask: th.Tensor, version: int) -> _RowCache:
+    def _new_state(self, ids: th.Tensor, mask: th.Tensor, version: int) -> _BatchCache:
         cache, kv_mask, logits, values = self._prefill(ids, mask)
-        return _RowCache(cache, kv_mask, ids, mask, logits, values, version)
+        return _BatchCache(cache, kv_mask, ids, mask, logits, values, version)
 
-    def _advance(self, state: _RowCache, ids: th.Tensor, mask: th.Tensor) -> None:
+    def _advance(self, state: _BatchCache, ids: th.Tensor, mask: th.Tensor) -> None:
         """Bring every row of ``state`` to the new windows: reuse, one batched one-token step, and/or a prefill."""
         _same, extend, replace, back, redo = self._classify(state, ids, mask)
         logits, values = (
@@ -475,7 +475,7 @@ class RolloutCache:
 
     def _serve_from_other_batches(
         self, ids: th.Tensor, mask: th.Tensor, version: int
-    ) -> tuple[th.Tensor, th.Tensor] | _RowCache | None:
+    ) -> tuple[th.Tensor, th.Tensor] | _BatchCache | None:
         """Serve a batch (typically of a new size) from rows of another cached batch, when every row matches one.
 
         SB3 bootstraps truncated episodes with ``predict_values(terminal_obs)``, one env at a time; each terminal
@@ -515,7 +515,7 @@ class RolloutCache:
             cache = DynamicCache()
             for i, layer in enumerate(other.cache.layers):
                 cache.update(layer.keys[src], layer.values[src], i)
-            return _RowCache(
+            return _BatchCache(
                 cache,
                 kv_mask,
                 c_ids,
@@ -537,7 +537,7 @@ class RolloutCache:
         )
 
     @staticmethod
-    def _splice(state: _RowCache, rows: th.Tensor, cache_r: Any, kv_mask_r: th.Tensor) -> None:
+    def _splice(state: _BatchCache, rows: th.Tensor, cache_r: Any, kv_mask_r: th.Tensor) -> None:
         """Write recomputed rows into the batch cache, left-padding whichever is shorter with masked slots."""
         length = max(state.kv_mask.shape[1], kv_mask_r.shape[1])
         kv_mask = left_pad_columns(state.kv_mask, length, dim=1)
@@ -551,7 +551,7 @@ class RolloutCache:
             layer.keys, layer.values = keys, vals
 
     @staticmethod
-    def _crop(state: _RowCache) -> None:
+    def _crop(state: _BatchCache) -> None:
         """Remove leading cache columns masked for every row, so the cache stays within the window width."""
         any_valid = state.kv_mask.any(dim=0)
         if not bool(any_valid.any()):
