@@ -16,6 +16,7 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from helpers import EOS, PROMPTS, bundled_assets, length_reward, register_test_id, word_tokenizer
 
+from textrl_envs.devices import resolve_device
 from textrl_envs.vector import (
     TextGenVectorEnv,
     append_tokens,
@@ -26,7 +27,6 @@ from textrl_envs.vector import (
     episode_ids,
     group_ids,
     pack_prompts,
-    resolve_device,
     start_windows_,
 )
 
@@ -294,7 +294,7 @@ def test_observation_dtype_shape_and_space(kw):
 def test_reward_called_once_per_step_with_the_batch(kw):
     calls = []
 
-    def counting(prompts, completions, **k):
+    def counting(_prompts, completions, **_metadata):
         calls.append(len(completions))
         return [0.0] * len(completions)
 

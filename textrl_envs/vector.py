@@ -24,6 +24,7 @@ from gymnasium.vector.utils import batch_space
 
 from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwargs
 from textrl_envs.decoding import ByteTableDecoder, fast_decoder
+from textrl_envs.devices import resolve_device
 from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
 from textrl_envs.groups import GroupPrompts
 
@@ -34,32 +35,6 @@ FULL_WIDTH_TABLE_MAX = 1 << 22
 
 
 # -- pure tensor bookkeeping ------------------------------------------------------------------------
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """The torch device the env state lives on.
-
-    :param device: ``"auto"`` (CUDA when available, else CPU), or anything ``torch.device`` accepts.
-    :raises ValueError: for a CUDA device when CUDA is not available, or an unknown device string.
-    """
-    if isinstance(device, str) and device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(
-            f"device must be 'auto', 'cpu', 'cuda' or 'cuda:<n>' (a torch device); got {device!r}"
-        ) from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"device={device!r} was requested but CUDA is not available on this machine; "
-            "use device='auto' (CUDA when there is one, else CPU) or device='cpu'"
-        )
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(
-            f"device={device!r} does not exist; this machine has {torch.cuda.device_count()} CUDA device(s)"
-        )
-    return dev
 
 
 def pack_prompts(prompt_ids: Sequence[np.ndarray], width: int, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -98,7 +98,7 @@ def perplexity(
     if isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer))
     if device is not None:
-        from textrl_envs.rewards.sentiment import resolve_device
+        from textrl_envs.devices import resolve_device
 
         model.to(resolve_device(device))
     dev = next(model.parameters()).device

@@ -26,15 +26,6 @@ def _texts(prompts: Sequence[str], completions: Sequence[str], include_prompt: b
     return list(completions)
 
 
-def resolve_device(device: Any = "auto"):
-    """A ``torch.device``: ``"auto"`` picks CUDA when it is available, else the CPU."""
-    import torch
-
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 @register_reward("sentiment")
 class LexiconSentiment(RewardModel):
     """Lexicon sentiment with VADER (``vaderSentiment``): positive text scores high.
@@ -146,6 +137,8 @@ class HFClassifierReward(RewardModel):
         ]
         limits = [int(x) for x in limits if isinstance(x, int) and 0 < x < 1_000_000]
         self.max_length = int(max_length) if max_length is not None else (min(limits) if limits else 512)
+        from textrl_envs.devices import resolve_device
+
         self.device = resolve_device(device)
         self.model.to(self.device)
 
@@ -161,6 +154,8 @@ class HFClassifierReward(RewardModel):
 
     def to(self, device: Any) -> HFClassifierReward:
         """Move the classifier to ``device`` (``"auto"`` allowed)."""
+        from textrl_envs.devices import resolve_device
+
         self.device = resolve_device(device)
         self.model.to(self.device)
         return self
