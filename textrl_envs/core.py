@@ -97,10 +97,6 @@ class EpisodeSpec:
         """Completion text: ``ids`` decoded without special tokens (so without EOS)."""
         return self.tokenizer.decode(list(map(int, ids)), skip_special_tokens=True)
 
-    def metadata_for(self, indices: Sequence[int]) -> dict[str, list[Any]]:
-        """Metadata lists restricted to the prompts at ``indices``."""
-        return {k: [v[i] for i in indices] for k, v in self.metadata.items()}
-
     def score(self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None) -> np.ndarray:
         """Rewards of finished episodes, one batched call to the reward model.
 

@@ -30,7 +30,6 @@ from textrl_envs.vector import TextGenVectorEnv
 
 #: Keys of the vector env's step infos that are per-env reset info of an autoreset episode.
 _RESET_KEYS = ("prompt", "prompt_index")
-_ID_KEYS = ("group_id", "episode_id")
 
 
 def _item(value: Any) -> Any:

@@ -227,7 +227,6 @@ WHEN = (
     "on a rainy Sunday",
     "after work",
 )
-COMPANY = ("friends", "sister", "brother", "parents", "kids", "partner", "roommate")
 
 CLOSERS_POS = (
     "I would watch it again.",

@@ -228,7 +228,3 @@ def call_reward(
         )
     return values
 
-
-def is_finite_number(x: float) -> bool:
-    """True for a finite real number."""
-    return isinstance(x, (int, float, np.floating, np.integer)) and math.isfinite(float(x))
