@@ -38,7 +38,10 @@ def test_devices_torch_accepts_pass_through():
 def test_cuda_without_cuda(monkeypatch):
     fake_cuda(monkeypatch, 0)
     for asked in ("cuda", "cuda:0", torch.device("cuda", 1)):
-        with pytest.raises(ValueError, match=r"CUDA is not available.*it has cpu.*device='auto'.*device='cpu'"):
+        with pytest.raises(
+            ValueError,
+            match=r"\(this machine has cpu\) but CUDA is not available on this machine; use device='auto'.*'cpu'",
+        ):
             resolve_device(asked)
 
 
@@ -51,7 +54,9 @@ def test_cuda_index_past_the_device_count(monkeypatch):
 def test_mps_without_mps(monkeypatch):
     fake_cuda(monkeypatch, 0)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    with pytest.raises(ValueError, match=r"'mps' was requested but MPS .* not available.*it has cpu\).*device='cpu'"):
+    with pytest.raises(
+        ValueError, match=r"'mps' was requested \(this machine has cpu\) but MPS .* not available.*device='cpu'"
+    ):
         resolve_device("mps")
 
 

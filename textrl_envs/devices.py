@@ -47,7 +47,7 @@ def resolve_device(device: Any = "auto") -> torch.device:
     has = ", ".join(available_devices())
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
-            f"device={device!r} was requested but CUDA is not available on this machine (it has {has}); "
+            f"device={device!r} was requested (this machine has {has}) but CUDA is not available on this machine; "
             "use device='auto' (CUDA when there is one, else CPU) or device='cpu'"
         )
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
@@ -57,7 +57,7 @@ def resolve_device(device: Any = "auto") -> torch.device:
         )
     if dev.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(
-            f"device={device!r} was requested but MPS (Apple GPU) is not available on this machine (it has {has}); "
-            "use device='auto' (CUDA when there is one, else CPU) or device='cpu'"
+            f"device={device!r} was requested (this machine has {has}) but MPS (Apple GPU) is not available on this "
+            "machine; use device='auto' (CUDA when there is one, else CPU) or device='cpu'"
         )
     return dev
