@@ -1,4 +1,4 @@
-"""Reference-based rewards: ROUGE-L (``rouge-score``) and sentence BLEU (``sacrebleu``)."""
+"""Overlap with reference texts: ROUGE-L (``rouge-score``) and sentence BLEU (``sacrebleu``) against ``references``."""
 
 from __future__ import annotations
 
