@@ -23,7 +23,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from textrl_envs.rewards.base import call_reward, check_reward_timeout
-from textrl_envs.tasks import PromptItem
+from textrl_envs.rewards.registry import resolve_reward
+from textrl_envs.tasks import PromptItem, get_task
 
 TRUNCATION_SIDES = ("left", "right", "error")
 #: What an env does with a NaN/inf reward: raise (default), or score it 0 and flag ``info["reward_nonfinite"]``.
@@ -284,9 +285,6 @@ def build_spec(
     :param reward_timeout: Seconds a reward call may take (``None``: no limit); a reward that runs
         longer raises a ``TimeoutError`` naming it and the completion.
     """
-    from textrl_envs.rewards.registry import resolve_reward
-    from textrl_envs.tasks import get_task
-
     defaults = get_task(task) if task is not None else None
     if prompts is None:
         if defaults is None:

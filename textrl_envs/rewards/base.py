@@ -227,4 +227,3 @@ def call_reward(
             f"and completion {_shorten(completions[i])!r}; non-finite rewards never enter training"
         )
     return values
-

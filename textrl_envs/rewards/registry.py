@@ -70,4 +70,3 @@ def resolve_reward(reward: Any, **kwargs: Any) -> Any:
         f"reward must be a registered name, a RewardModel or a callable f(prompts, completions, **kwargs) "
         f"-> floats; got {type(reward).__name__}"
     )
-
