@@ -252,6 +252,17 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
+def _check_choices(prompt_truncation: str, nonfinite_reward: str) -> None:
+    """Raise a ``ValueError`` for a ``prompt_truncation`` or ``nonfinite_reward`` that is not a known choice."""
+    if prompt_truncation not in TRUNCATION_SIDES:
+        raise ValueError(f"prompt_truncation must be one of {TRUNCATION_SIDES}, got {prompt_truncation!r}")
+    if nonfinite_reward not in NONFINITE_REWARD:
+        raise ValueError(
+            f"nonfinite_reward must be one of {NONFINITE_REWARD} ('raise': stop with an error; 'skip': score "
+            f"0 and flag info['reward_nonfinite']), got {nonfinite_reward!r}"
+        )
+
+
 def build_spec(
     task: str | None = None,
     *,
@@ -306,13 +317,7 @@ def build_spec(
         max_prompt_tokens if max_prompt_tokens is not None else (defaults.max_prompt_tokens if defaults else 16),
         1,
     )
-    if prompt_truncation not in TRUNCATION_SIDES:
-        raise ValueError(f"prompt_truncation must be one of {TRUNCATION_SIDES}, got {prompt_truncation!r}")
-    if nonfinite_reward not in NONFINITE_REWARD:
-        raise ValueError(
-            f"nonfinite_reward must be one of {NONFINITE_REWARD} ('raise': stop with an error; 'skip': score "
-            f"0 and flag info['reward_nonfinite']), got {nonfinite_reward!r}"
-        )
+    _check_choices(prompt_truncation, nonfinite_reward)
     reward_timeout = check_reward_timeout(reward_timeout)
     texts, metadata = _split_prompts(prompts)
     reward_fn = resolve_reward(reward, **(reward_kwargs or {}))
