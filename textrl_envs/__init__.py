@@ -5,7 +5,7 @@
 heavy is imported until an env is made::
 
     import gymnasium as gym
-    import textrl_envs  # noqa: F401
+    import textrl_envs  # noqa: F401  (importing it registers the ids)
 
     env = gym.make("TextGen-v0")
     envs = gym.make_vec("TextGen-v0", num_envs=64, device="auto", group_size=4)

@@ -162,7 +162,7 @@ class TextGenSB3VecEnv(VecEnv):
         result = getattr(self.venv, method_name)(*method_args, **method_kwargs)
         return [result for _ in self._get_indices(indices)]
 
-    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:  # noqa: ARG002  (SB3 VecEnv signature)
         """Always ``False``: the batched env has no per-env gym wrappers."""
         return [False for _ in self._get_indices(indices)]
 

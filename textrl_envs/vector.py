@@ -128,9 +128,10 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
       of the episode each env's action belonged to, so on a same-step autoreset the *finished*
       episode's ids (the new episode's ids appear from the next step on, and in :meth:`episode_ids`).
     * ``final_info`` (envs whose episode ended this step): ``prompt`` (str), ``completion`` (str),
-      ``completion_ids`` (tuple of ints, without EOS, as :class:`~textrl_envs.env.TextGenEnv`), ``prompt_index`` (``-1`` for a prompt given
-      as text), ``reward`` (float), ``group_id``, ``episode_id``; object arrays for str and arrays; with
-      ``nonfinite_reward="skip"`` also ``reward_nonfinite`` (bool: the reward was NaN/inf and is scored 0).
+      ``completion_ids`` (tuple of ints, without EOS, as :class:`~textrl_envs.env.TextGenEnv`),
+      ``prompt_index`` (``-1`` for a prompt given as text), ``reward`` (float), ``group_id``,
+      ``episode_id``; object arrays for str and arrays; with ``nonfinite_reward="skip"`` also
+      ``reward_nonfinite`` (bool: the reward was NaN/inf and is scored 0).
     * top level on ``reset`` and for envs autoreset this step: ``prompt`` and ``prompt_index`` of
       the episode begun.
 
@@ -180,9 +181,10 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if num_envs % group_size:
+            multiple = group_size * max(1, num_envs // group_size)
             raise ValueError(
                 f"num_envs={num_envs} is not divisible by group_size={group_size}; every group needs "
-                f"{group_size} envs, so use a multiple of it (e.g. num_envs={group_size * max(1, num_envs // group_size)})"
+                f"{group_size} envs, so use a multiple of it (e.g. num_envs={multiple})"
             )
         if obs_backend not in OBS_BACKENDS:
             raise ValueError(f"obs_backend must be one of {OBS_BACKENDS}, got {obs_backend!r}")

@@ -16,7 +16,8 @@ import functools
 import inspect
 import math
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,7 @@ class RewardModel:
             )
         return self.score(list(prompts), list(completions), **kwargs)
 
-    def to(self, device: Any) -> "RewardModel":
+    def to(self, device: Any) -> RewardModel:  # noqa: ARG002  (the interface: models with tensors move there)
         """Move the model to ``device`` (a no-op for models without tensors)."""
         return self
 

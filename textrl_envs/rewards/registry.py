@@ -9,7 +9,8 @@ time :func:`make_reward` is called.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from textrl_envs.rewards.base import RewardModel
 

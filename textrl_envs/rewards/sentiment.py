@@ -53,7 +53,7 @@ class LexiconSentiment(RewardModel):
         """VADER compound score of ``text`` in ``[-1, 1]``."""
         return float(self._analyzer.polarity_scores(text)["compound"])
 
-    def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:
+    def score(self, prompts: list[str], completions: list[str], **_metadata: Any) -> list[float]:
         values = [self.compound(t) for t in _texts(prompts, completions, self.include_prompt)]
         if self.scale == "prob":
             values = [(v + 1.0) / 2.0 for v in values]
@@ -191,7 +191,7 @@ class HFClassifierReward(RewardModel):
             return np.zeros((0, int(self.model.config.num_labels)))
         return torch.cat(out).numpy()
 
-    def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> np.ndarray:
+    def score(self, prompts: list[str], completions: list[str], **_metadata: Any) -> np.ndarray:
         texts = _texts(prompts, completions, self.include_prompt)
         out = np.full(len(texts), np.nan if self.empty_score is None else self.empty_score, dtype=np.float64)
         run = [i for i, t in enumerate(texts) if self.empty_score is None or t.strip()]
@@ -210,4 +210,7 @@ class HFClassifierReward(RewardModel):
         return p[:, self.label_index]
 
     def __repr__(self) -> str:
-        return f"HFClassifierReward(path={self.path!r}, label={self.label!r}, output={self.output!r}, device={str(self.device)!r})"
+        return (
+            f"HFClassifierReward(path={self.path!r}, label={self.label!r}, output={self.output!r}, "
+            f"device={str(self.device)!r})"
+        )
