@@ -324,9 +324,9 @@ def test_bad_actions_and_step_order(tokenizer):
 @pytest.mark.parametrize(
     "reward, error, match",
     [
-        (lambda prompts, completions: [1.0, 2.0], ValueError, r"returned 2 value\(s\).*for 1 completions"),
-        (lambda prompts, completions: [float("inf")], ValueError, r"non-finite value \(inf\).*completion ' great'"),
-        (lambda prompts, completions: 1 / 0, RuntimeError, r"raised ZeroDivisionError.*first completion: ' great'"),
+        (lambda _prompts, _completions: [1.0, 2.0], ValueError, r"returned 2 value\(s\).*for 1 completions"),
+        (lambda _prompts, _completions: [float("inf")], ValueError, r"non-finite value \(inf\).*completion ' great'"),
+        (lambda _prompts, _completions: 1 / 0, RuntimeError, r"raised ZeroDivisionError.*first completion: ' great'"),
     ],
 )
 def test_bad_rewards_name_the_reward_and_show_the_completion(reward, error, match, tokenizer):
