@@ -50,7 +50,7 @@ def word_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
 
 
-def length_reward(prompts, completions, **kwargs):
+def length_reward(prompts, completions, **_metadata):
     """Cheap deterministic reward: words in the completion, plus a per-prompt bonus."""
     return [len(c.split()) + 0.5 * len(p) for p, c in zip(prompts, completions)]
 

@@ -53,26 +53,26 @@ def cli(*argv):
 
 
 # -- rewards that misbehave ---------------------------------------------------------------------------------
-def boom(prompts, completions):
+def boom(_prompts, completions):
     return [1 / 0 for _ in completions]
 
 
-def one_too_many(prompts, completions):
+def one_too_many(_prompts, completions):
     return [0.0] * (len(completions) + 1)
 
 
-def words(prompts, completions):
+def words(_prompts, completions):
     return ["good" for _ in completions]
 
 
-def nan_reward(prompts, completions):
+def nan_reward(_prompts, completions):
     return [math.nan for _ in completions]
 
 
 _RELEASE = threading.Event()
 
 
-def hangs(prompts, completions):
+def hangs(_prompts, completions):
     _RELEASE.wait(20)
     return [0.0 for _ in completions]
 

@@ -144,11 +144,11 @@ def test_bad_nonfinite_option():
 
 
 # --------------------------------------------------------------------------------------------- text envs
-def _nan_for_odd_lengths(prompts, completions):
+def _nan_for_odd_lengths(_prompts, completions):
     return [math.nan if len(c) % 2 else 1.0 for c in completions]
 
 
-def _all_nan(prompts, completions):
+def _all_nan(_prompts, completions):
     return [math.inf] + [math.nan] * (len(completions) - 1)
 
 
@@ -194,14 +194,14 @@ def test_text_env_skip_flags_the_episode_and_grpo_drops_it():
 def test_call_reward_timeout():
     release = threading.Event()
 
-    def hangs(prompts, completions):
+    def hangs(_prompts, completions):
         release.wait(10)
         return [0.0] * len(completions)
 
-    def quick(prompts, completions):
+    def quick(_prompts, completions):
         return [1.0] * len(completions)
 
-    def own_timeout(prompts, completions):
+    def own_timeout(_prompts, _completions):
         raise TimeoutError("upstream API")
 
     try:

@@ -320,7 +320,7 @@ def test_composite_weights_and_components():
     assert c.weights == {"sentiment": 1.0, "length": 0.5}
     assert c.name == "composite(1*sentiment + 0.5*length)"
 
-    def brevity(prompts, completions):  # a TRL-style plain callable; gets no metadata
+    def brevity(_prompts, completions):  # a TRL-style plain callable; gets no metadata
         return [-len(x) for x in completions]
 
     c2 = CompositeReward([(ExactMatch(), 2.0), (brevity, 0.1), ("length", -1.0, {"max_words": 1}), ("length", 1.0)])
@@ -370,7 +370,7 @@ def test_register_custom_reward_and_resolve():
             super().__init__("test-constant-reward")
             self.value = value
 
-        def score(self, prompts, completions, **kwargs):
+        def score(self, _prompts, completions, **_metadata):
             return [self.value] * len(completions)
 
     assert make_reward("test-constant-reward", value=2.5)(["p"], ["c"]) == [2.5]
@@ -378,7 +378,7 @@ def test_register_custom_reward_and_resolve():
     with pytest.raises(ValueError, match="already registered"):
         register_reward("test-constant-reward", lambda: None)
 
-    def fn(prompts, completions, **kw):
+    def fn(_prompts, completions, **_metadata):
         return [0.0] * len(completions)
 
     assert resolve_reward(fn) is fn
@@ -394,13 +394,13 @@ def test_register_custom_reward_and_resolve():
 
 
 def test_trl_style_callables_plug_in():
-    def length_reward(prompts, completions, **kwargs):
+    def length_reward(_prompts, completions, **_metadata):
         return [float(len(c)) for c in completions]
 
-    def uses_answer(prompts, completions, answer):
+    def uses_answer(_prompts, completions, answer):
         return [float(c == a) for c, a in zip(completions, answer)]
 
-    def two_args(prompts, completions):
+    def two_args(_prompts, completions):
         return [1.0] * len(completions)
 
     meta = {"answer": ["4", "5"], "other": [1, 2]}
@@ -412,19 +412,19 @@ def test_trl_style_callables_plug_in():
 
 
 def test_call_reward_errors_name_the_reward_and_show_the_completion():
-    def wrong_count(prompts, completions):
+    def wrong_count(_prompts, _completions):
         return [1.0]
 
-    def scalar(prompts, completions):
+    def scalar(_prompts, _completions):
         return 1.0
 
-    def nan_reward(prompts, completions):
+    def nan_reward(_prompts, _completions):
         return [1.0, float("nan")]
 
-    def raising(prompts, completions):
+    def raising(_prompts, _completions):
         raise KeyError("boom")
 
-    def strings(prompts, completions):
+    def strings(_prompts, _completions):
         return ["high", "low"]
 
     args = (["p1", "p2"], ["first completion", "second completion"])

@@ -50,7 +50,7 @@ class RandomPolicy:
     def __init__(self, vocab, seed=0):
         self.vocab, self.rng = vocab, np.random.default_rng(seed)
 
-    def predict(self, obs, state=None, episode_start=None, deterministic=False):
+    def predict(self, obs, state=None, episode_start=None, deterministic=False):  # noqa: ARG002  (SB3's predict)
         return biased_actions(self.rng, len(obs["input_ids"]), self.vocab), None
 
 

@@ -17,7 +17,7 @@ import pytest
 import textrl_envs
 from textrl_envs.env import TextGenEnv
 from textrl_envs.rewards import CompositeReward, LexiconSentiment, make_reward
-from textrl_envs.tasks import all_tasks, get_task
+from textrl_envs.tasks import TASKS, all_tasks, get_task
 
 ENV_IDS = list(textrl_envs.ENV_IDS)
 
@@ -83,6 +83,17 @@ def test_every_env_id_has_a_task_and_a_documented_class():
             "Version History",
         ):
             assert f"## {section}" in klass.__doc__, (env_id, section)
+
+
+def test_registration_comes_from_the_one_list_of_tasks():
+    assert ENV_IDS == [t.env_id for t in TASKS] == [t.env_id for t in all_tasks()]
+    for task in TASKS:
+        spec = gym.spec(task.env_id)
+        assert (spec.entry_point, spec.vector_entry_point) == (task.entry_point, task.vector_entry_point)
+        assert spec.vector_entry_point == "textrl_envs.vector:TextGenVectorEnv" and spec.kwargs == {"task": task.env_id}
+        assert get_task(task.env_id) is task
+    with pytest.raises(ValueError, match="no task 'Nope-v0'; known: Arithmetic-v0, CommonGen-v0"):
+        get_task("Nope-v0")
 
 
 @pytest.mark.parametrize("env_id", ENV_IDS)
@@ -313,9 +324,9 @@ def test_bad_actions_and_step_order(tokenizer):
 @pytest.mark.parametrize(
     "reward, error, match",
     [
-        (lambda prompts, completions: [1.0, 2.0], ValueError, r"returned 2 value\(s\).*for 1 completions"),
-        (lambda prompts, completions: [float("inf")], ValueError, r"non-finite value \(inf\).*completion ' great'"),
-        (lambda prompts, completions: 1 / 0, RuntimeError, r"raised ZeroDivisionError.*first completion: ' great'"),
+        (lambda _prompts, _completions: [1.0, 2.0], ValueError, r"returned 2 value\(s\).*for 1 completions"),
+        (lambda _prompts, _completions: [float("inf")], ValueError, r"non-finite value \(inf\).*completion ' great'"),
+        (lambda _prompts, _completions: 1 / 0, RuntimeError, r"raised ZeroDivisionError.*first completion: ' great'"),
     ],
 )
 def test_bad_rewards_name_the_reward_and_show_the_completion(reward, error, match, tokenizer):

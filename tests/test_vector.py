@@ -16,8 +16,7 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from helpers import EOS, PROMPTS, bundled_assets, length_reward, register_test_id, word_tokenizer
 
-from textrl_envs.vector import (
-    TextGenVectorEnv,
+from textrl_envs.bookkeeping import (
     append_tokens,
     append_tokens_,
     completion_bounds,
@@ -26,9 +25,10 @@ from textrl_envs.vector import (
     episode_ids,
     group_ids,
     pack_prompts,
-    resolve_device,
     start_windows_,
 )
+from textrl_envs.devices import resolve_device
+from textrl_envs.vector import TextGenVectorEnv
 
 TEST_ID = "TextRLTest/TinyVector-v0"
 
@@ -59,7 +59,7 @@ def biased_actions(rng: np.random.Generator, n: int, vocab: int, step: int) -> n
 
 @pytest.mark.parametrize("path", ["numpy", "torch"])
 def test_in_place_append_equals_the_pure_one(path):
-    from textrl_envs.vector import _append_tokens_torch
+    from textrl_envs.bookkeeping import _append_tokens_torch
 
     rng = np.random.default_rng(0)
     ids = torch.as_tensor(rng.integers(0, 50, (7, 6)))
@@ -79,10 +79,12 @@ def test_in_place_append_equals_the_pure_one(path):
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_pure_functions(backend, monkeypatch):
     if backend == "torch":  # the path other devices take, run on CPU tensors
-        from textrl_envs import vector
+        from textrl_envs import bookkeeping
 
         monkeypatch.setattr(
-            vector, "_start_windows_numpy", lambda *a: vector._start_windows_torch(*map(torch.as_tensor, a[:6]), a[6])
+            bookkeeping,
+            "_start_windows_numpy",
+            lambda *a: bookkeeping._start_windows_torch(*map(torch.as_tensor, a[:6]), a[6]),
         )
     ids, mask = pack_prompts([np.array([5, 6]), np.array([7, 8, 9])], width=3, pad_token_id=0)
     assert ids.tolist() == [[0, 5, 6], [7, 8, 9]] and mask.tolist() == [[0, 1, 1], [1, 1, 1]]
@@ -294,7 +296,7 @@ def test_observation_dtype_shape_and_space(kw):
 def test_reward_called_once_per_step_with_the_batch(kw):
     calls = []
 
-    def counting(prompts, completions, **k):
+    def counting(_prompts, completions, **_metadata):
         calls.append(len(completions))
         return [0.0] * len(completions)
 

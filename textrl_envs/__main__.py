@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 
+from textrl_envs.tasks import SENTIMENT
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m textrl_envs", description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="TextGen-v0", help="registered env id (default: TextGen-v0)")
+    parser.add_argument("--env", default=SENTIMENT.env_id, help=f"registered env id (default: {SENTIMENT.env_id})")
     parser.add_argument("--episodes", type=int, default=8, help="number of completions to sample")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=1.0)

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from textrl_envs.rewards.base import call_reward, check_reward_timeout
-from textrl_envs.tasks import PromptItem
+from textrl_envs.rewards.registry import resolve_reward
+from textrl_envs.tasks import PromptItem, get_task
 
 TRUNCATION_SIDES = ("left", "right", "error")
 #: What an env does with a NaN/inf reward: raise (default), or score it 0 and flag ``info["reward_nonfinite"]``.
@@ -96,10 +98,6 @@ class EpisodeSpec:
     def decode(self, ids: Sequence[int]) -> str:
         """Completion text: ``ids`` decoded without special tokens (so without EOS)."""
         return self.tokenizer.decode(list(map(int, ids)), skip_special_tokens=True)
-
-    def metadata_for(self, indices: Sequence[int]) -> dict[str, list[Any]]:
-        """Metadata lists restricted to the prompts at ``indices``."""
-        return {k: [v[i] for i in indices] for k, v in self.metadata.items()}
 
     def score(self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None) -> np.ndarray:
         """Rewards of finished episodes, one batched call to the reward model.
@@ -255,6 +253,17 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
+def _check_choices(prompt_truncation: str, nonfinite_reward: str) -> None:
+    """Raise a ``ValueError`` for a ``prompt_truncation`` or ``nonfinite_reward`` that is not a known choice."""
+    if prompt_truncation not in TRUNCATION_SIDES:
+        raise ValueError(f"prompt_truncation must be one of {TRUNCATION_SIDES}, got {prompt_truncation!r}")
+    if nonfinite_reward not in NONFINITE_REWARD:
+        raise ValueError(
+            f"nonfinite_reward must be one of {NONFINITE_REWARD} ('raise': stop with an error; 'skip': score "
+            f"0 and flag info['reward_nonfinite']), got {nonfinite_reward!r}"
+        )
+
+
 def build_spec(
     task: str | None = None,
     *,
@@ -288,9 +297,6 @@ def build_spec(
     :param reward_timeout: Seconds a reward call may take (``None``: no limit); a reward that runs
         longer raises a ``TimeoutError`` naming it and the completion.
     """
-    from textrl_envs.rewards.registry import resolve_reward
-    from textrl_envs.tasks import get_task
-
     defaults = get_task(task) if task is not None else None
     if prompts is None:
         if defaults is None:
@@ -312,13 +318,7 @@ def build_spec(
         max_prompt_tokens if max_prompt_tokens is not None else (defaults.max_prompt_tokens if defaults else 16),
         1,
     )
-    if prompt_truncation not in TRUNCATION_SIDES:
-        raise ValueError(f"prompt_truncation must be one of {TRUNCATION_SIDES}, got {prompt_truncation!r}")
-    if nonfinite_reward not in NONFINITE_REWARD:
-        raise ValueError(
-            f"nonfinite_reward must be one of {NONFINITE_REWARD} ('raise': stop with an error; 'skip': score "
-            f"0 and flag info['reward_nonfinite']), got {nonfinite_reward!r}"
-        )
+    _check_choices(prompt_truncation, nonfinite_reward)
     reward_timeout = check_reward_timeout(reward_timeout)
     texts, metadata = _split_prompts(prompts)
     reward_fn = resolve_reward(reward, **(reward_kwargs or {}))

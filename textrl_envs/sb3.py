@@ -30,7 +30,6 @@ from textrl_envs.vector import TextGenVectorEnv
 
 #: Keys of the vector env's step infos that are per-env reset info of an autoreset episode.
 _RESET_KEYS = ("prompt", "prompt_index")
-_ID_KEYS = ("group_id", "episode_id")
 
 
 def _item(value: Any) -> Any:
@@ -163,7 +162,7 @@ class TextGenSB3VecEnv(VecEnv):
         result = getattr(self.venv, method_name)(*method_args, **method_kwargs)
         return [result for _ in self._get_indices(indices)]
 
-    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:  # noqa: ARG002  (SB3 VecEnv signature)
         """Always ``False``: the batched env has no per-env gym wrappers."""
         return [False for _ in self._get_indices(indices)]
 

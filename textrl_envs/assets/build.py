@@ -514,6 +514,45 @@ def sample_continuations(model, tokenizer, prompts: Sequence[str], max_new_token
     return out
 
 
+def rebuild_command(args: argparse.Namespace) -> str:
+    """The command line that rebuilds the assets with ``args`` (written to the manifest).
+
+    :param args: the parsed arguments
+    :return: the command
+    """
+    return " ".join(
+        [
+            BUILD_COMMAND,
+            "--seed",
+            str(args.seed),
+            "--steps",
+            str(args.steps),
+            "--threads",
+            str(args.threads),
+        ]
+        + [
+            f"--{k.replace('_', '-')} {getattr(args, k)}"
+            for k in ("clf_steps", "docs", "vocab_size", "batch_size", "seq_len", "lr")
+        ]
+    )
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of Python and of the libraries the build ran on (written to the manifest).
+
+    :return: name -> version
+    """
+    import tokenizers
+    import transformers
+
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     """Build every asset and write ``MANIFEST.json``.
 
@@ -562,26 +601,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "lm/model.safetensors",
         "classifier/model.safetensors",
     ]
-    command = " ".join(
-        [
-            BUILD_COMMAND,
-            "--seed",
-            str(args.seed),
-            "--steps",
-            str(args.steps),
-            "--threads",
-            str(args.threads),
-        ]
-        + [
-            f"--{k.replace('_', '-')} {getattr(args, k)}"
-            for k in ("clf_steps", "docs", "vocab_size", "batch_size", "seq_len", "lr")
-        ]
-    )
-    import tokenizers
-    import transformers
-
     manifest = {
-        "command": command,
+        "command": rebuild_command(args),
         "seed": args.seed,
         "steps": args.steps,
         "threads": args.threads,
@@ -601,12 +622,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "classifier_accuracy": clf_stats["heldout_accuracy"],
         "sha256": {f: sha256_file(out / f) for f in files},
         "samples": dict(zip(prompts, samples)),
-        "versions": {
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__,
-        },
+        "versions": library_versions(),
         "build_seconds": round(time.time() - t_start, 1),
     }
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -227,7 +227,6 @@ WHEN = (
     "on a rainy Sunday",
     "after work",
 )
-COMPANY = ("friends", "sister", "brother", "parents", "kids", "partner", "roommate")
 
 CLOSERS_POS = (
     "I would watch it again.",
@@ -439,6 +438,140 @@ def _aspect_clause(rng: random.Random, polarity: int | None, aspect: str = "") -
     return f"{aspect} {be} {_adj(rng, polarity)}"
 
 
+def _watched_sentence(rng: random.Random, polarity: int | None) -> str:
+    """The first sentence of a review that opens with ``"I watched"`` (see :func:`_opener_sentence`)."""
+    obj = _pick(rng, ("it", "this movie", "this film", "the film"))
+    when = _pick(rng, WHEN)
+    if polarity == POSITIVE:
+        tail = _pick(
+            rng,
+            (
+                f"it was {_complement(rng, polarity)}",
+                "I loved every minute",
+                "I was smiling the whole time",
+                f"the {_aspect_clause(rng, polarity)}",
+            ),
+        )
+    elif polarity == NEGATIVE:
+        tail = _pick(
+            rng,
+            (
+                f"it was {_complement(rng, polarity)}",
+                "I regretted it",
+                "I almost fell asleep",
+                f"the {_aspect_clause(rng, polarity)}",
+            ),
+        )
+    else:
+        tail = _pick(
+            rng,
+            (
+                f"it was {_complement(rng, None)}",
+                "it was fine",
+                f"the {_aspect_clause(rng, None)}",
+            ),
+        )
+    return f"I watched {obj} {when} and {tail}."
+
+
+def _really_sentence(rng: random.Random, polarity: int | None) -> str:
+    """The first sentence of a review that opens with ``"I really"`` (see :func:`_opener_sentence`)."""
+    if polarity == POSITIVE:
+        rest = _pick(
+            rng,
+            (
+                "loved this movie",
+                "enjoyed this film",
+                "liked the ending",
+                f"enjoyed the {_pick(rng, KEYWORD_ASPECTS)}",
+                "had a great time",
+                "liked this film a lot",
+            ),
+        )
+    elif polarity == NEGATIVE:
+        rest = _pick(
+            rng,
+            (
+                "hated this movie",
+                "disliked this film",
+                f"wanted to like this film, but it was {_adj(rng, NEGATIVE)}",
+                f"did not enjoy the {_pick(rng, KEYWORD_ASPECTS)}",
+                "tried to enjoy it, but I could not",
+            ),
+        )
+    else:
+        rest = _pick(
+            rng,
+            (
+                "wanted to love it, but it was just okay",
+                "do not know what to think about this film",
+                "expected more, but it was fine",
+            ),
+        )
+    return f"I really {rest}."
+
+
+def _friends_sentence(rng: random.Random, polarity: int | None) -> str:
+    """The first sentence of a review that opens with ``"My friends and I"`` (see :func:`_opener_sentence`)."""
+    if polarity == POSITIVE:
+        rest = _pick(
+            rng,
+            (
+                "loved this film",
+                "laughed all the way through",
+                "had a wonderful time",
+                "cried at the ending",
+                f"thought it was {_complement(rng, polarity)}",
+            ),
+        )
+    elif polarity == NEGATIVE:
+        rest = _pick(
+            rng,
+            (
+                "hated this film",
+                "were bored the whole time",
+                "left early",
+                f"thought it was {_complement(rng, polarity)}",
+            ),
+        )
+    else:
+        rest = _pick(
+            rng,
+            (
+                "did not agree about this one",
+                f"thought it was {_complement(rng, None)}",
+            ),
+        )
+    return f"My friends and I {rest}."
+
+
+def _director_sentence(rng: random.Random, polarity: int | None) -> str:
+    """The first sentence of a review that opens with ``"The director"`` (see :func:`_opener_sentence`)."""
+    if polarity == POSITIVE:
+        rest = _pick(
+            rng,
+            (
+                f"did a {_adj(rng, POSITIVE)} job",
+                f"made a {_adj(rng, POSITIVE)} film",
+                "knows how to tell a story",
+                f"got {_adj(rng, POSITIVE)} work from the whole cast",
+            ),
+        )
+    elif polarity == NEGATIVE:
+        rest = _pick(
+            rng,
+            (
+                f"did a {_adj(rng, NEGATIVE)} job",
+                "wasted a good cast",
+                f"made a {_adj(rng, NEGATIVE)} film",
+                "lost control of the story",
+            ),
+        )
+    else:
+        rest = _pick(rng, ("played it safe", f"made a {_adj(rng, None)} film"))
+    return f"The director {rest}."
+
+
 def _opener_sentence(rng: random.Random, polarity: int | None, opener: str) -> str:
     """First sentence of a review, starting with ``opener``.
 
@@ -450,127 +583,13 @@ def _opener_sentence(rng: random.Random, polarity: int | None, opener: str) -> s
     if opener in ("The movie was", "This movie is", "It was"):
         return f"{opener} {_complement(rng, polarity)}."
     if opener == "I watched":
-        obj = _pick(rng, ("it", "this movie", "this film", "the film"))
-        when = _pick(rng, WHEN)
-        if polarity == POSITIVE:
-            tail = _pick(
-                rng,
-                (
-                    f"it was {_complement(rng, polarity)}",
-                    "I loved every minute",
-                    "I was smiling the whole time",
-                    f"the {_aspect_clause(rng, polarity)}",
-                ),
-            )
-        elif polarity == NEGATIVE:
-            tail = _pick(
-                rng,
-                (
-                    f"it was {_complement(rng, polarity)}",
-                    "I regretted it",
-                    "I almost fell asleep",
-                    f"the {_aspect_clause(rng, polarity)}",
-                ),
-            )
-        else:
-            tail = _pick(
-                rng,
-                (
-                    f"it was {_complement(rng, None)}",
-                    "it was fine",
-                    f"the {_aspect_clause(rng, None)}",
-                ),
-            )
-        return f"I watched {obj} {when} and {tail}."
+        return _watched_sentence(rng, polarity)
     if opener == "I really":
-        if polarity == POSITIVE:
-            rest = _pick(
-                rng,
-                (
-                    "loved this movie",
-                    "enjoyed this film",
-                    "liked the ending",
-                    f"enjoyed the {_pick(rng, KEYWORD_ASPECTS)}",
-                    "had a great time",
-                    "liked this film a lot",
-                ),
-            )
-        elif polarity == NEGATIVE:
-            rest = _pick(
-                rng,
-                (
-                    "hated this movie",
-                    "disliked this film",
-                    f"wanted to like this film, but it was {_adj(rng, NEGATIVE)}",
-                    f"did not enjoy the {_pick(rng, KEYWORD_ASPECTS)}",
-                    "tried to enjoy it, but I could not",
-                ),
-            )
-        else:
-            rest = _pick(
-                rng,
-                (
-                    "wanted to love it, but it was just okay",
-                    "do not know what to think about this film",
-                    "expected more, but it was fine",
-                ),
-            )
-        return f"I really {rest}."
+        return _really_sentence(rng, polarity)
     if opener == "My friends and I":
-        if polarity == POSITIVE:
-            rest = _pick(
-                rng,
-                (
-                    "loved this film",
-                    "laughed all the way through",
-                    "had a wonderful time",
-                    "cried at the ending",
-                    f"thought it was {_complement(rng, polarity)}",
-                ),
-            )
-        elif polarity == NEGATIVE:
-            rest = _pick(
-                rng,
-                (
-                    "hated this film",
-                    "were bored the whole time",
-                    "left early",
-                    f"thought it was {_complement(rng, polarity)}",
-                ),
-            )
-        else:
-            rest = _pick(
-                rng,
-                (
-                    "did not agree about this one",
-                    f"thought it was {_complement(rng, None)}",
-                ),
-            )
-        return f"My friends and I {rest}."
+        return _friends_sentence(rng, polarity)
     if opener == "The director":
-        if polarity == POSITIVE:
-            rest = _pick(
-                rng,
-                (
-                    f"did a {_adj(rng, POSITIVE)} job",
-                    f"made a {_adj(rng, POSITIVE)} film",
-                    "knows how to tell a story",
-                    f"got {_adj(rng, POSITIVE)} work from the whole cast",
-                ),
-            )
-        elif polarity == NEGATIVE:
-            rest = _pick(
-                rng,
-                (
-                    f"did a {_adj(rng, NEGATIVE)} job",
-                    "wasted a good cast",
-                    f"made a {_adj(rng, NEGATIVE)} film",
-                    "lost control of the story",
-                ),
-            )
-        else:
-            rest = _pick(rng, ("played it safe", f"made a {_adj(rng, None)} film"))
-        return f"The director {rest}."
+        return _director_sentence(rng, polarity)
     subject_plural = opener in ("The characters",)
     film = opener in ("This film", "Overall, the film")
     return f"{opener}{_predicate(rng, polarity, subject_plural, film)}."

@@ -19,6 +19,15 @@ unchanged. Built-in rewards by registered name (``make_reward(name, **kwargs)`` 
 
 Heavy libraries (vaderSentiment, rouge-score, sacrebleu, transformers, torch) are imported only when
 a reward that needs them is built.
+
+Modules: ``base`` (the :class:`RewardModel` protocol and :func:`call_reward`, the one place rewards are called
+and checked), ``registry`` (names -> factories), ``composite`` (weighted sums), and the built-ins by kind:
+``sentiment``, ``match`` (verifiable answers), ``overlap`` (ROUGE/BLEU against reference texts),
+``constraints`` (keywords, length, repetition); ``metrics`` holds evaluation metrics, not rewards.
+
+A new built-in reward: a :class:`RewardModel` subclass in the module of its kind (or a new module here),
+decorated with ``@register_reward("name")``; import it below and add it to the list above. Importing this
+package registers every built-in name.
 """
 
 from textrl_envs.rewards.base import RewardModel, call_reward
@@ -26,7 +35,7 @@ from textrl_envs.rewards.composite import CompositeReward
 from textrl_envs.rewards.constraints import KeywordCoverage, LengthPenalty, RepetitionPenalty
 from textrl_envs.rewards.match import ArithmeticReward, ExactMatch, IncreasingNumbersReward
 from textrl_envs.rewards.metrics import distinct_n, mean_length, perplexity, repetition_rate
-from textrl_envs.rewards.reference import Bleu, RougeL
+from textrl_envs.rewards.overlap import Bleu, RougeL
 from textrl_envs.rewards.registry import make_reward, register_reward, registered_rewards, resolve_reward
 from textrl_envs.rewards.sentiment import HFClassifierReward, LexiconSentiment
 

@@ -16,7 +16,8 @@ import functools
 import inspect
 import math
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,7 @@ class RewardModel:
             )
         return self.score(list(prompts), list(completions), **kwargs)
 
-    def to(self, device: Any) -> "RewardModel":
+    def to(self, device: Any) -> RewardModel:  # noqa: ARG002  (the interface: models with tensors move there)
         """Move the model to ``device`` (a no-op for models without tensors)."""
         return self
 
@@ -227,8 +228,3 @@ def call_reward(
             f"and completion {_shorten(completions[i])!r}; non-finite rewards never enter training"
         )
     return values
-
-
-def is_finite_number(x: float) -> bool:
-    """True for a finite real number."""
-    return isinstance(x, (int, float, np.floating, np.integer)) and math.isfinite(float(x))

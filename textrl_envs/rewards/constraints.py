@@ -74,7 +74,7 @@ class KeywordCoverage(RewardModel):
         self.include_prompt = include_prompt
 
     def score(
-        self, prompts: list[str], completions: list[str], keywords: Sequence[Any] = (), **kwargs: Any
+        self, prompts: list[str], completions: list[str], keywords: Sequence[Any] = (), **_metadata: Any
     ) -> list[float]:
         out = []
         for i, (p, c) in enumerate(zip(prompts, completions)):
@@ -132,7 +132,7 @@ class LengthPenalty(RewardModel):
             return n_words - self.max_words
         return 0
 
-    def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:
+    def score(self, prompts: list[str], completions: list[str], **_metadata: Any) -> list[float]:  # noqa: ARG002  (RewardModel.score signature)
         return [0.0 - min(self.cap, self.per_word * self.distance(len(c.split()))) for c in completions]
 
 
@@ -155,5 +155,5 @@ class RepetitionPenalty(RewardModel):
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         self.n = n
 
-    def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:
+    def score(self, prompts: list[str], completions: list[str], **_metadata: Any) -> list[float]:  # noqa: ARG002  (RewardModel.score signature)
         return [0.0 - (1.0 - distinct_ratio(c, self.n)) for c in completions]

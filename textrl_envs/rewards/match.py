@@ -55,7 +55,7 @@ class ExactMatch(RewardModel):
         self.casefold = casefold
 
     def score(
-        self, prompts: list[str], completions: list[str], answer: Sequence[Any] = (), **kwargs: Any
+        self, prompts: list[str], completions: list[str], answer: Sequence[Any] = (), **_metadata: Any
     ) -> list[float]:
         out = []
         for i, (p, c) in enumerate(zip(prompts, completions)):
@@ -127,7 +127,7 @@ class ArithmeticReward(RewardModel):
         self.format_weight = float(format_weight)
 
     def score(
-        self, prompts: list[str], completions: list[str], answer: Sequence[Any] | None = None, **kwargs: Any
+        self, prompts: list[str], completions: list[str], answer: Sequence[Any] | None = None, **_metadata: Any
     ) -> list[float]:
         out = []
         for i, (p, c) in enumerate(zip(prompts, completions)):
@@ -209,5 +209,5 @@ class IncreasingNumbersReward(RewardModel):
                 start = int(prompt_words[-1])
         return increasing_run(words, start) / max(len(words), self.target)
 
-    def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:
+    def score(self, prompts: list[str], completions: list[str], **_metadata: Any) -> list[float]:
         return [self.score_one(p, c) for p, c in zip(prompts, completions)]

@@ -84,7 +84,6 @@ def perplexity(
     :param device: Where to run (default: where the model is; ``"auto"`` picks CUDA when available).
     :raises ValueError: if no token is scored at all (e.g. all completions empty).
     """
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if prompts is not None and len(prompts) != len(texts):
@@ -98,11 +97,32 @@ def perplexity(
     if isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer))
     if device is not None:
-        from textrl_envs.rewards.sentiment import resolve_device
+        from textrl_envs.devices import resolve_device
 
         model.to(resolve_device(device))
-    dev = next(model.parameters()).device
     limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    rows = _scored_rows(texts, tokenizer, prompts, limit)
+    if not rows:
+        raise ValueError("perplexity: no completion token to score (are all completions empty?)")
+    was_training = model.training
+    model.eval()
+    total_nll, total_n = _sum_nll(model, rows, batch_size)
+    if was_training:
+        model.train()
+    return math.exp(total_nll / total_n)
+
+
+def _scored_rows(
+    texts: Sequence[str], tokenizer: Any, prompts: Sequence[str] | None, limit: int | None
+) -> list[tuple[list[int], int]]:
+    """Each example's token ids and the index of its first scored token, as :func:`perplexity` scores them
+    (examples left with no token to score are dropped).
+
+    :param texts: Completions (or whole texts).
+    :param tokenizer: The model's tokenizer.
+    :param prompts: Prompts aligned with ``texts``, or ``None`` (then BOS, or EOS, goes in front when there is one).
+    :param limit: The model's position limit (longer sequences keep their last tokens), or ``None``.
+    """
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
 
     def enc(s: str) -> list[int]:
@@ -122,10 +142,19 @@ def perplexity(
             ids, first = ids[cut:], max(first - cut, 1)
         if len(ids) > first:
             rows.append((ids, first))
-    if not rows:
-        raise ValueError("perplexity: no completion token to score (are all completions empty?)")
-    was_training = model.training
-    model.eval()
+    return rows
+
+
+def _sum_nll(model: Any, rows: Sequence[tuple[list[int], int]], batch_size: int) -> tuple[float, int]:
+    """Total negative log-likelihood of the scored tokens of ``rows`` under ``model`` and their number.
+
+    :param model: The causal LM (in eval mode), on the device it runs on.
+    :param rows: ``(ids, first)`` pairs from :func:`_scored_rows`: tokens ``first..`` are scored.
+    :param batch_size: Sequences per forward pass.
+    """
+    import torch
+
+    dev = next(model.parameters()).device
     total_nll, total_n = 0.0, 0
     with torch.no_grad():
         for s in range(0, len(rows), batch_size):
@@ -145,6 +174,4 @@ def perplexity(
             m = score[:, 1:]
             total_nll += float(nll[m].sum())
             total_n += int(m.sum())
-    if was_training:
-        model.train()
-    return math.exp(total_nll / total_n)
+    return total_nll, total_n

@@ -1,9 +1,16 @@
-"""Registry of named reward models: ``make_reward(name, **kwargs)`` and ``reward="name"`` in ``gym.make``."""
+"""Registry of named reward models: ``make_reward(name, **kwargs)`` and ``reward="name"`` in ``gym.make``.
+
+This module holds only the registry. The built-in rewards register themselves with :func:`register_reward`
+when their modules are imported, and ``textrl_envs/rewards/__init__.py`` imports them all; Python runs that
+package ``__init__`` before this module can be imported from it, so every built-in name is registered by the
+time :func:`make_reward` is called.
+"""
 
 from __future__ import annotations
 
 import difflib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from textrl_envs.rewards.base import RewardModel
 
@@ -29,7 +36,6 @@ def register_reward(name: str, factory: Callable[..., Any] | None = None, *, ove
 
 def registered_rewards() -> list[str]:
     """Sorted names of all registered rewards."""
-    _load_builtins()
     return sorted(_REGISTRY)
 
 
@@ -38,7 +44,6 @@ def make_reward(name: str, **kwargs: Any) -> Any:
 
     :raises ValueError: if ``name`` is not registered (the message lists the known names).
     """
-    _load_builtins()
     if not isinstance(name, str):
         raise TypeError(f"make_reward expects a registered name (str), got {type(name).__name__}")
     if name not in _REGISTRY:
@@ -66,8 +71,3 @@ def resolve_reward(reward: Any, **kwargs: Any) -> Any:
         f"reward must be a registered name, a RewardModel or a callable f(prompts, completions, **kwargs) "
         f"-> floats; got {type(reward).__name__}"
     )
-
-
-def _load_builtins() -> None:
-    # Importing the built-in modules registers them (kept lazy so `import textrl_envs` stays light).
-    import textrl_envs.rewards.builtins  # noqa: F401

@@ -26,15 +26,6 @@ def _texts(prompts: Sequence[str], completions: Sequence[str], include_prompt: b
     return list(completions)
 
 
-def resolve_device(device: Any = "auto"):
-    """A ``torch.device``: ``"auto"`` picks CUDA when it is available, else the CPU."""
-    import torch
-
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 @register_reward("sentiment")
 class LexiconSentiment(RewardModel):
     """Lexicon sentiment with VADER (``vaderSentiment``): positive text scores high.
@@ -62,7 +53,7 @@ class LexiconSentiment(RewardModel):
         """VADER compound score of ``text`` in ``[-1, 1]``."""
         return float(self._analyzer.polarity_scores(text)["compound"])
 
-    def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:
+    def score(self, prompts: list[str], completions: list[str], **_metadata: Any) -> list[float]:
         values = [self.compound(t) for t in _texts(prompts, completions, self.include_prompt)]
         if self.scale == "prob":
             values = [(v + 1.0) / 2.0 for v in values]
@@ -146,6 +137,8 @@ class HFClassifierReward(RewardModel):
         ]
         limits = [int(x) for x in limits if isinstance(x, int) and 0 < x < 1_000_000]
         self.max_length = int(max_length) if max_length is not None else (min(limits) if limits else 512)
+        from textrl_envs.devices import resolve_device
+
         self.device = resolve_device(device)
         self.model.to(self.device)
 
@@ -161,6 +154,8 @@ class HFClassifierReward(RewardModel):
 
     def to(self, device: Any) -> HFClassifierReward:
         """Move the classifier to ``device`` (``"auto"`` allowed)."""
+        from textrl_envs.devices import resolve_device
+
         self.device = resolve_device(device)
         self.model.to(self.device)
         return self
@@ -196,7 +191,7 @@ class HFClassifierReward(RewardModel):
             return np.zeros((0, int(self.model.config.num_labels)))
         return torch.cat(out).numpy()
 
-    def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> np.ndarray:
+    def score(self, prompts: list[str], completions: list[str], **_metadata: Any) -> np.ndarray:
         texts = _texts(prompts, completions, self.include_prompt)
         out = np.full(len(texts), np.nan if self.empty_score is None else self.empty_score, dtype=np.float64)
         run = [i for i, t in enumerate(texts) if self.empty_score is None or t.strip()]
@@ -215,4 +210,7 @@ class HFClassifierReward(RewardModel):
         return p[:, self.label_index]
 
     def __repr__(self) -> str:
-        return f"HFClassifierReward(path={self.path!r}, label={self.label!r}, output={self.output!r}, device={str(self.device)!r})"
+        return (
+            f"HFClassifierReward(path={self.path!r}, label={self.label!r}, output={self.output!r}, "
+            f"device={str(self.device)!r})"
+        )

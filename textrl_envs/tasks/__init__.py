@@ -1,17 +1,35 @@
-"""The task suite: one module per task family, each registering a :class:`Task` here.
+"""The task suite: the one list of tasks (:data:`TASKS`) and one module per task family with its env class.
 
-A task is the defaults behind one registered environment id: where its prompts come from, which
-reward scores it, and its token budgets. ``textrl_envs/__init__.py`` registers every task in
-:data:`TASKS` with Gymnasium (entry point and vector entry point), so ``gym.make(task.env_id)``
-works; any default can be overridden with keyword arguments to ``gym.make``.
+A task is the defaults behind one registered environment id: where its prompts come from, which reward
+scores it, and its token budgets. This module is the only place env ids are written down:
+``textrl_envs/__init__.py`` registers every task in :data:`TASKS` with Gymnasium (its ``entry_point`` and
+``vector_entry_point``) and derives ``textrl_envs.ENV_IDS`` from it; :func:`get_task` and :func:`all_tasks`
+read it; each family module's env class takes its id from its :class:`Task`. Any default can be overridden
+with keyword arguments to ``gym.make``.
+
+Adding a task:
+
+1. here, a prompt loader (a zero-argument function; load data lazily) and a ``Task(...)`` constant, added to
+   :data:`TASKS`;
+2. ``tasks/<family>.py``, the env class its ``entry_point`` names: a :class:`~textrl_envs.env.TextGenEnv`
+   subclass with ``default_task = <TASK>.env_id`` and a docstring in the Gymnasium sections (Description,
+   Action Space, ..., Version History);
+3. a reward it names by registry name, if a new one (see :mod:`textrl_envs.rewards`).
+
+This module imports nothing heavy (``import textrl_envs`` imports it), and nothing else of the package at
+module level: the family modules import it, never the other way round.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 PromptItem = Any  # str, or a dict {"prompt": str, **metadata}
+
+#: The batched env every text task uses as its Gymnasium ``vector_entry_point``.
+VECTOR_ENTRY_POINT = "textrl_envs.vector:TextGenVectorEnv"
 
 
 @dataclass(frozen=True)
@@ -19,48 +37,157 @@ class Task:
     """Defaults of one registered environment id.
 
     :param env_id: The Gymnasium id, e.g. ``"TextGen-v0"``.
+    :param entry_point: The documented env class, ``"module:Class"`` (Gymnasium's entry point).
     :param summary: One line for the README table.
     :param prompts: Zero-argument function returning the default prompts (loaded lazily).
     :param reward: Registered reward name used by default.
     :param reward_kwargs: Keyword arguments for the default reward.
     :param max_new_tokens: Default generation budget.
     :param max_prompt_tokens: Default prompt budget.
+    :param vector_entry_point: The batched env, ``"module:Class"`` (Gymnasium's ``vector_entry_point``).
     """
 
     env_id: str
+    entry_point: str
     summary: str
     prompts: Callable[[], list[PromptItem]]
     reward: str
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     max_new_tokens: int = 24
     max_prompt_tokens: int = 16
+    vector_entry_point: str = VECTOR_ENTRY_POINT
 
 
-TASKS: dict[str, Task] = {}
+# -- prompt loaders (the bundled corpus is imported only when prompts are needed) -------------------------
 
 
-def register_task(task: Task) -> Task:
-    """Add ``task`` to :data:`TASKS` (its env id must be new)."""
-    if task.env_id in TASKS:
-        raise ValueError(f"task {task.env_id!r} is already registered")
-    TASKS[task.env_id] = task
-    return task
+def sentiment_prompts() -> list[str]:
+    """The review openers every review in the bundled corpus starts with (``"The movie was"``, ...)."""
+    from textrl_envs.assets.corpus import review_openers
+
+    return review_openers()
+
+
+def arithmetic_prompts(n: int = 300, seed: int = 0) -> list[dict[str, str]]:
+    """A fixed, seeded list of problems ``{"prompt": "12+7=", "answer": "19"}`` (duplicates dropped)."""
+    from textrl_envs.assets.corpus import arithmetic_examples
+
+    seen: dict[str, str] = {}
+    for prompt, answer in arithmetic_examples(n, seed):
+        seen.setdefault(prompt, answer)
+    return [{"prompt": p, "answer": a} for p, a in seen.items()]
+
+
+def number_prompts(n: int = 64, seed: int = 0) -> list[str]:
+    """``"Numbers:"`` and variants that start the sequence, such as ``"Numbers: 3 17"`` (seeded, distinct)."""
+    from textrl_envs.assets.corpus import numbers_examples
+
+    return list(dict.fromkeys(["Numbers:"] + numbers_examples(n, seed)))
+
+
+def concept_prompts(n: int = 200, seed: int = 0) -> list[dict[str, Any]]:
+    """Concept prompts with references, ``{"prompt": "Concepts: actor, story, love. Sentence:",
+    "references": [" The actor loved the story.", ...]}`` (seeded; duplicate prompts merged)."""
+    from textrl_envs.assets.corpus import concept_examples
+
+    merged: dict[str, list[str]] = {}
+    for prompt, refs in concept_examples(n, seed):
+        bucket = merged.setdefault(prompt, [])
+        bucket.extend(r for r in refs if r not in bucket)
+    return [{"prompt": p, "references": refs} for p, refs in merged.items()]
+
+
+def keyword_prompts(n: int = 200, seed: int = 0) -> list[dict[str, Any]]:
+    """Keyword prompts, ``{"prompt": "Keywords: music, ending. Review:", "keywords": ["music", "ending"]}``
+    (seeded, distinct prompts)."""
+    from textrl_envs.assets.corpus import keyword_examples
+
+    seen: dict[str, list[str]] = {}
+    for prompt, keywords in keyword_examples(n, seed):
+        seen.setdefault(prompt, list(keywords))
+    return [{"prompt": p, "keywords": k} for p, k in seen.items()]
+
+
+# -- the tasks -----------------------------------------------------------------------------------------------
+
+SENTIMENT = Task(
+    env_id="TextGen-v0",
+    entry_point="textrl_envs.tasks.sentiment:SentimentEnv",
+    summary="positive-sentiment steering: continue a movie-review opener; reward VADER compound in [-1, 1]",
+    prompts=sentiment_prompts,
+    reward="sentiment",
+    reward_kwargs={},
+    max_new_tokens=24,
+    max_prompt_tokens=8,
+)
+
+ARITHMETIC = Task(
+    env_id="Arithmetic-v0",
+    entry_point="textrl_envs.tasks.arithmetic:ArithmeticEnv",
+    summary="arithmetic (a+b, a-b with a, b in 0-20; a*b in 0-12): write the answer; exact 1, partial credit",
+    prompts=arithmetic_prompts,
+    reward="arithmetic",
+    reward_kwargs={"partial_weight": 0.5, "format_weight": 0.1},
+    max_new_tokens=4,
+    max_prompt_tokens=8,
+)
+
+INCREASING_NUMBERS = Task(
+    env_id="IncreasingNumbers-v0",
+    entry_point="textrl_envs.tasks.numbers:IncreasingNumbersEnv",
+    summary="increasing numbers (RL4LMs): continue 'Numbers:' with a strictly increasing integer sequence",
+    prompts=number_prompts,
+    reward="increasing-numbers",
+    reward_kwargs={"target": 8},
+    max_new_tokens=20,
+    max_prompt_tokens=8,
+)
+
+COMMONGEN = Task(
+    env_id="CommonGen-v0",
+    entry_point="textrl_envs.tasks.commongen:CommonGenEnv",
+    summary="CommonGen-style concept-to-sentence; reward ROUGE-L F1, best over 3 references",
+    prompts=concept_prompts,
+    reward="rouge-l",
+    reward_kwargs={},
+    max_new_tokens=20,
+    max_prompt_tokens=16,
+)
+
+KEYWORDS = Task(
+    env_id="Keywords-v0",
+    entry_point="textrl_envs.tasks.constraints:KeywordsEnv",
+    summary="constrained review: use the keywords, 4-20 words, no repeated bigrams; composite reward",
+    prompts=keyword_prompts,
+    reward="composite",
+    # keyword coverage + length limits + repetition penalty, with their weights
+    reward_kwargs={
+        "components": [
+            ("keywords", 1.0, {}),
+            ("length", 0.5, {"min_words": 4, "max_words": 20, "per_word": 0.1, "cap": 1.0}),
+            ("repetition", 0.5, {"n": 2}),
+        ]
+    },
+    max_new_tokens=24,
+    max_prompt_tokens=16,
+)
+
+#: Every task, in registration order: the one list of env ids.
+TASKS: tuple[Task, ...] = (SENTIMENT, ARITHMETIC, INCREASING_NUMBERS, COMMONGEN, KEYWORDS)
+
+_BY_ID: dict[str, Task] = {task.env_id: task for task in TASKS}
+if len(_BY_ID) != len(TASKS):
+    raise ValueError(f"TASKS lists an env id twice: {sorted(t.env_id for t in TASKS)}")
 
 
 def get_task(env_id: str) -> Task:
     """The :class:`Task` registered under ``env_id``."""
-    _load()
     try:
-        return TASKS[env_id]
+        return _BY_ID[env_id]
     except KeyError:
-        raise ValueError(f"no task {env_id!r}; known: {', '.join(sorted(TASKS))}") from None
+        raise ValueError(f"no task {env_id!r}; known: {', '.join(sorted(_BY_ID))}") from None
 
 
 def all_tasks() -> list[Task]:
     """Every registered task, in registration order."""
-    _load()
-    return list(TASKS.values())
-
-
-def _load() -> None:
-    from textrl_envs.tasks import suite  # noqa: F401  (importing registers the tasks)
+    return list(TASKS)

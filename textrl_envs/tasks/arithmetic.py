@@ -3,36 +3,7 @@
 from __future__ import annotations
 
 from textrl_envs.env import TextGenEnv
-from textrl_envs.tasks import Task, register_task
-
-ENV_ID = "Arithmetic-v0"
-NUM_PROMPTS = 300
-SEED = 0
-MAX_NEW_TOKENS = 4
-MAX_PROMPT_TOKENS = 8
-
-
-def arithmetic_prompts(n: int = NUM_PROMPTS, seed: int = SEED) -> list[dict[str, str]]:
-    """A fixed, seeded list of problems ``{"prompt": "12+7=", "answer": "19"}`` (duplicates dropped)."""
-    from textrl_envs.assets.corpus import arithmetic_examples
-
-    seen: dict[str, str] = {}
-    for prompt, answer in arithmetic_examples(n, seed):
-        seen.setdefault(prompt, answer)
-    return [{"prompt": p, "answer": a} for p, a in seen.items()]
-
-
-TASK = register_task(
-    Task(
-        env_id=ENV_ID,
-        summary="arithmetic (a+b, a-b with a, b in 0-20; a*b in 0-12): write the answer; exact 1, partial credit",
-        prompts=arithmetic_prompts,
-        reward="arithmetic",
-        reward_kwargs={"partial_weight": 0.5, "format_weight": 0.1},
-        max_new_tokens=MAX_NEW_TOKENS,
-        max_prompt_tokens=MAX_PROMPT_TOKENS,
-    )
-)
+from textrl_envs.tasks import ARITHMETIC
 
 
 class ArithmeticEnv(TextGenEnv):
@@ -44,7 +15,7 @@ class ArithmeticEnv(TextGenEnv):
     ## Description
     Prompts are problems ``"a+b="``, ``"a-b="`` (``a, b`` in 0-20, differences may be negative) and
     ``"a*b="`` (``a, b`` in 0-12), a fixed list of about 250 distinct problems (300 draws) drawn with seed 0
-    (:func:`arithmetic_prompts`). The agent writes the answer, digit by digit (the bundled tokenizer
+    (:func:`textrl_envs.tasks.arithmetic_prompts`). The agent writes the answer, digit by digit (the bundled tokenizer
     has one token per digit), then EOS.
 
     ## Action Space
@@ -88,4 +59,4 @@ class ArithmeticEnv(TextGenEnv):
     * v0: Initial version.
     """
 
-    default_task = ENV_ID
+    default_task = ARITHMETIC.env_id

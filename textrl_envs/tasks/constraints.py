@@ -2,54 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from textrl_envs.env import TextGenEnv
-from textrl_envs.tasks import Task, register_task
-
-ENV_ID = "Keywords-v0"
-NUM_PROMPTS = 200
-SEED = 0
-MAX_NEW_TOKENS = 24
-MAX_PROMPT_TOKENS = 16
-#: The default reward: keyword coverage + length limits + repetition penalty, with their weights.
-COMPONENTS: tuple = (
-    ("keywords", 1.0, {}),
-    ("length", 0.5, {"min_words": 4, "max_words": 20, "per_word": 0.1, "cap": 1.0}),
-    ("repetition", 0.5, {"n": 2}),
-)
-
-
-def keyword_prompts(n: int = NUM_PROMPTS, seed: int = SEED) -> list[dict[str, Any]]:
-    """Keyword prompts, ``{"prompt": "Keywords: music, ending. Review:", "keywords": ["music", "ending"]}``
-    (seeded, distinct prompts)."""
-    from textrl_envs.assets.corpus import keyword_examples
-
-    seen: dict[str, list[str]] = {}
-    for prompt, keywords in keyword_examples(n, seed):
-        seen.setdefault(prompt, list(keywords))
-    return [{"prompt": p, "keywords": k} for p, k in seen.items()]
-
-
-TASK = register_task(
-    Task(
-        env_id=ENV_ID,
-        summary="constrained review: use the keywords, 4-20 words, no repeated bigrams; composite reward",
-        prompts=keyword_prompts,
-        reward="composite",
-        reward_kwargs={"components": [tuple(c) for c in COMPONENTS]},
-        max_new_tokens=MAX_NEW_TOKENS,
-        max_prompt_tokens=MAX_PROMPT_TOKENS,
-    )
-)
+from textrl_envs.tasks import KEYWORDS
 
 
 class KeywordsEnv(TextGenEnv):
-    """Constrained generation: a short review that uses every keyword, keeps to a length range and does not repeat itself.
+    """Constrained generation: a short review that uses every keyword, keeps to a length range, does not repeat itself.
 
     ## Description
     Prompts name 1-3 aspects of a film, ``"Keywords: music, ending. Review:"``, a fixed seeded list
-    (:func:`keyword_prompts`); the agent writes the review.
+    (:func:`textrl_envs.tasks.keyword_prompts`); the agent writes the review.
 
     ## Action Space
     ``Discrete(len(tokenizer))``: the id of the next token.
@@ -91,4 +53,4 @@ class KeywordsEnv(TextGenEnv):
     * v0: Initial version.
     """
 
-    default_task = ENV_ID
+    default_task = KEYWORDS.env_id

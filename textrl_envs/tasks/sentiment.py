@@ -3,31 +3,7 @@
 from __future__ import annotations
 
 from textrl_envs.env import TextGenEnv
-from textrl_envs.tasks import Task, register_task
-
-ENV_ID = "TextGen-v0"
-MAX_NEW_TOKENS = 24
-MAX_PROMPT_TOKENS = 8
-
-
-def sentiment_prompts() -> list[str]:
-    """The review openers every review in the bundled corpus starts with (``"The movie was"``, ...)."""
-    from textrl_envs.assets.corpus import review_openers
-
-    return review_openers()
-
-
-TASK = register_task(
-    Task(
-        env_id=ENV_ID,
-        summary="positive-sentiment steering: continue a movie-review opener; reward VADER compound in [-1, 1]",
-        prompts=sentiment_prompts,
-        reward="sentiment",
-        reward_kwargs={},
-        max_new_tokens=MAX_NEW_TOKENS,
-        max_prompt_tokens=MAX_PROMPT_TOKENS,
-    )
-)
+from textrl_envs.tasks import SENTIMENT
 
 
 class SentimentEnv(TextGenEnv):
@@ -79,4 +55,4 @@ class SentimentEnv(TextGenEnv):
     * v0: Initial version.
     """
 
-    default_task = ENV_ID
+    default_task = SENTIMENT.env_id

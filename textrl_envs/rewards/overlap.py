@@ -1,4 +1,4 @@
-"""Reference-based rewards: ROUGE-L (``rouge-score``) and sentence BLEU (``sacrebleu``)."""
+"""Overlap with reference texts: ROUGE-L (``rouge-score``) and sentence BLEU (``sacrebleu``) against ``references``."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class RougeL(RewardModel):
         self._scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=use_stemmer)
 
     def score(
-        self, prompts: list[str], completions: list[str], references: Sequence[Any] = (), **kwargs: Any
+        self, prompts: list[str], completions: list[str], references: Sequence[Any] = (), **_metadata: Any
     ) -> list[float]:
         out = []
         for i, (p, c) in enumerate(zip(prompts, completions)):
@@ -86,7 +86,7 @@ class Bleu(RewardModel):
         self._bleu = BLEU(smooth_method=smooth_method, tokenize=tokenize, lowercase=lowercase, effective_order=True)
 
     def score(
-        self, prompts: list[str], completions: list[str], references: Sequence[Any] = (), **kwargs: Any
+        self, prompts: list[str], completions: list[str], references: Sequence[Any] = (), **_metadata: Any
     ) -> list[float]:
         out = []
         for i, (p, c) in enumerate(zip(prompts, completions)):

@@ -2,41 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from textrl_envs.env import TextGenEnv
-from textrl_envs.tasks import Task, register_task
-
-ENV_ID = "CommonGen-v0"
-NUM_PROMPTS = 200
-SEED = 0
-MAX_NEW_TOKENS = 20
-MAX_PROMPT_TOKENS = 16
-
-
-def concept_prompts(n: int = NUM_PROMPTS, seed: int = SEED) -> list[dict[str, Any]]:
-    """Concept prompts with references, ``{"prompt": "Concepts: actor, story, love. Sentence:",
-    "references": [" The actor loved the story.", ...]}`` (seeded; duplicate prompts merged)."""
-    from textrl_envs.assets.corpus import concept_examples
-
-    merged: dict[str, list[str]] = {}
-    for prompt, refs in concept_examples(n, seed):
-        bucket = merged.setdefault(prompt, [])
-        bucket.extend(r for r in refs if r not in bucket)
-    return [{"prompt": p, "references": refs} for p, refs in merged.items()]
-
-
-TASK = register_task(
-    Task(
-        env_id=ENV_ID,
-        summary="CommonGen-style concept-to-sentence; reward ROUGE-L F1, best over 3 references",
-        prompts=concept_prompts,
-        reward="rouge-l",
-        reward_kwargs={},
-        max_new_tokens=MAX_NEW_TOKENS,
-        max_prompt_tokens=MAX_PROMPT_TOKENS,
-    )
-)
+from textrl_envs.tasks import COMMONGEN
 
 
 class CommonGenEnv(TextGenEnv):
@@ -45,7 +12,7 @@ class CommonGenEnv(TextGenEnv):
     ## Description
     Prompts list 2-4 concepts, ``"Concepts: actor, story, love. Sentence:"``, each with three
     reference sentences (``" The actor loved the story."``), a fixed seeded list of about 200
-    (:func:`concept_prompts`). The agent writes one sentence.
+    (:func:`textrl_envs.tasks.concept_prompts`). The agent writes one sentence.
 
     ## Action Space
     ``Discrete(len(tokenizer))``: the id of the next token.
@@ -83,4 +50,4 @@ class CommonGenEnv(TextGenEnv):
     * v0: Initial version.
     """
 
-    default_task = ENV_ID
+    default_task = COMMONGEN.env_id

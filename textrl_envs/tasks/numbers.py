@@ -3,34 +3,7 @@
 from __future__ import annotations
 
 from textrl_envs.env import TextGenEnv
-from textrl_envs.tasks import Task, register_task
-
-ENV_ID = "IncreasingNumbers-v0"
-NUM_PROMPTS = 64
-SEED = 0
-TARGET = 8
-MAX_NEW_TOKENS = 20
-MAX_PROMPT_TOKENS = 8
-
-
-def number_prompts(n: int = NUM_PROMPTS, seed: int = SEED) -> list[str]:
-    """``"Numbers:"`` and variants that start the sequence, such as ``"Numbers: 3 17"`` (seeded, distinct)."""
-    from textrl_envs.assets.corpus import numbers_examples
-
-    return list(dict.fromkeys(["Numbers:"] + numbers_examples(n, seed)))
-
-
-TASK = register_task(
-    Task(
-        env_id=ENV_ID,
-        summary="increasing numbers (RL4LMs): continue 'Numbers:' with a strictly increasing integer sequence",
-        prompts=number_prompts,
-        reward="increasing-numbers",
-        reward_kwargs={"target": TARGET},
-        max_new_tokens=MAX_NEW_TOKENS,
-        max_prompt_tokens=MAX_PROMPT_TOKENS,
-    )
-)
+from textrl_envs.tasks import INCREASING_NUMBERS
 
 
 class IncreasingNumbersEnv(TextGenEnv):
@@ -38,7 +11,7 @@ class IncreasingNumbersEnv(TextGenEnv):
 
     ## Description
     Prompts are ``"Numbers:"``, optionally followed by up to two increasing starting numbers in 0-49
-    (``"Numbers: 3 17"``), a fixed seeded list of distinct prompts (:func:`number_prompts`). The
+    (``"Numbers: 3 17"``), a fixed seeded list of distinct prompts (:func:`textrl_envs.tasks.number_prompts`). The
     agent continues the list; the bundled LM has seen such lists in its corpus, mostly but not always
     increasing, so RL has something to fix.
 
@@ -78,4 +51,4 @@ class IncreasingNumbersEnv(TextGenEnv):
     * v0: Initial version.
     """
 
-    default_task = ENV_ID
+    default_task = INCREASING_NUMBERS.env_id
