@@ -201,20 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_device(device: str) -> None:
-    """Reject a device torch cannot use here, before anything is trained or written."""
-    import torch as th
+    """Reject a device torch cannot use here, before anything is trained or written
+    (:func:`textrl_envs.devices.resolve_device`)."""
+    from textrl_envs.devices import resolve_device
 
-    if device == "auto":
-        return
     try:
-        kind = th.device(device).type
-    except (RuntimeError, TypeError):
-        raise ValueError(f"--device {device!r} is not a torch device; use auto, cpu or cuda") from None
-    if kind == "cuda" and not th.cuda.is_available():
-        raise ValueError(
-            f"--device {device}, but CUDA is not available on this machine; "
-            "use --device auto (CUDA when available) or cpu"
-        )
+        resolve_device(device)
+    except ValueError as err:
+        raise ValueError(f"--device: {err}") from None
 
 
 def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:

@@ -45,6 +45,8 @@ import torch as th
 import torch.distributed as dist
 from torch import nn
 
+from textrl_envs.devices import resolve_device
+
 __all__ = [
     "SEED_STRIDE",
     "all_equal",
@@ -136,12 +138,13 @@ def local_device(device: th.device | str = "auto") -> th.device:
     """The device this rank should use: on CUDA, GPU ``LOCAL_RANK`` of its machine (one GPU per process).
 
     ``"auto"`` and ``"cuda"`` (without an index) become ``cuda:LOCAL_RANK`` when CUDA is available, ``"auto"``
-    becomes ``cpu`` otherwise; anything else is returned as given. Use it for the env's ``device`` too.
+    becomes ``cpu`` otherwise; anything else is checked (:func:`textrl_envs.devices.resolve_device`) and returned.
+    Use it for the env's ``device`` too.
 
     :param device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:3"`` or a ``th.device``.
     :return: the resolved device.
     """
-    device = th.device("cuda" if th.cuda.is_available() else "cpu") if str(device) == "auto" else th.device(device)
+    device = resolve_device(device)
     if device.type == "cuda" and device.index is None:
         device = th.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return device

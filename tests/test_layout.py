@@ -179,7 +179,7 @@ def test_import_graph_reads_every_kind_of_import(tmp_path):
 # -- the packages ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("package", ["textrl_envs"])
+@pytest.mark.parametrize("package", ["textrl_envs", "sb3_grpo"])
 def test_no_import_cycles(package):
     graph = import_graph(package)
     assert len(graph) > 5  # the package was found and read
@@ -238,3 +238,36 @@ def test_import_textrl_envs_is_light():
     import textrl_envs
 
     assert result["ids"] and sorted(result["ids"]) == sorted(textrl_envs.ENV_IDS)  # and it registered every id
+
+
+@pytest.mark.parametrize("package", ["textrl_envs", "sb3_grpo"])
+def test_no_frame_walking(package):
+    """Nothing reaches into callers' frames (``sys._getframe``, ``inspect.currentframe``/``stack``)."""
+    found = []
+    for name, path in module_names(package).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in ("_getframe", "currentframe", "stack"):
+                if isinstance(node.value, ast.Name) and node.value.id in ("sys", "inspect"):
+                    found.append(f"{name}:{node.lineno}")
+    assert not found, f"frame walking in {found}"
+
+
+def test_grpo_outside_torchrun_never_touches_torch_distributed(monkeypatch):
+    """Without torchrun's variables GRPO takes the single-process seam and starts no process group."""
+    import torch.distributed as dist
+
+    from sb3_grpo import GRPO, distributed
+    from sb3_grpo.common.data_parallel import SingleProcess
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("torch.distributed was asked to start a process group")
+
+    monkeypatch.setattr(dist, "init_process_group", forbidden)
+    monkeypatch.setattr(distributed, "setup", forbidden)
+    model = GRPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, n_epochs=1, seed=0)
+    assert type(model._data_parallel) is SingleProcess
+    model.learn(64)
+    assert model.num_timesteps == 64

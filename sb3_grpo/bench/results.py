@@ -149,10 +149,11 @@ def environment_info(device: str = "cpu") -> dict[str, Any]:
 
 
 def resolved_device(device: str) -> str:
-    """``"auto"`` resolved as SB3 resolves it (``"cuda"`` when available, else ``"cpu"``)."""
-    from stable_baselines3.common.utils import get_device
+    """``device`` as this machine resolves it (:func:`textrl_envs.devices.resolve_device`: ``"auto"`` is CUDA when
+    available, else the CPU)."""
+    from textrl_envs.devices import resolve_device
 
-    return str(get_device(device))
+    return str(resolve_device(device))
 
 
 def new_results(cfg: CompareConfig, command: str) -> dict[str, Any]:
