@@ -3,7 +3,8 @@
 The vector env keeps N right-aligned observation windows (``(N, W)`` token ids and attention mask, see
 :mod:`textrl_envs.core`) and per-env counters; these functions are every operation on them that the tests pin
 down: pack the prompt table (:func:`pack_prompts`), start episodes (:func:`start_windows_`), append a token
-(:func:`append_tokens`, in place :func:`append_tokens_`), detect the end of episodes (:func:`episode_ends`),
+(:func:`append_tokens`, in place :func:`append_tokens_`), write an interactive task's reply into some rows
+(:func:`inject_tokens_`), detect the end of episodes (:func:`episode_ends`),
 number episodes and group rounds (:func:`episode_ids`, :func:`group_ids`) and cut out and decode the finished
 completions (:func:`completion_bounds`, :func:`completion_tuples`, :func:`decode_completions`). A trailing
 ``_`` means the function writes into its arguments. On CPU tensors the in-place ones go through numpy views,
@@ -138,6 +139,33 @@ def _append_tokens_torch(ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Te
     ids[:, -1] = tokens
     mask[:, :-1] = mask[:, 1:].clone()
     mask[:, -1] = 1
+
+
+def inject_tokens_(ids: torch.Tensor, mask: torch.Tensor, rows: Sequence[int], seqs: Sequence[Sequence[int]]) -> None:
+    """Append a different number of tokens to some rows, in place (an interactive task's replies and openings).
+
+    Row ``rows[m]`` shifts left by ``len(seqs[m])`` and ends with those tokens (mask 1); tokens shifted past the
+    left edge are dropped, and a sequence longer than the window leaves only its last ``W`` tokens. One pass per
+    row: replies come from a few rows per step.
+
+    :param ids: ``(N, W)`` token ids, modified in place.
+    :param mask: ``(N, W)`` attention mask, modified in place.
+    :param rows: Row indices (distinct).
+    :param seqs: The tokens to append to each row (an empty sequence changes nothing).
+    """
+    w = ids.shape[1]
+    on_cpu = ids.device.type == "cpu"
+    views = (ids.numpy(), mask.numpy()) if on_cpu else (ids, mask)
+    for row, seq in zip(rows, seqs):
+        k = len(seq)
+        if k == 0:
+            continue
+        tail = seq[-w:] if k >= w else seq
+        values = np.asarray(tail, dtype=np.int64) if on_cpu else torch.tensor(tail, device=ids.device)
+        for state, new in zip(views, (values, 1)):
+            if k < w:
+                state[row, : w - k] = state[row, k:].copy() if on_cpu else state[row, k:].clone()
+            state[row, w - len(tail) :] = new
 
 
 def episode_ends(

@@ -11,6 +11,12 @@ Observations have a fixed width ``W = max_prompt_tokens + max_new_tokens``. The 
 convention: the newest token is always at index ``W - 1``, the slots on the left hold
 ``pad_token_id`` with ``attention_mask`` 0, and the mask is a contiguous run of ones at the right.
 Each step appends the action: the window shifts left by one and the token lands at ``W - 1``.
+
+Interactive episodes (an :class:`~textrl_envs.interaction.Interaction` answers the agent) append the
+environment's reply the same way, several tokens at once, in the step that ended the agent's turn. Every token
+after the prompt counts against the episode's budget ``max_new_tokens``, the agent's and the environment's alike,
+so an episode always fits its window while the agent acts; only a final reply that overshoots the budget
+(or is longer than the whole window) pushes the oldest tokens out on the left, and the episode then ends.
 """
 
 from __future__ import annotations
@@ -50,6 +56,11 @@ class EpisodeSpec:
     :ivar reward_timeout: Seconds a reward call may take (``None``: no limit).
     :ivar episode_budget: Tokens per episode when lowered below ``max_new_tokens`` by
         ``set_max_new_tokens`` (a curriculum); ``None``: ``max_new_tokens``. The window stays the same.
+    :ivar interaction: The :class:`~textrl_envs.interaction.Interaction` that answers the agent's turns
+        (``None``: a single-turn episode); ``reward`` is then ``None`` unless an end-of-episode reward was asked for.
+    :ivar max_turns: Agent turns per interactive episode (``None``: no limit but the token budget).
+    :ivar turn_end_ids: Token ids that end an agent turn (interactive episodes).
+    :ivar max_turn_tokens: Agent tokens per turn (``None``: no limit but the token budget).
     """
 
     tokenizer: Any
@@ -66,6 +77,15 @@ class EpisodeSpec:
     nonfinite_reward: str = "raise"
     reward_timeout: float | None = None
     episode_budget: int | None = None
+    interaction: Any = None
+    max_turns: int | None = None
+    turn_end_ids: tuple[int, ...] = ()
+    max_turn_tokens: int | None = None
+
+    @property
+    def interactive(self) -> bool:
+        """Whether an interaction answers the agent (multi-turn episodes)."""
+        return self.interaction is not None
 
     @property
     def budget(self) -> int:
@@ -264,6 +284,80 @@ def _check_choices(prompt_truncation: str, nonfinite_reward: str) -> None:
         )
 
 
+#: Keyword arguments that only interactive episodes take.
+TURN_KWARGS = ("max_turns", "turn_end", "max_turn_tokens")
+
+
+def resolve_turn_end(tokenizer, turn_end: Any, vocab_size: int) -> tuple[int, ...]:
+    """Token ids that end an agent turn: ``None`` (EOS), a token id, a token's text, or a sequence of those.
+
+    :raises ValueError: for an id outside ``[0, vocab_size)`` or a text that is not exactly one token.
+    """
+    if turn_end is None:
+        eos = tokenizer.eos_token_id
+        return () if eos is None else (int(eos),)
+    items = list(turn_end) if isinstance(turn_end, (list, tuple)) else [turn_end]
+    if not items:
+        raise ValueError("turn_end is empty; give a token (its text or id), a list of them, or None for EOS")
+    ids = []
+    for item in items:
+        if isinstance(item, str):
+            encoded = tokenizer(item, add_special_tokens=False)["input_ids"]
+            if len(encoded) != 1:
+                raise ValueError(
+                    f"turn_end {item!r} is {len(encoded)} tokens ({encoded}) with this tokenizer; a turn ends at one "
+                    "token: give a single token's text or its id"
+                )
+            ids.append(int(encoded[0]))
+        elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            if not 0 <= item < vocab_size:
+                raise ValueError(
+                    f"turn_end token id {int(item)} is outside the vocabulary (ids 0..{vocab_size - 1}, "
+                    f"len(tokenizer) = {vocab_size}); give a token of the env's tokenizer"
+                )
+            ids.append(int(item))
+        else:
+            raise TypeError(f"turn_end must be None, a token id, a token's text or a list of them; got {item!r}")
+    return tuple(dict.fromkeys(ids))
+
+
+def _resolve_turns(defaults, interaction, given: dict[str, Any]) -> tuple[Any, int | None, Any, int | None]:
+    """``(interaction, max_turns, turn_end, max_turn_tokens)`` from the user's arguments and the task's defaults."""
+    from_task = interaction is None and defaults is not None and defaults.interaction is not None
+    if from_task:
+        interaction = defaults.interaction()
+    if interaction is None:
+        extra = sorted(k for k, v in given.items() if v is not None)
+        if extra:
+            raise ValueError(
+                f"{', '.join(extra)} only apply to interactive episodes; pass interaction=... (an "
+                "textrl_envs.interaction.Interaction) or use an interactive id such as GuessNumber-v0"
+            )
+        return None, None, None, None
+    from textrl_envs.interaction import check_interaction
+
+    check_interaction(interaction)
+    task_turns = defaults if defaults is not None and defaults.interaction is not None else None
+    values = {k: given[k] if given[k] is not None else getattr(task_turns, k, None) for k in TURN_KWARGS}
+    for name in ("max_turns", "max_turn_tokens"):
+        if values[name] is not None:
+            values[name] = _check_int(name, values[name], 1)
+    return interaction, values["max_turns"], values["turn_end"], values["max_turn_tokens"]
+
+
+def _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_given: bool):
+    """The reward callable (``None``: an interactive episode paid only by its interaction)."""
+    if reward is None:
+        if interaction is not None and (interaction_given or defaults is None or defaults.reward is None):
+            return None
+        if defaults is None:
+            raise ValueError("reward is required when no task is given (or an interaction=... that pays per turn)")
+        reward = defaults.reward
+        if reward_kwargs is None:
+            reward_kwargs = dict(defaults.reward_kwargs)
+    return resolve_reward(reward, **(reward_kwargs or {}))
+
+
 def build_spec(
     task: str | None = None,
     *,
@@ -276,17 +370,24 @@ def build_spec(
     prompt_truncation: str = "left",
     nonfinite_reward: str = "raise",
     reward_timeout: float | None = None,
+    interaction: Any = None,
+    max_turns: int | None = None,
+    turn_end: Any = None,
+    max_turn_tokens: int | None = None,
 ) -> EpisodeSpec:
     """Resolve environment arguments (task defaults overridden by the user's) into an :class:`EpisodeSpec`.
 
     :param task: Registered env id whose defaults to start from (``None``: no defaults; then
-        ``prompts`` and ``reward`` are required).
+        ``prompts`` and ``reward`` (or ``interaction``) are required).
     :param prompts: List of prompt strings, or dicts ``{"prompt": str, **metadata}``; metadata is
         passed to the reward as keyword lists (TRL's convention).
-    :param reward: Registered reward name, :class:`~textrl_envs.rewards.RewardModel`, or callable.
+    :param reward: Registered reward name, :class:`~textrl_envs.rewards.RewardModel`, or callable. In an
+        interactive episode it is optional: given, it scores the episode at its end (prompt, and the
+        conversation after it as the completion) and is added to the last step's reward.
     :param reward_kwargs: Keyword arguments for a reward given by name.
     :param tokenizer: ``None`` (bundled), a local directory, or a ``PreTrainedTokenizerBase``.
-    :param max_new_tokens: Generation budget (>= 1).
+    :param max_new_tokens: Token budget of an episode (>= 1): every token after the prompt, the agent's and,
+        in interactive episodes, the environment's replies.
     :param max_prompt_tokens: Prompt budget (>= 1).
     :param prompt_truncation: What to do with a prompt over ``max_prompt_tokens``: ``"left"``
         (default) drops tokens on the left and keeps the end, which the LM continues; ``"right"``
@@ -294,20 +395,25 @@ def build_spec(
     :param nonfinite_reward: ``"raise"`` (default): a NaN/inf reward raises a ``ValueError`` naming the
         reward, prompt and completion; ``"skip"``: it is scored 0.0 and the episode's final info gets
         ``reward_nonfinite=True`` (GRPO then drops the episode and counts it in ``rollout/skipped_episodes``).
-    :param reward_timeout: Seconds a reward call may take (``None``: no limit); a reward that runs
-        longer raises a ``TimeoutError`` naming it and the completion.
+    :param reward_timeout: Seconds a reward call (or a batch of interactive replies) may take (``None``: no
+        limit); one that runs longer raises a ``TimeoutError`` naming it.
+    :param interaction: An :class:`~textrl_envs.interaction.Interaction` that answers the agent's turns (the
+        task's own for interactive ids); makes the episode interactive.
+    :param max_turns: Interactive episodes: agent turns before the episode is truncated (>= 1; ``None``: the
+        task's default, or no limit).
+    :param turn_end: Interactive episodes: the token(s) that end an agent turn (a token id, a token's text, or
+        a list of them; ``None``: the task's default, else EOS).
+    :param max_turn_tokens: Interactive episodes: agent tokens per turn (>= 1; ``None``: the task's default,
+        or no limit).
     """
     defaults = get_task(task) if task is not None else None
     if prompts is None:
         if defaults is None:
             raise ValueError("prompts is required when no task is given")
         prompts = defaults.prompts()
-    if reward is None:
-        if defaults is None:
-            raise ValueError("reward is required when no task is given")
-        reward = defaults.reward
-        if reward_kwargs is None:
-            reward_kwargs = dict(defaults.reward_kwargs)
+    given_turns = {"max_turns": max_turns, "turn_end": turn_end, "max_turn_tokens": max_turn_tokens}
+    interaction_given = interaction is not None
+    interaction, max_turns, turn_end, max_turn_tokens = _resolve_turns(defaults, interaction, given_turns)
     max_new_tokens = _check_int(
         "max_new_tokens",
         max_new_tokens if max_new_tokens is not None else (defaults.max_new_tokens if defaults else 24),
@@ -321,9 +427,10 @@ def build_spec(
     _check_choices(prompt_truncation, nonfinite_reward)
     reward_timeout = check_reward_timeout(reward_timeout)
     texts, metadata = _split_prompts(prompts)
-    reward_fn = resolve_reward(reward, **(reward_kwargs or {}))
+    reward_fn = _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_given)
     tok = load_tokenizer(tokenizer)
     eos, pad = _special_ids(tok)
+    turn_end_ids = resolve_turn_end(tok, turn_end, len(tok)) if interaction is not None else ()
     ids = [encode_prompt(tok, t, max_prompt_tokens, prompt_truncation, f"prompt #{i}") for i, t in enumerate(texts)]
     return EpisodeSpec(
         tokenizer=tok,
@@ -339,6 +446,10 @@ def build_spec(
         task_id=task,
         nonfinite_reward=nonfinite_reward,
         reward_timeout=reward_timeout,
+        interaction=interaction,
+        max_turns=max_turns,
+        turn_end_ids=turn_end_ids,
+        max_turn_tokens=max_turn_tokens,
     )
 
 

@@ -10,6 +10,8 @@ import numpy as np
 from gymnasium import spaces
 
 from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwargs, encode_prompt
+from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, start_episode
+from textrl_envs.turns import ReplyEncoder, check_opening, turn_episode_ends, turns_over, who
 
 SPEC_KWARGS = (
     "task",
@@ -22,6 +24,10 @@ SPEC_KWARGS = (
     "prompt_truncation",
     "nonfinite_reward",
     "reward_timeout",
+    "interaction",
+    "max_turns",
+    "turn_end",
+    "max_turn_tokens",
 )
 
 
@@ -97,9 +103,22 @@ class TextGenEnv(TextSpecAccess, gym.Env):
     (a tuple of ints, without EOS, so that vector envs can batch infos of different lengths),
     ``prompt_index`` and ``reward``.
 
+    ## Interactive episodes
+    With an ``interaction`` (:class:`~textrl_envs.interaction.Interaction`; the interactive ids such as
+    ``GuessNumber-v0`` bring their own) the environment answers: an agent turn ends at a ``turn_end`` token (EOS
+    by default), after ``max_turn_tokens`` tokens, or when the budget is spent; the interaction's reply (text,
+    reward, done) is appended to the observation in the same step and its reward paid on that step. The episode
+    is terminated when a reply says so, truncated after ``max_turns`` turns or when ``max_new_tokens`` tokens
+    (every token after the prompt, the replies' included) are spent. Each episode starts the interaction with
+    its prompt and a generator seeded by one draw of ``np_random`` (after the prompt's). The final ``info``
+    adds ``turns`` (agent turns taken) and ``transcript`` (``[{"role": "env" | "agent", "text": str}, ...]``,
+    from the prompt on); ``completion_ids`` are every token after the prompt (agent's and env's) and
+    ``completion`` their text.
+
     ## Arguments
     ``gym.make(id, prompts=..., reward=..., tokenizer=..., max_new_tokens=..., max_prompt_tokens=...,
-    prompt_truncation="left", reward_kwargs=None, nonfinite_reward="raise", reward_timeout=None)``; see
+    prompt_truncation="left", reward_kwargs=None, nonfinite_reward="raise", reward_timeout=None,
+    interaction=None, max_turns=None, turn_end=None, max_turn_tokens=None)``; see
     :func:`textrl_envs.core.build_spec`. :meth:`set_max_new_tokens` lowers the episode budget (a curriculum).
 
     ## Vectorized environment
@@ -132,6 +151,13 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         self._prompt_text = ""
         self._done = True
         self._started = False
+        if self.text_spec.interactive:
+            self._replies = ReplyEncoder(self.text_spec.tokenizer, w, who(self.text_spec))
+            self._turn: list[int] = []
+            self._turns = 0
+            self._transcript: list[dict[str, str]] = []
+            self._task_state: Any = None
+            self._nonfinite = False
 
     def _obs(self) -> dict[str, np.ndarray]:
         return {"input_ids": self._ids.copy(), "attention_mask": self._mask.copy()}
@@ -147,9 +173,34 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         self._ids[-n:] = ids
         self._mask[-n:] = 1
         self._generated = []
+        if spec.interactive:
+            self._start_interaction(index, text)
         self._done = False
         self._started = True
         return self._obs(), {"prompt": text, "prompt_index": index}
+
+    def _start_interaction(self, index: int, text: str) -> None:
+        spec = self.text_spec
+        seed = int(self.np_random.integers(TASK_SEED_BOUND))
+        meta = {k: v[index] for k, v in spec.metadata.items()} if index >= 0 else {}
+        self._task_state, opening = start_episode(spec.interaction, text, meta, seed, spec.task_id)
+        self._transcript = [{"role": "env", "text": text}]
+        self._turn, self._turns, self._nonfinite = [], 0, False
+        if opening:
+            ids = self._replies(opening)
+            check_opening(spec, len(ids))
+            self._append(ids)
+            self._generated.extend(ids)
+            self._transcript.append({"role": "env", "text": opening})
+
+    def _append(self, tokens: Sequence[int]) -> None:
+        """Append tokens to the window, dropping the oldest on the left when it is full."""
+        k, w = len(tokens), len(self._ids)
+        if k >= w:
+            self._ids[:], self._mask[:] = tokens[-w:], 1
+            return
+        self._ids[:-k], self._mask[:-k] = self._ids[k:].copy(), self._mask[k:].copy()
+        self._ids[-k:], self._mask[-k:] = tokens, 1
 
     def step(self, action):
         if not self._started:
@@ -157,6 +208,8 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         if self._done:
             raise RuntimeError("step() called after the episode ended; call env.reset() to start a new episode")
         token = self._check_action(action)
+        if self.text_spec.interactive:
+            return self._step_turn(token)
         spec = self.text_spec
         self._ids[:-1] = self._ids[1:]
         self._mask[:-1] = self._mask[1:]
@@ -187,6 +240,62 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         if self.render_mode == "human":
             print(self.render())
         return self._obs(), reward, terminated, truncated, info
+
+    def _step_turn(self, token: int):
+        """One agent token of an interactive episode; answers the turn it ends (the reference semantics)."""
+        spec = self.text_spec
+        self._append([token])
+        self._generated.append(token)
+        self._turn.append(token)
+        reward, terminated, truncated = 0.0, False, False
+        used = np.array([len(self._generated)])
+        if turns_over(np.array([token]), np.array([len(self._turn)]), used, spec.turn_end_ids,
+                      spec.max_turn_tokens, spec.budget)[0]:  # fmt: skip
+            text = spec.decode(self._turn)
+            self._turns += 1
+            self._transcript.append({"role": "agent", "text": text})
+            replies, rewards, done, bad = answer_turns(
+                spec.interaction, [self._task_state], [text], [self._turns], task=spec.task_id,
+                timeout=spec.reward_timeout, nonfinite=spec.nonfinite_reward,
+            )  # fmt: skip
+            reward, self._nonfinite = float(rewards[0]), self._nonfinite or bool(bad[0])
+            if replies[0] is not None:
+                ids = self._replies(replies[0])
+                self._append(ids)
+                self._generated.extend(ids)
+                self._transcript.append({"role": "env", "text": replies[0]})
+            self._turn = []
+            used = np.array([len(self._generated)])
+            ends = turn_episode_ends(done, np.array([self._turns]), used, spec.max_turns, spec.budget)
+            terminated, truncated = bool(ends[0][0]), bool(ends[1][0])
+        info: dict[str, Any] = {}
+        if terminated or truncated:
+            self._done = True
+            reward, info = self._final_turn_info(reward)
+        if self.render_mode == "human":
+            print(self.render())
+        return self._obs(), reward, terminated, truncated, info
+
+    def _final_turn_info(self, reward: float) -> tuple[float, dict[str, Any]]:
+        """The last step's reward (plus the end-of-episode reward, if any) and the final info."""
+        spec = self.text_spec
+        completion = spec.decode(self._generated)
+        nonfinite = self._nonfinite
+        if spec.reward is not None:
+            end, bad = spec.score_flagged([self._prompt_index], [completion], prompt_texts=[self._prompt_text])
+            reward, nonfinite = reward + float(end[0]), nonfinite or bool(bad[0])
+        info = {
+            "prompt": self._prompt_text,
+            "completion": completion,
+            "completion_ids": tuple(self._generated),
+            "prompt_index": self._prompt_index,
+            "reward": reward,
+            "turns": self._turns,
+            "transcript": [dict(m) for m in self._transcript],
+        }
+        if spec.nonfinite_reward == "skip":
+            info["reward_nonfinite"] = nonfinite
+        return reward, info
 
     def _check_action(self, action) -> int:
         a = np.asarray(action)

@@ -12,12 +12,19 @@ per-env Python loop:
   by one, which a test pins down) and handed out from a ``(groups, DRAW_BLOCK)`` buffer;
 * the prompts of the rounds still ahead of some member live in a ring ``(groups, R)``, round ``r`` at
   column ``r % R``; ``R`` doubles whenever the members of a group drift further apart than that.
+
+Interactive tasks also give every group round a *task seed* (``task_seeds=True``): the single env draws it from
+its ``np_random`` right after the prompt (``rng.integers(TASK_SEED_BOUND)``, also when the prompt was given to
+``reset``), so the draws interleave and are taken one at a time; the seeds live in a second ring beside the
+prompts', and every member of a group round gets the same one (the same initial task state).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from gymnasium.utils import seeding
+
+from textrl_envs.interaction import TASK_SEED_BOUND
 
 #: Prompt draws taken from a group's RNG at once (the same values as drawing them one by one).
 DRAW_BLOCK = 64
@@ -31,10 +38,13 @@ class GroupPrompts:
     :param num_groups: Number of groups.
     :param group_size: Envs per group ``G``.
     :param num_prompts: Size of the prompt list the RNGs draw from.
+    :param task_seeds: Also draw a task seed per group round, right after its prompt (interactive tasks).
     """
 
-    def __init__(self, num_groups: int, group_size: int, num_prompts: int) -> None:
+    def __init__(self, num_groups: int, group_size: int, num_prompts: int, task_seeds: bool = False) -> None:
         self.num_groups, self.group_size, self.num_prompts = num_groups, group_size, num_prompts
+        self.task_seeds = task_seeds
+        self._seed_ring = np.zeros((num_groups, RING_ROUNDS), dtype=np.int64)
         self.rngs: list[np.random.Generator | None] = [None] * num_groups
         self._draws = np.zeros((num_groups, DRAW_BLOCK), dtype=np.int64)
         self._next_draw = np.full(num_groups, DRAW_BLOCK, dtype=np.int64)  # DRAW_BLOCK: none left
@@ -62,7 +72,10 @@ class GroupPrompts:
             self._newest[:] = first_round - 1
         else:
             self._newest[:] = first_round
-            self._ring[:, first_round % self._ring.shape[1]] = row
+            col = first_round % self._ring.shape[1]
+            self._ring[:, col] = row
+            if self.task_seeds:  # the single env draws the task seed also when the prompt is given
+                self._seed_ring[:, col] = [int(self._rng(k).integers(TASK_SEED_BOUND)) for k in range(self.num_groups)]
 
     def rows(self, envs: np.ndarray, all_rounds: np.ndarray) -> np.ndarray:
         """The prompt rows of the episodes ``envs`` begin now, drawing those of rounds begun first here.
@@ -84,8 +97,32 @@ class GroupPrompts:
                 oldest = all_rounds.reshape(self.num_groups, self.group_size).min(axis=1)
                 self._fit(int((newest - oldest).max(initial=0)) + 1)  # rounds oldest..newest are still needed
             self._newest = newest
-            self._ring[fresh, newest[fresh] % self._ring.shape[1]] = self._draw(fresh)
+            cols = newest[fresh] % self._ring.shape[1]
+            if self.task_seeds:
+                self._ring[fresh, cols], self._seed_ring[fresh, cols] = self._draw_with_seeds(fresh)
+            else:
+                self._ring[fresh, cols] = self._draw(fresh)
         return self._ring[groups, rounds % self._ring.shape[1]]
+
+    def seeds(self, envs: np.ndarray, all_rounds: np.ndarray) -> np.ndarray:
+        """The task seeds of the episodes ``envs`` begin now (after :meth:`rows` drew their rounds)."""
+        groups = envs // self.group_size
+        return self._seed_ring[groups, all_rounds[envs] % self._seed_ring.shape[1]]
+
+    def _rng(self, k: int) -> np.random.Generator:
+        if self.rngs[k] is None:
+            self.rngs[k], _ = seeding.np_random()
+        return self.rngs[k]
+
+    def _draw_with_seeds(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The next prompt and task seed of each of ``groups``, drawn one at a time as the single env draws them."""
+        rows = np.empty(len(groups), dtype=np.int64)
+        seeds = np.empty(len(groups), dtype=np.int64)
+        for i, k in enumerate(groups.tolist()):
+            rng = self._rng(k)
+            rows[i] = rng.integers(self.num_prompts)
+            seeds[i] = rng.integers(TASK_SEED_BOUND)
+        return rows, seeds
 
     def _draw(self, groups: np.ndarray) -> np.ndarray:
         """The next draw of each of ``groups`` (distinct), refilling the buffers that ran out."""
@@ -107,8 +144,11 @@ class GroupPrompts:
         new = old
         while new < span:
             new *= 2
-        ring = np.zeros((self.num_groups, new), dtype=np.int64)
+        self._ring, self._seed_ring = (self._regrow(r, old, new) for r in (self._ring, self._seed_ring))
+
+    def _regrow(self, ring: np.ndarray, old: int, new: int) -> np.ndarray:
+        grown = np.zeros((self.num_groups, new), dtype=np.int64)
         for r in range(old):  # every live round keeps its slot modulo the new width
             rounds = self._newest - ((self._newest - r) % old)  # the live round at slot r in each group
-            ring[np.arange(self.num_groups), rounds % new] = self._ring[:, r]
-        self._ring = ring
+            grown[np.arange(self.num_groups), rounds % new] = ring[:, r]
+        return grown

@@ -30,6 +30,7 @@ from textrl_envs.bookkeeping import (
     episode_ends,
     episode_ids,
     group_ids,
+    inject_tokens_,
     pack_prompts,
     start_windows_,
 )
@@ -38,6 +39,7 @@ from textrl_envs.decoding import fast_decoder
 from textrl_envs.devices import resolve_device
 from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
 from textrl_envs.groups import GroupPrompts
+from textrl_envs.turns import TurnBook
 
 OBS_BACKENDS = ("numpy", "torch")
 VECTOR_KWARGS = ("num_envs", "device", "group_size", "obs_backend", "render_mode")
@@ -226,9 +228,13 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         self._generated = np.zeros(n, dtype=np.int64)
         self._row = np.zeros(n, dtype=np.int64)
         self._round = np.zeros(n, dtype=np.int64)
-        self._prompts = GroupPrompts(self.num_groups, self.group_size, len(spec.prompt_texts))
+        self._prompts = GroupPrompts(
+            self.num_groups, self.group_size, len(spec.prompt_texts), task_seeds=spec.interactive
+        )
         self._num_prompts = len(spec.prompt_texts)
         self._decoder = fast_decoder(spec.tokenizer)
+        # interactive tasks: each episode's Python-side state (the interaction's, the conversation, the transcript)
+        self._turn_book = TurnBook(spec, n, w, self._decoder or spec.decode) if spec.interactive else None
         self._everyone = np.ones(n, dtype=np.bool_)
         self._episode_ids = episode_ids(self._round, n)
         self._group_ids = group_ids(self._round, self.group_size)
@@ -296,10 +302,14 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         tokens, host_tokens = self._check_actions(actions)
         append_tokens_(self._ids, self._mask, tokens, host_tokens)
         self._generated += 1
-        terminated, truncated = episode_ends(host_tokens, self._generated, spec.eos_token_id, spec.budget)
+        if self._turn_book is None:
+            terminated, truncated = episode_ends(host_tokens, self._generated, spec.eos_token_id, spec.budget)
+            rewards = np.zeros(self.num_envs, dtype=np.float64)
+        else:  # interactive: answer the turns that ended (one batched call) and write the replies in
+            turn = self._turn_book.step(host_tokens, self._generated)
+            inject_tokens_(self._ids, self._mask, turn.inject_rows, turn.inject_ids)
+            rewards, terminated, truncated = turn.rewards, turn.terminated, turn.truncated
 
-        n = self.num_envs
-        rewards = np.zeros(n, dtype=np.float64)
         step_episode_ids, step_group_ids = self._episode_ids, self._group_ids
         infos: dict[str, Any] = {
             "group_id": step_group_ids.copy(),
@@ -309,43 +319,60 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         }
         done = np.flatnonzero(terminated | truncated)
         if done.size:
-            done_t = torch.as_tensor(done, device=self.device)
-            final_ids, final_mask = self._ids.index_select(0, done_t), self._mask.index_select(0, done_t)
-            finals = self._backend(final_ids), self._backend(final_mask)
-            host_ids = finals[0] if self.obs_backend == "numpy" else final_ids.cpu().numpy()
-            starts, stops = completion_bounds(spec.window, self._generated[done], terminated[done])
-            completion_ids = completion_tuples(host_ids, starts, stops)
-            completions = decode_completions(spec, host_ids, starts, stops, completion_ids, self._decoder)
-            rows = self._row[done].tolist()
-            prompt_index = [self._row_index[r] for r in rows]
-            prompt_text = [self._row_text[r] for r in rows]
-            rewards[done], nonfinite = spec.score_flagged(prompt_index, completions, prompt_texts=prompt_text)
-            done_mask = _mask(n, done)
-            final_info = {
-                "prompt": _object_array(n, done, prompt_text),
-                "completion": _object_array(n, done, completions),
-                "completion_ids": _object_array(n, done, completion_ids),
-                "prompt_index": _int_array(n, done, prompt_index),
-                "reward": rewards.copy(),
-                "group_id": np.where(done_mask, step_group_ids, 0),
-                "episode_id": np.where(done_mask, step_episode_ids, 0),
-            }
-            if spec.nonfinite_reward == "skip":  # the flag of episodes whose NaN/inf reward was scored 0
-                final_info["reward_nonfinite"] = _mask(n, done[nonfinite])
-            for key in list(final_info):
-                final_info[f"_{key}"] = done_mask.copy()
-            infos["final_obs"] = _object_array(
-                n, done, [{"input_ids": i, "attention_mask": m} for i, m in zip(finals[0], finals[1])]
-            )
-            infos["_final_obs"] = done_mask.copy()
-            infos["final_info"], infos["_final_info"] = final_info, done_mask.copy()
-            self._round[done] += 1
-            self._start_episodes(done)
-            infos = self._reset_info(done, infos)
+            self._end_episodes(done, terminated, rewards, infos)
         observations = self._observations()
         if self.render_mode == "human":
             print("\n".join(self.render()))
         return observations, rewards, terminated, truncated, infos
+
+    def _end_episodes(self, done: np.ndarray, terminated: np.ndarray, rewards: np.ndarray, infos: dict) -> None:
+        """Score the episodes ``done`` (rewards in place), fill ``final_obs`` / ``final_info`` and autoreset them."""
+        spec, n = self.text_spec, self.num_envs
+        step_episode_ids, step_group_ids = self._episode_ids, self._group_ids
+        done_t = torch.as_tensor(done, device=self.device)
+        final_ids, final_mask = self._ids.index_select(0, done_t), self._mask.index_select(0, done_t)
+        finals = self._backend(final_ids), self._backend(final_mask)
+        if self._turn_book is None:
+            host_ids = finals[0] if self.obs_backend == "numpy" else final_ids.cpu().numpy()
+            starts, stops = completion_bounds(spec.window, self._generated[done], terminated[done])
+            completion_ids = completion_tuples(host_ids, starts, stops)
+            completions = decode_completions(spec, host_ids, starts, stops, completion_ids, self._decoder)
+        else:  # every token after the prompt, the replies' included (the window may have dropped the oldest)
+            completion_ids = [tuple(self._turn_book.conversation[e]) for e in done.tolist()]
+            completions = [self._turn_book.decode(ids) for ids in completion_ids]
+        rows = self._row[done].tolist()
+        prompt_index = [self._row_index[r] for r in rows]
+        prompt_text = [self._row_text[r] for r in rows]
+        nonfinite = np.zeros(len(done), dtype=bool)
+        if spec.reward is not None:
+            scores, nonfinite = spec.score_flagged(prompt_index, completions, prompt_texts=prompt_text)
+            rewards[done] += scores
+        done_mask = _mask(n, done)
+        final_info = {
+            "prompt": _object_array(n, done, prompt_text),
+            "completion": _object_array(n, done, completions),
+            "completion_ids": _object_array(n, done, completion_ids),
+            "prompt_index": _int_array(n, done, prompt_index),
+            "reward": np.where(done_mask, rewards, 0.0),
+            "group_id": np.where(done_mask, step_group_ids, 0),
+            "episode_id": np.where(done_mask, step_episode_ids, 0),
+        }
+        if self._turn_book is not None:
+            final_info["turns"] = _int_array(n, done, self._turn_book.turns[done])
+            final_info["transcript"] = _object_array(n, done, [self._turn_book.transcripts[e] for e in done.tolist()])
+            nonfinite = nonfinite | self._turn_book.nonfinite[done]
+        if spec.nonfinite_reward == "skip":  # the flag of episodes whose NaN/inf reward was scored 0
+            final_info["reward_nonfinite"] = _mask(n, done[nonfinite])
+        for key in list(final_info):
+            final_info[f"_{key}"] = done_mask.copy()
+        infos["final_obs"] = _object_array(
+            n, done, [{"input_ids": i, "attention_mask": m} for i, m in zip(finals[0], finals[1])]
+        )
+        infos["_final_obs"] = done_mask.copy()
+        infos["final_info"], infos["_final_info"] = final_info, done_mask.copy()
+        self._round[done] += 1
+        self._start_episodes(done)
+        self._reset_info(done, infos)
 
     def render(self) -> tuple[str, ...] | None:
         """``"ansi"``/``"human"``: one ``prompt|completion so far`` string per env."""
@@ -404,8 +431,23 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             self._ids, self._mask, envs_t, rows_t, self._packed_ids, self._packed_mask, self.text_spec.pad_token_id
         )
         self._generated[envs] = 0
+        if self._turn_book is not None:
+            self._start_interactions(envs, rows)
         self._episode_ids = episode_ids(self._round, self.num_envs)  # new arrays: step infos keep the old
         self._group_ids = group_ids(self._round, self.group_size)
+
+    def _start_interactions(self, envs: np.ndarray, rows: np.ndarray) -> None:
+        """Start the interaction of the episodes ``envs`` begin (their group round's task seed) and write the
+        openings, if any, after the prompts."""
+        spec = self.text_spec
+        seeds = self._prompts.seeds(envs, self._round)
+        index = [self._row_index[r] for r in rows.tolist()]
+        meta = [{k: v[i] for k, v in spec.metadata.items()} if i >= 0 else {} for i in index]
+        openings = self._turn_book.start(envs.tolist(), [self._row_text[r] for r in rows.tolist()], meta, seeds)
+        opened = [j for j, ids in enumerate(openings) if ids]
+        if opened:
+            inject_tokens_(self._ids, self._mask, [int(envs[j]) for j in opened], [openings[j] for j in opened])
+            self._generated[envs[opened]] = [len(openings[j]) for j in opened]
 
     def _prompt_index_of(self, envs: np.ndarray) -> np.ndarray:
         """Public prompt index of ``envs``' current episodes: the row, or -1 for rows of prompts given as text."""

@@ -129,11 +129,13 @@ class RewardTimeoutError(TimeoutError):
     """A reward model ran longer than its ``reward_timeout`` (see :func:`call_reward`)."""
 
 
-def _call_with_timeout(fn: Callable[[], Any], timeout: float, name: str, completions: list[str]) -> Any:
+def call_with_timeout(fn: Callable[[], Any], timeout: float, on_timeout: Callable[[], Exception]) -> Any:
     """Run ``fn()`` in a daemon worker thread and wait at most ``timeout`` seconds for it.
 
     A Python thread cannot be killed: on timeout the worker is abandoned (it is a daemon, so it never
-    keeps the interpreter alive) and a :class:`TimeoutError` is raised in the caller.
+    keeps the interpreter alive) and ``on_timeout()`` is raised in the caller; what ``fn`` raises is
+    re-raised in the caller. Rewards (:func:`call_reward`) and interactive replies
+    (:func:`textrl_envs.interaction.answer_turns`) both run through it.
     """
     box: dict[str, Any] = {}
 
@@ -143,19 +145,28 @@ def _call_with_timeout(fn: Callable[[], Any], timeout: float, name: str, complet
         except BaseException as exc:  # handed to the caller below
             box["exc"] = exc
 
-    worker = threading.Thread(target=work, name=f"reward-{name}", daemon=True)
+    worker = threading.Thread(target=work, name="textrl-timeout", daemon=True)
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
-        raise RewardTimeoutError(
+        raise on_timeout()
+    if "exc" in box:
+        raise box["exc"]
+    return box["out"]
+
+
+def _call_with_timeout(fn: Callable[[], Any], timeout: float, name: str, completions: list[str]) -> Any:
+    """:func:`call_with_timeout` for a reward: the error names the reward and the first completion."""
+
+    def on_timeout() -> Exception:
+        return RewardTimeoutError(
             f"reward {name!r} did not return within reward_timeout={timeout:g} s "
             f"(batch of {len(completions)}; first completion: {_shorten(completions[0]) if completions else ''!r}); "
             "the reward hangs or is too slow: fix it, or raise reward_timeout. Training can resume from the "
             "last checkpoint."
         )
-    if "exc" in box:
-        raise box["exc"]
-    return box["out"]
+
+    return call_with_timeout(fn, timeout, on_timeout)
 
 
 def call_reward(

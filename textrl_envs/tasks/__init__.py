@@ -45,17 +45,27 @@ class Task:
     :param max_new_tokens: Default generation budget.
     :param max_prompt_tokens: Default prompt budget.
     :param vector_entry_point: The batched env, ``"module:Class"`` (Gymnasium's ``vector_entry_point``).
+    :param interaction: Interactive tasks: a zero-argument function returning the task's
+        :class:`~textrl_envs.interaction.Interaction` (imported lazily, from a module that does not import the
+        env); ``None`` for single-turn tasks.
+    :param max_turns: Interactive tasks: default agent turns per episode.
+    :param max_turn_tokens: Interactive tasks: default agent tokens per turn.
+    :param turn_end: Interactive tasks: default turn-end token(s) (``None``: EOS).
     """
 
     env_id: str
     entry_point: str
     summary: str
     prompts: Callable[[], list[PromptItem]]
-    reward: str
+    reward: str | None
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     max_new_tokens: int = 24
     max_prompt_tokens: int = 16
     vector_entry_point: str = VECTOR_ENTRY_POINT
+    interaction: Callable[[], Any] | None = None
+    max_turns: int | None = None
+    max_turn_tokens: int | None = None
+    turn_end: Any = None
 
 
 # -- prompt loaders (the bundled corpus is imported only when prompts are needed) -------------------------
