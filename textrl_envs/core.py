@@ -31,7 +31,7 @@ import numpy as np
 
 from textrl_envs.rewards.base import call_reward, check_reward_timeout
 from textrl_envs.rewards.registry import resolve_reward
-from textrl_envs.tasks import PromptItem, get_task
+from textrl_envs.tasks import PromptItem, all_tasks, get_task
 
 TRUNCATION_SIDES = ("left", "right", "error")
 #: What an env does with a NaN/inf reward: raise (default), or score it 0 and flag ``info["reward_nonfinite"]``.
@@ -329,9 +329,10 @@ def _resolve_turns(defaults, interaction, given: dict[str, Any]) -> tuple[Any, i
     if interaction is None:
         extra = sorted(k for k, v in given.items() if v is not None)
         if extra:
+            interactive = ", ".join(t.env_id for t in all_tasks() if t.interaction is not None)
             raise ValueError(
-                f"{', '.join(extra)} only apply to interactive episodes; pass interaction=... (an "
-                "textrl_envs.interaction.Interaction) or use an interactive id such as GuessNumber-v0"
+                f"{', '.join(extra)} only apply to interactive episodes; pass interaction=... (a "
+                f"textrl_envs.interaction.Interaction) or use an interactive id ({interactive})"
             )
         return None, None, None, None
     from textrl_envs.interaction import check_interaction

@@ -16,6 +16,11 @@ Adding a task:
    Action Space, ..., Version History);
 3. a reward it names by registry name, if a new one (see :mod:`textrl_envs.rewards`).
 
+An interactive task (the environment answers the agent, see :mod:`textrl_envs.interaction`) names no reward
+(``reward=None``: its interaction pays per turn) and gives ``interaction``, a zero-argument function returning
+its :class:`~textrl_envs.interaction.Interaction`, which imports the class lazily from a module that does not
+import the env (:mod:`textrl_envs.tasks.interactions` for the built-in ones), plus its turn defaults.
+
 This module imports nothing heavy (``import textrl_envs`` imports it), and nothing else of the package at
 module level: the family modules import it, never the other way round.
 """
@@ -118,6 +123,42 @@ def keyword_prompts(n: int = 200, seed: int = 0) -> list[dict[str, Any]]:
     return [{"prompt": p, "keywords": k} for p, k in seen.items()]
 
 
+def guess_number_prompts() -> list[dict[str, Any]]:
+    """The one ``GuessNumber-v0`` prompt, ``{"prompt": "Guess 1-16: x=", "low": 1, "high": 16}`` (the secret's range
+    is metadata: prompts of your own may set other ranges)."""
+    return [{"prompt": "Guess 1-16: x=", "low": 1, "high": 16}]
+
+
+def tool_arithmetic_prompts(n: int = 300, seed: int = 0) -> list[dict[str, str]]:
+    """Products past what the bundled LM knows by heart, ``{"prompt": "Compute 37*12.", "answer": "444"}``:
+    ``a`` in 13-99 and ``b`` in 3-19, a fixed seeded list (duplicates dropped)."""
+    import random
+
+    rng = random.Random(seed)
+    seen: dict[str, str] = {}
+    for _ in range(n):
+        a, b = rng.randint(13, 99), rng.randint(3, 19)
+        seen.setdefault(f"Compute {a}*{b}.", str(a * b))
+    return [{"prompt": p, "answer": a} for p, a in seen.items()]
+
+
+# -- interactions (imported lazily: their module must not import the env) -----------------------------------
+
+
+def guess_number_interaction():
+    """``GuessNumber-v0``'s :class:`~textrl_envs.tasks.interactions.GuessNumber` (secret 1-16)."""
+    from textrl_envs.tasks.interactions import GuessNumber
+
+    return GuessNumber()
+
+
+def calculator_interaction():
+    """``ToolArithmetic-v0``'s :class:`~textrl_envs.tasks.interactions.Calculator`."""
+    from textrl_envs.tasks.interactions import Calculator
+
+    return Calculator()
+
+
 # -- the tasks -----------------------------------------------------------------------------------------------
 
 SENTIMENT = Task(
@@ -182,8 +223,42 @@ KEYWORDS = Task(
     max_prompt_tokens=16,
 )
 
+GUESS_NUMBER = Task(
+    env_id="GuessNumber-v0",
+    entry_point="textrl_envs.tasks.guess_number:GuessNumberEnv",
+    summary="interactive: guess a secret number in 1-16, the env answers higher / lower; reward 1 - 0.1 per extra turn",
+    prompts=guess_number_prompts,
+    reward=None,
+    max_new_tokens=60,
+    max_prompt_tokens=12,
+    interaction=guess_number_interaction,
+    max_turns=6,
+    max_turn_tokens=3,
+)
+
+TOOL_ARITHMETIC = Task(
+    env_id="ToolArithmetic-v0",
+    entry_point="textrl_envs.tasks.tool_arithmetic:ToolArithmeticEnv",
+    summary="interactive: products such as 37*12 with a calculator ('calc: 37*12'), then the answer; exact match",
+    prompts=tool_arithmetic_prompts,
+    reward=None,
+    max_new_tokens=40,
+    max_prompt_tokens=12,
+    interaction=calculator_interaction,
+    max_turns=3,
+    max_turn_tokens=12,
+)
+
 #: Every task, in registration order: the one list of env ids.
-TASKS: tuple[Task, ...] = (SENTIMENT, ARITHMETIC, INCREASING_NUMBERS, COMMONGEN, KEYWORDS)
+TASKS: tuple[Task, ...] = (
+    SENTIMENT,
+    ARITHMETIC,
+    INCREASING_NUMBERS,
+    COMMONGEN,
+    KEYWORDS,
+    GUESS_NUMBER,
+    TOOL_ARITHMETIC,
+)
 
 _BY_ID: dict[str, Task] = {task.env_id: task for task in TASKS}
 if len(_BY_ID) != len(TASKS):

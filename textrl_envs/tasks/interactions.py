@@ -1,0 +1,96 @@
+"""The interactions of the built-in interactive tasks (``GuessNumber-v0``, ``ToolArithmetic-v0``).
+
+Light on purpose (the protocol of :mod:`textrl_envs.interaction`, ``re`` and numpy): the list of tasks points
+at these classes, so this module must not import the env. The env classes that document the ids live in
+:mod:`textrl_envs.tasks.guess_number` and :mod:`textrl_envs.tasks.tool_arithmetic`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from textrl_envs.interaction import Interaction, Reply
+
+__all__ = ["Calculator", "GuessNumber"]
+
+_INT = re.compile(r"-?\d+")
+
+
+def first_int(text: str) -> int | None:
+    """The first integer written in ``text`` (``None`` if there is none)."""
+    m = _INT.search(text)
+    return None if m is None else int(m.group())
+
+
+class GuessNumber(Interaction):
+    """Guess a secret integer; the environment says whether it is higher or lower.
+
+    Each episode draws the secret uniformly from ``low..high`` (the prompt's metadata ``low`` / ``high`` if it
+    has them, else the constructor's) with the episode's generator. A turn's guess is the first integer in its
+    text. Replies: ``"Higher. x="`` / ``"Lower. x="`` (the secret is higher / lower than the guess),
+    ``"Correct!"`` (the episode ends, reward ``max(0, 1 - turn_penalty * (turn - 1))``), or, for a turn without a
+    number, ``"Say a number. x="`` (a wasted turn). Every other turn pays 0; so does running out of turns.
+
+    :param low: Smallest secret.
+    :param high: Largest secret.
+    :param turn_penalty: Reward lost per turn before the right guess.
+    """
+
+    def __init__(self, low: int = 1, high: int = 16, turn_penalty: float = 0.1) -> None:
+        if not low <= high:
+            raise ValueError(f"GuessNumber needs low <= high, got low={low}, high={high}")
+        self.low, self.high, self.turn_penalty = int(low), int(high), float(turn_penalty)
+
+    def start(self, prompt: str, metadata: Mapping[str, Any], rng: np.random.Generator) -> dict[str, int]:  # noqa: ARG002  (the protocol's signature)
+        low, high = int(metadata.get("low", self.low)), int(metadata.get("high", self.high))
+        return {"secret": int(rng.integers(low, high + 1))}
+
+    def reply(self, state: dict[str, int], text: str, turn: int) -> Reply:
+        guess = first_int(text)
+        if guess is None:
+            return Reply("Say a number. x=")
+        if guess == state["secret"]:
+            return Reply("Correct!", reward=max(0.0, 1.0 - self.turn_penalty * (turn - 1)), done=True)
+        return Reply("Higher. x=" if guess < state["secret"] else "Lower. x=")
+
+    def __repr__(self) -> str:
+        return f"GuessNumber(low={self.low}, high={self.high}, turn_penalty={self.turn_penalty})"
+
+
+class Calculator(Interaction):
+    """Arithmetic with a calculator tool: call it with ``calc: a*b`` or answer with a number.
+
+    A turn that starts with ``calc`` is a call: ``calc: <int> <op> <int>`` with ``op`` one of ``+ - *`` gets the
+    reply ``" = <value>."``; a call that does not parse gets ``" error: write calc: 37*12."`` (a reply, not a
+    crash). Any other turn is the final answer: the episode ends, reward 1 when its text (stripped) is exactly
+    the answer (the prompt's metadata ``answer``, else the value of the first ``a op b`` in the prompt), else 0.
+    """
+
+    CALL = re.compile(r"^\s*calc:\s*(-?\d+)\s*([-+*])\s*(-?\d+)\s*$")
+    PROBLEM = re.compile(r"(-?\d+)\s*([-+*])\s*(-?\d+)")
+
+    @staticmethod
+    def evaluate(a: int, op: str, b: int) -> int:
+        """``a op b`` for ``op`` in ``+ - *``."""
+        return a + b if op == "+" else a - b if op == "-" else a * b
+
+    def start(self, prompt: str, metadata: Mapping[str, Any], rng: np.random.Generator) -> dict[str, str]:  # noqa: ARG002  (the protocol's signature)
+        answer = metadata.get("answer")
+        if answer is None:
+            m = self.PROBLEM.search(prompt)
+            if m is None:
+                raise ValueError(f"prompt {prompt!r} has no 'answer' metadata and no problem 'a op b' in it")
+            answer = self.evaluate(int(m.group(1)), m.group(2), int(m.group(3)))
+        return {"answer": str(answer).strip()}
+
+    def reply(self, state: dict[str, str], text: str, turn: int) -> Reply:  # noqa: ARG002  (the protocol's signature)
+        if text.lstrip().startswith("calc"):
+            m = self.CALL.match(text)
+            if m is None:
+                return Reply(" error: write calc: 37*12.")
+            return Reply(f" = {self.evaluate(int(m.group(1)), m.group(2), int(m.group(3)))}.")
+        return Reply(None, reward=1.0 if text.strip() == state["answer"] else 0.0, done=True)
