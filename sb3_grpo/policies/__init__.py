@@ -11,7 +11,15 @@ A new model adapter (a model family that needs special handling) goes in :mod:`.
 """
 
 from sb3_grpo.policies.causal_lm import CausalLMPolicy
-from sb3_grpo.policies.kv_cache import PrefillMemo, RolloutCache, extends_by_one, left_pad_columns, positions_from_mask
+from sb3_grpo.policies.kv_cache import (
+    PrefillMemo,
+    RolloutCache,
+    extends_by_one,
+    extension_lengths,
+    left_pad_columns,
+    positions_from_mask,
+    realign_columns,
+)
 from sb3_grpo.policies.models import PortableModel, lora_spec, model_spec
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
 
@@ -21,10 +29,12 @@ __all__ = [
     "PrefillMemo",
     "RolloutCache",
     "extends_by_one",
+    "extension_lengths",
     "left_pad_columns",
     "lora_spec",
     "model_spec",
     "positions_from_mask",
     "process_logits",
+    "realign_columns",
     "sample_categorical",
 ]

@@ -8,8 +8,8 @@ otherwise. It sees the policy only through the callables it is given: the LM bod
 :class:`~sb3_grpo.policies.CausalLMPolicy` and below.
 
 The window rules it shares with the policy's full-recompute path, and the cache math, are small pure functions
-(:func:`positions_from_mask`, :func:`trim_padding`, :func:`extends_by_one`, :func:`left_pad_columns`) that the
-tests pin down; ``sb3_grpo.policies`` re-exports them.
+(:func:`positions_from_mask`, :func:`trim_padding`, :func:`extends_by_one`, :func:`extension_lengths`,
+:func:`left_pad_columns`, :func:`realign_columns`) that the tests pin down; ``sb3_grpo.policies`` re-exports them.
 
 Incremental decoding in detail
 ------------------------------
@@ -21,16 +21,25 @@ the LM through the policy's ``_trunk``, ``_logits`` and ``_value``. Each row of 
 cached window (:meth:`RolloutCache._classify`):
 
 - ``same``: the cached window; its stored logits and value are returned, no forward;
-- ``extend``: the cached window plus exactly one token (:func:`extends_by_one`: ``new[:-1] == old[1:]`` for ids
-  and mask, the new last token valid, nothing valid dropped off the left edge);
-- ``replace``: the window *before* the look-ahead (below) plus a token other than the look-ahead one; the
-  look-ahead column is masked out for that row (a masked hole), then it is treated as ``extend``;
+- ``extend``: the cached window plus ``k >= 1`` tokens (:func:`extension_lengths`: ``new[:-k] == old[k:]`` for
+  ids and mask, the last ``k`` new tokens valid, nothing valid dropped off the left edge). ``k = 1`` is the
+  action of a single-turn episode; in an interactive episode the step that ends the agent's turn appends the
+  action *and* the environment's reply, ``k = 1 + len(reply)``;
+- ``replace``: the window *before* the look-ahead (below) plus ``k >= 1`` tokens that do not start with the
+  look-ahead one; the look-ahead column is masked out for that row (a masked hole), then it is treated as
+  ``extend``;
 - ``back``: the window before the look-ahead itself (e.g. ``predict`` then ``forward`` on one observation): the
   look-ahead column is masked out and the outputs kept from before the look-ahead are returned;
 - ``redo``: anything else (auto-reset, new group prompt, an outside call with other observations).
 
-All ``extend``/``replace`` rows share one batched single-token forward over the cache (2-D mask
-``[cache mask, new column]``, position ``n_valid - 1``; other rows feed a masked dummy token). ``redo`` rows get one
+All ``extend``/``replace`` rows share one batched forward over the cache. When every row adds one token it is a
+single-token step (2-D mask ``[cache mask, new column]``, position ``n_valid - 1``; other rows feed a masked dummy
+token). When some row adds more (an interactive reply), it is one forward over ``K = max k`` new columns: row
+``b``'s ``k_b`` tokens sit in the last ``k_b`` of them, at positions ``n_valid - k_b .. n_valid - 1``, the columns
+before them are masked dummies; afterwards each row's columns are realigned (:func:`realign_columns`) so that its
+masked new columns lead the row (and get cropped) instead of leaving holes. Extending a row by ``k`` tokens thus
+costs a forward over ``k`` positions instead of a prefill of the whole window (``sb3-grpo perf``'s interactive
+row measures both on ``GuessNumber-v0``). ``redo`` rows get one
 prefill over those rows only; their cache is left-padded with masked slots and spliced into the batch cache. A
 prefilled window's keys/values, logits and value are remembered (:class:`PrefillMemo`, 64 MiB,
 least recently used out first, emptied whenever the parameters change), so a window seen before under the same
@@ -58,7 +67,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch as th
 
@@ -66,8 +75,10 @@ __all__ = [
     "PrefillMemo",
     "RolloutCache",
     "extends_by_one",
+    "extension_lengths",
     "left_pad_columns",
     "positions_from_mask",
+    "realign_columns",
     "trim_padding",
 ]
 
@@ -108,6 +119,55 @@ def extends_by_one(old_ids: th.Tensor, old_mask: th.Tensor, new_ids: th.Tensor, 
     same_ids = (new_ids[:, :-1] == old_ids[:, 1:]).all(dim=1)
     same_mask = (new_mask[:, :-1] == old_mask[:, 1:]).all(dim=1)
     return same_ids & same_mask & (new_mask[:, -1] == 1) & (old_mask[:, 0] == 0)
+
+
+def extension_lengths(old_ids: th.Tensor, old_mask: th.Tensor, new_ids: th.Tensor, new_mask: th.Tensor) -> th.Tensor:
+    """By how many tokens each row of a new right-aligned window extends the old window (0: it does not).
+
+    Row ``b`` extends by ``k >= 1`` when the window shifted left by ``k`` (``new[:, :-k] == old[:, k:]`` for ids and
+    mask), its last ``k`` tokens are valid, and nothing valid fell off the left edge (``old_mask[:, :k] == 0``),
+    i.e. the valid tokens of the new window are those of the old one plus ``k`` more; ``k`` is then the difference
+    of their valid counts. ``k = 1`` is :func:`extends_by_one`.
+
+    :param old_ids: ``[B, W]`` ids of the cached window.
+    :param old_mask: ``[B, W]`` its mask.
+    :param new_ids: ``[B, W]`` ids of the new window.
+    :param new_mask: ``[B, W]`` its mask.
+    :return: ``[B]`` long tensor, ``k`` or 0.
+    """
+    batch, width = new_ids.shape
+    if old_ids.shape != new_ids.shape or width < 2:
+        return th.zeros(batch, dtype=th.long, device=new_ids.device)
+    k = new_mask.long().sum(dim=1) - old_mask.long().sum(dim=1)
+    shift = k.clamp(1, width - 1).unsqueeze(1)
+    col = th.arange(width, device=new_ids.device).unsqueeze(0)
+    src = (col + shift).clamp(max=width - 1)  # new column c holds old column c + k
+    kept = col < width - shift
+    same = (new_ids == old_ids.gather(1, src)) & (new_mask == old_mask.gather(1, src))
+    tail_valid = ((new_mask == 1) | kept).all(dim=1)
+    dropped = ((old_mask != 0) & (col < shift)).any(dim=1)
+    ok = (same | ~kept).all(dim=1) & tail_valid & ~dropped
+    return th.where(ok & (k >= 1) & (k < width), k, th.zeros_like(k))
+
+
+def realign_columns(kv_mask: th.Tensor, tail: int, lead: th.Tensor) -> th.Tensor:
+    """Column order that moves each row's ``lead[b]`` masked columns, the first of its last ``tail``, to the front.
+
+    After a forward over ``tail`` new columns in which row ``b`` used only the last ``tail - lead[b]``, the
+    remaining masked ones would stay as holes in the middle of the row's cache; reading the row through the
+    returned index puts them first, where :meth:`RolloutCache._crop` can drop them. Attention does not depend on
+    the order of cached columns (positions are explicit), so the cache means the same.
+
+    :param kv_mask: ``[B, L]`` cache mask, its last ``tail`` columns just written.
+    :param tail: Columns written by the last forward.
+    :param lead: ``[B]`` how many of them are masked for each row (``0 <= lead[b] <= tail``).
+    :return: ``[B, L]`` long index: new column ``c`` of row ``b`` is old column ``index[b, c]``.
+    """
+    length = kv_mask.shape[1]
+    col = th.arange(length, device=kv_mask.device).unsqueeze(0)
+    lead = lead.unsqueeze(1)
+    body = length - tail  # the columns before the forward
+    return th.where(col < lead, body + col, th.where(col < body + lead, col - lead, col))
 
 
 def left_pad_columns(t: th.Tensor, length: int, dim: int = -2) -> th.Tensor:
@@ -165,6 +225,17 @@ class _BatchCache:
     prev_mask: th.Tensor | None = None
     prev_logits: th.Tensor | None = None
     prev_values: th.Tensor | None = None
+
+
+class _Rows(NamedTuple):
+    """How each row of a call relates to the cached window (see :meth:`RolloutCache._classify`)."""
+
+    same: th.Tensor
+    extend: th.Tensor
+    replace: th.Tensor
+    back: th.Tensor
+    redo: th.Tensor
+    k: th.Tensor
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -383,7 +454,7 @@ class RolloutCache:
             state.version != version or state.ids.shape != ids.shape or state.ids.device != ids.device
         ):
             state = None
-        if state is None or not bool(self._classify(state, ids, mask)[-1].logical_not().any()):
+        if state is None or not bool(self._classify(state, ids, mask).redo.logical_not().any()):
             # nothing to reuse in this slot (e.g. a new batch size): try rows of the other cached batches
             served = self._serve_from_other_batches(ids, mask, version)
             if isinstance(served, tuple):
@@ -402,27 +473,31 @@ class RolloutCache:
         return state.logits, state.values
 
     @staticmethod
-    def _classify(
-        state: _BatchCache, ids: th.Tensor, mask: th.Tensor
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
-        """Per row: ``same`` (the cached window), ``extend`` (cached window + 1 token), ``replace`` (the window
-        before the look-ahead + a token other than the look-ahead one), ``back`` (the window before the look-ahead
-        itself), ``redo`` (anything else)."""
+    def _classify(state: _BatchCache, ids: th.Tensor, mask: th.Tensor) -> _Rows:
+        """Per row: ``same`` (the cached window), ``extend`` (cached window + ``k`` tokens), ``replace`` (the window
+        before the look-ahead + ``k`` tokens not starting with the look-ahead one), ``back`` (the window before the
+        look-ahead itself), ``redo`` (anything else); ``k`` per row (0 unless ``extend`` or ``replace``)."""
         same = (state.ids == ids).all(dim=1) & (state.mask == mask).all(dim=1)
-        extend = extends_by_one(state.ids, state.mask, ids, mask) & ~same
+        k = extension_lengths(state.ids, state.mask, ids, mask)
+        extend = (k > 0) & ~same
         replace = back = th.zeros_like(same)
         if state.prev_ids is not None:
-            replace = extends_by_one(state.prev_ids, state.prev_mask, ids, mask) & ~same & ~extend
+            k_prev = extension_lengths(state.prev_ids, state.prev_mask, ids, mask)
+            replace = (k_prev > 0) & ~same & ~extend
             back = (state.prev_ids == ids).all(dim=1) & (state.prev_mask == mask).all(dim=1) & ~same
-        return same, extend, replace, back, ~(same | extend | replace | back)
+            k = th.where(replace, k_prev, k)
+        k = th.where(extend | replace, k, th.zeros_like(k))
+        return _Rows(same, extend, replace, back, ~(same | extend | replace | back), k)
 
     def _new_state(self, ids: th.Tensor, mask: th.Tensor, version: int) -> _BatchCache:
         cache, kv_mask, logits, values = self._prefill(ids, mask)
         return _BatchCache(cache, kv_mask, ids, mask, logits, values, version)
 
     def _advance(self, state: _BatchCache, ids: th.Tensor, mask: th.Tensor) -> None:
-        """Bring every row of ``state`` to the new windows: reuse, one batched one-token step, and/or a prefill."""
-        _same, extend, replace, back, redo = self._classify(state, ids, mask)
+        """Bring every row of ``state`` to the new windows: reuse, one batched forward over the new tokens, and/or a
+        prefill."""
+        rows = self._classify(state, ids, mask)
+        replace, back, redo = rows.replace, rows.back, rows.redo
         logits, values = (
             state.logits.clone(),
             state.values.clone(),
@@ -434,26 +509,59 @@ class RolloutCache:
                 state.prev_logits[back],
                 state.prev_values[back],
             )
-        step = extend | replace
+        step = rows.extend | replace
         if bool(step.any()):
-            # one single-token step for the whole batch; the other rows feed a masked dummy token
-            new_tok = th.where(step, ids[:, -1], th.zeros_like(ids[:, -1])).unsqueeze(1)
-            kv_mask = th.cat([state.kv_mask, step.long().unsqueeze(1)], dim=1)
-            pos = (mask.sum(dim=1, keepdim=True) - 1).clamp(min=0)
-            hidden = self._trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]
-            state.kv_mask = kv_mask
-            logits[step] = self._logits(hidden[step])
-            values[step] = self._value(hidden[step], ids[step], mask[step])
+            self._step(state, ids, mask, step, rows.k, logits, values)
         if bool(redo.any()):
-            rows = redo.nonzero().squeeze(1)
-            cache_r, kv_mask_r, logits_r, values_r = self._prefill(ids[rows], mask[rows])
-            logits[rows], values[rows] = logits_r, values_r
+            rows_r = redo.nonzero().squeeze(1)
+            cache_r, kv_mask_r, logits_r, values_r = self._prefill(ids[rows_r], mask[rows_r])
+            logits[rows_r], values[rows_r] = logits_r, values_r
             if bool(redo.all()):
                 state.cache, state.kv_mask = cache_r, kv_mask_r
             else:
-                self._splice(state, rows, cache_r, kv_mask_r)
+                self._splice(state, rows_r, cache_r, kv_mask_r)
         state.ids, state.mask, state.logits, state.values = ids, mask, logits, values
         state.prev_ids = state.prev_mask = state.prev_logits = state.prev_values = None
+
+    def _step(
+        self,
+        state: _BatchCache,
+        ids: th.Tensor,
+        mask: th.Tensor,
+        step: th.Tensor,
+        k: th.Tensor,
+        logits: th.Tensor,
+        values: th.Tensor,
+    ) -> None:
+        """One batched forward over the new tokens of the ``step`` rows (``k[b]`` each), extending the cache; their
+        logits and values written into ``logits`` / ``values``. Other rows feed masked dummy tokens."""
+        tail = int(k.max())
+        n_valid = mask.sum(dim=1, keepdim=True)
+        if tail == 1:  # every row adds one token: the single-token step of a single-turn rollout
+            new_tok = th.where(step, ids[:, -1], th.zeros_like(ids[:, -1])).unsqueeze(1)
+            new_mask = step.long().unsqueeze(1)
+            pos = (n_valid - 1).clamp(min=0)
+        else:  # some row adds an interactive reply: row b's k[b] tokens in the last k[b] of `tail` new columns
+            col = th.arange(tail, device=ids.device).unsqueeze(0)
+            new_mask = (col >= (tail - k).unsqueeze(1)).long()  # masked dummy columns before each row's tokens
+            new_tok = th.where(new_mask.bool(), ids[:, -tail:], th.zeros_like(ids[:, -tail:]))
+            pos = (n_valid - tail + col).clamp(min=0)
+        kv_mask = th.cat([state.kv_mask, new_mask], dim=1)
+        hidden = self._trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]
+        state.kv_mask = kv_mask
+        logits[step] = self._logits(hidden[step])
+        values[step] = self._value(hidden[step], ids[step], mask[step])
+        if tail > 1:
+            self._reorder(state, realign_columns(kv_mask, tail, tail - k))
+
+    @staticmethod
+    def _reorder(state: _BatchCache, index: th.Tensor) -> None:
+        """Read every row's cache columns (keys, values and mask) through ``index`` (``[B, L]``)."""
+        state.kv_mask = state.kv_mask.gather(1, index)
+        for layer in state.cache.layers:
+            b, h, length, d = layer.keys.shape
+            gather = index.view(b, 1, length, 1).expand(b, h, length, d)
+            layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
 
     def look_ahead(self, ids: th.Tensor, mask: th.Tensor, actions: th.Tensor) -> None:
         """Extend the batch cache by the tokens just chosen, computing the *next* step's outputs now.
