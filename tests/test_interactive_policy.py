@@ -158,3 +158,149 @@ def test_cache_extended_by_replies_equals_full_recompute(factory, group_size, kw
     assert env.replies > 40 and multi > 10, (env.replies, multi)  # replies were served by multi-token extensions
     # never a full recompute of a long window: every forward covers at most a reply, or a (short) prompt
     assert max(n for _, n in calls_all) <= max(1 + MAX_REPLY, env.max_prompt)  # a replaced action + its reply
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The fast path: the agent's positions only, equal to the per-transition path on the same rollout
+# ------------------------------------------------------------------------------------------------------------------
+
+FAST_OFF = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "kl_coef": 0.0}
+
+
+def _guess_env(seed=0, group_size=2):
+    from textrl_envs.sb3 import make_vec_env
+
+    return make_vec_env("GuessNumber-v0", n_envs=4, group_size=group_size, seed=seed, device="cpu")
+
+
+def _grpo(advantage="gae", **kw):
+    from helpers import quiet
+    from test_sequence_path import HP
+
+    from sb3_grpo import GRPO
+
+    return quiet(GRPO("CausalLMPolicy", _guess_env(), **{**HP, **kw}, **{**FAST_OFF, "advantage": advantage}))
+
+
+def test_sequences_put_each_action_after_its_observation_and_skip_the_replies():
+    from test_sequence_path import N_ENVS, N_STEPS, _collect
+
+    from sb3_grpo.common.buffers import episode_segments
+
+    model = _grpo()
+    buf = _collect(model)
+    seg = episode_segments(buf.episode_starts)
+    samples = buf.sequence_samples(seg)
+    w = buf.token_ids.shape[-1]
+    seen, env_tokens = set(), 0
+    for s in range(len(seg)):
+        cols = th.nonzero(samples.action_mask[s]).flatten().tolist()
+        valid = th.nonzero(samples.attention_mask[s]).flatten()
+        first_action = cols[0]
+        env_tokens += sum(1 for j in range(first_action, w) if j not in cols)  # replies between the actions
+        for j in cols:
+            flat = int(samples.index[s, j])
+            env, step = divmod(flat, N_STEPS)
+            seen.add(flat)
+            obs_ids, obs_mask = buf.token_ids[step, env], buf.token_mask[step, env]
+            n = int(obs_mask.sum())
+            # the state before the action is exactly the n tokens left of it in the final window
+            assert th.equal(obs_ids[w - n :], samples.input_ids[s, j - n : j]) and int(valid[0]) <= j - n
+            assert int(samples.input_ids[s, j]) == int(buf.actions[step, env, 0])
+            assert float(samples.advantages[s, j]) == pytest.approx(float(buf.advantages[step, env]))
+            assert float(samples.returns[s, j]) == pytest.approx(float(buf.returns[step, env]))
+            assert float(samples.old_values[s, j]) == pytest.approx(float(buf.values[step, env]))
+            assert float(samples.old_log_prob[s, j]) == pytest.approx(float(buf.log_probs[step, env]))
+    assert seen == set(range(N_STEPS * N_ENVS)), "every transition appears exactly once"
+    assert env_tokens > 20, "the rollout should hold the env's replies between the agent's tokens"
+
+
+@pytest.mark.parametrize("advantage", ["gae", "group"])
+def test_interactive_update_is_the_same_on_both_paths(advantage):
+    """GuessNumber-v0, one rollout, one minibatch per epoch: the fast path's update (one forward per sequence, the
+    env's tokens as context, packed) equals the per-transition path's, for GAE and for group advantages."""
+    from helpers import params
+    from stable_baselines3.common.buffers import DictRolloutBuffer
+    from test_sequence_path import N_ENVS, N_STEPS, _collect, _per_transition_copy
+
+    hp = {"batch_size": N_STEPS * N_ENVS, "n_epochs": 2}
+    fast = _grpo(advantage, **hp)
+    slow = _grpo(advantage, rollout_buffer_class=DictRolloutBuffer, **hp)
+    slow.policy.load_state_dict(fast.policy.state_dict())
+    buf = _collect(fast)
+    assert buf.rewards.any() and np.abs(buf.advantages).sum() > 0
+    slow.rollout_buffer = _per_transition_copy(slow, buf)
+    # the outputs themselves first: per position, the same numbers as evaluate_actions on the stored windows
+    batch = next(fast.batch_source.minibatches(buf, N_STEPS * N_ENVS))
+    with th.no_grad():
+        values, log_prob, entropy = fast.batch_source.evaluate(batch)
+        index = batch.inputs.index[batch.inputs.action_mask]
+        env, step = index // N_STEPS, index % N_STEPS
+        obs = {"input_ids": buf.token_ids[step, env], "attention_mask": buf.token_mask[step, env]}
+        ref_values, ref_log_prob, ref_entropy = fast.policy.evaluate_actions(obs, batch.actions)
+    th.testing.assert_close(log_prob, ref_log_prob, atol=1e-5, rtol=1e-5)
+    th.testing.assert_close(entropy, ref_entropy, atol=1e-5, rtol=1e-5)
+    th.testing.assert_close(values, ref_values.flatten(), atol=1e-5, rtol=1e-5)
+    th.testing.assert_close(log_prob, batch.old_log_prob, atol=1e-5, rtol=1e-5)  # the rollout's (cached) log-probs
+    before = params(fast)
+    fast.train()
+    slow.train()
+    after_fast, after_slow = params(fast), params(slow)
+    assert any(not th.equal(before[k], after_fast[k]) for k in before)
+    for k in after_fast:
+        th.testing.assert_close(after_fast[k], after_slow[k], atol=2e-6, rtol=1e-5)
+    for key in ("train/policy_gradient_loss", "train/value_loss", "train/entropy_loss", "train/loss"):
+        assert fast.logger.name_to_value[key] == pytest.approx(slow.logger.name_to_value[key], rel=1e-5, abs=1e-6)
+
+
+def test_packing_applies_to_interactive_sequences():
+    """Interactive sequences (actions with the env's replies between them) pack like single-turn ones: the packed
+    forward runs on fewer rows and gives the padded forward's log-probs, entropies and values."""
+    from test_sequence_path import N_ENVS, N_STEPS, _collect
+
+    from sb3_grpo import CausalLMPolicy
+
+    model = _grpo()
+    buf = _collect(model)
+    seq = next(model.batch_source.minibatches(buf, N_STEPS * N_ENVS)).inputs
+    ids, mask, act = [seq.input_ids], [seq.attention_mask], [seq.action_mask]
+    w = ids[0].shape[1]
+    for s in range(ids[0].shape[0]):  # and each sequence cut after its second action: a ragged batch
+        cols = th.nonzero(seq.action_mask[s]).flatten()
+        if len(cols) < 2:
+            continue
+        cut = int(cols[1]) + 1
+        shift = w - cut
+        row_ids, row_mask, row_act = (
+            th.zeros_like(x[:1, :]) for x in (seq.input_ids, seq.attention_mask, seq.action_mask)
+        )
+        row_ids[0, shift:], row_mask[0, shift:], row_act[0, shift:] = (
+            x[s, :cut] for x in (seq.input_ids, seq.attention_mask, seq.action_mask)
+        )
+        ids.append(row_ids), mask.append(row_mask), act.append(row_act)
+    ids, mask, act = th.cat(ids), th.cat(mask), th.cat(act)
+    padded = CausalLMPolicy(model.observation_space, model.action_space, lambda _: 1e-3, pack_sequences=False)
+    padded.load_state_dict(model.policy.state_dict())
+    with th.no_grad(), count_lm_calls(model.policy) as calls:
+        packed_out = model.policy.evaluate_sequences(ids, mask, act)
+    assert calls[0][0] < ids.shape[0] and model.policy._packing_verified  # the packed forward ran, on fewer rows
+    with th.no_grad():
+        padded_out = padded.evaluate_sequences(ids, mask, act)
+    for a, b in zip(packed_out, padded_out):
+        th.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
+
+
+def test_fast_path_refuses_windows_that_do_not_nest():
+    """An env that drops tokens on the left while the agent acts cannot be rebuilt from one final window."""
+    from test_sequence_path import N_STEPS
+
+    from sb3_grpo import GRPO
+    from sb3_grpo.common.buffers import SequenceRolloutBuffer
+
+    env = FakeTurnVecEnv(n_envs=2)
+    env.max_new = 40  # a budget larger than the window: replies push tokens out on the left
+    model = GRPO("CausalLMPolicy", env, n_steps=N_STEPS, batch_size=8, n_epochs=1, seed=0, device="cpu",
+                 policy_kwargs={"model": tiny_gpt2()}, **FAST_OFF)  # fmt: skip
+    assert isinstance(model.rollout_buffer, SequenceRolloutBuffer)
+    with pytest.raises(ValueError, match="needs every step's observation to be the beginning"):
+        model.learn(N_STEPS * 2 * 3)

@@ -166,6 +166,16 @@ class SequenceRolloutBuffer(GRPODictRolloutBuffer):
     episode began in an earlier rollout is still complete in context; only its earlier actions are not
     trained on again.
 
+    Interactive episodes (the env writes its replies into the window between the agent's steps) work the same
+    way: the buffer knows whose tokens are whose from the windows themselves. Step ``t``'s action is the token
+    right after its observation's ``n_t`` valid tokens, so in the final window of ``N`` valid tokens it sits at
+    column ``W - N + n_t``; the env's tokens are the columns in between, context that is neither an action nor a
+    transition. Log-probs, entropies and values are computed only at the agent's positions, and returns and
+    advantages (SB3's GAE, or the group forms) run over the agent's steps, exactly the transitions the
+    per-transition path stores. A rollout whose windows do not nest (a step's observation is not the beginning
+    of its episode's final window, e.g. an env that dropped tokens on the left while the agent acted) is refused
+    with an error (:meth:`check_windows`) rather than trained on wrong contexts.
+
     Minibatches are made of whole sequences in random order, about ``batch_size`` transitions each
     (:func:`pack_segments`), so they differ from PPO's random transitions; the loss of any set of
     transitions is the same either way (tested), and with one minibatch per epoch the update matches
@@ -203,6 +213,7 @@ class SequenceRolloutBuffer(GRPODictRolloutBuffer):
         self.observations = {}  # the windows live on the device instead
         self.token_ids = th.zeros((self.buffer_size, self.n_envs, width), dtype=th.long, device=self.device)
         self.token_mask = th.zeros((self.buffer_size, self.n_envs, width), dtype=th.long, device=self.device)
+        self._checked = False
 
     def add(self, obs, action, reward, episode_start, value, log_prob, policy_log_prob=None) -> None:  # type: ignore[override]
         """Record one step (same arguments as :meth:`GRPODictRolloutBuffer.add`)."""
@@ -225,28 +236,74 @@ class SequenceRolloutBuffer(GRPODictRolloutBuffer):
         """
         assert self.full, "the rollout is not complete"
         segments = episode_segments(self.episode_starts)
+        if not self._checked:
+            self.check_windows(segments)
+            self._checked = True
         lengths = segments[:, 2] - segments[:, 1]
         order = np.random.permutation(len(segments))
         for batch in pack_segments(lengths, batch_size or self.buffer_size * self.n_envs, order):
             yield self.sequence_samples(segments[batch])
+
+    def _final_windows(self, segments: np.ndarray) -> tuple[th.Tensor, ...]:
+        """``(env, first, last, ids, mask)`` of the segments: the episode's window after its last step in the rollout
+        (the last observation shifted left by one, the last action appended)."""
+        env = th.as_tensor(segments[:, 0], device=self.device)
+        first = th.as_tensor(segments[:, 1], device=self.device)
+        last = th.as_tensor(segments[:, 2] - 1, device=self.device)
+        actions = th.as_tensor(self.actions[..., 0], device=self.device).long()  # [n_steps, n_envs]
+        ids = th.cat([self.token_ids[last, env, 1:], actions[last, env].unsqueeze(1)], dim=1)
+        mask = th.cat([self.token_mask[last, env, 1:], th.ones_like(last).unsqueeze(1)], dim=1)
+        return env, first, last, ids, mask
+
+    def check_windows(self, segments: np.ndarray) -> None:
+        """Check that every step's observation is the beginning of its segment's final window, right before the
+        step's action (what :meth:`sequence_samples` relies on), for every stored step at once.
+
+        :raises ValueError: naming the first env and step whose window does not nest, and what to do.
+        """
+        width = self.token_ids.shape[-1]
+        _, _, _, ids, mask = self._final_windows(segments)
+        owner = th.empty(self.buffer_size, self.n_envs, dtype=th.long, device=self.device)  # step -> its segment
+        for s, (e, t0, t1) in enumerate(segments.tolist()):
+            owner[t0:t1, e] = s
+        n_valid = self.token_mask.sum(dim=-1)
+        shift = mask.sum(dim=1)[owner] - n_valid  # final window column = observation column - shift
+        col = th.arange(width, device=self.device)
+        src = (col - shift.unsqueeze(-1)).clamp(min=0)
+        final_ids, final_mask = ids[owner].gather(-1, src), mask[owner].gather(-1, src)
+        valid = self.token_mask != 0
+        nested = ((final_ids == self.token_ids) & (final_mask == 1)) | ~valid
+        action_col = (width - shift).clamp(max=width - 1)
+        acted = ids[owner].gather(-1, action_col.unsqueeze(-1)).squeeze(-1)
+        actions = th.as_tensor(self.actions[..., 0], device=self.device).long()
+        ok = nested.all(dim=-1) & (shift >= 1) & (acted == actions)
+        if not bool(ok.all()):
+            t, e = (int(i) for i in (~ok).nonzero()[0])
+            raise ValueError(
+                f"the text fast path needs every step's observation to be the beginning of its episode's final window "
+                f"(the env appends tokens and never drops any while the agent acts); env {e}'s observation at step "
+                f"{t} is not (e.g. the env shifted tokens out on the left). Pass rollout_buffer_class="
+                "DictRolloutBuffer to train on the per-transition path, or widen the env's window"
+            )
 
     def sequence_samples(self, segments: np.ndarray) -> SequenceSamples:
         """
         The :class:`SequenceSamples` of the given segments (rows of :func:`episode_segments`).
         """
         width = self.token_ids.shape[-1]
-        env = th.as_tensor(segments[:, 0], device=self.device)
-        first = th.as_tensor(segments[:, 1], device=self.device)
-        last = th.as_tensor(segments[:, 2] - 1, device=self.device)
+        env, first, last, ids, mask = self._final_windows(segments)
         length = last - first + 1
-        actions = th.as_tensor(self.actions[..., 0], device=self.device).long()  # [n_steps, n_envs]
-        # the episode's window after its last step in the rollout
-        ids = th.cat([self.token_ids[last, env, 1:], actions[last, env].unsqueeze(1)], dim=1)
-        mask = th.cat([self.token_mask[last, env, 1:], th.ones_like(length).unsqueeze(1)], dim=1)
-        # step first + k sits at column W - length + k
-        k = th.arange(width, device=self.device).unsqueeze(0) - (width - length).unsqueeze(1)
-        action_mask = k >= 0
-        step = th.where(action_mask, first.unsqueeze(1) + k, th.zeros_like(k))
+        # step first + k (k < length) acted right after its observation's n valid tokens: column W - N + n, N being
+        # the final window's valid count (single-turn episodes: W - length + k; interactive ones skip the replies)
+        k = th.arange(int(length.max()), device=self.device).unsqueeze(0)
+        has = k < length.unsqueeze(1)
+        steps = th.where(has, first.unsqueeze(1) + k, first.unsqueeze(1))
+        n_valid = self.token_mask.sum(dim=-1)  # [n_steps, n_envs]
+        cols = width - mask.sum(dim=1, keepdim=True) + n_valid[steps, env.unsqueeze(1)]
+        cols = th.where(has, cols, th.full_like(cols, width))  # padding of short segments: a spare column
+        action_mask = th.zeros(len(env), width + 1, dtype=th.bool, device=self.device)
+        action_mask = action_mask.scatter(1, cols, has)[:, :width]
+        step = th.zeros(len(env), width + 1, dtype=th.long, device=self.device).scatter(1, cols, steps)[:, :width]
         env_col = env.unsqueeze(1).expand_as(step)
 
         def per_step(values: np.ndarray) -> th.Tensor:
