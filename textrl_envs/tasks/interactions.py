@@ -65,7 +65,7 @@ class Calculator(Interaction):
     """Arithmetic with a calculator tool: call it with ``calc: a*b`` or answer with a number.
 
     A turn that starts with ``calc`` is a call: ``calc: <int> <op> <int>`` with ``op`` one of ``+ - *`` gets the
-    reply ``" = <value>."``; a call that does not parse gets ``" error: write calc: 37*12."`` (a reply, not a
+    reply ``" = <value>."``; a call that does not parse gets ``" error: write calc: a*b."`` (a reply, not a
     crash). Any other turn is the final answer: the episode ends, reward 1 when its text (stripped) is exactly
     the answer (the prompt's metadata ``answer``, else the value of the first ``a op b`` in the prompt), else 0.
     """
@@ -91,6 +91,6 @@ class Calculator(Interaction):
         if text.lstrip().startswith("calc"):
             m = self.CALL.match(text)
             if m is None:
-                return Reply(" error: write calc: 37*12.")
+                return Reply(" error: write calc: a*b.")
             return Reply(f" = {self.evaluate(int(m.group(1)), m.group(2), int(m.group(3)))}.")
         return Reply(None, reward=1.0 if text.strip() == state["answer"] else 0.0, done=True)

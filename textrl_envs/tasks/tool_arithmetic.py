@@ -17,7 +17,7 @@ class ToolArithmeticEnv(TextGenEnv):
     seed 0, :func:`textrl_envs.tasks.tool_arithmetic_prompts`), past the one- and two-digit facts the bundled
     LM learned. A turn ends at EOS. A turn that starts with ``calc`` is a call, ``calc: 37*12`` (two integers
     and one of ``+ - *``): the environment appends ``" = 444."``; a call that does not parse gets
-    ``" error: write calc: 37*12."``. Any other turn is the final answer
+    ``" error: write calc: a*b."``. Any other turn is the final answer
     (:class:`~textrl_envs.tasks.interactions.Calculator`).
 
     ## Action Space
@@ -26,7 +26,7 @@ class ToolArithmeticEnv(TextGenEnv):
 
     ## Observation Space
     ``Dict(input_ids=Box(0, V-1, (W,), int64), attention_mask=Box(0, 1, (W,), int64))`` with
-    ``W = max_prompt_tokens + max_new_tokens`` (defaults ``12 + 40 = 52``): the prompt, then the conversation,
+    ``W = max_prompt_tokens + max_new_tokens`` (defaults ``12 + 48 = 60``): the prompt, then the conversation,
     right-aligned, pad on the left with mask 0.
 
     ## Rewards
@@ -39,12 +39,12 @@ class ToolArithmeticEnv(TextGenEnv):
 
     ## Episode End
     Terminated at the final answer; truncated after ``max_turns = 3`` turns (calls included) or when
-    ``max_new_tokens = 40`` tokens after the prompt are spent; a turn also ends after ``max_turn_tokens = 12``
+    ``max_new_tokens = 48`` tokens after the prompt are spent; a turn also ends after ``max_turn_tokens = 12``
     tokens. The final ``info`` holds ``prompt``, ``completion`` (the conversation after the prompt),
     ``completion_ids``, ``prompt_index``, ``reward``, ``turns`` and ``transcript``.
 
     ## Arguments
-    ``gym.make("ToolArithmetic-v0", max_turns=3, max_turn_tokens=12, turn_end=None, max_new_tokens=40,
+    ``gym.make("ToolArithmetic-v0", max_turns=3, max_turn_tokens=12, turn_end=None, max_new_tokens=48,
     max_prompt_tokens=12, prompts=None, tokenizer=None, interaction=None, reward=None, reward_timeout=None,
     render_mode=None)``. Own prompts: ``{"prompt": "Compute 12*34.", "answer": "408"}``.
 
