@@ -472,7 +472,5 @@ def test_opening_that_fills_the_budget_is_an_error():
     env = TextGenEnv(prompts=["Talk:"], interaction=Chatty(), max_new_tokens=10)
     with warnings.catch_warnings():  # it is also longer than the window (a warning): the error is what counts
         warnings.simplefilter("ignore")
-        with pytest.raises(
-            ValueError, match=r"the opening has \d+ tokens, which leaves the agent none .*max_new_tokens=10"
-    ):
-        env.reset(seed=0)
+        with pytest.raises(ValueError, match=r"the opening has \d+ tokens, which leaves the agent none"):
+            env.reset(seed=0)
