@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {
     "quickstart.py": ["--timesteps", "96"],
     "custom_reward.py": ["--timesteps", "128"],
+    "interactive_task.py": ["--timesteps", "256"],
     "distributed_train.py": ["--timesteps", "128"],
     "local_hf_model.py": ["--timesteps", "64"],
     "ppo_vs_grpo.py": ["--timesteps", "128"],

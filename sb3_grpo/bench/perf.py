@@ -13,48 +13,28 @@ Each measurement is a plain function returning a row (``name``, ``ours``, ``base
    stock ``PPO.train`` on one and the same rollout, and on that rollout the cost of the gradient-variance
    penalty over all LM parameters and over the last block.
 4. :func:`grad_var_cost`: the same penalty's cost on an MLP (CartPole-v1).
+5. :func:`~sb3_grpo.bench.perf_interactive.interactive_rollout`: rollout tokens/s on an interactive env
+   (``GuessNumber-v0``) with the KV cache extended by each reply in one forward, against the same cache that
+   recomputes a row after every reply.
 
 Paired measurements alternate their calls (A, B, A, B, ...) after one warm-up each and report medians, so a
-load spike on a shared machine does not land on one side only. The measuring functions live here (importable
-from an installed package); ``scripts/bench_*.py`` hold the longer, configurable versions of the env and
-rollout measurements, and ``scripts/bench_update.py`` is a command-line front end to :func:`update_seq_vs_stock`.
+load spike on a shared machine does not land on one side only (:mod:`sb3_grpo.bench.timing`). The measuring
+functions live here (importable from an installed package); ``scripts/bench_*.py`` hold the longer, configurable
+versions of the env and rollout measurements, and ``scripts/bench_update.py`` is a command-line front end to
+:func:`update_seq_vs_stock`.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-def _ratio(ours: float | None, baseline: float | None, higher_is_better: bool) -> float | None:
-    if ours is None or baseline is None or ours <= 0 or baseline <= 0:
-        return None
-    return ours / baseline if higher_is_better else baseline / ours
-
-
-def _row(
-    name: str,
-    ours: float | None,
-    baseline: float | None,
-    unit: str,
-    notes: str,
-    higher_is_better: bool,
-    cpu: tuple[float | None, float | None] | None = None,
-) -> dict:
-    """One measurement: wall-clock figures, and the same ratio on process CPU time when ``cpu`` is given."""
-    return {
-        "name": name,
-        "ours": ours,
-        "baseline": baseline,
-        "ratio": _ratio(ours, baseline, higher_is_better),
-        "cpu_ratio": _ratio(*cpu, higher_is_better) if cpu is not None else None,
-        "unit": unit,
-        "notes": notes,
-    }
+from sb3_grpo.bench.perf_interactive import interactive_rollout
+from sb3_grpo.bench.timing import interleaved as _interleaved
+from sb3_grpo.bench.timing import row as _row
 
 
 def _length_reward(prompts, completions, **kwargs):  # noqa: ARG001  (a reward's signature)
@@ -125,34 +105,6 @@ def vector_env_vs_sync(
 # ------------------------------------------------------------------------------------------------------------
 # 2. rollout vs generate vs full recompute
 # ------------------------------------------------------------------------------------------------------------
-
-
-def _interleaved(timers: dict[Any, Any], repeats: int) -> tuple[dict[Any, float], dict[Any, float]]:
-    """Median wall-clock and process-CPU seconds of each zero-argument callable, calls alternating.
-
-    Alternating (A, B, A, B, ...) after one warm-up call each, rather than timing A's repeats then B's, keeps a
-    load spike on a shared machine from landing on one side of a comparison only. Process CPU time (all of this
-    process's threads) hardly depends on what other processes do, so its ratios are the steadier figure on a
-    shared machine; wall-clock is what a user waits.
-
-    :param timers: ``{name: fn}``; each call does one unit of work.
-    :param repeats: Timed calls per callable.
-    :return: ``({name: median wall seconds}, {name: median CPU seconds})``.
-    """
-    for fn in timers.values():
-        fn()
-    wall: dict[Any, list[float]] = {name: [] for name in timers}
-    cpu: dict[Any, list[float]] = {name: [] for name in timers}
-    for _ in range(repeats):
-        for name, fn in timers.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
-            fn()
-            wall[name].append(time.perf_counter() - start)
-            cpu[name].append(time.process_time() - start_cpu)
-    return (
-        {name: statistics.median(v) for name, v in wall.items()},
-        {name: statistics.median(v) for name, v in cpu.items()},
-    )
 
 
 def _no_eos_tokenizer() -> Any:
@@ -567,6 +519,10 @@ def run_perf(out: Path, quick: bool = False, log: Any = print) -> dict:
             ),
         ),
         ("grad-var", lambda: grad_var_cost(quick=quick)),
+        (
+            "interactive",
+            lambda: interactive_rollout(n_envs=8 if quick else 16, steps=32 if quick else 96, repeats=repeats),
+        ),
     ]
     for name, fn in steps:
         log(f"perf: {name} ...")

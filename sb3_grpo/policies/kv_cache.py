@@ -369,6 +369,9 @@ class RolloutCache:
         self._lm_config = lm_config
         self.states: OrderedDict[int, _BatchCache] = OrderedDict()
         self.supported = True
+        #: The most tokens one forward extends a row by (``None``: any); a longer extension is recomputed. Only a
+        #: measuring knob: ``sb3-grpo perf`` sets 1 for the baseline that recomputes a row after every reply.
+        self.max_extend: int | None = None
         self._param_list: list[th.Tensor] | None = None
         self.memo = PrefillMemo()
 
@@ -472,8 +475,7 @@ class RolloutCache:
             self.states.popitem(last=False)
         return state.logits, state.values
 
-    @staticmethod
-    def _classify(state: _BatchCache, ids: th.Tensor, mask: th.Tensor) -> _Rows:
+    def _classify(self, state: _BatchCache, ids: th.Tensor, mask: th.Tensor) -> _Rows:
         """Per row: ``same`` (the cached window), ``extend`` (cached window + ``k`` tokens), ``replace`` (the window
         before the look-ahead + ``k`` tokens not starting with the look-ahead one), ``back`` (the window before the
         look-ahead itself), ``redo`` (anything else); ``k`` per row (0 unless ``extend`` or ``replace``)."""
@@ -486,6 +488,8 @@ class RolloutCache:
             replace = (k_prev > 0) & ~same & ~extend
             back = (state.prev_ids == ids).all(dim=1) & (state.prev_mask == mask).all(dim=1) & ~same
             k = th.where(replace, k_prev, k)
+        if self.max_extend is not None:
+            extend, replace = extend & (k <= self.max_extend), replace & (k <= self.max_extend)
         k = th.where(extend | replace, k, th.zeros_like(k))
         return _Rows(same, extend, replace, back, ~(same | extend | replace | back), k)
 
