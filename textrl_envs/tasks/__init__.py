@@ -124,9 +124,9 @@ def keyword_prompts(n: int = 200, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def guess_number_prompts() -> list[dict[str, Any]]:
-    """The one ``GuessNumber-v0`` prompt, ``{"prompt": "Guess 1-16: x=", "low": 1, "high": 16}`` (the secret's range
-    is metadata: prompts of your own may set other ranges)."""
-    return [{"prompt": "Guess 1-16: x=", "low": 1, "high": 16}]
+    """The one ``GuessNumber-v0`` prompt, ``{"prompt": "Guess 1-8: x=", "low": 1, "high": 8}`` (the secret's range
+    is metadata: prompts of your own may set other ranges, e.g. ``"Guess 1-16: x="`` with ``"high": 16``)."""
+    return [{"prompt": "Guess 1-8: x=", "low": 1, "high": 8}]
 
 
 def tool_arithmetic_prompts(n: int = 300, seed: int = 0) -> list[dict[str, str]]:
@@ -146,10 +146,10 @@ def tool_arithmetic_prompts(n: int = 300, seed: int = 0) -> list[dict[str, str]]
 
 
 def guess_number_interaction():
-    """``GuessNumber-v0``'s :class:`~textrl_envs.tasks.interactions.GuessNumber` (secret 1-16)."""
+    """``GuessNumber-v0``'s :class:`~textrl_envs.tasks.interactions.GuessNumber` (secret 1-8 unless the prompt says)."""
     from textrl_envs.tasks.interactions import GuessNumber
 
-    return GuessNumber()
+    return GuessNumber(low=1, high=8)
 
 
 def calculator_interaction():
@@ -226,13 +226,13 @@ KEYWORDS = Task(
 GUESS_NUMBER = Task(
     env_id="GuessNumber-v0",
     entry_point="textrl_envs.tasks.guess_number:GuessNumberEnv",
-    summary="interactive: guess a secret number in 1-16, the env answers higher / lower; reward 1 - 0.1 per extra turn",
+    summary="interactive: guess a secret number in 1-8, the env answers higher / lower; reward 1 - 0.1 per extra turn",
     prompts=guess_number_prompts,
     reward=None,
-    max_new_tokens=60,
+    max_new_tokens=48,
     max_prompt_tokens=12,
     interaction=guess_number_interaction,
-    max_turns=6,
+    max_turns=4,
     max_turn_tokens=3,
 )
 

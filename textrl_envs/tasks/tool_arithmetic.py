@@ -13,7 +13,7 @@ class ToolArithmeticEnv(TextGenEnv):
     writes back, and the reward comes only from the final answer.
 
     ## Description
-    Prompts are ``"Compute a*b."`` with ``a`` in 13-99 and ``b`` in 3-19 (about 300 distinct problems drawn with
+    Prompts are ``"Compute a*b."`` with ``a`` in 13-99 and ``b`` in 3-19 (269 distinct problems, 300 draws with
     seed 0, :func:`textrl_envs.tasks.tool_arithmetic_prompts`), past the one- and two-digit facts the bundled
     LM learned. A turn ends at EOS. A turn that starts with ``calc`` is a call, ``calc: 37*12`` (two integers
     and one of ``+ - *``): the environment appends ``" = 444."``; a call that does not parse gets
