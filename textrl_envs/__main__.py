@@ -2,7 +2,8 @@
 
 This is the offline smoke job of the package: it builds ``gym.make(env_id)`` on the bundled
 tokenizer, lets the bundled causal LM act as the policy (plain sampling, one token per step),
-and prints each prompt, completion and reward.
+and prints each prompt, completion and reward (an interactive env's completion is the conversation
+after the prompt, the environment's replies included, and its reward the episode's total).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     rewards = []
     for episode in range(args.episodes):
         obs, _ = env.reset(seed=args.seed + episode)
-        done = False
+        done, total = False, 0.0
         while not done:
             ids = torch.as_tensor(obs["input_ids"])[None]
             mask = torch.as_tensor(obs["attention_mask"])[None]
@@ -53,9 +54,9 @@ def main(argv: list[str] | None = None) -> None:
                 logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[0, -1, :vocab]
             action = int(torch.multinomial(torch.softmax(logits / args.temperature, -1), 1))
             obs, reward, terminated, truncated, info = env.step(action)
-            done = terminated or truncated
-        rewards.append(reward)
-        print(f"[{reward:+.3f}] {info['prompt']!r} -> {info['completion']!r}")
+            done, total = terminated or truncated, total + reward  # interactive tasks may pay per turn
+        rewards.append(total)
+        print(f"[{total:+.3f}] {info['prompt']!r} -> {info['completion']!r}")
     print(f"{args.env}: mean reward {np.mean(rewards):+.3f} over {len(rewards)} completions")
 
 
