@@ -324,6 +324,8 @@ def build_spec(
     reward_fn = resolve_reward(reward, **(reward_kwargs or {}))
     tok = load_tokenizer(tokenizer)
     eos, pad = _special_ids(tok)
+    if defaults is not None and not defaults.stop_at_eos:
+        eos = None  # the task's episodes always run their budget (pad keeps the EOS id, masked)
     ids = [encode_prompt(tok, t, max_prompt_tokens, prompt_truncation, f"prompt #{i}") for i, t in enumerate(texts)]
     return EpisodeSpec(
         tokenizer=tok,

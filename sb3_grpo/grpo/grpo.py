@@ -45,9 +45,7 @@ from sb3_grpo.grpo.validation import (
     check_ppo_batching,
     warn_if_exploration_clips,
 )
-from sb3_grpo.objectives import (
-    uniform_log_prob,
-)
+from sb3_grpo.objectives import uniform_log_prob
 from sb3_grpo.policies.models import portable_policy_kwargs
 
 SelfGRPO = TypeVar("SelfGRPO", bound="GRPO")
@@ -135,6 +133,7 @@ class GRPO(OnPolicyAlgorithm):
     :param grad_var_slices: ``K >= 2``, number of minibatch slices the variance is measured over
     :param grad_var_params: ``None`` (all trainable parameters) or a list of parameter-name prefixes
         (``policy.named_parameters()``), e.g. ``["action_net", "mlp_extractor.policy_net"]``
+    :param grad_var_normalize: penalize ``Var / sg(mean_k ||g_k||^2)`` (scale-free, in [0, 1]) instead of ``Var``
     :param adaptive_clip: ``(scale for A > 0, scale for A <= 0)``, both positive; ``None`` turns it off
     :param explore_alpha: initial uniform-mixture weight in ``[0, 1]`` (0 turns it off)
     :param explore_fraction: fraction of ``total_timesteps`` over which ``alpha`` decays to 0, in ``(0, 1]``
@@ -186,6 +185,7 @@ class GRPO(OnPolicyAlgorithm):
         grad_var_coef: float = 0.01,
         grad_var_slices: int = 4,
         grad_var_params: list[str] | None = None,
+        grad_var_normalize: bool = False,
         adaptive_clip: tuple[float, float] | None = (1.1, 0.9),
         explore_alpha: float = 0.05,
         explore_fraction: float = 0.5,
@@ -260,6 +260,7 @@ class GRPO(OnPolicyAlgorithm):
         self.grad_var_coef = float(grad_var_coef)
         self.grad_var_slices = int(grad_var_slices)
         self.grad_var_params = list(grad_var_params) if grad_var_params is not None else None
+        self.grad_var_normalize = bool(grad_var_normalize)
         self.adaptive_clip = adaptive_clip
         self.explore_alpha = float(explore_alpha)
         self.explore_fraction = float(explore_fraction)
@@ -321,7 +322,7 @@ class GRPO(OnPolicyAlgorithm):
             self.adaptive_clip = (float(self.adaptive_clip[0]), float(self.adaptive_clip[1]))
         # GRPO state; nothing here draws from a random generator, so PPO's RNG stream is untouched
         params = select_parameters(self.policy, self.grad_var_params) if self.grad_var_coef > 0 else []
-        self._grad_var = GradVarPenalty(params)
+        self._grad_var = GradVarPenalty(params, normalize=getattr(self, "grad_var_normalize", False))
         # the KL reference: a frozen copy of the initial policy, unless the policy has its own (LoRA, adapters off)
         own_reference = hasattr(self.policy, "reference_evaluate_actions")
         self.ref_policy = frozen_copy(self.policy) if self.kl_coef > 0 and not own_reference else None

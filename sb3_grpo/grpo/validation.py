@@ -57,9 +57,13 @@ def check_grpo_args(
         if int(grad_var_slices) != grad_var_slices or grad_var_slices < 2:
             raise ValueError(f"grad_var_slices must be an integer >= 2, got {grad_var_slices}")
         if grad_var_slices > batch_size:
-            raise ValueError(
-                f"grad_var_slices={grad_var_slices} is more than batch_size={batch_size} samples; "
-                "each slice needs at least one sample: lower grad_var_slices or raise batch_size"
+            # as PPO with a small batch: warn and train (the loss takes min(K, minibatch size) slices)
+            warnings.warn(
+                f"GRPO: grad_var_slices={grad_var_slices} is more than batch_size={batch_size}: the gradient-variance "
+                f"penalty uses min(grad_var_slices, minibatch size) slices (one sample each), and none for minibatches "
+                "of fewer than 2 samples (the penalty is then off). Raise batch_size or lower grad_var_slices to "
+                "measure it over more samples",
+                stacklevel=3,
             )
     if kl_coef < 0:
         raise ValueError(f"kl_coef must be >= 0 (0 turns the KL term off), got {kl_coef}")

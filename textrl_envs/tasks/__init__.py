@@ -45,6 +45,8 @@ class Task:
     :param max_new_tokens: Default generation budget.
     :param max_prompt_tokens: Default prompt budget.
     :param vector_entry_point: The batched env, ``"module:Class"`` (Gymnasium's ``vector_entry_point``).
+    :param stop_at_eos: Whether the tokenizer's EOS ends an episode (``False``: episodes always run
+        ``max_new_tokens`` tokens, and an EOS the policy writes is dropped from the text like any special token).
     """
 
     env_id: str
@@ -56,6 +58,7 @@ class Task:
     max_new_tokens: int = 24
     max_prompt_tokens: int = 16
     vector_entry_point: str = VECTOR_ENTRY_POINT
+    stop_at_eos: bool = True
 
 
 # -- prompt loaders (the bundled corpus is imported only when prompts are needed) -------------------------
@@ -172,8 +175,28 @@ KEYWORDS = Task(
     max_prompt_tokens=16,
 )
 
+LONG_REVIEW = Task(
+    env_id="LongReview-v0",
+    entry_point="textrl_envs.tasks.sentiment:LongReviewEnv",
+    summary="long positive review: 96 tokens every episode (EOS does not end it); reward sentiment of the whole "
+    "text + coherence under the reference LM + bigram-repetition penalty",
+    prompts=sentiment_prompts,
+    reward="composite",
+    # each term in about [-1, 1]: positive, fluent (as the reference LM reads it) and not repeating itself
+    reward_kwargs={
+        "components": [
+            ("sentiment", 1.0, {}),
+            ("coherence", 1.0, {}),
+            ("repetition", 1.0, {"n": 2}),
+        ]
+    },
+    max_new_tokens=96,
+    max_prompt_tokens=8,
+    stop_at_eos=False,
+)
+
 #: Every task, in registration order: the one list of env ids.
-TASKS: tuple[Task, ...] = (SENTIMENT, ARITHMETIC, INCREASING_NUMBERS, COMMONGEN, KEYWORDS)
+TASKS: tuple[Task, ...] = (SENTIMENT, ARITHMETIC, INCREASING_NUMBERS, COMMONGEN, KEYWORDS, LONG_REVIEW)
 
 _BY_ID: dict[str, Task] = {task.env_id: task for task in TASKS}
 if len(_BY_ID) != len(TASKS):
