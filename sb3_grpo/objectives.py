@@ -157,12 +157,6 @@ def gradient_variance(
     return stacked_variance(slice_gradients(slice_objectives, params, create_graph=create_graph, batched=batched))
 
 
-def stacked_variance(stacked: th.Tensor) -> th.Tensor:
-    """``Var = (1 / K) * sum_k || g_k - g_bar ||^2`` of stacked slice gradients ``(K, n_params)``."""
-    centered = stacked - stacked.mean(dim=0, keepdim=True)
-    return centered.pow(2).sum(dim=1).mean()
-
-
 def slice_gradients(
     slice_objectives: Sequence[th.Tensor],
     params: Sequence[th.Tensor],
@@ -206,6 +200,12 @@ def slice_gradients(
     return stacked
 
 
+def stacked_variance(stacked: th.Tensor) -> th.Tensor:
+    """``Var = (1 / K) * sum_k || g_k - g_bar ||^2`` of stacked slice gradients ``(K, n_params)``."""
+    centered = stacked - stacked.mean(dim=0, keepdim=True)
+    return centered.pow(2).sum(dim=1).mean()
+
+
 def relative_gradient_variance(stacked: th.Tensor, eps: float = 1e-12) -> th.Tensor:
     """
     The scale-free gradient noise ``Var / ((1/K) sum_k ||g_k||^2)`` of stacked slice gradients ``(K, n)``: the
@@ -218,3 +218,284 @@ def relative_gradient_variance(stacked: th.Tensor, eps: float = 1e-12) -> th.Ten
     :param eps: added to the denominator
     """
     return stacked_variance(stacked) / (stacked.pow(2).sum(dim=1).mean() + eps)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# KL to a reference policy
+# ----------------------------------------------------------------------------------------------------------
+def kl_k3(log_prob: th.Tensor, ref_log_prob: th.Tensor) -> th.Tensor:
+    """
+    Per-sample k3 estimator of ``KL(pi || pi_ref)`` for actions sampled from ``pi`` (Schulman 2020,
+    "Approximating KL Divergence"; DeepSeekMath eq. 4):
+
+    ``k3 = exp(ref - logp) - (ref - logp) - 1``  (unbiased, always >= 0)
+
+    :param log_prob: ``log pi(a|s)``, shape ``(B,)``
+    :param ref_log_prob: ``log pi_ref(a|s)``, shape ``(B,)``
+    :return: per-sample estimate, shape ``(B,)``
+    """
+    log_ratio = ref_log_prob - log_prob
+    return th.exp(log_ratio) - log_ratio - 1
+
+
+def kl_k3_weighted_mean(
+    log_prob: th.Tensor,
+    ref_log_prob: th.Tensor,
+    old_policy_log_prob: th.Tensor | None = None,
+    behaviour_log_prob: th.Tensor | None = None,
+) -> th.Tensor:
+    """
+    Mean k3 estimate of ``KL(pi || pi_ref)`` from actions drawn by a behaviour policy ``mu`` (e.g. the
+    exploration mixture ``(1 - alpha) * pi_old + alpha * uniform``), importance-weighted back to the policy:
+
+    ``KL_hat = (1 / N) * sum_i w_i * k3_i``,  ``w_i = pi_old(a_i|s_i) / mu(a_i|s_i) = exp(old_policy_log_prob_i
+    - behaviour_log_prob_i)``,  ``k3_i = kl_k3(log_prob_i, ref_log_prob_i)``
+
+    Since ``E_mu[w f] = E_pi_old[f]`` (importance sampling), ``KL_hat`` is an unbiased estimate of the mean k3
+    that ``N`` tokens sampled from ``pi_old`` itself would give, i.e. of ``KL(pi || pi_ref)`` (Schulman's k3 is
+    unbiased under the sampling policy) at the visited states. The weights carry no gradient (they are rollout
+    data); the gradient flows through ``k3`` exactly as in the unweighted mean.
+
+    Normalised by the count ``N``, not by ``sum_i w_i`` (self-normalised importance sampling): the count keeps
+    the estimate unbiased, the weights of the uniform mixture are bounded (``w <= 1 / (1 - alpha)``, so the
+    variance cannot blow up, which is the usual reason to self-normalise), the loss of a minibatch stays a sum
+    of per-token terms (the same whichever way the tokens are grouped into minibatches), and with
+    ``mu = pi_old`` every weight is exactly 1 and the result is bit-identical to ``kl_k3(...).mean()``.
+
+    :param log_prob: ``log pi(a|s)`` of the current policy (with gradient), shape ``(N,)``
+    :param ref_log_prob: ``log pi_ref(a|s)``, shape ``(N,)``
+    :param old_policy_log_prob: ``log pi_old(a|s)`` of the policy that acted (before mixing), shape ``(N,)``;
+        ``None`` (with ``behaviour_log_prob=None``): the actions are the policy's own samples, all weights 1
+    :param behaviour_log_prob: ``log mu(a|s)`` of the distribution the actions were drawn from, shape ``(N,)``
+    :return: the scalar estimate
+    """
+    if old_policy_log_prob is None and behaviour_log_prob is None:
+        return kl_k3(log_prob, ref_log_prob).mean()
+    if old_policy_log_prob is None or behaviour_log_prob is None:
+        raise ValueError(
+            "kl_k3_weighted_mean needs both old_policy_log_prob (log pi_old) and behaviour_log_prob (log mu) for "
+            "the importance weights pi_old / mu, or neither (the actions were sampled from pi_old)"
+        )
+    if old_policy_log_prob.shape != log_prob.shape or behaviour_log_prob.shape != log_prob.shape:
+        raise ValueError(
+            f"kl_k3_weighted_mean: old_policy_log_prob {tuple(old_policy_log_prob.shape)} and behaviour_log_prob "
+            f"{tuple(behaviour_log_prob.shape)} must have the shape of log_prob {tuple(log_prob.shape)} "
+            "(one per action)"
+        )
+    weights = th.exp((old_policy_log_prob - behaviour_log_prob).detach()).to(log_prob.dtype)
+    # a token pi_old cannot produce (w = 0, e.g. an explored token outside a top-k policy's support) adds exactly
+    # 0, value and gradient: its k3 is evaluated at log_prob := ref_log_prob instead of an inf (0 * inf = nan)
+    log_prob = th.where(weights > 0, log_prob, ref_log_prob.detach())
+    return (weights * kl_k3(log_prob, ref_log_prob)).mean()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Group advantages (per episode)
+# ----------------------------------------------------------------------------------------------------------
+def _group_index(group_ids: th.Tensor) -> tuple[th.Tensor, th.Tensor, int]:
+    """Map arbitrary group ids to ``0 .. n_groups - 1``; returns (index, counts, n_groups)."""
+    _, index, counts = th.unique(group_ids, return_inverse=True, return_counts=True)
+    return index, counts, int(counts.numel())
+
+
+def group_advantages(returns: th.Tensor, group_ids: th.Tensor, eps: float = 1e-8) -> tuple[th.Tensor, th.Tensor]:
+    """
+    Group-relative advantage of DeepSeekMath's GRPO (arXiv 2402.03300, section 4.1.2, outcome supervision):
+
+    ``A_i = (r_i - mean_{j in g(i)} r_j) / (std_{j in g(i)} r_j + eps)``
+
+    with the *unbiased* (``G - 1``) standard deviation, as in DeepSeekMath's and TRL's reference code.
+    Every token (step) of completion ``i`` gets ``A_i``. Groups with fewer than 2 members are not
+    defined; they get ``A = 0`` and ``valid = False``.
+
+    :param returns: one return per episode, shape ``(E,)``
+    :param group_ids: the group (prompt round) of each episode, integer tensor ``(E,)``
+    :param eps: added to the standard deviation
+    :return: ``(advantages, valid)``, both of shape ``(E,)``
+    """
+    returns = returns.double()
+    index, counts, n_groups = _group_index(group_ids)
+    sums = th.zeros(n_groups, dtype=returns.dtype).index_add_(0, index, returns)
+    means = sums / counts
+    sq = th.zeros(n_groups, dtype=returns.dtype).index_add_(0, index, (returns - means[index]) ** 2)
+    stds = th.sqrt(sq / (counts - 1).clamp(min=1))
+    valid = counts[index] >= 2
+    adv = (returns - means[index]) / (stds[index] + eps)
+    return th.where(valid, adv, th.zeros_like(adv)).float(), valid
+
+
+def rloo_advantages(returns: th.Tensor, group_ids: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    """
+    REINFORCE leave-one-out advantage (Kool et al. 2019; Ahmadian et al. 2024, arXiv 2402.14740, eq. 6):
+
+    ``A_i = r_i - (1 / (G - 1)) * sum_{j in g(i), j != i} r_j  =  G / (G - 1) * (r_i - mean_g r)``
+
+    The baseline of each sample is the mean of the *other* members of its group, so it is independent of
+    the sample and the estimator stays unbiased. Groups with fewer than 2 members: ``A = 0``, not valid.
+
+    :param returns: one return per episode, shape ``(E,)``
+    :param group_ids: the group of each episode, shape ``(E,)``
+    :return: ``(advantages, valid)``, both of shape ``(E,)``
+    """
+    returns = returns.double()
+    index, counts, n_groups = _group_index(group_ids)
+    sums = th.zeros(n_groups, dtype=returns.dtype).index_add_(0, index, returns)
+    n = counts[index].to(returns.dtype)
+    valid = counts[index] >= 2
+    baseline = (sums[index] - returns) / (n - 1).clamp(min=1)
+    adv = returns - baseline
+    return th.where(valid, adv, th.zeros_like(adv)).float(), valid
+
+
+def self_critical_advantages(
+    returns: th.Tensor, group_ids: th.Tensor, is_greedy: th.Tensor
+) -> tuple[th.Tensor, th.Tensor]:
+    """
+    Self-critical advantage (Rennie et al. 2017, arXiv 1612.00563, eq. 8): the baseline of a sampled
+    completion is the reward of the greedy (test-time) completion for the same prompt,
+
+    ``A_i = r_i - r_greedy(g(i))``
+
+    The greedy episodes themselves are not samples of the policy; they get ``A = 0`` and ``valid = False``.
+    Sampled episodes whose group has no finished greedy member also get ``A = 0``, ``valid = False``.
+    If a group holds several greedy episodes (it should not), their mean is the baseline.
+
+    :param returns: one return per episode, shape ``(E,)``
+    :param group_ids: the group of each episode, shape ``(E,)``
+    :param is_greedy: boolean, which episodes were generated greedily, shape ``(E,)``
+    :return: ``(advantages, valid)``, both of shape ``(E,)``
+    """
+    returns = returns.double()
+    is_greedy = is_greedy.bool()
+    index, _, n_groups = _group_index(group_ids)
+    greedy_sum = th.zeros(n_groups, dtype=returns.dtype).index_add_(0, index, th.where(is_greedy, returns, 0.0))
+    greedy_count = th.zeros(n_groups, dtype=returns.dtype).index_add_(0, index, is_greedy.to(returns.dtype))
+    has_baseline = greedy_count[index] > 0
+    baseline = greedy_sum[index] / greedy_count[index].clamp(min=1)
+    valid = has_baseline & ~is_greedy
+    adv = returns - baseline
+    return th.where(valid, adv, th.zeros_like(adv)).float(), valid
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Uniform-mixture exploration
+# ----------------------------------------------------------------------------------------------------------
+def _box_bounds(action_space: spaces.Box, squashed: bool) -> tuple[np.ndarray, np.ndarray]:
+    if squashed:
+        # SB3 policies with squash_output sample in [-1, 1] and unscale afterwards
+        return -np.ones(action_space.shape, dtype=np.float64), np.ones(action_space.shape, dtype=np.float64)
+    low = np.asarray(action_space.low, dtype=np.float64)
+    high = np.asarray(action_space.high, dtype=np.float64)
+    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+        raise ValueError(
+            "uniform exploration needs a bounded Box action space; got low="
+            f"{action_space.low}, high={action_space.high}. Use explore_alpha=0 for unbounded actions."
+        )
+    return low, high
+
+
+def uniform_log_prob(
+    action_space: spaces.Space, actions: th.Tensor | None = None, squashed: bool = False
+) -> float | th.Tensor:
+    """
+    Log density of the uniform policy on ``action_space``.
+
+    - ``Discrete(n)``: ``-log n``; ``MultiDiscrete(nvec)``: ``-sum log n_k``; ``MultiBinary(d)``: ``-d log 2``.
+    - bounded ``Box``: ``-sum log(high - low)`` (``-log volume``) inside the box, ``-inf`` outside. The box
+      is the space the policy's distribution lives in: ``[low, high]`` for SB3's (unsquashed) Gaussian,
+      whose samples are clipped only when passed to the env, and ``[-1, 1]^d`` for squashed policies.
+
+    :param action_space: the action space
+    :param actions: for ``Box``, the actions (``(B, d)``) whose density is wanted; ignored otherwise
+    :param squashed: whether the policy squashes its actions to ``[-1, 1]`` (``policy.squash_output``)
+    :return: a float, or for ``Box`` with ``actions`` a tensor ``(B,)``
+    """
+    if isinstance(action_space, spaces.Discrete):
+        return -math.log(int(action_space.n))
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return -float(np.sum(np.log(action_space.nvec.astype(np.float64))))
+    if isinstance(action_space, spaces.MultiBinary):
+        return -float(np.prod(action_space.shape)) * math.log(2.0)
+    if isinstance(action_space, spaces.Box):
+        low, high = _box_bounds(action_space, squashed)
+        log_density = -float(np.sum(np.log(high - low)))
+        if actions is None:
+            return log_density
+        low_t = th.as_tensor(low, dtype=actions.dtype, device=actions.device).reshape(1, -1)
+        high_t = th.as_tensor(high, dtype=actions.dtype, device=actions.device).reshape(1, -1)
+        flat = actions.reshape(actions.shape[0], -1)
+        inside = ((flat >= low_t) & (flat <= high_t)).all(dim=1)
+        return th.where(inside, th.full_like(flat[:, 0], log_density), th.full_like(flat[:, 0], -math.inf))
+    raise ValueError(
+        f"uniform exploration supports Discrete, MultiDiscrete, MultiBinary and bounded Box actions, "
+        f"not {type(action_space).__name__}"
+    )
+
+
+def uniform_sample(action_space: spaces.Space, n: int, rng: np.random.Generator, squashed: bool = False) -> np.ndarray:
+    """
+    Draw ``n`` actions from the uniform policy on ``action_space`` (see :func:`uniform_log_prob`).
+
+    :param action_space: the action space
+    :param n: number of actions
+    :param rng: numpy generator (GRPO keeps its own, so exploration does not shift torch's RNG stream)
+    :param squashed: whether the policy squashes its actions to ``[-1, 1]``
+    :return: array of shape ``(n, *action_space.shape)``; discrete actions as the indices ``0 .. n - 1``
+        that SB3 policies emit (no ``start`` offset)
+    """
+    if isinstance(action_space, spaces.Discrete):
+        return rng.integers(0, int(action_space.n), size=n)
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return rng.integers(0, action_space.nvec, size=(n, *action_space.nvec.shape))
+    if isinstance(action_space, spaces.MultiBinary):
+        return rng.integers(0, 2, size=(n, *action_space.shape))
+    if isinstance(action_space, spaces.Box):
+        low, high = _box_bounds(action_space, squashed)
+        return rng.uniform(low, high, size=(n, *action_space.shape)).astype(np.float32)
+    raise ValueError(f"uniform exploration does not support {type(action_space).__name__} actions")
+
+
+def mixture_log_prob(log_prob: th.Tensor, uniform_log_prob_: float | th.Tensor, alpha: float) -> th.Tensor:
+    """
+    Log density of the exploration mixture ``(1 - alpha) * pi + alpha * uniform``:
+
+    ``log pi_mix(a) = logaddexp(log(1 - alpha) + log pi(a), log(alpha) + log u(a))``
+
+    Storing this as the rollout's ``old_log_prob`` makes the PPO ratio ``pi_new(a) / pi_mix(a)`` an honest
+    importance weight for actions drawn from the mixture. ``alpha = 0`` returns ``log_prob`` unchanged.
+
+    :param log_prob: ``log pi(a|s)``, shape ``(B,)``
+    :param uniform_log_prob_: ``log u(a)``: a float, or a tensor ``(B,)`` (``-inf`` outside a Box)
+    :param alpha: mixing weight in ``[0, 1]``
+    :return: ``log pi_mix(a|s)``, shape ``(B,)``
+    """
+    if alpha <= 0.0:
+        return log_prob
+    log_u = th.as_tensor(uniform_log_prob_, dtype=log_prob.dtype, device=log_prob.device).expand_as(log_prob)
+    if alpha >= 1.0:
+        return log_u.clone()
+    return th.logaddexp(log_prob + math.log1p(-alpha), log_u + math.log(alpha))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Diagnostics
+# ----------------------------------------------------------------------------------------------------------
+def pearson_corr(x: np.ndarray | th.Tensor, y: np.ndarray | th.Tensor) -> float:
+    """
+    Pearson correlation of two flat arrays; ``nan`` when either is constant. Used for
+    ``train/value_return_corr`` (values against their regression targets): below about 0.5 the value
+    head is undertrained and GAE advantages are mostly noise.
+
+    :param x: first sample
+    :param y: second sample
+    :return: the correlation coefficient in ``[-1, 1]`` or ``nan``
+    """
+    x = np.asarray(x, dtype=np.float64).ravel()
+    y = np.asarray(y, dtype=np.float64).ravel()
+    if x.size < 2:
+        return float("nan")
+    xc, yc = x - x.mean(), y - y.mean()
+    denom = math.sqrt(float(np.dot(xc, xc)) * float(np.dot(yc, yc)))
+    if denom == 0.0:
+        return float("nan")
+    return float(np.dot(xc, yc) / denom)

@@ -24,7 +24,8 @@ a reward that needs them is built.
 Modules: ``base`` (the :class:`RewardModel` protocol and :func:`call_reward`, the one place rewards are called
 and checked), ``registry`` (names -> factories), ``composite`` (weighted sums), and the built-ins by kind:
 ``sentiment``, ``match`` (verifiable answers), ``overlap`` (ROUGE/BLEU against reference texts),
-``constraints`` (keywords, length, repetition), ``coherence`` (fluency under a reference LM); ``metrics`` holds evaluation metrics, not rewards.
+``constraints`` (keywords, length, repetition), ``coherence`` (fluency under a reference LM);
+``metrics`` holds evaluation metrics, not rewards.
 
 A new built-in reward: a :class:`RewardModel` subclass in the module of its kind (or a new module here),
 decorated with ``@register_reward("name")``; import it below and add it to the list above. Importing this

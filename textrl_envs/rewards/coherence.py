@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from textrl_envs.rewards.base import RewardModel
-from textrl_envs.rewards.metrics import scored_rows, row_nll
+from textrl_envs.rewards.metrics import row_nll, scored_rows
 from textrl_envs.rewards.registry import register_reward
 
 
