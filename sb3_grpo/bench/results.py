@@ -44,13 +44,14 @@ SCHEMA_VERSION = 1
 # ------------------------------------------------------------------------------------------------------------
 
 
-def prepare_out_dir(out: Path, overwrite: bool, resume: bool) -> bool:
+def prepare_out_dir(out: Path, overwrite: bool, resume: bool, outputs: tuple[str, ...] = OUTPUT_NAMES) -> bool:
     """Create (or check) the out dir; on any failure nothing is left behind.
 
     :param out: The folder.
-    :param overwrite: Remove this command's previous outputs (results.json, report.md, curves.png,
-        tensorboard/) and start afresh; other files are left alone.
+    :param overwrite: Remove this command's previous outputs (``outputs``: for ``compare`` results.json, report.md,
+        curves.png, tensorboard/) and start afresh; other files are left alone.
     :param resume: Keep previous results and skip the runs they hold.
+    :param outputs: The names ``overwrite`` removes.
     :return: Whether the folder was created now.
     :raises CompareError: exists without --overwrite/--resume, is not a folder, or is not writable.
     """
@@ -81,7 +82,7 @@ def prepare_out_dir(out: Path, overwrite: bool, resume: bool) -> bool:
                 pass
         raise CompareError(f"cannot write to --out {out}: {err.strerror or err}; choose a writable folder") from None
     if overwrite:
-        for name in OUTPUT_NAMES:
+        for name in outputs:
             path = out / name
             if path.is_dir():
                 shutil.rmtree(path)

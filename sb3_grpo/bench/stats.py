@@ -168,7 +168,9 @@ def probability_of_improvement(x: Sequence[float], y: Sequence[float], seed: int
     return bootstrap_ci([x, y], stat, seed=seed)
 
 
-def performance_profile(x: Sequence[float], taus: Sequence[float], seed: int = 0) -> list[Estimate]:
+def performance_profile(
+    x: Sequence[float], taus: Sequence[float], seed: int = 0, n_resamples: int = N_RESAMPLES
+) -> list[Estimate]:
     """The run-score distribution ``F(tau) = fraction of runs scoring above tau`` (Agarwal et al., section 4.2),
     at each ``tau``, with bootstrap intervals."""
     out = []
@@ -177,7 +179,7 @@ def performance_profile(x: Sequence[float], taus: Sequence[float], seed: int = 0
         def stat(a: np.ndarray, axis: int = -1, _tau: float = float(tau)) -> np.ndarray:
             return np.mean(a > _tau, axis=axis)
 
-        out.append(bootstrap_ci([x], stat, seed=seed))
+        out.append(bootstrap_ci([x], stat, seed=seed, n_resamples=n_resamples))
     return out
 
 
