@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -97,8 +98,6 @@ def bootstrap_ci(
     :return: The estimate; the interval is ``nan`` when a sample has fewer than 2 values or is constant
         under resampling.
     """
-    from scipy.stats import bootstrap
-
     data = [_clean(s) for s in samples]
     n = min(len(d) for d in data)
     if n == 0:
@@ -108,7 +107,16 @@ def bootstrap_ci(
         return Estimate(value, math.nan, math.nan, n)
     if all(np.all(d == d[0]) for d in data):  # nothing varies: the interval is the point
         return Estimate(value, value, value, n)
-    res = bootstrap(
+    with np.errstate(all="ignore"):  # a resample may have no spread (a ratio of stds is then inf or nan)
+        res = _bootstrap(data, statistic, n_resamples, seed)
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return Estimate(value, low, high, n)
+
+
+def _bootstrap(data: list[np.ndarray], statistic: Callable[..., Any], n_resamples: int, seed: int) -> Any:
+    from scipy.stats import bootstrap
+
+    return bootstrap(
         tuple(data),
         statistic,
         n_resamples=n_resamples,
@@ -119,8 +127,6 @@ def bootstrap_ci(
         axis=-1,
         rng=np.random.default_rng(seed),
     )
-    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    return Estimate(value, low, high, n)
 
 
 def iqm_estimate(x: Sequence[float], seed: int = 0) -> Estimate:
