@@ -17,6 +17,7 @@ resampled independently, so their intervals carry the uncertainty of both.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -102,12 +103,15 @@ def bootstrap_ci(
     n = min(len(d) for d in data)
     if n == 0:
         return Estimate(math.nan, math.nan, math.nan, 0)
-    value = float(statistic(*data, axis=-1))
-    if n < 2 or not math.isfinite(value):
-        return Estimate(value, math.nan, math.nan, n)
-    if all(np.all(d == d[0]) for d in data):  # nothing varies: the interval is the point
-        return Estimate(value, value, value, n)
-    with np.errstate(all="ignore"):  # a resample may have no spread (a ratio of stds is then inf or nan)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        # a std of one value, or a resample with no spread (a ratio of stds is then inf or nan), is not an error
+        warnings.simplefilter("ignore", RuntimeWarning)
+        value = float(statistic(*data, axis=-1))
+        if n < 2 or not math.isfinite(value):
+            return Estimate(value, math.nan, math.nan, n)
+        if all(np.all(d == d[0]) for d in data):  # nothing varies: the interval is the point
+            return Estimate(value, value, value, n)
+        warnings.simplefilter("ignore")  # SciPy's DegenerateDataWarning: every resample gave the same value
         res = _bootstrap(data, statistic, n_resamples, seed)
     low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
     return Estimate(value, low, high, n)
