@@ -43,7 +43,7 @@ def test_bootstrap_interval_matches_an_explicit_resampling_loop():
 
 
 def test_probability_of_improvement_counts_pairs():
-    x, y = [1.0, 2.0, 3.0], [2.0, 0.0]
+    x, y = [1.0, 2.0, 3.0, 2.5, 0.5], [2.0, 0.0, 1.0, 3.5, 1.5]
     pairs = [(a > b) + 0.5 * (a == b) for a, b in itertools.product(x, y)]
     est = stats.probability_of_improvement(x, y)
     assert est.value == pytest.approx(np.mean(pairs))
@@ -55,7 +55,9 @@ def test_ratio_of_stds_and_degenerate_samples():
     assert stats.ratio(x, y, stats.std).value == pytest.approx(0.5)
     one = stats.iqm_estimate([0.7])
     assert one.value == 0.7 and math.isnan(one.low) and not one.excludes(0.0)
-    flat = stats.iqm_estimate([0.5, 0.5, 0.5])
+    few = stats.relative_difference([1.0, 1.1, 1.2, 1.3], [0.1, 0.2, 0.1, 0.2])  # fewer than MIN_RUNS: no interval
+    assert few.value > 0 and math.isnan(few.low) and judge(few, 0.0, 0.15) == "inconclusive"
+    flat = stats.iqm_estimate([0.5] * 5)
     assert (flat.low, flat.high) == (0.5, 0.5)
     assert math.isnan(stats.iqm_estimate([]).value)
 
@@ -170,4 +172,6 @@ def test_progress_plain_lines_when_not_a_terminal():
     silent = io.StringIO()
     Progress(1, 10, enabled=False, stream=silent).end_run("x", "x done")
     assert silent.getvalue() == ""
-    assert format_duration(42) == "42 s" and format_duration(185) == "3 min 05 s" and format_duration(3720) == "1 h 02 min"
+    assert (
+        format_duration(42) == "42 s" and format_duration(185) == "3 min 05 s" and format_duration(3720) == "1 h 02 min"
+    )

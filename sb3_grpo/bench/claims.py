@@ -118,8 +118,8 @@ BUDGETS: dict[str, Budget] = {
     "smoke": Budget(
         "smoke", 2, 2, 1, 2, 1, 384, 384, 128, 128, 4, n_envs=4, overrides={"n_steps": 16, "batch_size": 64}
     ),
-    "default": Budget("default", 5, 5, 3, 4, 1, 6144, 3072, 4096, 4096, 32),
-    "full": Budget("full", 20, 20, 10, 8, 2, 16384, 8192, 8192, 8192, 64),
+    "default": Budget("default", 5, 5, 5, 4, 1, 6144, 3072, 4096, 4096, 32),
+    "full": Budget("full", 24, 16, 10, 8, 2, 16384, 8192, 8192, 8192, 64),
 }
 
 
@@ -188,8 +188,8 @@ def _seed_major(experiment: str, arms: list[tuple[str, str, CompareConfig]], see
 
 
 def phase_one(budget: Budget) -> list[Job]:
-    """The runs that need nothing else: untrained evaluations, tuning trials, ``collapse``, ``baselines``,
-    ``ablation`` (in that order, so that tuning ends early and ``phase_two`` can start)."""
+    """The runs that need nothing else: untrained evaluations, tuning trials, ``ablation``, ``collapse``,
+    ``baselines`` (in that order; :func:`phase_two`'s runs go first as soon as tuning is over)."""
     jobs = [
         Job(f"untrained/{env}", "untrained", env, "ppo-seq", 0, _config(budget, env, "ppo-seq", 1), untrained=True)
         for env in (LONG_ENV, REASONING_ENV, SHORT_ENV)
@@ -200,12 +200,12 @@ def phase_one(budget: Budget) -> list[Job]:
             cfg = _config(budget, LONG_ENV, algo, budget.tune_steps, trial)
             jobs += _seed_major("tune", [(f"{algo}/t{i}", algo, cfg)], tune_seeds)
     steps = budget.reason_steps
+    ablation = [(a, a, _config(budget, SHORT_ENV, a, budget.text_steps)) for a in ABLATION_ARMS]
+    jobs += _seed_major("ablation", ablation, list(range(budget.ablation_seeds)))
     collapse = [(a, a, _config(budget, REASONING_ENV, a, steps, COLLAPSE_SETTINGS)) for a in COLLAPSE_ARMS]
     jobs += _seed_major("collapse", collapse, list(range(budget.other_seeds)))
     baselines = [(a, a, _config(budget, SHORT_ENV, a, budget.text_steps)) for a in BASELINE_ARMS]
     jobs += _seed_major("baselines", baselines, list(range(budget.other_seeds)), probe=True)
-    ablation = [(a, a, _config(budget, SHORT_ENV, a, budget.text_steps)) for a in ABLATION_ARMS]
-    jobs += _seed_major("ablation", ablation, list(range(budget.ablation_seeds)))
     return jobs
 
 

@@ -134,27 +134,30 @@ def run_jobs(
     :param workers: Worker processes (1: run in this process).
     :param threads: Torch threads per worker process.
     """
+    todo = deque(jobs)
     if workers <= 1:
-        todo = deque(jobs)
         while todo:
             job = todo.popleft()
             progress.start_run(job.label, job.steps)
             record = _safe_execute(job, out, lambda n, r, lb=job.label: progress.advance(lb, n, r))
             progress.end_run(job.label, on_done(job, record), steps=job.steps)
-            todo.extend(more())
+            todo.extendleft(reversed(more()))  # jobs that became possible go first
         return
     ctx = mp.get_context("spawn")
     progress_queue = ctx.Queue()
     pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(progress_queue, threads))
     try:
-        running: dict[Future, Job] = {pool.submit(_worker_execute, job, out): job for job in jobs}
-        while running:
+        running: dict[Future, Job] = {}
+        while todo or running:
+            while todo and len(running) < workers:  # submit lazily, so that new jobs can jump the queue
+                job = todo.popleft()
+                running[pool.submit(_worker_execute, job, out)] = job
             done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
             _drain(progress_queue, progress)
             for future in done:
                 job = running.pop(future)
                 progress.end_run(job.label, on_done(job, future.result()), steps=job.steps)
-                running.update({pool.submit(_worker_execute, new, out): new for new in more()})
+                todo.extendleft(reversed(more()))
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         raise

@@ -26,6 +26,7 @@ import numpy as np
 
 __all__ = [
     "CONFIDENCE",
+    "MIN_RUNS",
     "N_RESAMPLES",
     "Estimate",
     "bootstrap_ci",
@@ -43,6 +44,9 @@ __all__ = [
 
 #: Coverage of every interval.
 CONFIDENCE = 0.95
+#: Fewest runs per sample for an interval: with fewer, the percentile bootstrap is far too narrow (with 2 runs
+#: most resamples repeat one value), so the estimate has no interval and every verdict on it is "inconclusive".
+MIN_RUNS = 5
 #: Bootstrap resamples (Agarwal et al. use 2,000 for their figures; 5,000 keeps the interval ends steady).
 N_RESAMPLES = 5000
 
@@ -96,8 +100,7 @@ def bootstrap_ci(
     :param statistic: A vectorised statistic ``f(*samples, axis=-1)``.
     :param seed: Seed of the resampling (results are reproducible).
     :param n_resamples: Number of bootstrap resamples.
-    :return: The estimate; the interval is ``nan`` when a sample has fewer than 2 values or is constant
-        under resampling.
+    :return: The estimate; the interval is ``nan`` when a sample has fewer than :data:`MIN_RUNS` values.
     """
     data = [_clean(s) for s in samples]
     n = min(len(d) for d in data)
@@ -107,7 +110,7 @@ def bootstrap_ci(
         # a std of one value, or a resample with no spread (a ratio of stds is then inf or nan), is not an error
         warnings.simplefilter("ignore", RuntimeWarning)
         value = float(statistic(*data, axis=-1))
-        if n < 2 or not math.isfinite(value):
+        if n < MIN_RUNS or not math.isfinite(value):
             return Estimate(value, math.nan, math.nan, n)
         if all(np.all(d == d[0]) for d in data):  # nothing varies: the interval is the point
             return Estimate(value, value, value, n)
