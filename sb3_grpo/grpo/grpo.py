@@ -81,6 +81,10 @@ class GRPO(OnPolicyAlgorithm):
       ``kl_coef`` when ``kl_target`` is set (:mod:`sb3_grpo.grpo.kl`). The reference is a frozen copy of the initial
       policy, or the policy's own ``reference_evaluate_actions`` (a LoRA model with its adapters off).
 
+    Drop-in with its defaults on: every action space SB3 supports (Box of any shape included), the classic-control
+    envs, and SB3's identity checks, where it ends at least where ``PPO`` does (``tests/test_dropin.py``); a
+    ``batch_size`` below ``grad_var_slices`` warns and measures the penalty over fewer slices (none below 2 samples).
+
     With ``grad_var_coef=0, adaptive_clip=None, explore_alpha=0, advantage="gae", kl_coef=0`` every
     operation (and every random draw) is the one SB3's ``PPO`` performs, so the parameters after
     ``learn()`` are identical to PPO's for the same seed (tested).
@@ -358,15 +362,8 @@ class GRPO(OnPolicyAlgorithm):
             self._explore_rng = np.random.default_rng(seed)
 
     def _excluded_save_params(self) -> list[str]:
-        return [
-            *super()._excluded_save_params(),
-            "ref_policy",
-            "batch_source",
-            "_data_parallel",
-            "_group_tracker",
-            "_grad_var",
-            "_sync_ranks_at_setup",
-        ]
+        own = ["ref_policy", "batch_source", "_data_parallel", "_group_tracker", "_grad_var", "_sync_ranks_at_setup"]
+        return [*super()._excluded_save_params(), *own]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         state_dicts, tensors = super()._get_torch_save_params()
