@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue as queue_mod
-import time
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -162,4 +161,3 @@ def run_jobs(
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
-    time.sleep(0)  # let the queue's feeder thread finish
