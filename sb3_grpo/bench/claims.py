@@ -165,7 +165,11 @@ class Job:
 
 def _config(budget: Budget, env_id: str, algo: str, steps: int, hyper: dict[str, Any] | None = None) -> CompareConfig:
     """A one-algorithm comparison config: text defaults, the budget's overrides, then ``hyper``."""
-    overrides = {algo: {**budget.overrides, **(hyper or {})}}
+    merged = {**budget.overrides, **(hyper or {})}
+    if "n_steps" in budget.overrides:  # a small rollout (smoke): no minibatch larger than it
+        rollout = budget.overrides["n_steps"] * budget.n_envs
+        merged["batch_size"] = min(merged.get("batch_size", rollout), rollout)
+    overrides = {algo: merged}
     return make_config(
         env_id,
         [algo],
