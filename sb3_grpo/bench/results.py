@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -142,11 +143,33 @@ def environment_info(device: str = "cpu") -> dict[str, Any]:
         "device": device,
         "gpu": th.cuda.get_device_name(0) if th.cuda.is_available() else None,
     }
+    hardware.update(_math_libraries())
     try:
         hardware["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         pass
     return {"versions": versions, "hardware": hardware}
+
+
+def _math_libraries() -> dict[str, Any]:
+    """What sets float rounding on a CPU, so two machines' reports can be told apart: the vector instructions
+    torch dispatches to, and the BLAS / LAPACK / oneDNN it was built with."""
+    import torch as th
+
+    info: dict[str, Any] = {}
+    try:
+        info["cpu_capability"] = th.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001  (older torch: leave it out)
+        pass
+    config = th.__config__.show()
+    for key in ("BLAS_INFO", "LAPACK_INFO"):
+        found = re.search(rf"\b{key}=([^,\s]+)", config)
+        if found:
+            info[key.lower()] = found.group(1)
+    dnn = [line.strip("- ").split(" (")[0] for line in config.splitlines() if "MKL-DNN" in line or "oneDNN" in line]
+    if dnn:
+        info["onednn"] = dnn[0]
+    return info
 
 
 def resolved_device(device: str) -> str:
