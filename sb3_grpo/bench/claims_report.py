@@ -109,7 +109,8 @@ def _header(results: dict[str, Any]) -> list[str]:
         f"Command: `{results.get('command')}`; {results.get('workers', 1)} worker(s); "
         f"{done} runs; last session {_minutes(wall)} wall, {_minutes(cpu)} CPU.",
         "",
-        f"Hardware: {hw.get('cpu', '?')}, {hw.get('usable_cpus', '?')} usable CPUs, load average at start "
+        f"Hardware: {hw.get('cpu', '?')} ({hw.get('cpu_capability', '?')}; BLAS {hw.get('blas_info', '?')}), "
+        f"{hw.get('usable_cpus', '?')} usable CPUs, load average at start "
         f"{hw.get('load_average_at_start', '?')}; versions: "
         + ", ".join(f"{k} {v}" for k, v in results.get("environment", {}).get("versions", {}).items()),
         "",
