@@ -28,7 +28,7 @@ def check_claims_extra() -> None:
         import scipy.stats  # noqa: F401  (its bootstrap makes every interval)
     except ImportError:
         raise ImportError(
-            "sb3-grpo claims needs SciPy for its interval estimates: pip install scipy (or pip install -e '.[bench]')"
+            "sb3-grpo claims needs SciPy for its interval estimates (a dependency of textrl): pip install scipy"
         ) from None
 
 
