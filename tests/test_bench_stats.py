@@ -89,7 +89,9 @@ def test_drawdown_and_collapse():
     rise_then_fall = [0.1, 0.5, 0.8, 0.9, 0.9, 0.2, 0.1, 0.1, 0.1, 0.1]
     assert collapsed(rise_then_fall)
     assert not collapsed([0.1, 0.5, 0.8, 0.9, 0.9, 0.2, 0.1, 0.8, 0.9, 0.9])  # recovered
-    assert not collapsed([0.5, 0.4, 0.3, 0.3, 0.3, 0.3])  # never rose above its start
+    assert not collapsed([0.5, 0.4, 0.3, 0.3, 0.3, 0.3])  # fell, but not below half of its best
+    assert collapsed([0.6, 0.4, 0.2, 0.1, 0.1, 0.1, 0.1])  # fell from the start to below half: collapsed
+    assert not collapsed([-0.5, -0.6, -0.9, -0.9, -0.9, -0.9])  # no positive best: half of it means nothing
     assert not collapsed([0.1, 0.9])  # too short to tell
 
 

@@ -136,8 +136,8 @@ DEFINITIONS = [
     "`D = max_t (max_{s<=t} y_s - y_t)` of the training curve `y` smoothed over 3 rollouts, averaged over seeds; "
     "each compared as a ratio (arm / baseline) with its interval.",
     "- **Collapse** (claim 3): the smoothed training reward ends below half of its running best and stays below it "
-    "for the last 3 rollouts, having risen above where it started. Counts are compared by the difference of "
-    "proportions with Newcombe's hybrid score interval.",
+    "for the last 3 rollouts (the running best positive; falling from the start counts). Counts are compared by the "
+    "difference of proportions with Newcombe's hybrid score interval.",
     "- **Gradient noise** (claim 5), one estimator for every arm: after each rollout, the gradients `g_k` of the "
     "policy-gradient surrogate on 4 slices of a minibatch, `Var / ((1/K) sum_k ||g_k||^2)` (scale-free: the "
     "baselines' advantages have different scales), averaged over the run.",

@@ -15,7 +15,8 @@ Definitions (also printed in ``claims.md``):
 - **drawdown** of a run: ``max_t (max_{s <= t} y_s - y_t)`` of its training curve ``y`` smoothed over 3 rollouts
   (:func:`~sb3_grpo.bench.stats.drawdown`); the arm's drawdown is the mean over its seeds;
 - **collapse** of a run: its smoothed training reward ends below half of its running best and has stayed below
-  that line for at least :data:`COLLAPSE_MIN_ROLLOUTS` rollouts (to the end), with the best above the curve's start;
+  that line for at least :data:`COLLAPSE_MIN_ROLLOUTS` rollouts (to the end), the best being positive (a run that
+  only falls from where it started collapses too);
 - **gradient noise** of a run: the mean over its rollouts of ``Var / ((1/K) sum_k ||g_k||^2)`` of the
   policy-gradient surrogate's slice gradients (:class:`~sb3_grpo.bench.diagnostics.GradientNoiseProbe`).
 """
@@ -77,7 +78,7 @@ def collapsed(curve: list[float], window: int = 3, min_rollouts: int = COLLAPSE_
     best = np.maximum.accumulate(smooth)
     below = smooth < 0.5 * best
     tail = below[-min_rollouts:]
-    return bool(tail.all() and best[-1] > smooth[0] and best[-1] > 0)
+    return bool(tail.all() and best[-1] > 0)
 
 
 def judge(est: stats.Estimate, null: float, claimed: float | None, higher_is_claimed: bool = True) -> str:
