@@ -127,13 +127,13 @@ CASES = [
         "env-max-new-tokens-zero",
         lambda: gym.make("TextGen-v0", max_new_tokens=0),
         ValueError,
-        r"max_new_tokens must be >= 1, got 0",
+        r"max_new_tokens must be an int >= 1, got 0; pass e.g. max_new_tokens=24",
     ),
     (
         "env-max-new-tokens-str",
         lambda: gym.make("TextGen-v0", max_new_tokens="8"),
         TypeError,
-        r"max_new_tokens must be an int, got str",
+        r"max_new_tokens must be an int >= 1, got '8' \(str\); pass e.g.",
     ),
     (
         "env-prompts-empty",
@@ -294,13 +294,13 @@ CASES = [
         "policy-temperature-zero",
         lambda: grpo("CausalLMPolicy", text_env(), policy_kwargs={"temperature": 0}),
         ValueError,
-        r"temperature must be > 0, got 0",
+        r"temperature must be a finite number > 0, got 0; e.g. temperature=1.0",
     ),
     (
         "policy-top-p",
         lambda: grpo("CausalLMPolicy", text_env(), policy_kwargs={"top_p": 1.5}),
         ValueError,
-        r"top_p must be in \(0, 1\], got 1.5",
+        r"top_p must be a finite number in \(0, 1\], got 1.5; None or 1.0 keeps every token",
     ),
     (
         "policy-model-missing-dir",
@@ -320,13 +320,13 @@ CASES = [
         "grpo-advantage",
         lambda: grpo("MlpPolicy", "CartPole-v1", advantage="grpo"),
         ValueError,
-        r"advantage='grpo' is not known; known: gae, group, rloo, self_critical",
+        r"advantage must be one of \('gae', 'group', 'rloo', 'self_critical'\), got 'grpo' \(did you mean 'group'\?\)",
     ),
     (
         "grpo-grad-var-coef",
         lambda: grpo("MlpPolicy", "CartPole-v1", grad_var_coef=-0.1),
         ValueError,
-        r"grad_var_coef must be >= 0",
+        r"grad_var_coef must be a finite number >= 0, got -0.1; 0 turns the penalty off",
     ),
     (
         "grpo-grad-var-slices",
@@ -344,7 +344,7 @@ CASES = [
         "grpo-explore-alpha",
         lambda: grpo("MlpPolicy", "CartPole-v1", explore_alpha=1.5),
         ValueError,
-        r"explore_alpha must be in \[0, 1\]",
+        r"explore_alpha must be a finite number in \[0, 1\], got 1.5; 0 turns exploration off",
     ),
     (
         "grpo-adaptive-clip",
@@ -368,7 +368,7 @@ CASES = [
         "grpo-nonfinite-option",
         lambda: grpo("MlpPolicy", "CartPole-v1", nonfinite="ignore"),
         ValueError,
-        r"nonfinite='ignore' is not known; use 'raise'",
+        r"nonfinite must be one of \('raise', 'skip'\), got 'ignore'; 'raise' stops with an error",
     ),
     (
         "grpo-load-missing",

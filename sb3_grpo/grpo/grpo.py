@@ -195,19 +195,8 @@ class GRPO(OnPolicyAlgorithm):
         grad_norm_warn: float | None = 1000.0,
         nonfinite: str = "raise",
     ):
-        # GRPO's own arguments first: cheap, and before any model is built
-        adaptive_clip = check_grpo_args(
-            advantage=advantage,
-            nonfinite=nonfinite,
-            grad_var_coef=grad_var_coef,
-            grad_var_slices=grad_var_slices,
-            batch_size=batch_size,
-            kl_coef=kl_coef,
-            kl_target=kl_target,
-            explore_alpha=explore_alpha,
-            explore_fraction=explore_fraction,
-            adaptive_clip=adaptive_clip,
-        )
+        # every argument (PPO's and GRPO's: type, finiteness, range) is checked first, before any model is built
+        adaptive_clip = check_grpo_args(locals())
         # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed); outside
         # torchrun this is the single-process seam and torch.distributed is never touched. GRPO.load builds with
         # _init_setup_model=False and makes no collective call (rank 0 alone may load a model).
