@@ -18,6 +18,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from stable_baselines3.common.base_class import maybe_make_env
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
@@ -263,7 +264,7 @@ class GRPO(OnPolicyAlgorithm):
             uniform_log_prob(self.action_space)
         warn_if_exploration_clips(self.explore_alpha, self.clip_range, self.adaptive_clip)
         if self.advantage != "gae" and self.env is not None:
-            check_grouped_env(self.env, self.advantage)
+            check_grouped_env(self.env, self.advantage, self.n_steps)  # warns when n_steps < the episodes' length
 
         if _init_setup_model:
             self._setup_model()
@@ -558,6 +559,8 @@ class GRPO(OnPolicyAlgorithm):
         """
         if isinstance(path, (str, os.PathLike)):
             path = existing_checkpoint(path)
+        if isinstance(env, str):  # an env id, as the constructor takes it (SB3's load wants an env object)
+            env = maybe_make_env(env, 0)
         return super().load(
             path,
             env=env,

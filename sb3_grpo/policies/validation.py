@@ -22,7 +22,13 @@ from gymnasium import spaces
 
 from textrl_envs.validation import check_bool, check_float, check_int
 
-__all__ = ["CONTEXT_KEYS", "check_layout", "check_policy_args", "check_window_fits", "model_context"]
+__all__ = [
+    "CONTEXT_KEYS",
+    "check_layout",
+    "check_policy_args",
+    "check_window_fits",
+    "model_context",
+]
 
 #: Config attributes that hold a model's context length (positions it has embeddings for), in order of preference.
 CONTEXT_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "seq_length")
