@@ -10,7 +10,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import functools
 import math
-import re
 import threading
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
+from helpers import assert_refused, case_ids
 
 import textrl_envs  # noqa: F401 (registers the env ids)
 from sb3_grpo import GRPO
@@ -505,10 +505,6 @@ CASES = [
 ]
 
 
-def _listing(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
-
-
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -519,25 +515,10 @@ def workdir(tmp_path, monkeypatch):
 
 def test_the_matrix_is_large_enough():
     assert len(CASES) >= 25
-    groups = {(c.values[0] if hasattr(c, "values") else c[0]).split("-")[0] for c in CASES}
+    groups = {name.split("-")[0] for name in case_ids(CASES)}
     assert {"env", "vec", "reward", "policy", "grpo", "cb", "cli"} <= groups
 
 
-@pytest.mark.parametrize(
-    "case, action, error, match", CASES, ids=[c.values[0] if hasattr(c, "values") else c[0] for c in CASES]
-)
+@pytest.mark.parametrize("case, action, error, match", CASES, ids=case_ids(CASES))
 def test_bad_input(workdir, capsys, case, action, error, match):
-    given = "given"
-    with pytest.raises(error) as info:
-        action()
-    if error is SystemExit:
-        assert info.value.code == 2, f"{case}: exit status {info.value.code}, expected 2 (usage error)"
-        message = capsys.readouterr().err
-    else:
-        message = str(info.value)
-    assert re.search(match, message), f"{case}: message {message!r} does not match {match!r}"
-    # no partial files: only what the case itself prepared under given/ (and nothing else) is there
-    leftover = [p for p in _listing(workdir) if not (p == given or p.startswith(given + os.sep))]
-    assert leftover == [], f"{case} left files behind: {leftover}"
-    if (workdir / given).exists():
-        assert not [p for p in _listing(workdir / given) if p.endswith(".tmp")]
+    assert_refused(workdir, capsys, case, action, error, match)
