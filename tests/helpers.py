@@ -1,6 +1,7 @@
 """Small helpers the test modules share (importable because pytest puts ``tests/`` on ``sys.path``)."""
 
 import torch as th
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
 
 
@@ -13,6 +14,20 @@ def quiet(model):
 def params(model) -> dict[str, th.Tensor]:
     """A detached copy of the policy's state dict."""
     return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
+
+
+class RolloutLog(BaseCallback):
+    """Copies the logger's values at each rollout end (before SB3 dumps them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.values = []
+
+    def _on_rollout_end(self):
+        self.values.append(dict(self.model.logger.name_to_value))
+
+    def _on_step(self):
+        return True
 
 
 # A tiny word-level text task for env tests: vocabulary, prompts and a cheap deterministic reward.
