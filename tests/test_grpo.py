@@ -232,10 +232,18 @@ def test_save_load_with_exploration_and_kl(tmp_path):
     assert np.isfinite(loaded.logger.name_to_value["train/kl_ref"])
 
 
-def test_pendulum_learns_with_exploration_smoke():
+def test_pendulum_trains_with_exploration_on_a_box_action_space():
+    """Mixed exploration on a bounded Box: the stored behaviour log-density is the mixture's (not the policy's), the
+    update trains on it and moves the weights, and everything stays finite."""
     model = quiet(GRPO("MlpPolicy", "Pendulum-v1", seed=0, explore_alpha=0.2, explore_fraction=1.0, **SMALL))
+    before = params(model)
     model.learn(512)
     assert model.logger.name_to_value["train/explore_alpha"] > 0
+    buf = model.rollout_buffer
+    mixture, own = buf.log_probs.reshape(-1), buf.policy_log_probs.reshape(-1)
+    assert np.all(mixture >= own + np.log(1 - model._rollout_explore_alpha) - 1e-5)  # mu >= (1 - alpha) pi
+    assert np.mean(np.abs(mixture - own) > 1e-4) > 0.5  # the mixture, not the policy alone, was stored
+    assert not _same_params(before, params(model))
     assert all(th.isfinite(p).all() for p in model.policy.parameters())
 
 
