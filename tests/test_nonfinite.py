@@ -125,7 +125,7 @@ def test_nonfinite_gradient_raise_and_skip():
 
 
 def test_bad_nonfinite_option():
-    with pytest.raises(ValueError, match="nonfinite='drop' is not known; use 'raise'"):
+    with pytest.raises(ValueError, match=r"nonfinite must be one of \('raise', 'skip'\), got 'drop'; 'raise' stops"):
         GRPO("MlpPolicy", "CartPole-v1", nonfinite="drop")
 
 
