@@ -1,4 +1,5 @@
-"""The ``sb3-grpo`` command: ``compare`` (PPO vs GRPO over seeds, with a report) and ``perf`` (throughput).
+"""The ``sb3-grpo`` command: ``compare`` (PPO vs GRPO over seeds, with a report), ``claims`` (the claims study)
+and ``perf`` (throughput).
 
 Thin on purpose: the argument parsing lives here, the work in :mod:`sb3_grpo.bench`.
 
@@ -8,6 +9,7 @@ Thin on purpose: the argument parsing lives here, the work in :mod:`sb3_grpo.ben
     sb3-grpo compare --env CartPole-v1 --algos ppo,grpo --seeds 5 --timesteps 50000 --out runs/cartpole
     sb3-grpo compare --set grpo.learning_rate=1e-4 --set '*.n_epochs=2' --resume --out runs/compare-...
     sb3-grpo report runs/cartpole                      # rewrite report.md and curves.png from results.json
+    sb3-grpo claims --budget default --workers 2       # the claims study, about 23 minutes on 2 idle cores
     sb3-grpo perf --quick
 """
 
@@ -26,10 +28,11 @@ from typing import Any
 from sb3_grpo.bench.algos import DEFAULT_GROUP_SIZE, algo_table
 from sb3_grpo.bench.config import TEXT_DEFAULTS
 
-#: The no-argument comparison (the README's main job): about five minutes on a 2-core CPU.
+#: The no-argument comparison (the README's main job): about five minutes on a 2-core CPU (5 seeds: the fewest
+#: with which the report gives intervals, see sb3_grpo.bench.stats.MIN_RUNS).
 DEFAULT_ENV = "TextGen-v0"
 DEFAULT_ALGOS = "ppo,grpo,grpo-group"
-DEFAULT_SEEDS = 3
+DEFAULT_SEEDS = 5
 DEFAULT_TIMESTEPS = 8192
 
 EXIT_USAGE = 2
@@ -96,14 +99,47 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``sb3-grpo`` argument parser (subcommands ``compare``, ``report``, ``perf``)."""
+    """The ``sb3-grpo`` argument parser (subcommands ``compare``, ``claims``, ``report``, ``perf``)."""
     parser = argparse.ArgumentParser(
         prog="sb3-grpo",
-        description="Compare PPO and GRPO variants on Gymnasium / text envs, and measure throughput.",
+        description="Compare PPO and GRPO variants on Gymnasium / text envs, test the claims, measure throughput.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", metavar="{compare,report,perf}")
+    sub = parser.add_subparsers(dest="command", metavar="{compare,claims,report,perf}")
+    _add_compare(sub)
+    _add_claims(sub)
+    r = sub.add_parser("report", help="rewrite the report of an out dir of compare or claims from its results.json")
+    r.add_argument("dir", help="an out dir of `sb3-grpo compare` or `sb3-grpo claims`")
+    r.set_defaults(subparser=r)
+    p = sub.add_parser("perf", help="throughput measurements: env, rollout, update, grad-variance cost")
+    p.add_argument("--out", default=None, help="output folder for perf.json / perf.md (default runs/perf-<timestamp>)")
+    p.add_argument("--quick", action="store_true", help="small sizes, one repeat (about a minute)")
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        help="torch CPU threads (default 1: small models on a shared CPU are fastest and steadiest so)",
+    )
+    p.set_defaults(subparser=p)
+    return parser
 
+
+def _add_common(c: argparse.ArgumentParser) -> None:
+    """Options ``compare`` and ``claims`` share: out-dir mode, threads, progress."""
+    mode = c.add_mutually_exclusive_group()
+    mode.add_argument("--overwrite", action="store_true", help="replace the results in an existing --out")
+    mode.add_argument("--resume", action="store_true", help="continue an existing --out, skipping completed runs")
+    c.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        help="torch CPU threads (default 1: fastest for the small bundled models on a shared CPU; "
+        "raise it for bigger models)",
+    )
+    c.add_argument("--no-progress", action="store_true", help="no progress display")
+
+
+def _add_compare(sub: Any) -> None:
     c = sub.add_parser(
         "compare",
         help="train algorithms over seeds and write results.json, curves.png, report.md",
@@ -125,7 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--env", default=DEFAULT_ENV, help=f"registered env id (default {DEFAULT_ENV})")
     c.add_argument("--algos", default=DEFAULT_ALGOS, help=f"comma-separated names (default {DEFAULT_ALGOS})")
     c.add_argument(
-        "--seeds", type=_positive_int, default=DEFAULT_SEEDS, help="number of seeds, 0..K-1 (default %(default)s)"
+        "--seeds",
+        type=_positive_int,
+        default=DEFAULT_SEEDS,
+        help=f"number of seeds, 0..K-1 (default {DEFAULT_SEEDS}; the report's intervals need 5 or more)",
     )
     c.add_argument(
         "--timesteps",
@@ -134,21 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"env steps (tokens for text envs) per run (default {DEFAULT_TIMESTEPS} for text envs, else 50000)",
     )
     c.add_argument("--out", default=None, help="output folder (default: a fresh runs/compare-<timestamp>)")
-    c.add_argument(
-        "--n-envs", type=_positive_int, default=None, help="parallel envs (default 16 for text envs, else 1)"
-    )
-    c.add_argument(
-        "--group-size",
-        type=_positive_int,
-        default=None,
-        help=f"prompt group size for group-advantage algorithms (default {DEFAULT_GROUP_SIZE})",
-    )
-    c.add_argument(
-        "--eval-episodes",
-        type=_positive_int,
-        default=None,
-        help="episodes of the final evaluation (default 128 for text envs, else 10)",
-    )
+    c.add_argument("--n-envs", type=_positive_int, default=None, help="parallel envs (default 16 for text, else 1)")
+    c.add_argument("--group-size", type=_positive_int, default=None, help="prompt group size (default 4)")
+    c.add_argument("--eval-episodes", type=_positive_int, default=None, help="default 128 for text envs, else 10")
     c.add_argument(
         "--threshold",
         type=float,
@@ -156,12 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="training reward for the 'steps to threshold' column (default: halfway from where the "
         "training curves start to where the best algorithm's curves end)",
     )
-    c.add_argument(
-        "--config",
-        default=None,
-        metavar="FILE.json",
-        help='hyperparameters: {"*": {...}, "<algo>": {"<param>": value}}',
-    )
+    c.add_argument("--config", default=None, metavar="FILE.json", help='{"*": {...}, "<algo>": {"<param>": value}}')
     c.add_argument(
         "--set",
         action="append",
@@ -169,35 +191,34 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ALGO.KEY=VALUE",
         help="override one hyperparameter (JSON value; ALGO may be '*'); repeatable, wins over --config",
     )
-    mode = c.add_mutually_exclusive_group()
-    mode.add_argument("--overwrite", action="store_true", help="replace the results in an existing --out")
-    mode.add_argument("--resume", action="store_true", help="continue an existing --out, skipping completed runs")
     c.add_argument("--device", default="auto", help="torch device: auto, cpu, cuda (default auto)")
-    c.add_argument(
-        "--threads",
-        type=_positive_int,
-        default=1,
-        help="torch CPU threads (default 1: fastest for the small bundled models on a shared CPU; "
-        "raise it for bigger models)",
-    )
-    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_common(c)
     c.set_defaults(subparser=c)
 
-    r = sub.add_parser("report", help="rewrite report.md and curves.png from DIR/results.json")
-    r.add_argument("dir", help="an out dir of `sb3-grpo compare`")
-    r.set_defaults(subparser=r)
 
-    p = sub.add_parser("perf", help="throughput measurements: env, rollout, update, grad-variance cost")
-    p.add_argument("--out", default=None, help="output folder for perf.json / perf.md (default runs/perf-<timestamp>)")
-    p.add_argument("--quick", action="store_true", help="small sizes, one repeat (about a minute)")
-    p.add_argument(
-        "--threads",
-        type=_positive_int,
-        default=1,
-        help="torch CPU threads (default 1: small models on a shared CPU are fastest and steadiest so)",
+def _add_claims(sub: Any) -> None:
+    from sb3_grpo.bench.claims import BUDGETS
+
+    c = sub.add_parser(
+        "claims",
+        help="test the five claims with tuned baselines and interval estimates; write claims.md",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Run the claims study (sb3_grpo.bench.claims: tuning, long generation, curriculum, collapse, baselines, "
+            "ablation) on the CPU and write to --out: results.json (after every run), claims.md (a verdict per "
+            "claim with its effect and 95% interval), curves.png, profiles.png, tensorboard logs.\n\n"
+            "Budgets: smoke (a couple of CPU-minutes, for tests), default (about 45 CPU-minutes: 23 minutes on 2 "
+            "cores with --workers 2), full (the README's table; about 6.5 CPU-hours, 3.2 hours with --workers 2).\n\n"
+            "Ctrl-C keeps the runs that finished; --resume completes them."
+        ),
     )
-    p.set_defaults(subparser=p)
-    return parser
+    c.add_argument("--budget", choices=list(BUDGETS), default="default", help="how much to run (default default)")
+    c.add_argument("--out", default=None, help="output folder (default: a fresh runs/claims-<budget>-<timestamp>)")
+    c.add_argument(
+        "--workers", type=_positive_int, default=1, help="runs at a time, one process each (default 1; 2 on 2 cores)"
+    )
+    _add_common(c)
+    c.set_defaults(subparser=c)
 
 
 def _check_device(device: str) -> None:
@@ -215,7 +236,7 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
     from sb3_grpo.bench.algos import parse_algos
     from sb3_grpo.bench.compare import run_compare
     from sb3_grpo.bench.config import CompareError, make_config
-    from sb3_grpo.bench.results import prepare_out_dir
+    from sb3_grpo.bench.results import discard_failed_out_dir, prepare_out_dir
 
     try:
         algos = parse_algos(args.algos)
@@ -244,7 +265,7 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
             threshold=args.threshold,
         )
         out = Path(args.out) if args.out else Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
-        prepare_out_dir(out, overwrite=args.overwrite, resume=args.resume)
+        created = prepare_out_dir(out, overwrite=args.overwrite, resume=args.resume)
     except (CompareError, ValueError) as err:
         parser.error(str(err))  # exits 2
     if args.threads:
@@ -270,6 +291,10 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
+    except Exception:
+        if discard_failed_out_dir(created):  # no run completed: leave nothing half-written behind
+            print(f"sb3-grpo compare failed before any run completed; removed {out}/", file=sys.stderr)
+        raise
     print(f"done in {time.perf_counter() - start:.0f} s: {out}/report.md, {out}/curves.png, {out}/results.json")
     print(f"tensorboard: tensorboard --logdir {out}/tensorboard")
     return 0
@@ -283,15 +308,64 @@ def _resume_argv(argv: Sequence[str], out: Path) -> list[str]:
 
 
 def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from sb3_grpo.bench.report import write_report
+    from sb3_grpo.bench.config import CompareError
     from sb3_grpo.bench.results import RESULTS_FILE, load_results
 
     out = Path(args.dir)
     if not (out / RESULTS_FILE).is_file():
-        parser.error(f"{out / RESULTS_FILE} does not exist; give an out dir of `sb3-grpo compare`")
-    write_report(load_results(out), out)
+        parser.error(f"{out / RESULTS_FILE} does not exist; give an out dir of `sb3-grpo compare` or `sb3-grpo claims`")
+    try:
+        results = load_results(out)
+    except CompareError as err:
+        parser.error(str(err))  # exits 2
+    if results.get("kind") == "claims":
+        from sb3_grpo.bench.claims_report import write_claims_report
+
+        write_claims_report(results, out)
+        print(f"wrote {out}/claims.md, {out}/curves.png and {out}/profiles.png")
+        return 0
+    from sb3_grpo.bench.report import write_report
+
+    write_report(results, out)
     print(f"wrote {out}/report.md and {out}/curves.png")
     return 0
+
+
+def _claims(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
+    from sb3_grpo.bench.claims import EXPERIMENTS
+    from sb3_grpo.bench.config import CompareError
+    from sb3_grpo.bench.results import prepare_out_dir
+    from sb3_grpo.bench.study import CLAIMS_OUTPUTS, check_claims_extra, run_claims
+
+    try:
+        check_claims_extra()
+    except ImportError as err:
+        parser.error(str(err))
+    out = Path(args.out) if args.out else Path("runs") / time.strftime(f"claims-{args.budget}-%Y%m%d-%H%M%S")
+    try:
+        prepare_out_dir(out, overwrite=args.overwrite, resume=args.resume, outputs=(*CLAIMS_OUTPUTS, *EXPERIMENTS))
+    except CompareError as err:
+        parser.error(str(err))
+    import torch as th
+
+    th.set_num_threads(args.threads)
+    command = shlex.join(["sb3-grpo", *argv])
+    print(f"sb3-grpo claims: budget {args.budget}, {args.workers} worker(s) -> {out}/", flush=True)
+    start = time.perf_counter()
+    try:
+        results = run_claims(
+            args.budget, out, command, resume=args.resume, workers=args.workers, progress=not args.no_progress
+        )
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted: completed runs are kept in {out}/results.json and claims.md uses them; "
+            f"continue with: {shlex.join(['sb3-grpo', *_resume_argv(argv, out)])}",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    print(f"done in {time.perf_counter() - start:.0f} s: {out}/claims.md, {out}/results.json")
+    print(f"tensorboard: tensorboard --logdir {out}")
+    return 0 if results["status"] == "complete" else 1
 
 
 def _perf(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -326,6 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "compare":
         return _compare(args, args.subparser, argv)
+    if args.command == "claims":
+        return _claims(args, args.subparser, argv)
     if args.command == "report":
         return _report(args, args.subparser)
     if args.command == "perf":

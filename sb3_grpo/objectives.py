@@ -46,8 +46,11 @@ __all__ = [
     "kl_k3_weighted_mean",
     "mixture_log_prob",
     "pearson_corr",
+    "relative_gradient_variance",
     "rloo_advantages",
     "self_critical_advantages",
+    "slice_gradients",
+    "stacked_variance",
     "uniform_log_prob",
     "uniform_sample",
 ]
@@ -151,9 +154,22 @@ def gradient_variance(
         ``K`` passes; same result, fewer kernel launches. Needs batching rules for every backward op.
     :return: scalar tensor ``Var``
     """
+    return stacked_variance(slice_gradients(slice_objectives, params, create_graph=create_graph, batched=batched))
+
+
+def slice_gradients(
+    slice_objectives: Sequence[th.Tensor],
+    params: Sequence[th.Tensor],
+    create_graph: bool = True,
+    batched: bool = False,
+) -> th.Tensor:
+    """
+    The gradients ``g_k = grad_theta L_k`` of ``K >= 2`` slice objectives, flattened over ``params`` and stacked:
+    shape ``(K, n_params)`` (see :func:`gradient_variance` for the arguments).
+    """
     n_slices = len(slice_objectives)
     if n_slices < 2:
-        raise ValueError(f"gradient_variance needs at least 2 slices, got {n_slices}")
+        raise ValueError(f"slice gradients need at least 2 slices, got {n_slices}")
     params = list(params)
     if batched:
         objectives = th.stack(list(slice_objectives))
@@ -181,8 +197,27 @@ def gradient_variance(
                 th.cat([(th.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(grads, params, strict=True)])
             )
         stacked = th.stack(flat_grads)  # (K, n_params)
+    return stacked
+
+
+def stacked_variance(stacked: th.Tensor) -> th.Tensor:
+    """``Var = (1 / K) * sum_k || g_k - g_bar ||^2`` of stacked slice gradients ``(K, n_params)``."""
     centered = stacked - stacked.mean(dim=0, keepdim=True)
     return centered.pow(2).sum(dim=1).mean()
+
+
+def relative_gradient_variance(stacked: th.Tensor, eps: float = 1e-12) -> th.Tensor:
+    """
+    The scale-free gradient noise ``Var / ((1/K) sum_k ||g_k||^2)`` of stacked slice gradients ``(K, n)``: the
+    fraction of the slice gradients' energy that is spread around their mean, in ``[0, 1]``, since
+    ``(1/K) sum_k ||g_k||^2 = Var + ||g_bar||^2``. 0 when the slices agree, ``1 - 1/K`` for independent
+    zero-mean slices, 1 when they cancel. Unlike ``Var`` it does not change when the loss is rescaled (the
+    advantages of different baselines have different scales), so it compares gradient noise across them.
+
+    :param stacked: ``(K, n_params)``, from :func:`slice_gradients`
+    :param eps: added to the denominator
+    """
+    return stacked_variance(stacked) / (stacked.pow(2).sum(dim=1).mean() + eps)
 
 
 # ----------------------------------------------------------------------------------------------------------

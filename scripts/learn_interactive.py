@@ -1,9 +1,9 @@
 """Learning on an interactive task: untrained vs trained reward and turns on GuessNumber-v0, GRPO and stock PPO.
 
 Both train ``CausalLMPolicy`` (the bundled LM) on ``make_vec_env("GuessNumber-v0", n_envs=16)``: GRPO with
-group-relative advantages on prompt groups of 4 through the text fast path, stock SB3 ``PPO`` (GAE, the
+group-relative advantages on prompt groups of 8 through the text fast path, stock SB3 ``PPO`` (GAE, the
 per-transition path) on ungrouped envs, same learning rate and rollout size. Before and after training, the policy
-plays 128 sampled episodes on a separately seeded env; the script prints their mean reward and mean number of
+plays 256 sampled episodes on a separately seeded env; the script prints their mean reward and mean number of
 turns, and the wall-clock and CPU seconds of the training::
 
     python scripts/learn_interactive.py                       # the README's figures (seed 0, 16 updates)
@@ -28,7 +28,7 @@ from stable_baselines3.common.logger import configure
 from sb3_grpo import GRPO, CausalLMPolicy
 from textrl_envs.sb3 import make_vec_env
 
-HP = {"n_steps": 32, "batch_size": 256, "n_epochs": 2, "learning_rate": 2e-4, "device": "cpu"}
+HP = {"n_steps": 32, "batch_size": 256, "n_epochs": 4, "learning_rate": 2e-4, "device": "cpu"}
 
 
 def evaluate(model, env_id: str, episodes: int = 128, seed: int = 123) -> tuple[float, float]:
@@ -46,9 +46,9 @@ def evaluate(model, env_id: str, episodes: int = 128, seed: int = 123) -> tuple[
     return float(np.mean(rewards[:episodes])), float(np.mean(turns[:episodes]))
 
 
-def build(algo: str, env_id: str, seed: int):
+def build(algo: str, env_id: str, seed: int, group_size: int):
     if algo == "grpo-group":
-        env = make_vec_env(env_id, n_envs=16, group_size=4, seed=seed, device="cpu")
+        env = make_vec_env(env_id, n_envs=16, group_size=group_size, seed=seed, device="cpu")
         kw = {"advantage": "group", "explore_alpha": 0.0, "grad_var_params": ["value_head"]}
         return GRPO("CausalLMPolicy", env, seed=seed, **HP, **kw)
     if algo == "ppo":
@@ -63,7 +63,12 @@ def main() -> None:
     parser.add_argument("--algos", default="grpo-group,ppo", help="comma-separated: grpo-group, ppo")
     parser.add_argument("--seeds", default="0", help="a seed or a range, e.g. 0-4")
     parser.add_argument("--updates", type=int, default=16, help="updates (rollouts of 16 envs x 32 steps)")
+    parser.add_argument("--group-size", type=int, default=8, help="prompt group size of grpo-group")
+    parser.add_argument("--lr", type=float, default=HP["learning_rate"], help="learning rate")
+    parser.add_argument("--epochs", type=int, default=HP["n_epochs"], help="epochs per update")
+    parser.add_argument("--episodes", type=int, default=256, help="evaluation episodes")
     args = parser.parse_args()
+    HP.update(learning_rate=args.lr, n_epochs=args.epochs)
     first, _, last = args.seeds.partition("-")
     th.set_num_threads(1)
     print("| algorithm | seed | reward untrained -> trained | turns untrained -> trained | train wall s | CPU s |")
@@ -71,13 +76,13 @@ def main() -> None:
     for algo in args.algos.split(","):
         for seed in range(int(first), int(last or first) + 1):
             th.manual_seed(seed)
-            model = build(algo, args.env, seed)
+            model = build(algo, args.env, seed, args.group_size)
             model.set_logger(configure(None, []))
-            before = evaluate(model, args.env)
+            before = evaluate(model, args.env, args.episodes)
             wall, cpu = time.perf_counter(), time.process_time()
             model.learn(16 * HP["n_steps"] * args.updates)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            after = evaluate(model, args.env)
+            after = evaluate(model, args.env, args.episodes)
             print(
                 f"| {algo} | {seed} | {before[0]:.3f} -> {after[0]:.3f} | {before[1]:.2f} -> {after[1]:.2f} "
                 f"| {wall:.0f} | {cpu:.0f} |",

@@ -341,7 +341,9 @@ def test_report_from_handmade_results():
     assert summary["grpo"]["seeds_missing"] == [2]
     text = render_report(results)
     assert "Incomplete (interrupted): 5 of 6 runs" in text and "grpo seed 2" in text
-    assert "What we found" in text and "within seed noise" in text
+    assert summary["ppo"]["final_iqm"]["value"] == pytest.approx(1.0)
+    assert summary["grpo"]["vs_ppo"]["value"] == pytest.approx(0.2)  # IQM of 2 = their mean
+    assert "reward gain vs PPO" in text and "**inconclusive**" in text  # 2-3 seeds: the interval spans everything
 
 
 def test_perf_helpers():

@@ -11,9 +11,23 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 import torch as th
-from test_policies import EOS, FakeTextVecEnv, V, count_lm_calls, make_policy, tiny_gpt2, tiny_llama, tiny_qwen2
+from test_policies import (
+    EOS,
+    MAX_NEW,
+    MAX_PROMPT,
+    PROMPTS,
+    V,
+    count_lm_calls,
+    make_policy,
+    tiny_gpt2,
+    tiny_llama,
+    tiny_qwen2,
+    vocab_tokenizer,
+)
 
 from sb3_grpo.policies import extends_by_one, extension_lengths, realign_columns
+from textrl_envs.interaction import Interaction, Reply
+from textrl_envs.sb3 import make_vec_env
 
 # ------------------------------------------------------------------------------------------------------------------
 # Pure functions
@@ -63,53 +77,39 @@ def test_realign_columns_moves_unused_new_columns_to_the_front():
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# A fake interactive env: the env writes a reply of 1-3 tokens into the window after some actions
+# The real text env, interactive: the env writes a reply of 1-3 words after each turn
 # ------------------------------------------------------------------------------------------------------------------
 
 MAX_REPLY = 3
 
 
-class FakeTurnVecEnv(FakeTextVecEnv):
-    """:class:`FakeTextVecEnv` whose env answers: after an action ``a`` with ``a % 4 == 0`` (a turn end) it appends a
-    reply of ``1 + a % 3`` tokens. Every token after the prompt counts against ``max_new``; a reply may overshoot it,
-    which pushes the oldest tokens out on the left and ends the episode (truncated). Episodes also end at EOS."""
+class Chatter(Interaction):
+    """Replies ``1 + len(text) % 3`` words to every turn (deterministic in the turn's text), never ends the episode:
+    episodes end at ``max_turns`` or when the budget is spent, sometimes by a reply that overshoots it (which pushes
+    the oldest tokens out of the final window)."""
 
-    def __init__(self, **kwargs):
-        kwargs.setdefault("max_prompt", 2)  # W = 14, the width make_policy expects
-        kwargs.setdefault("max_new", 12)
-        super().__init__(**kwargs)
-        self.replies = 0
+    def reply(self, state, text, turn):
+        words = [f"w{4 + (len(text) * 7 + turn + i) % (V - 4)}" for i in range(1 + len(text) % MAX_REPLY)]
+        return Reply(" ".join(words), reward=0.1 * turn)
 
-    def _append(self, env: int, tokens) -> None:
-        k = len(tokens)
-        self.ids[env] = np.roll(self.ids[env], -k)
-        self.mask[env] = np.roll(self.mask[env], -k)
-        self.ids[env, -k:], self.mask[env, -k:] = tokens, 1
 
-    def step_wait(self):
-        rewards = np.zeros(self.num_envs, np.float32)
-        dones = np.zeros(self.num_envs, bool)
-        infos = [{} for _ in range(self.num_envs)]
-        for env, a in enumerate(self._actions.tolist()):
-            self._append(env, [a])
-            self.generated[env] += 1
-            if a % 4 == 0 and a != EOS:
-                reply = [4 + (a + i) % (self.vocab - 4) for i in range(1 + a % 3)]
-                self._append(env, reply)
-                self.generated[env] += len(reply)
-                self.replies += 1
-                rewards[env] = 0.1 * len(reply)
-            eos, out_of_budget = a == EOS, self.generated[env] >= self.max_new
-            if eos or out_of_budget:
-                dones[env] = True
-                infos[env]["terminal_observation"] = {
-                    "input_ids": self.ids[env].copy(),
-                    "attention_mask": self.mask[env].copy(),
-                }
-                infos[env]["TimeLimit.truncated"] = bool(out_of_budget and not eos)
-                self.episode[env] += 1
-                self._reset_row(env)
-        return self._obs(), rewards, dones, infos
+def turn_vec_env(n_envs=6, group_size=1, seed=0, max_new=MAX_NEW):
+    """:func:`test_policies.text_vec_env` made interactive: turns of at most 2 tokens, each answered by
+    :class:`Chatter`, up to 4 turns, every token after the prompt counted against ``max_new``."""
+    return make_vec_env(
+        None,
+        n_envs=n_envs,
+        group_size=group_size,
+        device="cpu",
+        seed=seed,
+        prompts=PROMPTS,
+        interaction=Chatter(),
+        max_turns=4,
+        max_turn_tokens=2,
+        tokenizer=vocab_tokenizer(),
+        max_prompt_tokens=MAX_PROMPT,
+        max_new_tokens=max_new,
+    )
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -124,8 +124,9 @@ class FakeTurnVecEnv(FakeTextVecEnv):
 def test_cache_extended_by_replies_equals_full_recompute(factory, group_size, kwargs):
     th.manual_seed(0)
     policy = make_policy(factory(), **kwargs)
-    env = FakeTurnVecEnv(n_envs=6, group_size=group_size, seed=4)
-    width = env.width
+    env = turn_vec_env(n_envs=6, group_size=group_size, seed=4)
+    width = MAX_PROMPT + MAX_NEW
+    replies = 0
     obs = env.reset()
     policy.set_training_mode(False)
     worst, multi, calls_all = 0.0, 0, []
@@ -142,11 +143,11 @@ def test_cache_extended_by_replies_equals_full_recompute(factory, group_size, kw
         state = policy._rollout_cache.states[env.num_envs]
         assert state.kv_mask.shape[1] <= 2 * width  # realigned: the unused new columns are cropped, not kept as holes
         actions = actions.numpy().copy()
-        turn_end = rng.random(env.num_envs) < 0.35  # end turns often (the tiny random LMs rarely pick a % 4 == 0)
-        actions[turn_end] = 4 * rng.integers(1, V // 4, int(turn_end.sum()))
-        if step % 7 == 0:
-            actions[0] = EOS
-        obs, _, dones, infos = env.step(actions)
+        if step % 3 == 0:  # an outside sampler (e.g. exploration mixing) replaces some tokens, EOS among them
+            actions[:2] = rng.integers(4, V, 2)
+            actions[2] = EOS
+        obs, rewards, dones, infos = env.step(actions)
+        replies += int((rewards > 0).sum())
         for i, done in enumerate(dones):  # SB3's bootstrap on truncation (a terminal window may have overflowed)
             if done and infos[i]["TimeLimit.truncated"]:
                 term = policy.obs_to_tensor(infos[i]["terminal_observation"])[0]
@@ -155,9 +156,9 @@ def test_cache_extended_by_replies_equals_full_recompute(factory, group_size, kw
                     v_ref = policy.evaluate_actions(term, th.zeros(1, dtype=th.long))[0]
                 worst = max(worst, (v_term - v_ref).abs().max().item())
     assert worst < 1e-5
-    assert env.replies > 40 and multi > 10, (env.replies, multi)  # replies were served by multi-token extensions
+    assert replies > 40 and multi > 10, (replies, multi)  # the replies were served by multi-token extensions
     # never a full recompute of a long window: every forward covers at most a reply, or a (short) prompt
-    assert max(n for _, n in calls_all) <= max(1 + MAX_REPLY, env.max_prompt)  # a replaced action + its reply
+    assert max(n for _, n in calls_all) <= max(1 + MAX_REPLY, MAX_PROMPT)  # a replaced action + its reply
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -291,16 +292,31 @@ def test_packing_applies_to_interactive_sequences():
 
 
 def test_fast_path_refuses_windows_that_do_not_nest():
-    """An env that drops tokens on the left while the agent acts cannot be rebuilt from one final window."""
-    from test_sequence_path import N_STEPS
+    """A rollout whose windows lost tokens on the left while the agent acted cannot be rebuilt from one final window:
+    the sequence buffer says so instead of training on wrong contexts."""
+    from gymnasium import spaces
 
-    from sb3_grpo import GRPO
     from sb3_grpo.common.buffers import SequenceRolloutBuffer
 
-    env = FakeTurnVecEnv(n_envs=2)
-    env.max_new = 40  # a budget larger than the window: replies push tokens out on the left
-    model = GRPO("CausalLMPolicy", env, n_steps=N_STEPS, batch_size=8, n_epochs=1, seed=0, device="cpu",
-                 policy_kwargs={"model": tiny_gpt2()}, **FAST_OFF)  # fmt: skip
-    assert isinstance(model.rollout_buffer, SequenceRolloutBuffer)
-    with pytest.raises(ValueError, match="needs every step's observation to be the beginning"):
-        model.learn(N_STEPS * 2 * 3)
+    width = 8
+    space = spaces.Dict({k: spaces.Box(0, V - 1, (width,), np.int64) for k in ("input_ids", "attention_mask")})
+    windows = {  # case 0 appends: an action, then an action and a 2-token reply; case 1 then also loses token 5
+        0: [[0, 0, 0, 0, 0, 0, 5, 6], [0, 0, 0, 0, 0, 5, 6, 7], [0, 0, 5, 6, 7, 8, 9, 10]],
+        1: [[0, 0, 0, 0, 0, 0, 5, 6], [0, 0, 0, 0, 0, 5, 6, 7], [0, 0, 0, 6, 7, 8, 9, 10]],
+    }
+    actions = [7, 8, 4]
+    for case, want in ((0, None), (1, "needs every step's observation to be the beginning")):
+        buf = SequenceRolloutBuffer(3, space, spaces.Discrete(V), "cpu", n_envs=1)
+        for t in range(3):
+            ids = np.array([windows[case][t]])
+            obs = {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
+            one = th.zeros(1)
+            buf.add(obs, np.array([[actions[t]]]), np.zeros(1), np.array([t == 0]), one, one)
+        buf.compute_returns_and_advantage(th.zeros(1), np.zeros(1))
+        if want is None:
+            seq = next(buf.get_sequences())
+            assert seq.input_ids[0].tolist() == [0, 5, 6, 7, 8, 9, 10, 4]
+            assert seq.action_mask[0].tolist() == [False] * 3 + [True, True, False, False, True]  # 9, 10: the reply
+        else:
+            with pytest.raises(ValueError, match=want):
+                next(buf.get_sequences())

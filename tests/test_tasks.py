@@ -136,11 +136,16 @@ def test_reward_at_episode_end_equals_reward_called_by_hand(env_id, tokenizer):
     prompt = item["prompt"] if isinstance(item, dict) else item
     assert info == {"prompt": prompt, "prompt_index": 0}
     completion = good_completion(env_id, item)
-    ids = encode(tokenizer, completion)[: task.max_new_tokens - 1]
-    steps = run(env, ids + [tokenizer.eos_token_id])
+    if task.stop_at_eos:
+        ids = encode(tokenizer, completion)[: task.max_new_tokens - 1]
+        steps = run(env, ids + [tokenizer.eos_token_id])
+    else:  # the episode always runs its budget (LongReview-v0): fill it with different good sentences
+        sentences = [" The acting was wonderful.", " I loved the story.", " The music was great.", " A fine film."]
+        ids = encode(tokenizer, "".join(sentences * 8))[: task.max_new_tokens]
+        steps = run(env, ids)
     assert all(r == 0.0 and not te and not tr for r, te, tr, _ in steps[:-1])
     r, term, trunc, info = steps[-1]
-    assert term and not trunc
+    assert (term and not trunc) if task.stop_at_eos else (trunc and not term)
     assert info["prompt"] == prompt and info["completion"] == tokenizer.decode(ids)
     meta = {k: [v] for k, v in item.items() if k != "prompt"} if isinstance(item, dict) else {}
     by_hand = make_reward(task.reward, **task.reward_kwargs)([prompt], [info["completion"]], **meta)[0]
@@ -278,8 +283,8 @@ def test_unknown_reward_name_lists_known_ones():
     [
         ({"prompts": []}, ValueError, "prompts is empty"),
         ({"prompts": "The movie was"}, TypeError, "prompts must be a list"),
-        ({"max_new_tokens": 0}, ValueError, "max_new_tokens must be >= 1"),
-        ({"max_prompt_tokens": 0}, ValueError, "max_prompt_tokens must be >= 1"),
+        ({"max_new_tokens": 0}, ValueError, "max_new_tokens must be an int >= 1, got 0"),
+        ({"max_prompt_tokens": 0}, ValueError, "max_prompt_tokens must be an int >= 1, got 0"),
         ({"max_new_tokens": 2.5}, TypeError, "max_new_tokens must be an int"),
         ({"prompt_truncation": "middle"}, ValueError, "prompt_truncation must be one of"),
         ({"reward": 42}, TypeError, "reward must be a registered name"),

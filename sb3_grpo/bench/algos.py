@@ -93,6 +93,20 @@ ALGOS: dict[str, AlgoSpec] = {
             "GRPO defaults without the grad-variance penalty (isolates its effect and cost)",
         ),
         AlgoSpec(
+            "grpo-normvar",
+            "GRPO",
+            {"grad_var_normalize": True},
+            "GRPO defaults with the scale-free penalty Var / sg(mean ||g_k||^2) (grad_var_normalize=True): "
+            "the option the ablation offers as a fix",
+        ),
+        # the ablation of GRPO's three mechanisms (penalty, adaptive clip, exploration): each alone on top of PPO,
+        # and all but one (grpo-nogradvar above is "all but the penalty")
+        AlgoSpec("ppo-gradvar", "GRPO", {**EXTRAS_OFF, "grad_var_coef": 0.01}, "PPO + the grad-variance penalty only"),
+        AlgoSpec("ppo-adaptclip", "GRPO", {**EXTRAS_OFF, "adaptive_clip": (1.1, 0.9)}, "PPO + the adaptive clip only"),
+        AlgoSpec("ppo-explore", "GRPO", {**EXTRAS_OFF, "explore_alpha": 0.05}, "PPO + mixed exploration only"),
+        AlgoSpec("grpo-noadaptclip", "GRPO", {"adaptive_clip": None}, "GRPO defaults without the adaptive clip"),
+        AlgoSpec("grpo-noexplore", "GRPO", {"explore_alpha": 0.0}, "GRPO defaults without mixed exploration"),
+        AlgoSpec(
             "grpo-group",
             "GRPO",
             {"advantage": "group"},
@@ -104,6 +118,18 @@ ALGOS: dict[str, AlgoSpec] = {
             "GRPO",
             {"advantage": "rloo"},
             "GRPO defaults with leave-one-out (RLOO) group advantages; grouped envs",
+        ),
+        AlgoSpec(
+            "ppo-group",
+            "GRPO",
+            {**EXTRAS_OFF, "advantage": "group"},
+            "group-relative advantages (DeepSeekMath), no other extra, no critic; grouped envs",
+        ),
+        AlgoSpec(
+            "ppo-selfcritical",
+            "GRPO",
+            {**EXTRAS_OFF, "advantage": "self_critical"},
+            "self-critical baseline (the greedy member's reward; Rennie et al. 2017), no other extra; grouped envs",
         ),
         AlgoSpec(
             "grpo-deepseek",
@@ -136,6 +162,16 @@ def parse_algos(text: str) -> list[str]:
     if unknown:
         raise ValueError(f"unknown algorithm(s) {', '.join(repr(n) for n in unknown)}; known: {', '.join(ALGOS)}")
     return list(dict.fromkeys(names))
+
+
+def constructor_defaults(spec: AlgoSpec) -> dict[str, Any]:
+    """The default of every constructor argument that has one (what an override goes on top of).
+
+    :param spec: The algorithm.
+    :return: Argument name -> default value.
+    """
+    params = inspect.signature(spec.algo_class().__init__).parameters
+    return {name: p.default for name, p in params.items() if p.default is not inspect.Parameter.empty}
 
 
 def constructor_parameters(spec: AlgoSpec) -> set[str]:

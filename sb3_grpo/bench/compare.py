@@ -99,8 +99,12 @@ class _PeakMemory:
         return round(th.cuda.max_memory_allocated() / 2**20, 1)
 
 
-def _make_callback(progress: Any, extra: Sequence[Any]) -> tuple[Any, dict[str, list]]:
-    """The callback that records the reward curve and moves the progress bar, plus ``extra`` callbacks."""
+def _make_callback(report: Callable[[int, float | None], None] | None, extra: Sequence[Any]) -> tuple[Any, dict]:
+    """The callback that records the reward curve and reports progress, plus ``extra`` callbacks.
+
+    :param report: ``f(env_steps, latest_reward)``, called at most twice a second and at every rollout's end.
+    :param extra: More SB3 callbacks.
+    """
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
     curve: dict[str, list] = {"steps": [], "reward": [], "episodes": []}
@@ -108,16 +112,17 @@ def _make_callback(progress: Any, extra: Sequence[Any]) -> tuple[Any, dict[str, 
     class CurveCallback(BaseCallback):
         def _on_training_start(self) -> None:
             self._episodes: list[float] = []
-            self._last = self.num_timesteps
+            self._reported = 0.0
 
         def _on_step(self) -> bool:
             for info in self.locals.get("infos", ()):
                 episode = info.get("episode")
                 if episode is not None:
                     self._episodes.append(float(episode["r"]))
-            if progress is not None:
-                progress.update(self.num_timesteps - self._last)
-            self._last = self.num_timesteps
+            now = time.perf_counter()
+            if report is not None and now - self._reported > 0.5:
+                report(int(self.num_timesteps), None)
+                self._reported = now
             return True
 
         def _on_rollout_end(self) -> None:
@@ -125,6 +130,8 @@ def _make_callback(progress: Any, extra: Sequence[Any]) -> tuple[Any, dict[str, 
                 curve["steps"].append(int(self.num_timesteps))
                 curve["reward"].append(float(np.mean(self._episodes)))
                 curve["episodes"].append(len(self._episodes))
+            if report is not None:
+                report(int(self.num_timesteps), curve["reward"][-1] if curve["reward"] else None)
             self._episodes = []
 
     return CallbackList([CurveCallback(), *extra]), curve
@@ -268,7 +275,7 @@ def run_one(
     algo: str,
     seed: int,
     out: Path,
-    progress: Any = None,
+    report: Callable[[int, float | None], None] | None = None,
     callbacks: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """Train one algorithm on one seed, evaluate it, and return its results.
@@ -277,8 +284,8 @@ def run_one(
     :param algo: Algorithm name.
     :param seed: Seed.
     :param out: The out dir (tensorboard logs go to ``out/tensorboard/<algo>/seed<seed>``).
-    :param progress: A ``tqdm`` bar advanced by env steps (or ``None``).
-    :param callbacks: Extra SB3 callbacks (tests use one to simulate Ctrl-C).
+    :param report: ``f(env_steps, latest_training_reward)`` for a progress display (or ``None``).
+    :param callbacks: Extra SB3 callbacks (tests use one to simulate Ctrl-C; the claims study adds its probes).
     :return: The run's entry of ``results.json["runs"]``.
     """
     import torch as th
@@ -291,7 +298,7 @@ def run_one(
     model = build_model(cfg, algo, seed, tb_dir)
     initial = copy.deepcopy(model.policy)
     initial.set_training_mode(False)
-    callback, curve = _make_callback(progress, callbacks)
+    callback, curve = _make_callback(report, callbacks)
     start = time.perf_counter()
     model.learn(cfg.timesteps, callback=callback)
     wall = time.perf_counter() - start
@@ -361,73 +368,83 @@ def run_compare(
     :param out: The prepared out dir (:func:`prepare_out_dir`).
     :param command: The exact command line, for the report.
     :param resume: Keep the runs in ``out/results.json`` whose fingerprint matches, skip them.
-    :param progress: Show a tqdm bar (``None``: only on a terminal).
+    :param progress: Show progress (``None``: a live bar on a terminal, plain lines otherwise; ``False``: nothing).
     :param callbacks_for: ``f(algo, seed) -> extra SB3 callbacks`` (tests simulate Ctrl-C with it).
     :param log: Where one-line messages go.
     :return: The results.
     """
-    from tqdm.auto import tqdm
-
+    from sb3_grpo.bench.progress import Progress
     from sb3_grpo.bench.report import write_report
 
-    if cfg.text:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # one "Loading weights" bar per run would break the progress bar
+    quiet_hf_loading(cfg.text)
     results = new_results(cfg, command)
     if resume:
-        old = load_results(out)
-        kept = 0
-        for key, run in old.get("runs", {}).items():
-            algo = run.get("algo")
-            if algo in cfg.algos and run.get("seed") in cfg.seeds and run.get("status") == "complete":
-                if run.get("fingerprint") == to_jsonable(cfg.fingerprint(algo)):
-                    results["runs"][key] = run
-                    kept += 1
-                else:
-                    log(f"resume: {key} was run with other settings; running it again")
-        if old.get("untrained") and old.get("config", {}).get("env_id") == cfg.env_id:
-            results["untrained"] = old["untrained"]
-        results["started"] = old.get("started", results["started"])
-        log(f"resume: keeping {kept} completed run(s) from {out / RESULTS_FILE}")
+        _keep_finished_runs(results, load_results(out), cfg, out, log)
     path = out / RESULTS_FILE
     write_json_atomic(path, results)
     started = time.perf_counter()
-
     todo = [(a, s) for a, s in planned_runs(cfg) if cfg.run_key(a, s) not in results["runs"]]
-    bar = tqdm(
-        total=len(todo) * cfg.timesteps,
-        unit="tok" if cfg.text else "step",
-        unit_scale=True,
-        dynamic_ncols=True,
-        disable=(not sys.stderr.isatty()) if progress is None else not progress,
-    )
+    unit = "tok" if cfg.text else "step"
+    bar = Progress(len(todo), len(todo) * cfg.timesteps, enabled=progress is not False, unit=unit)
     try:
         if results["untrained"] is None:
-            bar.set_description("untrained policy (eval)")
+            bar.write("evaluating the untrained policy")
             results["untrained"] = evaluate_untrained(cfg)
             write_json_atomic(path, results)
         for algo, seed in todo:
-            bar.set_description(f"{algo} seed {seed}")
+            label = f"{algo} seed {seed}"
+            bar.start_run(label, cfg.timesteps)
             extra = callbacks_for(algo, seed) if callbacks_for is not None else ()
-            run = run_one(cfg, algo, seed, out, progress=bar, callbacks=extra)
+            run = run_one(cfg, algo, seed, out, report=lambda n, r, lb=label: bar.advance(lb, n, r), callbacks=extra)
             results["runs"][cfg.run_key(algo, seed)] = run
             write_json_atomic(path, results)
-            bar.write(
-                f"{algo} seed {seed}: final reward {run['final']['reward_mean']:.3f} "
-                f"({run['wall_time_s']:.0f} s, {run['steps_per_s']:.0f} {run['step_unit']}/s)"
+            bar.end_run(
+                label,
+                f"{label}: final reward {run['final']['reward_mean']:.3f} "
+                f"({run['wall_time_s']:.0f} s, {run['steps_per_s']:.0f} {run['step_unit']}/s)",
+                steps=run["env_steps"],
             )
     except KeyboardInterrupt:
         bar.close()
-        results["status"] = "interrupted"
-        results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        write_json_atomic(path, results)
+        _finish(results, path, "interrupted", None)
         write_report(results, out)
         raise
     bar.close()
-    results["status"] = "complete"
-    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    results["session_wall_s"] = round(time.perf_counter() - started, 1)
-    write_json_atomic(path, results)
+    _finish(results, path, "complete", time.perf_counter() - started)
     write_report(results, out)
     return results
+
+
+def quiet_hf_loading(text: bool) -> None:
+    """No "Loading weights" bar from transformers for every run (it would break the progress bar)."""
+    if text:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
+def _keep_finished_runs(
+    results: dict[str, Any], old: dict[str, Any], cfg: CompareConfig, out: Path, log: Callable[[str], None]
+) -> None:
+    """``--resume``: copy the completed runs of ``old`` whose fingerprint matches ``cfg`` into ``results``."""
+    kept = 0
+    for key, run in old.get("runs", {}).items():
+        algo = run.get("algo")
+        if algo in cfg.algos and run.get("seed") in cfg.seeds and run.get("status") == "complete":
+            if run.get("fingerprint") == to_jsonable(cfg.fingerprint(algo)):
+                results["runs"][key] = run
+                kept += 1
+            else:
+                log(f"resume: {key} was run with other settings; running it again")
+    if old.get("untrained") and old.get("config", {}).get("env_id") == cfg.env_id:
+        results["untrained"] = old["untrained"]
+    results["started"] = old.get("started", results["started"])
+    log(f"resume: keeping {kept} completed run(s) from {out / RESULTS_FILE}")
+
+
+def _finish(results: dict[str, Any], path: Path, status: str, session_wall: float | None) -> None:
+    results["status"] = status
+    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if session_wall is not None:
+        results["session_wall_s"] = round(session_wall, 1)
+    write_json_atomic(path, results)

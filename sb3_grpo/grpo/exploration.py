@@ -79,7 +79,12 @@ def sample_actions(
         rows = th.as_tensor(explore, device=actions.device)
         uniform = uniform_sample(action_space, int(explore.sum()), rng, squashed)
         actions[rows] = th.as_tensor(uniform, dtype=actions.dtype, device=actions.device).reshape(actions[rows].shape)
-        eval_actions = actions.long().flatten() if isinstance(action_space, spaces.Discrete) else actions
+        # the distribution's shape: Discrete takes (B,), the others (B, action_dim), a Box of any shape flattened
+        # (SB3's policies emit (B, *shape) actions but their distributions live on the flat action_dim)
+        if isinstance(action_space, spaces.Discrete):
+            eval_actions = actions.long().flatten()
+        else:
+            eval_actions = actions.reshape(n_envs, -1)
         # log pi of the uniform draws, from the distribution the policy already computed for this
         # step (get_distribution, not evaluate_actions: a CausalLMPolicy serves it from its cache)
         explore_log_probs = policy.get_distribution(obs_tensor).log_prob(eval_actions)

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from stable_baselines3.common.base_class import maybe_make_env
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
@@ -45,9 +46,7 @@ from sb3_grpo.grpo.validation import (
     check_ppo_batching,
     warn_if_exploration_clips,
 )
-from sb3_grpo.objectives import (
-    uniform_log_prob,
-)
+from sb3_grpo.objectives import uniform_log_prob
 from sb3_grpo.policies.models import portable_policy_kwargs
 
 SelfGRPO = TypeVar("SelfGRPO", bound="GRPO")
@@ -82,6 +81,10 @@ class GRPO(OnPolicyAlgorithm):
       importance-weighted by ``pi_old / mu`` under mixed exploration, with Ziegler et al.'s controller of
       ``kl_coef`` when ``kl_target`` is set (:mod:`sb3_grpo.grpo.kl`). The reference is a frozen copy of the initial
       policy, or the policy's own ``reference_evaluate_actions`` (a LoRA model with its adapters off).
+
+    Drop-in with its defaults on: every action space SB3 supports (Box of any shape included), the classic-control
+    envs, and SB3's identity checks, where it ends at least where ``PPO`` does (``tests/test_dropin.py``); a
+    ``batch_size`` below ``grad_var_slices`` warns and measures the penalty over fewer slices (none below 2 samples).
 
     With ``grad_var_coef=0, adaptive_clip=None, explore_alpha=0, advantage="gae", kl_coef=0`` every
     operation (and every random draw) is the one SB3's ``PPO`` performs, so the parameters after
@@ -135,6 +138,7 @@ class GRPO(OnPolicyAlgorithm):
     :param grad_var_slices: ``K >= 2``, number of minibatch slices the variance is measured over
     :param grad_var_params: ``None`` (all trainable parameters) or a list of parameter-name prefixes
         (``policy.named_parameters()``), e.g. ``["action_net", "mlp_extractor.policy_net"]``
+    :param grad_var_normalize: penalize ``Var / sg(mean_k ||g_k||^2)`` (scale-free, in [0, 1]) instead of ``Var``
     :param adaptive_clip: ``(scale for A > 0, scale for A <= 0)``, both positive; ``None`` turns it off
     :param explore_alpha: initial uniform-mixture weight in ``[0, 1]`` (0 turns it off)
     :param explore_fraction: fraction of ``total_timesteps`` over which ``alpha`` decays to 0, in ``(0, 1]``
@@ -186,6 +190,7 @@ class GRPO(OnPolicyAlgorithm):
         grad_var_coef: float = 0.01,
         grad_var_slices: int = 4,
         grad_var_params: list[str] | None = None,
+        grad_var_normalize: bool = False,
         adaptive_clip: tuple[float, float] | None = (1.1, 0.9),
         explore_alpha: float = 0.05,
         explore_fraction: float = 0.5,
@@ -195,19 +200,8 @@ class GRPO(OnPolicyAlgorithm):
         grad_norm_warn: float | None = 1000.0,
         nonfinite: str = "raise",
     ):
-        # GRPO's own arguments first: cheap, and before any model is built
-        adaptive_clip = check_grpo_args(
-            advantage=advantage,
-            nonfinite=nonfinite,
-            grad_var_coef=grad_var_coef,
-            grad_var_slices=grad_var_slices,
-            batch_size=batch_size,
-            kl_coef=kl_coef,
-            kl_target=kl_target,
-            explore_alpha=explore_alpha,
-            explore_fraction=explore_fraction,
-            adaptive_clip=adaptive_clip,
-        )
+        # every argument (PPO's and GRPO's: type, finiteness, range) is checked first, before any model is built
+        adaptive_clip = check_grpo_args(locals())
         # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed); outside
         # torchrun this is the single-process seam and torch.distributed is never touched. GRPO.load builds with
         # _init_setup_model=False and makes no collective call (rank 0 alone may load a model).
@@ -260,6 +254,7 @@ class GRPO(OnPolicyAlgorithm):
         self.grad_var_coef = float(grad_var_coef)
         self.grad_var_slices = int(grad_var_slices)
         self.grad_var_params = list(grad_var_params) if grad_var_params is not None else None
+        self.grad_var_normalize = bool(grad_var_normalize)
         self.adaptive_clip = adaptive_clip
         self.explore_alpha = float(explore_alpha)
         self.explore_fraction = float(explore_fraction)
@@ -274,7 +269,7 @@ class GRPO(OnPolicyAlgorithm):
             uniform_log_prob(self.action_space)
         warn_if_exploration_clips(self.explore_alpha, self.clip_range, self.adaptive_clip)
         if self.advantage != "gae" and self.env is not None:
-            check_grouped_env(self.env, self.advantage)
+            check_grouped_env(self.env, self.advantage, self.n_steps)  # warns when n_steps < the episodes' length
 
         if _init_setup_model:
             self._setup_model()
@@ -321,7 +316,7 @@ class GRPO(OnPolicyAlgorithm):
             self.adaptive_clip = (float(self.adaptive_clip[0]), float(self.adaptive_clip[1]))
         # GRPO state; nothing here draws from a random generator, so PPO's RNG stream is untouched
         params = select_parameters(self.policy, self.grad_var_params) if self.grad_var_coef > 0 else []
-        self._grad_var = GradVarPenalty(params)
+        self._grad_var = GradVarPenalty(params, normalize=getattr(self, "grad_var_normalize", False))
         # the KL reference: a frozen copy of the initial policy, unless the policy has its own (LoRA, adapters off)
         own_reference = hasattr(self.policy, "reference_evaluate_actions")
         self.ref_policy = frozen_copy(self.policy) if self.kl_coef > 0 and not own_reference else None
@@ -357,15 +352,8 @@ class GRPO(OnPolicyAlgorithm):
             self._explore_rng = np.random.default_rng(seed)
 
     def _excluded_save_params(self) -> list[str]:
-        return [
-            *super()._excluded_save_params(),
-            "ref_policy",
-            "batch_source",
-            "_data_parallel",
-            "_group_tracker",
-            "_grad_var",
-            "_sync_ranks_at_setup",
-        ]
+        own = ["ref_policy", "batch_source", "_data_parallel", "_group_tracker", "_grad_var", "_sync_ranks_at_setup"]
+        return [*super()._excluded_save_params(), *own]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         state_dicts, tensors = super()._get_torch_save_params()
@@ -569,6 +557,8 @@ class GRPO(OnPolicyAlgorithm):
         """
         if isinstance(path, (str, os.PathLike)):
             path = existing_checkpoint(path)
+        if isinstance(env, str):  # an env id, as the constructor takes it (SB3's load wants an env object)
+            env = maybe_make_env(env, 0)
         return super().load(
             path,
             env=env,

@@ -15,6 +15,7 @@ unchanged. Built-in rewards by registered name (``make_reward(name, **kwargs)`` 
 * ``keywords``: :class:`KeywordCoverage`, fraction of keywords present, [0, 1]
 * ``length``: :class:`LengthPenalty`, -min(cap, per_word * distance), [-cap, 0]
 * ``repetition``: :class:`RepetitionPenalty`, -(1 - distinct-n ratio), (-1, 0]
+* ``coherence``: :class:`Coherence`, 1 - mean NLL / log V under a reference LM (default the bundled one), [0, 1]
 * ``composite``: :class:`CompositeReward`, weighted sum of components
 
 Heavy libraries (vaderSentiment, rouge-score, sacrebleu, transformers, torch) are imported only when
@@ -23,7 +24,8 @@ a reward that needs them is built.
 Modules: ``base`` (the :class:`RewardModel` protocol and :func:`call_reward`, the one place rewards are called
 and checked), ``registry`` (names -> factories), ``composite`` (weighted sums), and the built-ins by kind:
 ``sentiment``, ``match`` (verifiable answers), ``overlap`` (ROUGE/BLEU against reference texts),
-``constraints`` (keywords, length, repetition); ``metrics`` holds evaluation metrics, not rewards.
+``constraints`` (keywords, length, repetition), ``coherence`` (fluency under a reference LM);
+``metrics`` holds evaluation metrics, not rewards.
 
 A new built-in reward: a :class:`RewardModel` subclass in the module of its kind (or a new module here),
 decorated with ``@register_reward("name")``; import it below and add it to the list above. Importing this
@@ -31,6 +33,7 @@ package registers every built-in name.
 """
 
 from textrl_envs.rewards.base import RewardModel, call_reward
+from textrl_envs.rewards.coherence import Coherence
 from textrl_envs.rewards.composite import CompositeReward
 from textrl_envs.rewards.constraints import KeywordCoverage, LengthPenalty, RepetitionPenalty
 from textrl_envs.rewards.match import ArithmeticReward, ExactMatch, IncreasingNumbersReward
@@ -42,6 +45,7 @@ from textrl_envs.rewards.sentiment import HFClassifierReward, LexiconSentiment
 __all__ = [
     "ArithmeticReward",
     "Bleu",
+    "Coherence",
     "CompositeReward",
     "ExactMatch",
     "HFClassifierReward",

@@ -11,6 +11,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 
 def ngrams(words: Sequence[str], n: int) -> list[tuple[str, ...]]:
     """The ``n``-grams of a word list, in order (empty when there are fewer than ``n`` words)."""
@@ -101,7 +103,7 @@ def perplexity(
 
         model.to(resolve_device(device))
     limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
-    rows = _scored_rows(texts, tokenizer, prompts, limit)
+    rows = scored_rows(texts, tokenizer, prompts, limit)
     if not rows:
         raise ValueError("perplexity: no completion token to score (are all completions empty?)")
     was_training = model.training
@@ -112,7 +114,7 @@ def perplexity(
     return math.exp(total_nll / total_n)
 
 
-def _scored_rows(
+def scored_rows(
     texts: Sequence[str], tokenizer: Any, prompts: Sequence[str] | None, limit: int | None
 ) -> list[tuple[list[int], int]]:
     """Each example's token ids and the index of its first scored token, as :func:`perplexity` scores them
@@ -149,13 +151,26 @@ def _sum_nll(model: Any, rows: Sequence[tuple[list[int], int]], batch_size: int)
     """Total negative log-likelihood of the scored tokens of ``rows`` under ``model`` and their number.
 
     :param model: The causal LM (in eval mode), on the device it runs on.
-    :param rows: ``(ids, first)`` pairs from :func:`_scored_rows`: tokens ``first..`` are scored.
+    :param rows: ``(ids, first)`` pairs from :func:`scored_rows`: tokens ``first..`` are scored.
     :param batch_size: Sequences per forward pass.
+    """
+    nll, n = row_nll(model, rows, batch_size)
+    return float(nll.sum()), int(n.sum())
+
+
+def row_nll(model: Any, rows: Sequence[tuple[list[int], int]], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the negative log-likelihood of its scored tokens under ``model``, and their number.
+
+    :param model: The causal LM (in eval mode), on the device it runs on.
+    :param rows: ``(ids, first)`` pairs: tokens ``first..`` of ``ids`` are scored, each given those before it.
+    :param batch_size: Sequences per forward pass.
+    :return: ``(nll, n)``, float64 and int64 arrays of ``len(rows)``.
     """
     import torch
 
     dev = next(model.parameters()).device
-    total_nll, total_n = 0.0, 0
+    nll_rows = np.zeros(len(rows), dtype=np.float64)
+    n_rows = np.zeros(len(rows), dtype=np.int64)
     with torch.no_grad():
         for s in range(0, len(rows), batch_size):
             batch = rows[s : s + batch_size]
@@ -172,6 +187,6 @@ def _sum_nll(model: Any, rows: Sequence[tuple[list[int], int]], batch_size: int)
             logp = torch.log_softmax(logits[:, :-1], dim=-1)
             nll = -logp.gather(-1, ids[:, 1:, None])[..., 0]
             m = score[:, 1:]
-            total_nll += float(nll[m].sum())
-            total_n += int(m.sum())
-    return total_nll, total_n
+            nll_rows[s : s + len(batch)] = (nll * m).sum(dim=1).double().cpu().numpy()
+            n_rows[s : s + len(batch)] = m.sum(dim=1).cpu().numpy()
+    return nll_rows, n_rows

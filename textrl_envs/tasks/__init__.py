@@ -56,6 +56,8 @@ class Task:
     :param max_turns: Interactive tasks: default agent turns per episode.
     :param max_turn_tokens: Interactive tasks: default agent tokens per turn.
     :param turn_end: Interactive tasks: default turn-end token(s) (``None``: EOS).
+    :param stop_at_eos: Whether the tokenizer's EOS ends an episode (``False``: episodes always run
+        ``max_new_tokens`` tokens, and an EOS the policy writes is dropped from the text like any special token).
     """
 
     env_id: str
@@ -71,6 +73,7 @@ class Task:
     max_turns: int | None = None
     max_turn_tokens: int | None = None
     turn_end: Any = None
+    stop_at_eos: bool = True
 
 
 # -- prompt loaders (the bundled corpus is imported only when prompts are needed) -------------------------
@@ -223,6 +226,26 @@ KEYWORDS = Task(
     max_prompt_tokens=16,
 )
 
+LONG_REVIEW = Task(
+    env_id="LongReview-v0",
+    entry_point="textrl_envs.tasks.sentiment:LongReviewEnv",
+    summary="long positive review: 96 tokens every episode (EOS does not end it); reward sentiment of the whole "
+    "text + coherence under the reference LM + bigram-repetition penalty",
+    prompts=sentiment_prompts,
+    reward="composite",
+    # each term in about [-1, 1]: positive, fluent (as the reference LM reads it) and not repeating itself
+    reward_kwargs={
+        "components": [
+            ("sentiment", 1.0, {}),
+            ("coherence", 1.0, {}),
+            ("repetition", 1.0, {"n": 2}),
+        ]
+    },
+    max_new_tokens=96,
+    max_prompt_tokens=8,
+    stop_at_eos=False,
+)
+
 GUESS_NUMBER = Task(
     env_id="GuessNumber-v0",
     entry_point="textrl_envs.tasks.guess_number:GuessNumberEnv",
@@ -256,6 +279,7 @@ TASKS: tuple[Task, ...] = (
     INCREASING_NUMBERS,
     COMMONGEN,
     KEYWORDS,
+    LONG_REVIEW,
     GUESS_NUMBER,
     TOOL_ARITHMETIC,
 )
