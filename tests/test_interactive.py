@@ -476,3 +476,22 @@ def test_opening_that_fills_the_budget_is_an_error():
         warnings.simplefilter("ignore")
         with pytest.raises(ValueError, match=r"the opening has \d+ tokens, which leaves the agent none"):
             env.reset(seed=0)
+
+
+def test_compare_runs_as_is_on_an_interactive_id(tmp_path):
+    """`sb3-grpo compare --env GuessNumber-v0` runs stock PPO and GRPO (group advantages) on the interactive env."""
+    import json
+
+    from sb3_grpo.cli import main
+
+    out = tmp_path / "guess"
+    args = ["compare", "--env", "GuessNumber-v0", "--algos", "ppo,grpo-group", "--seeds", "1", "--timesteps", "96"]
+    args += ["--n-envs", "4", "--group-size", "2", "--eval-episodes", "4", "--no-progress", "--out", str(out)]
+    args += ["--set", "*.n_steps=24", "--set", "*.batch_size=48", "--set", "*.n_epochs=1"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tiny n_steps draws GRPO's straddling-episodes warning
+        assert main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert sorted(results["runs"]) == ["grpo-group/seed0", "ppo/seed0"]
+    assert all(np.isfinite(run["final"]["reward_mean"]) for run in results["runs"].values())
+    assert (out / "report.md").is_file()
