@@ -232,7 +232,7 @@ def _split_prompts(prompts: Sequence[PromptItem]) -> tuple[list[str], dict[str, 
 
 def encode_prompt(spec_tokenizer, text: str, max_prompt_tokens: int, truncation: str, where: str) -> np.ndarray:
     """Token ids of one prompt, truncated to ``max_prompt_tokens`` (or an error, by option)."""
-    ids = spec_tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = spec_tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # we truncate below
     if len(ids) == 0:
         raise ValueError(f"{where} {text!r} tokenizes to no tokens; every prompt needs at least one token")
     if len(ids) > max_prompt_tokens:
@@ -299,12 +299,12 @@ def build_spec(
     """
     defaults = get_task(task) if task is not None else None
     if prompts is None:
-        if defaults is None:
-            raise ValueError("prompts is required when no task is given")
+        if defaults is None or defaults.prompts is None:
+            raise ValueError(f"prompts is required when {_no_defaults(defaults, 'prompts')}")
         prompts = defaults.prompts()
     if reward is None:
-        if defaults is None:
-            raise ValueError("reward is required when no task is given")
+        if defaults is None or defaults.reward is None:
+            raise ValueError(f"reward is required when {_no_defaults(defaults, 'reward')}")
         reward = defaults.reward
         if reward_kwargs is None:
             reward_kwargs = dict(defaults.reward_kwargs)
@@ -340,6 +340,13 @@ def build_spec(
         nonfinite_reward=nonfinite_reward,
         reward_timeout=reward_timeout,
     )
+
+
+def _no_defaults(defaults: Any, what: str) -> str:
+    """Why ``what`` has no default: no task given, or a suite task whose env class makes it."""
+    if defaults is None:
+        return "no task is given"
+    return f"the task is the suite {defaults.env_id} (its env class {defaults.entry_point} makes the {what})"
 
 
 def check_kwargs(kwargs: dict[str, Any], where: str, known: Sequence[str]) -> None:
