@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from textrl_envs.data import load_prompts
 from textrl_envs.rewards.base import call_reward, check_reward_timeout
 from textrl_envs.rewards.registry import resolve_reward
 from textrl_envs.tasks import PromptItem, get_task
@@ -282,7 +283,8 @@ def build_spec(
     :param task: Registered env id whose defaults to start from (``None``: no defaults; then
         ``prompts`` and ``reward`` are required).
     :param prompts: List of prompt strings, or dicts ``{"prompt": str, **metadata}``; metadata is
-        passed to the reward as keyword lists (TRL's convention).
+        passed to the reward as keyword lists (TRL's convention). Also a path to a ``.jsonl``, ``.json``,
+        ``.csv`` or ``.txt`` file, or a ``datasets.Dataset``, with a ``prompt`` column (:mod:`textrl_envs.data`).
     :param reward: Registered reward name, :class:`~textrl_envs.rewards.RewardModel`, or callable.
     :param reward_kwargs: Keyword arguments for a reward given by name.
     :param tokenizer: ``None`` (bundled), a local directory, or a ``PreTrainedTokenizerBase``.
@@ -298,6 +300,8 @@ def build_spec(
         longer raises a ``TimeoutError`` naming it and the completion.
     """
     defaults = get_task(task) if task is not None else None
+    if prompts is not None:
+        prompts = load_prompts(prompts)  # a file or a datasets.Dataset becomes a list; a list stays as it is
     if prompts is None:
         if defaults is None or defaults.prompts is None:
             raise ValueError(f"prompts is required when {_no_defaults(defaults, 'prompts')}")
