@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from textrl_envs.chat import end_of_turn_id, render, render_items, resolve_chat_template
 from textrl_envs.data import load_prompts
 from textrl_envs.rewards.base import call_reward, check_reward_timeout
 from textrl_envs.rewards.registry import resolve_reward
@@ -51,6 +52,7 @@ class EpisodeSpec:
     :ivar reward_timeout: Seconds a reward call may take (``None``: no limit).
     :ivar episode_budget: Tokens per episode when lowered below ``max_new_tokens`` by
         ``set_max_new_tokens`` (a curriculum); ``None``: ``max_new_tokens``. The window stays the same.
+    :ivar chat_template: The chat template prompts are rendered with (``None``: prompts are used as they are).
     """
 
     tokenizer: Any
@@ -67,6 +69,13 @@ class EpisodeSpec:
     nonfinite_reward: str = "raise"
     reward_timeout: float | None = None
     episode_budget: int | None = None
+    chat_template: str | None = None
+
+    def render(self, prompt: Any, where: str = "options['prompt']") -> str:
+        """A prompt given at reset as the env shows it: rendered with the chat template, if there is one."""
+        if self.chat_template is None:
+            return prompt
+        return render(self.tokenizer, self.chat_template, prompt, where)
 
     @property
     def budget(self) -> int:
@@ -202,13 +211,18 @@ def _special_ids(tokenizer) -> tuple[int | None, int]:
     return eos, int(pad)
 
 
-def _split_prompts(prompts: Sequence[PromptItem]) -> tuple[list[str], dict[str, list[Any]]]:
+def _check_prompt_list(prompts: Any) -> Sequence[PromptItem]:
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
         raise TypeError(
             f"prompts must be a list of str (or of dicts with a 'prompt' key); got {type(prompts).__name__}"
         )
     if len(prompts) == 0:
         raise ValueError("prompts is empty; give at least one prompt, e.g. prompts=['The movie was']")
+    return prompts
+
+
+def _split_prompts(prompts: Sequence[PromptItem]) -> tuple[list[str], dict[str, list[Any]]]:
+    _check_prompt_list(prompts)
     texts: list[str] = []
     keys: list[str] | None = None
     rows: list[dict[str, Any]] = []
@@ -216,6 +230,10 @@ def _split_prompts(prompts: Sequence[PromptItem]) -> tuple[list[str], dict[str, 
         if isinstance(item, str):
             text, meta = item, {}
         elif isinstance(item, dict):
+            if isinstance(item.get("prompt"), list):
+                raise ValueError(
+                    f"prompt #{i} is a list of chat messages; pass chat_template=True (or a template) to render it"
+                )
             if "prompt" not in item or not isinstance(item["prompt"], str):
                 raise ValueError(f"prompt #{i} is a dict without a str 'prompt' key: {item!r}")
             text, meta = item["prompt"], {k: v for k, v in item.items() if k != "prompt"}
@@ -277,6 +295,7 @@ def build_spec(
     prompt_truncation: str = "left",
     nonfinite_reward: str = "raise",
     reward_timeout: float | None = None,
+    chat_template: bool | str | None = None,
 ) -> EpisodeSpec:
     """Resolve environment arguments (task defaults overridden by the user's) into an :class:`EpisodeSpec`.
 
@@ -298,6 +317,11 @@ def build_spec(
         ``reward_nonfinite=True`` (GRPO then drops the episode and counts it in ``rollout/skipped_episodes``).
     :param reward_timeout: Seconds a reward call may take (``None``: no limit); a reward that runs
         longer raises a ``TimeoutError`` naming it and the completion.
+    :param chat_template: ``True`` renders every prompt with the tokenizer's chat template (a str prompt is one
+        user message; a list of messages is TRL's conversational format), a str is a Jinja template to use
+        instead, ``None``/``False`` leaves prompts as they are (:mod:`textrl_envs.chat`). Episodes then end at
+        the template's end-of-turn token (EOS if the template has none). The reward and ``info["prompt"]``
+        get the rendered text.
     """
     defaults = get_task(task) if task is not None else None
     if prompts is not None:
@@ -324,10 +348,16 @@ def build_spec(
     )
     _check_choices(prompt_truncation, nonfinite_reward)
     reward_timeout = check_reward_timeout(reward_timeout)
+    tok = load_tokenizer(tokenizer)
+    template = resolve_chat_template(tok, chat_template)
+    if template is not None:
+        prompts = render_items(tok, template, list(_check_prompt_list(prompts)))
     texts, metadata = _split_prompts(prompts)
     reward_fn = resolve_reward(reward, **(reward_kwargs or {}))
-    tok = load_tokenizer(tokenizer)
     eos, pad = _special_ids(tok)
+    if template is not None:  # the episode is the assistant's turn: it ends at the template's end of turn
+        eot = end_of_turn_id(tok, template)
+        eos = eot if eot is not None else eos
     ids = [encode_prompt(tok, t, max_prompt_tokens, prompt_truncation, f"prompt #{i}") for i, t in enumerate(texts)]
     return EpisodeSpec(
         tokenizer=tok,
@@ -343,6 +373,7 @@ def build_spec(
         task_id=task,
         nonfinite_reward=nonfinite_reward,
         reward_timeout=reward_timeout,
+        chat_template=template,
     )
 
 

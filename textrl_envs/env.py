@@ -22,6 +22,7 @@ SPEC_KWARGS = (
     "prompt_truncation",
     "nonfinite_reward",
     "reward_timeout",
+    "chat_template",
 )
 
 
@@ -50,8 +51,9 @@ def resolve_prompt(spec: EpisodeSpec, options: dict[str, Any] | None, rng: np.ra
         raise ValueError("give either options['prompt'] or options['prompt_index'], not both")
     if "prompt" in options:
         text = options["prompt"]
-        if not isinstance(text, str):
+        if not isinstance(text, str) and not (spec.chat_template is not None and isinstance(text, list)):
             raise TypeError(f"options['prompt'] must be a str, got {type(text).__name__}")
+        text = spec.render(text)  # a user message (or messages) rendered like the prompts, with a chat template
         if text in spec.prompt_texts:
             i = spec.prompt_texts.index(text)
             return i, text, spec.prompt_ids[i]
@@ -99,8 +101,11 @@ class TextGenEnv(TextSpecAccess, gym.Env):
 
     ## Arguments
     ``gym.make(id, prompts=..., reward=..., tokenizer=..., max_new_tokens=..., max_prompt_tokens=...,
-    prompt_truncation="left", reward_kwargs=None, nonfinite_reward="raise", reward_timeout=None)``; see
-    :func:`textrl_envs.core.build_spec`. :meth:`set_max_new_tokens` lowers the episode budget (a curriculum).
+    prompt_truncation="left", reward_kwargs=None, nonfinite_reward="raise", reward_timeout=None,
+    chat_template=None)``; see :func:`textrl_envs.core.build_spec`. ``prompts`` may also be a ``.jsonl``,
+    ``.json``, ``.csv`` or ``.txt`` path or a ``datasets.Dataset`` (:mod:`textrl_envs.data`);
+    ``chat_template=True`` renders prompts with the tokenizer's chat template (:mod:`textrl_envs.chat`).
+    :meth:`set_max_new_tokens` lowers the episode budget (a curriculum).
 
     ## Vectorized environment
     ``gym.make_vec(id, num_envs=N, device=..., group_size=G)`` returns
