@@ -10,6 +10,7 @@ import numpy as np
 from gymnasium import spaces
 
 from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwargs, encode_prompt
+from textrl_envs.rendering import transcript_frame
 
 SPEC_KWARGS = (
     "task",
@@ -115,7 +116,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
     * v0: Initial version.
     """
 
-    metadata = {"render_modes": ["ansi", "human"], "render_fps": 30}
+    metadata = {"render_modes": ["ansi", "human", "rgb_array"], "render_fps": 30}
     #: The registered env id whose defaults this class uses (``None``: no defaults).
     default_task: str | None = None
 
@@ -208,11 +209,16 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             )
         return token
 
-    def render(self) -> str | None:
-        """``"ansi"``/``"human"``: the prompt and the completion so far, as text."""
+    def render(self) -> str | np.ndarray | None:
+        """``"ansi"``/``"human"``: the prompt and the completion so far, as text; ``"rgb_array"``: the same drawn
+        as an image (:func:`textrl_envs.rendering.transcript_frame`, a fixed-size ``uint8`` array ``(H, W, 3)``),
+        which Gymnasium's ``RecordVideo`` records."""
         if self.render_mode is None:
             return None
-        return f"{self._prompt_text}|{self.text_spec.decode(self._generated)}"
+        completion = self.text_spec.decode(self._generated)
+        if self.render_mode == "rgb_array":
+            return transcript_frame([("prompt", self._prompt_text), ("agent", completion)])
+        return f"{self._prompt_text}|{completion}"
 
     def decode(self, ids: Sequence[int]) -> str:
         """Decode token ids with the env's tokenizer (special tokens removed)."""

@@ -38,6 +38,7 @@ from textrl_envs.decoding import fast_decoder
 from textrl_envs.devices import resolve_device
 from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
 from textrl_envs.groups import GroupPrompts
+from textrl_envs.rendering import transcript_frame
 
 OBS_BACKENDS = ("numpy", "torch")
 VECTOR_KWARGS = ("num_envs", "device", "group_size", "obs_backend", "render_mode")
@@ -164,7 +165,11 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
     * v0: Initial version.
     """
 
-    metadata = {"render_modes": ["ansi", "human"], "render_fps": 30, "autoreset_mode": AutoresetMode.SAME_STEP}
+    metadata = {
+        "render_modes": ["ansi", "human", "rgb_array"],
+        "render_fps": 30,
+        "autoreset_mode": AutoresetMode.SAME_STEP,
+    }
 
     def __init__(
         self,
@@ -347,20 +352,25 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             print("\n".join(self.render()))
         return observations, rewards, terminated, truncated, infos
 
-    def render(self) -> tuple[str, ...] | None:
-        """``"ansi"``/``"human"``: one ``prompt|completion so far`` string per env."""
+    def render(self) -> tuple[str, ...] | tuple[np.ndarray, ...] | None:
+        """``"ansi"``/``"human"``: one ``prompt|completion so far`` string per env; ``"rgb_array"``: one frame per
+        env, as the single env draws it."""
         if self.render_mode is None:
             gym.logger.warn("render() called without a render_mode; pass render_mode='ansi' to the constructor")
             return None
         if not self._started:
-            return tuple("" for _ in range(self.num_envs))
-        ids = self._ids.cpu().numpy()
-        gen = self._generated
-        w = self.text_spec.window
-        return tuple(
-            f"{self._row_text[self._row[j]]}|{self.text_spec.decode(ids[j, w - gen[j] :] if gen[j] else [])}"
-            for j in range(self.num_envs)
-        )
+            texts = [("", "")] * self.num_envs
+        else:
+            ids = self._ids.cpu().numpy()
+            gen = self._generated
+            w = self.text_spec.window
+            texts = [
+                (self._row_text[self._row[j]], self.text_spec.decode(ids[j, w - gen[j] :] if gen[j] else []))
+                for j in range(self.num_envs)
+            ]
+        if self.render_mode == "rgb_array":
+            return tuple(transcript_frame([("prompt", prompt), ("agent", completion)]) for prompt, completion in texts)
+        return tuple(f"{prompt}|{completion}" if self._started else "" for prompt, completion in texts)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Decode token ids with the env's tokenizer (special tokens removed)."""
