@@ -1,5 +1,5 @@
-"""The ``sb3-grpo`` command: ``compare`` (PPO vs GRPO over seeds, with a report), ``claims`` (the claims study)
-and ``perf`` (throughput).
+"""The ``sb3-grpo`` command: ``compare`` (PPO vs GRPO over seeds, with a report), ``claims`` (the claims study),
+``warm-start`` (a supervised warm start of the LM) and ``perf`` (throughput).
 
 Thin on purpose: the argument parsing lives here, the work in :mod:`sb3_grpo.bench`.
 
@@ -10,6 +10,8 @@ Thin on purpose: the argument parsing lives here, the work in :mod:`sb3_grpo.ben
     sb3-grpo compare --set grpo.learning_rate=1e-4 --set '*.n_epochs=2' --resume --out runs/compare-...
     sb3-grpo report runs/cartpole                      # rewrite report.md and curves.png from results.json
     sb3-grpo claims --budget default --workers 2       # the claims study, about 23 minutes on 2 idle cores
+    sb3-grpo compare --env ReasoningGym-v0 --env-kwargs '{"task": "chain_sum"}'
+    sb3-grpo warm-start --env ReasoningGym-v0 --env-kwargs '{"task": "chain_sum", "seed": 1}' --out runs/warm
     sb3-grpo perf --quick
 """
 
@@ -88,6 +90,22 @@ def load_config_file(path: str) -> dict[str, dict[str, Any]]:
     return data
 
 
+def parse_env_kwargs(text: str | None) -> dict[str, Any]:
+    """Parse ``--env-kwargs``: a JSON object of keyword arguments for ``gym.make`` (``None``: no arguments).
+
+    :raises ValueError: for text that is not a JSON object.
+    """
+    if text is None:
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f'--env-kwargs {text!r}: not valid JSON ({err}); e.g. \'{{"task": "chain_sum"}}\'') from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--env-kwargs must be a JSON object of gym.make keyword arguments, got {text!r}")
+    return data
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -99,15 +117,16 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``sb3-grpo`` argument parser (subcommands ``compare``, ``claims``, ``report``, ``perf``)."""
+    """The ``sb3-grpo`` argument parser (subcommands ``compare``, ``claims``, ``warm-start``, ``report``, ``perf``)."""
     parser = argparse.ArgumentParser(
         prog="sb3-grpo",
         description="Compare PPO and GRPO variants on Gymnasium / text envs, test the claims, measure throughput.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", metavar="{compare,claims,report,perf}")
+    sub = parser.add_subparsers(dest="command", metavar="{compare,claims,warm-start,report,perf}")
     _add_compare(sub)
     _add_claims(sub)
+    _add_warm_start(sub)
     r = sub.add_parser("report", help="rewrite the report of an out dir of compare or claims from its results.json")
     r.add_argument("dir", help="an out dir of `sb3-grpo compare` or `sb3-grpo claims`")
     r.set_defaults(subparser=r)
@@ -159,6 +178,13 @@ def _add_compare(sub: Any) -> None:
         ),
     )
     c.add_argument("--env", default=DEFAULT_ENV, help=f"registered env id (default {DEFAULT_ENV})")
+    c.add_argument(
+        "--env-kwargs",
+        default=None,
+        metavar="JSON",
+        help='keyword arguments of gym.make, as a JSON object, e.g. \'{"task": "chain_sum"}\' for ReasoningGym-v0 '
+        "(checked by making the env once, before anything is written)",
+    )
     c.add_argument("--algos", default=DEFAULT_ALGOS, help=f"comma-separated names (default {DEFAULT_ALGOS})")
     c.add_argument(
         "--seeds",
@@ -221,6 +247,30 @@ def _add_claims(sub: Any) -> None:
     c.set_defaults(subparser=c)
 
 
+def _add_warm_start(sub: Any) -> None:
+    w = sub.add_parser(
+        "warm-start",
+        help="supervised warm start of the LM on a text env's answers, saved as a model folder",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Fine-tune the bundled LM (or --model) on the (prompt, answer) pairs of a text env whose prompts have "
+            "an 'answer' column (ReasoningGym-v0, Arithmetic-v0, a prompt file), and save it to --out; then train "
+            'from it with: sb3-grpo compare ... --set \'*.policy_kwargs={"model": "OUT"}\'. Warm-start on other '
+            "items than the comparison's (for ReasoningGym-v0, another generator seed in --env-kwargs)."
+        ),
+    )
+    w.add_argument("--env", required=True, help="registered text env id")
+    w.add_argument("--env-kwargs", default=None, metavar="JSON", help="keyword arguments of gym.make (JSON object)")
+    w.add_argument("--out", required=True, help="folder for the model, its tokenizer and warm_start.json")
+    w.add_argument("--model", default=None, help="local model folder to start from (default: the bundled LM)")
+    w.add_argument("--steps", type=_positive_int, default=200, help="optimizer steps (default %(default)s)")
+    w.add_argument("--batch-size", type=_positive_int, default=32, help="examples per step (default %(default)s)")
+    w.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default %(default)s)")
+    w.add_argument("--seed", type=int, default=0, help="seed of torch and the batch draws (default %(default)s)")
+    w.add_argument("--threads", type=_positive_int, default=1, help="torch CPU threads (default 1)")
+    w.set_defaults(subparser=w)
+
+
 def _check_device(device: str) -> None:
     """Reject a device torch cannot use here, before anything is trained or written
     (:func:`textrl_envs.devices.resolve_device`)."""
@@ -254,6 +304,7 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
         _check_device(args.device)
         cfg = make_config(
             env_id=args.env,
+            env_kwargs=parse_env_kwargs(args.env_kwargs),
             algos=algos,
             seeds=args.seeds,
             timesteps=timesteps,
@@ -368,6 +419,45 @@ def _claims(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Seq
     return 0 if results["status"] == "complete" else 1
 
 
+def _warm_start(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
+    from sb3_grpo.bench.config import CompareError, check_env_id, check_env_kwargs
+    from sb3_grpo.bench.warmstart import run_warm_start
+
+    try:
+        env_kwargs = parse_env_kwargs(args.env_kwargs)
+        check_env_id(args.env)
+        check_env_kwargs(args.env, env_kwargs)
+        if not args.lr > 0:
+            raise ValueError(f"--lr must be > 0, got {args.lr}")
+        if args.model is not None and not os.path.isdir(args.model):
+            raise ValueError(f"--model {args.model!r} is not a local model folder")
+    except (CompareError, ValueError) as err:
+        parser.error(str(err))
+    import torch as th
+
+    th.set_num_threads(args.threads)
+    try:
+        record = run_warm_start(
+            args.env,
+            env_kwargs,
+            Path(args.out),
+            steps=args.steps,
+            batch_size=args.batch_size,
+            learning_rate=args.lr,
+            seed=args.seed,
+            model=args.model,
+            command=shlex.join(["sb3-grpo", *argv]),
+        )
+    except ValueError as err:  # e.g. prompts without an 'answer' column
+        parser.error(str(err))
+    print(
+        f"warm start: {record['examples']} examples, {record['steps']} steps, loss {record['loss_first']:.3f} -> "
+        f"{record['loss_last']:.3f} in {record['time_s']} s; model in {args.out}/ "
+        f'(use it with --set \'*.policy_kwargs={{"model": "{args.out}"}}\')'
+    )
+    return 0
+
+
 def _perf(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from sb3_grpo.bench.perf import run_perf
 
@@ -402,6 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _compare(args, args.subparser, argv)
     if args.command == "claims":
         return _claims(args, args.subparser, argv)
+    if args.command == "warm-start":
+        return _warm_start(args, args.subparser, argv)
     if args.command == "report":
         return _report(args, args.subparser)
     if args.command == "perf":

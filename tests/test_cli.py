@@ -152,6 +152,10 @@ def test_compare_textgen(tmp_path):
         (["--env", "CartPole-v1", "--algos", "ppo,grpo-group"], "prompt groups"),
         (["--n-envs", "6", "--algos", "grpo-group"], "multiple of the group size"),
         (["--overwrite", "--resume"], "not allowed with"),
+        (["--env-kwargs", "{task: 1}"], "--env-kwargs '{task: 1}': not valid JSON"),
+        (["--env-kwargs", "[1, 2]"], "--env-kwargs must be a JSON object"),
+        (["--env-kwargs", '{"max_new_tokens": 0}'], "TextGen-v0 cannot be made with them: ValueError: max_new_tokens"),
+        (["--env", "CartPole-v1", "--env-kwargs", '{"colour": 1}'], "CartPole-v1 cannot be made with them"),
     ],
 )
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, message):
@@ -364,3 +368,63 @@ def test_help_lists_algorithms(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert all(name in out for name in ALGOS) and "five minutes" in out
+
+
+def test_compare_reasoning_gym_with_env_kwargs(tmp_path):
+    pytest.importorskip("reasoning_gym")
+    kwargs = {"task": "chain_sum", "task_kwargs": {"max_terms": 2, "max_digits": 1}, "size": 16}
+    kwargs.update(max_prompt_tokens=24, max_new_tokens=4)
+    out = tmp_path / "rg"
+    args = [a if a != "TextGen-v0" else "ReasoningGym-v0" for a in TEXT]
+    assert main([*args, "--env-kwargs", json.dumps(kwargs), "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["env_kwargs"] == kwargs
+    assert all(run["fingerprint"]["env_kwargs"] == kwargs for run in results["runs"].values())
+    assert "# sb3-grpo compare: ReasoningGym-v0 `" in (out / "report.md").read_text()
+    with pytest.raises(SystemExit):  # an unknown task is caught before the out dir is made
+        main([*args, "--env-kwargs", '{"task": "chain_sun"}', "--out", str(tmp_path / "bad")])
+    assert not (tmp_path / "bad").exists()
+
+
+def test_warm_start_learns_the_answers_and_saves_a_loadable_model(tmp_path, capsys):
+    import gymnasium as gym
+    import torch as th
+
+    from sb3_grpo import GRPO
+    from sb3_grpo.bench.warmstart import RECORD_FILE, answer_examples, batch_tensors
+
+    out = tmp_path / "warm"
+    argv = ["warm-start", "--env", "Arithmetic-v0", "--steps", "40", "--batch-size", "16", "--out", str(out)]
+    assert main(argv) == 0
+    record = json.loads((out / RECORD_FILE).read_text())
+    assert record["steps"] == len(record["losses"]) == 40 and record["command"].startswith("sb3-grpo warm-start")
+    assert record["loss_last"] < record["loss_first"]
+    # the saved model is what CausalLMPolicy trains from, and it gives the answers more probability than before
+    env = gym.make("Arithmetic-v0")
+    spec = env.unwrapped.text_spec
+    examples = answer_examples(spec)[:64]
+    ids, mask, positions, labels = batch_tensors(examples, spec.pad_token_id)
+
+    def answer_nll(model):
+        with th.no_grad():
+            return float(
+                model.policy.lm(input_ids=ids, attention_mask=mask, position_ids=positions, labels=labels).loss
+            )
+
+    warm = GRPO("CausalLMPolicy", env, policy_kwargs={"model": str(out)}, n_steps=8, batch_size=8, seed=0)
+    cold = GRPO("CausalLMPolicy", env, n_steps=8, batch_size=8, seed=0)
+    assert answer_nll(warm) < answer_nll(cold)
+    # bad input: prompts without answers
+    with pytest.raises(SystemExit) as exc:
+        main(["warm-start", "--env", "TextGen-v0", "--out", str(tmp_path / "w2")])
+    assert exc.value.code == 2 and "needs prompts with an 'answer' column" in capsys.readouterr().err
+
+
+def test_warm_start_batches_put_labels_on_the_targets_only():
+    from sb3_grpo.bench.warmstart import batch_tensors
+
+    ids, mask, positions, labels = batch_tensors([([5, 6], [7, 0]), ([5], [8])], pad_id=1)
+    assert ids.tolist() == [[5, 6, 7, 0], [1, 1, 5, 8]]
+    assert mask.tolist() == [[1, 1, 1, 1], [0, 0, 1, 1]]
+    assert positions.tolist() == [[0, 1, 2, 3], [0, 0, 0, 1]]
+    assert labels.tolist() == [[-100, -100, 7, 0], [-100, -100, -100, 8]]

@@ -17,11 +17,14 @@ import pytest
 import textrl_envs
 from textrl_envs.env import TextGenEnv
 from textrl_envs.rewards import CompositeReward, LexiconSentiment, make_reward
-from textrl_envs.tasks import TASKS, all_tasks, get_task
+from textrl_envs.tasks import TASKS, all_tasks, builtin_tasks, get_task
 
 ENV_IDS = list(textrl_envs.ENV_IDS)
 #: The single-turn ids (a prompt, a completion, a reward); the interactive ones are tested in test_interactive.py.
 SINGLE_TURN_IDS = [i for i in ENV_IDS if get_task(i).interaction is None]
+#: The ids whose prompts and reward are in the package (the suites behind extras are tested in test_suites.py).
+BUILTIN_IDS = [task.env_id for task in builtin_tasks()]
+SINGLE_TURN_BUILTIN_IDS = [i for i in BUILTIN_IDS if i in SINGLE_TURN_IDS]
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +95,19 @@ def test_registration_comes_from_the_one_list_of_tasks():
     for task in TASKS:
         spec = gym.spec(task.env_id)
         assert (spec.entry_point, spec.vector_entry_point) == (task.entry_point, task.vector_entry_point)
-        assert spec.vector_entry_point == "textrl_envs.vector:TextGenVectorEnv" and spec.kwargs == {"task": task.env_id}
+        assert spec.kwargs == task.registered_kwargs
+        if task.extra is None:  # a built-in task: the generic vector env, told its task by the registered kwargs
+            assert spec.vector_entry_point == "textrl_envs.vector:TextGenVectorEnv"
+            assert spec.kwargs == {"task": task.env_id} and task.prompts is not None
+            assert (task.reward is None) == (task.interaction is not None)  # interactive tasks pay per turn
+        else:  # a suite: its own classes, whose task= names a task of the suite
+            assert spec.kwargs == {} and task.install_hint == f'pip install "textrl[{task.extra}]"'
         assert get_task(task.env_id) is task
     with pytest.raises(ValueError, match="no task 'Nope-v0'; known: Arithmetic-v0, CommonGen-v0"):
         get_task("Nope-v0")
 
 
-@pytest.mark.parametrize("env_id", ENV_IDS)
+@pytest.mark.parametrize("env_id", BUILTIN_IDS)
 def test_make_offline_and_env_checkers(env_id):
     from gymnasium.utils.env_checker import check_env as gym_check_env
     from stable_baselines3.common.env_checker import check_env as sb3_check_env
@@ -117,7 +126,7 @@ def test_make_offline_and_env_checkers(env_id):
     env.close()
 
 
-@pytest.mark.parametrize("env_id", ENV_IDS)
+@pytest.mark.parametrize("env_id", BUILTIN_IDS)
 def test_default_prompts_fit_the_prompt_budget(env_id):
     env = gym.make(env_id, prompt_truncation="error")  # raises if any default prompt is over budget
     spec = env.unwrapped.text_spec
@@ -126,7 +135,7 @@ def test_default_prompts_fit_the_prompt_budget(env_id):
     assert max(len(ids) for ids in spec.prompt_ids) <= spec.max_prompt_tokens
 
 
-@pytest.mark.parametrize("env_id", SINGLE_TURN_IDS)
+@pytest.mark.parametrize("env_id", SINGLE_TURN_BUILTIN_IDS)
 def test_reward_at_episode_end_equals_reward_called_by_hand(env_id, tokenizer):
     env = gym.make(env_id)
     task = get_task(env_id)

@@ -28,7 +28,7 @@ for _task in TASKS:
             id=_task.env_id,
             entry_point=_task.entry_point,
             vector_entry_point=_task.vector_entry_point,
-            kwargs={"task": _task.env_id},
+            kwargs=_task.registered_kwargs,
         )
 
 __all__ = ["ENV_IDS", "__version__"]

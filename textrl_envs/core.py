@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from textrl_envs.chat import end_of_turn_id, render, render_items, resolve_chat_template
+from textrl_envs.data import load_prompts
 from textrl_envs.rewards.base import call_reward, check_reward_timeout
 from textrl_envs.rewards.registry import resolve_reward
 from textrl_envs.tasks import PromptItem, all_tasks, get_task
@@ -76,6 +78,7 @@ class EpisodeSpec:
     :ivar max_turns: Agent turns per interactive episode (``None``: no limit but the token budget).
     :ivar turn_end_ids: Token ids that end an agent turn (interactive episodes).
     :ivar max_turn_tokens: Agent tokens per turn (``None``: no limit but the token budget).
+    :ivar chat_template: The chat template prompts are rendered with (``None``: prompts are used as they are).
     """
 
     tokenizer: Any
@@ -109,6 +112,14 @@ class EpisodeSpec:
         if self.interactive and self.max_turns is not None and self.max_turn_tokens is not None:
             return min(self.budget, self.max_turns * self.max_turn_tokens)
         return self.budget
+
+    chat_template: str | None = None
+
+    def render(self, prompt: Any, where: str = "options['prompt']") -> str:
+        """A prompt given at reset as the env shows it: rendered with the chat template, if there is one."""
+        if self.chat_template is None:
+            return prompt
+        return render(self.tokenizer, self.chat_template, prompt, where)
 
     @property
     def budget(self) -> int:
@@ -256,13 +267,18 @@ def _special_ids(tokenizer) -> tuple[int | None, int]:
     return eos, int(pad)
 
 
-def _split_prompts(prompts: Sequence[PromptItem]) -> tuple[list[str], dict[str, list[Any]]]:
+def _check_prompt_list(prompts: Any) -> Sequence[PromptItem]:
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
         raise TypeError(
             f"prompts must be a list of str (or of dicts with a 'prompt' key); got {type(prompts).__name__}"
         )
     if len(prompts) == 0:
         raise ValueError("prompts is empty; give at least one prompt, e.g. prompts=['The movie was']")
+    return prompts
+
+
+def _split_prompts(prompts: Sequence[PromptItem]) -> tuple[list[str], dict[str, list[Any]]]:
+    _check_prompt_list(prompts)
     texts: list[str] = []
     keys: list[str] | None = None
     rows: list[dict[str, Any]] = []
@@ -270,6 +286,10 @@ def _split_prompts(prompts: Sequence[PromptItem]) -> tuple[list[str], dict[str, 
         if isinstance(item, str):
             text, meta = item, {}
         elif isinstance(item, dict):
+            if isinstance(item.get("prompt"), list):
+                raise ValueError(
+                    f"prompt #{i} is a list of chat messages; pass chat_template=True (or a template) to render it"
+                )
             if "prompt" not in item or not isinstance(item["prompt"], str):
                 raise ValueError(f"prompt #{i} is a dict without a str 'prompt' key: {item!r}")
             text, meta = item["prompt"], {k: v for k, v in item.items() if k != "prompt"}
@@ -309,7 +329,7 @@ def on_character_boundary(tokenizer, ids: list[int], side: str) -> list[int]:
 def encode_prompt(spec_tokenizer, text: str, max_prompt_tokens: int, truncation: str, where: str) -> np.ndarray:
     """Token ids of one prompt, truncated to ``max_prompt_tokens`` (or an error, by option), cut on a character
     boundary where the tokenizer allows it (:func:`on_character_boundary`)."""
-    ids = spec_tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = spec_tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # we truncate below
     if len(ids) == 0:
         raise ValueError(f"{where} {text!r} tokenizes to no tokens; every prompt needs at least one token")
     if len(ids) > max_prompt_tokens:
@@ -420,8 +440,10 @@ def _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_gi
     if reward is None:
         if interaction is not None and (interaction_given or defaults is None or defaults.reward is None):
             return None
-        if defaults is None:
-            raise ValueError("reward is required when no task is given (or an interaction=... that pays per turn)")
+        if defaults is None or defaults.reward is None:
+            raise ValueError(
+                f"reward is required when {_no_defaults(defaults, 'reward')} (or an interaction=... that pays per turn)"
+            )
         reward = defaults.reward
         if reward_kwargs is None:
             reward_kwargs = dict(defaults.reward_kwargs)
@@ -444,13 +466,15 @@ def build_spec(
     max_turns: int | None = None,
     turn_end: Any = None,
     max_turn_tokens: int | None = None,
+    chat_template: bool | str | None = None,
 ) -> EpisodeSpec:
     """Resolve environment arguments (task defaults overridden by the user's) into an :class:`EpisodeSpec`.
 
     :param task: Registered env id whose defaults to start from (``None``: no defaults; then
         ``prompts`` and ``reward`` (or ``interaction``) are required).
     :param prompts: List of prompt strings, or dicts ``{"prompt": str, **metadata}``; metadata is
-        passed to the reward as keyword lists (TRL's convention).
+        passed to the reward as keyword lists (TRL's convention). Also a path to a ``.jsonl``, ``.json``,
+        ``.csv`` or ``.txt`` file, or a ``datasets.Dataset``, with a ``prompt`` column (:mod:`textrl_envs.data`).
     :param reward: Registered reward name, :class:`~textrl_envs.rewards.RewardModel`, or callable. In an
         interactive episode it is optional: given, it scores the episode at its end (prompt, and the
         conversation after it as the completion) and is added to the last step's reward.
@@ -475,11 +499,19 @@ def build_spec(
         a list of them; ``None``: the task's default, else EOS).
     :param max_turn_tokens: Interactive episodes: agent tokens per turn (>= 1; ``None``: the task's default,
         or no limit).
+    :param chat_template: ``True`` renders every prompt with the tokenizer's chat template (a str prompt is one
+        user message; a list of messages is TRL's conversational format), a str is a Jinja template to use
+        instead, ``None``/``False`` leaves prompts as they are (:mod:`textrl_envs.chat`). Episodes then end at
+        the template's end-of-turn token (EOS if the template has none), and so do an interactive episode's
+        turns unless ``turn_end`` says otherwise. The reward and ``info["prompt"]``
+        get the rendered text.
     """
     defaults = get_task(task) if task is not None else None
+    if prompts is not None:
+        prompts = load_prompts(prompts)  # a file or a datasets.Dataset becomes a list; a list stays as it is
     if prompts is None:
-        if defaults is None:
-            raise ValueError("prompts is required when no task is given")
+        if defaults is None or defaults.prompts is None:
+            raise ValueError(f"prompts is required when {_no_defaults(defaults, 'prompts')}")
         prompts = defaults.prompts()
     given_turns = {"max_turns": max_turns, "turn_end": turn_end, "max_turn_tokens": max_turn_tokens}
     interaction_given = interaction is not None
@@ -491,10 +523,18 @@ def build_spec(
     _check_choices(prompt_truncation, nonfinite_reward)
     reward_timeout = check_reward_timeout(reward_timeout)
     reward_kwargs = check_mapping("reward_kwargs", reward_kwargs, hint="e.g. reward_kwargs={'target': 'positive'}")
+    tok = load_tokenizer(tokenizer)
+    template = resolve_chat_template(tok, chat_template)
+    if template is not None:
+        prompts = render_items(tok, template, list(_check_prompt_list(prompts)))
     texts, metadata = _split_prompts(prompts)
     reward_fn = _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_given)
-    tok = load_tokenizer(tokenizer)
     eos, pad = _special_ids(tok)
+    if template is not None:  # the episode is the assistant's turn: it ends at the template's end of turn
+        eot = end_of_turn_id(tok, template)
+        eos = eot if eot is not None else eos
+        if turn_end is None and eos is not None:
+            turn_end = eos  # an interactive episode's turns end there too
     turn_end_ids = resolve_turn_end(tok, turn_end, len(tok)) if interaction is not None else ()
     if defaults is not None and not defaults.stop_at_eos:
         eos = None  # the task's episodes always run their budget (pad keeps the EOS id, masked)
@@ -517,7 +557,15 @@ def build_spec(
         max_turns=max_turns,
         turn_end_ids=turn_end_ids,
         max_turn_tokens=max_turn_tokens,
+        chat_template=template,
     )
+
+
+def _no_defaults(defaults: Any, what: str) -> str:
+    """Why ``what`` has no default: no task given, or a suite task whose env class makes it."""
+    if defaults is None:
+        return "no task is given"
+    return f"the task is the suite {defaults.env_id} (its env class {defaults.entry_point} makes the {what})"
 
 
 def check_kwargs(kwargs: dict[str, Any], where: str, known: Sequence[str]) -> None:

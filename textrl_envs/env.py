@@ -12,6 +12,7 @@ from gymnasium import spaces
 
 from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwargs, encode_prompt
 from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, start_episode
+from textrl_envs.rendering import transcript_frame
 from textrl_envs.turns import ReplyEncoder, check_opening, turn_episode_ends, turns_over, who
 from textrl_envs.validation import check_choice, check_int, check_mapping
 
@@ -30,6 +31,7 @@ SPEC_KWARGS = (
     "max_turns",
     "turn_end",
     "max_turn_tokens",
+    "chat_template",
 )
 
 
@@ -59,8 +61,9 @@ def resolve_prompt(spec: EpisodeSpec, options: dict[str, Any] | None, rng: np.ra
         raise ValueError("give either options['prompt'] or options['prompt_index'], not both")
     if "prompt" in options:
         text = options["prompt"]
-        if not isinstance(text, str):
+        if not isinstance(text, str) and not (spec.chat_template is not None and isinstance(text, list)):
             raise TypeError(f"options['prompt'] must be a str, got {type(text).__name__}")
+        text = spec.render(text)  # a user message (or messages) rendered like the prompts, with a chat template
         if text in spec.prompt_texts:
             i = spec.prompt_texts.index(text)
             return i, text, spec.prompt_ids[i]
@@ -128,8 +131,11 @@ class TextGenEnv(TextSpecAccess, gym.Env):
     ## Arguments
     ``gym.make(id, prompts=..., reward=..., tokenizer=..., max_new_tokens=..., max_prompt_tokens=...,
     prompt_truncation="left", reward_kwargs=None, nonfinite_reward="raise", reward_timeout=None,
-    interaction=None, max_turns=None, turn_end=None, max_turn_tokens=None)``; see
-    :func:`textrl_envs.core.build_spec`. :meth:`set_max_new_tokens` lowers the episode budget (a curriculum).
+    interaction=None, max_turns=None, turn_end=None, max_turn_tokens=None, chat_template=None)``; see
+    :func:`textrl_envs.core.build_spec`. ``prompts`` may also be a ``.jsonl``, ``.json``, ``.csv`` or ``.txt``
+    path or a ``datasets.Dataset`` (:mod:`textrl_envs.data`); ``chat_template=True`` renders prompts with the
+    tokenizer's chat template (:mod:`textrl_envs.chat`). :meth:`set_max_new_tokens` lowers the episode budget
+    (a curriculum).
 
     ## Vectorized environment
     ``gym.make_vec(id, num_envs=N, device=..., group_size=G)`` returns
@@ -139,7 +145,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
     * v0: Initial version.
     """
 
-    metadata = {"render_modes": ["ansi", "human"], "render_fps": 30}
+    metadata = {"render_modes": ["ansi", "human", "rgb_array"], "render_fps": 30}
     #: The registered env id whose defaults this class uses (``None``: no defaults).
     default_task: str | None = None
 
@@ -333,12 +339,17 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             )
         return token
 
-    def render(self) -> str | None:
+    def render(self) -> str | np.ndarray | None:
         """``"ansi"``: the prompt and the completion so far, as text (``prompt|completion``); ``"human"``: print
-        that text and return ``None`` (Gymnasium's convention)."""
+        that text and return ``None`` (Gymnasium's convention); ``"rgb_array"``: the same drawn as an image
+        (:func:`textrl_envs.rendering.transcript_frame`, a fixed-size ``uint8`` array ``(H, W, 3)``), which
+        Gymnasium's ``RecordVideo`` records."""
         if self.render_mode is None:
             return None
-        text = f"{self._prompt_text}|{self.text_spec.decode(self._generated)}"
+        completion = self.text_spec.decode(self._generated)
+        if self.render_mode == "rgb_array":
+            return transcript_frame([("prompt", self._prompt_text), ("agent", completion)])
+        text = f"{self._prompt_text}|{completion}"
         if self.render_mode == "human":
             print(text)
             return None

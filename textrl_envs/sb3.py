@@ -169,14 +169,17 @@ class TextGenSB3VecEnv(VecEnv):
         return [False for _ in self._get_indices(indices)]
 
     def get_images(self) -> Sequence[np.ndarray | None]:
-        """Text envs have no images."""
+        """Each env's transcript frame with ``render_mode="rgb_array"``; ``None`` per env otherwise."""
+        if self.render_mode == "rgb_array":
+            return list(self.venv.render())
         return [None for _ in range(self.num_envs)]
 
     def render(self, mode: str | None = None) -> Any:
-        """``"ansi"``: the tuple of ``prompt|completion so far`` strings; ``"human"``: print them."""
+        """``"ansi"``: the tuple of ``prompt|completion so far`` strings; ``"human"``: print them;
+        ``"rgb_array"``: the envs' frames tiled into one image (SB3's ``VecEnv.render``)."""
         mode = mode or self.render_mode
-        if mode is None or mode != self.render_mode:
-            return super().render(mode=mode)  # SB3 warns and returns None
+        if mode is None or mode != self.render_mode or mode == "rgb_array":
+            return super().render(mode=mode)  # SB3 warns and returns None, or tiles the frames
         frames = self.venv.unwrapped.render_text()
         if mode == "human":
             print("\n".join(frames))

@@ -39,6 +39,7 @@ from textrl_envs.decoding import fast_decoder
 from textrl_envs.devices import resolve_device
 from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
 from textrl_envs.groups import GroupPrompts
+from textrl_envs.rendering import transcript_frame
 from textrl_envs.turns import TurnBook
 from textrl_envs.validation import check_choice, check_int, check_seed
 
@@ -167,7 +168,11 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
     * v0: Initial version.
     """
 
-    metadata = {"render_modes": ["ansi", "human"], "render_fps": 30, "autoreset_mode": AutoresetMode.SAME_STEP}
+    metadata = {
+        "render_modes": ["ansi", "human", "rgb_array"],
+        "render_fps": 30,
+        "autoreset_mode": AutoresetMode.SAME_STEP,
+    }
 
     def __init__(
         self,
@@ -380,12 +385,14 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         self._start_episodes(done)
         self._reset_info(done, infos)
 
-    def render(self) -> tuple[str, ...] | None:
-        """``"ansi"``: one ``prompt|completion so far`` string per env; ``"human"``: print them (one line each) and
-        return ``None``."""
+    def render(self) -> tuple[str, ...] | tuple[np.ndarray, ...] | None:
+        """``"ansi"``/``"human"``: one ``prompt|completion so far`` string per env; ``"rgb_array"``: one frame per
+        env, as the single env draws it."""
         if self.render_mode is None:
             gym.logger.warn("render() called without a render_mode; pass render_mode='ansi' to the constructor")
             return None
+        if self.render_mode == "rgb_array":
+            return tuple(transcript_frame([("prompt", p), ("agent", c)]) for p, c in self._prompts_and_completions())
         frames = self.render_text()
         if self.render_mode == "human":
             print("\n".join(frames))
@@ -396,13 +403,19 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         """One ``prompt|completion so far`` string per env, whatever the render mode."""
         if not self._started:
             return tuple("" for _ in range(self.num_envs))
+        return tuple(f"{prompt}|{completion}" for prompt, completion in self._prompts_and_completions())
+
+    def _prompts_and_completions(self) -> list[tuple[str, str]]:
+        """``(prompt, completion so far)`` of every env (empty strings before the first reset)."""
+        if not self._started:
+            return [("", "")] * self.num_envs
         ids = self._ids.cpu().numpy()
         gen = self._generated
         w = self.text_spec.window
-        return tuple(
-            f"{self._row_text[self._row[j]]}|{self.text_spec.decode(ids[j, w - gen[j] :] if gen[j] else [])}"
+        return [
+            (self._row_text[self._row[j]], self.text_spec.decode(ids[j, w - gen[j] :] if gen[j] else []))
             for j in range(self.num_envs)
-        )
+        ]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Decode token ids with the env's tokenizer (special tokens removed)."""

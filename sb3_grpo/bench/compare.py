@@ -152,10 +152,10 @@ def make_env(cfg: CompareConfig, algo: str, seed: int, n_envs: int | None = None
         from textrl_envs.sb3 import make_vec_env
 
         g = cfg.group_sizes.get(algo, 1) if group_size is None else group_size
-        return make_vec_env(cfg.env_id, n_envs=n, group_size=g, device=cfg.device, seed=seed)
+        return make_vec_env(cfg.env_id, n_envs=n, group_size=g, device=cfg.device, seed=seed, **cfg.env_kwargs)
     from stable_baselines3.common.env_util import make_vec_env
 
-    return make_vec_env(cfg.env_id, n_envs=n, seed=seed)
+    return make_vec_env(cfg.env_id, n_envs=n, seed=seed, env_kwargs=cfg.env_kwargs or None)
 
 
 def _policy_for(spec: AlgoSpec, env: Any) -> Any:

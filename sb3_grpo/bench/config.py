@@ -21,6 +21,7 @@ __all__ = [
     "CompareConfig",
     "CompareError",
     "check_env_id",
+    "check_env_kwargs",
     "check_hyperparameters",
     "check_policy_kwargs",
     "is_text_env",
@@ -58,6 +59,7 @@ class CompareConfig:
     """Everything that defines a comparison (what ``results.json`` stores under ``config``).
 
     :param env_id: A registered Gymnasium id (text env of ``textrl_envs`` or any other).
+    :param env_kwargs: Keyword arguments of ``gym.make`` (``--env-kwargs``), for training and evaluation envs alike.
     :param algos: Names from :data:`~sb3_grpo.bench.algos.ALGOS`.
     :param seeds: Seeds (``--seeds K`` gives ``0 .. K-1``).
     :param timesteps: Env steps per run (tokens, for text envs).
@@ -89,6 +91,7 @@ class CompareConfig:
     text: bool = False
     hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
     group_sizes: dict[str, int] = field(default_factory=dict)
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def run_key(self, algo: str, seed: int) -> str:
         """Key of one run in ``results.json["runs"]``."""
@@ -98,6 +101,7 @@ class CompareConfig:
         """What must be equal for a stored run of ``algo`` to count as done under this config."""
         return {
             "env_id": self.env_id,
+            "env_kwargs": self.env_kwargs,
             "timesteps": self.timesteps,
             "n_envs": self.n_envs,
             "group_size": self.group_sizes.get(algo),
@@ -136,6 +140,25 @@ def check_env_id(env_id: str) -> None:
         f"unknown env {env_id!r}{hint}; text envs: {', '.join(textrl_envs.ENV_IDS)}; "
         "or any registered Gymnasium id, e.g. CartPole-v1, Pendulum-v1"
     )
+
+
+def check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
+    """Make ``env_id`` once with ``env_kwargs`` (and close it): a bad argument fails here, before anything runs.
+
+    :raises CompareError: with the env's own error.
+    """
+    import gymnasium as gym
+
+    import textrl_envs  # noqa: F401  (registers the text ids)
+
+    if not isinstance(env_kwargs, dict) or not all(isinstance(k, str) for k in env_kwargs):
+        raise CompareError(f"--env-kwargs must be a JSON object of gym.make keyword arguments, got {env_kwargs!r}")
+    try:
+        gym.make(env_id, **env_kwargs).close()
+    except Exception as err:  # noqa: BLE001  (whatever the env raises, say it before the out dir is touched)
+        raise CompareError(
+            f"--env-kwargs {env_kwargs}: {env_id} cannot be made with them: {type(err).__name__}: {err}"
+        ) from err
 
 
 def resolve_hyperparameters(
@@ -234,10 +257,12 @@ def make_config(
     device: str = "auto",
     overrides: dict[str, dict[str, Any]] | None = None,
     threshold: float | None = None,
+    env_kwargs: dict[str, Any] | None = None,
 ) -> CompareConfig:
     """Check every input and resolve the defaults; raises :class:`CompareError` with what to do.
 
     :param env_id: Registered env id.
+    :param env_kwargs: Keyword arguments of ``gym.make`` (checked by making the env once).
     :param algos: Algorithm names.
     :param seeds: Number of seeds (>= 1).
     :param timesteps: Env steps per run (>= 1).
@@ -268,6 +293,8 @@ def make_config(
     text = is_text_env(env_id)
     overrides = dict(overrides or {})
     _check_overrides(overrides, algos)
+    env_kwargs = dict(env_kwargs or {})
+    check_env_kwargs(env_id, env_kwargs)
     n_envs = n_envs if n_envs is not None else (TEXT_N_ENVS if text else CLASSIC_N_ENVS)
     group = _check_groups(algos, env_id, text, n_envs, group_size)
     cfg = CompareConfig(
@@ -285,6 +312,7 @@ def make_config(
         overrides=to_jsonable(overrides),
         threshold=threshold,
         text=text,
+        env_kwargs=to_jsonable(env_kwargs),
     )
     for algo in cfg.algos:
         spec = ALGOS[algo]

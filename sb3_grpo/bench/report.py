@@ -17,6 +17,7 @@ regenerated at any time (``sb3-grpo report DIR``) and the definitions below are 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -283,7 +284,7 @@ def plot_curves(results: dict[str, Any], path: Path) -> bool:
     unit = "tokens" if cfg.get("text") else "env steps"
     ax.set_xlabel(f"env steps ({unit})")
     ax.set_ylabel("mean episode reward per training rollout")
-    ax.set_title(f"{cfg['env_id']}: mean ± std over seeds")
+    ax.set_title(f"{env_label(cfg, short=True)}: mean ± std over seeds")
     ax.grid(alpha=0.3)
     if plotted:
         ax.legend(fontsize=8)
@@ -291,6 +292,17 @@ def plot_curves(results: dict[str, Any], path: Path) -> bool:
     fig.savefig(path)
     plt.close(fig)
     return plotted
+
+
+def env_label(cfg: dict[str, Any], short: bool = False) -> str:
+    """The env of a comparison as the report names it: the id, and its ``--env-kwargs`` (``short``: only a
+    ``task``, which is what tells reasoning-gym runs apart)."""
+    kwargs = cfg.get("env_kwargs") or {}
+    if not kwargs:
+        return cfg["env_id"]
+    if short:
+        return f"{cfg['env_id']} {kwargs['task']}" if isinstance(kwargs.get("task"), str) else cfg["env_id"]
+    return f"{cfg['env_id']} `{json.dumps(kwargs, sort_keys=True)}`"
 
 
 def render_report(results: dict[str, Any]) -> str:
@@ -301,7 +313,7 @@ def render_report(results: dict[str, Any]) -> str:
     """
     cfg = results["config"]
     summary = summarize(results)
-    lines = [f"# sb3-grpo compare: {cfg['env_id']}", ""] + _status_lines(results, summary)
+    lines = [f"# sb3-grpo compare: {env_label(cfg)}", ""] + _status_lines(results, summary)
     lines += _results_table(results, summary) + _column_notes(results)
     lines += claim_check(results, summary) + _algorithm_lines(cfg) + _reproduce_lines(results)
     return "\n".join(lines)

@@ -21,6 +21,10 @@ An interactive task (the environment answers the agent, see :mod:`textrl_envs.in
 its :class:`~textrl_envs.interaction.Interaction`, which imports the class lazily from a module that does not
 import the env (:mod:`textrl_envs.tasks.interactions` for the built-in ones), plus its turn defaults.
 
+An external suite (a task library behind an optional extra, :mod:`textrl_envs.suites`) is one ``Task`` with
+``extra=`` (the ``pip install "textrl[<extra>]"``), ``kwargs={}`` (its ``task=`` argument names a task of the
+suite), no ``prompts`` or ``reward`` (its env classes make them) and its own ``vector_entry_point``.
+
 This module imports nothing heavy (``import textrl_envs`` imports it), and nothing else of the package at
 module level: the family modules import it, never the other way round.
 """
@@ -44,8 +48,9 @@ class Task:
     :param env_id: The Gymnasium id, e.g. ``"TextGen-v0"``.
     :param entry_point: The documented env class, ``"module:Class"`` (Gymnasium's entry point).
     :param summary: One line for the README table.
-    :param prompts: Zero-argument function returning the default prompts (loaded lazily).
-    :param reward: Registered reward name used by default.
+    :param prompts: Zero-argument function returning the default prompts (loaded lazily); ``None`` for an
+        external suite, whose env class builds its prompts from the suite's own arguments.
+    :param reward: Registered reward name used by default (``None`` for an external suite: the suite scores).
     :param reward_kwargs: Keyword arguments for the default reward.
     :param max_new_tokens: Default generation budget.
     :param max_prompt_tokens: Default prompt budget.
@@ -58,13 +63,17 @@ class Task:
     :param turn_end: Interactive tasks: default turn-end token(s) (``None``: EOS).
     :param stop_at_eos: Whether the tokenizer's EOS ends an episode (``False``: episodes always run
         ``max_new_tokens`` tokens, and an EOS the policy writes is dropped from the text like any special token).
+    :param extra: The ``pip install "textrl[<extra>]"`` an external suite needs (``None``: built in).
+    :param kwargs: Keyword arguments registered with the id (``None``: ``{"task": env_id}``, which gives the
+        generic env classes the task's defaults). A suite registers ``{}``: its ``task`` argument names a
+        task of the suite.
     """
 
     env_id: str
     entry_point: str
     summary: str
-    prompts: Callable[[], list[PromptItem]]
-    reward: str | None
+    prompts: Callable[[], list[PromptItem]] | None = None
+    reward: str | None = None
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     max_new_tokens: int = 24
     max_prompt_tokens: int = 16
@@ -74,6 +83,18 @@ class Task:
     max_turn_tokens: int | None = None
     turn_end: Any = None
     stop_at_eos: bool = True
+    extra: str | None = None
+    kwargs: dict[str, Any] | None = None
+
+    @property
+    def registered_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments ``gym.register`` stores for this id."""
+        return {"task": self.env_id} if self.kwargs is None else dict(self.kwargs)
+
+    @property
+    def install_hint(self) -> str | None:
+        """``pip install "textrl[<extra>]"`` for an external suite, ``None`` for a built-in task."""
+        return None if self.extra is None else f'pip install "textrl[{self.extra}]"'
 
 
 # -- prompt loaders (the bundled corpus is imported only when prompts are needed) -------------------------
@@ -272,6 +293,19 @@ TOOL_ARITHMETIC = Task(
     max_turn_tokens=12,
 )
 
+# -- external suites (optional extras; their modules in textrl_envs/suites/ import the library when made) ------
+
+REASONING_GYM = Task(
+    env_id="ReasoningGym-v0",
+    entry_point="textrl_envs.suites.reasoning:ReasoningGymEnv",
+    vector_entry_point="textrl_envs.suites.reasoning:ReasoningGymVectorEnv",
+    summary="any reasoning-gym task (or a weighted mix): answer its question; reward its own score_answer in [0, 1]",
+    max_new_tokens=16,
+    max_prompt_tokens=96,
+    extra="reasoning",
+    kwargs={},
+)
+
 #: Every task, in registration order: the one list of env ids.
 TASKS: tuple[Task, ...] = (
     SENTIMENT,
@@ -282,6 +316,7 @@ TASKS: tuple[Task, ...] = (
     LONG_REVIEW,
     GUESS_NUMBER,
     TOOL_ARITHMETIC,
+    REASONING_GYM,
 )
 
 _BY_ID: dict[str, Task] = {task.env_id: task for task in TASKS}
@@ -295,6 +330,11 @@ def get_task(env_id: str) -> Task:
         return _BY_ID[env_id]
     except KeyError:
         raise ValueError(f"no task {env_id!r}; known: {', '.join(sorted(_BY_ID))}") from None
+
+
+def builtin_tasks() -> list[Task]:
+    """The tasks that need no extra (their prompts and reward are in the package)."""
+    return [task for task in TASKS if task.extra is None]
 
 
 def all_tasks() -> list[Task]:
