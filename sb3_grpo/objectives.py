@@ -137,18 +137,28 @@ def gradient_variance(
 
     where ``theta`` are ``params`` (all trainable parameters, or a named subset) and ``||.||`` is the
     Euclidean norm over all of them concatenated. It is the (biased, ``1/K``) sample variance of the slice
-    gradients summed over coordinates. ``Var`` is invariant to the sign of the ``L_k``.
+    gradients summed over coordinates. ``Var`` is invariant to the sign of the ``L_k``. It is summed parameter
+    by parameter (``sum_p (1/K) sum_k ||g_kp - g_bar_p||^2``), so no ``K x n_params`` copy is kept.
 
     With ``create_graph=True`` each ``g_k`` keeps its graph, so ``Var`` is a differentiable tensor and
     ``Var.backward()`` gives ``grad_theta Var`` by double backpropagation (Hessian-vector products,
-    Pearlmutter 1994). GRPO minimizes ``pg_loss + beta * Var``, i.e. maximizes ``L_CLIP - beta * Var``.
+    Pearlmutter 1994): ``grad Var = (2/K) sum_k H_k (g_k - g_bar)``. The returned tensor's value is ``Var``
+    computed without a graph, and its graph is that of ``sum_k <g_k, (2/K)(g_k - g_bar)>`` with the second factor
+    held constant, which has exactly that gradient (first derivatives only: do not differentiate it twice).
+    GRPO minimizes ``pg_loss + beta * Var``, i.e. maximizes ``L_CLIP - beta * Var``.
+
+    Which pass is cheaper depends on the graphs. When each ``L_k`` comes from its own forward (GRPO evaluates
+    the slices separately, :meth:`~sb3_grpo.common.batch_sources.SequenceBatches.evaluate_slices`), ``K``
+    passes (``batched=False``) each walk only their slice's graph: together about one backward of the
+    minibatch. When the ``L_k`` share one forward, every pass walks the whole graph, and ``batched=True`` does
+    the ``K`` passes as one vectorized backward instead.
 
     :param slice_objectives: ``K >= 2`` scalar tensors ``L_1 .. L_K``, each built from its own slice
     :param params: the parameters ``theta``; parameters that do not influence an ``L_k`` count as zero
     :param create_graph: keep the graph of the slice gradients (needed to differentiate ``Var``)
     :param batched: compute the ``K`` gradients in one vectorized backward pass
         (``torch.autograd.grad(..., is_grads_batched=True)``, i.e. ``vmap`` over the backward) instead of
-        ``K`` passes; same result, fewer kernel launches. Needs batching rules for every backward op.
+        ``K`` passes; same result. Needs batching rules for every backward op.
     :return: scalar tensor ``Var``
     """
     n_slices = len(slice_objectives)
@@ -162,27 +172,47 @@ def gradient_variance(
             objectives, params, grad_outputs=eye, is_grads_batched=True,
             create_graph=create_graph, retain_graph=True, allow_unused=True,
         )  # fmt: skip
-        stacked = th.cat(
-            [
-                (
-                    th.zeros((n_slices, p.numel()), dtype=p.dtype, device=p.device)
-                    if g is None
-                    else g.reshape(n_slices, -1)
-                )
-                for g, p in zip(grads, params, strict=True)
-            ],
-            dim=1,
-        )
+        per_param = [None if g is None else list(g.unbind(0)) for g in grads]
     else:
-        flat_grads = []
-        for objective in slice_objectives:
-            grads = th.autograd.grad(objective, params, create_graph=create_graph, retain_graph=True, allow_unused=True)
-            flat_grads.append(
-                th.cat([(th.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(grads, params, strict=True)])
-            )
-        stacked = th.stack(flat_grads)  # (K, n_params)
-    centered = stacked - stacked.mean(dim=0, keepdim=True)
-    return centered.pow(2).sum(dim=1).mean()
+        per_slice = [
+            th.autograd.grad(objective, params, create_graph=create_graph, retain_graph=True, allow_unused=True)
+            for objective in slice_objectives
+        ]
+        per_param = [_slice_gradients(grads) for grads in zip(*per_slice, strict=True)]
+    zero = th.zeros((), dtype=slice_objectives[0].dtype, device=slice_objectives[0].device)
+    value, stand_in = zero, zero
+    for grads in per_param:
+        if grads is None:
+            continue
+        with th.no_grad():
+            mean = grads[0].detach().clone()
+            for g in grads[1:]:
+                mean.add_(g.detach())
+            mean.div_(n_slices)
+        for g in grads:
+            flat = g.reshape(-1)
+            with th.no_grad():
+                centered = (g.detach() - mean).reshape(-1)
+                value = value + th.vdot(centered, centered)
+            if create_graph and g.requires_grad:
+                # A stand-in with Var's gradient: dVar/dg_k = (2/K)(g_k - g_bar), so sum_k <g_k, (2/K)(g_k - g_bar)>,
+                # the second factor held constant, has Var's gradient at this point (through the slice gradients'
+                # graphs); recording and differentiating the centring and squares of K x n_params numbers costs more
+                stand_in = stand_in + th.vdot(flat, centered.mul_(2.0 / n_slices))
+    value = value / n_slices
+    if not stand_in.requires_grad:
+        return value
+    # value + (stand_in - its value): the value Var, the gradient Var's (exact to first order)
+    return value + (stand_in - stand_in.detach())
+
+
+def _slice_gradients(grads: Sequence[th.Tensor | None]) -> list[th.Tensor] | None:
+    """One parameter's ``K`` slice gradients; a slice it does not influence counts as zero (``None``: none does)."""
+    present = [g for g in grads if g is not None]
+    if not present:
+        return None
+    zero = th.zeros_like(present[0])
+    return [zero if g is None else g for g in grads]
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from stable_baselines3.common.distributions import CategoricalDistribution
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
+from torch.nn import functional as F
 
 from sb3_grpo.common.packing import first_fit_decreasing, packed_batch, suffix_lengths
 from sb3_grpo.policies.critics import EmbeddingCritic
@@ -380,13 +381,23 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         return th.autocast(device_type=self.device.type, dtype=self._autocast)
 
     def _logits(self, hidden: th.Tensor) -> th.Tensor:
-        """Raw next-token logits over the env's ``V`` actions (float32)."""
+        """Raw next-token logits over the env's ``V`` actions (float32).
+
+        When the LM's vocabulary is larger than ``V`` and its output layer is a plain ``nn.Linear``, only the first
+        ``V`` rows of the output layer are applied (the same numbers as slicing the full logits, without computing
+        the logits of tokens that are not actions, in the rollout and in the update's backward alike).
+        """
+        head = self.lm.get_output_embeddings()
         with self._autocast_context():
-            logits = self.lm.get_output_embeddings()(hidden)
+            if type(head) is nn.Linear and head.out_features > self.n_actions:
+                bias = None if head.bias is None else head.bias[: self.n_actions]
+                logits = F.linear(hidden, head.weight[: self.n_actions], bias)
+            else:
+                logits = head(hidden)[..., : self.n_actions]
         cap = getattr(self.lm.config, "final_logit_softcapping", None)
         if cap:
             logits = th.tanh(logits / cap) * cap
-        return logits[..., : self.n_actions].float()
+        return logits.float()
 
     def _value(self, hidden_last: th.Tensor, ids: th.Tensor, mask: th.Tensor) -> th.Tensor:
         """Values ``[B]`` of the states given by whole windows (``hidden_last``: trunk output at the last column)."""
