@@ -39,6 +39,7 @@ from gymnasium import spaces
 __all__ = [
     "adaptive_clip_range",
     "clip_fraction",
+    "clip_fractions",
     "clipped_surrogate",
     "gradient_variance",
     "group_advantages",
@@ -118,6 +119,28 @@ def clip_fraction(ratio: th.Tensor, clip_range: float | th.Tensor, mask: th.Tens
     return th.mean(clipped[mask]).item()
 
 
+def clip_fractions(
+    ratio: th.Tensor, clip_range: float | th.Tensor, advantages: th.Tensor
+) -> tuple[float, float, float]:
+    """
+    :func:`clip_fraction` of all samples, of those with a positive advantage and of the others, with one
+    device-to-host transfer for the three.
+
+    :param ratio: ``pi_new / pi_old``, shape ``(B,)``
+    :param clip_range: ``eps`` (float) or per-sample ``eps_i`` (tensor ``(B,)``)
+    :param advantages: the advantages, shape ``(B,)``
+    :return: ``(all, positive, non-positive)`` fractions (``nan`` for a group with no sample)
+    """
+    clipped = (th.abs(ratio - 1) > clip_range).float()
+    positive = (advantages > 0).float()
+    sums = th.stack([clipped.mean(), clipped.sum(), (clipped * positive).sum(), positive.sum()])
+    fraction, clipped_all, clipped_pos, n_pos = sums.tolist()  # mean as SB3 computes it; exact counts
+    n = len(ratio)
+    pos = clipped_pos / n_pos if n_pos > 0 else float("nan")
+    neg = (clipped_all - clipped_pos) / (n - n_pos) if n_pos < n else float("nan")
+    return fraction, pos, neg
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Gradient-variance penalty
 # ----------------------------------------------------------------------------------------------------------
@@ -181,9 +204,7 @@ def gradient_variance(
         per_param = [_slice_gradients(grads) for grads in zip(*per_slice, strict=True)]
     zero = th.zeros((), dtype=slice_objectives[0].dtype, device=slice_objectives[0].device)
     value, stand_in = zero, zero
-    for grads in per_param:
-        if grads is None:
-            continue
+    for grads in _blocks([g for g in per_param if g is not None]):
         with th.no_grad():
             mean = grads[0].detach().clone()
             for g in grads[1:]:
@@ -204,6 +225,19 @@ def gradient_variance(
         return value
     # value + (stand_in - its value): the value Var, the gradient Var's (exact to first order)
     return value + (stand_in - stand_in.detach())
+
+
+#: Up to this many numbers, the slice gradients of all parameters are concatenated and reduced at once (fewer, larger
+#: operations: small models); above it they are reduced parameter by parameter (no K x n_params copy: large models).
+CONCAT_NUMEL = 1 << 22
+
+
+def _blocks(per_param: list[list[th.Tensor]]) -> list[list[th.Tensor]]:
+    """The ``K`` slice gradients to reduce together: one block of all parameters concatenated (at most
+    :data:`CONCAT_NUMEL` numbers), else one block per parameter."""
+    if len(per_param) <= 1 or sum(grads[0].numel() for grads in per_param) > CONCAT_NUMEL:
+        return per_param
+    return [[th.cat([grads[k].reshape(-1) for grads in per_param]) for k in range(len(per_param[0]))]]
 
 
 def _slice_gradients(grads: Sequence[th.Tensor | None]) -> list[th.Tensor] | None:

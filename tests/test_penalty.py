@@ -86,11 +86,17 @@ def test_text_penalty_from_separate_slice_forwards_equals_one_forward():
     _compare(model, minibatch, rtol=2e-4)
 
 
-@pytest.mark.parametrize("policy", ["MlpPolicy", "MultiInputPolicy"])
-def test_transition_penalty_from_separate_slice_forwards_equals_one_forward(policy):
+@pytest.mark.parametrize(
+    ("policy", "separate"), [("MlpPolicy", False), ("MlpPolicy", True), ("MultiInputPolicy", True)]
+)
+def test_transition_penalty_equals_one_forward(policy, separate):
+    """Transitions: a small MLP takes one forward and a vectorized backward; forced, the per-slice forwards that
+    large policies take (tensor and dict observations)."""
     from stable_baselines3.common.envs import SimpleMultiObsEnv
 
     env = "CartPole-v1" if policy == "MlpPolicy" else SimpleMultiObsEnv(random_start=False)
     hp = {"n_steps": 60, "batch_size": 30, "n_epochs": 1, "seed": 0, "device": "cpu", "grad_var_slices": 4}
     model = quiet(GRPO(policy, env, **hp, **PENALTY))
+    assert model.batch_source.separate_slices == (policy != "MlpPolicy")  # CartPole's MLP is small: one forward
+    model.batch_source.separate_slices = separate
     _compare(model, _first_minibatch(model, 60), rtol=1e-5)

@@ -42,6 +42,9 @@ __all__ = [
     "rollout_buffer_class_for",
 ]
 
+#: Trainable parameters from which :class:`TransitionBatches` evaluates the penalty's slices in separate forwards.
+SEPARATE_SLICES_MIN_PARAMS = 1 << 17
+
 #: The policy's outputs for some transitions, flat: values, log-probs, entropies (``None``: no analytical form).
 Outputs = tuple[th.Tensor, th.Tensor, th.Tensor | None]
 
@@ -62,6 +65,9 @@ class TransitionBatches:
         self.policy = policy
         self.reference = reference
         self.discrete = discrete
+        # one forward per slice pays off when a backward through the minibatch costs more than a few extra calls
+        n_params = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+        self.separate_slices = n_params >= SEPARATE_SLICES_MIN_PARAMS
 
     def minibatches(self, buffer: RolloutBuffer, batch_size: int) -> Iterator[Minibatch]:
         """One epoch of minibatches of ``batch_size`` random transitions (SB3's ``get``, same random draws).
@@ -90,11 +96,17 @@ class TransitionBatches:
         return values.flatten(), log_prob, entropy
 
     def evaluate_slices(self, minibatch: Minibatch, sizes: list[int]) -> list[Outputs]:
-        """:meth:`evaluate` in consecutive slices of ``sizes`` transitions, one forward per slice.
+        """:meth:`evaluate` in consecutive slices of ``sizes`` transitions: one forward per slice when
+        :attr:`separate_slices` (a policy of at least :data:`SEPARATE_SLICES_MIN_PARAMS` parameters), else one forward
+        of the minibatch, split (for a small MLP, fewer calls cost less than smaller backwards save).
 
         :param minibatch: The minibatch.
         :param sizes: Transitions per slice (summing to the minibatch's).
         """
+        if not self.separate_slices:
+            values, log_prob, entropy = self.evaluate(minibatch)
+            entropies = [None] * len(sizes) if entropy is None else entropy.split(sizes)
+            return list(zip(values.split(sizes), log_prob.split(sizes), entropies, strict=True))
         inputs = minibatch.inputs
         if isinstance(inputs, dict):
             split = zip(*(value.split(sizes) for value in inputs.values()), strict=True)
@@ -120,6 +132,9 @@ class SequenceBatches:
     :param policy: A policy with ``evaluate_sequences`` (:class:`~sb3_grpo.policies.CausalLMPolicy`).
     :param reference: ``evaluate_sequences`` of the KL reference (``None``: no KL term).
     """
+
+    #: The slices of :meth:`evaluate_slices` come from separate forwards (always, for an LM).
+    separate_slices = True
 
     def __init__(self, policy: BasePolicy, reference: ReferenceFn | None) -> None:
         self.policy = policy

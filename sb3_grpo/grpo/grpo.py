@@ -12,6 +12,7 @@ functions of :mod:`sb3_grpo.objectives`; buffers, the two update paths and the d
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, ClassVar, TypeVar
 
@@ -485,7 +486,7 @@ class GRPO(OnPolicyAlgorithm):
     def _optimizer_step(self, terms: LossTerms | None, epoch: int, stats: TrainStats) -> None:
         """Backward, gradient average over the ranks, clipping and the optimizer step, unless the loss or the
         gradient is non-finite (``nonfinite``: raise, or skip and count). ``terms=None``: an idle step."""
-        if terms is None or not th.isfinite(terms.loss):
+        if terms is None or not math.isfinite(terms.value):
             if terms is not None and self.nonfinite != "skip":
                 raise_non_finite("loss", self._n_updates, epoch, self.num_timesteps, terms.details)
             if terms is not None:  # no step on this minibatch; counted in train/skipped_nonfinite
@@ -496,20 +497,20 @@ class GRPO(OnPolicyAlgorithm):
         terms.loss.backward()
         self._data_parallel.average_gradients(self.policy.parameters())
         # Clip grad norm (the returned norm is the one before clipping)
-        grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
-        if not th.isfinite(grad_norm):
+        grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm).item()
+        if not math.isfinite(grad_norm):
             if self.nonfinite != "skip":
                 raise_non_finite(
                     "gradient",
                     self._n_updates,
                     epoch,
                     self.num_timesteps,
-                    {**terms.details, "grad_norm": grad_norm.item()},
+                    {**terms.details, "grad_norm": grad_norm},
                 )
             self.policy.optimizer.zero_grad()  # drop the gradient: the weights and Adam's moments stay finite
             self._skipped_nonfinite += 1
             return
-        stats.grad_norms.append(grad_norm.item())
+        stats.grad_norms.append(grad_norm)
         self.policy.optimizer.step()
 
     def train(self) -> None:

@@ -18,7 +18,7 @@ from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.grpo.kl import kl_to_reference
 from sb3_grpo.grpo.penalty import slice_sizes
 from sb3_grpo.grpo.stats import TrainStats
-from sb3_grpo.objectives import adaptive_clip_range, clip_fraction, clipped_surrogate
+from sb3_grpo.objectives import adaptive_clip_range, clip_fractions, clipped_surrogate
 
 __all__ = ["LossTerms", "minibatch_loss", "stop_early"]
 
@@ -29,6 +29,7 @@ class LossTerms(NamedTuple):
     loss: th.Tensor
     approx_kl: np.ndarray
     details: dict[str, float]
+    value: float  # loss.item(), fetched once
 
 
 def minibatch_loss(
@@ -46,9 +47,9 @@ def minibatch_loss(
     use_grad_var = model.grad_var_coef > 0 and n_slices >= 2
     use_critic = model.advantage == "gae"
     if use_grad_var:
-        # each slice in its own forward, so that each slice gradient walks its own graph only; the fused attention
-        # kernels (flash / memory-efficient) have no double backward: record attention with the math kernel so
-        # that Var can be differentiated (no-op for MLPs)
+        # each slice in its own forward (large policies), so that each slice gradient walks its own graph; the
+        # fused attention kernels (flash / memory-efficient) have no double backward: record attention with the
+        # math kernel so that Var can be differentiated (no-op for MLPs)
         sizes = slice_sizes(len(minibatch.actions), n_slices)
         with sdpa_kernel(SDPBackend.MATH):
             parts = model.batch_source.evaluate_slices(minibatch, sizes)
@@ -81,11 +82,11 @@ def minibatch_loss(
     )
 
     stats.pg_losses.append(policy_loss.item())
-    stats.clip_fractions.append(clip_fraction(ratio, eps))
     with th.no_grad():
-        positive = advantages > 0
-        stats.clip_fractions_pos.append(clip_fraction(ratio, eps, positive))
-        stats.clip_fractions_neg.append(clip_fraction(ratio, eps, ~positive))
+        fraction, fraction_pos, fraction_neg = clip_fractions(ratio, eps, advantages)
+    stats.clip_fractions.append(fraction)
+    stats.clip_fractions_pos.append(fraction_pos)
+    stats.clip_fractions_neg.append(fraction_neg)
 
     # Entropy loss favor exploration (approximated when there is no analytical form)
     entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
@@ -104,7 +105,7 @@ def minibatch_loss(
         # group forms: no critic (DeepSeekMath GRPO), the value head is not trained
         loss = policy_loss + model.ent_coef * entropy_loss
 
-    details = {"pg_loss": policy_loss.item()}
+    details = {"pg_loss": stats.pg_losses[-1]}
     loss = _add_grpo_terms(model, loss, minibatch, slice_objectives, log_prob, stats, details)
 
     # Calculate approximate form of reverse KL Divergence for early stopping
@@ -116,7 +117,7 @@ def minibatch_loss(
         approx_kl_div = th.mean((th.exp(log_ratio) - 1) - log_ratio).cpu().numpy()
         stats.approx_kl_divs.append(approx_kl_div)
     stats.last_loss = loss.item()
-    return LossTerms(loss, approx_kl_div, details)
+    return LossTerms(loss, approx_kl_div, details, stats.last_loss)
 
 
 def _slice_objectives(
@@ -158,7 +159,7 @@ def _add_grpo_terms(
     if len(slice_objectives) >= 2:
         # Var[grad L_CLIP] over K contiguous slices of the (randomly permuted) minibatch; its
         # gradient comes from double backprop when loss.backward() runs
-        grad_var = model._grad_var(slice_objectives, separate_graphs=True)
+        grad_var = model._grad_var(slice_objectives, separate_graphs=model.batch_source.separate_slices)
         stats.grad_vars.append(grad_var.item())
         details["grad_var"] = stats.grad_vars[-1]
         loss = loss + model.grad_var_coef * grad_var

@@ -4,13 +4,15 @@ The quantity itself, ``Var = (1/K) sum_k ||g_k - mean_j g_j||^2`` over the gradi
 slices, is :func:`~sb3_grpo.objectives.gradient_variance`; ``Var`` is differentiated by double backprop.
 
 Where the cost goes. The slices are ``torch.tensor_split``'s ``K`` contiguous runs of the minibatch's transitions
-(:func:`slice_sizes`). GRPO evaluates each slice in its own forward (the batch sources' ``evaluate_slices``; a
-sequence that a slice boundary cuts is evaluated in both slices, each keeping its own tokens), so slice ``k``'s
-surrogate depends on its own graph only: its gradient is one backward over about ``1/K`` of the minibatch, and the
-``K`` of them together cost about one backward, instead of ``K`` backwards over the whole minibatch's graph (what a
-shared forward costs, vectorized or not). The double backward then costs about two backwards. For every linear map
+(:func:`slice_sizes`). GRPO evaluates each slice in its own forward (the batch sources' ``evaluate_slices``: always
+for an LM's sequences, for transitions from :data:`~sb3_grpo.common.batch_sources.SEPARATE_SLICES_MIN_PARAMS`
+parameters; a sequence that a slice boundary cuts is evaluated in both slices, each keeping its own tokens), so slice
+``k``'s surrogate depends on its own graph only: its gradient is one backward over about ``1/K`` of the minibatch, and
+the ``K`` of them together cost about one backward, instead of ``K`` backwards over the whole minibatch's graph (what
+a shared forward costs, vectorized or not). The double backward then costs about two backwards. For every linear map
 that is 9 matrix products (forward 1, slice gradients 2, double backward and the loss's own backward 6) against a
-plain update's 3, so about 3x is the floor of an exact penalty; ``sb3-grpo perf`` prints the measured factor.
+plain update's 3, so about 3x is the floor of an exact penalty; ``sb3-grpo perf`` prints the measured factor. A small
+MLP is cheaper with one forward and the ``K`` gradients as one vectorized backward (fewer, larger calls).
 Dropout is off in :class:`~sb3_grpo.policies.CausalLMPolicy`, so separate forwards give the values one forward
 gives, up to float rounding; a policy with dropout draws different masks per slice (the same distribution).
 """

@@ -96,9 +96,10 @@ class RolloutExtras:
     def record_step(self, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]) -> None:
         """Record one step: completion lengths, and the raw rewards (before the timeout bootstrap adds
         ``gamma * V(terminal obs)``) for the group advantages."""
-        self.completion_lengths.extend(
-            len(infos[idx]["completion_ids"]) for idx in np.flatnonzero(dones) if "completion_ids" in infos[idx]
-        )
+        if dones.any():
+            self.completion_lengths.extend(
+                len(infos[idx]["completion_ids"]) for idx in np.flatnonzero(dones) if "completion_ids" in infos[idx]
+            )
         if self.tracker is not None:
             self.tracker.add(rewards, dones, infos)
 
