@@ -61,8 +61,11 @@ def _mask(n: int, where: np.ndarray) -> np.ndarray:
 
 
 def _object_array(n: int, where: np.ndarray, values: Sequence[Any]) -> np.ndarray:
-    out = np.full(n, None, dtype=object)
-    out[where] = np.fromiter(values, dtype=object, count=len(values))  # tuples stay elements, not a 2-D array
+    out = np.empty(n, dtype=object)  # every element None
+    if len(where) == 1:
+        out[where[0]] = values[0]
+    else:
+        out[where] = np.fromiter(values, dtype=object, count=len(values))  # tuples stay elements, not a 2-D array
     return out
 
 
@@ -222,6 +225,10 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         n, w = self.num_envs, spec.window
         self._ids = torch.full((n, w), spec.pad_token_id, dtype=torch.int64, device=self.device)
         self._mask = torch.zeros((n, w), dtype=torch.int64, device=self.device)
+        self._on_cpu = self.device.type == "cpu"
+        # what the in-place bookkeeping works on: numpy views of the state on CPU (no conversion per step)
+        self._state = (self._ids.numpy(), self._mask.numpy()) if self._on_cpu else (self._ids, self._mask)
+        self._table = self._prompt_table()
         # Episode bookkeeping on the host (it drives the per-episode Python work anyway).
         self._generated = np.zeros(n, dtype=np.int64)
         self._row = np.zeros(n, dtype=np.int64)
@@ -229,6 +236,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         self._prompts = GroupPrompts(self.num_groups, self.group_size, len(spec.prompt_texts))
         self._num_prompts = len(spec.prompt_texts)
         self._decoder = fast_decoder(spec.tokenizer)
+        self._pad = spec.pad_token_id
         self._everyone = np.ones(n, dtype=np.bool_)
         self._episode_ids = episode_ids(self._round, n)
         self._group_ids = group_ids(self._round, self.group_size)
@@ -294,7 +302,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             raise RuntimeError("step() called before reset(); call envs.reset() first")
         spec = self.text_spec
         tokens, host_tokens = self._check_actions(actions)
-        append_tokens_(self._ids, self._mask, tokens, host_tokens)
+        append_tokens_(*self._state, tokens, host_tokens)
         self._generated += 1
         terminated, truncated = episode_ends(host_tokens, self._generated, spec.eos_token_id, spec.budget)
 
@@ -309,10 +317,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         }
         done = np.flatnonzero(terminated | truncated)
         if done.size:
-            done_t = torch.as_tensor(done, device=self.device)
-            final_ids, final_mask = self._ids.index_select(0, done_t), self._mask.index_select(0, done_t)
-            finals = self._backend(final_ids), self._backend(final_mask)
-            host_ids = finals[0] if self.obs_backend == "numpy" else final_ids.cpu().numpy()
+            finals, host_ids = self._final_windows(done)
             starts, stops = completion_bounds(spec.window, self._generated[done], terminated[done])
             completion_ids = completion_tuples(host_ids, starts, stops)
             completions = decode_completions(spec, host_ids, starts, stops, completion_ids, self._decoder)
@@ -389,6 +394,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             packed, packed_mask = pack_prompts([ids], self._table_width, self.text_spec.pad_token_id)
             self._packed_ids = torch.cat((self._packed_ids, torch.as_tensor(packed, device=self.device)))
             self._packed_mask = torch.cat((self._packed_mask, torch.as_tensor(packed_mask, device=self.device)))
+            self._table = self._prompt_table()
             self._extra_rows[text] = len(self._row_text)
             self._row_text.append(text)
             self._row_index.append(-1)
@@ -398,14 +404,18 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         """Begin the current round's episode in ``envs`` (their ``_round`` already set)."""
         rows = self._prompts.rows(envs, self._round)
         self._row[envs] = rows
-        envs_t = torch.as_tensor(envs, device=self.device)
-        rows_t = torch.as_tensor(rows, device=self.device)
-        start_windows_(
-            self._ids, self._mask, envs_t, rows_t, self._packed_ids, self._packed_mask, self.text_spec.pad_token_id
-        )
+        if not self._on_cpu:
+            envs, rows = torch.as_tensor(envs, device=self.device), torch.as_tensor(rows, device=self.device)
+        start_windows_(*self._state, envs, rows, *self._table, self._pad)
         self._generated[envs] = 0
-        self._episode_ids = episode_ids(self._round, self.num_envs)  # new arrays: step infos keep the old
-        self._group_ids = group_ids(self._round, self.group_size)
+        # new arrays: step infos keep the old
+        if len(envs) == self.num_envs:
+            self._episode_ids = episode_ids(self._round, self.num_envs)
+            self._group_ids = group_ids(self._round, self.group_size)
+        else:
+            self._episode_ids, self._group_ids = self._episode_ids.copy(), self._group_ids.copy()
+            self._episode_ids[envs] = episode_ids(self._round, self.num_envs)[envs]
+            self._group_ids[envs] = group_ids(self._round, self.group_size)[envs]
 
     def _prompt_index_of(self, envs: np.ndarray) -> np.ndarray:
         """Public prompt index of ``envs``' current episodes: the row, or -1 for rows of prompts given as text."""
@@ -421,6 +431,24 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         infos["_prompt_index"] = mask.copy()
         return infos
 
+    def _prompt_table(self) -> tuple[Any, Any]:
+        """The prompt table as the in-place bookkeeping takes it (numpy views on CPU)."""
+        if self._on_cpu:
+            return self._packed_ids.numpy(), self._packed_mask.numpy()
+        return self._packed_ids, self._packed_mask
+
+    def _final_windows(self, done: np.ndarray) -> tuple[tuple[Any, Any], np.ndarray]:
+        """The final windows of envs ``done`` in the observation backend, and their ids on the host."""
+        if self._on_cpu:  # numpy fancy indexing copies the rows, at less cost per call than torch's
+            host_ids, host_mask = self._state[0][done], self._state[1][done]
+            if self.obs_backend == "numpy":
+                return (host_ids, host_mask), host_ids
+            return (torch.from_numpy(host_ids), torch.from_numpy(host_mask)), host_ids
+        done_t = torch.as_tensor(done, device=self.device)
+        final_ids, final_mask = self._ids.index_select(0, done_t), self._mask.index_select(0, done_t)
+        finals = self._backend(final_ids), self._backend(final_mask)
+        return finals, finals[0] if self.obs_backend == "numpy" else final_ids.cpu().numpy()
+
     def _backend(self, t: torch.Tensor):
         if self.obs_backend == "torch":
             return t.clone()
@@ -429,10 +457,13 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         return t.cpu().numpy()
 
     def _observations(self):
+        if self._on_cpu and self.obs_backend == "numpy":
+            return {"input_ids": self._state[0].copy(), "attention_mask": self._state[1].copy()}
         return {"input_ids": self._backend(self._ids), "attention_mask": self._backend(self._mask)}
 
-    def _check_actions(self, actions) -> tuple[torch.Tensor, np.ndarray]:
-        """Validated actions on the device, and a host copy (one transfer when they come from the device)."""
+    def _check_actions(self, actions) -> tuple[torch.Tensor | None, np.ndarray]:
+        """Validated actions on the device (``None`` for numpy actions on CPU, where the host copy is what the
+        bookkeeping takes), and a host copy (one transfer when they come from the device)."""
         n, v = self.num_envs, self.text_spec.vocab_size
         expected = f"expected {n} integer token ids in [0, {v}) with shape ({n},)"
         if isinstance(actions, torch.Tensor):
@@ -459,6 +490,8 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         if a.min() < 0 or a.max() >= v:
             return self._range_error(a, expected)
         host = a.astype(np.int64, copy=False)
+        if self._on_cpu:  # the CPU bookkeeping takes the numpy actions
+            return None, host
         return torch.as_tensor(host).to(self.device), host
 
     def _range_error(self, a: np.ndarray, expected: str):
