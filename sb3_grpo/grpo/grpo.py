@@ -31,6 +31,7 @@ from sb3_grpo import distributed
 from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_class_for
 from sb3_grpo.common.checkpoints import existing_checkpoint
 from sb3_grpo.common.data_parallel import make_data_parallel
+from sb3_grpo.common.host_memory import release_free_heap
 from sb3_grpo.grpo.exploration import explore_alpha_at
 from sb3_grpo.grpo.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
 from sb3_grpo.grpo.kl import adapt_kl_coef, frozen_copy
@@ -495,18 +496,15 @@ class GRPO(OnPolicyAlgorithm):
             return
         self.policy.optimizer.zero_grad()
         terms.loss.backward()
+        if not self.policy.optimizer.state:  # the first step allocates the optimizer's state: the update's peak
+            release_free_heap()
         self._data_parallel.average_gradients(self.policy.parameters())
         # Clip grad norm (the returned norm is the one before clipping)
         grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm).item()
         if not math.isfinite(grad_norm):
             if self.nonfinite != "skip":
-                raise_non_finite(
-                    "gradient",
-                    self._n_updates,
-                    epoch,
-                    self.num_timesteps,
-                    {**terms.details, "grad_norm": grad_norm},
-                )
+                details = {**terms.details, "grad_norm": grad_norm}
+                raise_non_finite("gradient", self._n_updates, epoch, self.num_timesteps, details)
             self.policy.optimizer.zero_grad()  # drop the gradient: the weights and Adam's moments stay finite
             self._skipped_nonfinite += 1
             return

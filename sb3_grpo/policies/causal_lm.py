@@ -95,9 +95,8 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
     block-diagonal causal 4-D attention mask, so no token attends across segments. Every token's hidden state is the
     padded forward's up to float rounding, computed over fewer positions (``sb3-grpo perf``'s update row: 1,434
     instead of 2,258). The first packed forward of a policy is checked against the padded one (hidden states at every
-    action
-    position, within float tolerance); a model that does not honour 4-D masks fails the check, is told so in a
-    warning and is evaluated padded from then on.
+    action position of the segments that share its fullest packed row, within float tolerance); a model that does not
+    honour 4-D masks fails the check, is told so in a warning and is evaluated padded from then on.
 
     **Saving.** ``_get_constructor_parameters`` stores the model as a config-only :func:`model_spec` dict
     (:attr:`lm_spec`), so no Hugging Face object is pickled and loading needs no model directory; the weights come
@@ -138,7 +137,8 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
     :param critic_hidden: width of the separate critic's MLP.
     :param use_sde: SB3 passes it; must be False.
     :param normalize_images: SB3's flag, stored and ignored (token ids are not images).
-    :param optimizer_class: the optimizer (default Adam, ``eps=1e-5`` like SB3's ``ActorCriticPolicy``).
+    :param optimizer_class: the optimizer (default Adam, ``eps=1e-5`` like SB3's ``ActorCriticPolicy``, with torch's
+        fused kernel where the parameters allow it).
     :param optimizer_kwargs: extra optimizer arguments.
     """
 
@@ -167,7 +167,9 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         optimizer_kwargs: dict[str, Any] | None = None,
     ):
         if optimizer_kwargs is None:
-            optimizer_kwargs = {"eps": 1e-5} if optimizer_class == th.optim.Adam else {}
+            # SB3's Adam eps; the fused kernel: one pass per step and no temporaries the size of a parameter (the peak
+            # memory of an update is at its first step, when Adam's state is allocated)
+            optimizer_kwargs = {"eps": 1e-5, "fused": True} if optimizer_class == th.optim.Adam else {}
         super().__init__(
             observation_space,
             action_space,
@@ -230,7 +232,15 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         )
         self.train(False)
         params = [p for p in self.parameters() if p.requires_grad] if self.lora is not None else self.parameters()
-        self.optimizer = self.optimizer_class(params, lr=lr_schedule(1), **self.optimizer_kwargs)
+        params = list(params)
+        try:
+            self.optimizer = self.optimizer_class(params, lr=lr_schedule(1), **self.optimizer_kwargs)
+        except (RuntimeError, ValueError):
+            if not self.optimizer_kwargs.get("fused"):
+                raise
+            # the default asked for the fused kernel, which these parameters' dtype or device does not have
+            self.optimizer_kwargs = {k: v for k, v in self.optimizer_kwargs.items() if k != "fused"}
+            self.optimizer = self.optimizer_class(params, lr=lr_schedule(1), **self.optimizer_kwargs)
 
     def _build_critic(self, hidden: int) -> None:
         """The value head on the LM's last hidden state, or the separate :class:`EmbeddingCritic`; initialised as SB3
@@ -566,8 +576,16 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
             return self._packing_failed(f"the packed forward raised {type(err).__name__}: {err}")
         if not self._packing_verified:
             with th.no_grad():
-                padded = self._padded_hidden_at(ids, mask, rows, cols).float()
-                error = float((out.detach().float() - padded).abs().max()) / max(float(padded.abs().max()), 1e-6)
+                # the segments of the fullest packed row (where attention across segments would show): a padded
+                # forward of a few rows, not of the whole batch
+                seg_row = batch.row
+                members = (seg_row == th.bincount(seg_row).argmax()).nonzero().squeeze(1)
+                picked = th.isin(rows, members)
+                local = th.searchsorted(members, rows[picked])
+                padded = self._padded_hidden_at(ids[members], mask[members], local, cols[picked]).float()
+                error = float((out[picked].detach().float() - padded).abs().max()) / max(
+                    float(padded.abs().max()), 1e-6
+                )
             full_precision = self._autocast is None and next(self.lm.parameters()).dtype == th.float32
             tolerance = 1e-3 if full_precision else 5e-2
             if not error <= tolerance:
