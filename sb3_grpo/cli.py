@@ -187,9 +187,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("dir", help="an out dir of `sb3-grpo compare`")
     r.set_defaults(subparser=r)
 
-    p = sub.add_parser("perf", help="throughput measurements: env, rollout, update, grad-variance cost")
+    p = sub.add_parser(
+        "perf", help="speed and memory against the baselines (env, rollout, update, penalty, CartPole, memory, TRL)"
+    )
     p.add_argument("--out", default=None, help="output folder for perf.json / perf.md (default runs/perf-<timestamp>)")
-    p.add_argument("--quick", action="store_true", help="small sizes, one repeat (about a minute)")
+    p.add_argument("--quick", action="store_true", help="small sizes, one repeat (a smoke run; rough ratios)")
+    p.add_argument("--device", default="auto", help="device of the env, rollout and update rows (default auto)")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="run only these measurements: env, rollout, reward, rollout-gpt2, update, penalty-gpt2, grad-var-mlp, "
+        "cartpole, memory, trl-bundled, trl-tiny (the TRL ones need TRL importable, e.g. on PYTHONPATH)",
+    )
     p.add_argument(
         "--threads",
         type=_positive_int,
@@ -307,7 +318,9 @@ def _perf(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
         th.set_num_threads(args.threads)
     try:
-        run_perf(out, quick=args.quick)
+        run_perf(out, quick=args.quick, device=args.device, only=args.only)
+    except ValueError as err:
+        parser.error(str(err))
     except KeyboardInterrupt:
         print(f"\ninterrupted; measurements so far are in {out}/perf.json", file=sys.stderr)
         return EXIT_INTERRUPTED
