@@ -226,7 +226,7 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
     from sb3_grpo.bench.algos import parse_algos
     from sb3_grpo.bench.compare import run_compare
     from sb3_grpo.bench.config import CompareError, make_config
-    from sb3_grpo.bench.results import prepare_out_dir
+    from sb3_grpo.bench.results import discard_failed_out_dir, prepare_out_dir
 
     try:
         algos = parse_algos(args.algos)
@@ -255,7 +255,7 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
             threshold=args.threshold,
         )
         out = Path(args.out) if args.out else Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
-        prepare_out_dir(out, overwrite=args.overwrite, resume=args.resume)
+        created = prepare_out_dir(out, overwrite=args.overwrite, resume=args.resume)
     except (CompareError, ValueError) as err:
         parser.error(str(err))  # exits 2
     if args.threads:
@@ -281,6 +281,10 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
+    except Exception:
+        if discard_failed_out_dir(created):  # no run completed: leave nothing half-written behind
+            print(f"sb3-grpo compare failed before any run completed; removed {out}/", file=sys.stderr)
+        raise
     print(f"done in {time.perf_counter() - start:.0f} s: {out}/report.md, {out}/curves.png, {out}/results.json")
     print(f"tensorboard: tensorboard --logdir {out}/tensorboard")
     return 0
@@ -294,13 +298,18 @@ def _resume_argv(argv: Sequence[str], out: Path) -> list[str]:
 
 
 def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sb3_grpo.bench.config import CompareError
     from sb3_grpo.bench.report import write_report
     from sb3_grpo.bench.results import RESULTS_FILE, load_results
 
     out = Path(args.dir)
     if not (out / RESULTS_FILE).is_file():
         parser.error(f"{out / RESULTS_FILE} does not exist; give an out dir of `sb3-grpo compare`")
-    write_report(load_results(out), out)
+    try:
+        results = load_results(out)
+    except CompareError as err:
+        parser.error(str(err))  # exits 2
+    write_report(results, out)
     print(f"wrote {out}/report.md and {out}/curves.png")
     return 0
 

@@ -21,11 +21,15 @@ th.set_num_threads(1)
 rank = distributed.get_rank()  # RANK, before GRPO starts the process group
 
 
-def report(name: str, model: GRPO, rollout_fingerprint: th.Tensor) -> None:
-    params = th.cat([p.detach().flatten().float() for p in model.policy.parameters()])
+def flat_params(model: GRPO) -> th.Tensor:
+    return th.cat([p.detach().flatten().float() for p in model.policy.parameters()])
+
+
+def report(name: str, model: GRPO, rollout_fingerprint: th.Tensor, initial: th.Tensor) -> None:
     th.save(
         {
-            "params": params,
+            "params": flat_params(model),
+            "initial": initial,
             "rollout": rollout_fingerprint,
             "seed": model.seed,
             "num_timesteps": model.num_timesteps,
@@ -50,8 +54,9 @@ model = GRPO(
     tensorboard_log=os.path.join(out, "tb"),
     verbose=1,
 )
+initial = flat_params(model)  # after the broadcast of rank 0's weights
 model.learn(2 * 32 * 2)
-report("cartpole", model, th.as_tensor(model.rollout_buffer.observations).flatten())
+report("cartpole", model, th.as_tensor(model.rollout_buffer.observations).flatten(), initial)
 
 # TextGen-v0, CausalLMPolicy: whole-sequence minibatches (ranks may have different numbers per epoch)
 from textrl_envs.sb3 import make_vec_env
@@ -59,15 +64,17 @@ from textrl_envs.sb3 import make_vec_env
 env = make_vec_env("TextGen-v0", n_envs=4, group_size=2, seed=distributed.rank_seed(0), device="cpu", max_new_tokens=6)
 TEXT_HP = dict(n_steps=8, batch_size=6, n_epochs=2, seed=0, advantage="group", kl_coef=0.05, grad_var_coef=0.0)
 model = GRPO("CausalLMPolicy", env, learning_rate=1e-3, kl_target=0.01, target_kl=10.0, **TEXT_HP)
+initial = flat_params(model)
 model.learn(2 * 8 * 4)
-report("textgen", model, model.rollout_buffer.token_ids.flatten().float())
+report("textgen", model, model.rollout_buffer.token_ids.flatten().float(), initial)
 
 # TextGen-v0 with LoRA: only the adapters and the value head are averaged; the KL reference is the adapter-off model
 if importlib.util.find_spec("peft") is not None:
     lora = {"r": 4, "target_modules": ["c_attn"], "fan_in_fan_out": True}
     model = GRPO("CausalLMPolicy", env, learning_rate=1e-2, policy_kwargs={"lora": lora}, **TEXT_HP)
+    initial = flat_params(model)
     model.learn(2 * 8 * 4)
-    report("textgen_lora", model, model.rollout_buffer.token_ids.flatten().float())
+    report("textgen_lora", model, model.rollout_buffer.token_ids.flatten().float(), initial)
 
 # rank 0 alone loads a checkpoint (e.g. to evaluate it): GRPO.load makes no collective call, so it must not hang
 if rank == 0:

@@ -1,6 +1,7 @@
 """Small helpers the test modules share (importable because pytest puts ``tests/`` on ``sys.path``)."""
 
 import torch as th
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
 
 
@@ -13,6 +14,20 @@ def quiet(model):
 def params(model) -> dict[str, th.Tensor]:
     """A detached copy of the policy's state dict."""
     return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
+
+
+class RolloutLog(BaseCallback):
+    """Copies the logger's values at each rollout end (before SB3 dumps them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.values = []
+
+    def _on_rollout_end(self):
+        self.values.append(dict(self.model.logger.name_to_value))
+
+    def _on_step(self):
+        return True
 
 
 # A tiny word-level text task for env tests: vocabulary, prompts and a cheap deterministic reward.
@@ -76,3 +91,42 @@ def bundled_assets() -> bool:
         return bool(tokenizer_path())
     except (ImportError, OSError, ValueError):
         return False
+
+
+# The bad-input matrices (test_bad_inputs*.py): each case is (id, action, expected exception, message regex).
+GIVEN = "given"  # the folder a case may prepare; anything else left in the working directory is a partial file
+
+
+def case_ids(cases) -> list[str]:
+    """Test ids of a bad-input matrix (plain tuples or ``pytest.param``)."""
+    return [c.values[0] if hasattr(c, "values") else c[0] for c in cases]
+
+
+def _listing(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def assert_refused(workdir, capsys, case, action, error, match) -> str:
+    """Run ``action`` in the empty ``workdir``; it must raise ``error`` with a message matching ``match`` (a CLI:
+    ``SystemExit(2)`` and the message on stderr) and leave nothing behind but what it put under ``given/``.
+
+    :return: The message.
+    """
+    import os
+    import re
+
+    import pytest
+
+    with pytest.raises(error) as info:
+        action()
+    if error is SystemExit:
+        assert info.value.code == 2, f"{case}: exit status {info.value.code}, expected 2 (usage error)"
+        message = capsys.readouterr().err
+    else:
+        message = str(info.value)
+    assert re.search(match, message), f"{case}: message {message!r} does not match {match!r}"
+    leftover = [p for p in _listing(workdir) if not (p == GIVEN or p.startswith(GIVEN + os.sep))]
+    assert leftover == [], f"{case} left files behind: {leftover}"
+    if (workdir / GIVEN).exists():
+        assert not [p for p in _listing(workdir / GIVEN) if p.endswith(".tmp")]
+    return message

@@ -170,11 +170,14 @@ def test_early_stopping_after_patience_and_restores_best(tmp_path, monkeypatch):
 
 def test_early_stopping_with_real_evaluations():
     model = _cartpole()
-    cb = EarlyStoppingCallback(gym.make("CartPole-v1"), patience=1, eval_freq=32, n_eval_episodes=2, min_delta=1e9)
+    eval_env = gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1"))  # the returns of every eval episode
+    cb = EarlyStoppingCallback(eval_env, patience=1, eval_freq=32, n_eval_episodes=2, min_delta=1e9)
     model.learn(10_000, callback=cb)
     # nothing improves by 1e9 after the first evaluation: evals at 32 and 64, then stop
-    assert cb.stopped_early and len(cb.evaluations) == 2
-    assert all(r > 0 for _, r in cb.evaluations)
+    assert cb.stopped_early and [t for t, _ in cb.evaluations] == [32, 64]
+    returns = [float(r) for r in eval_env.return_queue]
+    assert len(returns) == 4  # two episodes per evaluation, each scored by the callback as their mean
+    assert [r for _, r in cb.evaluations] == [np.mean(returns[:2]), np.mean(returns[2:])]
 
 
 # ---------------------------------------------------------------------------------------------- rollback

@@ -29,12 +29,19 @@ class Episodes(BaseCallback):
         return True
 
 
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
+
+
 def _run(make):
     model, steps = make()
     model.set_logger(configure(None, []))
     episodes = Episodes()
+    initial = _params(model)
     model.learn(steps, callback=episodes)
-    params = {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
+    params = _params(model)
+    # training moved the parameters: two runs that both do nothing would be "identical" too
+    assert any(not th.equal(initial[k], params[k]) for k in params)
     return episodes.seen, params, model.rollout_buffer.rewards.copy()
 
 

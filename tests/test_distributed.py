@@ -45,6 +45,8 @@ def test_parameters_identical_on_every_rank(two_ranks, name):
         pytest.skip("peft is not installed")
     r0, r1 = _load(two_ranks, name, 0), _load(two_ranks, name, 1)
     assert r0["world_size"] == r1["world_size"] == 2
+    assert th.equal(r0["initial"], r1["initial"])  # both ranks start from rank 0's weights
+    assert not th.equal(r0["params"], r0["initial"])  # training moved them (two runs that do nothing would be equal)
     assert th.equal(r0["params"], r1["params"])
     # each rank stepped its own envs with its own seed
     assert r0["seed"] == 0 and r1["seed"] == distributed.SEED_STRIDE

@@ -14,8 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
-from helpers import params, quiet
-from stable_baselines3.common.callbacks import BaseCallback
+from helpers import RolloutLog, params, quiet
 from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
 
 from sb3_grpo import GRPO
@@ -24,6 +23,7 @@ from sb3_grpo.callbacks import (
     latest_checkpoint,
     nonfinite_parameters,
 )
+from textrl_envs.core import load_tokenizer
 from textrl_envs.rewards.base import RewardTimeoutError, call_reward
 from textrl_envs.sb3 import make_vec_env
 
@@ -45,20 +45,6 @@ class NanEvery(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.n += 1
         return obs, (math.nan if self.n % self.k == 0 else reward), terminated, truncated, info
-
-
-class RolloutLog(BaseCallback):
-    """Copies the logger's values at each rollout end (before SB3 dumps them)."""
-
-    def __init__(self):
-        super().__init__()
-        self.values = []
-
-    def _on_rollout_end(self):
-        self.values.append(dict(self.model.logger.name_to_value))
-
-    def _on_step(self):
-        return True
 
 
 def _nan_env(k=20):
@@ -139,13 +125,25 @@ def test_nonfinite_gradient_raise_and_skip():
 
 
 def test_bad_nonfinite_option():
-    with pytest.raises(ValueError, match="nonfinite='drop' is not known; use 'raise'"):
+    with pytest.raises(ValueError, match=r"nonfinite must be one of \('raise', 'skip'\), got 'drop'; 'raise' stops"):
         GRPO("MlpPolicy", "CartPole-v1", nonfinite="drop")
 
 
 # --------------------------------------------------------------------------------------------- text envs
 def _nan_for_odd_lengths(_prompts, completions):
     return [math.nan if len(c) % 2 else 1.0 for c in completions]
+
+
+class _NanFor:
+    """NaN for completions that start with ``text``, 1.0 for the others."""
+
+    __name__ = "nan_for"
+
+    def __init__(self, text):
+        self.text = text
+
+    def __call__(self, _prompts, completions):
+        return [math.nan if c.startswith(self.text) else 1.0 for c in completions]
 
 
 def _all_nan(_prompts, completions):
@@ -173,13 +171,26 @@ def test_text_env_skip_flags_the_episode_and_grpo_drops_it():
         nonfinite_reward="skip",
         max_new_tokens=4,
     )
-    env.reset()
+    # the env half, on fixed actions: env 0's completion starts with token 5's text (NaN), env 1's does not (1.0)
+    bad_text = load_tokenizer().decode([5])
+    assert bad_text and not load_tokenizer().decode([6, 6]).startswith(bad_text)
+    fixed = make_vec_env(
+        "TextGen-v0",
+        n_envs=2,
+        device="cpu",
+        seed=0,
+        reward=_NanFor(bad_text),
+        nonfinite_reward="skip",
+        max_new_tokens=2,
+    )
+    fixed.reset()
     flags = []
-    for _ in range(4):
-        _, rewards, dones, infos = env.step(np.array([5, 6]))
-        flags += [(info["reward_nonfinite"], r) for info, r, d in zip(infos, rewards, dones) if d]
-    assert flags and all(np.isfinite(r) for _, r in flags)
-    assert all(r == 0.0 for bad, r in flags if bad)
+    for _ in range(4):  # two episodes per env
+        _, rewards, dones, infos = fixed.step(np.array([5, 6]))
+        flags += [
+            (i, info["reward_nonfinite"], float(r)) for i, (info, r, d) in enumerate(zip(infos, rewards, dones)) if d
+        ]
+    assert flags == [(0, True, 0.0), (1, False, 1.0)] * 2
 
     model = quiet(
         GRPO("CausalLMPolicy", env, n_steps=8, batch_size=8, n_epochs=1, seed=0, device="cpu", nonfinite="skip")

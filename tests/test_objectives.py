@@ -175,14 +175,18 @@ def test_gradient_variance_named_subset_and_unused_params():
         gradient_variance(objectives[:1], list(net.parameters()))
 
 
-def test_gradient_variance_penalty_lowers_measured_variance():
+# Over seeds 0-11 (batch and network), 20 Adam steps with beta = 10 against beta = 0 ended with a measured Var 0.30 to
+# 0.75 times the unpenalized one and 0.28 to 0.60 times the initial one (the sweep: run this test's ``train`` for
+# ``range(12)``). The bounds below hold on every seed of the sweep; the test runs four of them.
+@pytest.mark.parametrize("seed", [0, 3, 4, 7])
+def test_gradient_variance_penalty_lowers_measured_variance(seed):
     """Same fixed batch, same optimizer and steps: with beta > 0 the measured Var ends lower than with beta = 0."""
-    obs, actions, old, adv = _batch(n=64, seed=3)
+    obs, actions, old, adv = _batch(n=64, seed=seed)
 
-    def train(beta):
-        net = _tiny_policy(3)
+    def train(beta, steps=20):
+        net = _tiny_policy(seed)
         opt = th.optim.Adam(net.parameters(), lr=1e-2)
-        for _ in range(20):
+        for _ in range(steps):
             objectives = _slice_objectives(net, obs, actions, old, adv, 4, clip=10.0)
             loss = th.stack(objectives).mean()
             if beta > 0:
@@ -193,13 +197,9 @@ def test_gradient_variance_penalty_lowers_measured_variance():
         objectives = _slice_objectives(net, obs, actions, old, adv, 4, clip=10.0)
         return gradient_variance(objectives, list(net.parameters()), create_graph=False).item()
 
-    net0 = _tiny_policy(3)
-    initial = gradient_variance(
-        _slice_objectives(net0, obs, actions, old, adv, 4, clip=10.0), list(net0.parameters()), create_graph=False
-    ).item()
-    without, with_penalty = train(0.0), train(10.0)
-    assert with_penalty < 0.5 * without
-    assert with_penalty < initial
+    initial, without, with_penalty = train(0.0, steps=0), train(0.0), train(10.0)
+    assert with_penalty < 0.8 * without
+    assert with_penalty < 0.7 * initial
 
 
 # ----------------------------------------------------------------------------------------------- KL

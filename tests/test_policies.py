@@ -16,7 +16,6 @@ import pytest
 import torch as th
 from gymnasium import spaces
 from stable_baselines3 import A2C, PPO
-from stable_baselines3.common.vec_env import VecEnv
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -37,6 +36,7 @@ from sb3_grpo.policies import (
     process_logits,
     sample_categorical,
 )
+from textrl_envs.sb3 import make_vec_env
 
 V = 60  # env vocabulary (len(tokenizer))
 LM_V = 64  # the LM's vocabulary may be larger
@@ -118,96 +118,43 @@ def make_policy(model=None, **kwargs) -> CausalLMPolicy:
     )
 
 
-class FakeTextVecEnv(VecEnv):
-    """Minimal SB3 VecEnv with the text-env observation contract.
+def vocab_tokenizer():
+    """A word-level tokenizer of exactly ``V`` tokens (``<pad>`` 0, ``<unk>`` 1, ``<bos>`` 2, ``<eos>`` ``EOS``, then
+    ``w4 .. w{V-1}``), built offline, so the real text env has the action space ``Discrete(V)`` of these tests."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
-    Right-aligned window of width ``max_prompt + max_new``; each step appends the action; the episode ends at EOS
-    (terminated) or after ``max_new`` tokens (truncated); same-step autoreset with ``terminal_observation``. With
-    ``group_size`` G, the k-th episode of every env of a group uses the group's k-th prompt. Prompts have random
-    lengths, so resets change the padding. Reward: fraction of generated tokens equal to 7.
-    """
+    vocab = {"<pad>": 0, "<unk>": 1, "<bos>": 2, "<eos>": EOS, **{f"w{i}": i for i in range(4, V)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
 
-    def __init__(
-        self,
-        n_envs=4,
-        vocab=V,
-        max_prompt=MAX_PROMPT,
-        max_new=MAX_NEW,
-        group_size=1,
-        seed=0,
-    ):
-        self.vocab, self.max_prompt, self.max_new, self.group_size = (
-            vocab,
-            max_prompt,
-            max_new,
-            group_size,
-        )
-        self.width = max_prompt + max_new
-        super().__init__(n_envs, obs_space(self.width), spaces.Discrete(vocab))
-        self._seed = seed
-        self.ids = np.zeros((n_envs, self.width), np.int64)
-        self.mask = np.zeros((n_envs, self.width), np.int64)
-        self.generated = np.zeros(n_envs, np.int64)
-        self.episode = np.zeros(n_envs, np.int64)
-        self._actions = None
 
-    def _prompt(self, env: int) -> np.ndarray:
-        group = env // self.group_size
-        rng = np.random.default_rng([self._seed, group, int(self.episode[env])])
-        return rng.integers(4, self.vocab, rng.integers(1, self.max_prompt + 1))
+#: Prompts of 1 to MAX_PROMPT random words, so resets change the padding of the window.
+_RNG = np.random.default_rng(0)
+PROMPTS = [" ".join(f"w{i}" for i in _RNG.integers(4, V, _RNG.integers(1, MAX_PROMPT + 1))) for _ in range(24)]
 
-    def _reset_row(self, env: int) -> None:
-        prompt = self._prompt(env)
-        self.ids[env] = 0
-        self.mask[env] = 0
-        self.ids[env, self.width - len(prompt) :] = prompt
-        self.mask[env, self.width - len(prompt) :] = 1
-        self.generated[env] = 0
 
-    def _obs(self) -> dict:
-        return {"input_ids": self.ids.copy(), "attention_mask": self.mask.copy()}
+def share_of_w7(_prompts, completions):
+    """Reward: the share of the completion's words that are ``w7``."""
+    return [float(np.mean([w == "w7" for w in c.split()])) if c.split() else 0.0 for c in completions]
 
-    def reset(self):
-        for env in range(self.num_envs):
-            self._reset_row(env)
-        return self._obs()
 
-    def step_async(self, actions):
-        self._actions = np.asarray(actions).reshape(-1)
-
-    def step_wait(self):
-        rewards = np.zeros(self.num_envs, np.float32)
-        dones = np.zeros(self.num_envs, bool)
-        infos = [{} for _ in range(self.num_envs)]
-        self.ids = np.roll(self.ids, -1, axis=1)
-        self.mask = np.roll(self.mask, -1, axis=1)
-        self.ids[:, -1] = self._actions
-        self.mask[:, -1] = 1
-        self.generated += 1
-        for env in range(self.num_envs):
-            eos = self._actions[env] == EOS
-            out_of_budget = self.generated[env] >= self.max_new
-            if eos or out_of_budget:
-                gen = self.ids[env, self.width - self.generated[env] :]
-                rewards[env] = float(np.mean(gen == 7))
-                dones[env] = True
-                infos[env]["terminal_observation"] = {
-                    "input_ids": self.ids[env].copy(),
-                    "attention_mask": self.mask[env].copy(),
-                }
-                infos[env]["TimeLimit.truncated"] = bool(out_of_budget and not eos)
-                self.episode[env] += 1
-                self._reset_row(env)
-        return self._obs(), rewards, dones, infos
-
-    def close(self):
-        pass
-
-    def get_attr(self, attr_name, indices=None):
-        return [getattr(self, attr_name, None)] * self.num_envs
-
-    def set_attr(self, attr_name, value, indices=None):
-        setattr(self, attr_name, value)
+def text_vec_env(n_envs=4, group_size=1, seed=0):
+    """The real, cheap text env (TextGenVectorEnv behind the SB3 adapter) with this module's vocabulary and window:
+    ``Discrete(V)`` actions, ``W = MAX_PROMPT + MAX_NEW``, episodes end at ``EOS`` or after ``MAX_NEW`` tokens."""
+    return make_vec_env(
+        None,
+        n_envs=n_envs,
+        group_size=group_size,
+        device="cpu",
+        seed=seed,
+        prompts=PROMPTS,
+        reward=share_of_w7,
+        tokenizer=vocab_tokenizer(),
+        max_prompt_tokens=MAX_PROMPT,
+        max_new_tokens=MAX_NEW,
+    )
 
     def env_method(self, method_name, *args, indices=None, **kwargs):
         return [None] * self.num_envs
@@ -291,7 +238,7 @@ def test_sample_categorical_draws_from_the_given_distribution():
 def test_policy_log_probs_use_the_processed_distribution():
     th.manual_seed(1)
     policy = make_policy(temperature=0.5, top_k=5, top_p=0.9)
-    env = FakeTextVecEnv(n_envs=3)
+    env = text_vec_env(n_envs=3)
     obs = {k: th.as_tensor(v) for k, v in env.reset().items()}
     with th.no_grad():
         actions, _, log_prob = policy(obs)
@@ -331,7 +278,7 @@ def test_policy_log_probs_use_the_processed_distribution():
 def test_cached_rollout_matches_full_recompute(factory, group_size, kwargs):
     th.manual_seed(0)
     policy = make_policy(factory(), **kwargs)
-    env = FakeTextVecEnv(n_envs=6, group_size=group_size, seed=3)
+    env = text_vec_env(n_envs=6, group_size=group_size, seed=3)
     obs = env.reset()
     policy.set_training_mode(False)
     worst = 0.0
@@ -368,7 +315,7 @@ def test_cached_rollout_matches_full_recompute(factory, group_size, kwargs):
                 v_again = policy.predict_values(obs_t)
             assert calls == [] and th.allclose(v_again, values, atol=0)
         if step == 20:  # an outside call with unrelated observations of the same batch size
-            other = FakeTextVecEnv(n_envs=6, seed=99).reset()
+            other = text_vec_env(n_envs=6, seed=99).reset()
             with th.no_grad():
                 policy.predict(other)
     # SB3's final bootstrap call: served by a one-token step on the batch cache
@@ -382,7 +329,7 @@ def test_cached_rollout_matches_full_recompute(factory, group_size, kwargs):
 
 
 def test_collect_rollouts_buffer_matches_evaluate_actions():
-    env = FakeTextVecEnv(n_envs=4, group_size=2, seed=5)
+    env = text_vec_env(n_envs=4, group_size=2, seed=5)
     model = PPO(
         CausalLMPolicy,
         env,
@@ -406,7 +353,7 @@ def test_collect_rollouts_buffer_matches_evaluate_actions():
 
 def test_cache_invalidated_when_weights_change():
     policy = make_policy()
-    env = FakeTextVecEnv(n_envs=3)
+    env = text_vec_env(n_envs=3)
     obs = {k: th.as_tensor(v) for k, v in env.reset().items()}
     with th.no_grad():
         v1 = policy.predict_values(obs)
@@ -524,7 +471,7 @@ def test_evaluate_sequences_matches_evaluate_actions(kwargs):
 
 @pytest.mark.parametrize("factory", [tiny_gpt2, tiny_qwen2])
 def test_ppo_learns_without_crashing(factory):
-    env = FakeTextVecEnv(n_envs=4)
+    env = text_vec_env(n_envs=4)
     lm = factory()
     before = lm.get_input_embeddings().weight.detach().clone()
     model = PPO(
@@ -542,7 +489,7 @@ def test_ppo_learns_without_crashing(factory):
 
 
 def test_a2c_learns_without_crashing():
-    env = FakeTextVecEnv(n_envs=2)
+    env = text_vec_env(n_envs=2)
     model = A2C(
         CausalLMPolicy,
         env,
@@ -602,7 +549,7 @@ def _predictions(model, obs):
 def test_save_load_round_trip_from_model_object(tmp_path, algo):
     """A model object saves as its config (weights in the state dict): stock PPO through PortableModel.of(lm), GRPO
     from the bare object, which it swaps for the policy's spec itself; nothing is pickled either way."""
-    env = FakeTextVecEnv(n_envs=2)
+    env = text_vec_env(n_envs=2)
     lm = tiny_llama()
     given = PortableModel.of(lm) if algo == "ppo" else lm
     user_kwargs = {"model": given, "top_k": 7}
@@ -617,7 +564,10 @@ def test_save_load_round_trip_from_model_object(tmp_path, algo):
         policy_kwargs=user_kwargs,
     )
     assert user_kwargs["model"] is given and model.policy.lm is lm  # the user's dict is left alone; model used in place
+    before = {k: v.clone() for k, v in model.policy.state_dict().items()}
     model.learn(16)
+    after = model.policy.state_dict()
+    assert any(not th.equal(before[k], after[k]) for k in before if k.startswith("lm."))  # trained, so saving matters
     path = tmp_path / f"{algo}_lm.zip"
     model.save(path)
     with zipfile.ZipFile(path) as zf:
@@ -645,7 +595,7 @@ def test_save_load_round_trip_from_model_object(tmp_path, algo):
 def test_save_load_from_path_and_missing_directory(tmp_path):
     lm_dir = tmp_path / "lm"
     tiny_gpt2().save_pretrained(lm_dir)
-    env = FakeTextVecEnv(n_envs=2)
+    env = text_vec_env(n_envs=2)
     model = PPO(
         CausalLMPolicy,
         env,
@@ -701,6 +651,22 @@ def test_observation_without_required_keys_is_an_error():
         policy.predict_values({"tokens": th.zeros(1, W)})
 
 
+def test_missing_peft_error_names_the_extra(monkeypatch):
+    """Runs with and without peft installed (test_lora.py is skipped without it): the import is made to fail here."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_peft(name, *args, **kwargs):
+        if name == "peft" or name.startswith("peft."):
+            raise ImportError("No module named 'peft'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_peft)
+    with pytest.raises(ImportError, match=r"needs the optional dependency peft.*pip install .*textrl\[lora\]"):
+        make_policy(lora={"r": 4, "target_modules": ["c_attn"], "fan_in_fan_out": True})
+
+
 def test_missing_default_model_or_bad_path_is_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         make_policy(str(tmp_path / "nope"))
@@ -722,7 +688,7 @@ def test_policy_save_load_keeps_dtype(tmp_path):
     policy.save(str(tmp_path / "p.pt"))
     loaded = CausalLMPolicy.load(str(tmp_path / "p.pt"))
     assert loaded.lm.dtype == th.bfloat16
-    obs = {k: th.as_tensor(v) for k, v in FakeTextVecEnv(n_envs=2).reset().items()}
+    obs = {k: th.as_tensor(v) for k, v in text_vec_env(n_envs=2).reset().items()}
     with th.no_grad():
         assert th.equal(policy.predict_values(obs), loaded.predict_values(obs))
 

@@ -524,7 +524,20 @@ def test_perplexity_matches_a_manual_computation(tiny_lm):
 
 
 def test_perplexity_of_bundled_lm_from_path():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from textrl_envs.assets import lm_path
 
-    ppl = perplexity([" great fun."], lm_path(), prompts=["The movie was"])
-    assert 1.0 < ppl < 1e4
+    model = AutoModelForCausalLM.from_pretrained(lm_path()).eval()
+    tok = AutoTokenizer.from_pretrained(lm_path())
+    prompts, texts = ["The movie was", "The movie was"], [" great fun.", " a beautiful story."]
+    by_path = perplexity(texts, lm_path(), prompts=prompts)  # loads the model and tokenizer from the folder
+    assert by_path == pytest.approx(perplexity(texts, model, tok, prompts=prompts), rel=1e-6)
+
+    def enc(s):
+        return tok(s, add_special_tokens=False)["input_ids"]
+
+    nll = _manual_nll(model, enc(prompts[1]) + enc(texts[1]), len(enc(prompts[1])))
+    learned = perplexity(texts[1:], lm_path(), prompts=prompts[1:])  # the LM's own greedy continuation (manifest)
+    assert learned == pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-5)
+    assert learned < 20 < len(tok) / 50  # far below a uniform guess over the vocabulary (perplexity len(tok))

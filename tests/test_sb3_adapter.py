@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from collections import Counter
 
 import gymnasium as gym
 import numpy as np
@@ -195,13 +196,24 @@ def test_vec_monitor_and_vec_normalize(kw):
 
 
 def test_evaluate_policy_with_random_policy(kw):
-    venv = make_vec_env(None, n_envs=4, device="cpu", seed=0, **kw)
+    """evaluate_policy counts each episode's reward as the env's reward model scored it, with its length."""
+    scored = []
+
+    def recorded(prompts, completions, **metadata):
+        values = length_reward(prompts, completions, **metadata)
+        scored.extend((v, len(c.split())) for v, c in zip(values, completions))
+        return values
+
+    venv = make_vec_env(None, n_envs=4, device="cpu", seed=0, **{**kw, "reward": recorded})
     rewards, lengths = evaluate_policy(
         RandomPolicy(venv.action_space.n), venv, n_eval_episodes=12, return_episode_rewards=True
     )
     assert len(rewards) == 12 and all(1 <= n <= 6 for n in lengths)
-    mean, std = evaluate_policy(RandomPolicy(venv.action_space.n), venv, n_eval_episodes=8)
-    assert mean > 0 and std >= 0
+    assert not Counter(rewards) - Counter(v for v, _ in scored)  # every counted reward is one the model gave
+    assert len(set(rewards)) > 1  # random episodes differ: the counts are not all one value
+    mean, std = evaluate_policy(RandomPolicy(venv.action_space.n, seed=1), venv, n_eval_episodes=8)
+    values = [v for v, _ in scored]
+    assert min(values) <= mean - std and mean + std <= max(values) and std > 0
 
 
 def test_stock_ppo_logs_ep_rew_mean(kw, tmp_path):

@@ -275,8 +275,8 @@ def test_unknown_reward_name_lists_known_ones():
     [
         ({"prompts": []}, ValueError, "prompts is empty"),
         ({"prompts": "The movie was"}, TypeError, "prompts must be a list"),
-        ({"max_new_tokens": 0}, ValueError, "max_new_tokens must be >= 1"),
-        ({"max_prompt_tokens": 0}, ValueError, "max_prompt_tokens must be >= 1"),
+        ({"max_new_tokens": 0}, ValueError, "max_new_tokens must be an int >= 1, got 0"),
+        ({"max_prompt_tokens": 0}, ValueError, "max_prompt_tokens must be an int >= 1, got 0"),
         ({"max_new_tokens": 2.5}, TypeError, "max_new_tokens must be an int"),
         ({"prompt_truncation": "middle"}, ValueError, "prompt_truncation must be one of"),
         ({"reward": 42}, TypeError, "reward must be a registered name"),

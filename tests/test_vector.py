@@ -505,7 +505,7 @@ def test_bad_construction(kw):
         TextGenVectorEnv(num_envs=2, device="cpu", max_tokens=3, **kw)
     with pytest.raises(ValueError, match="obs_backend"):
         TextGenVectorEnv(num_envs=2, device="cpu", obs_backend="jax", **kw)
-    with pytest.raises(ValueError, match="num_envs must be a positive int"):
+    with pytest.raises(ValueError, match="num_envs must be an int >= 1, got 0"):
         TextGenVectorEnv(num_envs=0, device="cpu", **kw)
     with pytest.raises(ValueError, match="device"):
         TextGenVectorEnv(num_envs=2, device="tpu-ish", **kw)

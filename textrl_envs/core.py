@@ -26,10 +26,25 @@ import numpy as np
 from textrl_envs.rewards.base import call_reward, check_reward_timeout
 from textrl_envs.rewards.registry import resolve_reward
 from textrl_envs.tasks import PromptItem, get_task
+from textrl_envs.validation import check_choice, check_int, check_mapping
 
 TRUNCATION_SIDES = ("left", "right", "error")
 #: What an env does with a NaN/inf reward: raise (default), or score it 0 and flag ``info["reward_nonfinite"]``.
 NONFINITE_REWARD = ("raise", "skip")
+#: The cap on the observation width ``W = max_prompt_tokens + max_new_tokens``, in tokens (2**17, the context of
+#: the longest common LMs). A vector env keeps ``16 * W`` bytes per env on its device and every rollout step
+#: stores a window, so a window past this is a typo (``max_new_tokens=10**9`` would ask for gigabytes) rather
+#: than a plan; a policy bounds ``W`` further by its model's context. Raise it here if you really need more.
+MAX_WINDOW = 1 << 17
+#: Files one of which a local tokenizer directory holds (``tokenizer.save_pretrained(dir)`` writes them).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
 
 
 @dataclass
@@ -179,7 +194,19 @@ def load_tokenizer(tokenizer: Any = None):
                 f"tokenizer path {path!r} is not a directory; pass a local Hugging Face tokenizer directory "
                 "(nothing is downloaded) or a PreTrainedTokenizerBase object"
             )
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        todo = "pass a directory written by tokenizer.save_pretrained(dir), or a PreTrainedTokenizerBase object"
+        if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+            held = sorted(os.listdir(path))[:8]
+            raise ValueError(
+                f"tokenizer directory {path!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}; it holds "
+                f"{held or 'nothing'}); {todo}"
+            )
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError, TypeError, KeyError) as err:
+            raise ValueError(
+                f"tokenizer directory {path!r} could not be loaded ({type(err).__name__}: {err}); {todo}"
+            ) from err
     if not isinstance(tokenizer, PreTrainedTokenizerBase):
         raise TypeError(
             f"tokenizer must be None, a local directory or a PreTrainedTokenizerBase; got {type(tokenizer).__name__}"
@@ -230,8 +257,30 @@ def _split_prompts(prompts: Sequence[PromptItem]) -> tuple[list[str], dict[str, 
     return texts, metadata
 
 
+#: A UTF-8 character is at most 4 bytes, so a cut inside one leaves at most 3 stray byte tokens.
+_MAX_STRAY_BYTES = 3
+
+
+def on_character_boundary(tokenizer, ids: list[int], side: str) -> list[int]:
+    """``ids`` (a prompt cut on ``side``) without the tokens of a character the cut split, where possible.
+
+    A byte-level tokenizer may split a multi-byte character over several tokens; a cut between them leaves
+    bytes that decode to U+FFFD (mojibake the model would read). Up to 3 such tokens are dropped at the cut
+    (one is always kept); a prompt whose text has U+FFFD of its own is left alone.
+    """
+    for _ in range(_MAX_STRAY_BYTES):
+        if len(ids) < 2:
+            break
+        text = tokenizer.decode(ids)
+        if not (text.startswith("\ufffd") if side == "left" else text.endswith("\ufffd")):
+            break
+        ids = ids[1:] if side == "left" else ids[:-1]
+    return ids
+
+
 def encode_prompt(spec_tokenizer, text: str, max_prompt_tokens: int, truncation: str, where: str) -> np.ndarray:
-    """Token ids of one prompt, truncated to ``max_prompt_tokens`` (or an error, by option)."""
+    """Token ids of one prompt, truncated to ``max_prompt_tokens`` (or an error, by option), cut on a character
+    boundary where the tokenizer allows it (:func:`on_character_boundary`)."""
     ids = spec_tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) == 0:
         raise ValueError(f"{where} {text!r} tokenizes to no tokens; every prompt needs at least one token")
@@ -242,26 +291,38 @@ def encode_prompt(spec_tokenizer, text: str, max_prompt_tokens: int, truncation:
                 "max_prompt_tokens, shorten the prompt, or pass prompt_truncation='left' or 'right'"
             )
         ids = ids[-max_prompt_tokens:] if truncation == "left" else ids[:max_prompt_tokens]
+        if "\ufffd" not in text:
+            ids = on_character_boundary(spec_tokenizer, list(ids), truncation)
     return np.asarray(ids, dtype=np.int64)
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
+def check_budgets(max_new_tokens: Any, max_prompt_tokens: Any) -> tuple[int, int]:
+    """``(max_new_tokens, max_prompt_tokens)`` as ints >= 1 whose window ``W`` is within :data:`MAX_WINDOW`.
+
+    :raises TypeError: for a non-integer.
+    :raises ValueError: for a value < 1, or a window over the cap (with the figure).
+    """
+    t = check_int("max_new_tokens", max_new_tokens, low=1, example=24)
+    p = check_int("max_prompt_tokens", max_prompt_tokens, low=1, example=16)
+    if p + t > MAX_WINDOW:
+        raise ValueError(
+            f"max_prompt_tokens + max_new_tokens = {p:,} + {t:,} = {p + t:,} tokens is over the window cap "
+            f"MAX_WINDOW = {MAX_WINDOW:,} (textrl_envs.core; each env holds 16 bytes per window token and every "
+            "rollout step stores a window); lower max_new_tokens or max_prompt_tokens (a policy's model bounds the "
+            "window further: the bundled LM reads 128 tokens)"
+        )
+    return t, p
 
 
 def _check_choices(prompt_truncation: str, nonfinite_reward: str) -> None:
     """Raise a ``ValueError`` for a ``prompt_truncation`` or ``nonfinite_reward`` that is not a known choice."""
-    if prompt_truncation not in TRUNCATION_SIDES:
-        raise ValueError(f"prompt_truncation must be one of {TRUNCATION_SIDES}, got {prompt_truncation!r}")
-    if nonfinite_reward not in NONFINITE_REWARD:
-        raise ValueError(
-            f"nonfinite_reward must be one of {NONFINITE_REWARD} ('raise': stop with an error; 'skip': score "
-            f"0 and flag info['reward_nonfinite']), got {nonfinite_reward!r}"
-        )
+    check_choice("prompt_truncation", prompt_truncation, TRUNCATION_SIDES)
+    check_choice(
+        "nonfinite_reward",
+        nonfinite_reward,
+        NONFINITE_REWARD,
+        hint="'raise': stop with an error; 'skip': score 0 and flag info['reward_nonfinite']",
+    )
 
 
 def build_spec(
@@ -308,18 +369,13 @@ def build_spec(
         reward = defaults.reward
         if reward_kwargs is None:
             reward_kwargs = dict(defaults.reward_kwargs)
-    max_new_tokens = _check_int(
-        "max_new_tokens",
+    max_new_tokens, max_prompt_tokens = check_budgets(
         max_new_tokens if max_new_tokens is not None else (defaults.max_new_tokens if defaults else 24),
-        1,
-    )
-    max_prompt_tokens = _check_int(
-        "max_prompt_tokens",
         max_prompt_tokens if max_prompt_tokens is not None else (defaults.max_prompt_tokens if defaults else 16),
-        1,
     )
     _check_choices(prompt_truncation, nonfinite_reward)
     reward_timeout = check_reward_timeout(reward_timeout)
+    reward_kwargs = check_mapping("reward_kwargs", reward_kwargs, hint="e.g. reward_kwargs={'target': 'positive'}")
     texts, metadata = _split_prompts(prompts)
     reward_fn = resolve_reward(reward, **(reward_kwargs or {}))
     tok = load_tokenizer(tokenizer)

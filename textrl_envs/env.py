@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 from gymnasium import spaces
 
 from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwargs, encode_prompt
+from textrl_envs.validation import check_choice, check_int, check_mapping
 
 SPEC_KWARGS = (
     "task",
@@ -42,7 +44,8 @@ def resolve_prompt(spec: EpisodeSpec, options: dict[str, Any] | None, rng: np.ra
 
     :return: ``(index, text, ids)``; ``index`` is ``-1`` for a prompt given as text.
     """
-    options = dict(options or {})
+    options = check_mapping("options", options, hint="e.g. options={'prompt': 'The movie was'} or {'prompt_index': 0}")
+    options = options or {}
     unknown = set(options) - {"prompt", "prompt_index"}
     if unknown:
         raise ValueError(f"unknown reset option(s) {sorted(unknown)}; known: 'prompt' (str), 'prompt_index' (int)")
@@ -57,10 +60,10 @@ def resolve_prompt(spec: EpisodeSpec, options: dict[str, Any] | None, rng: np.ra
             return i, text, spec.prompt_ids[i]
         return -1, text, encode_prompt(spec.tokenizer, text, spec.max_prompt_tokens, truncation, "options['prompt']")
     if "prompt_index" in options:
-        i = options["prompt_index"]
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < len(spec.prompt_texts):
-            raise ValueError(f"options['prompt_index'] must be an int in [0, {len(spec.prompt_texts)}), got {i!r}")
-        i = int(i)
+        n = len(spec.prompt_texts)
+        i = check_int(
+            "options['prompt_index']", options["prompt_index"], low=0, high=n - 1, hint=f"the env has {n} prompt(s)"
+        )
         return i, spec.prompt_texts[i], spec.prompt_ids[i]
     i = int(rng.integers(len(spec.prompt_texts)))
     return i, spec.prompt_texts[i], spec.prompt_ids[i]
@@ -97,6 +100,13 @@ class TextGenEnv(TextSpecAccess, gym.Env):
     (a tuple of ints, without EOS, so that vector envs can batch infos of different lengths),
     ``prompt_index`` and ``reward``.
 
+    Outside time limits: a step is a token, so a text episode's length limit is ``max_new_tokens`` (or
+    :meth:`set_max_new_tokens`), and an episode that ends by it is scored. A ``TimeLimit`` wrapper (also the one
+    ``gym.make(id, max_episode_steps=k)`` adds) cuts the episode outside the env, which never sees the cut: that
+    episode ends with reward 0, an empty ``info`` and no call to the reward model. The env notices at the next
+    ``reset()`` (an episode still running, tokens generated) and warns once; pass ``max_new_tokens=k`` instead.
+    The vector env takes ``max_episode_steps=k`` itself and ends and scores episodes at ``k`` tokens.
+
     ## Arguments
     ``gym.make(id, prompts=..., reward=..., tokenizer=..., max_new_tokens=..., max_prompt_tokens=...,
     prompt_truncation="left", reward_kwargs=None, nonfinite_reward="raise", reward_timeout=None)``; see
@@ -117,8 +127,8 @@ class TextGenEnv(TextSpecAccess, gym.Env):
     def __init__(self, render_mode: str | None = None, **kwargs: Any) -> None:
         spec_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in SPEC_KWARGS}
         check_kwargs(kwargs, type(self).__name__, SPEC_KWARGS + ("render_mode",))
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        if render_mode is not None:
+            check_choice("render_mode", render_mode, self.metadata["render_modes"], hint="or None")
         spec_kwargs.setdefault("task", self.default_task)
         self.prompt_truncation = spec_kwargs.get("prompt_truncation", "left")
         self.text_spec = build_spec(**spec_kwargs)
@@ -132,6 +142,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         self._prompt_text = ""
         self._done = True
         self._started = False
+        self._warned_cut = False
 
     def _obs(self) -> dict[str, np.ndarray]:
         return {"input_ids": self._ids.copy(), "attention_mask": self._mask.copy()}
@@ -140,6 +151,16 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         super().reset(seed=seed)
         spec = self.text_spec
         index, text, ids = resolve_prompt(spec, options, self.np_random, self.prompt_truncation)
+        if self._started and not self._done and self._generated and not self._warned_cut:
+            self._warned_cut = True
+            warnings.warn(
+                f"{type(self).__name__}: reset() while an episode was running ({len(self._generated)} of "
+                f"{spec.budget} tokens generated). If an outside time limit cut it (a TimeLimit wrapper, or "
+                "gym.make(..., max_episode_steps=k)), that episode got reward 0 and was never scored: limit text "
+                "episodes with max_new_tokens=k instead, which ends and scores them. (Warned once per env; ignore it "
+                "if you reset mid-episode on purpose.)",
+                stacklevel=2,
+            )
         self._prompt_index, self._prompt_text = index, text
         self._ids[:] = spec.pad_token_id
         self._mask[:] = 0
@@ -185,7 +206,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             if spec.nonfinite_reward == "skip":
                 info["reward_nonfinite"] = bool(nonfinite[0])
         if self.render_mode == "human":
-            print(self.render())
+            self.render()
         return self._obs(), reward, terminated, truncated, info
 
     def _check_action(self, action) -> int:
@@ -204,10 +225,15 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         return token
 
     def render(self) -> str | None:
-        """``"ansi"``/``"human"``: the prompt and the completion so far, as text."""
+        """``"ansi"``: the prompt and the completion so far, as text (``prompt|completion``); ``"human"``: print
+        that text and return ``None`` (Gymnasium's convention)."""
         if self.render_mode is None:
             return None
-        return f"{self._prompt_text}|{self.text_spec.decode(self._generated)}"
+        text = f"{self._prompt_text}|{self.text_spec.decode(self._generated)}"
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
 
     def decode(self, ids: Sequence[int]) -> str:
         """Decode token ids with the env's tokenizer (special tokens removed)."""

@@ -14,6 +14,7 @@ splitting it into N single envs::
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from stable_baselines3.common.vec_env.base_vec_env import (
     VecEnvStepReturn,
 )
 
+from textrl_envs.validation import check_bool, check_int, check_mapping, check_seed
 from textrl_envs.vector import TextGenVectorEnv
 
 #: Keys of the vector env's step infos that are per-env reset info of an autoreset episode.
@@ -175,7 +177,7 @@ class TextGenSB3VecEnv(VecEnv):
         mode = mode or self.render_mode
         if mode is None or mode != self.render_mode:
             return super().render(mode=mode)  # SB3 warns and returns None
-        frames = self.venv.render()
+        frames = self.venv.unwrapped.render_text()
         if mode == "human":
             print("\n".join(frames))
             return None
@@ -199,6 +201,22 @@ class TextGenSB3VecEnv(VecEnv):
                 f"{what} on a subset of envs: the {self.num_envs} envs are one batched env that shares its "
                 "attributes; call it with indices=None"
             )
+
+
+class PicklableVecMonitor(VecMonitor):
+    """SB3's ``VecMonitor``, picklable (SB3's ``VecEnvWrapper`` keeps a dict of its class's members, which holds a
+    ``mappingproxy`` that ``pickle`` refuses; it is rebuilt on unpickling). ``SubprocVecEnv``, ``copy.deepcopy``
+    and checkpoint tools that pickle the env then work. A monitor that writes a ``filename`` holds an open file and
+    still does not pickle."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("class_attributes", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.class_attributes = dict(inspect.getmembers(self.__class__))
 
 
 def _builds_text_vector_env(spec: gym.envs.registration.EnvSpec) -> bool:
@@ -236,11 +254,16 @@ def make_vec_env(
     :param monitor_kwargs: Keyword arguments of ``VecMonitor`` (``filename``, ``info_keywords``).
     :param env_kwargs: The env's keyword arguments (``prompts``, ``reward``, ``tokenizer``,
         ``max_new_tokens``, ...).
-    :return: A ``VecEnv`` (a ``VecMonitor`` around :class:`TextGenSB3VecEnv` when ``monitor``).
+    :return: A ``VecEnv`` (a picklable ``VecMonitor`` around :class:`TextGenSB3VecEnv` when ``monitor``).
     """
     backend = env_kwargs.pop("obs_backend", "numpy")
     if backend != "numpy":
         raise ValueError(f"SB3 needs numpy observations; obs_backend={backend!r} is not supported here")
+    n_envs = check_int("n_envs", n_envs, low=1, example=8)
+    group_size = check_int("group_size", group_size, low=1, hint="1 (no groups) or the completions per prompt, e.g. 4")
+    seed = check_seed("seed", seed)
+    monitor = check_bool("monitor", monitor)
+    monitor_kwargs = check_mapping("monitor_kwargs", monitor_kwargs, hint="e.g. {'info_keywords': ('completion',)}")
     if env_id is None:
         venv = TextGenVectorEnv(num_envs=n_envs, device=device, group_size=group_size, **env_kwargs)
     else:
@@ -265,5 +288,5 @@ def make_vec_env(
     if seed is not None:
         vec.seed(seed)
     if monitor:
-        vec = VecMonitor(vec, **(monitor_kwargs or {}))
+        vec = PicklableVecMonitor(vec, **(monitor_kwargs or {}))
     return vec

@@ -38,9 +38,10 @@ from textrl_envs.decoding import fast_decoder
 from textrl_envs.devices import resolve_device
 from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
 from textrl_envs.groups import GroupPrompts
+from textrl_envs.validation import check_choice, check_int, check_seed
 
 OBS_BACKENDS = ("numpy", "torch")
-VECTOR_KWARGS = ("num_envs", "device", "group_size", "obs_backend", "render_mode")
+VECTOR_KWARGS = ("num_envs", "device", "group_size", "obs_backend", "render_mode", "max_episode_steps")
 #: Largest prompt table (prompts x window elements) kept at full window width (2 x 8 bytes each).
 FULL_WIDTH_TABLE_MAX = 1 << 22
 
@@ -179,20 +180,23 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         **kwargs: Any,
     ) -> None:
         spec_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in SPEC_KWARGS}
+        max_episode_steps = kwargs.pop("max_episode_steps", None)
         check_kwargs(kwargs, type(self).__name__, SPEC_KWARGS + VECTOR_KWARGS)
-        for name, value in (("num_envs", num_envs), ("group_size", group_size)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        num_envs = check_int("num_envs", num_envs, low=1, example=8)
+        group_size = check_int(
+            "group_size", group_size, low=1, hint="1 (no groups) or the completions per prompt, e.g. 4"
+        )
+        if max_episode_steps is not None:
+            max_episode_steps = check_int("max_episode_steps", max_episode_steps, low=1, hint="or None; e.g. 8")
         if num_envs % group_size:
             multiple = group_size * max(1, num_envs // group_size)
             raise ValueError(
                 f"num_envs={num_envs} is not divisible by group_size={group_size}; every group needs "
                 f"{group_size} envs, so use a multiple of it (e.g. num_envs={multiple})"
             )
-        if obs_backend not in OBS_BACKENDS:
-            raise ValueError(f"obs_backend must be one of {OBS_BACKENDS}, got {obs_backend!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        check_choice("obs_backend", obs_backend, OBS_BACKENDS)
+        if render_mode is not None:
+            check_choice("render_mode", render_mode, self.metadata["render_modes"], hint="or None")
 
         self.device = resolve_device(device)
         self.num_envs = int(num_envs)
@@ -205,6 +209,8 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         self.prompt_truncation = spec_kwargs.get("prompt_truncation", "left")
         self.text_spec: EpisodeSpec = build_spec(**spec_kwargs)
         spec = self.text_spec
+        if max_episode_steps is not None:  # a step is a token: the time limit is the episode budget (scored)
+            spec.set_budget(min(max_episode_steps, spec.max_new_tokens))
         self.single_observation_space, self.single_action_space = make_spaces(spec)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
@@ -349,14 +355,23 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             infos = self._reset_info(done, infos)
         observations = self._observations()
         if self.render_mode == "human":
-            print("\n".join(self.render()))
+            self.render()
         return observations, rewards, terminated, truncated, infos
 
     def render(self) -> tuple[str, ...] | None:
-        """``"ansi"``/``"human"``: one ``prompt|completion so far`` string per env."""
+        """``"ansi"``: one ``prompt|completion so far`` string per env; ``"human"``: print them (one line each) and
+        return ``None``."""
         if self.render_mode is None:
             gym.logger.warn("render() called without a render_mode; pass render_mode='ansi' to the constructor")
             return None
+        frames = self.render_text()
+        if self.render_mode == "human":
+            print("\n".join(frames))
+            return None
+        return frames
+
+    def render_text(self) -> tuple[str, ...]:
+        """One ``prompt|completion so far`` string per env, whatever the render mode."""
         if not self._started:
             return tuple("" for _ in range(self.num_envs))
         ids = self._ids.cpu().numpy()
@@ -376,14 +391,14 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         if seed is None:
             return [None] * self.num_groups
         if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-            return [int(seed) + k * self.group_size for k in range(self.num_groups)]
+            seed = check_seed("seed", seed)
+            return [seed + k * self.group_size for k in range(self.num_groups)]
         if isinstance(seed, Sequence) and not isinstance(seed, str):
             if len(seed) != self.num_envs:
                 raise ValueError(f"a list of seeds must have num_envs={self.num_envs} entries, got {len(seed)}")
-            return [
-                None if seed[k * self.group_size] is None else int(seed[k * self.group_size])
-                for k in range(self.num_groups)
-            ]
+            seeds = [check_seed(f"seed[{i}]", s) for i, s in enumerate(seed)]
+            return [seeds[k * self.group_size] for k in range(self.num_groups)]
+        check_seed("seed", seed)  # raises for anything else (a str, a float, a negative int)
         raise TypeError(f"seed must be None, an int or a list of num_envs ints; got {type(seed).__name__}")
 
     def _row_for(self, index: int, text: str, ids: np.ndarray) -> int:

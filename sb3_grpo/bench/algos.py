@@ -138,6 +138,16 @@ def parse_algos(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def constructor_defaults(spec: AlgoSpec) -> dict[str, Any]:
+    """The default of every constructor argument that has one (what an override goes on top of).
+
+    :param spec: The algorithm.
+    :return: Argument name -> default value.
+    """
+    params = inspect.signature(spec.algo_class().__init__).parameters
+    return {name: p.default for name, p in params.items() if p.default is not inspect.Parameter.empty}
+
+
 def constructor_parameters(spec: AlgoSpec) -> set[str]:
     """Names an override may set for this algorithm (its class's constructor arguments).
 

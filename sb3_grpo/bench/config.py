@@ -6,18 +6,23 @@ before the out dir is touched; :func:`resolve_hyperparameters` gives each algori
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sb3_grpo.bench.algos import ALGOS, DEFAULT_GROUP_SIZE, AlgoSpec, constructor_parameters
+from sb3_grpo.bench.algos import ALGOS, DEFAULT_GROUP_SIZE, AlgoSpec, constructor_defaults, constructor_parameters
 from sb3_grpo.common.io import to_jsonable
+from textrl_envs.validation import check_float
 
 __all__ = [
     "TEXT_DEFAULTS",
     "CompareConfig",
     "CompareError",
     "check_env_id",
+    "check_hyperparameters",
+    "check_policy_kwargs",
     "is_text_env",
     "make_config",
     "resolve_hyperparameters",
@@ -161,6 +166,62 @@ def resolve_hyperparameters(
     return to_jsonable(kwargs)
 
 
+def check_hyperparameters(spec: AlgoSpec, hyperparameters: dict[str, Any], text: bool) -> None:
+    """Check one algorithm's constructor arguments with the checks its class runs (on top of its defaults), so a bad
+    value (``--set ppo.learning_rate=abc``) fails here, before anything is written, not in the first run.
+
+    :param spec: The algorithm.
+    :param hyperparameters: Its resolved arguments (:func:`resolve_hyperparameters`).
+    :param text: Text env (then ``policy_kwargs`` are checked against :class:`~sb3_grpo.policies.CausalLMPolicy`).
+    :raises CompareError: naming the algorithm, the argument and what to pass.
+    """
+    from sb3_grpo.grpo.validation import check_grpo_args, check_ppo_args
+
+    args = {**constructor_defaults(spec), **hyperparameters}
+    try:
+        if spec.cls_name == "PPO":
+            check_ppo_args(args)
+        else:
+            check_grpo_args(args)
+        if text and args.get("policy_kwargs"):
+            check_policy_kwargs(args["policy_kwargs"])
+    except (TypeError, ValueError) as err:
+        raise CompareError(f"{spec.name}: {err} (check --set / --config)") from None
+
+
+def check_policy_kwargs(policy_kwargs: dict[str, Any]) -> None:
+    """Check ``policy_kwargs`` meant for :class:`~sb3_grpo.policies.CausalLMPolicy` without building it (names, and
+    the values :func:`check_policy_args` checks), e.g. a comparison's overrides before anything runs.
+
+    :raises TypeError: for a name the policy does not take, or a value of a wrong type.
+    :raises ValueError: for a value out of range.
+    """
+    from sb3_grpo.policies.causal_lm import CausalLMPolicy
+    from sb3_grpo.policies.validation import check_policy_args
+
+    params = inspect.signature(CausalLMPolicy.__init__).parameters
+    taken = [n for n in params if n not in ("self", "observation_space", "action_space", "lr_schedule")]
+    unknown = sorted(set(policy_kwargs) - set(taken))
+    if unknown:
+        raise TypeError(
+            f"policy_kwargs has unknown name(s) {', '.join(unknown)}; CausalLMPolicy takes: {', '.join(taken)}"
+        )
+    args = {n: p.default for n, p in params.items() if n in taken}
+    args.update(policy_kwargs)
+    model = args["model"]
+    if isinstance(model, (str, os.PathLike)) and not os.path.isdir(model):
+        raise ValueError(
+            f"policy_kwargs['model'] = {model!r} is not a directory; pass a local model directory (nothing is "
+            "downloaded), or leave it out for the bundled LM"
+        )
+    flags = {
+        n: args[n] for n in ("separate_critic", "use_cache", "pack_sequences", "gradient_checkpointing", "ortho_init")
+    }
+    check_policy_args(
+        args["temperature"], args["top_k"], args["top_p"], args["critic_hidden"], args["value_head_init_std"], flags
+    )
+
+
 def make_config(
     env_id: str,
     algos: Sequence[str],
@@ -201,6 +262,8 @@ def make_config(
     for name, value in (("--n-envs", n_envs), ("--group-size", group_size), ("--eval-episodes", eval_episodes)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise CompareError(f"{name} must be an integer >= 1, got {value}")
+    if threshold is not None:
+        threshold = check_float("--threshold", threshold, hint="a reward level, e.g. --threshold 0.5, or leave it out")
     check_env_id(env_id)
     text = is_text_env(env_id)
     overrides = dict(overrides or {})
@@ -227,12 +290,7 @@ def make_config(
         spec = ALGOS[algo]
         cfg.hyperparameters[algo] = resolve_hyperparameters(spec, text, n_envs, timesteps, overrides)
         cfg.group_sizes[algo] = group if spec.grouped else 1
-        hp = cfg.hyperparameters[algo]
-        batch = hp.get("batch_size", 64)
-        if not isinstance(batch, int) or batch < 1:
-            raise CompareError(f"{algo}: batch_size must be an integer >= 1, got {batch!r}")
-        if hp.get("n_steps", 2048) < 1:
-            raise CompareError(f"{algo}: n_steps must be >= 1, got {hp.get('n_steps')!r}")
+        check_hyperparameters(spec, cfg.hyperparameters[algo], text)
     return cfg
 
 
@@ -242,6 +300,12 @@ def _check_overrides(overrides: dict[str, dict[str, Any]], algos: Sequence[str])
     if bad:
         raise CompareError(
             f"override for unknown algorithm(s) {', '.join(map(repr, bad))}; known: {', '.join(ALGOS)} (or '*' for all)"
+        )
+    unused = [k for k in overrides if k != "*" and k not in algos]
+    if unused:
+        raise CompareError(
+            f"override for {', '.join(map(repr, unused))}, which is not in --algos ({', '.join(algos)}), so it "
+            f"would be ignored; add {unused[0]} to --algos, or drop the override ('*.KEY=VALUE' sets every algorithm)"
         )
     for name, values in overrides.items():
         targets = list(algos) if name == "*" else [name]

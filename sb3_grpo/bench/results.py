@@ -23,6 +23,7 @@ __all__ = [
     "OUTPUT_NAMES",
     "RESULTS_FILE",
     "environment_info",
+    "discard_failed_out_dir",
     "load_results",
     "new_results",
     "prepare_out_dir",
@@ -44,14 +45,15 @@ SCHEMA_VERSION = 1
 # ------------------------------------------------------------------------------------------------------------
 
 
-def prepare_out_dir(out: Path, overwrite: bool, resume: bool) -> bool:
+def prepare_out_dir(out: Path, overwrite: bool, resume: bool) -> list[Path]:
     """Create (or check) the out dir; on any failure nothing is left behind.
 
     :param out: The folder.
     :param overwrite: Remove this command's previous outputs (results.json, report.md, curves.png,
         tensorboard/) and start afresh; other files are left alone.
-    :param resume: Keep previous results and skip the runs they hold.
-    :return: Whether the folder was created now.
+    :param resume: Keep previous results and skip the runs they hold (a damaged results.json is refused now).
+    :return: The folders created now, innermost first (empty when ``out`` existed): what
+        :func:`discard_failed_out_dir` removes when the comparison then fails before any run completes.
     :raises CompareError: exists without --overwrite/--resume, is not a folder, or is not writable.
     """
     if overwrite and resume:
@@ -66,6 +68,8 @@ def prepare_out_dir(out: Path, overwrite: bool, resume: bool) -> bool:
         )
     if resume and not (out / RESULTS_FILE).is_file():
         raise CompareError(f"--resume: {out / RESULTS_FILE} does not exist; nothing to resume (drop --resume)")
+    if resume:
+        load_results(out)  # refuse a damaged results.json before anything runs
     created: list[Path] = []
     try:
         missing = [p for p in [out, *out.parents] if not p.exists()]
@@ -87,17 +91,78 @@ def prepare_out_dir(out: Path, overwrite: bool, resume: bool) -> bool:
                 shutil.rmtree(path)
             elif path.exists():
                 path.unlink()
-    return not existed
+    return created
+
+
+def discard_failed_out_dir(created: list[Path]) -> bool:
+    """After a comparison failed: remove the out dir it created (and the parents it created) when no run completed,
+    so a command that fails on its input (found only when a run starts) leaves nothing behind.
+
+    :param created: What :func:`prepare_out_dir` returned (innermost first); empty: the folder existed, keep it.
+    :return: Whether the folders were removed.
+    """
+    if not created:
+        return False
+    out = created[0]
+    try:
+        with open(out / RESULTS_FILE) as f:
+            runs = json.load(f).get("runs", {})
+    except (OSError, ValueError, AttributeError):
+        runs = {}
+    if any(isinstance(r, dict) and r.get("status") == "complete" for r in runs.values()):
+        return False
+    shutil.rmtree(out, ignore_errors=True)
+    for parent in created[1:]:
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+    return True
+
+
+#: What a ``results.json`` must hold for a report: config keys and the keys of every run.
+CONFIG_KEYS = ("env_id", "algos", "seeds", "timesteps", "n_envs", "eval_episodes", "hyperparameters")
+RUN_KEYS = ("algo", "seed", "curve")
+
+
+def _results_problem(data: Any) -> str | None:
+    """What keeps ``data`` from being a comparison's results (``None``: nothing)."""
+    if not isinstance(data, dict):
+        return f"it holds a JSON {type(data).__name__}, not an object"
+    config, runs = data.get("config"), data.get("runs")
+    if not isinstance(config, dict) or not isinstance(runs, dict):
+        return "it has no 'config' and 'runs' objects"
+    missing = [k for k in CONFIG_KEYS if k not in config]
+    if missing:
+        return f"its config lacks {', '.join(missing)}"
+    if not isinstance(config["algos"], list) or not isinstance(config["seeds"], list):
+        return "its config's algos and seeds are not lists"
+    for key, run in runs.items():
+        if not isinstance(run, dict) or any(k not in run for k in RUN_KEYS) or not isinstance(run["curve"], dict):
+            return f"its run {key!r} lacks {', '.join(RUN_KEYS)}"
+    return None
 
 
 def load_results(out: Path) -> dict[str, Any]:
-    """Read ``results.json`` of an out dir.
+    """Read ``results.json`` of an out dir, checking that it is a comparison's.
 
     :param out: The folder.
     :return: The stored results.
+    :raises CompareError: for a file that is not valid JSON (e.g. truncated) or not a comparison's results.
     """
-    with open(out / RESULTS_FILE) as f:
-        return json.load(f)
+    path = out / RESULTS_FILE
+    todo = "run the comparison again into a fresh --out (sb3-grpo compare ... --out DIR)"
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as err:
+        raise CompareError(f"{path} is not valid JSON ({err}; truncated or edited?); {todo}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CompareError(f"cannot read {path}: {getattr(err, 'strerror', None) or err}") from None
+    problem = _results_problem(data)
+    if problem:
+        raise CompareError(f"{path} is not the results.json of `sb3-grpo compare`: {problem}; {todo}")
+    return data
 
 
 def environment_info(device: str = "cpu") -> dict[str, Any]:

@@ -10,6 +10,7 @@ gets its baseline. :func:`make_group_tracker` builds the tracker an advantage fo
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,8 +46,11 @@ class EpisodeGroupTracker:
     rollouts (their returns are remembered, they serve as baseline only). All other steps get advantage
     0: episodes still running at the end of the rollout, and episodes whose group is not complete yet.
     Requiring the whole group avoids the bias of baselines computed from the members that happen to
-    finish first (short completions). Keep ``n_steps`` well above the episode length so few groups
-    straddle two rollouts.
+    finish first (short completions). The steps an episode took in earlier rollouts were trained on with
+    advantage 0 (each rollout is trained on once, when it ends, before later returns are known): keep
+    ``n_steps`` well above the episode length so few episodes straddle two rollouts. GRPO warns at
+    construction when ``n_steps`` is shorter than the env's episodes (:func:`check_grouped_env`); the share of
+    steps that get an advantage is logged as ``rollout/frac_steps_nonzero_advantage``.
 
     :param n_envs: number of envs of the VecEnv
     :param group_size: number of episodes per group round (``G``)
@@ -193,11 +197,40 @@ def env_group_size(env: VecEnv) -> int | None:
     return values.pop()
 
 
-def check_grouped_env(env: VecEnv, advantage: str) -> int:
+def env_episode_limit(env: VecEnv) -> int | None:
+    """Tokens a text env's episode may take now (its budget), or ``None`` for an env that does not say."""
+    try:
+        specs = env.get_attr("text_spec")
+    except (AttributeError, NotImplementedError, KeyError):
+        return None
+    budgets = {getattr(s, "budget", None) for s in specs}
+    return budgets.pop() if len(budgets) == 1 and None not in budgets else None
+
+
+def warn_if_episodes_straddle(env: VecEnv, advantage: str, n_steps: int) -> None:
+    """Warn when ``n_steps`` is shorter than the env's episodes: then no full-length episode fits in one rollout, and
+    its steps collected before the rollout in which it ends are trained on with advantage 0 (see
+    :class:`EpisodeGroupTracker`)."""
+    limit = env_episode_limit(env)
+    if limit is None or n_steps >= limit:
+        return
+    warnings.warn(
+        f"GRPO(advantage={advantage!r}): n_steps={n_steps} is shorter than the env's episodes (up to {limit} tokens). "
+        "A group advantage is known only once the episode's whole group has finished, so the steps an episode takes "
+        f"in rollouts before the one in which it ends get advantage 0 and teach nothing (at least {limit - n_steps} "
+        f"of the {limit} steps of a full-length episode). Use n_steps >= {limit}, better a few episode lengths "
+        f"(e.g. n_steps={4 * limit}); rollout/frac_steps_nonzero_advantage logs the share of steps learned from",
+        stacklevel=4,
+    )
+
+
+def check_grouped_env(env: VecEnv, advantage: str, n_steps: int | None = None) -> int:
     """The env's ``group_size``, after checking that it suits the group advantage form ``advantage``.
 
     :param env: The VecEnv.
     :param advantage: ``"group"``, ``"rloo"`` or ``"self_critical"``.
+    :param n_steps: Steps per env per rollout; warns when shorter than the env's episodes
+        (:func:`warn_if_episodes_straddle`). ``None``: no such check.
     :return: ``group_size`` (> 1).
     :raises ValueError: for an env without groups, or (self-critical) ``n_envs`` not a multiple of the group size.
     """
@@ -212,6 +245,8 @@ def check_grouped_env(env: VecEnv, advantage: str) -> int:
             f"advantage='self_critical' makes env i with i % group_size == 0 act greedily, so n_envs "
             f"({env.num_envs}) must be a multiple of group_size ({group_size})"
         )
+    if n_steps is not None:
+        warn_if_episodes_straddle(env, advantage, n_steps)
     return group_size
 
 

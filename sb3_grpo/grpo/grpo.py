@@ -19,6 +19,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from stable_baselines3.common.base_class import maybe_make_env
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
@@ -197,19 +198,8 @@ class GRPO(OnPolicyAlgorithm):
         grad_norm_warn: float | None = 1000.0,
         nonfinite: str = "raise",
     ):
-        # GRPO's own arguments first: cheap, and before any model is built
-        adaptive_clip = check_grpo_args(
-            advantage=advantage,
-            nonfinite=nonfinite,
-            grad_var_coef=grad_var_coef,
-            grad_var_slices=grad_var_slices,
-            batch_size=batch_size,
-            kl_coef=kl_coef,
-            kl_target=kl_target,
-            explore_alpha=explore_alpha,
-            explore_fraction=explore_fraction,
-            adaptive_clip=adaptive_clip,
-        )
+        # every argument (PPO's and GRPO's: type, finiteness, range) is checked first, before any model is built
+        adaptive_clip = check_grpo_args(locals())
         # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed); outside
         # torchrun this is the single-process seam and torch.distributed is never touched. GRPO.load builds with
         # _init_setup_model=False and makes no collective call (rank 0 alone may load a model).
@@ -276,7 +266,7 @@ class GRPO(OnPolicyAlgorithm):
             uniform_log_prob(self.action_space)
         warn_if_exploration_clips(self.explore_alpha, self.clip_range, self.adaptive_clip)
         if self.advantage != "gae" and self.env is not None:
-            check_grouped_env(self.env, self.advantage)
+            check_grouped_env(self.env, self.advantage, self.n_steps)  # warns when n_steps < the episodes' length
 
         if _init_setup_model:
             self._setup_model()
@@ -568,6 +558,8 @@ class GRPO(OnPolicyAlgorithm):
         """
         if isinstance(path, (str, os.PathLike)):
             path = existing_checkpoint(path)
+        if isinstance(env, str):  # an env id, as the constructor takes it (SB3's load wants an env object)
+            env = maybe_make_env(env, 0)
         return super().load(
             path,
             env=env,

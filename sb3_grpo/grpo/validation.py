@@ -1,21 +1,38 @@
-"""Validation of GRPO's own arguments: cheap checks that run before any model is built.
+"""Validation of GRPO's arguments: cheap checks that run before any model is built.
 
-PPO's arguments are checked where SB3 checks them; everything GRPO adds is checked here, so a bad value is
-refused with a message that names it and says what to pass instead.
+Every constructor argument, PPO's (:data:`PPO_CHECKS`) and GRPO's own (:data:`GRPO_CHECKS`), is checked here with
+the shared checks of :mod:`textrl_envs.validation` (type, finiteness, range, choice), so a bad value is refused with
+a message that names it, shows it and says what to pass instead; a NaN never quietly turns a mechanism off. The
+comparison (:mod:`sb3_grpo.bench.config`) runs the same checks on its hyperparameters before it writes anything.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sb3_grpo.common.buffers import PolicyLogProbMixin
+from textrl_envs.validation import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_mapping,
+    check_schedule,
+    check_seed,
+    given,
+)
 
 __all__ = [
     "ADVANTAGES",
+    "GRPO_CHECKS",
     "NONFINITE",
+    "PPO_CHECKS",
     "check_buffer_for_kl",
     "check_grpo_args",
+    "check_ppo_args",
     "check_ppo_batching",
     "warn_if_exploration_clips",
 ]
@@ -25,61 +42,134 @@ ADVANTAGES = ("gae", "group", "rloo", "self_critical")
 #: What GRPO does with NaN/inf rewards, advantages, losses or gradients (``nonfinite=``).
 NONFINITE = ("raise", "skip")
 
+Check = Callable[[str, Any], Any]
 
-def check_grpo_args(
-    *,
-    advantage: str,
-    nonfinite: str,
-    grad_var_coef: float,
-    grad_var_slices: int,
-    batch_size: int,
-    kl_coef: float,
-    kl_target: float | None,
-    explore_alpha: float,
-    explore_fraction: float,
-    adaptive_clip: Any,
-) -> tuple[float, float] | None:
-    """Check GRPO's own arguments (see :class:`~sb3_grpo.GRPO` for their meaning).
 
-    :return: ``adaptive_clip`` as a pair of floats (or ``None``).
-    :raises ValueError: naming the first argument that is out of range.
+def _optional(check: Check) -> Check:
+    """``check`` that lets ``None`` through (arguments where ``None`` means "off")."""
+    return lambda name, value: None if value is None else check(name, value)
+
+
+def _check_path(name: str, value: Any) -> str | os.PathLike:
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a folder path (str) or None, got {given(value)}; e.g. {name}='runs/tb'")
+    return value
+
+
+def _check_device(name: str, value: Any) -> Any:
+    """Any device this machine has (:func:`textrl_envs.devices.resolve_device`); ``"auto"`` as SB3 means it."""
+    from textrl_envs.devices import resolve_device
+
+    if isinstance(value, str) and value == "auto":
+        return value
+    try:
+        resolve_device(value)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+    return value
+
+
+def _check_param_names(name: str, value: Any) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise TypeError(
+            f"{name} must be None (all trainable parameters) or a list of parameter-name prefixes, got {given(value)}; "
+            f"e.g. {name}=['action_net', 'mlp_extractor.policy_net']"
+        )
+    return list(value)
+
+
+def _check_adaptive_clip(name: str, value: Any) -> tuple[float, float]:
+    todo = "pass a pair of positive scales (for A > 0, for A <= 0), e.g. (1.1, 0.9), or None to turn it off"
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a pair of positive scales or None, got {given(value)}; {todo}")
+    if len(value) != 2:
+        raise ValueError(f"{name} must be a pair of positive scales, got {len(value)} value(s) {tuple(value)}; {todo}")
+    pair = tuple(check_float(f"{name}[{i}]", v, hint=todo) for i, v in enumerate(value))
+    if not all(s > 0 for s in pair):
+        raise ValueError(f"{name} must be a pair of positive scales (for A > 0, for A <= 0), got {value}; {todo}")
+    return pair  # type: ignore[return-value]
+
+
+#: The checks of PPO's constructor arguments (SB3's ``PPO`` and GRPO take them): argument name -> check.
+PPO_CHECKS: dict[str, Check] = {
+    "learning_rate": lambda n, v: check_schedule(n, v, low=0, example=3e-4),
+    "n_steps": lambda n, v: check_int(n, v, low=1, example=2048),
+    "batch_size": lambda n, v: check_int(n, v, low=1, example=64),
+    "n_epochs": lambda n, v: check_int(n, v, low=1, example=10),
+    "gamma": lambda n, v: check_float(n, v, low=0, high=1, example=0.99),
+    "gae_lambda": lambda n, v: check_float(n, v, low=0, high=1, example=0.95),
+    "clip_range": lambda n, v: check_schedule(n, v, low=0, low_open=True, example=0.2),
+    "clip_range_vf": _optional(lambda n, v: check_schedule(n, v, low=0, low_open=True, example=0.2)),
+    "normalize_advantage": check_bool,
+    "ent_coef": lambda n, v: check_float(n, v, example=0.0),
+    "vf_coef": lambda n, v: check_float(n, v, low=0, example=0.5),
+    "max_grad_norm": lambda n, v: check_float(n, v, low=0, low_open=True, allow_inf=True, example=0.5),
+    "use_sde": check_bool,
+    "sde_sample_freq": lambda n, v: check_int(n, v, low=-1, example=-1),
+    "target_kl": _optional(lambda n, v: check_float(n, v, low=0, low_open=True, example=0.01)),
+    "stats_window_size": lambda n, v: check_int(n, v, low=1, example=100),
+    "tensorboard_log": _optional(_check_path),
+    "policy_kwargs": lambda n, v: check_mapping(n, v, hint="e.g. policy_kwargs={'net_arch': [64, 64]}"),
+    "rollout_buffer_kwargs": lambda n, v: check_mapping(n, v),
+    "verbose": lambda n, v: check_int(n, v, low=0, high=2, example=1),
+    "seed": check_seed,
+    "device": _check_device,
+}
+
+#: The checks of GRPO's own constructor arguments: argument name -> check.
+GRPO_CHECKS: dict[str, Check] = {
+    "grad_var_coef": lambda n, v: check_float(n, v, low=0, hint="0 turns the penalty off; e.g. grad_var_coef=0.01"),
+    "grad_var_slices": lambda n, v: check_int(n, v, low=2, example=4),
+    "grad_var_params": _optional(_check_param_names),
+    "adaptive_clip": _optional(_check_adaptive_clip),
+    "explore_alpha": lambda n, v: check_float(n, v, low=0, high=1, hint="0 turns exploration off; e.g. 0.05"),
+    "explore_fraction": lambda n, v: check_float(n, v, low=0, high=1, low_open=True, example=0.5),
+    "advantage": lambda n, v: check_choice(n, v, ADVANTAGES),
+    "kl_coef": lambda n, v: check_float(n, v, low=0, hint="0 turns the KL term off; e.g. kl_coef=0.04"),
+    "kl_target": _optional(lambda n, v: check_float(n, v, low=0, low_open=True, example=0.01)),
+    "grad_norm_warn": _optional(lambda n, v: check_float(n, v, low=0, low_open=True, allow_inf=True, example=1000.0)),
+    "nonfinite": lambda n, v: check_choice(
+        n, v, NONFINITE, hint="'raise' stops with an error (the default), 'skip' drops bad episodes and minibatches"
+    ),
+}
+
+
+def check_ppo_args(args: Mapping[str, Any]) -> None:
+    """Check PPO's constructor arguments present in ``args`` (type, finiteness, range; others are ignored).
+
+    :param args: Argument name -> value, e.g. a constructor's ``locals()`` or a comparison's hyperparameters.
+    :raises TypeError: naming the first argument of a wrong type.
+    :raises ValueError: naming the first argument with a wrong value (NaN and infinities included).
     """
-    if advantage not in ADVANTAGES:
-        raise ValueError(f"advantage={advantage!r} is not known; known: {', '.join(ADVANTAGES)}")
-    if nonfinite not in NONFINITE:
+    for name, check in PPO_CHECKS.items():
+        if name in args:
+            check(name, args[name])
+
+
+def check_grpo_args(args: Mapping[str, Any]) -> tuple[float, float] | None:
+    """Check every argument of :class:`~sb3_grpo.GRPO` present in ``args``: PPO's (:func:`check_ppo_args`), GRPO's
+    own (:data:`GRPO_CHECKS`), and how they go together. Runs before any model is built.
+
+    :param args: Argument name -> value (``GRPO.__init__`` passes its ``locals()``; other keys are ignored).
+    :return: ``adaptive_clip`` as a pair of floats (or ``None``).
+    :raises TypeError: naming the first argument of a wrong type.
+    :raises ValueError: naming the first argument with a wrong value, or two that do not go together.
+    """
+    check_ppo_args(args)
+    for name, check in GRPO_CHECKS.items():
+        if name in args:
+            check(name, args[name])
+    grad_var_coef, grad_var_slices = args.get("grad_var_coef", 0.0), args.get("grad_var_slices", 2)
+    batch_size = args.get("batch_size")
+    if grad_var_coef > 0 and batch_size is not None and grad_var_slices > batch_size:
         raise ValueError(
-            f"nonfinite={nonfinite!r} is not known; use 'raise' (stop with an error, the default) or 'skip' "
-            "(drop bad episodes and minibatches and count them in the logs)"
+            f"grad_var_slices={grad_var_slices} is more than batch_size={batch_size} samples; "
+            "each slice needs at least one sample: lower grad_var_slices or raise batch_size"
         )
-    if grad_var_coef < 0:
-        raise ValueError(f"grad_var_coef must be >= 0 (0 turns the penalty off), got {grad_var_coef}")
-    if grad_var_coef > 0:
-        if int(grad_var_slices) != grad_var_slices or grad_var_slices < 2:
-            raise ValueError(f"grad_var_slices must be an integer >= 2, got {grad_var_slices}")
-        if grad_var_slices > batch_size:
-            raise ValueError(
-                f"grad_var_slices={grad_var_slices} is more than batch_size={batch_size} samples; "
-                "each slice needs at least one sample: lower grad_var_slices or raise batch_size"
-            )
-    if kl_coef < 0:
-        raise ValueError(f"kl_coef must be >= 0 (0 turns the KL term off), got {kl_coef}")
-    if kl_target is not None:
-        if kl_target <= 0:
-            raise ValueError(f"kl_target must be > 0 or None, got {kl_target}")
-        if kl_coef <= 0:
-            raise ValueError("kl_target adapts kl_coef multiplicatively; give a starting kl_coef > 0")
-    if explore_alpha < 0 or explore_alpha > 1:
-        raise ValueError(f"explore_alpha must be in [0, 1] (0 turns exploration off), got {explore_alpha}")
-    if not 0 < explore_fraction <= 1:
-        raise ValueError(f"explore_fraction must be in (0, 1], got {explore_fraction}")
-    if adaptive_clip is None:
-        return None
-    if len(adaptive_clip) != 2 or not all(float(s) > 0 for s in adaptive_clip):
-        raise ValueError(
-            f"adaptive_clip must be a pair of positive scales (for A > 0, for A <= 0), e.g. (1.1, 0.9), "
-            f"or None; got {adaptive_clip}"
-        )
-    return (float(adaptive_clip[0]), float(adaptive_clip[1]))
+    if args.get("kl_target") is not None and not args.get("kl_coef", 0.0) > 0:
+        raise ValueError("kl_target adapts kl_coef multiplicatively; give a starting kl_coef > 0")
+    adaptive_clip = args.get("adaptive_clip")
+    return None if adaptive_clip is None else _check_adaptive_clip("adaptive_clip", adaptive_clip)
 
 
 def warn_if_exploration_clips(explore_alpha: float, clip_range: Any, adaptive_clip: tuple[float, float] | None) -> None:
@@ -100,9 +190,10 @@ def warn_if_exploration_clips(explore_alpha: float, clip_range: Any, adaptive_cl
     eps_pos = float(eps) * (adaptive_clip[0] if adaptive_clip is not None else 1.0)
     threshold = eps_pos / (1.0 + eps_pos)
     if explore_alpha > threshold:
+        start_ratio = 1.0 / (1.0 - explore_alpha) if explore_alpha < 1 else float("inf")
         warnings.warn(
             f"GRPO: explore_alpha={explore_alpha:g} makes the PPO ratio of likely tokens start near "
-            f"1 / (1 - alpha) = {1.0 / (1.0 - explore_alpha):.3g}, above the clip bound 1 + {eps_pos:.3g}: "
+            f"1 / (1 - alpha) = {start_ratio:.3g}, above the clip bound 1 + {eps_pos:.3g}: "
             f"tokens with positive advantage would get no gradient. Use explore_alpha <= {threshold:.3g} "
             "or a wider clip_range",
             stacklevel=4,

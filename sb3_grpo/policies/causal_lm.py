@@ -39,6 +39,7 @@ from sb3_grpo.policies.models import (
     model_spec,
 )
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
+from sb3_grpo.policies.validation import check_layout, check_policy_args, check_window_fits
 
 __all__ = ["CausalLMPolicy"]
 
@@ -115,7 +116,7 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         ``textrl_envs.assets.lm_path()``.
     :param dtype: dtype to load / cast the LM to (``th.dtype`` or a name such as ``"bfloat16"``); heads stay float32.
     :param temperature: sampling temperature (> 0).
-    :param top_k: keep only the ``top_k`` most likely tokens (``None``: all).
+    :param top_k: keep only the ``top_k`` most likely tokens (``None`` or 0: all), an int.
     :param top_p: nucleus sampling mass in ``(0, 1]`` (``None``: all).
     :param separate_critic: use an :class:`EmbeddingCritic` instead of a value head on the shared trunk.
     :param use_cache: keep the rollout KV cache (``False``: recompute every prefix, for benchmarks and debugging).
@@ -180,12 +181,9 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         if use_sde:
             raise ValueError("CausalLMPolicy has a discrete (token) action space; use_sde must be False")
         self._check_spaces(observation_space, action_space)
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        if top_p is not None and not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        if top_k is not None and top_k < 0:
-            raise ValueError(f"top_k must be >= 0 or None, got {top_k}")
+        flags = {"separate_critic": separate_critic, "use_cache": use_cache, "pack_sequences": pack_sequences}
+        flags.update(gradient_checkpointing=gradient_checkpointing, ortho_init=ortho_init)
+        check_policy_args(temperature, top_k, top_p, critic_hidden, value_head_init_std, flags)
 
         resolved_dtype = as_dtype(dtype)
         self.dtype_name = None if resolved_dtype is None else str(resolved_dtype).replace("torch.", "")
@@ -204,6 +202,7 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         self.critic_hidden = critic_hidden
 
         self.lm = load_lm(model, resolved_dtype)
+        check_window_fits(observation_space, self.lm.config)  # before a window fails mid-rollout
         self._spec = model_spec(self.lm)
         self.lora = None if lora is None else lora_spec(lora)
         if self.lora is not None:
@@ -351,14 +350,15 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
             raise ValueError(f"CausalLMPolicy expects observations with keys {list(OBS_KEYS)}; got {got}")
         ids = th.as_tensor(obs["input_ids"], device=self.device)
         mask = th.as_tensor(obs["attention_mask"], device=self.device)
+        if ids.dim() == 1:
+            ids, mask = ids.unsqueeze(0), mask.unsqueeze(0)
+        check_layout(ids, mask)  # right-aligned integer windows, or a clear error naming the wrapper that broke them
         if ids.is_floating_point():
             ids = ids.round()
         if mask.is_floating_point():
             mask = mask.round()
         # copies: SB3's obs_as_tensor shares memory with the env's numpy arrays, which an env may reuse in place
         ids, mask = ids.to(th.long, copy=True), mask.to(th.long, copy=True)
-        if ids.dim() == 1:
-            ids, mask = ids.unsqueeze(0), mask.unsqueeze(0)
         # padding ids may be anything (even out of the LM's range): they are masked, so make them 0
         return ids.masked_fill(mask == 0, 0), mask
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import numbers
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -158,6 +159,55 @@ def _call_with_timeout(fn: Callable[[], Any], timeout: float, name: str, complet
     return box["out"]
 
 
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def reward_values(out: Any, name: str) -> np.ndarray:
+    """What a reward returned, as ``float64``: numbers only (ints, floats, NumPy or torch numbers and arrays).
+
+    A torch tensor is detached and brought to the CPU (a reward that forgot ``torch.no_grad`` still works).
+    Strings (``"0.5"``), bools (``True``) and ``None`` are refused, not converted: they are bugs in the reward.
+
+    :param out: The reward's return value.
+    :param name: The reward's name, for messages.
+    :raises ValueError: naming the reward and the first value that is not a number.
+    """
+    todo = "rewards are numbers only (not str, bool or None): convert them in the reward, e.g. [float(s) for s in ...]"
+    if _is_tensor(out):
+        out = out.detach().cpu().numpy()
+    if isinstance(out, numbers.Real) and not isinstance(out, (bool, np.bool_)):
+        return np.asarray(float(out))  # a scalar: the caller says it needs one value per completion
+    if isinstance(out, np.ndarray):
+        if out.dtype.kind not in "iuf":
+            raise ValueError(
+                f"reward {name!r} must return a sequence of floats, one per completion; got an array of "
+                f"dtype {out.dtype}; {todo}"
+            )
+        return out.astype(np.float64)
+    if isinstance(out, (str, bytes, Mapping)) or not isinstance(out, Iterable):
+        raise ValueError(
+            f"reward {name!r} must return a sequence of floats, one per completion; got {type(out).__name__}"
+        )
+    items = [v.detach().cpu().numpy() if _is_tensor(v) else v for v in out]
+    for i, v in enumerate(items):
+        number = isinstance(v, numbers.Real) or (isinstance(v, np.ndarray) and v.size == 1 and v.dtype.kind in "iuf")
+        if not number or isinstance(v, (bool, np.bool_)):
+            raise ValueError(
+                f"reward {name!r} must return a sequence of floats, one per completion; got {type(out).__name__} "
+                f"holding {v!r} ({type(v).__name__}) for completion #{i}; {todo}"
+            )
+    try:
+        return np.array([float(v) if isinstance(v, numbers.Real) else float(v.reshape(())) for v in items])
+    except OverflowError as exc:
+        big = max((v for v in items if isinstance(v, numbers.Integral)), key=abs, default=None)
+        shown = f"{str(big)[:12]}... ({len(str(abs(big)))} digits)" if big is not None else "a value"
+        raise ValueError(
+            f"reward {name!r} returned {shown}, too large for a float; rewards must be finite floats: scale or clip "
+            "them in the reward"
+        ) from exc
+
+
 def call_reward(
     reward: RewardFn,
     prompts: Sequence[str],
@@ -209,12 +259,7 @@ def call_reward(
             f"reward {name!r} raised {type(exc).__name__}: {exc} "
             f"(batch of {len(completions)}; first completion: {_shorten(completions[0]) if completions else ''!r})"
         ) from exc
-    try:
-        values = np.asarray(out, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"reward {name!r} must return a sequence of floats, one per completion; got {type(out).__name__}"
-        ) from exc
+    values = reward_values(out, name)
     if values.ndim == 0 or values.shape != (len(completions),):
         raise ValueError(
             f"reward {name!r} returned {values.size if values.ndim else 'a scalar'} value(s) of shape "
