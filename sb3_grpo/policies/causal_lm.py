@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -445,17 +446,30 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
     # The SB3 policy API
     # ---------------------------------------------------------------------------------------------------------
 
-    def forward(self, obs: PyTorchObs, deterministic: bool = False) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    #: :meth:`forward` takes an ``action_filter`` (GRPO's exploration draws its actions through it, in one call).
+    accepts_action_filter = True
+
+    def forward(
+        self,
+        obs: PyTorchObs,
+        deterministic: bool = False,
+        action_filter: Callable[[th.Tensor, CategoricalDistribution], th.Tensor] | None = None,
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """Sample (or pick the mode of) the next token; uses the rollout cache under ``no_grad``.
 
         :param obs: dict observation (``input_ids``, ``attention_mask``), batched.
         :param deterministic: take the most likely token instead of sampling.
+        :param action_filter: ``f(actions, dist) -> actions``, applied to the drawn actions before their log-probs
+            and the look-ahead (GRPO's mixed exploration and greedy group members: one call instead of a second
+            forward for the replaced actions, and a look-ahead that already has the actions taken).
         :return: actions ``[B]``, values ``[B, 1]``, log-probs ``[B]`` of the processed distribution.
         """
         ids, mask = self._parse_obs(obs)
         logits, values = self._outputs(ids, mask)
         dist = self._distribution(logits)
         actions = dist.mode() if deterministic else sample_categorical(dist.distribution.probs)
+        if action_filter is not None:
+            actions = action_filter(actions, dist)
         log_prob = dist.log_prob(actions)
         if self._caching():
             self._look_ahead(ids, mask, actions)
