@@ -38,10 +38,13 @@ from textrl_envs.decoding import fast_decoder
 from textrl_envs.devices import resolve_device
 from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
 from textrl_envs.groups import GroupPrompts
-from textrl_envs.validation import check_choice, check_int, check_seed
+from textrl_envs.reward_worker import RewardResult, RewardWorker
+from textrl_envs.validation import check_bool, check_choice, check_int, check_seed
 
 OBS_BACKENDS = ("numpy", "torch")
-VECTOR_KWARGS = ("num_envs", "device", "group_size", "obs_backend", "render_mode", "max_episode_steps")
+VECTOR_KWARGS = (
+    "num_envs", "device", "group_size", "obs_backend", "render_mode", "max_episode_steps", "reward_worker",
+)  # fmt: skip
 #: Largest prompt table (prompts x window elements) kept at full window width (2 x 8 bytes each).
 FULL_WIDTH_TABLE_MAX = 1 << 22
 
@@ -153,7 +156,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
 
     ## Arguments
     ``TextGenVectorEnv(num_envs=1, device="auto", group_size=1, obs_backend="numpy",
-    render_mode=None, **spec_kwargs)`` where ``spec_kwargs`` are the single env's (``task``,
+    render_mode=None, reward_worker=True, **spec_kwargs)`` where ``spec_kwargs`` are the single env's (``task``,
     ``prompts``, ``reward``, ``reward_kwargs``, ``tokenizer``, ``max_new_tokens``,
     ``max_prompt_tokens``, ``prompt_truncation``; see :func:`textrl_envs.core.build_spec`).
 
@@ -163,6 +166,8 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
     :param obs_backend: ``"numpy"`` (default) or ``"torch"`` (tensors on ``device``).
     :param render_mode: ``None``, ``"ansi"`` (``render()`` returns one string per env) or
         ``"human"`` (prints them after every step).
+    :param reward_worker: Allow :meth:`defer_rewards` (rewards scored in a background thread, what GRPO asks for
+        during its rollouts); ``False`` keeps every reward in ``step``.
 
     ## Version History
     * v0: Initial version.
@@ -181,6 +186,9 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
     ) -> None:
         spec_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in SPEC_KWARGS}
         max_episode_steps = kwargs.pop("max_episode_steps", None)
+        self.reward_worker = check_bool("reward_worker", kwargs.pop("reward_worker", True))
+        self._worker: RewardWorker | None = None
+        self._deferred = False
         check_kwargs(kwargs, type(self).__name__, SPEC_KWARGS + VECTOR_KWARGS)
         num_envs = check_int("num_envs", num_envs, low=1, example=8)
         group_size = check_int(
@@ -330,7 +338,9 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             rows = self._row[done].tolist()
             prompt_index = [self._row_index[r] for r in rows]
             prompt_text = [self._row_text[r] for r in rows]
-            rewards[done], nonfinite = spec.score_flagged(prompt_index, completions, prompt_texts=prompt_text)
+            rewards[done], nonfinite, ticket = self._score(
+                done, step_episode_ids, prompt_index, completions, prompt_text
+            )
             done_mask = _mask(n, done)
             final_info = {
                 "prompt": _object_array(n, done, prompt_text),
@@ -343,6 +353,8 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             }
             if spec.nonfinite_reward == "skip":  # the flag of episodes whose NaN/inf reward was scored 0
                 final_info["reward_nonfinite"] = _mask(n, done[nonfinite])
+            if ticket is not None:  # scored in the background: the reward comes from collect_rewards()
+                final_info["reward_ticket"] = _int_array(n, done, [ticket] * len(done))
             for key in list(final_info):
                 final_info[f"_{key}"] = done_mask.copy()
             infos["final_obs"] = _object_array(
@@ -357,6 +369,61 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         if self.render_mode == "human":
             self.render()
         return observations, rewards, terminated, truncated, infos
+
+    # -- rewards in the background ------------------------------------------------------------------
+    def defer_rewards(self, on: bool = True) -> bool:
+        """Score finished episodes in a background thread (:class:`~textrl_envs.reward_worker.RewardWorker`) from
+        now on (``on``), or synchronously again.
+
+        While deferred, ``step`` returns reward 0 for the episodes that end and gives each batch a ticket
+        (``final_info["reward_ticket"]``); :meth:`collect_rewards` returns their rewards. The reward's timeout and
+        non-finite rules are those of a synchronous call (errors are raised by :meth:`collect_rewards`). Turning it
+        off with batches not collected raises.
+
+        :param on: Defer (``True``) or score in ``step`` (``False``).
+        :return: Whether rewards are now deferred (``False`` when built with ``reward_worker=False``).
+        """
+        if not on and self._worker is not None and len(self._worker):
+            raise RuntimeError(
+                f"{len(self._worker)} batches of rewards are still pending; call collect_rewards() before "
+                "defer_rewards(False)"
+            )
+        if on and not self.reward_worker:
+            return False
+        if on and self._worker is None:
+            self._worker = RewardWorker()
+        self._deferred = bool(on)
+        return self._deferred
+
+    def collect_rewards(self, wait: bool = True) -> list[RewardResult]:
+        """The rewards scored in the background since the last call, in the order the episodes ended.
+
+        :param wait: Wait for every pending batch (else return those finished so far).
+        :raises Exception: a reward's error (raised, timed out, or non-finite under ``nonfinite_reward="raise"``).
+        """
+        return [] if self._worker is None else self._worker.collect(wait)
+
+    def _score(
+        self,
+        done: np.ndarray,
+        episode_ids: np.ndarray,
+        prompt_index: list[int],
+        completions: list[str],
+        texts: list[str],
+    ) -> tuple[np.ndarray, np.ndarray, int | None]:
+        """Rewards and non-finite flags of the episodes ``done`` ended, now, or zeros and a ticket when deferred."""
+        spec = self.text_spec
+        if not self._deferred:
+            rewards, nonfinite = spec.score_flagged(prompt_index, completions, prompt_texts=texts)
+            return rewards, nonfinite, None
+        ticket = self._worker.submit(done, episode_ids[done], spec.score_flagged, prompt_index, completions,
+                                     prompt_texts=texts)  # fmt: skip
+        return np.zeros(len(done)), np.zeros(len(done), dtype=bool), ticket
+
+    def close_extras(self, **kwargs: Any) -> None:  # noqa: ARG002  (gymnasium's signature)
+        """Stop the reward worker's thread (pending rewards are dropped)."""
+        if self._worker is not None:
+            self._worker.close()
 
     def render(self) -> tuple[str, ...] | None:
         """``"ansi"``: one ``prompt|completion so far`` string per env; ``"human"``: print them (one line each) and

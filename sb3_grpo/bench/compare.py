@@ -107,14 +107,14 @@ def _make_callback(progress: Any, extra: Sequence[Any]) -> tuple[Any, dict[str, 
 
     class CurveCallback(BaseCallback):
         def _on_training_start(self) -> None:
-            self._episodes: list[float] = []
+            self._episodes: list[dict] = []
             self._last = self.num_timesteps
 
         def _on_step(self) -> bool:
             for info in self.locals.get("infos", ()):
                 episode = info.get("episode")
-                if episode is not None:
-                    self._episodes.append(float(episode["r"]))
+                if episode is not None:  # read at the rollout's end: GRPO lands rewards scored in the background
+                    self._episodes.append(episode)  # in these records before then
             if progress is not None:
                 progress.update(self.num_timesteps - self._last)
             self._last = self.num_timesteps
@@ -123,7 +123,7 @@ def _make_callback(progress: Any, extra: Sequence[Any]) -> tuple[Any, dict[str, 
         def _on_rollout_end(self) -> None:
             if self._episodes:
                 curve["steps"].append(int(self.num_timesteps))
-                curve["reward"].append(float(np.mean(self._episodes)))
+                curve["reward"].append(float(np.mean([float(episode["r"]) for episode in self._episodes])))
                 curve["episodes"].append(len(self._episodes))
             self._episodes = []
 

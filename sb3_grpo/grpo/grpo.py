@@ -434,10 +434,10 @@ class GRPO(OnPolicyAlgorithm):
             # Give access to local variables
             callback.update_locals(locals())
             if not callback.on_step():
-                return False
+                return extras.stop()  # False, as SB3 returns (and no reward is left being scored)
 
             self._update_info_buffer(infos, dones)
-            extras.record_step(rewards, dones, infos)
+            extras.record_step(n_steps, rewards, dones, infos)
             n_steps += 1
 
             if isinstance(self.action_space, spaces.Discrete):
@@ -462,6 +462,7 @@ class GRPO(OnPolicyAlgorithm):
             # Compute value for the last timestep
             values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
 
+        extras.land_rewards(rollout_buffer)  # rewards scored in the background, before returns and advantages
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
         extras.finish(rollout_buffer, self.logger, self.num_timesteps, self._n_updates, self.advantage)
 

@@ -144,7 +144,7 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
 
         def __init__(self) -> None:
             super().__init__()
-            self.rewards: list[float] = []
+            self.rewards: list[dict] = []
             self.curve: list[tuple[float, int, float]] = []
             self.count = 0
             self.start = time.perf_counter()
@@ -153,13 +153,14 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
             if self.count >= cfg.completions:
                 return False
             for done, info in zip(self.locals["dones"], self.locals["infos"], strict=True):
-                if done and "episode" in info:
-                    self.rewards.append(float(info["episode"]["r"]))
+                if done and "episode" in info:  # read at the rollout's end: a reward scored in the background
+                    self.rewards.append(info["episode"])  # lands in this record then
             return True
 
         def _on_rollout_end(self) -> None:
             self.count += len(self.rewards)
-            self.pending = statistics.fmean(self.rewards) if self.rewards else float("nan")
+            rewards = [float(episode["r"]) for episode in self.rewards]
+            self.pending = statistics.fmean(rewards) if rewards else float("nan")
             self.rewards = []
 
     class Curve(BaseCallback):
