@@ -62,9 +62,43 @@ def test_exploration_in_one_call_equals_the_two_call_path(extras):
     _assert_same(fast, slow)
 
 
+def _count_forwards(model):
+    calls = []
+    model.policy.lm.base_model.register_forward_pre_hook(
+        lambda _m, _a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    model.forward_calls = calls
+
+
+def _no_warm_prefills(model):
+    _count_forwards(model)
+    model.policy.warm_prefills = lambda _obs: 0
+
+
 def test_cached_rollout_equals_full_recompute():
     """The reference MDP: every step recomputes every prefix (no cache, no look-ahead)."""
     fast = _rollout(explore_alpha=0.3, explore_fraction=1.0)
     slow = _rollout(explore_alpha=0.3, explore_fraction=1.0, policy_kwargs={"use_cache": False})
     assert (fast.episode_starts[1:] > 0).any(), "episodes must end and auto-reset inside the rollout"
     _assert_same(fast, slow)
+
+
+def test_prompts_prefilled_before_the_rollout_save_a_forward_per_reset():
+    """The env's prompts prefilled in one batch before the rollout: the same buffer as prefills at each reset, with
+    one forward per step (the look-ahead) plus that batch, the first observation and the final value."""
+    models = {}
+
+    def keep(name, setup):
+        def run(model):
+            setup(model)
+            models[name] = model
+
+        return run
+
+    warm = _rollout(keep("warm", _count_forwards))
+    cold = _rollout(keep("cold", _no_warm_prefills))
+    _assert_same(warm, cold)
+    n_warm, n_cold = len(models["warm"].forward_calls), len(models["cold"].forward_calls)
+    resets = int((warm.episode_starts[1:] > 0).sum())
+    assert resets > N_ENVS
+    assert n_warm <= N_STEPS + 3 < n_cold  # look-aheads, the prompt batch, the first observation, the last value

@@ -148,6 +148,10 @@ class TextGenSB3VecEnv(VecEnv):
         a background thread (``step`` returns reward 0 and ``info["reward_ticket"]`` for them) or in ``step``."""
         return self.venv.unwrapped.defer_rewards(on)
 
+    def prompt_windows(self, max_rows: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The batched env's :meth:`~textrl_envs.vector.TextGenVectorEnv.prompt_windows`."""
+        return self.venv.unwrapped.prompt_windows(max_rows)
+
     def collect_rewards(self, wait: bool = True) -> list:
         """The batched env's :meth:`~textrl_envs.vector.TextGenVectorEnv.collect_rewards`."""
         return self.venv.unwrapped.collect_rewards(wait)

@@ -370,6 +370,23 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             self.render()
         return observations, rewards, terminated, truncated, infos
 
+    def prompt_windows(self, max_rows: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The first observation of every prompt (the prompt table at the window's width), for a policy that wants
+        to prefill them all at once; ``None`` when the table has more than ``max_rows`` rows.
+
+        :param max_rows: The most rows worth returning.
+        :return: ``(input_ids, attention_mask)``, ``int64`` arrays ``(R, W)``.
+        """
+        rows = self._packed_ids.shape[0]
+        if rows > max_rows:
+            return None
+        width, pad = self.text_spec.window, self.text_spec.pad_token_id
+        ids = np.full((rows, width), pad, dtype=np.int64)
+        mask = np.zeros((rows, width), dtype=np.int64)
+        ids[:, width - self._table_width :] = self._packed_ids.cpu().numpy()
+        mask[:, width - self._table_width :] = self._packed_mask.cpu().numpy()
+        return ids, mask
+
     # -- rewards in the background ------------------------------------------------------------------
     def defer_rewards(self, on: bool = True) -> bool:
         """Score finished episodes in a background thread (:class:`~textrl_envs.reward_worker.RewardWorker`) from

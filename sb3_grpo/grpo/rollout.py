@@ -83,6 +83,7 @@ class RolloutExtras:
             model._explore_rng,
         )
         extras.deferred = DeferredRewards.start(env)
+        warm_prefills(model.policy, env)
         return extras
 
     def sample(
@@ -144,6 +145,26 @@ class RolloutExtras:
         if self.nonfinite.nonfinite == "skip":
             logger.record("rollout/skipped_episodes", self.nonfinite.dropped_episodes)
         check_advantages(rollout_buffer, timestep, n_updates, advantage)
+
+
+def warm_prefills(policy: BasePolicy, env: VecEnv, max_rows_per_env: int = 4) -> int:
+    """Before a rollout: a policy with ``warm_prefills`` (:class:`~sb3_grpo.policies.CausalLMPolicy`) prefills the
+    text env's prompts in one batched forward (when there are at most ``max_rows_per_env`` per env), so that the
+    episodes that auto-reset during the rollout copy a prompt's keys/values instead of running a prefill each (one
+    forward per step with a reset, otherwise). The outputs are the same; only the number of forwards changes.
+
+    :return: How many prompts were prefilled.
+    """
+    warm = getattr(policy, "warm_prefills", None)
+    source = env
+    while source is not None and not callable(getattr(type(source), "prompt_windows", None)):
+        source = getattr(source, "venv", None)
+    if warm is None or source is None:
+        return 0
+    windows = source.prompt_windows(max_rows_per_env * env.num_envs)
+    if windows is None:
+        return 0
+    return warm({"input_ids": th.as_tensor(windows[0]), "attention_mask": th.as_tensor(windows[1])})
 
 
 def env_actions(policy: BasePolicy, action_space: spaces.Space, actions: np.ndarray) -> np.ndarray:

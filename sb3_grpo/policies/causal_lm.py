@@ -345,6 +345,20 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         """Drop every rollout KV cache (the next call recomputes all rows)."""
         self._rollout_cache.reset()
 
+    def warm_prefills(self, obs: PyTorchObs) -> int:
+        """Prefill these windows into the rollout cache's memo in one batched forward (no-op without the cache):
+        GRPO passes the env's prompts at the start of a rollout, so that episodes that auto-reset onto them copy
+        their keys/values instead of running a prefill at the step they start.
+
+        :param obs: dict observation of the windows (``input_ids``, ``attention_mask``), batched.
+        :return: How many windows were computed.
+        """
+        with th.no_grad():
+            if not self._caching():
+                return 0
+            ids, mask = self._parse_obs(obs)
+            return self._rollout_cache.warm(ids, mask)
+
     def _parse_obs(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         if not isinstance(obs, dict) or any(k not in obs for k in OBS_KEYS):
             got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__

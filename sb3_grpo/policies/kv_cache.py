@@ -46,6 +46,20 @@ window is a look-ahead row, so it is a lookup (:meth:`RolloutCache._serve_from_o
 rather than a batch-of-one forward per finished env. Calls with a new batch size whose rows all match cached rows
 (same, one token past, or replaced) are served from those rows too.
 
+*Fast paths of the rollout loop.* A call whose rows are all ``same`` (the usual call after a look-ahead) returns the
+stored outputs after one classification, and the look-ahead itself needs none: every row of ``window + action`` is
+``extend`` by construction (a full window, whose next one would drop a token, gets no look-ahead), so it goes straight
+to the batched single-token step. Mixed exploration (GRPO) replaces some sampled tokens before the look-ahead
+(``CausalLMPolicy.forward(action_filter=...)``), so the look-ahead already holds the tokens taken and no ``replace``
+rows follow.
+
+*Prefills batched across rows and steps.* With EOS on, some env auto-resets at nearly every step, and each reset
+would cost a prefill forward at that step. Before a rollout, GRPO hands the policy the env's prompt windows
+(:meth:`RolloutCache.warm`, through ``CausalLMPolicy.warm_prefills``; when the env has at most a few prompts per env):
+they are prefilled in one batched forward into the :class:`PrefillMemo`, so every reset during the rollout copies its
+prompt's keys/values from the memo instead of running a forward. The outputs are the prefill's (a batched forward of
+other rows: equal up to float rounding, as every memo entry is); only the number of forwards changes.
+
 Leading cache columns masked for every row are cropped after each step, so the cache stays within ``W`` columns
 (plus at most one hole per replaced token in an episode). The cache is dropped when the parameters change (a
 version counter over the parameters' in-place update counters, plus ``set_training_mode(True)``) and is never
@@ -318,6 +332,29 @@ class RolloutCache:
             self.reset()
             return None
 
+    def warm(self, ids: th.Tensor, mask: th.Tensor) -> int:
+        """Prefill windows the memo lacks, in one batched forward (call under ``no_grad``): the prompts an env will
+        start episodes on, so that its auto-resets copy them instead of running a prefill each.
+
+        :return: How many windows were computed.
+        """
+        version = self._param_version()
+        if self.memo.version != version:
+            self.memo.clear()
+            self.memo.version = version
+        windows = self.memo.windows(ids, mask)
+        missing = [i for i, window in enumerate(windows) if window and self.memo.get(window) is None]
+        if not missing or not self.supported:
+            return 0
+        rows = th.as_tensor(missing, device=ids.device)
+        try:
+            computed = self._compute_prefill(ids[rows], mask[rows])
+        except _CacheUnsupported:
+            self.reset()
+            return 0
+        self.memo.remember([windows[i] for i in missing], *computed)
+        return len(missing)
+
     def _param_version(self) -> int:
         # In-place updates (optimizer.step, load_state_dict, copy_) bump each tensor's version counter.
         params = self._param_list
@@ -383,17 +420,18 @@ class RolloutCache:
             state.version != version or state.ids.shape != ids.shape or state.ids.device != ids.device
         ):
             state = None
-        if state is None or not bool(self._classify(state, ids, mask)[-1].logical_not().any()):
+        classes = None if state is None else self._classify(state, ids, mask)
+        if classes is None or not bool(classes[-1].logical_not().any()):
             # nothing to reuse in this slot (e.g. a new batch size): try rows of the other cached batches
             served = self._serve_from_other_batches(ids, mask, version)
             if isinstance(served, tuple):
                 return served
             if served is not None:
-                state = served
+                state, classes = served, None
         if state is None:
             state = self._new_state(ids, mask, version)
         else:
-            self._advance(state, ids, mask)
+            self._advance(state, ids, mask, classes)
         state.version = version
         self._crop(state)
         self.states[batch] = state
@@ -420,9 +458,16 @@ class RolloutCache:
         cache, kv_mask, logits, values = self._prefill(ids, mask)
         return _BatchCache(cache, kv_mask, ids, mask, logits, values, version)
 
-    def _advance(self, state: _BatchCache, ids: th.Tensor, mask: th.Tensor) -> None:
-        """Bring every row of ``state`` to the new windows: reuse, one batched one-token step, and/or a prefill."""
-        _same, extend, replace, back, redo = self._classify(state, ids, mask)
+    def _advance(self, state: _BatchCache, ids: th.Tensor, mask: th.Tensor, classes: tuple | None = None) -> None:
+        """Bring every row of ``state`` to the new windows: reuse, one batched one-token step, and/or a prefill.
+
+        :param classes: :meth:`_classify`'s result for these windows, if the caller has it.
+        """
+        same, extend, replace, back, redo = self._classify(state, ids, mask) if classes is None else classes
+        if bool(same.all()):  # the usual call after a look-ahead: every row served as it is
+            state.ids, state.mask = ids, mask
+            state.prev_ids = state.prev_mask = state.prev_logits = state.prev_values = None
+            return
         logits, values = (
             state.logits.clone(),
             state.values.clone(),
@@ -436,14 +481,7 @@ class RolloutCache:
             )
         step = extend | replace
         if bool(step.any()):
-            # one single-token step for the whole batch; the other rows feed a masked dummy token
-            new_tok = th.where(step, ids[:, -1], th.zeros_like(ids[:, -1])).unsqueeze(1)
-            kv_mask = th.cat([state.kv_mask, step.long().unsqueeze(1)], dim=1)
-            pos = (mask.sum(dim=1, keepdim=True) - 1).clamp(min=0)
-            hidden = self._trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]
-            state.kv_mask = kv_mask
-            logits[step] = self._logits(hidden[step])
-            values[step] = self._value(hidden[step], ids[step], mask[step])
+            self._step(state, ids, mask, step, logits, values)
         if bool(redo.any()):
             rows = redo.nonzero().squeeze(1)
             cache_r, kv_mask_r, logits_r, values_r = self._prefill(ids[rows], mask[rows])
@@ -454,6 +492,32 @@ class RolloutCache:
                 self._splice(state, rows, cache_r, kv_mask_r)
         state.ids, state.mask, state.logits, state.values = ids, mask, logits, values
         state.prev_ids = state.prev_mask = state.prev_logits = state.prev_values = None
+
+    def _step(
+        self,
+        state: _BatchCache,
+        ids: th.Tensor,
+        mask: th.Tensor,
+        step: th.Tensor | None,
+        logits: th.Tensor,
+        values: th.Tensor,
+    ) -> None:
+        """One single-token step for the whole batch: rows ``step`` (``None``: all) feed their new last token, the
+        others a masked dummy token; their outputs are written into ``logits`` / ``values``."""
+        if step is None:
+            new_tok, new_col = ids[:, -1:], th.ones_like(mask[:, -1:])
+        else:
+            new_tok = th.where(step, ids[:, -1], th.zeros_like(ids[:, -1])).unsqueeze(1)
+            new_col = step.long().unsqueeze(1)
+        kv_mask = th.cat([state.kv_mask, new_col], dim=1)
+        pos = (mask.sum(dim=1, keepdim=True) - 1).clamp(min=0)
+        hidden = self._trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]
+        state.kv_mask = kv_mask
+        if step is None:
+            logits[:], values[:] = self._logits(hidden), self._value(hidden, ids, mask)
+        else:
+            logits[step] = self._logits(hidden[step])
+            values[step] = self._value(hidden[step], ids[step], mask[step])
 
     def look_ahead(self, ids: th.Tensor, mask: th.Tensor, actions: th.Tensor) -> None:
         """Extend the batch cache by the tokens just chosen, computing the *next* step's outputs now.
@@ -470,7 +534,11 @@ class RolloutCache:
         prev = (ids, mask, state.logits, state.values)
         next_ids = th.cat([ids[:, 1:], actions.reshape(-1, 1).long()], dim=1)
         next_mask = th.cat([mask[:, 1:], th.ones_like(mask[:, :1])], dim=1)
-        self._advance(state, next_ids, next_mask)
+        # every row extends its window by one token (no full window: checked above), so no classification: the step
+        # :meth:`_advance` would take for all-``extend`` rows
+        logits, values = th.empty_like(state.logits), th.empty_like(state.values)
+        self._step(state, next_ids, next_mask, None, logits, values)
+        state.ids, state.mask, state.logits, state.values = next_ids, next_mask, logits, values
         state.prev_ids, state.prev_mask, state.prev_logits, state.prev_values = prev
 
     def _serve_from_other_batches(
