@@ -83,7 +83,8 @@ class RolloutExtras:
             model._explore_rng,
         )
         extras.deferred = DeferredRewards.start(env)
-        warm_prefills(model.policy, env)
+        if not computes_as_ppo(model):  # a prefill of another batch rounds floats differently from PPO's
+            warm_prefills(model.policy, env)
         return extras
 
     def sample(
@@ -147,11 +148,23 @@ class RolloutExtras:
         check_advantages(rollout_buffer, timestep, n_updates, advantage)
 
 
+def computes_as_ppo(model: Any) -> bool:
+    """Whether every GRPO extra is off, so that GRPO must compute exactly what SB3's PPO computes (bit for bit)."""
+    return (
+        model.grad_var_coef == 0
+        and model.adaptive_clip is None
+        and model.explore_alpha == 0
+        and model.advantage == "gae"
+        and model.kl_coef == 0
+    )
+
+
 def warm_prefills(policy: BasePolicy, env: VecEnv, max_rows_per_env: int = 4) -> int:
     """Before a rollout: a policy with ``warm_prefills`` (:class:`~sb3_grpo.policies.CausalLMPolicy`) prefills the
     text env's prompts in one batched forward (when there are at most ``max_rows_per_env`` per env), so that the
     episodes that auto-reset during the rollout copy a prompt's keys/values instead of running a prefill each (one
-    forward per step with a reset, otherwise). The outputs are the same; only the number of forwards changes.
+    forward per step with a reset, otherwise). The outputs are the same up to float rounding (a batched forward of
+    other rows); GRPO skips it when every extra is off (:func:`computes_as_ppo`), where it must match PPO bit for bit.
 
     :return: How many prompts were prefilled.
     """

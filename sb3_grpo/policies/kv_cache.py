@@ -54,7 +54,8 @@ to the batched single-token step. Mixed exploration (GRPO) replaces some sampled
 rows follow.
 
 *Prefills batched across rows and steps.* With EOS on, some env auto-resets at nearly every step, and each reset
-would cost a prefill forward at that step. Before a rollout, GRPO hands the policy the env's prompt windows
+would cost a prefill forward at that step. Before a rollout, GRPO (unless every extra is off: then it must round
+floats exactly as PPO does) hands the policy the env's prompt windows
 (:meth:`RolloutCache.warm`, through ``CausalLMPolicy.warm_prefills``; when the env has at most a few prompts per env):
 they are prefilled in one batched forward into the :class:`PrefillMemo`, so every reset during the rollout copies its
 prompt's keys/values from the memo instead of running a forward. The outputs are the prefill's (a batched forward of
