@@ -130,16 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="rewrite the report of an out dir of compare or claims from its results.json")
     r.add_argument("dir", help="an out dir of `sb3-grpo compare` or `sb3-grpo claims`")
     r.set_defaults(subparser=r)
-    p = sub.add_parser("perf", help="throughput measurements: env, rollout, update, grad-variance cost")
-    p.add_argument("--out", default=None, help="output folder for perf.json / perf.md (default runs/perf-<timestamp>)")
-    p.add_argument("--quick", action="store_true", help="small sizes, one repeat (about a minute)")
-    p.add_argument(
-        "--threads",
-        type=_positive_int,
-        default=1,
-        help="torch CPU threads (default 1: small models on a shared CPU are fastest and steadiest so)",
-    )
-    p.set_defaults(subparser=p)
+    _add_perf(sub)
     return parser
 
 
@@ -269,6 +260,30 @@ def _add_warm_start(sub: Any) -> None:
     w.add_argument("--seed", type=int, default=0, help="seed of torch and the batch draws (default %(default)s)")
     w.add_argument("--threads", type=_positive_int, default=1, help="torch CPU threads (default 1)")
     w.set_defaults(subparser=w)
+
+
+def _add_perf(sub: Any) -> None:
+    p = sub.add_parser(
+        "perf", help="speed and memory against the baselines (env, rollout, update, penalty, CartPole, memory, TRL)"
+    )
+    p.add_argument("--out", default=None, help="output folder for perf.json / perf.md (default runs/perf-<timestamp>)")
+    p.add_argument("--quick", action="store_true", help="small sizes, one repeat (a smoke run; rough ratios)")
+    p.add_argument("--device", default="auto", help="device of the env, rollout and update rows (default auto)")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="run only these measurements: env, rollout, reward, rollout-gpt2, update, penalty-gpt2, grad-var-mlp, "
+        "interactive, cartpole, memory, trl-bundled, trl-tiny (the TRL ones need TRL importable, e.g. on PYTHONPATH)",
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        help="torch CPU threads (default 1: small models on a shared CPU are fastest and steadiest so)",
+    )
+    p.set_defaults(subparser=p)
 
 
 def _check_device(device: str) -> None:
@@ -471,7 +486,9 @@ def _perf(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
         th.set_num_threads(args.threads)
     try:
-        run_perf(out, quick=args.quick)
+        run_perf(out, quick=args.quick, device=args.device, only=args.only)
+    except ValueError as err:
+        parser.error(str(err))
     except KeyboardInterrupt:
         print(f"\ninterrupted; measurements so far are in {out}/perf.json", file=sys.stderr)
         return EXIT_INTERRUPTED

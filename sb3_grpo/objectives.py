@@ -39,6 +39,7 @@ from gymnasium import spaces
 __all__ = [
     "adaptive_clip_range",
     "clip_fraction",
+    "clip_fractions",
     "clipped_surrogate",
     "gradient_variance",
     "group_advantages",
@@ -121,6 +122,28 @@ def clip_fraction(ratio: th.Tensor, clip_range: float | th.Tensor, mask: th.Tens
     return th.mean(clipped[mask]).item()
 
 
+def clip_fractions(
+    ratio: th.Tensor, clip_range: float | th.Tensor, advantages: th.Tensor
+) -> tuple[float, float, float]:
+    """
+    :func:`clip_fraction` of all samples, of those with a positive advantage and of the others, with one
+    device-to-host transfer for the three.
+
+    :param ratio: ``pi_new / pi_old``, shape ``(B,)``
+    :param clip_range: ``eps`` (float) or per-sample ``eps_i`` (tensor ``(B,)``)
+    :param advantages: the advantages, shape ``(B,)``
+    :return: ``(all, positive, non-positive)`` fractions (``nan`` for a group with no sample)
+    """
+    clipped = (th.abs(ratio - 1) > clip_range).float()
+    positive = (advantages > 0).float()
+    sums = th.stack([clipped.mean(), clipped.sum(), (clipped * positive).sum(), positive.sum()])
+    fraction, clipped_all, clipped_pos, n_pos = sums.tolist()  # mean as SB3 computes it; exact counts
+    n = len(ratio)
+    pos = clipped_pos / n_pos if n_pos > 0 else float("nan")
+    neg = (clipped_all - clipped_pos) / (n - n_pos) if n_pos < n else float("nan")
+    return fraction, pos, neg
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Gradient-variance penalty
 # ----------------------------------------------------------------------------------------------------------
@@ -140,21 +163,115 @@ def gradient_variance(
 
     where ``theta`` are ``params`` (all trainable parameters, or a named subset) and ``||.||`` is the
     Euclidean norm over all of them concatenated. It is the (biased, ``1/K``) sample variance of the slice
-    gradients summed over coordinates. ``Var`` is invariant to the sign of the ``L_k``.
+    gradients summed over coordinates. ``Var`` is invariant to the sign of the ``L_k``. It is summed parameter
+    by parameter (``sum_p (1/K) sum_k ||g_kp - g_bar_p||^2``), so no ``K x n_params`` copy is kept.
 
     With ``create_graph=True`` each ``g_k`` keeps its graph, so ``Var`` is a differentiable tensor and
     ``Var.backward()`` gives ``grad_theta Var`` by double backpropagation (Hessian-vector products,
-    Pearlmutter 1994). GRPO minimizes ``pg_loss + beta * Var``, i.e. maximizes ``L_CLIP - beta * Var``.
+    Pearlmutter 1994): ``grad Var = (2/K) sum_k H_k (g_k - g_bar)``. The returned tensor's value is ``Var``
+    computed without a graph, and its graph is that of ``sum_k <g_k, (2/K)(g_k - g_bar)>`` with the second factor
+    held constant, which has exactly that gradient (first derivatives only: do not differentiate it twice).
+    GRPO minimizes ``pg_loss + beta * Var``, i.e. maximizes ``L_CLIP - beta * Var``.
+
+    Which pass is cheaper depends on the graphs. When each ``L_k`` comes from its own forward (GRPO evaluates
+    the slices separately, :meth:`~sb3_grpo.common.batch_sources.SequenceBatches.evaluate_slices`), ``K``
+    passes (``batched=False``) each walk only their slice's graph: together about one backward of the
+    minibatch. When the ``L_k`` share one forward, every pass walks the whole graph, and ``batched=True`` does
+    the ``K`` passes as one vectorized backward instead.
 
     :param slice_objectives: ``K >= 2`` scalar tensors ``L_1 .. L_K``, each built from its own slice
     :param params: the parameters ``theta``; parameters that do not influence an ``L_k`` count as zero
     :param create_graph: keep the graph of the slice gradients (needed to differentiate ``Var``)
     :param batched: compute the ``K`` gradients in one vectorized backward pass
         (``torch.autograd.grad(..., is_grads_batched=True)``, i.e. ``vmap`` over the backward) instead of
-        ``K`` passes; same result, fewer kernel launches. Needs batching rules for every backward op.
+        ``K`` passes; same result. Needs batching rules for every backward op.
     :return: scalar tensor ``Var``
     """
-    return stacked_variance(slice_gradients(slice_objectives, params, create_graph=create_graph, batched=batched))
+    return gradient_variance_terms(slice_objectives, params, create_graph=create_graph, batched=batched)[0]
+
+
+def gradient_variance_terms(
+    slice_objectives: Sequence[th.Tensor],
+    params: Sequence[th.Tensor],
+    create_graph: bool = True,
+    batched: bool = False,
+) -> tuple[th.Tensor, th.Tensor]:
+    """
+    ``(Var, E)``: :func:`gradient_variance`'s ``Var`` and, without a graph, the slice gradients' mean squared norm
+    ``E = (1/K) sum_k ||g_k||^2`` (``= Var + ||g_bar||^2``), from one set of slice gradients; ``Var / E`` is the
+    scale-free :func:`relative_gradient_variance`. Same arguments as :func:`gradient_variance`.
+    """
+    n_slices = len(slice_objectives)
+    per_param = _per_parameter_gradients(slice_objectives, params, create_graph, batched)
+    zero = th.zeros((), dtype=slice_objectives[0].dtype, device=slice_objectives[0].device)
+    value, energy, stand_in = zero, zero, zero
+    for grads in _blocks([g for g in per_param if g is not None]):
+        with th.no_grad():
+            mean = grads[0].detach().clone()
+            for g in grads[1:]:
+                mean.add_(g.detach())
+            mean.div_(n_slices)
+        for g in grads:
+            flat = g.reshape(-1)
+            with th.no_grad():
+                energy = energy + th.vdot(flat.detach(), flat.detach())
+                centered = (g.detach() - mean).reshape(-1)
+                value = value + th.vdot(centered, centered)
+            if create_graph and g.requires_grad:
+                # A stand-in with Var's gradient: dVar/dg_k = (2/K)(g_k - g_bar), so sum_k <g_k, (2/K)(g_k - g_bar)>,
+                # the second factor held constant, has Var's gradient at this point (through the slice gradients'
+                # graphs); recording and differentiating the centring and squares of K x n_params numbers costs more
+                stand_in = stand_in + th.vdot(flat, centered.mul_(2.0 / n_slices))
+    value, energy = value / n_slices, energy / n_slices
+    if not stand_in.requires_grad:
+        return value, energy
+    # value + (stand_in - its value): the value Var, the gradient Var's (exact to first order)
+    return value + (stand_in - stand_in.detach()), energy
+
+
+def _per_parameter_gradients(
+    slice_objectives: Sequence[th.Tensor], params: Sequence[th.Tensor], create_graph: bool, batched: bool
+) -> list[list[th.Tensor] | None]:
+    """Each parameter's ``K`` slice gradients (``None`` for a parameter no slice objective depends on)."""
+    n_slices = len(slice_objectives)
+    if n_slices < 2:
+        raise ValueError(f"gradient_variance needs at least 2 slices, got {n_slices}")
+    params = list(params)
+    if batched:
+        objectives = th.stack(list(slice_objectives))
+        eye = th.eye(n_slices, dtype=objectives.dtype, device=objectives.device)
+        grads = th.autograd.grad(
+            objectives, params, grad_outputs=eye, is_grads_batched=True,
+            create_graph=create_graph, retain_graph=True, allow_unused=True,
+        )  # fmt: skip
+        return [None if g is None else list(g.unbind(0)) for g in grads]
+    per_slice = [
+        th.autograd.grad(objective, params, create_graph=create_graph, retain_graph=True, allow_unused=True)
+        for objective in slice_objectives
+    ]
+    return [_slice_gradients(grads) for grads in zip(*per_slice, strict=True)]
+
+
+#: Up to this many numbers, the slice gradients of all parameters are concatenated and reduced at once (fewer, larger
+#: operations: small models); above it they are reduced parameter by parameter (no K x n_params copy: large models).
+CONCAT_NUMEL = 1 << 22
+
+
+def _blocks(per_param: list[list[th.Tensor]]) -> list[list[th.Tensor]]:
+    """The ``K`` slice gradients to reduce together: one block of all parameters concatenated (at most
+    :data:`CONCAT_NUMEL` numbers), else one block per parameter."""
+    if len(per_param) <= 1 or sum(grads[0].numel() for grads in per_param) > CONCAT_NUMEL:
+        return per_param
+    return [[th.cat([grads[k].reshape(-1) for grads in per_param]) for k in range(len(per_param[0]))]]
+
+
+def _slice_gradients(grads: Sequence[th.Tensor | None]) -> list[th.Tensor] | None:
+    """One parameter's ``K`` slice gradients; a slice it does not influence counts as zero (``None``: none does)."""
+    present = [g for g in grads if g is not None]
+    if not present:
+        return None
+    zero = th.zeros_like(present[0])
+    return [zero if g is None else g for g in grads]
 
 
 def slice_gradients(
@@ -165,39 +282,17 @@ def slice_gradients(
 ) -> th.Tensor:
     """
     The gradients ``g_k = grad_theta L_k`` of ``K >= 2`` slice objectives, flattened over ``params`` and stacked:
-    shape ``(K, n_params)`` (see :func:`gradient_variance` for the arguments).
+    shape ``(K, n_params)`` (see :func:`gradient_variance` for the arguments). For diagnostics that look at the
+    gradients themselves; training uses :func:`gradient_variance_terms`, which keeps no ``K x n_params`` copy.
     """
-    n_slices = len(slice_objectives)
-    if n_slices < 2:
-        raise ValueError(f"slice gradients need at least 2 slices, got {n_slices}")
-    params = list(params)
-    if batched:
-        objectives = th.stack(list(slice_objectives))
-        eye = th.eye(n_slices, dtype=objectives.dtype, device=objectives.device)
-        grads = th.autograd.grad(
-            objectives, params, grad_outputs=eye, is_grads_batched=True,
-            create_graph=create_graph, retain_graph=True, allow_unused=True,
-        )  # fmt: skip
-        stacked = th.cat(
-            [
-                (
-                    th.zeros((n_slices, p.numel()), dtype=p.dtype, device=p.device)
-                    if g is None
-                    else g.reshape(n_slices, -1)
-                )
-                for g, p in zip(grads, params, strict=True)
-            ],
-            dim=1,
-        )
-    else:
-        flat_grads = []
-        for objective in slice_objectives:
-            grads = th.autograd.grad(objective, params, create_graph=create_graph, retain_graph=True, allow_unused=True)
-            flat_grads.append(
-                th.cat([(th.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(grads, params, strict=True)])
-            )
-        stacked = th.stack(flat_grads)  # (K, n_params)
-    return stacked
+    per_param = _per_parameter_gradients(slice_objectives, params, create_graph, batched)
+    columns = [
+        th.zeros((len(slice_objectives), p.numel()), dtype=p.dtype, device=p.device)
+        if grads is None
+        else th.stack([g.reshape(-1) for g in grads])
+        for grads, p in zip(per_param, params, strict=True)
+    ]
+    return th.cat(columns, dim=1)
 
 
 def stacked_variance(stacked: th.Tensor) -> th.Tensor:

@@ -27,11 +27,12 @@ def main() -> None:
 
     import torch as th
 
-    from sb3_grpo.bench.perf import _collector, _interleaved
+    from sb3_grpo.bench.perf.rollout import collector, text_env
+    from sb3_grpo.bench.perf.timing import interleaved
     from sb3_grpo.policies import causal_lm, validation
 
     th.set_num_threads(1)
-    collect = _collector(args.n_envs, args.tokens, use_cache=True, env_id="TextGen-v0")
+    collect = collector(text_env(args.n_envs, args.tokens, "cpu"), args.tokens, "cpu")
 
     def without_check() -> None:
         causal_lm.check_layout = lambda *_observations: None  # the check off: nothing is checked
@@ -40,7 +41,7 @@ def main() -> None:
         finally:
             causal_lm.check_layout = validation.check_layout
 
-    wall, cpu = _interleaved({"with check": collect, "without check": without_check}, args.repeats)
+    wall, cpu = interleaved({"with check": collect, "without check": without_check}, args.repeats)
 
     from textrl_envs.tasks import get_task
 

@@ -1,163 +1,114 @@
-"""GPU check: the vector env and one GRPO update on CUDA, with tokens/s, for whenever a GPU machine is at hand.
+"""GPU check: every row of ``sb3-grpo perf`` that a GPU changes, on CUDA, in one prepared run of under 5 minutes.
 
-Three figures, each after a warm-up (CUDA context, kernels, allocator):
+For whenever a GPU machine is at hand. It prints:
 
-1. env steps/s: ``textrl_envs.sb3.make_vec_env`` stepped with random tokens (the env's state lives on the device);
-2. rollout tokens/s: ``GRPO.collect_rollouts`` with ``CausalLMPolicy`` (KV-cached sampling, one forward per token);
-3. update tokens/s: ``GRPO.train`` on that rollout (the text fast path: one forward per sequence), transitions x
-   epochs per second.
+1. the device and versions;
+2. the host-device synchronisations in GRPO's rollout loop on CUDA: one ``collect_rollouts`` with GRPO's defaults on
+   ``TextGen-v0`` (EOS on, the env's reward) under ``torch.cuda.set_sync_debug_mode("warn")``, the number of
+   synchronising calls per rollout step and the lines they come from (the CPU path needs the actions on the host for
+   the env each step; anything else there is a sync to remove);
+3. the perf rows on CUDA (:func:`sb3_grpo.bench.perf.run_perf` with ``device="cuda"``): the vector env (against
+   ``SyncVectorEnv``, ``"auto"`` against ``"cpu"``, special tokens), the rollout against ``generate`` without and with
+   EOS and with a large batch, the reward's cost, GPT-2-small size against ``generate``, the update against stock
+   ``PPO.train``, the penalty's cost (bundled LM and GPT-2-small size) and the peak GPU memory of one update (against
+   TRL's when TRL is importable); the CPU-only rows (CartPole, the MLP penalty) and the loops against TRL are left to
+   ``sb3-grpo perf`` on a CPU;
+4. ``perf.json`` / ``perf.md`` in ``--out``, and "OK" when every measurement ran.
 
-It also prints the device, the peak GPU memory and whether parameters and buffers ended up on the device. Without
-CUDA it says so and exits with status 0; ``--device cpu`` runs the same check on the CPU as a dry run::
+Without CUDA it says which parts it skips and exits with status 0; ``--device cpu`` runs the same code on the CPU
+with the smallest sizes as a dry run::
 
-    HF_HUB_OFFLINE=1 python scripts/gpu_check.py                           # CUDA, bundled LM
-    HF_HUB_OFFLINE=1 python scripts/gpu_check.py --model gpt2-small --autocast bfloat16 --n-envs 64
-    HF_HUB_OFFLINE=1 python scripts/gpu_check.py --device cpu --n-envs 4 --tokens 8   # dry run
+    HF_HUB_OFFLINE=1 python scripts/gpu_check.py --out runs/gpu-check         # CUDA
+    HF_HUB_OFFLINE=1 python scripts/gpu_check.py --device cpu --out /tmp/dry  # dry run of the same code on the CPU
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import sys
 import time
+import warnings
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import numpy as np
 import torch as th
 
-GPT2_SMALL = {"vocab_size": 50257, "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024}
+#: The perf measurements a GPU changes (the others run on the CPU whatever the machine).
+GPU_ROWS = ["env", "rollout", "reward", "rollout-gpt2", "update", "penalty-gpt2", "memory"]
 
 
-def sync(device: th.device) -> None:
-    if device.type == "cuda":
-        th.cuda.synchronize(device)
+def sync_check(device: th.device, n_envs: int = 64, tokens: int = 32) -> dict:
+    """Synchronising CUDA calls in one ``collect_rollouts`` (GRPO defaults, TextGen-v0, EOS on), per step and by
+    source line.
 
+    :param device: A CUDA device.
+    :param n_envs: Envs.
+    :param tokens: Steps of the rollout.
+    :return: ``{"syncs", "steps", "per_step", "sites": [(file:line, count), ...]}``.
+    """
+    from sb3_grpo.bench.perf.rollout import collector, text_env
 
-def env_steps_per_s(env, device: th.device, steps: int, seed: int = 0) -> float:
-    """Random-token steps of the SB3 VecEnv per second (all envs together)."""
-    rng = np.random.default_rng(seed)
-    env.reset()
-    n = env.num_envs
-    high = env.action_space.n
-    for _ in range(min(steps, 8)):  # warm-up
-        env.step(rng.integers(0, high, size=n))
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        env.step(rng.integers(0, high, size=n))
-    sync(device)
-    return n * steps / (time.perf_counter() - t0)
-
-
-def grpo_rates(model, device: th.device, n_steps: int, epochs: int) -> tuple[float, float]:
-    """(rollout tokens/s, update tokens/s) of one timed rollout + update after one warm-up of each."""
-    from stable_baselines3.common.callbacks import CallbackList
-
-    tokens = n_steps * model.env.num_envs
-    model._setup_learn(10 * tokens, None)
-    callback = CallbackList([])
-    callback.init_callback(model)
-    model.collect_rollouts(model.env, callback, model.rollout_buffer, n_steps)  # warm-up
-    model.train()
-    sync(device)
-    t0 = time.perf_counter()
-    model.collect_rollouts(model.env, callback, model.rollout_buffer, n_steps)
-    sync(device)
-    t1 = time.perf_counter()
-    model.train()
-    sync(device)
-    t2 = time.perf_counter()
-    return tokens / (t1 - t0), tokens * epochs / (t2 - t1)
+    collect = collector(text_env(n_envs, tokens, str(device)), tokens, str(device))
+    collect()  # warm-up: kernels, allocator, the prefill memo's first fills
+    th.cuda.synchronize(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        th.cuda.set_sync_debug_mode("warn")
+        try:
+            collect()
+        finally:
+            th.cuda.set_sync_debug_mode(0)
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    sites = collections.Counter(f"{os.path.relpath(w.filename)}:{w.lineno}" for w in syncs)
+    return {"syncs": len(syncs), "steps": tokens, "per_step": len(syncs) / tokens, "sites": sites.most_common(12)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu for a dry run")
-    parser.add_argument("--model", default="bundled", choices=["bundled", "gpt2-small"])
-    parser.add_argument("--n-envs", type=int, default=64)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=32, help="max new tokens per completion (= n_steps)")
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--env-steps", type=int, default=64, help="timed env steps")
-    parser.add_argument("--autocast", default=None, help="bfloat16 or float16 autocast for the LM")
-    parser.add_argument("--lora", action="store_true", help="train LoRA adapters (needs peft)")
+    parser.add_argument("--out", default=None, help="folder for perf.json / perf.md (default runs/gpu-check-<time>)")
+    parser.add_argument("--threads", type=int, default=4, help="torch CPU threads (the CPU sides of the comparisons)")
     args = parser.parse_args(argv)
-
     device = th.device(args.device)
     if device.type == "cuda" and not th.cuda.is_available():
-        print(
-            "CUDA is not available on this machine (torch.cuda.is_available() is False): nothing to check. "
-            "Run it on a GPU machine, or pass --device cpu for a dry run of the same code on the CPU."
-        )
+        print("CUDA is not available on this machine (torch.cuda.is_available() is False).")
+        print("skipped: the sync check of the rollout loop on CUDA")
+        print(f"skipped: the perf rows on CUDA ({', '.join(GPU_ROWS)})")
+        print("Run it on a GPU machine, or pass --device cpu for a dry run of the same code on the CPU.")
         return 0
-    if device.type == "cuda":
-        th.cuda.set_device(device)
-        th.cuda.reset_peak_memory_stats(device)
-        print(f"device: {th.cuda.get_device_name(device)} ({device}), torch {th.__version__}, CUDA {th.version.cuda}")
+    th.set_num_threads(args.threads)
+    dry_run = device.type != "cuda"
+    if dry_run:
+        print(f"device: cpu (dry run, smallest sizes), torch {th.__version__}, {th.get_num_threads()} threads")
     else:
-        print(f"device: cpu (dry run), torch {th.__version__}, {th.get_num_threads()} threads")
+        th.cuda.set_device(device)
+        print(f"device: {th.cuda.get_device_name(device)} ({device}), torch {th.__version__}, CUDA {th.version.cuda}")
 
-    from sb3_grpo import GRPO
-    from textrl_envs.sb3 import make_vec_env
+    start = time.perf_counter()
+    ok = True
+    if dry_run:
+        print("\nsync check: CUDA only, skipped in a dry run")
+    else:
+        sync = sync_check(device)
+        print(f"\nsync check: {sync['syncs']} synchronising calls in one rollout of {sync['steps']} steps "
+              f"({sync['per_step']:.1f} per step); by line:")  # fmt: skip
+        for site, count in sync["sites"]:
+            print(f"  {count:5d}  {site}")
 
-    def make_env():
-        return make_vec_env(
-            "TextGen-v0",
-            n_envs=args.n_envs,
-            group_size=args.group_size,
-            seed=0,
-            device=str(device),
-            max_new_tokens=args.tokens,
-        )
+    from sb3_grpo.bench.perf import run_perf
 
-    env_rate = env_steps_per_s(make_env(), device, args.env_steps)
-
-    policy_kwargs: dict = {}
-    if args.model == "gpt2-small":
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        th.manual_seed(0)
-        policy_kwargs["model"] = GPT2LMHeadModel(GPT2Config(**GPT2_SMALL))
-    if args.autocast:
-        policy_kwargs["autocast_dtype"] = args.autocast
-    if args.lora:
-        policy_kwargs["lora"] = {"r": 8, "target_modules": ["c_attn"], "fan_in_fan_out": True}
-    n_steps = args.tokens
-    model = GRPO(
-        "CausalLMPolicy",
-        make_env(),
-        n_steps=n_steps,
-        batch_size=n_steps * args.n_envs // 2,
-        n_epochs=args.epochs,
-        learning_rate=1e-5,
-        advantage="group",
-        kl_coef=0.04,
-        grad_var_coef=0.0,
-        seed=0,
-        device=device,
-        policy_kwargs=policy_kwargs,
-    )
-    from stable_baselines3.common.logger import configure
-
-    model.set_logger(configure(None, []))
-    rollout_rate, update_rate = grpo_rates(model, device, n_steps, args.epochs)
-
-    on_device = all(p.device.type == device.type for p in model.policy.parameters())
-    buffer_device = model.rollout_buffer.token_ids.device
-    print(f"model: {args.model}, {sum(p.numel() for p in model.policy.parameters()) / 1e6:.1f}M params, "
-          f"autocast={args.autocast}, lora={args.lora}")  # fmt: skip
-    print(f"rollout: {args.n_envs} envs x {n_steps} steps (groups of {args.group_size}), {args.epochs} epoch(s)")
-    print(f"{'env steps/s (random tokens)':34s} {env_rate:12.0f}")
-    print(f"{'rollout tokens/s (GRPO, KV cache)':34s} {rollout_rate:12.0f}")
-    print(f"{'update tokens/s (GRPO fast path)':34s} {update_rate:12.0f}")
-    print(f"parameters on {device.type}: {on_device}; rollout buffer on {buffer_device}")
-    if device.type == "cuda":
-        print(f"peak GPU memory: {th.cuda.max_memory_allocated(device) / 2**20:.0f} MB")
-    ok = on_device and np.isfinite(update_rate) and np.isfinite(rollout_rate)
-    print("OK" if ok else "FAILED")
+    out = Path(args.out) if args.out else Path("runs") / time.strftime("gpu-check-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    print()
+    result = run_perf(out, quick=dry_run, device=str(device), only=GPU_ROWS)
+    if result["errors"]:
+        ok = False
+    print(f"\nall in {time.perf_counter() - start:.0f} s")
+    print("OK" if ok else "FAILED: " + "; ".join(f"{e['measurement']}: {e['error']}" for e in result["errors"]))
     return 0 if ok else 1
 
 

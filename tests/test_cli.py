@@ -352,14 +352,28 @@ def test_report_from_handmade_results():
 
 def test_perf_helpers():
     from sb3_grpo.bench import perf
+    from sb3_grpo.bench.perf.timing import make_row
 
     rows = [
-        perf._row("env: a vs b", 200.0, 100.0, "env steps/s", "setup", True),
-        perf._row("update: x vs y", None, 2.0, "s/update", "not available", False),
+        make_row("env: a vs b", 200.0, 100.0, "env steps/s", "setup", True, target=(">=", 1.5)),
+        make_row("update: x vs y", None, 2.0, "s/update", "not available", False),
+        make_row("cost: z vs plain", 3.0, 1.0, "s/update", "setup", False, target=("<=", 2.0), slowdown=True),
+        make_row("memory: ours vs theirs", 90.0, 100.0, "MB", "setup", False, cpu=(1.0, 2.0), target=(">=", 1.0)),
     ]
-    assert rows[0]["ratio"] == pytest.approx(2.0) and rows[1]["ratio"] is None
+    assert rows[0]["ratio"] == pytest.approx(2.0) and rows[0]["met"] is True
+    assert rows[1]["ratio"] is None and rows[1]["met"] is None
+    assert rows[2]["ratio"] == pytest.approx(3.0) and rows[2]["met"] is False  # a slowdown above its cap
+    assert rows[3]["ratio"] == pytest.approx(100 / 90) and rows[3]["cpu_ratio"] == pytest.approx(2.0)
     table = perf.markdown_table(rows)
-    assert "| env: a vs b | 200 | 100 | env steps/s | 2.00x | – |" in table and "| update: x vs y | – |" in table
+    assert "| env: a vs b | 200 | 100 | env steps/s | 2.00x | – | >= 1.5x | yes |" in table
+    assert "| update: x vs y | – |" in table and "| <= 2x | no |" in table
+
+
+def test_perf_rejects_unknown_measurements(tmp_path):
+    from sb3_grpo.bench.perf import run_perf
+
+    with pytest.raises(ValueError, match="unknown measurement.*'nope'.*known: env, rollout"):
+        run_perf(tmp_path, only=["nope"])
 
 
 def test_help_lists_algorithms(capsys):

@@ -25,7 +25,8 @@ class Episodes(BaseCallback):
     def _on_step(self):
         for i, info in enumerate(self.locals["infos"]):
             if "episode" in info:
-                self.seen.append((self.num_timesteps, i, info["episode"]["r"], info.get("completion")))
+                # the record itself: GRPO lands a reward scored in the background in it when the rollout ends
+                self.seen.append((self.num_timesteps, i, info["episode"], info.get("completion")))
         return True
 
 
@@ -39,10 +40,11 @@ def _run(make):
     episodes = Episodes()
     initial = _params(model)
     model.learn(steps, callback=episodes)
+    seen = [(t, i, float(episode["r"]), completion) for t, i, episode, completion in episodes.seen]
     params = _params(model)
     # training moved the parameters: two runs that both do nothing would be "identical" too
     assert any(not th.equal(initial[k], params[k]) for k in params)
-    return episodes.seen, params, model.rollout_buffer.rewards.copy()
+    return seen, params, model.rollout_buffer.rewards.copy()
 
 
 def _assert_identical(first, second):

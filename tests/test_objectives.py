@@ -10,6 +10,7 @@ from gymnasium import spaces
 from sb3_grpo.objectives import (
     adaptive_clip_range,
     clip_fraction,
+    clip_fractions,
     clipped_surrogate,
     gradient_variance,
     group_advantages,
@@ -64,6 +65,19 @@ def test_clip_fraction_total_and_masked():
     mask = th.tensor([True, True, False, False])
     assert clip_fraction(ratio, eps, mask) == pytest.approx(0.0)
     assert math.isnan(clip_fraction(ratio, eps, th.zeros(4, dtype=th.bool)))
+
+
+def test_clip_fractions_by_sign_equal_the_masked_fractions():
+    gen = th.Generator().manual_seed(0)
+    ratio = th.exp(0.3 * th.randn(101, generator=gen))
+    adv = th.randn(101, generator=gen)
+    eps = adaptive_clip_range(adv, 0.2, (1.1, 0.9))
+    positive = adv > 0
+    expected = (clip_fraction(ratio, eps), clip_fraction(ratio, eps, positive), clip_fraction(ratio, eps, ~positive))
+    assert clip_fractions(ratio, eps, adv) == pytest.approx(expected, rel=1e-6)
+    assert clip_fractions(ratio, eps, adv)[0] == expected[0]  # the overall fraction exactly as SB3 computes it
+    all_pos = clip_fractions(ratio, 0.2, th.ones(101))
+    assert math.isnan(all_pos[2]) and all_pos[1] == pytest.approx(clip_fraction(ratio, 0.2))
 
 
 # ------------------------------------------------------------------------------------ grad variance

@@ -621,6 +621,22 @@ def test_save_load_from_path_and_missing_directory(tmp_path):
 # ------------------------------------------------------------------------------------------------------------------
 
 
+def test_logits_are_the_lm_logits_of_the_action_tokens():
+    """The LM's vocabulary (64) is larger than the action space (60): the policy applies only the first 60 rows of
+    the output layer; the logits, log-probs and their gradients are those of the LM's full logits sliced."""
+    policy = make_policy(tiny_gpt2())
+    assert policy.lm_vocab == LM_V > V
+    ids = th.randint(4, V, (3, 7))
+    mask = th.ones_like(ids)
+    hidden = policy._trunk(ids, mask, positions_from_mask(mask))
+    ours = policy._logits(hidden)
+    full = policy.lm(input_ids=ids, attention_mask=mask).logits[..., :V]
+    th.testing.assert_close(ours, full)
+    (g_ours,) = th.autograd.grad(ours.logsumexp(-1).sum(), policy.lm.lm_head.weight, retain_graph=True)
+    (g_full,) = th.autograd.grad(full.logsumexp(-1).sum(), policy.lm.lm_head.weight)
+    th.testing.assert_close(g_ours, g_full)
+
+
 def test_vocabulary_smaller_than_action_space_is_an_error():
     with pytest.raises(ValueError, match=rf"{V - 10}.*Discrete\({V}\)"):
         make_policy(tiny_gpt2(vocab=V - 10))

@@ -42,31 +42,34 @@ def pack_prompts(prompt_ids: Sequence[np.ndarray], width: int, pad_token_id: int
 
 
 def start_windows_(
-    ids: torch.Tensor,
-    mask: torch.Tensor,
-    envs: torch.Tensor,
-    rows: torch.Tensor,
-    packed_ids: torch.Tensor,
-    packed_mask: torch.Tensor,
+    ids: torch.Tensor | np.ndarray,
+    mask: torch.Tensor | np.ndarray,
+    envs: torch.Tensor | np.ndarray,
+    rows: torch.Tensor | np.ndarray,
+    packed_ids: torch.Tensor | np.ndarray,
+    packed_mask: torch.Tensor | np.ndarray,
     pad_token_id: int,
 ) -> None:
     """Write the first observation of new episodes in place: an index gather from the prompt table.
 
     Rows ``envs`` of the ``(N, W)`` state become padding with the prompt right-aligned in the last
     ``P`` columns. (``index_copy_``/``index_fill_`` rather than ``t[idx] = x``, which is far slower on CPU.)
+    On CPU, numpy views of the tensors (or numpy arrays in their place) go through numpy.
 
     :param ids: ``(N, W)`` token ids, modified in place.
     :param mask: ``(N, W)`` attention mask, modified in place.
-    :param envs: ``(M,)`` env indices that start an episode.
-    :param rows: ``(M,)`` rows of the prompt table they use.
+    :param envs: ``(M,)`` env indices that start an episode (on CPU, a numpy array will do).
+    :param rows: ``(M,)`` rows of the prompt table they use (idem).
     :param packed_ids: ``(R, P)`` right-aligned prompt table (see :func:`pack_prompts`), ``P <= W``;
         with ``P == W`` whole rows are copied (fewer, contiguous ops).
     :param packed_mask: ``(R, P)`` its mask.
     :param pad_token_id: Id of padded slots.
     """
-    if ids.device.type == "cpu":  # numpy indexing: less overhead per call than torch's on a few rows
-        _start_windows_numpy(ids.numpy(), mask.numpy(), envs.numpy(), rows.numpy(), packed_ids.numpy(),
-                             packed_mask.numpy(), pad_token_id)  # fmt: skip
+    if isinstance(ids, np.ndarray) or ids.device.type == "cpu":  # numpy: less overhead per call than torch
+        ids, mask, envs, rows, packed_ids, packed_mask = (
+            x.numpy() if isinstance(x, torch.Tensor) else x for x in (ids, mask, envs, rows, packed_ids, packed_mask)
+        )
+        _start_windows_numpy(ids, mask, envs, rows, packed_ids, packed_mask, pad_token_id)
         return
     _start_windows_torch(ids, mask, envs, rows, packed_ids, packed_mask, pad_token_id)
 
@@ -104,7 +107,10 @@ def append_tokens(ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -
 
 
 def append_tokens_(
-    ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, host_tokens: np.ndarray | None = None
+    ids: torch.Tensor | np.ndarray,
+    mask: torch.Tensor | np.ndarray,
+    tokens: torch.Tensor | np.ndarray | None,
+    host_tokens: np.ndarray | None = None,
 ) -> None:
     """In-place :func:`append_tokens`: shift each row left by one and write the token at index ``W - 1``.
 
@@ -114,11 +120,16 @@ def append_tokens_(
     5x cheaper than building new tensors with ``torch.cat`` at ``(256, 40)`` (numpy assignment is defined
     as if the source were copied first, so the overlap is safe). On other devices, torch ops.
 
-    :param ids: ``(N, W)`` contiguous token ids, modified in place.
-    :param mask: ``(N, W)`` contiguous attention mask, modified in place.
-    :param tokens: ``(N,)`` the actions on ``ids``' device.
+    :param ids: ``(N, W)`` contiguous token ids, modified in place (a tensor, or a numpy view of a CPU one).
+    :param mask: ``(N, W)`` contiguous attention mask, modified in place (idem).
+    :param tokens: ``(N,)`` the actions on ``ids``' device (``None`` with numpy state and ``host_tokens``).
     :param host_tokens: The same actions as a numpy array, if at hand (spares a copy on CPU).
     """
+    if isinstance(ids, np.ndarray):  # numpy views of CPU state: no conversion per call
+        if not (ids.flags.c_contiguous and mask.flags.c_contiguous):
+            raise ValueError("append_tokens_ needs contiguous (N, W) state arrays")
+        _append_tokens_numpy(ids, mask, tokens if host_tokens is None else host_tokens)
+        return
     if not (ids.is_contiguous() and mask.is_contiguous()):
         raise ValueError("append_tokens_ needs contiguous (N, W) state tensors")
     if ids.device.type == "cpu":
@@ -232,11 +243,17 @@ def completion_tuples(rows: np.ndarray, starts: np.ndarray, stops: np.ndarray) -
     """``[tuple(rows[m, starts[m]:stops[m]]) ...]`` as Python ints, with one ``tolist`` for the batch."""
     if len(rows) == 0:
         return []
+    if len(rows) == 1:
+        return [tuple(rows[0, int(starts[0]) : int(stops[0])].tolist())]
     first, last = int(starts.min()), int(stops.max())
     if first == starts.max() and last == stops.min():  # all the same columns (e.g. every episode hit the budget)
         return list(map(tuple, rows[:, first:last].tolist()))
     lists = rows[:, first:].tolist()
     return [tuple(r[a:b]) for r, a, b in zip(lists, (starts - first).tolist(), (stops - first).tolist())]
+
+
+#: Up to this many completions, :func:`decode_completions` decodes them one by one even with a byte table.
+SMALL_BATCH = 8
 
 
 def decode_completions(
@@ -255,11 +272,12 @@ def decode_completions(
     :param stops: ``(M,)`` idem.
     :param id_tuples: The same completions as id sequences (:func:`completion_tuples`).
     :param decode: :func:`fast_decoder` of the tokenizer, or ``None`` to go through ``spec.decode``. A
-        :class:`ByteTableDecoder` decodes the whole batch at once; other decoders are called once per
-        sequence (the Rust ``decode_batch`` spends more on its thread pool than it saves on short
-        completions, measured 13.7 against 5.3 us per 32-token sequence).
+        :class:`ByteTableDecoder` decodes a batch of more than :data:`SMALL_BATCH` at once (below that, its fixed
+        cost is more than per-sequence calls cost); other decoders are called once per sequence (the Rust
+        ``decode_batch`` spends more on its thread pool than it saves on short completions, measured 13.7 against
+        5.3 us per 32-token sequence).
     """
-    if isinstance(decode, ByteTableDecoder):
+    if isinstance(decode, ByteTableDecoder) and len(id_tuples) > SMALL_BATCH:
         return decode.decode_rows(rows, starts, stops)
     if decode is not None:
         return [decode(seq) for seq in id_tuples]

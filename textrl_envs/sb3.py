@@ -143,6 +143,19 @@ class TextGenSB3VecEnv(VecEnv):
         """Close the batched env."""
         self.venv.close()
 
+    def defer_rewards(self, on: bool = True) -> bool:
+        """The batched env's :meth:`~textrl_envs.vector.TextGenVectorEnv.defer_rewards`: score finished episodes in
+        a background thread (``step`` returns reward 0 and ``info["reward_ticket"]`` for them) or in ``step``."""
+        return self.venv.unwrapped.defer_rewards(on)
+
+    def prompt_windows(self, max_rows: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The batched env's :meth:`~textrl_envs.vector.TextGenVectorEnv.prompt_windows`."""
+        return self.venv.unwrapped.prompt_windows(max_rows)
+
+    def collect_rewards(self, wait: bool = True) -> list:
+        """The batched env's :meth:`~textrl_envs.vector.TextGenVectorEnv.collect_rewards`."""
+        return self.venv.unwrapped.collect_rewards(wait)
+
     def seed(self, seed: int | None = None) -> Sequence[int | None]:
         """Seeds for the next ``reset()``: env ``i`` gets ``seed + i`` (group ``k`` uses ``seed + kG``)."""
         seeds = super().seed(seed)

@@ -40,11 +40,14 @@ from textrl_envs.devices import resolve_device
 from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
 from textrl_envs.groups import GroupPrompts
 from textrl_envs.rendering import transcript_frame
+from textrl_envs.reward_worker import RewardResult, RewardWorker
 from textrl_envs.turns import TurnBook
-from textrl_envs.validation import check_choice, check_int, check_seed
+from textrl_envs.validation import check_bool, check_choice, check_int, check_seed
 
 OBS_BACKENDS = ("numpy", "torch")
-VECTOR_KWARGS = ("num_envs", "device", "group_size", "obs_backend", "render_mode", "max_episode_steps")
+VECTOR_KWARGS = (
+    "num_envs", "device", "group_size", "obs_backend", "render_mode", "max_episode_steps", "reward_worker",
+)  # fmt: skip
 #: Largest prompt table (prompts x window elements) kept at full window width (2 x 8 bytes each).
 FULL_WIDTH_TABLE_MAX = 1 << 22
 
@@ -65,8 +68,11 @@ def _mask(n: int, where: np.ndarray) -> np.ndarray:
 
 
 def _object_array(n: int, where: np.ndarray, values: Sequence[Any]) -> np.ndarray:
-    out = np.full(n, None, dtype=object)
-    out[where] = np.fromiter(values, dtype=object, count=len(values))  # tuples stay elements, not a 2-D array
+    out = np.empty(n, dtype=object)  # every element None
+    if len(where) == 1:
+        out[where[0]] = values[0]
+    else:
+        out[where] = np.fromiter(values, dtype=object, count=len(values))  # tuples stay elements, not a 2-D array
     return out
 
 
@@ -153,7 +159,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
 
     ## Arguments
     ``TextGenVectorEnv(num_envs=1, device="auto", group_size=1, obs_backend="numpy",
-    render_mode=None, **spec_kwargs)`` where ``spec_kwargs`` are the single env's (``task``,
+    render_mode=None, reward_worker=True, **spec_kwargs)`` where ``spec_kwargs`` are the single env's (``task``,
     ``prompts``, ``reward``, ``reward_kwargs``, ``tokenizer``, ``max_new_tokens``,
     ``max_prompt_tokens``, ``prompt_truncation``; see :func:`textrl_envs.core.build_spec`).
 
@@ -163,6 +169,8 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
     :param obs_backend: ``"numpy"`` (default) or ``"torch"`` (tensors on ``device``).
     :param render_mode: ``None``, ``"ansi"`` (``render()`` returns one string per env) or
         ``"human"`` (prints them after every step).
+    :param reward_worker: Allow :meth:`defer_rewards` (rewards scored in a background thread, what GRPO asks for
+        during its rollouts); ``False`` keeps every reward in ``step``.
 
     ## Version History
     * v0: Initial version.
@@ -185,6 +193,9 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
     ) -> None:
         spec_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in SPEC_KWARGS}
         max_episode_steps = kwargs.pop("max_episode_steps", None)
+        self.reward_worker = check_bool("reward_worker", kwargs.pop("reward_worker", True))
+        self._worker: RewardWorker | None = None
+        self._deferred = False
         check_kwargs(kwargs, type(self).__name__, SPEC_KWARGS + VECTOR_KWARGS)
         num_envs = check_int("num_envs", num_envs, low=1, example=8)
         group_size = check_int(
@@ -235,6 +246,10 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         n, w = self.num_envs, spec.window
         self._ids = torch.full((n, w), spec.pad_token_id, dtype=torch.int64, device=self.device)
         self._mask = torch.zeros((n, w), dtype=torch.int64, device=self.device)
+        self._on_cpu = self.device.type == "cpu"
+        # what the in-place bookkeeping works on: numpy views of the state on CPU (no conversion per step)
+        self._state = (self._ids.numpy(), self._mask.numpy()) if self._on_cpu else (self._ids, self._mask)
+        self._table = self._prompt_table()
         # Episode bookkeeping on the host (it drives the per-episode Python work anyway).
         self._generated = np.zeros(n, dtype=np.int64)
         self._row = np.zeros(n, dtype=np.int64)
@@ -246,6 +261,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         self._decoder = fast_decoder(spec.tokenizer)
         # interactive tasks: each episode's Python-side state (the interaction's, the conversation, the transcript)
         self._turn_book = TurnBook(spec, n, w, self._decoder or spec.decode) if spec.interactive else None
+        self._pad = spec.pad_token_id
         self._everyone = np.ones(n, dtype=np.bool_)
         self._episode_ids = episode_ids(self._round, n)
         self._group_ids = group_ids(self._round, self.group_size)
@@ -311,7 +327,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             raise RuntimeError("step() called before reset(); call envs.reset() first")
         spec = self.text_spec
         tokens, host_tokens = self._check_actions(actions)
-        append_tokens_(self._ids, self._mask, tokens, host_tokens)
+        append_tokens_(*self._state, tokens, host_tokens)
         self._generated += 1
         if self._turn_book is None:
             terminated, truncated = episode_ends(host_tokens, self._generated, spec.eos_token_id, spec.budget)
@@ -337,14 +353,12 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         return observations, rewards, terminated, truncated, infos
 
     def _end_episodes(self, done: np.ndarray, terminated: np.ndarray, rewards: np.ndarray, infos: dict) -> None:
-        """Score the episodes ``done`` (rewards in place), fill ``final_obs`` / ``final_info`` and autoreset them."""
+        """Score the episodes ``done`` (rewards in place, or a ticket when deferred), fill ``final_obs`` /
+        ``final_info`` and autoreset them."""
         spec, n = self.text_spec, self.num_envs
         step_episode_ids, step_group_ids = self._episode_ids, self._group_ids
-        done_t = torch.as_tensor(done, device=self.device)
-        final_ids, final_mask = self._ids.index_select(0, done_t), self._mask.index_select(0, done_t)
-        finals = self._backend(final_ids), self._backend(final_mask)
+        finals, host_ids = self._final_windows(done)
         if self._turn_book is None:
-            host_ids = finals[0] if self.obs_backend == "numpy" else final_ids.cpu().numpy()
             starts, stops = completion_bounds(spec.window, self._generated[done], terminated[done])
             completion_ids = completion_tuples(host_ids, starts, stops)
             completions = decode_completions(spec, host_ids, starts, stops, completion_ids, self._decoder)
@@ -354,9 +368,9 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         rows = self._row[done].tolist()
         prompt_index = [self._row_index[r] for r in rows]
         prompt_text = [self._row_text[r] for r in rows]
-        nonfinite = np.zeros(len(done), dtype=bool)
-        if spec.reward is not None:
-            scores, nonfinite = spec.score_flagged(prompt_index, completions, prompt_texts=prompt_text)
+        nonfinite, ticket = np.zeros(len(done), dtype=bool), None
+        if spec.reward is not None:  # an interactive episode without an end-of-episode reward has none
+            scores, nonfinite, ticket = self._score(done, step_episode_ids, prompt_index, completions, prompt_text)
             rewards[done] += scores
         done_mask = _mask(n, done)
         final_info = {
@@ -374,6 +388,8 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             nonfinite = nonfinite | self._turn_book.nonfinite[done]
         if spec.nonfinite_reward == "skip":  # the flag of episodes whose NaN/inf reward was scored 0
             final_info["reward_nonfinite"] = _mask(n, done[nonfinite])
+        if ticket is not None:  # scored in the background: the reward comes from collect_rewards()
+            final_info["reward_ticket"] = _int_array(n, done, [ticket] * len(done))
         for key in list(final_info):
             final_info[f"_{key}"] = done_mask.copy()
         infos["final_obs"] = _object_array(
@@ -384,6 +400,78 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         self._round[done] += 1
         self._start_episodes(done)
         self._reset_info(done, infos)
+
+    def prompt_windows(self, max_rows: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The first observation of every prompt (the prompt table at the window's width), for a policy that wants
+        to prefill them all at once; ``None`` when the table has more than ``max_rows`` rows.
+
+        :param max_rows: The most rows worth returning.
+        :return: ``(input_ids, attention_mask)``, ``int64`` arrays ``(R, W)``.
+        """
+        rows = self._packed_ids.shape[0]
+        if rows > max_rows:
+            return None
+        width, pad = self.text_spec.window, self.text_spec.pad_token_id
+        ids = np.full((rows, width), pad, dtype=np.int64)
+        mask = np.zeros((rows, width), dtype=np.int64)
+        ids[:, width - self._table_width :] = self._packed_ids.cpu().numpy()
+        mask[:, width - self._table_width :] = self._packed_mask.cpu().numpy()
+        return ids, mask
+
+    # -- rewards in the background ------------------------------------------------------------------
+    def defer_rewards(self, on: bool = True) -> bool:
+        """Score finished episodes in a background thread (:class:`~textrl_envs.reward_worker.RewardWorker`) from
+        now on (``on``), or synchronously again.
+
+        While deferred, ``step`` returns reward 0 for the episodes that end and gives each batch a ticket
+        (``final_info["reward_ticket"]``); :meth:`collect_rewards` returns their rewards. The reward's timeout and
+        non-finite rules are those of a synchronous call (errors are raised by :meth:`collect_rewards`). Turning it
+        off with batches not collected raises.
+
+        :param on: Defer (``True``) or score in ``step`` (``False``).
+        :return: Whether rewards are now deferred (``False`` when built with ``reward_worker=False``).
+        """
+        if not on and self._worker is not None and len(self._worker):
+            raise RuntimeError(
+                f"{len(self._worker)} batches of rewards are still pending; call collect_rewards() before "
+                "defer_rewards(False)"
+            )
+        if on and not self.reward_worker:
+            return False
+        if on and self._worker is None:
+            self._worker = RewardWorker()
+        self._deferred = bool(on)
+        return self._deferred
+
+    def collect_rewards(self, wait: bool = True) -> list[RewardResult]:
+        """The rewards scored in the background since the last call, in the order the episodes ended.
+
+        :param wait: Wait for every pending batch (else return those finished so far).
+        :raises Exception: a reward's error (raised, timed out, or non-finite under ``nonfinite_reward="raise"``).
+        """
+        return [] if self._worker is None else self._worker.collect(wait)
+
+    def _score(
+        self,
+        done: np.ndarray,
+        episode_ids: np.ndarray,
+        prompt_index: list[int],
+        completions: list[str],
+        texts: list[str],
+    ) -> tuple[np.ndarray, np.ndarray, int | None]:
+        """Rewards and non-finite flags of the episodes ``done`` ended, now, or zeros and a ticket when deferred."""
+        spec = self.text_spec
+        if not self._deferred:
+            rewards, nonfinite = spec.score_flagged(prompt_index, completions, prompt_texts=texts)
+            return rewards, nonfinite, None
+        ticket = self._worker.submit(done, episode_ids[done], spec.score_flagged, prompt_index, completions,
+                                     prompt_texts=texts)  # fmt: skip
+        return np.zeros(len(done)), np.zeros(len(done), dtype=bool), ticket
+
+    def close_extras(self, **kwargs: Any) -> None:  # noqa: ARG002  (gymnasium's signature)
+        """Stop the reward worker's thread (pending rewards are dropped)."""
+        if self._worker is not None:
+            self._worker.close()
 
     def render(self) -> tuple[str, ...] | tuple[np.ndarray, ...] | None:
         """``"ansi"``/``"human"``: one ``prompt|completion so far`` string per env; ``"rgb_array"``: one frame per
@@ -444,6 +532,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
             packed, packed_mask = pack_prompts([ids], self._table_width, self.text_spec.pad_token_id)
             self._packed_ids = torch.cat((self._packed_ids, torch.as_tensor(packed, device=self.device)))
             self._packed_mask = torch.cat((self._packed_mask, torch.as_tensor(packed_mask, device=self.device)))
+            self._table = self._prompt_table()
             self._extra_rows[text] = len(self._row_text)
             self._row_text.append(text)
             self._row_index.append(-1)
@@ -451,18 +540,23 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
 
     def _start_episodes(self, envs: np.ndarray) -> None:
         """Begin the current round's episode in ``envs`` (their ``_round`` already set)."""
-        rows = self._prompts.rows(envs, self._round)
+        host_envs = envs
+        host_rows = rows = self._prompts.rows(envs, self._round)
         self._row[envs] = rows
-        envs_t = torch.as_tensor(envs, device=self.device)
-        rows_t = torch.as_tensor(rows, device=self.device)
-        start_windows_(
-            self._ids, self._mask, envs_t, rows_t, self._packed_ids, self._packed_mask, self.text_spec.pad_token_id
-        )
-        self._generated[envs] = 0
+        if not self._on_cpu:
+            envs, rows = torch.as_tensor(envs, device=self.device), torch.as_tensor(rows, device=self.device)
+        start_windows_(*self._state, envs, rows, *self._table, self._pad)
+        self._generated[host_envs] = 0
         if self._turn_book is not None:
-            self._start_interactions(envs, rows)
-        self._episode_ids = episode_ids(self._round, self.num_envs)  # new arrays: step infos keep the old
-        self._group_ids = group_ids(self._round, self.group_size)
+            self._start_interactions(host_envs, host_rows)
+        # new arrays: step infos keep the old
+        if len(host_envs) == self.num_envs:
+            self._episode_ids = episode_ids(self._round, self.num_envs)
+            self._group_ids = group_ids(self._round, self.group_size)
+        else:
+            self._episode_ids, self._group_ids = self._episode_ids.copy(), self._group_ids.copy()
+            self._episode_ids[host_envs] = episode_ids(self._round, self.num_envs)[host_envs]
+            self._group_ids[host_envs] = group_ids(self._round, self.group_size)[host_envs]
 
     def _start_interactions(self, envs: np.ndarray, rows: np.ndarray) -> None:
         """Start the interaction of the episodes ``envs`` begin (their group round's task seed) and write the
@@ -491,6 +585,24 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         infos["_prompt_index"] = mask.copy()
         return infos
 
+    def _prompt_table(self) -> tuple[Any, Any]:
+        """The prompt table as the in-place bookkeeping takes it (numpy views on CPU)."""
+        if self._on_cpu:
+            return self._packed_ids.numpy(), self._packed_mask.numpy()
+        return self._packed_ids, self._packed_mask
+
+    def _final_windows(self, done: np.ndarray) -> tuple[tuple[Any, Any], np.ndarray]:
+        """The final windows of envs ``done`` in the observation backend, and their ids on the host."""
+        if self._on_cpu:  # numpy fancy indexing copies the rows, at less cost per call than torch's
+            host_ids, host_mask = self._state[0][done], self._state[1][done]
+            if self.obs_backend == "numpy":
+                return (host_ids, host_mask), host_ids
+            return (torch.from_numpy(host_ids), torch.from_numpy(host_mask)), host_ids
+        done_t = torch.as_tensor(done, device=self.device)
+        final_ids, final_mask = self._ids.index_select(0, done_t), self._mask.index_select(0, done_t)
+        finals = self._backend(final_ids), self._backend(final_mask)
+        return finals, finals[0] if self.obs_backend == "numpy" else final_ids.cpu().numpy()
+
     def _backend(self, t: torch.Tensor):
         if self.obs_backend == "torch":
             return t.clone()
@@ -499,10 +611,13 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         return t.cpu().numpy()
 
     def _observations(self):
+        if self._on_cpu and self.obs_backend == "numpy":
+            return {"input_ids": self._state[0].copy(), "attention_mask": self._state[1].copy()}
         return {"input_ids": self._backend(self._ids), "attention_mask": self._backend(self._mask)}
 
-    def _check_actions(self, actions) -> tuple[torch.Tensor, np.ndarray]:
-        """Validated actions on the device, and a host copy (one transfer when they come from the device)."""
+    def _check_actions(self, actions) -> tuple[torch.Tensor | None, np.ndarray]:
+        """Validated actions on the device (``None`` for numpy actions on CPU, where the host copy is what the
+        bookkeeping takes), and a host copy (one transfer when they come from the device)."""
         n, v = self.num_envs, self.text_spec.vocab_size
         expected = f"expected {n} integer token ids in [0, {v}) with shape ({n},)"
         if isinstance(actions, torch.Tensor):
@@ -529,6 +644,8 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         if a.min() < 0 or a.max() >= v:
             return self._range_error(a, expected)
         host = a.astype(np.int64, copy=False)
+        if self._on_cpu:  # the CPU bookkeeping takes the numpy actions
+            return None, host
         return torch.as_tensor(host).to(self.device), host
 
     def _range_error(self, a: np.ndarray, expected: str):

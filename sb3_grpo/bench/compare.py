@@ -111,14 +111,14 @@ def _make_callback(report: Callable[[int, float | None], None] | None, extra: Se
 
     class CurveCallback(BaseCallback):
         def _on_training_start(self) -> None:
-            self._episodes: list[float] = []
+            self._episodes: list[dict] = []
             self._reported = 0.0
 
         def _on_step(self) -> bool:
             for info in self.locals.get("infos", ()):
                 episode = info.get("episode")
-                if episode is not None:
-                    self._episodes.append(float(episode["r"]))
+                if episode is not None:  # read at the rollout's end: GRPO lands rewards scored in the background
+                    self._episodes.append(episode)  # in these records before then
             now = time.perf_counter()
             if report is not None and now - self._reported > 0.5:
                 report(int(self.num_timesteps), None)
@@ -128,7 +128,7 @@ def _make_callback(report: Callable[[int, float | None], None] | None, extra: Se
         def _on_rollout_end(self) -> None:
             if self._episodes:
                 curve["steps"].append(int(self.num_timesteps))
-                curve["reward"].append(float(np.mean(self._episodes)))
+                curve["reward"].append(float(np.mean([float(episode["r"]) for episode in self._episodes])))
                 curve["episodes"].append(len(self._episodes))
             if report is not None:
                 report(int(self.num_timesteps), curve["reward"][-1] if curve["reward"] else None)

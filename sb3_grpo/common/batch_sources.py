@@ -10,7 +10,9 @@ GRPO's ``train`` reads the same for both; the path is chosen once, when the mode
 
 Both yield :class:`~sb3_grpo.common.type_aliases.Minibatch` tuples whose flat fields list the same transitions
 in the same order as :meth:`evaluate` returns the policy's outputs for them, and both give the frozen KL
-reference policy's log-probs of the same transitions (:meth:`reference_log_prob`).
+reference policy's log-probs of the same transitions (:meth:`reference_log_prob`). ``evaluate_slices`` returns the
+same outputs as ``K`` contiguous slices (``torch.tensor_split``'s), each from its own forward, for the
+gradient-variance penalty (:mod:`sb3_grpo.grpo.penalty`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from sb3_grpo.common.buffers import (
     SequenceRolloutBuffer,
     is_text_space,
 )
-from sb3_grpo.common.type_aliases import Minibatch
+from sb3_grpo.common.type_aliases import Minibatch, SequenceSamples
 
 __all__ = [
     "BatchSource",
@@ -39,6 +41,12 @@ __all__ = [
     "make_batch_source",
     "rollout_buffer_class_for",
 ]
+
+#: Trainable parameters from which :class:`TransitionBatches` evaluates the penalty's slices in separate forwards.
+SEPARATE_SLICES_MIN_PARAMS = 1 << 17
+
+#: The policy's outputs for some transitions, flat: values, log-probs, entropies (``None``: no analytical form).
+Outputs = tuple[th.Tensor, th.Tensor, th.Tensor | None]
 
 #: ``(observations or sequences, actions) -> (values or log-probs, ...)``: the policy's evaluation under the
 #: KL reference (a frozen copy's method, or the LoRA policy's adapters-off method).
@@ -57,6 +65,9 @@ class TransitionBatches:
         self.policy = policy
         self.reference = reference
         self.discrete = discrete
+        # one forward per slice pays off when a backward through the minibatch costs more than a few extra calls
+        n_params = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+        self.separate_slices = n_params >= SEPARATE_SLICES_MIN_PARAMS
 
     def minibatches(self, buffer: RolloutBuffer, batch_size: int) -> Iterator[Minibatch]:
         """One epoch of minibatches of ``batch_size`` random transitions (SB3's ``get``, same random draws).
@@ -84,6 +95,30 @@ class TransitionBatches:
         values, log_prob, entropy = self.policy.evaluate_actions(minibatch.inputs, minibatch.actions)
         return values.flatten(), log_prob, entropy
 
+    def evaluate_slices(self, minibatch: Minibatch, sizes: list[int]) -> list[Outputs]:
+        """:meth:`evaluate` in consecutive slices of ``sizes`` transitions: one forward per slice when
+        :attr:`separate_slices` (a policy of at least :data:`SEPARATE_SLICES_MIN_PARAMS` parameters), else one forward
+        of the minibatch, split (for a small MLP, fewer calls cost less than smaller backwards save).
+
+        :param minibatch: The minibatch.
+        :param sizes: Transitions per slice (summing to the minibatch's).
+        """
+        if not self.separate_slices:
+            values, log_prob, entropy = self.evaluate(minibatch)
+            entropies = [None] * len(sizes) if entropy is None else entropy.split(sizes)
+            return list(zip(values.split(sizes), log_prob.split(sizes), entropies, strict=True))
+        inputs = minibatch.inputs
+        if isinstance(inputs, dict):
+            split = zip(*(value.split(sizes) for value in inputs.values()), strict=True)
+            parts = [dict(zip(inputs, values, strict=True)) for values in split]
+        else:
+            parts = inputs.split(sizes)
+        out = []
+        for obs, actions in zip(parts, minibatch.actions.split(sizes), strict=True):
+            values, log_prob, entropy = self.policy.evaluate_actions(obs, actions)
+            out.append((values.flatten(), log_prob, entropy))
+        return out
+
     def reference_log_prob(self, minibatch: Minibatch) -> th.Tensor:
         """``log pi_ref(a|s)`` of the KL reference for the minibatch's transitions (no gradient)."""
         with th.no_grad():
@@ -97,6 +132,9 @@ class SequenceBatches:
     :param policy: A policy with ``evaluate_sequences`` (:class:`~sb3_grpo.policies.CausalLMPolicy`).
     :param reference: ``evaluate_sequences`` of the KL reference (``None``: no KL term).
     """
+
+    #: The slices of :meth:`evaluate_slices` come from separate forwards (always, for an LM).
+    separate_slices = True
 
     def __init__(self, policy: BasePolicy, reference: ReferenceFn | None) -> None:
         self.policy = policy
@@ -126,6 +164,33 @@ class SequenceBatches:
         log_prob, entropy, values = self.policy.evaluate_sequences(seq.input_ids, seq.attention_mask, seq.action_mask)
         m = seq.action_mask
         return values[m], log_prob[m], entropy[m]
+
+    def evaluate_slices(self, minibatch: Minibatch, sizes: list[int]) -> list[Outputs]:
+        """:meth:`evaluate` in consecutive slices of ``sizes`` transitions, one forward per slice: the sequences that
+        hold a slice's transitions (a sequence cut by a slice boundary is evaluated in both of its slices, each
+        keeping its own tokens).
+
+        :param minibatch: The minibatch.
+        :param sizes: Transitions per slice (summing to the minibatch's).
+        """
+        seq = minibatch.inputs
+        counts = seq.action_mask.sum(1).tolist()  # transitions per sequence, in the flat order
+        out, row, first, lo = [], 0, 0, 0  # first: the flat index of sequence `row`'s first transition
+        for size in sizes:
+            hi = lo + size
+            while first + counts[row] <= lo:  # skip the sequences that end before this slice
+                first += counts[row]
+                row += 1
+            end_row, end_first = row, first
+            while end_first < hi:  # the sequences that hold a transition of [lo, hi)
+                end_first += counts[end_row]
+                end_row += 1
+            part = SequenceSamples(*(field[row:end_row] for field in seq))
+            values, log_prob, entropy = self.evaluate(minibatch._replace(inputs=part))
+            keep = slice(lo - first, hi - first)
+            out.append((values[keep], log_prob[keep], entropy[keep]))
+            lo = hi
+        return out
 
     def reference_log_prob(self, minibatch: Minibatch) -> th.Tensor:
         """``log pi_ref(a|s)`` of the KL reference for the minibatch's transitions (no gradient)."""

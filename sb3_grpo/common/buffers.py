@@ -69,7 +69,7 @@ class PolicyLogProbMixin:
         policy_log_prob = log_prob if policy_log_prob is None else policy_log_prob
         if len(policy_log_prob.shape) == 0:  # as SB3 does for log_prob
             policy_log_prob = policy_log_prob.reshape(-1, 1)
-        self.policy_log_probs[self.pos] = policy_log_prob.clone().cpu().numpy()  # type: ignore[attr-defined]
+        self.policy_log_probs[self.pos] = policy_log_prob.cpu().numpy()  # type: ignore[attr-defined]  (a copy)
         super().add(*args, **kwargs)  # type: ignore[misc]
 
     def get(self, batch_size: int | None = None) -> Generator[GRPORolloutBufferSamples, None, None]:

@@ -17,6 +17,8 @@ divides by) and the policy's own (the KL estimate's importance weight). The dens
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch as th
 from gymnasium import spaces
@@ -52,7 +54,11 @@ def sample_actions(
     """
     Actions, values, *behaviour* log-probs (``log mu(a|s)``, the mixture's where it explores) and the
     policy's own log-probs (``log pi(a|s)``) for one step. With ``alpha == 0`` and no greedy envs this is
-    exactly ``policy(obs_tensor)`` (PPO's call, same random draws), with its log-probs twice.
+    exactly ``policy(obs_tensor)`` (PPO's call, same random draws), with its log-probs twice. A policy with
+    ``accepts_action_filter`` (:class:`~sb3_grpo.policies.CausalLMPolicy`) gets one call that draws and replaces the
+    actions (:func:`_filtered`); any other gets the draw, a deterministic call for greedy members and a
+    ``get_distribution`` for the explored envs (:func:`_replaced`): the same random draws, in the same order, and
+    the same actions and log-probs either way.
 
     :param policy: The acting policy.
     :param obs_tensor: The step's observations, as tensors.
@@ -61,20 +67,78 @@ def sample_actions(
     :param greedy_envs: Boolean mask of the envs that act greedily (self-critical baseline), or ``None``.
     :param rng: The exploration RNG (which envs explore, and the uniform draws).
     """
-    actions, values, log_probs = policy(obs_tensor)
     if alpha <= 0 and greedy_envs is None:
+        actions, values, log_probs = policy(obs_tensor)
         return actions, values, log_probs, log_probs
-    n_envs = actions.shape[0]
-    greedy = np.zeros(n_envs, dtype=bool) if greedy_envs is None else greedy_envs
+    greedy = np.zeros(_rows(obs_tensor).shape[0], dtype=bool) if greedy_envs is None else greedy_envs
+    squashed = bool(getattr(policy, "squash_output", False))
+    if getattr(policy, "accepts_action_filter", False):
+        actions, values, log_probs = _filtered(policy, obs_tensor, action_space, alpha, greedy, rng, squashed)
+    else:
+        actions, values, log_probs = _replaced(policy, obs_tensor, action_space, alpha, greedy, rng, squashed)
+    if alpha <= 0:
+        return actions, values, log_probs, log_probs
+    log_u = uniform_log_prob(action_space, actions, squashed)
+    mixed = mixture_log_prob(log_probs, log_u, alpha)
+    policy_log_probs = log_probs  # log pi of every action, explored or not
+    log_probs = th.where(th.as_tensor(~greedy, device=log_probs.device), mixed, log_probs)
+    return actions, values, log_probs, policy_log_probs
+
+
+def _rows(obs_tensor: th.Tensor | dict[str, th.Tensor]) -> th.Tensor:
+    """The observations' first tensor (its length is the number of envs)."""
+    return next(iter(obs_tensor.values())) if isinstance(obs_tensor, dict) else obs_tensor
+
+
+def _filtered(
+    policy: BasePolicy,
+    obs_tensor: th.Tensor | dict[str, th.Tensor],
+    action_space: spaces.Space,
+    alpha: float,
+    greedy: np.ndarray,
+    rng: np.random.Generator,
+    squashed: bool,
+) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    """One policy call that draws, then replaces the greedy members' actions by the mode and the explored envs'
+    by uniform draws (the policy's ``action_filter``): actions, values and ``log pi`` of the actions taken."""
+
+    def choose(actions: th.Tensor, dist: Any) -> th.Tensor:
+        if greedy.any():
+            actions = th.where(th.as_tensor(greedy, device=actions.device), dist.mode(), actions)
+        if alpha > 0:
+            explore = (rng.random(len(greedy)) < alpha) & ~greedy
+            if explore.any():
+                uniform = uniform_sample(action_space, int(explore.sum()), rng, squashed)
+                actions = actions.clone()
+                rows = th.as_tensor(explore, device=actions.device)
+                actions[rows] = th.as_tensor(uniform, dtype=actions.dtype, device=actions.device).reshape(
+                    actions[rows].shape
+                )
+        return actions
+
+    return policy(obs_tensor, action_filter=choose)
+
+
+def _replaced(
+    policy: BasePolicy,
+    obs_tensor: th.Tensor | dict[str, th.Tensor],
+    action_space: spaces.Space,
+    alpha: float,
+    greedy: np.ndarray,
+    rng: np.random.Generator,
+    squashed: bool,
+) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    """Any SB3 policy: draw, a second (deterministic) call for the greedy members, the explored envs' uniform draws
+    scored by ``get_distribution``: the same actions and log-probs as :func:`_filtered`, in more calls."""
+    actions, values, log_probs = policy(obs_tensor)
     if greedy.any():
         greedy_actions, _, greedy_log_probs = policy(obs_tensor, deterministic=True)
         rows = th.as_tensor(greedy, device=actions.device)
         actions[rows] = greedy_actions[rows]
         log_probs[rows] = greedy_log_probs[rows]
     if alpha <= 0:
-        return actions, values, log_probs, log_probs
-    squashed = bool(getattr(policy, "squash_output", False))
-    explore = (rng.random(n_envs) < alpha) & ~greedy
+        return actions, values, log_probs
+    explore = (rng.random(len(greedy)) < alpha) & ~greedy
     if explore.any():
         rows = th.as_tensor(explore, device=actions.device)
         uniform = uniform_sample(action_space, int(explore.sum()), rng, squashed)
@@ -84,13 +148,9 @@ def sample_actions(
         if isinstance(action_space, spaces.Discrete):
             eval_actions = actions.long().flatten()
         else:
-            eval_actions = actions.reshape(n_envs, -1)
+            eval_actions = actions.reshape(actions.shape[0], -1)
         # log pi of the uniform draws, from the distribution the policy already computed for this
         # step (get_distribution, not evaluate_actions: a CausalLMPolicy serves it from its cache)
         explore_log_probs = policy.get_distribution(obs_tensor).log_prob(eval_actions)
         log_probs[rows] = explore_log_probs.reshape(log_probs.shape)[rows]
-    log_u = uniform_log_prob(action_space, actions, squashed)
-    mixed = mixture_log_prob(log_probs, log_u, alpha)
-    policy_log_probs = log_probs  # log pi of every action, explored or not
-    log_probs = th.where(th.as_tensor(~greedy, device=log_probs.device), mixed, log_probs)
-    return actions, values, log_probs, policy_log_probs
+    return actions, values, log_probs

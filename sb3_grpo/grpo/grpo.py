@@ -12,6 +12,7 @@ functions of :mod:`sb3_grpo.objectives`; buffers, the two update paths and the d
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, ClassVar, TypeVar
 
@@ -31,6 +32,7 @@ from sb3_grpo import distributed
 from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_class_for
 from sb3_grpo.common.checkpoints import existing_checkpoint
 from sb3_grpo.common.data_parallel import make_data_parallel
+from sb3_grpo.common.host_memory import release_free_heap
 from sb3_grpo.grpo.exploration import explore_alpha_at
 from sb3_grpo.grpo.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
 from sb3_grpo.grpo.kl import adapt_kl_coef, frozen_copy
@@ -430,10 +432,10 @@ class GRPO(OnPolicyAlgorithm):
             # Give access to local variables
             callback.update_locals(locals())
             if not callback.on_step():
-                return False
+                return extras.stop()  # False, as SB3 returns (and no reward is left being scored)
 
             self._update_info_buffer(infos, dones)
-            extras.record_step(rewards, dones, infos)
+            extras.record_step(n_steps, rewards, dones, infos)
             n_steps += 1
 
             if isinstance(self.action_space, spaces.Discrete):
@@ -458,6 +460,7 @@ class GRPO(OnPolicyAlgorithm):
             # Compute value for the last timestep
             values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
 
+        extras.land_rewards(rollout_buffer)  # rewards scored in the background, before returns and advantages
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
         extras.finish(rollout_buffer, self.logger, self.num_timesteps, self._n_updates, self.advantage)
 
@@ -473,7 +476,7 @@ class GRPO(OnPolicyAlgorithm):
     def _optimizer_step(self, terms: LossTerms | None, epoch: int, stats: TrainStats) -> None:
         """Backward, gradient average over the ranks, clipping and the optimizer step, unless the loss or the
         gradient is non-finite (``nonfinite``: raise, or skip and count). ``terms=None``: an idle step."""
-        if terms is None or not th.isfinite(terms.loss):
+        if terms is None or not math.isfinite(terms.value):
             if terms is not None and self.nonfinite != "skip":
                 raise_non_finite("loss", self._n_updates, epoch, self.num_timesteps, terms.details)
             if terms is not None:  # no step on this minibatch; counted in train/skipped_nonfinite
@@ -482,22 +485,19 @@ class GRPO(OnPolicyAlgorithm):
             return
         self.policy.optimizer.zero_grad()
         terms.loss.backward()
+        if not self.policy.optimizer.state:  # the first step allocates the optimizer's state: the update's peak
+            release_free_heap()
         self._data_parallel.average_gradients(self.policy.parameters())
         # Clip grad norm (the returned norm is the one before clipping)
-        grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
-        if not th.isfinite(grad_norm):
+        grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm).item()
+        if not math.isfinite(grad_norm):
             if self.nonfinite != "skip":
-                raise_non_finite(
-                    "gradient",
-                    self._n_updates,
-                    epoch,
-                    self.num_timesteps,
-                    {**terms.details, "grad_norm": grad_norm.item()},
-                )
+                details = {**terms.details, "grad_norm": grad_norm}
+                raise_non_finite("gradient", self._n_updates, epoch, self.num_timesteps, details)
             self.policy.optimizer.zero_grad()  # drop the gradient: the weights and Adam's moments stay finite
             self._skipped_nonfinite += 1
             return
-        stats.grad_norms.append(grad_norm.item())
+        stats.grad_norms.append(grad_norm)
         self.policy.optimizer.step()
 
     def train(self) -> None:

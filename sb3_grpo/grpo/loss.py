@@ -16,8 +16,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.grpo.kl import kl_to_reference
+from sb3_grpo.grpo.penalty import slice_sizes
 from sb3_grpo.grpo.stats import TrainStats
-from sb3_grpo.objectives import adaptive_clip_range, clip_fraction, clipped_surrogate
+from sb3_grpo.objectives import adaptive_clip_range, clip_fractions, clipped_surrogate
 
 __all__ = ["LossTerms", "minibatch_loss", "stop_early"]
 
@@ -28,6 +29,7 @@ class LossTerms(NamedTuple):
     loss: th.Tensor
     approx_kl: np.ndarray
     details: dict[str, float]
+    value: float  # loss.item(), fetched once
 
 
 def minibatch_loss(
@@ -45,10 +47,14 @@ def minibatch_loss(
     use_grad_var = model.grad_var_coef > 0 and n_slices >= 2
     use_critic = model.advantage == "gae"
     if use_grad_var:
-        # the fused attention kernels (flash / memory-efficient) have no double backward: record
-        # attention with the math kernel so that Var can be differentiated (no-op for MLPs)
+        # each slice in its own forward (large policies), so that each slice gradient walks its own graph; the
+        # fused attention kernels (flash / memory-efficient) have no double backward: record attention with the
+        # math kernel so that Var can be differentiated (no-op for MLPs)
+        sizes = slice_sizes(len(minibatch.actions), n_slices)
         with sdpa_kernel(SDPBackend.MATH):
-            values, log_prob, entropy = model.batch_source.evaluate(minibatch)
+            parts = model.batch_source.evaluate_slices(minibatch, sizes)
+        values, log_prob = th.cat([p[0] for p in parts]), th.cat([p[1] for p in parts])
+        entropy = None if any(p[2] is None for p in parts) else th.cat([p[2] for p in parts])
     else:
         values, log_prob, entropy = model.batch_source.evaluate(minibatch)
     # Normalize advantage (GAE only: group advantages are already normalized, and the steps
@@ -69,13 +75,18 @@ def minibatch_loss(
     # clipped surrogate loss
     surrogate = clipped_surrogate(ratio, advantages, eps)
     policy_loss = -surrogate.mean()
+    # the penalty's slice objectives, each from its own slice's outputs only (the same figures as slices of
+    # `surrogate`, but none of their graphs goes through the concatenation of the other slices)
+    slice_objectives = (
+        _slice_objectives([p[1] for p in parts], minibatch.old_log_prob, advantages, eps) if use_grad_var else []
+    )
 
     stats.pg_losses.append(policy_loss.item())
-    stats.clip_fractions.append(clip_fraction(ratio, eps))
     with th.no_grad():
-        positive = advantages > 0
-        stats.clip_fractions_pos.append(clip_fraction(ratio, eps, positive))
-        stats.clip_fractions_neg.append(clip_fraction(ratio, eps, ~positive))
+        fraction, fraction_pos, fraction_neg = clip_fractions(ratio, eps, advantages)
+    stats.clip_fractions.append(fraction)
+    stats.clip_fractions_pos.append(fraction_pos)
+    stats.clip_fractions_neg.append(fraction_neg)
 
     # Entropy loss favor exploration (approximated when there is no analytical form)
     entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
@@ -94,8 +105,8 @@ def minibatch_loss(
         # group forms: no critic (DeepSeekMath GRPO), the value head is not trained
         loss = policy_loss + model.ent_coef * entropy_loss
 
-    details = {"pg_loss": policy_loss.item()}
-    loss = _add_grpo_terms(model, loss, minibatch, surrogate, log_prob, n_slices if use_grad_var else 0, stats, details)
+    details = {"pg_loss": stats.pg_losses[-1]}
+    loss = _add_grpo_terms(model, loss, minibatch, slice_objectives, log_prob, stats, details)
 
     # Calculate approximate form of reverse KL Divergence for early stopping
     # see issue #417: https://github.com/DLR-RM/stable-baselines3/issues/417
@@ -106,30 +117,49 @@ def minibatch_loss(
         approx_kl_div = th.mean((th.exp(log_ratio) - 1) - log_ratio).cpu().numpy()
         stats.approx_kl_divs.append(approx_kl_div)
     stats.last_loss = loss.item()
-    return LossTerms(loss, approx_kl_div, details)
+    return LossTerms(loss, approx_kl_div, details, stats.last_loss)
+
+
+def _slice_objectives(
+    log_probs: list[th.Tensor], old_log_prob: th.Tensor, advantages: th.Tensor, eps: float | th.Tensor
+) -> list[th.Tensor]:
+    """``L_k = -mean(clipped surrogate)`` of each slice, from that slice's log-probs only.
+
+    :param log_probs: The slices' ``log pi(a|s)`` (with gradient), consecutive.
+    :param old_log_prob: The whole minibatch's old log-probs.
+    :param advantages: The whole minibatch's (normalized) advantages.
+    :param eps: The clip range, a float or per sample.
+    """
+    objectives, lo = [], 0
+    for part in log_probs:
+        hi = lo + len(part)
+        part_eps = eps[lo:hi] if isinstance(eps, th.Tensor) else eps
+        ratio = th.exp(part - old_log_prob[lo:hi])
+        objectives.append(-clipped_surrogate(ratio, advantages[lo:hi], part_eps).mean())
+        lo = hi
+    return objectives
 
 
 def _add_grpo_terms(
     model: Any,
     loss: th.Tensor,
     minibatch: Minibatch,
-    surrogate: th.Tensor,
+    slice_objectives: list[th.Tensor],
     log_prob: th.Tensor,
-    n_slices: int,
     stats: TrainStats,
     details: dict[str, float],
 ) -> th.Tensor:
-    """``loss`` plus GRPO's terms: ``grad_var_coef * Var`` (``n_slices >= 2``) and ``kl_coef * KL`` (``kl_coef > 0``).
+    """``loss`` plus GRPO's terms: ``grad_var_coef * Var`` (given ``K >= 2`` slice objectives) and ``kl_coef * KL``
+    (``kl_coef > 0``).
 
-    :param surrogate: The clipped surrogate per sample (its slices' gradients make ``Var``).
+    :param slice_objectives: The penalty's ``K`` slice objectives, each from its own forward (empty: no penalty).
     :param log_prob: ``log pi(a|s)`` of the minibatch's actions (with gradient).
-    :param n_slices: ``K`` slices for the penalty; 0 turns it off.
     :param details: The figures a non-finite loss's error message shows (updated in place).
     """
-    if n_slices >= 2:
+    if len(slice_objectives) >= 2:
         # Var[grad L_CLIP] over K contiguous slices of the (randomly permuted) minibatch; its
         # gradient comes from double backprop when loss.backward() runs
-        grad_var = model._grad_var([-part.mean() for part in th.tensor_split(surrogate, n_slices)])
+        grad_var = model._grad_var(slice_objectives, separate_graphs=model.batch_source.separate_slices)
         stats.grad_vars.append(grad_var.item())
         details["grad_var"] = stats.grad_vars[-1]
         loss = loss + model.grad_var_coef * grad_var

@@ -26,6 +26,7 @@ class NonFiniteEpisodes:
     def __init__(self, nonfinite: str, n_envs: int, n_rollout_steps: int) -> None:
         self.nonfinite = nonfinite
         self.episode_first_row = np.zeros(n_envs, dtype=np.int64)
+        self.ended_first_row = np.zeros(n_envs, dtype=np.int64)  # of the episodes that ended at the last step
         self.dropped_rows = np.zeros((n_rollout_steps, n_envs), dtype=bool)
         self.dropped_episodes = 0
 
@@ -60,11 +61,19 @@ class NonFiniteEpisodes:
         if bad.any():
             rewards = np.where(bad, 0.0, rewards).astype(rewards.dtype)
         for i in np.flatnonzero(flagged):
-            self.dropped_rows[self.episode_first_row[i] : row + 1, i] = True
-            self.dropped_episodes += 1
+            self.drop_episode(i, self.episode_first_row[i], row)
         ended = np.flatnonzero(dones)
+        self.ended_first_row[ended] = self.episode_first_row[ended]
         self.episode_first_row[ended] = row + 1
         return rewards
+
+    def drop_episode(self, env: int, first_row: int, row: int) -> None:
+        """``"skip"``: drop env ``env``'s episode of rows ``first_row .. row`` (its reward was NaN/inf, or the env
+        flagged it); a reward that arrives after its step (scored in the background) is dropped this way too."""
+        if self.nonfinite != "skip":
+            return
+        self.dropped_rows[first_row : row + 1, env] = True
+        self.dropped_episodes += 1
 
     def drop(self, rollout_buffer: RolloutBuffer) -> None:
         """``"skip"``: zero the advantages of dropped episodes and of any non-finite advantage, and set their value

@@ -2,7 +2,8 @@
 
 The exploration mixture's actions and the greedy members of self-critical groups (:mod:`.exploration`), the
 bookkeeping that replaces GAE advantages by group advantages (:mod:`.groups`), the handling of non-finite rewards
-(:mod:`.nonfinite`), the policy's own log-probs for the buffer, and the rollout's GRPO logs.
+(:mod:`.nonfinite`), the policy's own log-probs for the buffer, rewards scored in the background (:mod:`.deferred`),
+and the rollout's GRPO logs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo.common.buffers import PolicyLogProbMixin
+from sb3_grpo.grpo.deferred import DeferredRewards
 from sb3_grpo.grpo.exploration import sample_actions
 from sb3_grpo.grpo.groups import EpisodeGroupTracker
 from sb3_grpo.grpo.nonfinite import NonFiniteEpisodes, check_advantages
@@ -62,13 +64,14 @@ class RolloutExtras:
         self.stores_policy_log_prob = isinstance(rollout_buffer, PolicyLogProbMixin)
         self.rng = rng
         self.completion_lengths: list[int] = []  # text envs: tokens of each completion that ended in this rollout
+        self.deferred: DeferredRewards | None = None  # rewards scored in the background (text envs)
 
     @classmethod
     def start(cls, model: Any, env: VecEnv, rollout_buffer: RolloutBuffer, n_rollout_steps: int) -> RolloutExtras:
         """GRPO's state for the rollout of ``model`` (a :class:`~sb3_grpo.GRPO`) about to start; the mixture's weight
         is fixed for the whole rollout (and kept as ``model._rollout_explore_alpha`` for the update's log)."""
         model._rollout_explore_alpha = model.current_explore_alpha()
-        return cls(
+        extras = cls(
             model.action_space,
             model._rollout_explore_alpha,
             model._rollout_group_tracker(env),
@@ -79,6 +82,10 @@ class RolloutExtras:
             n_rollout_steps,
             model._explore_rng,
         )
+        extras.deferred = DeferredRewards.start(env)
+        if not computes_as_ppo(model):  # a prefill of another batch rounds floats differently from PPO's
+            warm_prefills(model.policy, env)
+        return extras
 
     def sample(
         self, policy: BasePolicy, obs_tensor: th.Tensor | dict[str, th.Tensor]
@@ -93,18 +100,33 @@ class RolloutExtras:
         """The step's rewards after the non-finite check (:meth:`~.nonfinite.NonFiniteEpisodes.check_rewards`)."""
         return self.nonfinite.check_rewards(rewards, dones, infos, row, timestep, n_updates)
 
-    def record_step(self, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]) -> None:
-        """Record one step: completion lengths, and the raw rewards (before the timeout bootstrap adds
-        ``gamma * V(terminal obs)``) for the group advantages."""
-        self.completion_lengths.extend(
-            len(infos[idx]["completion_ids"]) for idx in np.flatnonzero(dones) if "completion_ids" in infos[idx]
-        )
+    def record_step(self, row: int, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]) -> None:
+        """Record one step (buffer row ``row``): completion lengths, the raw rewards (before the timeout bootstrap
+        adds ``gamma * V(terminal obs)``) for the group advantages, and where rewards still being scored go."""
+        if self.deferred is not None:
+            self.deferred.note(row, dones, infos, self.nonfinite.ended_first_row)
+        if dones.any():
+            self.completion_lengths.extend(
+                len(infos[idx]["completion_ids"]) for idx in np.flatnonzero(dones) if "completion_ids" in infos[idx]
+            )
         if self.tracker is not None:
             self.tracker.add(rewards, dones, infos)
 
     def buffer_extra(self, policy_log_probs: th.Tensor) -> dict[str, Any]:
         """Keyword arguments of ``rollout_buffer.add`` beyond SB3's (the policy's own log-probs, where stored)."""
         return {"policy_log_prob": policy_log_probs} if self.stores_policy_log_prob else {}
+
+    def land_rewards(self, rollout_buffer: RolloutBuffer) -> None:
+        """Before returns and advantages: the rewards scored in the background, where ``step`` would have put them
+        (:class:`~sb3_grpo.grpo.deferred.DeferredRewards`)."""
+        if self.deferred is not None:
+            self.deferred.land(rollout_buffer, self.tracker, self.nonfinite)
+
+    def stop(self) -> bool:
+        """A callback stopped the rollout: nothing more lands in this buffer. Returns ``False`` (for SB3's loop)."""
+        if self.deferred is not None:
+            self.deferred.stop()
+        return False
 
     def finish(
         self, rollout_buffer: RolloutBuffer, logger: Logger, timestep: int, n_updates: int, advantage: str
@@ -124,6 +146,38 @@ class RolloutExtras:
         if self.nonfinite.nonfinite == "skip":
             logger.record("rollout/skipped_episodes", self.nonfinite.dropped_episodes)
         check_advantages(rollout_buffer, timestep, n_updates, advantage)
+
+
+def computes_as_ppo(model: Any) -> bool:
+    """Whether every GRPO extra is off, so that GRPO must compute exactly what SB3's PPO computes (bit for bit)."""
+    return (
+        model.grad_var_coef == 0
+        and model.adaptive_clip is None
+        and model.explore_alpha == 0
+        and model.advantage == "gae"
+        and model.kl_coef == 0
+    )
+
+
+def warm_prefills(policy: BasePolicy, env: VecEnv, max_rows_per_env: int = 4) -> int:
+    """Before a rollout: a policy with ``warm_prefills`` (:class:`~sb3_grpo.policies.CausalLMPolicy`) prefills the
+    text env's prompts in one batched forward (when there are at most ``max_rows_per_env`` per env), so that the
+    episodes that auto-reset during the rollout copy a prompt's keys/values instead of running a prefill each (one
+    forward per step with a reset, otherwise). The outputs are the same up to float rounding (a batched forward of
+    other rows); GRPO skips it when every extra is off (:func:`computes_as_ppo`), where it must match PPO bit for bit.
+
+    :return: How many prompts were prefilled.
+    """
+    warm = getattr(policy, "warm_prefills", None)
+    source = env
+    while source is not None and not callable(getattr(type(source), "prompt_windows", None)):
+        source = getattr(source, "venv", None)
+    if warm is None or source is None:
+        return 0
+    windows = source.prompt_windows(max_rows_per_env * env.num_envs)
+    if windows is None:
+        return 0
+    return warm({"input_ids": th.as_tensor(windows[0]), "attention_mask": th.as_tensor(windows[1])})
 
 
 def env_actions(policy: BasePolicy, action_space: spaces.Space, actions: np.ndarray) -> np.ndarray:

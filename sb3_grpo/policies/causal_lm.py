@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from stable_baselines3.common.distributions import CategoricalDistribution
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
+from torch.nn import functional as F
 
 from sb3_grpo.common.packing import first_fit_decreasing, packed_batch, suffix_lengths
 from sb3_grpo.policies.critics import EmbeddingCritic
@@ -95,9 +97,8 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
     block-diagonal causal 4-D attention mask, so no token attends across segments. Every token's hidden state is the
     padded forward's up to float rounding, computed over fewer positions (``sb3-grpo perf``'s update row: 1,434
     instead of 2,258). The first packed forward of a policy is checked against the padded one (hidden states at every
-    action
-    position, within float tolerance); a model that does not honour 4-D masks fails the check, is told so in a
-    warning and is evaluated padded from then on.
+    action position of the segments that share its fullest packed row, within float tolerance); a model that does not
+    honour 4-D masks fails the check, is told so in a warning and is evaluated padded from then on.
 
     **Saving.** ``_get_constructor_parameters`` stores the model as a config-only :func:`model_spec` dict
     (:attr:`lm_spec`), so no Hugging Face object is pickled and loading needs no model directory; the weights come
@@ -138,7 +139,8 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
     :param critic_hidden: width of the separate critic's MLP.
     :param use_sde: SB3 passes it; must be False.
     :param normalize_images: SB3's flag, stored and ignored (token ids are not images).
-    :param optimizer_class: the optimizer (default Adam, ``eps=1e-5`` like SB3's ``ActorCriticPolicy``).
+    :param optimizer_class: the optimizer (default Adam, ``eps=1e-5`` like SB3's ``ActorCriticPolicy``, with torch's
+        fused kernel where the parameters allow it).
     :param optimizer_kwargs: extra optimizer arguments.
     """
 
@@ -167,7 +169,9 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         optimizer_kwargs: dict[str, Any] | None = None,
     ):
         if optimizer_kwargs is None:
-            optimizer_kwargs = {"eps": 1e-5} if optimizer_class == th.optim.Adam else {}
+            # SB3's Adam eps; the fused kernel: one pass per step and no temporaries the size of a parameter (the peak
+            # memory of an update is at its first step, when Adam's state is allocated)
+            optimizer_kwargs = {"eps": 1e-5, "fused": True} if optimizer_class == th.optim.Adam else {}
         super().__init__(
             observation_space,
             action_space,
@@ -228,7 +232,15 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         )
         self.train(False)
         params = [p for p in self.parameters() if p.requires_grad] if self.lora is not None else self.parameters()
-        self.optimizer = self.optimizer_class(params, lr=lr_schedule(1), **self.optimizer_kwargs)
+        params = list(params)
+        try:
+            self.optimizer = self.optimizer_class(params, lr=lr_schedule(1), **self.optimizer_kwargs)
+        except (RuntimeError, ValueError):
+            if not self.optimizer_kwargs.get("fused"):
+                raise
+            # the default asked for the fused kernel, which these parameters' dtype or device does not have
+            self.optimizer_kwargs = {k: v for k, v in self.optimizer_kwargs.items() if k != "fused"}
+            self.optimizer = self.optimizer_class(params, lr=lr_schedule(1), **self.optimizer_kwargs)
 
     def _build_critic(self, hidden: int) -> None:
         """The value head on the LM's last hidden state, or the separate :class:`EmbeddingCritic`; initialised as SB3
@@ -333,6 +345,20 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         """Drop every rollout KV cache (the next call recomputes all rows)."""
         self._rollout_cache.reset()
 
+    def warm_prefills(self, obs: PyTorchObs) -> int:
+        """Prefill these windows into the rollout cache's memo in one batched forward (no-op without the cache):
+        GRPO passes the env's prompts at the start of a rollout, so that episodes that auto-reset onto them copy
+        their keys/values instead of running a prefill at the step they start.
+
+        :param obs: dict observation of the windows (``input_ids``, ``attention_mask``), batched.
+        :return: How many windows were computed.
+        """
+        with th.no_grad():
+            if not self._caching():
+                return 0
+            ids, mask = self._parse_obs(obs)
+            return self._rollout_cache.warm(ids, mask)
+
     def _parse_obs(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         if not isinstance(obs, dict) or any(k not in obs for k in OBS_KEYS):
             got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
@@ -380,13 +406,23 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         return th.autocast(device_type=self.device.type, dtype=self._autocast)
 
     def _logits(self, hidden: th.Tensor) -> th.Tensor:
-        """Raw next-token logits over the env's ``V`` actions (float32)."""
+        """Raw next-token logits over the env's ``V`` actions (float32).
+
+        When the LM's vocabulary is larger than ``V`` and its output layer is a plain ``nn.Linear``, only the first
+        ``V`` rows of the output layer are applied (the same numbers as slicing the full logits, without computing
+        the logits of tokens that are not actions, in the rollout and in the update's backward alike).
+        """
+        head = self.lm.get_output_embeddings()
         with self._autocast_context():
-            logits = self.lm.get_output_embeddings()(hidden)
+            if type(head) is nn.Linear and head.out_features > self.n_actions:
+                bias = None if head.bias is None else head.bias[: self.n_actions]
+                logits = F.linear(hidden, head.weight[: self.n_actions], bias)
+            else:
+                logits = head(hidden)[..., : self.n_actions]
         cap = getattr(self.lm.config, "final_logit_softcapping", None)
         if cap:
             logits = th.tanh(logits / cap) * cap
-        return logits[..., : self.n_actions].float()
+        return logits.float()
 
     def _value(self, hidden_last: th.Tensor, ids: th.Tensor, mask: th.Tensor) -> th.Tensor:
         """Values ``[B]`` of the states given by whole windows (``hidden_last``: trunk output at the last column)."""
@@ -424,17 +460,30 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
     # The SB3 policy API
     # ---------------------------------------------------------------------------------------------------------
 
-    def forward(self, obs: PyTorchObs, deterministic: bool = False) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    #: :meth:`forward` takes an ``action_filter`` (GRPO's exploration draws its actions through it, in one call).
+    accepts_action_filter = True
+
+    def forward(
+        self,
+        obs: PyTorchObs,
+        deterministic: bool = False,
+        action_filter: Callable[[th.Tensor, CategoricalDistribution], th.Tensor] | None = None,
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """Sample (or pick the mode of) the next token; uses the rollout cache under ``no_grad``.
 
         :param obs: dict observation (``input_ids``, ``attention_mask``), batched.
         :param deterministic: take the most likely token instead of sampling.
+        :param action_filter: ``f(actions, dist) -> actions``, applied to the drawn actions before their log-probs
+            and the look-ahead (GRPO's mixed exploration and greedy group members: one call instead of a second
+            forward for the replaced actions, and a look-ahead that already has the actions taken).
         :return: actions ``[B]``, values ``[B, 1]``, log-probs ``[B]`` of the processed distribution.
         """
         ids, mask = self._parse_obs(obs)
         logits, values = self._outputs(ids, mask)
         dist = self._distribution(logits)
         actions = dist.mode() if deterministic else sample_categorical(dist.distribution.probs)
+        if action_filter is not None:
+            actions = action_filter(actions, dist)
         log_prob = dist.log_prob(actions)
         if self._caching():
             self._look_ahead(ids, mask, actions)
@@ -555,8 +604,16 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
             return self._packing_failed(f"the packed forward raised {type(err).__name__}: {err}")
         if not self._packing_verified:
             with th.no_grad():
-                padded = self._padded_hidden_at(ids, mask, rows, cols).float()
-                error = float((out.detach().float() - padded).abs().max()) / max(float(padded.abs().max()), 1e-6)
+                # the segments of the fullest packed row (where attention across segments would show): a padded
+                # forward of a few rows, not of the whole batch
+                seg_row = batch.row
+                members = (seg_row == th.bincount(seg_row).argmax()).nonzero().squeeze(1)
+                picked = th.isin(rows, members)
+                local = th.searchsorted(members, rows[picked])
+                padded = self._padded_hidden_at(ids[members], mask[members], local, cols[picked]).float()
+                error = float((out[picked].detach().float() - padded).abs().max()) / max(
+                    float(padded.abs().max()), 1e-6
+                )
             full_precision = self._autocast is None and next(self.lm.parameters()).dtype == th.float32
             tolerance = 1e-3 if full_precision else 5e-2
             if not error <= tolerance:

@@ -55,6 +55,21 @@ window is a look-ahead row, so it is a lookup (:meth:`RolloutCache._serve_from_o
 rather than a batch-of-one forward per finished env. Calls with a new batch size whose rows all match cached rows
 (same, one token past, or replaced) are served from those rows too.
 
+*Fast paths of the rollout loop.* A call whose rows are all ``same`` (the usual call after a look-ahead) returns the
+stored outputs after one classification, and the look-ahead itself needs none: every row of ``window + action`` is
+``extend`` by construction (a full window, whose next one would drop a token, gets no look-ahead), so it goes straight
+to the batched single-token step. Mixed exploration (GRPO) replaces some sampled tokens before the look-ahead
+(``CausalLMPolicy.forward(action_filter=...)``), so the look-ahead already holds the tokens taken and no ``replace``
+rows follow.
+
+*Prefills batched across rows and steps.* With EOS on, some env auto-resets at nearly every step, and each reset
+would cost a prefill forward at that step. Before a rollout, GRPO (unless every extra is off: then it must round
+floats exactly as PPO does) hands the policy the env's prompt windows
+(:meth:`RolloutCache.warm`, through ``CausalLMPolicy.warm_prefills``; when the env has at most a few prompts per env):
+they are prefilled in one batched forward into the :class:`PrefillMemo`, so every reset during the rollout copies its
+prompt's keys/values from the memo instead of running a forward. The outputs are the prefill's (a batched forward of
+other rows: equal up to float rounding, as every memo entry is); only the number of forwards changes.
+
 Leading cache columns masked for every row are cropped after each step, so the cache stays within ``W`` columns
 (plus at most one hole per replaced token in an episode). The cache is dropped when the parameters change (a
 version counter over the parameters' in-place update counters, plus ``set_training_mode(True)``) and is never
@@ -392,6 +407,29 @@ class RolloutCache:
             self.reset()
             return None
 
+    def warm(self, ids: th.Tensor, mask: th.Tensor) -> int:
+        """Prefill windows the memo lacks, in one batched forward (call under ``no_grad``): the prompts an env will
+        start episodes on, so that its auto-resets copy them instead of running a prefill each.
+
+        :return: How many windows were computed.
+        """
+        version = self._param_version()
+        if self.memo.version != version:
+            self.memo.clear()
+            self.memo.version = version
+        windows = self.memo.windows(ids, mask)
+        missing = [i for i, window in enumerate(windows) if window and self.memo.get(window) is None]
+        if not missing or not self.supported:
+            return 0
+        rows = th.as_tensor(missing, device=ids.device)
+        try:
+            computed = self._compute_prefill(ids[rows], mask[rows])
+        except _CacheUnsupported:
+            self.reset()
+            return 0
+        self.memo.remember([windows[i] for i in missing], *computed)
+        return len(missing)
+
     def _param_version(self) -> int:
         # In-place updates (optimizer.step, load_state_dict, copy_) bump each tensor's version counter.
         params = self._param_list
@@ -457,17 +495,18 @@ class RolloutCache:
             state.version != version or state.ids.shape != ids.shape or state.ids.device != ids.device
         ):
             state = None
-        if state is None or not bool(self._classify(state, ids, mask).redo.logical_not().any()):
+        rows = None if state is None else self._classify(state, ids, mask)
+        if rows is None or not bool(rows.redo.logical_not().any()):
             # nothing to reuse in this slot (e.g. a new batch size): try rows of the other cached batches
             served = self._serve_from_other_batches(ids, mask, version)
             if isinstance(served, tuple):
                 return served
             if served is not None:
-                state = served
+                state, rows = served, None
         if state is None:
             state = self._new_state(ids, mask, version)
         else:
-            self._advance(state, ids, mask)
+            self._advance(state, ids, mask, rows)
         state.version = version
         self._crop(state)
         self.states[batch] = state
@@ -497,10 +536,17 @@ class RolloutCache:
         cache, kv_mask, logits, values = self._prefill(ids, mask)
         return _BatchCache(cache, kv_mask, ids, mask, logits, values, version)
 
-    def _advance(self, state: _BatchCache, ids: th.Tensor, mask: th.Tensor) -> None:
+    def _advance(self, state: _BatchCache, ids: th.Tensor, mask: th.Tensor, rows: _Rows | None = None) -> None:
         """Bring every row of ``state`` to the new windows: reuse, one batched forward over the new tokens, and/or a
-        prefill."""
-        rows = self._classify(state, ids, mask)
+        prefill.
+
+        :param rows: :meth:`_classify`'s result for these windows, if the caller has it.
+        """
+        rows = self._classify(state, ids, mask) if rows is None else rows
+        if bool(rows.same.all()):  # the usual call after a look-ahead: every row served as it is
+            state.ids, state.mask = ids, mask
+            state.prev_ids = state.prev_mask = state.prev_logits = state.prev_values = None
+            return
         replace, back, redo = rows.replace, rows.back, rows.redo
         logits, values = (
             state.logits.clone(),
@@ -532,16 +578,20 @@ class RolloutCache:
         state: _BatchCache,
         ids: th.Tensor,
         mask: th.Tensor,
-        step: th.Tensor,
-        k: th.Tensor,
+        step: th.Tensor | None,
+        k: th.Tensor | None,
         logits: th.Tensor,
         values: th.Tensor,
     ) -> None:
         """One batched forward over the new tokens of the ``step`` rows (``k[b]`` each), extending the cache; their
-        logits and values written into ``logits`` / ``values``. Other rows feed masked dummy tokens."""
-        tail = int(k.max())
+        logits and values written into ``logits`` / ``values``. Other rows feed masked dummy tokens. ``step=None``
+        (with ``k=None``): every row adds one token (the look-ahead), with no classification and no host sync."""
+        tail = 1 if k is None else int(k.max())
         n_valid = mask.sum(dim=1, keepdim=True)
-        if tail == 1:  # every row adds one token: the single-token step of a single-turn rollout
+        if step is None:
+            new_tok, new_mask = ids[:, -1:], th.ones_like(mask[:, -1:])
+            pos = (n_valid - 1).clamp(min=0)
+        elif tail == 1:  # every row adds one token: the single-token step of a single-turn rollout
             new_tok = th.where(step, ids[:, -1], th.zeros_like(ids[:, -1])).unsqueeze(1)
             new_mask = step.long().unsqueeze(1)
             pos = (n_valid - 1).clamp(min=0)
@@ -553,8 +603,11 @@ class RolloutCache:
         kv_mask = th.cat([state.kv_mask, new_mask], dim=1)
         hidden = self._trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]
         state.kv_mask = kv_mask
-        logits[step] = self._logits(hidden[step])
-        values[step] = self._value(hidden[step], ids[step], mask[step])
+        if step is None:
+            logits[:], values[:] = self._logits(hidden), self._value(hidden, ids, mask)
+        else:
+            logits[step] = self._logits(hidden[step])
+            values[step] = self._value(hidden[step], ids[step], mask[step])
         if tail > 1:
             self._reorder(state, realign_columns(kv_mask, tail, tail - k))
 
@@ -582,7 +635,11 @@ class RolloutCache:
         prev = (ids, mask, state.logits, state.values)
         next_ids = th.cat([ids[:, 1:], actions.reshape(-1, 1).long()], dim=1)
         next_mask = th.cat([mask[:, 1:], th.ones_like(mask[:, :1])], dim=1)
-        self._advance(state, next_ids, next_mask)
+        # every row extends its window by one token (no full window: checked above), so no classification: the step
+        # :meth:`_advance` would take for all-``extend`` rows
+        logits, values = th.empty_like(state.logits), th.empty_like(state.values)
+        self._step(state, next_ids, next_mask, None, None, logits, values)
+        state.ids, state.mask, state.logits, state.values = next_ids, next_mask, logits, values
         state.prev_ids, state.prev_mask, state.prev_logits, state.prev_values = prev
 
     def _serve_from_other_batches(

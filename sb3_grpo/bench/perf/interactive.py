@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sb3_grpo.bench.timing import interleaved, row
+from sb3_grpo.bench.perf.timing import interleaved, make_row
 
 __all__ = ["interactive_rollout"]
 
@@ -82,7 +82,7 @@ def interactive_rollout(
         f"forwards vs {pos_base:,} in {calls_base}"
     )
     return [
-        row(
+        make_row(
             "rollout interactive: cache extended by replies vs recompute after each reply",
             n / t["ours"],
             n / t["base"],
@@ -90,5 +90,6 @@ def interactive_rollout(
             notes,
             True,
             cpu=(n / c["ours"], n / c["base"]),
+            target=(">=", 1.0),
         )
     ]

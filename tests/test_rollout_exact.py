@@ -1,0 +1,104 @@
+"""GRPO's rollout is the same MDP whichever way it is computed: the fast paths of collect_rollouts against the
+step-by-step reference paths, on the same random streams (same transitions, log-probs and buffer contents)."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch as th
+from helpers import quiet
+from stable_baselines3.common.callbacks import CallbackList
+
+from sb3_grpo import GRPO
+from textrl_envs.sb3 import make_vec_env
+
+N_ENVS, N_STEPS = 4, 24
+FIELDS_EXACT = ("actions", "episode_starts", "token_ids", "token_mask")
+FIELDS_CLOSE = ("log_probs", "policy_log_probs", "values", "rewards", "advantages", "returns")
+
+
+def _rollout(setup=None, **grpo_kwargs):
+    """One rollout of GRPO on TextGen-v0 (bundled LM, EOS on, groups of 2); ``setup(model)`` runs before it."""
+    env = make_vec_env("TextGen-v0", n_envs=N_ENVS, group_size=2, seed=7, device="cpu", max_new_tokens=8)
+    model = quiet(GRPO("CausalLMPolicy", env, n_steps=N_STEPS, batch_size=N_STEPS * N_ENVS, seed=3, device="cpu",
+                       **grpo_kwargs))  # fmt: skip
+    if setup is not None:
+        setup(model)
+    model._setup_learn(N_STEPS * N_ENVS, None)
+    callback = CallbackList([])
+    callback.init_callback(model)
+    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, N_STEPS)
+    return model.rollout_buffer
+
+
+def _assert_same(fast, slow):
+    for name in FIELDS_EXACT:
+        a, b = getattr(fast, name), getattr(slow, name)
+        a, b = (
+            (a.cpu().numpy() if isinstance(a, th.Tensor) else a),
+            (b.cpu().numpy() if isinstance(b, th.Tensor) else b),
+        )
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    for name in FIELDS_CLOSE:
+        np.testing.assert_allclose(getattr(fast, name), getattr(slow, name), atol=2e-6, rtol=1e-5, err_msg=name)
+
+
+def _two_calls(model):
+    model.policy.accepts_action_filter = False  # the generic path: a second call per replaced action
+
+
+@pytest.mark.parametrize(
+    "extras",
+    [{"explore_alpha": 0.3, "explore_fraction": 1.0}, {"explore_alpha": 0.3, "advantage": "self_critical"}],
+    ids=["explore", "explore+greedy"],
+)
+def test_exploration_in_one_call_equals_the_two_call_path(extras):
+    fast = _rollout(**extras)
+    slow = _rollout(_two_calls, **extras)
+    explored = fast.log_probs != fast.policy_log_probs
+    assert explored.any(), "the mixture must have replaced some actions"
+    _assert_same(fast, slow)
+
+
+def _count_forwards(model):
+    calls = []
+    model.policy.lm.base_model.register_forward_pre_hook(
+        lambda _m, _a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    model.forward_calls = calls
+
+
+def _no_warm_prefills(model):
+    _count_forwards(model)
+    model.policy.warm_prefills = lambda _obs: 0
+
+
+def test_cached_rollout_equals_full_recompute():
+    """The reference MDP: every step recomputes every prefix (no cache, no look-ahead)."""
+    fast = _rollout(explore_alpha=0.3, explore_fraction=1.0)
+    slow = _rollout(explore_alpha=0.3, explore_fraction=1.0, policy_kwargs={"use_cache": False})
+    assert (fast.episode_starts[1:] > 0).any(), "episodes must end and auto-reset inside the rollout"
+    _assert_same(fast, slow)
+
+
+def test_prompts_prefilled_before_the_rollout_save_a_forward_per_reset():
+    """The env's prompts prefilled in one batch before the rollout: the same buffer as prefills at each reset, with
+    one forward per step (the look-ahead) plus that batch, the first observation and the final value."""
+    models = {}
+
+    def keep(name, setup):
+        def run(model):
+            setup(model)
+            models[name] = model
+
+        return run
+
+    warm = _rollout(keep("warm", _count_forwards))
+    cold = _rollout(keep("cold", _no_warm_prefills))
+    _assert_same(warm, cold)
+    n_warm, n_cold = len(models["warm"].forward_calls), len(models["cold"].forward_calls)
+    resets = int((warm.episode_starts[1:] > 0).sum())
+    assert resets > N_ENVS
+    assert n_warm <= N_STEPS + 3 < n_cold  # look-aheads, the prompt batch, the first observation, the last value

@@ -1,0 +1,129 @@
+"""Rewards off the critical path: a background thread that scores finished episodes while the policy computes.
+
+A Python reward (VADER, ROUGE, a task's checker) costs the rollout its full time when the env scores each batch of
+finished episodes inside ``step``. :class:`RewardWorker` runs those calls in one background thread instead, in the
+order they were submitted; the env's ``step`` returns at once with a placeholder reward, and the caller collects the
+rewards later (:meth:`RewardWorker.collect`), in GRPO before the rollout's returns and advantages are computed. The
+thread runs while the main thread is inside torch (which releases the GIL in its kernels) or waits for a device, so
+the reward's time overlaps the policy's forward passes.
+
+The rules of a synchronous reward are kept, because the job is the same call
+(:meth:`~textrl_envs.core.EpisodeSpec.score_flagged`): ``reward_timeout`` bounds it, a NaN/inf reward raises or is
+flagged as ``nonfinite_reward`` says, and any error is raised by :meth:`RewardWorker.collect`, with its message and
+cause unchanged. Torch reward models run in the thread as they are, batched per finishing step on their own device
+(the classifier's default ``device="auto"`` is the policy's default too).
+
+:class:`~textrl_envs.vector.TextGenVectorEnv` uses a worker only between ``defer_rewards(True)`` and
+``defer_rewards(False)``; everything else keeps the synchronous contract.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RewardResult", "RewardWorker"]
+
+
+@dataclass
+class RewardResult:
+    """The scores of one batch of finished episodes.
+
+    :param ticket: The batch's ticket (as returned by :meth:`RewardWorker.submit`, and in the episodes' infos).
+    :param envs: The env index of each episode.
+    :param episode_ids: The episode ids.
+    :param rewards: The rewards (``float64``; 0 where ``nonfinite``).
+    :param nonfinite: Which rewards were NaN/inf and were scored 0 (``nonfinite_reward="skip"``).
+    """
+
+    ticket: int
+    envs: np.ndarray
+    episode_ids: np.ndarray
+    rewards: np.ndarray
+    nonfinite: np.ndarray
+
+
+class RewardWorker:
+    """One background thread scoring batches of finished episodes in submission order."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._jobs: OrderedDict[int, tuple[np.ndarray, np.ndarray, Future]] = OrderedDict()
+        self._next_ticket = 0
+
+    def __len__(self) -> int:
+        """Batches submitted and not yet collected."""
+        return len(self._jobs)
+
+    def submit(
+        self, envs: np.ndarray, episode_ids: np.ndarray, score: Callable[..., Any], *args: Any, **kw: Any
+    ) -> int:
+        """Score a batch in the background: ``score(*args, **kw)`` must return ``(rewards, nonfinite)`` arrays.
+
+        :param envs: The env index of each episode of the batch.
+        :param episode_ids: Their episode ids.
+        :param score: The scoring call (the env's ``score_flagged``).
+        :return: The batch's ticket.
+        """
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="textrl-reward")
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        self._jobs[ticket] = (
+            np.asarray(envs).copy(),
+            np.asarray(episode_ids).copy(),
+            self._pool.submit(score, *args, **kw),
+        )
+        return ticket
+
+    def collect(self, wait: bool = True) -> list[RewardResult]:
+        """The finished batches, in submission order (all of them with ``wait``; else those done so far, up to the
+        first still running).
+
+        :raises Exception: the first failing batch's error (a reward that raised, timed out or returned NaN/inf
+            under ``nonfinite_reward="raise"``); the batches after it are dropped.
+        """
+        out = []
+        while self._jobs:
+            ticket, (envs, episode_ids, future) = next(iter(self._jobs.items()))
+            if not wait and not future.done():
+                break
+            del self._jobs[ticket]
+            try:
+                rewards, nonfinite = future.result()
+            except BaseException:
+                self.cancel()
+                raise
+            out.append(
+                RewardResult(
+                    ticket, envs, episode_ids, np.asarray(rewards, dtype=np.float64), np.asarray(nonfinite, dtype=bool)
+                )
+            )
+        return out
+
+    def cancel(self) -> None:
+        """Forget every batch not collected (running ones finish in the background, unread)."""
+        for _, _, future in self._jobs.values():
+            future.cancel()
+        self._jobs.clear()
+
+    def close(self) -> None:
+        """Forget pending batches and stop the thread."""
+        self.cancel()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._jobs:
+            raise RuntimeError(f"a RewardWorker with {len(self._jobs)} batches not collected cannot be pickled")
+        return {"_next_ticket": self._next_ticket}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()
+        self._next_ticket = state["_next_ticket"]
