@@ -29,7 +29,7 @@ from torch.nn import functional as F
 
 from sb3_grpo.common.packing import first_fit_decreasing, packed_batch, suffix_lengths
 from sb3_grpo.policies.critics import EmbeddingCritic
-from sb3_grpo.policies.kv_cache import RolloutCache, positions_from_mask, trim_padding
+from sb3_grpo.policies.kv_cache import RolloutCache
 from sb3_grpo.policies.models import (
     LoRAReferenceMixin,
     apply_lora,
@@ -41,6 +41,7 @@ from sb3_grpo.policies.models import (
 )
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
 from sb3_grpo.policies.validation import check_layout, check_policy_args, check_window_fits
+from sb3_grpo.policies.windows import positions_from_mask, trim_padding
 
 __all__ = ["CausalLMPolicy"]
 
