@@ -6,7 +6,8 @@ down: pack the prompt table (:func:`pack_prompts`), start episodes (:func:`start
 (:func:`append_tokens`, in place :func:`append_tokens_`), write an interactive task's reply into some rows
 (:func:`inject_tokens_`), detect the end of episodes (:func:`episode_ends`),
 number episodes and group rounds (:func:`episode_ids`, :func:`group_ids`) and cut out and decode the finished
-completions (:func:`completion_bounds`, :func:`completion_tuples`, :func:`decode_completions`). A trailing
+completions (:func:`completion_bounds`, :func:`completion_tuples`, :func:`decode_completions`), and build the
+per-env info arrays (:func:`int_array`, :func:`flag_array`, :func:`object_array`). A trailing
 ``_`` means the function writes into its arguments. On CPU tensors the in-place ones go through numpy views,
 which costs less per call than torch indexing; on other devices they use torch ops.
 """
@@ -14,6 +15,7 @@ which costs less per call than torch indexing; on other devices they use torch o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -282,3 +284,31 @@ def decode_completions(
     if decode is not None:
         return [decode(seq) for seq in id_tuples]
     return [spec.decode(seq) for seq in id_tuples]
+
+
+# -- info arrays ---------------------------------------------------------------------------------
+
+
+def int_array(n: int, where: np.ndarray, values: Sequence[int]) -> np.ndarray:
+    """An info array ``(n,)`` ``int64``: ``values`` at the envs ``where``, 0 elsewhere."""
+    out = np.zeros(n, dtype=np.int64)
+    out[where] = values
+    return out
+
+
+def flag_array(n: int, where: np.ndarray) -> np.ndarray:
+    """An info array ``(n,)`` ``bool``: true at the envs ``where`` (Gymnasium's ``_key`` masks)."""
+    m = np.zeros(n, dtype=np.bool_)
+    m[where] = True
+    return m
+
+
+def object_array(n: int, where: np.ndarray, values: Sequence[Any]) -> np.ndarray:
+    """An info array ``(n,)`` of objects: ``values`` (strings, tuples, dicts) at the envs ``where``, ``None``
+    elsewhere."""
+    out = np.empty(n, dtype=object)  # every element None
+    if len(where) == 1:
+        out[where[0]] = values[0]
+    else:
+        out[where] = np.fromiter(values, dtype=object, count=len(values))  # tuples stay elements, not a 2-D array
+    return out

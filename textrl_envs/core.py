@@ -450,6 +450,7 @@ def _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_gi
     return resolve_reward(reward, **(reward_kwargs or {}))
 
 
+# Over 80 lines for its signature and documented argument list (16 of them); each resolution step is a helper.
 def build_spec(
     task: str | None = None,
     *,
@@ -507,12 +508,7 @@ def build_spec(
         get the rendered text.
     """
     defaults = get_task(task) if task is not None else None
-    if prompts is not None:
-        prompts = load_prompts(prompts)  # a file or a datasets.Dataset becomes a list; a list stays as it is
-    if prompts is None:
-        if defaults is None or defaults.prompts is None:
-            raise ValueError(f"prompts is required when {_no_defaults(defaults, 'prompts')}")
-        prompts = defaults.prompts()
+    prompts = _resolve_prompts(defaults, prompts)
     given_turns = {"max_turns": max_turns, "turn_end": turn_end, "max_turn_tokens": max_turn_tokens}
     interaction_given = interaction is not None
     interaction, max_turns, turn_end, max_turn_tokens = _resolve_turns(defaults, interaction, given_turns)
@@ -529,15 +525,7 @@ def build_spec(
         prompts = render_items(tok, template, list(_check_prompt_list(prompts)))
     texts, metadata = _split_prompts(prompts)
     reward_fn = _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_given)
-    eos, pad = _special_ids(tok)
-    if template is not None:  # the episode is the assistant's turn: it ends at the template's end of turn
-        eot = end_of_turn_id(tok, template)
-        eos = eot if eot is not None else eos
-        if turn_end is None and eos is not None:
-            turn_end = eos  # an interactive episode's turns end there too
-    turn_end_ids = resolve_turn_end(tok, turn_end, len(tok)) if interaction is not None else ()
-    if defaults is not None and not defaults.stop_at_eos:
-        eos = None  # the task's episodes always run their budget (pad keeps the EOS id, masked)
+    eos, pad, turn_end_ids = _end_ids(tok, template, defaults, interaction, turn_end)
     ids = [encode_prompt(tok, t, max_prompt_tokens, prompt_truncation, f"prompt #{i}") for i, t in enumerate(texts)]
     return EpisodeSpec(
         tokenizer=tok,
@@ -559,6 +547,35 @@ def build_spec(
         max_turn_tokens=max_turn_tokens,
         chat_template=template,
     )
+
+
+def _resolve_prompts(defaults: Any, prompts: Any) -> Any:
+    """The user's prompts (a file or a ``datasets.Dataset`` loaded into a list), else the task's."""
+    if prompts is not None:
+        prompts = load_prompts(prompts)  # a file or a datasets.Dataset becomes a list; a list stays as it is
+    if prompts is None:
+        if defaults is None or defaults.prompts is None:
+            raise ValueError(f"prompts is required when {_no_defaults(defaults, 'prompts')}")
+        prompts = defaults.prompts()
+    return prompts
+
+
+def _end_ids(
+    tok: Any, template: str | None, defaults: Any, interaction: Any, turn_end: Any
+) -> tuple[int | None, int, tuple[int, ...]]:
+    """``(eos, pad, turn_end_ids)``: the token that ends an episode (the chat template's end of turn when there is
+    one; ``None`` for a task whose episodes always run their budget), the padding token, and the tokens that end an
+    interactive episode's turns."""
+    eos, pad = _special_ids(tok)
+    if template is not None:  # the episode is the assistant's turn: it ends at the template's end of turn
+        eot = end_of_turn_id(tok, template)
+        eos = eot if eot is not None else eos
+        if turn_end is None and eos is not None:
+            turn_end = eos  # an interactive episode's turns end there too
+    turn_end_ids = resolve_turn_end(tok, turn_end, len(tok)) if interaction is not None else ()
+    if defaults is not None and not defaults.stop_at_eos:
+        eos = None  # the task's episodes always run their budget (pad keeps the EOS id, masked)
+    return eos, pad, turn_end_ids
 
 
 def _no_defaults(defaults: Any, what: str) -> str:

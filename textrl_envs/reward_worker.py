@@ -14,7 +14,8 @@ cause unchanged. Torch reward models run in the thread as they are, batched per 
 (the classifier's default ``device="auto"`` is the policy's default too).
 
 :class:`~textrl_envs.vector.TextGenVectorEnv` uses a worker only between ``defer_rewards(True)`` and
-``defer_rewards(False)``; everything else keeps the synchronous contract.
+``defer_rewards(False)``; everything else keeps the synchronous contract. Those methods are :class:`DeferredRewards`,
+the env's side of the worker.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RewardResult", "RewardWorker"]
+__all__ = ["DeferredRewards", "RewardResult", "RewardWorker"]
 
 
 @dataclass
@@ -127,3 +128,66 @@ class RewardWorker:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()
         self._next_ticket = state["_next_ticket"]
+
+
+class DeferredRewards:
+    """The vector env's side of the worker: :meth:`defer_rewards`, :meth:`collect_rewards`, and the scoring of the
+    episodes that end (now, or in the worker when deferred).
+
+    Mixed into :class:`~textrl_envs.vector.TextGenVectorEnv`, which sets ``text_spec``, ``reward_worker`` (whether a
+    worker may be used), ``_worker`` (``None`` until the first ``defer_rewards(True)``) and ``_deferred``.
+    """
+
+    def defer_rewards(self, on: bool = True) -> bool:
+        """Score finished episodes in a background thread (:class:`~textrl_envs.reward_worker.RewardWorker`) from
+        now on (``on``), or synchronously again.
+
+        While deferred, ``step`` returns reward 0 for the episodes that end and gives each batch a ticket
+        (``final_info["reward_ticket"]``); :meth:`collect_rewards` returns their rewards. The reward's timeout and
+        non-finite rules are those of a synchronous call (errors are raised by :meth:`collect_rewards`). Turning it
+        off with batches not collected raises.
+
+        :param on: Defer (``True``) or score in ``step`` (``False``).
+        :return: Whether rewards are now deferred (``False`` when built with ``reward_worker=False``).
+        """
+        if not on and self._worker is not None and len(self._worker):
+            raise RuntimeError(
+                f"{len(self._worker)} batches of rewards are still pending; call collect_rewards() before "
+                "defer_rewards(False)"
+            )
+        if on and not self.reward_worker:
+            return False
+        if on and self._worker is None:
+            self._worker = RewardWorker()
+        self._deferred = bool(on)
+        return self._deferred
+
+    def collect_rewards(self, wait: bool = True) -> list[RewardResult]:
+        """The rewards scored in the background since the last call, in the order the episodes ended.
+
+        :param wait: Wait for every pending batch (else return those finished so far).
+        :raises Exception: a reward's error (raised, timed out, or non-finite under ``nonfinite_reward="raise"``).
+        """
+        return [] if self._worker is None else self._worker.collect(wait)
+
+    def _score(
+        self,
+        done: np.ndarray,
+        episode_ids: np.ndarray,
+        prompt_index: list[int],
+        completions: list[str],
+        texts: list[str],
+    ) -> tuple[np.ndarray, np.ndarray, int | None]:
+        """Rewards and non-finite flags of the episodes ``done`` ended, now, or zeros and a ticket when deferred."""
+        spec = self.text_spec
+        if not self._deferred:
+            rewards, nonfinite = spec.score_flagged(prompt_index, completions, prompt_texts=texts)
+            return rewards, nonfinite, None
+        ticket = self._worker.submit(done, episode_ids[done], spec.score_flagged, prompt_index, completions,
+                                     prompt_texts=texts)  # fmt: skip
+        return np.zeros(len(done)), np.zeros(len(done), dtype=bool), ticket
+
+    def close_extras(self, **kwargs: Any) -> None:  # noqa: ARG002  (gymnasium's signature)
+        """Stop the reward worker's thread (pending rewards are dropped)."""
+        if self._worker is not None:
+            self._worker.close()

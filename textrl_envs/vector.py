@@ -29,8 +29,11 @@ from textrl_envs.bookkeeping import (
     decode_completions,
     episode_ends,
     episode_ids,
+    flag_array,
     group_ids,
     inject_tokens_,
+    int_array,
+    object_array,
     pack_prompts,
     start_windows_,
 )
@@ -40,7 +43,7 @@ from textrl_envs.devices import resolve_device
 from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
 from textrl_envs.groups import GroupPrompts
 from textrl_envs.rendering import transcript_frame
-from textrl_envs.reward_worker import RewardResult, RewardWorker
+from textrl_envs.reward_worker import DeferredRewards, RewardWorker
 from textrl_envs.turns import TurnBook
 from textrl_envs.validation import check_bool, check_choice, check_int, check_seed
 
@@ -52,34 +55,10 @@ VECTOR_KWARGS = (
 FULL_WIDTH_TABLE_MAX = 1 << 22
 
 
-# -- info arrays ---------------------------------------------------------------------------------
-
-
-def _int_array(n: int, where: np.ndarray, values: Sequence[int]) -> np.ndarray:
-    out = np.zeros(n, dtype=np.int64)
-    out[where] = values
-    return out
-
-
-def _mask(n: int, where: np.ndarray) -> np.ndarray:
-    m = np.zeros(n, dtype=np.bool_)
-    m[where] = True
-    return m
-
-
-def _object_array(n: int, where: np.ndarray, values: Sequence[Any]) -> np.ndarray:
-    out = np.empty(n, dtype=object)  # every element None
-    if len(where) == 1:
-        out[where[0]] = values[0]
-    else:
-        out[where] = np.fromiter(values, dtype=object, count=len(values))  # tuples stay elements, not a 2-D array
-    return out
-
-
 # -- the environment --------------------------------------------------------------------------------
 
 
-class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
+class TextGenVectorEnv(TextSpecAccess, DeferredRewards, gym.vector.VectorEnv):
     """N text-generation episodes as torch tensors on one device, with prompt groups.
 
     ## Description
@@ -197,21 +176,9 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         self._worker: RewardWorker | None = None
         self._deferred = False
         check_kwargs(kwargs, type(self).__name__, SPEC_KWARGS + VECTOR_KWARGS)
-        num_envs = check_int("num_envs", num_envs, low=1, example=8)
-        group_size = check_int(
-            "group_size", group_size, low=1, hint="1 (no groups) or the completions per prompt, e.g. 4"
+        num_envs, group_size, max_episode_steps = self._check_args(
+            num_envs, group_size, max_episode_steps, obs_backend, render_mode
         )
-        if max_episode_steps is not None:
-            max_episode_steps = check_int("max_episode_steps", max_episode_steps, low=1, hint="or None; e.g. 8")
-        if num_envs % group_size:
-            multiple = group_size * max(1, num_envs // group_size)
-            raise ValueError(
-                f"num_envs={num_envs} is not divisible by group_size={group_size}; every group needs "
-                f"{group_size} envs, so use a multiple of it (e.g. num_envs={multiple})"
-            )
-        check_choice("obs_backend", obs_backend, OBS_BACKENDS)
-        if render_mode is not None:
-            check_choice("render_mode", render_mode, self.metadata["render_modes"], hint="or None")
 
         self.device = resolve_device(device)
         self.num_envs = int(num_envs)
@@ -230,17 +197,7 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
-        # The prompt table: rows 0..P-1 are spec's prompts; prompts given as text are appended once.
-        self._row_text: list[str] = list(spec.prompt_texts)
-        self._row_index: list[int] = list(range(len(spec.prompt_texts)))
-        self._extra_rows: dict[str, int] = {}
-        # Full-width rows make a reset two contiguous copies; a large prompt set keeps only P columns.
-        self._table_width = (
-            spec.window if len(spec.prompt_ids) * spec.window <= FULL_WIDTH_TABLE_MAX else spec.max_prompt_tokens
-        )
-        packed, packed_mask = pack_prompts(spec.prompt_ids, self._table_width, spec.pad_token_id)
-        self._packed_ids = torch.as_tensor(packed, device=self.device)
-        self._packed_mask = torch.as_tensor(packed_mask, device=self.device)
+        self._build_prompt_table(spec)
 
         # Token state on the device.
         n, w = self.num_envs, spec.window
@@ -266,6 +223,41 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         self._episode_ids = episode_ids(self._round, n)
         self._group_ids = group_ids(self._round, self.group_size)
         self._started = False
+
+    def _check_args(
+        self, num_envs: Any, group_size: Any, max_episode_steps: Any, obs_backend: Any, render_mode: Any
+    ) -> tuple[int, int, int | None]:
+        """The constructor's own arguments checked (a clear error for a bad one); the numbers as ints."""
+        num_envs = check_int("num_envs", num_envs, low=1, example=8)
+        group_size = check_int(
+            "group_size", group_size, low=1, hint="1 (no groups) or the completions per prompt, e.g. 4"
+        )
+        if max_episode_steps is not None:
+            max_episode_steps = check_int("max_episode_steps", max_episode_steps, low=1, hint="or None; e.g. 8")
+        if num_envs % group_size:
+            multiple = group_size * max(1, num_envs // group_size)
+            raise ValueError(
+                f"num_envs={num_envs} is not divisible by group_size={group_size}; every group needs "
+                f"{group_size} envs, so use a multiple of it (e.g. num_envs={multiple})"
+            )
+        check_choice("obs_backend", obs_backend, OBS_BACKENDS)
+        if render_mode is not None:
+            check_choice("render_mode", render_mode, self.metadata["render_modes"], hint="or None")
+        return num_envs, group_size, max_episode_steps
+
+    def _build_prompt_table(self, spec: EpisodeSpec) -> None:
+        """The prompt table on the device: rows 0..P-1 are spec's prompts; prompts given as text are appended once
+        (:meth:`_row_for`)."""
+        self._row_text: list[str] = list(spec.prompt_texts)
+        self._row_index: list[int] = list(range(len(spec.prompt_texts)))
+        self._extra_rows: dict[str, int] = {}
+        # Full-width rows make a reset two contiguous copies; a large prompt set keeps only P columns.
+        self._table_width = (
+            spec.window if len(spec.prompt_ids) * spec.window <= FULL_WIDTH_TABLE_MAX else spec.max_prompt_tokens
+        )
+        packed, packed_mask = pack_prompts(spec.prompt_ids, self._table_width, spec.pad_token_id)
+        self._packed_ids = torch.as_tensor(packed, device=self.device)
+        self._packed_mask = torch.as_tensor(packed_mask, device=self.device)
 
     def episode_ids(self) -> np.ndarray:
         """Ids of the episodes in progress (those the next actions belong to), ``(N,)`` ``int64``."""
@@ -372,27 +364,27 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         if spec.reward is not None:  # an interactive episode without an end-of-episode reward has none
             scores, nonfinite, ticket = self._score(done, step_episode_ids, prompt_index, completions, prompt_text)
             rewards[done] += scores
-        done_mask = _mask(n, done)
+        done_mask = flag_array(n, done)
         final_info = {
-            "prompt": _object_array(n, done, prompt_text),
-            "completion": _object_array(n, done, completions),
-            "completion_ids": _object_array(n, done, completion_ids),
-            "prompt_index": _int_array(n, done, prompt_index),
+            "prompt": object_array(n, done, prompt_text),
+            "completion": object_array(n, done, completions),
+            "completion_ids": object_array(n, done, completion_ids),
+            "prompt_index": int_array(n, done, prompt_index),
             "reward": np.where(done_mask, rewards, 0.0),
             "group_id": np.where(done_mask, step_group_ids, 0),
             "episode_id": np.where(done_mask, step_episode_ids, 0),
         }
         if self._turn_book is not None:
-            final_info["turns"] = _int_array(n, done, self._turn_book.turns[done])
-            final_info["transcript"] = _object_array(n, done, [self._turn_book.transcripts[e] for e in done.tolist()])
+            final_info["turns"] = int_array(n, done, self._turn_book.turns[done])
+            final_info["transcript"] = object_array(n, done, [self._turn_book.transcripts[e] for e in done.tolist()])
             nonfinite = nonfinite | self._turn_book.nonfinite[done]
         if spec.nonfinite_reward == "skip":  # the flag of episodes whose NaN/inf reward was scored 0
-            final_info["reward_nonfinite"] = _mask(n, done[nonfinite])
+            final_info["reward_nonfinite"] = flag_array(n, done[nonfinite])
         if ticket is not None:  # scored in the background: the reward comes from collect_rewards()
-            final_info["reward_ticket"] = _int_array(n, done, [ticket] * len(done))
+            final_info["reward_ticket"] = int_array(n, done, [ticket] * len(done))
         for key in list(final_info):
             final_info[f"_{key}"] = done_mask.copy()
-        infos["final_obs"] = _object_array(
+        infos["final_obs"] = object_array(
             n, done, [{"input_ids": i, "attention_mask": m} for i, m in zip(finals[0], finals[1])]
         )
         infos["_final_obs"] = done_mask.copy()
@@ -417,61 +409,6 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
         ids[:, width - self._table_width :] = self._packed_ids.cpu().numpy()
         mask[:, width - self._table_width :] = self._packed_mask.cpu().numpy()
         return ids, mask
-
-    # -- rewards in the background ------------------------------------------------------------------
-    def defer_rewards(self, on: bool = True) -> bool:
-        """Score finished episodes in a background thread (:class:`~textrl_envs.reward_worker.RewardWorker`) from
-        now on (``on``), or synchronously again.
-
-        While deferred, ``step`` returns reward 0 for the episodes that end and gives each batch a ticket
-        (``final_info["reward_ticket"]``); :meth:`collect_rewards` returns their rewards. The reward's timeout and
-        non-finite rules are those of a synchronous call (errors are raised by :meth:`collect_rewards`). Turning it
-        off with batches not collected raises.
-
-        :param on: Defer (``True``) or score in ``step`` (``False``).
-        :return: Whether rewards are now deferred (``False`` when built with ``reward_worker=False``).
-        """
-        if not on and self._worker is not None and len(self._worker):
-            raise RuntimeError(
-                f"{len(self._worker)} batches of rewards are still pending; call collect_rewards() before "
-                "defer_rewards(False)"
-            )
-        if on and not self.reward_worker:
-            return False
-        if on and self._worker is None:
-            self._worker = RewardWorker()
-        self._deferred = bool(on)
-        return self._deferred
-
-    def collect_rewards(self, wait: bool = True) -> list[RewardResult]:
-        """The rewards scored in the background since the last call, in the order the episodes ended.
-
-        :param wait: Wait for every pending batch (else return those finished so far).
-        :raises Exception: a reward's error (raised, timed out, or non-finite under ``nonfinite_reward="raise"``).
-        """
-        return [] if self._worker is None else self._worker.collect(wait)
-
-    def _score(
-        self,
-        done: np.ndarray,
-        episode_ids: np.ndarray,
-        prompt_index: list[int],
-        completions: list[str],
-        texts: list[str],
-    ) -> tuple[np.ndarray, np.ndarray, int | None]:
-        """Rewards and non-finite flags of the episodes ``done`` ended, now, or zeros and a ticket when deferred."""
-        spec = self.text_spec
-        if not self._deferred:
-            rewards, nonfinite = spec.score_flagged(prompt_index, completions, prompt_texts=texts)
-            return rewards, nonfinite, None
-        ticket = self._worker.submit(done, episode_ids[done], spec.score_flagged, prompt_index, completions,
-                                     prompt_texts=texts)  # fmt: skip
-        return np.zeros(len(done)), np.zeros(len(done), dtype=bool), ticket
-
-    def close_extras(self, **kwargs: Any) -> None:  # noqa: ARG002  (gymnasium's signature)
-        """Stop the reward worker's thread (pending rewards are dropped)."""
-        if self._worker is not None:
-            self._worker.close()
 
     def render(self) -> tuple[str, ...] | tuple[np.ndarray, ...] | None:
         """``"ansi"``/``"human"``: one ``prompt|completion so far`` string per env; ``"rgb_array"``: one frame per
@@ -578,10 +515,10 @@ class TextGenVectorEnv(TextSpecAccess, gym.vector.VectorEnv):
 
     def _reset_info(self, envs: np.ndarray, infos: dict[str, Any]) -> dict[str, Any]:
         n = self.num_envs
-        mask = _mask(n, envs)
-        infos["prompt"] = _object_array(n, envs, [self._row_text[r] for r in self._row[envs]])
+        mask = flag_array(n, envs)
+        infos["prompt"] = object_array(n, envs, [self._row_text[r] for r in self._row[envs]])
         infos["_prompt"] = mask
-        infos["prompt_index"] = _int_array(n, envs, self._prompt_index_of(envs))
+        infos["prompt_index"] = int_array(n, envs, self._prompt_index_of(envs))
         infos["_prompt_index"] = mask.copy()
         return infos
 

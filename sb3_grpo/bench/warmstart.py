@@ -53,10 +53,10 @@ def answer_examples(text_spec: Any) -> list[tuple[list[int], list[int]]]:
 
 def batch_tensors(examples: list[tuple[list[int], list[int]]], pad_id: int):
     """Left-padded ``input_ids``, ``attention_mask``, ``position_ids`` and ``labels`` (``-100`` but on the targets)
-    of a batch, with the policy's position rule (:func:`~sb3_grpo.policies.kv_cache.positions_from_mask`)."""
+    of a batch, with the policy's position rule (:func:`~sb3_grpo.policies.windows.positions_from_mask`)."""
     import torch as th
 
-    from sb3_grpo.policies.kv_cache import positions_from_mask
+    from sb3_grpo.policies.windows import positions_from_mask
 
     width = max(len(p) + len(t) for p, t in examples)
     ids = th.full((len(examples), width), pad_id, dtype=th.long)

@@ -46,17 +46,7 @@ def minibatch_loss(
     n_slices = min(model.grad_var_slices, len(minibatch.actions))
     use_grad_var = model.grad_var_coef > 0 and n_slices >= 2
     use_critic = model.advantage == "gae"
-    if use_grad_var:
-        # each slice in its own forward (large policies), so that each slice gradient walks its own graph; the
-        # fused attention kernels (flash / memory-efficient) have no double backward: record attention with the
-        # math kernel so that Var can be differentiated (no-op for MLPs)
-        sizes = slice_sizes(len(minibatch.actions), n_slices)
-        with sdpa_kernel(SDPBackend.MATH):
-            parts = model.batch_source.evaluate_slices(minibatch, sizes)
-        values, log_prob = th.cat([p[0] for p in parts]), th.cat([p[1] for p in parts])
-        entropy = None if any(p[2] is None for p in parts) else th.cat([p[2] for p in parts])
-    else:
-        values, log_prob, entropy = model.batch_source.evaluate(minibatch)
+    values, log_prob, entropy, slice_log_probs = _evaluate(model, minibatch, n_slices if use_grad_var else 0)
     # Normalize advantage (GAE only: group advantages are already normalized, and the steps
     # that have no complete group must keep advantage 0)
     advantages = minibatch.advantages
@@ -78,7 +68,7 @@ def minibatch_loss(
     # the penalty's slice objectives, each from its own slice's outputs only (the same figures as slices of
     # `surrogate`, but none of their graphs goes through the concatenation of the other slices)
     slice_objectives = (
-        _slice_objectives([p[1] for p in parts], minibatch.old_log_prob, advantages, eps) if use_grad_var else []
+        _slice_objectives(slice_log_probs, minibatch.old_log_prob, advantages, eps) if use_grad_var else []
     )
 
     stats.pg_losses.append(policy_loss.item())
@@ -118,6 +108,25 @@ def minibatch_loss(
         stats.approx_kl_divs.append(approx_kl_div)
     stats.last_loss = loss.item()
     return LossTerms(loss, approx_kl_div, details, stats.last_loss)
+
+
+def _evaluate(
+    model: Any, minibatch: Minibatch, n_slices: int
+) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, list[th.Tensor]]:
+    """The policy's ``(values, log_prob, entropy)`` on the minibatch, in one forward, or (``n_slices >= 2``: the
+    gradient-variance penalty) one forward per slice, with the slices' log-probs (else ``[]``)."""
+    if n_slices >= 2:
+        # each slice in its own forward (large policies), so that each slice gradient walks its own graph; the
+        # fused attention kernels (flash / memory-efficient) have no double backward: record attention with the
+        # math kernel so that Var can be differentiated (no-op for MLPs)
+        sizes = slice_sizes(len(minibatch.actions), n_slices)
+        with sdpa_kernel(SDPBackend.MATH):
+            parts = model.batch_source.evaluate_slices(minibatch, sizes)
+        values, log_prob = th.cat([p[0] for p in parts]), th.cat([p[1] for p in parts])
+        entropy = None if any(p[2] is None for p in parts) else th.cat([p[2] for p in parts])
+        return values, log_prob, entropy, [p[1] for p in parts]
+    values, log_prob, entropy = model.batch_source.evaluate(minibatch)
+    return values, log_prob, entropy, []
 
 
 def _slice_objectives(

@@ -3,7 +3,8 @@
 - :mod:`.causal_lm`: the policy (actor = the LM's next-token distribution, critic = a value head).
 - :mod:`.sampling`: logit processing (temperature, top-k, top-p) and categorical sampling.
 - :mod:`.critics`: the separate critic (``separate_critic=True``).
-- :mod:`.kv_cache`: the rollout KV cache and its window math.
+- :mod:`.kv_cache`: the rollout KV cache; :mod:`.windows` its window math (pure functions), :mod:`.prefill_memo`
+  its memo of prefilled windows.
 - :mod:`.models`: loading and describing the Hugging Face model, LoRA adapters, :class:`PortableModel`.
 
 A new model adapter (a model family that needs special handling) goes in :mod:`.models` (loading) and
@@ -11,17 +12,17 @@ A new model adapter (a model family that needs special handling) goes in :mod:`.
 """
 
 from sb3_grpo.policies.causal_lm import CausalLMPolicy
-from sb3_grpo.policies.kv_cache import (
-    PrefillMemo,
-    RolloutCache,
+from sb3_grpo.policies.kv_cache import RolloutCache
+from sb3_grpo.policies.models import PortableModel, lora_spec, model_spec
+from sb3_grpo.policies.prefill_memo import PrefillMemo
+from sb3_grpo.policies.sampling import process_logits, sample_categorical
+from sb3_grpo.policies.windows import (
     extends_by_one,
     extension_lengths,
     left_pad_columns,
     positions_from_mask,
     realign_columns,
 )
-from sb3_grpo.policies.models import PortableModel, lora_spec, model_spec
-from sb3_grpo.policies.sampling import process_logits, sample_categorical
 
 __all__ = [
     "CausalLMPolicy",

@@ -6,15 +6,15 @@ critic a scalar value head. During rollout the policy keeps a per-row KV cache (
 so that stock SB3 ``collect_rollouts`` runs one single-token forward per step instead of one per prefix.
 
 This module holds the policy. Its pieces live beside it in :mod:`sb3_grpo.policies`: the logit processing and
-sampling (:mod:`.sampling`), the separate critic (:mod:`.critics`), the rollout cache and its window math
-(:mod:`.kv_cache`), and loading and describing the Hugging Face model and its LoRA adapters (:mod:`.models`); the
-update's sequence packing is :mod:`sb3_grpo.common.packing`.
+sampling (:mod:`.sampling`), the separate critic (:mod:`.critics`), the rollout cache (:mod:`.kv_cache`) and its
+window math (:mod:`.windows`, :mod:`.prefill_memo`), the update forward over whole sequences (:mod:`.sequences`,
+packed by :mod:`sb3_grpo.common.packing`), and loading and describing the Hugging Face model and its LoRA adapters
+(:mod:`.models`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +27,8 @@ from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 from torch.nn import functional as F
 
-from sb3_grpo.common.packing import first_fit_decreasing, packed_batch, suffix_lengths
 from sb3_grpo.policies.critics import EmbeddingCritic
-from sb3_grpo.policies.kv_cache import RolloutCache, positions_from_mask, trim_padding
+from sb3_grpo.policies.kv_cache import RolloutCache
 from sb3_grpo.policies.models import (
     LoRAReferenceMixin,
     apply_lora,
@@ -40,7 +39,9 @@ from sb3_grpo.policies.models import (
     model_spec,
 )
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
+from sb3_grpo.policies.sequences import SequenceEvaluationMixin
 from sb3_grpo.policies.validation import check_layout, check_policy_args, check_window_fits
+from sb3_grpo.policies.windows import positions_from_mask, trim_padding
 
 __all__ = ["CausalLMPolicy"]
 
@@ -52,7 +53,7 @@ OBS_KEYS = ("input_ids", "attention_mask")
 # --------------------------------------------------------------------------------------------------------------
 
 
-class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
+class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
     """A Hugging Face causal LM (+ value head) as an SB3 actor-critic policy for text-generation envs.
 
     Works unchanged with stock ``PPO``, ``A2C`` and ``sb3_grpo.GRPO``: ``PPO(CausalLMPolicy, env).learn(...)``.
@@ -202,7 +203,27 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
         self.ortho_init = ortho_init
         self.critic_hidden = critic_hidden
 
-        self.lm = load_lm(model, resolved_dtype)
+        self._load_lm(model, resolved_dtype, lora, observation_space, action_space)
+        self._build_critic(int(self.lm.get_input_embeddings().weight.shape[1]))
+        if gradient_checkpointing:
+            self._enable_gradient_checkpointing()
+        self.action_dist = CategoricalDistribution(self.n_actions)
+        self._rollout_cache = RolloutCache(
+            trunk=self._trunk,
+            logits=self._logits,
+            value=self._value,
+            parameters=self.parameters,
+            lm_config=self.lm.config,
+        )
+        self.train(False)
+        self._build_optimizer(lr_schedule)
+
+    def _load_lm(
+        self, model: Any, dtype: th.dtype | None, lora: Any, observation_space: spaces.Space, action_space: spaces.Space
+    ) -> None:
+        """Load the LM (``self.lm``), inject the LoRA adapters if asked, and check that the env's windows fit its
+        context and its vocabulary covers the env's action space."""
+        self.lm = load_lm(model, dtype)
         check_window_fits(observation_space, self.lm.config)  # before a window fails mid-rollout
         self._spec = model_spec(self.lm)
         self.lora = None if lora is None else lora_spec(lora)
@@ -219,18 +240,10 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
                 f"{self.n_actions}) (len(tokenizer)); use a model whose vocabulary covers the env's tokenizer, "
                 "or resize its token embeddings to at least the tokenizer length"
             )
-        self._build_critic(int(self.lm.get_input_embeddings().weight.shape[1]))
-        if gradient_checkpointing:
-            self._enable_gradient_checkpointing()
-        self.action_dist = CategoricalDistribution(self.n_actions)
-        self._rollout_cache = RolloutCache(
-            trunk=self._trunk,
-            logits=self._logits,
-            value=self._value,
-            parameters=self.parameters,
-            lm_config=self.lm.config,
-        )
-        self.train(False)
+
+    def _build_optimizer(self, lr_schedule: Schedule) -> None:
+        """The optimizer over every trainable parameter (only the adapters and the critic with LoRA); a default fused
+        Adam falls back to the unfused kernel where these parameters' dtype or device has none."""
         params = [p for p in self.parameters() if p.requires_grad] if self.lora is not None else self.parameters()
         params = list(params)
         try:
@@ -522,112 +535,3 @@ class CausalLMPolicy(LoRAReferenceMixin, BasePolicy):
 
     def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
         return self.forward(observation, deterministic=deterministic)[0]
-
-    # ---------------------------------------------------------------------------------------------------------
-    # Whole sequences (the fast update path)
-    # ---------------------------------------------------------------------------------------------------------
-
-    def evaluate_sequences(
-        self, input_ids: th.Tensor, attention_mask: th.Tensor, action_mask: th.Tensor
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-        """Every generated token's log-prob, entropy and value in one forward per sequence.
-
-        For each ``(b, j)`` with ``action_mask[b, j]`` true, token ``input_ids[b, j]`` was generated as an action:
-        ``log_prob[b, j] = log pi(input_ids[b, j] | tokens < j)`` from the logits at ``j - 1`` after the same
-        temperature / top-k / top-p processing as rollout; ``entropy[b, j]`` is that distribution's entropy;
-        ``values[b, j]`` is the value of the state whose last token is ``j - 1``. Zero elsewhere. Inputs are
-        right-aligned windows (the episode's final window), with the same position-id rule as everywhere else.
-
-        :param input_ids: ``[B, L]`` token ids (any numeric dtype).
-        :param attention_mask: ``[B, L]`` mask.
-        :param action_mask: ``[B, L]`` bool-like, true where the token was an action (never at column 0).
-        :return: ``(log_prob, entropy, values)``, each ``[B, L]`` float32.
-        """
-        ids, mask = self._parse_obs({"input_ids": input_ids, "attention_mask": attention_mask})
-        act = th.as_tensor(action_mask, device=ids.device).bool()
-        if act.dim() == 1:
-            act = act.unsqueeze(0)
-        if bool(act[:, 0].any()):
-            raise ValueError("action_mask[:, 0] is set, but an action needs at least one token before it")
-        batch, length = ids.shape
-        b_idx, j_idx = act.nonzero(as_tuple=True)  # positions of actions (in full coordinates)
-        # the hidden state of the state whose last token is j - 1
-        state_h = self._hidden_at(ids, mask, b_idx, j_idx - 1)
-        dist = self._distribution(self._logits(state_h))
-        zeros = th.zeros(batch, length, device=ids.device)
-        log_prob = zeros.index_put((b_idx, j_idx), dist.log_prob(ids[b_idx, j_idx]))
-        entropy = zeros.index_put((b_idx, j_idx), dist.entropy())
-        if self.separate_critic:
-            v_all = self.critic.values_per_position(ids, mask)
-            v = v_all[b_idx, j_idx - 1]
-        else:
-            v = self.value_head(state_h.float()).squeeze(-1)
-        values = zeros.index_put((b_idx, j_idx), v)
-        return log_prob, entropy, values
-
-    def _hidden_at(self, ids: th.Tensor, mask: th.Tensor, rows: th.Tensor, cols: th.Tensor) -> th.Tensor:
-        """Final hidden states ``[n, d]`` at window positions ``(rows[i], cols[i])``: packed when it pays, else
-        padded."""
-        packed = self._packed_hidden_at(ids, mask, rows, cols) if self.pack_sequences else None
-        if packed is not None:
-            return packed
-        return self._padded_hidden_at(ids, mask, rows, cols)
-
-    def _padded_hidden_at(self, ids: th.Tensor, mask: th.Tensor, rows: th.Tensor, cols: th.Tensor) -> th.Tensor:
-        t_ids, t_mask = trim_padding(ids, mask)
-        hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask))  # [B, L - start, d]
-        return hidden[rows, cols - (ids.shape[1] - t_ids.shape[1])]
-
-    def _packed_hidden_at(self, ids: th.Tensor, mask: th.Tensor, rows: th.Tensor, cols: th.Tensor) -> th.Tensor | None:
-        """:meth:`_hidden_at` through a packed forward (:mod:`~sb3_grpo.common.packing`), or ``None`` when packing does
-        not apply (attention other than sdpa / eager, rows that are not right-aligned, a query on padding, or a layout
-        that would save less than a sixth of the positions) or failed its one-time check against the padded forward."""
-        attn = getattr(self.lm.config, "_attn_implementation", None)
-        if attn not in ("sdpa", "eager") or ids.shape[0] < 2:
-            return None
-        lengths = suffix_lengths(mask)
-        if lengths is None or not bool(lengths.min() > 0):
-            return None
-        within = cols - (ids.shape[1] - lengths[rows])  # each query's position within its sequence
-        if bool((within < 0).any()):
-            return None
-        capacity = int(lengths.max())
-        layout = first_fit_decreasing(lengths.cpu().numpy(), capacity)
-        if layout[2] * 6 > ids.shape[0] * 5:
-            return None
-        mask_dtype = th.bool if attn == "sdpa" else next(self.lm.parameters()).dtype
-        try:
-            batch = packed_batch(ids, lengths, capacity, mask_dtype, layout=layout)
-            hidden = self._trunk(batch.input_ids, batch.attention_mask, batch.position_ids)
-            out = hidden[batch.row[rows], batch.offset[rows] + within]
-        except (RuntimeError, ValueError, TypeError) as err:
-            return self._packing_failed(f"the packed forward raised {type(err).__name__}: {err}")
-        if not self._packing_verified:
-            with th.no_grad():
-                # the segments of the fullest packed row (where attention across segments would show): a padded
-                # forward of a few rows, not of the whole batch
-                seg_row = batch.row
-                members = (seg_row == th.bincount(seg_row).argmax()).nonzero().squeeze(1)
-                picked = th.isin(rows, members)
-                local = th.searchsorted(members, rows[picked])
-                padded = self._padded_hidden_at(ids[members], mask[members], local, cols[picked]).float()
-                error = float((out[picked].detach().float() - padded).abs().max()) / max(
-                    float(padded.abs().max()), 1e-6
-                )
-            full_precision = self._autocast is None and next(self.lm.parameters()).dtype == th.float32
-            tolerance = 1e-3 if full_precision else 5e-2
-            if not error <= tolerance:
-                return self._packing_failed(
-                    f"its hidden states differ from the padded forward's (relative error {error:.2e})"
-                )
-            self._packing_verified = True
-        return out
-
-    def _packing_failed(self, why: str) -> None:
-        self.pack_sequences = False
-        warnings.warn(
-            f"CausalLMPolicy: packed sequences are not usable with this model ({why}); evaluating padded sequences "
-            "from now on (pass pack_sequences=False to skip the attempt)",
-            stacklevel=4,
-        )
-        return None

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 __all__ = ["KL_COEF", "LORA", "build_lm", "child", "label", "memory_vs_trl", "rss_mb", "run_child"]
 
@@ -126,15 +127,51 @@ def _prompt_rows(prompts: list[str]):
         yield {"prompt": p}
 
 
+def _trl_dataset(prompts: list[str]) -> Any:
+    """The prompts as the ``datasets.Dataset`` TRL's trainer takes (an iterable one where building that fails)."""
+    from datasets import Dataset
+
+    try:
+        return Dataset.from_dict({"prompt": prompts})
+    except Exception:  # noqa: BLE001  (datasets/pyarrow version mismatch): a plain list serves the DataLoader too
+        from datasets import IterableDataset
+
+        return IterableDataset.from_generator(_prompt_rows, gen_kwargs={"prompts": prompts})
+
+
+def _trl_args(cfg: dict, tmp: str) -> Any:
+    """TRL's ``GRPOConfig`` for one step (generation + update) at the sizes of ``cfg`` (those :func:`run_grpo` gets)."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=os.path.join(tmp, "out"),
+        per_device_train_batch_size=cfg["n_envs"],
+        num_generations=cfg["group_size"],
+        max_completion_length=cfg["tokens"],
+        beta=KL_COEF,
+        num_iterations=1,
+        max_steps=1,
+        learning_rate=1e-5,
+        gradient_checkpointing=cfg["ckpt"],
+        use_cpu=cfg["device"] == "cpu",
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+    )
+
+
 def run_trl(cfg: dict) -> dict:
     """Child: TRL's ``GRPOTrainer``, one step (generation + update) on the same prompts, reward and sizes."""
     import torch as th
 
     th.set_num_threads(cfg["threads"])
+    import datasets  # noqa: F401  (imported before the baseline; _trl_dataset uses it)
     import gymnasium as gym
-    from datasets import Dataset
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     import textrl_envs  # noqa: F401
     from textrl_envs.assets import lm_path, tokenizer_path
@@ -157,35 +194,13 @@ def run_trl(cfg: dict) -> dict:
         build_lm(cfg["model"]).save_pretrained(model_path)
     n_prompts = cfg["n_envs"] // cfg["group_size"]
     prompts = (spec.prompt_texts * n_prompts)[: max(n_prompts, 1) * 4]
-    try:
-        dataset = Dataset.from_dict({"prompt": prompts})
-    except Exception:  # noqa: BLE001  (datasets/pyarrow version mismatch): a plain list serves the DataLoader too
-        from datasets import IterableDataset
-
-        dataset = IterableDataset.from_generator(_prompt_rows, gen_kwargs={"prompts": prompts})
+    dataset = _trl_dataset(prompts)
     peft_config = None
     if cfg["lora"]:
         import peft
 
         peft_config = peft.LoraConfig(**LORA)
-    args = GRPOConfig(
-        output_dir=os.path.join(tmp, "out"),
-        per_device_train_batch_size=cfg["n_envs"],
-        num_generations=cfg["group_size"],
-        max_completion_length=cfg["tokens"],
-        beta=KL_COEF,
-        num_iterations=1,
-        max_steps=1,
-        learning_rate=1e-5,
-        gradient_checkpointing=cfg["ckpt"],
-        use_cpu=cfg["device"] == "cpu",
-        bf16=False,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        seed=0,
-    )
+    args = _trl_args(cfg, tmp)
     trainer = GRPOTrainer(
         model=model_path,
         reward_funcs=reward,

@@ -140,6 +140,15 @@ def rollout_vs_generate(
     """
     sync = synchronizer(_resolved(device))
     notes = f"TextGen-v0, bundled LM, GRPO defaults, device {device}"
+    rows = _vs_generate(n_envs, tokens, repeats, device, sync, notes)
+    if large_envs:
+        rows.append(_large_batch_vs_generate(large_envs, tokens, repeats, device, sync, notes))
+    rows.append(_cache_vs_recompute(n_envs, long_tokens, repeats, device, sync, notes))
+    return rows
+
+
+def _vs_generate(n_envs: int, tokens: int, repeats: int, device: Any, sync: Any, notes: str) -> list[dict]:
+    """The two rows of :func:`rollout_vs_generate` against ``generate`` on the small batch: no EOS, and EOS on."""
     timers = {
         "ours": collector(text_env(n_envs, tokens, device, eos=False), tokens, device),
         "generate": generator(n_envs, tokens, device),
@@ -147,7 +156,7 @@ def rollout_vs_generate(
     }
     t, c = interleaved(timers, repeats, sync)
     n = n_envs * tokens
-    rows = [
+    return [
         make_row(
             "rollout: collect_rollouts vs generate, no EOS",
             n / t["ours"],
@@ -169,28 +178,33 @@ def rollout_vs_generate(
             target=(">=", 0.9),
         ),
     ]
-    if large_envs:
-        t, c = interleaved(
-            {
-                "ours": collector(text_env(large_envs, tokens, device), tokens, device),
-                "generate": generator(large_envs, tokens, device),
-            },
-            repeats,
-            sync,
-        )
-        n = large_envs * tokens
-        rows.append(
-            make_row(
-                "rollout: collect_rollouts vs generate, EOS on, large batch",
-                n / t["ours"],
-                n / t["generate"],
-                "tokens/s",
-                f"{notes}, {large_envs} envs, {tokens}-token budget, EOS on",
-                True,
-                cpu=(n / c["ours"], n / c["generate"]),
-                target=(">=", 0.9),
-            )
-        )
+
+
+def _large_batch_vs_generate(large_envs: int, tokens: int, repeats: int, device: Any, sync: Any, notes: str) -> dict:
+    """The row of :func:`rollout_vs_generate` against ``generate`` on the large batch, EOS on."""
+    t, c = interleaved(
+        {
+            "ours": collector(text_env(large_envs, tokens, device), tokens, device),
+            "generate": generator(large_envs, tokens, device),
+        },
+        repeats,
+        sync,
+    )
+    n = large_envs * tokens
+    return make_row(
+        "rollout: collect_rollouts vs generate, EOS on, large batch",
+        n / t["ours"],
+        n / t["generate"],
+        "tokens/s",
+        f"{notes}, {large_envs} envs, {tokens}-token budget, EOS on",
+        True,
+        cpu=(n / c["ours"], n / c["generate"]),
+        target=(">=", 0.9),
+    )
+
+
+def _cache_vs_recompute(n_envs: int, long_tokens: int, repeats: int, device: Any, sync: Any, notes: str) -> dict:
+    """The row of :func:`rollout_vs_generate` for the KV cache against the cache-off loop (``use_cache=False``)."""
     env = text_env(n_envs, long_tokens, device, eos=False)
     t, c = interleaved(
         {
@@ -201,18 +215,15 @@ def rollout_vs_generate(
         sync,
     )
     n = n_envs * long_tokens
-    rows.append(
-        make_row(
-            "rollout: KV cache vs full recompute",
-            n / t["cached"],
-            n / t["uncached"],
-            "tokens/s",
-            f"{notes}, {n_envs} envs, {long_tokens}-token episodes (no EOS); baseline use_cache=False",
-            True,
-            cpu=(n / c["cached"], n / c["uncached"]),
-        )
+    return make_row(
+        "rollout: KV cache vs full recompute",
+        n / t["cached"],
+        n / t["uncached"],
+        "tokens/s",
+        f"{notes}, {n_envs} envs, {long_tokens}-token episodes (no EOS); baseline use_cache=False",
+        True,
+        cpu=(n / c["cached"], n / c["uncached"]),
     )
-    return rows
 
 
 def rollout_gpt2_small(n_envs: int = 16, tokens: int = 32, repeats: int = 3, device: Any = "auto") -> dict:

@@ -132,12 +132,72 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
     :param grpo_kwargs: Overrides of GRPO's arguments.
     :return: Figures and the reward curve ``[(wall s, completions so far, mean reward), ...]``.
     """
-    import torch as th
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.logger import configure
 
     from sb3_grpo import GRPO
     from textrl_envs.sb3 import make_vec_env
+
+    n_envs = cfg.ours_envs or cfg.n_envs
+    env = make_vec_env(
+        "TextGen-v0",
+        n_envs=n_envs,
+        group_size=cfg.group_size,
+        max_new_tokens=cfg.tokens,
+        seed=seed,
+        device=cfg.device,
+    )
+    kwargs = _grpo_kwargs(cfg, n_envs, seed, grpo_kwargs)
+    model = GRPO("CausalLMPolicy", env, **kwargs)
+    model.set_logger(configure(None, []))
+    record, curve = _recorders(cfg.completions)
+    w0, c0 = time.perf_counter(), time.process_time()
+    record.start = w0
+    model.learn(10**12, callback=[record, curve])
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    if hasattr(record, "pending"):  # the last update
+        record.curve.append((wall, record.count, record.pending))
+    env.close()
+    return {
+        "impl": "ours",
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "completions": record.count,
+        "updates": len(record.curve),
+        "curve": record.curve,
+    }
+
+
+def _grpo_kwargs(cfg: LoopConfig, n_envs: int, seed: int, grpo_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """GRPO's arguments in :func:`run_ours`: set as TRL's trainer runs (AdamW at its defaults, one epoch, no
+    extras), then the caller's overrides."""
+    import torch as th
+
+    optimizer = {"optimizer_class": th.optim.AdamW, "optimizer_kwargs": {"eps": 1e-8, "weight_decay": 0.0}}
+    kwargs = {
+        "learning_rate": cfg.lr,
+        "n_steps": cfg.tokens,
+        "batch_size": cfg.tokens * n_envs,
+        "n_epochs": 1,
+        "clip_range": 0.2,
+        "max_grad_norm": 1.0,
+        "advantage": "group",
+        "kl_coef": cfg.beta,
+        "grad_var_coef": 0.0,
+        "adaptive_clip": None,
+        "explore_alpha": 0.0,
+        "seed": seed,
+        "device": cfg.device,
+        "policy_kwargs": {"model": _model_path(cfg), **optimizer},
+        **grpo_kwargs,
+    }
+    return kwargs
+
+
+def _recorders(completions: int) -> tuple[Any, Any]:
+    """The callbacks of :func:`run_ours` (SB3 imported here, lazily): a ``Record`` of each rollout's rewards that stops
+    learning once ``completions`` completions are sampled, and a ``Curve`` of ``(wall s, completions, mean reward)``
+    after each update."""
+    from stable_baselines3.common.callbacks import BaseCallback
 
     class Record(BaseCallback):
         """Per rollout: the rewards of the episodes that ended; stops once enough completions are sampled."""
@@ -150,7 +210,7 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
             self.start = time.perf_counter()
 
         def _on_step(self) -> bool:
-            if self.count >= cfg.completions:
+            if self.count >= completions:
                 return False
             for done, info in zip(self.locals["dones"], self.locals["infos"], strict=True):
                 if done and "episode" in info:  # read at the rollout's end: a reward scored in the background
@@ -179,51 +239,8 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
                 r.curve.append((time.perf_counter() - r.start, r.count, r.pending))
                 del r.pending
 
-    n_envs = cfg.ours_envs or cfg.n_envs
-    env = make_vec_env(
-        "TextGen-v0",
-        n_envs=n_envs,
-        group_size=cfg.group_size,
-        max_new_tokens=cfg.tokens,
-        seed=seed,
-        device=cfg.device,
-    )
-    optimizer = {"optimizer_class": th.optim.AdamW, "optimizer_kwargs": {"eps": 1e-8, "weight_decay": 0.0}}
-    kwargs = {
-        "learning_rate": cfg.lr,
-        "n_steps": cfg.tokens,
-        "batch_size": cfg.tokens * n_envs,
-        "n_epochs": 1,
-        "clip_range": 0.2,
-        "max_grad_norm": 1.0,
-        "advantage": "group",
-        "kl_coef": cfg.beta,
-        "grad_var_coef": 0.0,
-        "adaptive_clip": None,
-        "explore_alpha": 0.0,
-        "seed": seed,
-        "device": cfg.device,
-        "policy_kwargs": {"model": _model_path(cfg), **optimizer},
-        **grpo_kwargs,
-    }
-    model = GRPO("CausalLMPolicy", env, **kwargs)
-    model.set_logger(configure(None, []))
     record = Record()
-    w0, c0 = time.perf_counter(), time.process_time()
-    record.start = w0
-    model.learn(10**12, callback=[record, Curve(record)])
-    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    if hasattr(record, "pending"):  # the last update
-        record.curve.append((wall, record.count, record.pending))
-    env.close()
-    return {
-        "impl": "ours",
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "completions": record.count,
-        "updates": len(record.curve),
-        "curve": record.curve,
-    }
+    return record, Curve(record)
 
 
 def _dataset(prompts: list[str]) -> Any:

@@ -82,6 +82,33 @@ def _forward_positions(policy: Any, update: Any) -> int:
     return sum(rows * cols for rows, cols in shapes)
 
 
+def _update_timers(env: Any, hp: dict, stock: bool, last_block: bool) -> tuple[Any, dict]:
+    """The models of :func:`update_seq_vs_stock`, all on the same rollout and weights, and an update of each to time:
+    GRPO's sequence fast path (``"ours"``, the model returned), stock ``PPO.train`` (``"stock"``), and the penalty on
+    all LM parameters (``"all"``) and on the last block (``"last"``)."""
+    from stable_baselines3 import PPO
+
+    from sb3_grpo.grpo import GRPO
+    from sb3_grpo.policies import CausalLMPolicy
+
+    fast = _collected(GRPO("CausalLMPolicy", env, **hp, **OFF))
+    seq_buffer = fast.rollout_buffer
+    timers = {"ours": _update_on(fast, lambda: seq_buffer)}
+    if stock:
+        baseline = PPO(CausalLMPolicy, env, **hp)
+        baseline.set_logger(fast.logger)
+        baseline.policy.load_state_dict(fast.policy.state_dict())
+        timers["stock"] = _update_on(baseline, lambda: per_transition_copy(baseline, seq_buffer))
+    for name, params in (("all", None), ("last", LAST_BLOCK if last_block else None)):
+        if name == "last" and not last_block:
+            continue
+        model = GRPO("CausalLMPolicy", env, **hp, **{**OFF, "grad_var_coef": 0.01, "grad_var_params": params})
+        model.set_logger(fast.logger)
+        model.policy.load_state_dict(fast.policy.state_dict())
+        timers[name] = _update_on(model, lambda: seq_buffer)
+    return fast, timers
+
+
 def update_seq_vs_stock(
     n_envs: int = 16,
     tokens: int = 32,
@@ -107,11 +134,7 @@ def update_seq_vs_stock(
     :param label: The model's name in the rows.
     :return: Rows.
     """
-    from stable_baselines3 import PPO
-
     from sb3_grpo.common.buffers import episode_segments
-    from sb3_grpo.grpo import GRPO
-    from sb3_grpo.policies import CausalLMPolicy
     from textrl_envs.sb3 import make_vec_env
 
     env = make_vec_env("TextGen-v0", n_envs=n_envs, seed=0, device=device, max_new_tokens=tokens)
@@ -124,21 +147,8 @@ def update_seq_vs_stock(
         "device": device,
         "policy_kwargs": policy_kwargs,
     }
-    fast = _collected(GRPO("CausalLMPolicy", env, **hp, **OFF))
+    fast, timers = _update_timers(env, hp, stock, last_block)
     seq_buffer = fast.rollout_buffer
-    timers = {"ours": _update_on(fast, lambda: seq_buffer)}
-    if stock:
-        baseline = PPO(CausalLMPolicy, env, **hp)
-        baseline.set_logger(fast.logger)
-        baseline.policy.load_state_dict(fast.policy.state_dict())
-        timers["stock"] = _update_on(baseline, lambda: per_transition_copy(baseline, seq_buffer))
-    for name, params in (("all", None), ("last", LAST_BLOCK if last_block else None)):
-        if name == "last" and not last_block:
-            continue
-        model = GRPO("CausalLMPolicy", env, **hp, **{**OFF, "grad_var_coef": 0.01, "grad_var_params": params})
-        model.set_logger(fast.logger)
-        model.policy.load_state_dict(fast.policy.state_dict())
-        timers[name] = _update_on(model, lambda: seq_buffer)
     t, c = interleaved(timers, repeats, synchronizer(fast.device))
     n_seq = len(episode_segments(seq_buffer.episode_starts))
     notes = (

@@ -1,0 +1,105 @@
+"""The prefill memo of the rollout KV cache: keys/values, logits and value of recently prefilled windows.
+
+:class:`~sb3_grpo.policies.kv_cache.RolloutCache` copies a window it has prefilled before under the same parameters
+from here instead of running a forward (see :mod:`sb3_grpo.policies.kv_cache` for where that happens).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch as th
+
+from sb3_grpo.policies.windows import left_pad_columns
+
+__all__ = ["PrefillMemo"]
+
+
+class PrefillMemo:
+    """Keys/values, logits and value of recently prefilled windows, for the current parameters.
+
+    A window's keys/values depend only on its valid tokens (positions count valid tokens, and no other token is
+    attended to), so a window that comes back while the parameters are unchanged needs no forward. In RL on text
+    that is the rule rather than the exception: every member of a prompt group starts its episode on the same
+    prompt (each at its own step, so each start is a separate prefill), and prompt sets are small next to the
+    number of episodes. The memo keeps the most recently used windows up to ``max_bytes`` of keys/values, and is
+    cleared whenever the parameters change (:class:`~sb3_grpo.policies.kv_cache.RolloutCache` checks the version at
+    every prefill).
+
+    :param max_bytes: budget for the stored keys and values (least recently used windows are evicted first).
+    """
+
+    def __init__(self, max_bytes: int = 64 * 2**20):
+        self.max_bytes = max_bytes
+        self.version: int | None = None
+        self._entries: OrderedDict[tuple[int, ...], tuple[list[tuple[th.Tensor, th.Tensor]], th.Tensor, th.Tensor]] = (
+            OrderedDict()
+        )
+        self._bytes = 0
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @staticmethod
+    def windows(ids: th.Tensor, mask: th.Tensor) -> list[tuple[int, ...]]:
+        """The key of each row: its valid token ids, in order."""
+        return [
+            tuple(i for i, m in zip(row_ids, row_mask) if m) for row_ids, row_mask in zip(ids.tolist(), mask.tolist())
+        ]
+
+    def get(self, window: tuple[int, ...]):
+        entry = self._entries.get(window)
+        if entry is not None:
+            self._entries.move_to_end(window)
+        return entry
+
+    def remember(
+        self, windows: list[tuple[int, ...]], cache: Any, kv_mask: th.Tensor, logits: th.Tensor, values: th.Tensor
+    ) -> None:
+        """Store each row of a freshly prefilled batch (right-aligned: row ``b``'s tokens are its last columns)."""
+        for b, window in enumerate(windows):
+            if window in self._entries or not window:
+                continue
+            n = len(window)
+            if int(kv_mask[b, -n:].sum()) != n:  # not a plain right-aligned prefill: do not guess
+                continue
+            layers = [
+                (layer.keys[b : b + 1, :, -n:].clone(), layer.values[b : b + 1, :, -n:].clone())
+                for layer in cache.layers
+            ]
+            size = self._nbytes(layers)
+            if size > self.max_bytes:
+                continue
+            self._entries[window] = (layers, logits[b].clone(), values[b].clone())
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, (old, _, _) = self._entries.popitem(last=False)
+                self._bytes -= self._nbytes(old)
+
+    @staticmethod
+    def _nbytes(layers: list[tuple[th.Tensor, th.Tensor]]) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+
+    @staticmethod
+    def assemble(entries: list, lm_config: Any) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
+        """One right-aligned batch ``(cache, kv_mask, logits, values)`` from memo entries, in order."""
+        from transformers import DynamicCache
+
+        length = max(layers[0][0].shape[-2] for layers, _, _ in entries)
+        cache = DynamicCache(config=lm_config)
+        for i in range(len(entries[0][0])):
+            keys = th.cat([left_pad_columns(layers[i][0], length) for layers, _, _ in entries])
+            values = th.cat([left_pad_columns(layers[i][1], length) for layers, _, _ in entries])
+            cache.update(keys, values, i)
+        first = entries[0][0][0][0]
+        kv_mask = th.zeros(len(entries), length, dtype=th.long, device=first.device)
+        for b, (layers, _, _) in enumerate(entries):
+            kv_mask[b, length - layers[0][0].shape[-2] :] = 1
+        logits = th.stack([e[1] for e in entries])
+        values = th.stack([e[2] for e in entries])
+        return cache, kv_mask, logits, values
