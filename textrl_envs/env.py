@@ -163,6 +163,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         self._ids = np.full(w, self.text_spec.pad_token_id, dtype=np.int64)
         self._mask = np.zeros(w, dtype=np.int64)
         self._generated: list[int] = []
+        self._opened = 0  # tokens of the episode's opening at the start of _generated
         self._prompt_index = -1
         self._prompt_text = ""
         self._done = True
@@ -183,7 +184,8 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         super().reset(seed=seed)
         spec = self.text_spec
         index, text, ids = resolve_prompt(spec, options, self.np_random, self.prompt_truncation)
-        if self._started and not self._done and self._generated and not self._warned_cut:
+        acted = len(self._generated) > self._opened  # the agent wrote a token (an opening is not its doing)
+        if self._started and not self._done and acted and not self._warned_cut:
             self._warned_cut = True
             warnings.warn(
                 f"{type(self).__name__}: reset() while an episode was running ({len(self._generated)} of "
@@ -199,7 +201,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         n = len(ids)
         self._ids[-n:] = ids
         self._mask[-n:] = 1
-        self._generated = []
+        self._generated, self._opened = [], 0
         if spec.interactive:
             self._start_interaction(index, text)
         self._done = False
@@ -218,6 +220,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             check_opening(spec, len(ids))
             self._append(ids)
             self._generated.extend(ids)
+            self._opened = len(ids)
             self._transcript.append({"role": "env", "text": opening})
 
     def _append(self, tokens: Sequence[int]) -> None:

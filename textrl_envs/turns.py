@@ -87,7 +87,7 @@ class ReplyEncoder:
     def __call__(self, text: str) -> tuple[int, ...]:
         ids = self._ids.get(text)
         if ids is None:
-            ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            ids = tuple(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
             if len(self._ids) >= REPLY_CACHE:
                 self._ids.clear()
             self._ids[text] = ids

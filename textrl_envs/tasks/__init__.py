@@ -306,6 +306,19 @@ REASONING_GYM = Task(
     kwargs={},
 )
 
+TEXTARENA = Task(
+    env_id="TextArena-v0",
+    entry_point="textrl_envs.suites.textarena:TextArenaEnv",
+    vector_entry_point="textrl_envs.suites.textarena:TextArenaVectorEnv",
+    summary="interactive: a single-player TextArena game (GuessTheNumber-v0, TowerOfHanoi-v0, ...); the game's reward",
+    # the game's rules and board come as the opening, inside the episode's budget
+    max_new_tokens=1024,
+    max_prompt_tokens=16,
+    max_turn_tokens=16,
+    extra="textarena",
+    kwargs={},
+)
+
 #: Every task, in registration order: the one list of env ids.
 TASKS: tuple[Task, ...] = (
     SENTIMENT,
@@ -317,6 +330,7 @@ TASKS: tuple[Task, ...] = (
     GUESS_NUMBER,
     TOOL_ARITHMETIC,
     REASONING_GYM,
+    TEXTARENA,
 )
 
 _BY_ID: dict[str, Task] = {task.env_id: task for task in TASKS}
