@@ -15,7 +15,7 @@ import tempfile
 import gymnasium as gym
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-import textrl_envs  # noqa: F401
+import textrl_envs  # noqa: F401  (registers the ids)
 from sb3_grpo import GRPO
 from textrl_envs.assets import tokenizer_path
 

@@ -293,7 +293,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
                 f"window and its mask); the env gives {got}"
             )
         if not isinstance(action_space, spaces.Discrete):
-            raise ValueError(  # noqa: TRY004
+            raise ValueError(  # a wrong space is a bad value here, as SB3 raises for unsupported spaces
                 f"CausalLMPolicy needs a Discrete(len(tokenizer)) action space; the env gives {action_space}"
             )
 

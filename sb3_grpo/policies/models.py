@@ -119,7 +119,7 @@ def as_dtype(dtype: th.dtype | str | None) -> th.dtype | None:
     name = str(dtype).replace("torch.", "")
     value = getattr(th, name, None)
     if not isinstance(value, th.dtype):
-        raise ValueError(  # noqa: TRY004
+        raise ValueError(  # a bad dtype argument is a bad value, whatever its type
             f"dtype {dtype!r} is not a torch dtype; use e.g. 'float32', 'bfloat16' or th.float16"
         )
     return value

@@ -61,7 +61,7 @@ def run_grpo(cfg: dict) -> dict:
     from stable_baselines3.common.callbacks import CallbackList
     from stable_baselines3.common.logger import configure
 
-    import sb3_grpo.policies  # noqa: F401
+    import sb3_grpo.policies  # noqa: F401  (imported before the baseline, as the other child does)
     from sb3_grpo import GRPO
     from textrl_envs.sb3 import make_vec_env
 
@@ -173,7 +173,7 @@ def run_trl(cfg: dict) -> dict:
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    import textrl_envs  # noqa: F401
+    import textrl_envs  # noqa: F401  (registers the ids before the baseline is read)
     from textrl_envs.assets import lm_path, tokenizer_path
 
     spec = gym.make("TextGen-v0").unwrapped.text_spec

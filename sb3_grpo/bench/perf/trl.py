@@ -274,7 +274,7 @@ def run_trl(cfg: LoopConfig, seed: int) -> dict:
     start = [0.0]
     count = [0]
 
-    def sentiment(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:  # noqa: ARG001
+    def sentiment(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:  # noqa: ARG001  (TRL's reward signature)
         rewards = [float(r) for r in env_reward(list(prompts), list(completions))]
         count[0] += len(rewards)
         curve.append((time.perf_counter() - start[0], count[0], statistics.fmean(rewards)))  # timed at its step's end
@@ -337,7 +337,7 @@ def _StepEnd(times: list[float], start: list[float]) -> Any:  # noqa: N802  (bui
     from transformers import TrainerCallback
 
     class StepEnd(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ARG002
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ARG002  (TRL's callback signature)
             times.append(time.perf_counter() - start[0])
 
     return StepEnd()
