@@ -54,7 +54,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from sb3_grpo.bench.perf.memory import KL_COEF, child, label, run_child  # noqa: E402  (after the thread settings above)
+from sb3_grpo.bench.perf.memory import KL_COEF, child, label, run_child  # noqa: E402  (after the environment variables above)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
