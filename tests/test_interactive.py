@@ -108,6 +108,31 @@ def test_guess_number_binary_search_finds_every_secret(tok):
     assert env.unwrapped._task_state["secret"] == secret  # a seeded reset repeats the episode
 
 
+def test_guess_number_range_1_to_16_is_an_option():
+    """The registered id plays 1-8 (see its docstring for why); a prompt's metadata (or ``GuessNumber(high=16)`` with
+    prompts without metadata) still gives the issue's 1-16 game, which binary search solves in 5 turns."""
+    prompts = [{"prompt": "Guess 1-16: x=", "low": 1, "high": 16}]
+    env = gym.make("GuessNumber-v0", prompts=prompts, max_turns=5, max_new_tokens=60)
+    plain = gym.make("GuessNumber-v0", prompts=["Guess 1-16: x="], interaction=GuessNumber(low=1, high=16))
+    secrets = set()
+    for seed in range(120):
+        env.reset(seed=seed)
+        plain.reset(seed=seed)
+        secret = env.unwrapped._task_state["secret"]
+        assert plain.unwrapped._task_state["secret"] == secret
+        secrets.add(secret)
+        low, high = 1, 16
+        for _ in range(5):
+            guess = (low + high) // 2
+            r, term, trunc, info = say(env, str(guess))
+            if term:
+                break
+            assert not trunc
+            low, high = (guess + 1, high) if guess < secret else (low, guess - 1)
+        assert term and guess == secret and r == pytest.approx(1 - 0.1 * (info["turns"] - 1))
+    assert secrets == set(range(1, 17))
+
+
 def test_guess_number_wasted_turns_hints_and_running_out_of_turns():
     env = gym.make("GuessNumber-v0")
     env.reset(seed=0)
