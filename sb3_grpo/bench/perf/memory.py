@@ -29,7 +29,19 @@ KL_COEF = 0.04
 
 
 def rss_mb() -> float:
-    """Peak resident set size of this process so far, in MB (``ru_maxrss`` is KB on Linux, bytes on macOS)."""
+    """Peak resident set size of this process so far, in MB.
+
+    On Linux this is ``VmHWM`` of ``/proc/self/status``, the peak of this program's own memory: ``ru_maxrss`` is not,
+    since a child keeps the high-water mark of the parent it was forked from (at least the parent's RSS at the
+    fork), so a child started by a large process would measure nothing. Elsewhere ``ru_maxrss`` (bytes on macOS).
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
