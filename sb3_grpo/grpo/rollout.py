@@ -114,7 +114,8 @@ class RolloutExtras:
 
     def buffer_extra(self, policy_log_probs: th.Tensor) -> dict[str, Any]:
         """Keyword arguments of ``rollout_buffer.add`` beyond SB3's (the policy's own log-probs, where stored)."""
-        return {"policy_log_prob": policy_log_probs} if self.stores_policy_log_prob else {}
+        # without exploration they are the behaviour's log-probs, which the buffer copies from its own row
+        return {"policy_log_prob": policy_log_probs} if self.stores_policy_log_prob and self.alpha > 0 else {}
 
     def land_rewards(self, rollout_buffer: RolloutBuffer) -> None:
         """Before returns and advantages: the rewards scored in the background, where ``step`` would have put them
