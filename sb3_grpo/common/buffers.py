@@ -65,11 +65,14 @@ class PolicyLogProbMixin:
         :param policy_log_prob: ``log pi_old(a|s)`` of the acting policy, shape ``(n_envs,)``; ``None``: the
             action was sampled from the policy itself, ``log_prob`` is stored
         """
-        log_prob = kwargs["log_prob"] if "log_prob" in kwargs else args[5]
-        policy_log_prob = log_prob if policy_log_prob is None else policy_log_prob
+        row = self.pos  # type: ignore[attr-defined]
+        if policy_log_prob is None:  # the action was drawn from the policy: its log-prob is the one SB3 stores
+            super().add(*args, **kwargs)  # type: ignore[misc]
+            self.policy_log_probs[row] = self.log_probs[row]  # type: ignore[attr-defined]  (the same float32s)
+            return
         if len(policy_log_prob.shape) == 0:  # as SB3 does for log_prob
             policy_log_prob = policy_log_prob.reshape(-1, 1)
-        self.policy_log_probs[self.pos] = policy_log_prob.cpu().numpy()  # type: ignore[attr-defined]  (a copy)
+        self.policy_log_probs[row] = policy_log_prob.cpu().numpy()  # type: ignore[attr-defined]  (a copy)
         super().add(*args, **kwargs)  # type: ignore[misc]
 
     def get(self, batch_size: int | None = None) -> Generator[GRPORolloutBufferSamples, None, None]:

@@ -520,11 +520,15 @@ class GRPO(OnPolicyAlgorithm):
         # train for n_epochs epochs
         for epoch in range(self.n_epochs):
             stats.approx_kl_divs = []
+            # approx_kl: every epoch's for target_kl, else only the last epoch's (the only ones logged, as PPO logs)
+            measure_kl = self.target_kl is not None or epoch == self.n_epochs - 1
             # Do a complete pass on the rollout buffer (None: a data-parallel rank's idle step)
             for minibatch in self._data_parallel.epoch(
                 self.batch_source.minibatches(self.rollout_buffer, self.batch_size)
             ):
-                terms = None if minibatch is None else minibatch_loss(self, minibatch, clip_range, clip_range_vf, stats)
+                terms = None
+                if minibatch is not None:
+                    terms = minibatch_loss(self, minibatch, clip_range, clip_range_vf, stats, measure_kl)
                 if stop_early(self, terms, epoch):
                     continue_training = False
                     break

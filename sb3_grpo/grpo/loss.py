@@ -27,13 +27,18 @@ class LossTerms(NamedTuple):
     """One minibatch's loss and what the step after it needs (the KL estimate for early stopping, the log)."""
 
     loss: th.Tensor
-    approx_kl: np.ndarray
+    approx_kl: np.ndarray | None  # None: not measured (see minibatch_loss's measure_kl)
     details: dict[str, float]
     value: float  # loss.item(), fetched once
 
 
 def minibatch_loss(
-    model: Any, minibatch: Minibatch, clip_range: float, clip_range_vf: float | None, stats: TrainStats
+    model: Any,
+    minibatch: Minibatch,
+    clip_range: float,
+    clip_range_vf: float | None,
+    stats: TrainStats,
+    measure_kl: bool = True,
 ) -> LossTerms:
     """PPO's loss of one minibatch plus GRPO's terms, with its statistics recorded in ``stats``.
 
@@ -42,6 +47,8 @@ def minibatch_loss(
     :param clip_range: The update's ``eps``.
     :param clip_range_vf: The update's value clip range (``None``: no value clipping).
     :param stats: Where the per-minibatch figures go.
+    :param measure_kl: Compute ``approx_kl`` (PPO's early-stopping estimate). Without ``target_kl`` only the last
+        epoch's are logged, so the other epochs skip it (``LossTerms.approx_kl`` is then ``None``).
     """
     n_slices = min(model.grad_var_slices, len(minibatch.actions))
     use_grad_var = model.grad_var_coef > 0 and n_slices >= 2
@@ -102,10 +109,12 @@ def minibatch_loss(
     # see issue #417: https://github.com/DLR-RM/stable-baselines3/issues/417
     # and discussion in PR #419: https://github.com/DLR-RM/stable-baselines3/pull/419
     # and Schulman blog: http://joschu.net/blog/kl-approx.html
-    with th.no_grad():
-        log_ratio = log_prob - minibatch.old_log_prob
-        approx_kl_div = th.mean((th.exp(log_ratio) - 1) - log_ratio).cpu().numpy()
-        stats.approx_kl_divs.append(approx_kl_div)
+    approx_kl_div = None
+    if measure_kl:
+        with th.no_grad():
+            log_ratio = log_prob - minibatch.old_log_prob
+            approx_kl_div = th.mean((th.exp(log_ratio) - 1) - log_ratio).cpu().numpy()
+            stats.approx_kl_divs.append(approx_kl_div)
     stats.last_loss = loss.item()
     return LossTerms(loss, approx_kl_div, details, stats.last_loss)
 

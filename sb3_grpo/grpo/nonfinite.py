@@ -45,9 +45,9 @@ class NonFiniteEpisodes:
         :param n_updates: Updates so far (for the message).
         :return: The rewards to store.
         """
-        bad = ~np.isfinite(rewards)
         if self.nonfinite == "raise":
-            if bad.any():
+            if not np.isfinite(rewards).all():
+                bad = ~np.isfinite(rewards)
                 i = int(np.flatnonzero(bad)[0])
                 where = f"; completion {infos[i]['completion']!r}" if "completion" in infos[i] else ""
                 raise RuntimeError(
@@ -57,6 +57,7 @@ class NonFiniteEpisodes:
                     "episodes (and, for text envs, nonfinite_reward='skip')"
                 )
             return rewards
+        bad = ~np.isfinite(rewards)
         flagged = bad | np.array([bool(info.get("reward_nonfinite", False)) for info in infos])
         if bad.any():
             rewards = np.where(bad, 0.0, rewards).astype(rewards.dtype)

@@ -59,6 +59,9 @@ class RolloutExtras:
         if tracker is not None:
             tracker.reset_rollout(n_rollout_steps)
         self.greedy_envs = tracker.greedy_envs if tracker is not None and self_critical else None
+        # every step's draw is the policy's own call (PPO's), and a step's rewards need only the finiteness check
+        self.plain_draw = alpha <= 0 and self.greedy_envs is None
+        self.raise_nonfinite = nonfinite == "raise"
         self.nonfinite = NonFiniteEpisodes(nonfinite, n_envs, n_rollout_steps)
         # the policy's own log-probs beside the behaviour's, for the importance-weighted KL (GRPO's buffers)
         self.stores_policy_log_prob = isinstance(rollout_buffer, PolicyLogProbMixin)
@@ -92,12 +95,17 @@ class RolloutExtras:
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """One step's actions, values, behaviour log-probs and the policy's own log-probs
         (:func:`~sb3_grpo.grpo.exploration.sample_actions`)."""
+        if self.plain_draw:  # sample_actions' first case, without its call
+            actions, values, log_probs = policy(obs_tensor)
+            return actions, values, log_probs, log_probs
         return sample_actions(policy, obs_tensor, self.action_space, self.alpha, self.greedy_envs, self.rng)
 
     def check_rewards(
         self, rewards: np.ndarray, dones: np.ndarray, infos: list[dict], row: int, timestep: int, n_updates: int
     ) -> np.ndarray:
         """The step's rewards after the non-finite check (:meth:`~.nonfinite.NonFiniteEpisodes.check_rewards`)."""
+        if self.raise_nonfinite and np.isfinite(rewards).all():  # its usual case, without its call
+            return rewards
         return self.nonfinite.check_rewards(rewards, dones, infos, row, timestep, n_updates)
 
     def record_step(self, row: int, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]) -> None:
@@ -114,7 +122,8 @@ class RolloutExtras:
 
     def buffer_extra(self, policy_log_probs: th.Tensor) -> dict[str, Any]:
         """Keyword arguments of ``rollout_buffer.add`` beyond SB3's (the policy's own log-probs, where stored)."""
-        return {"policy_log_prob": policy_log_probs} if self.stores_policy_log_prob else {}
+        # without exploration they are the behaviour's log-probs, which the buffer copies from its own row
+        return {"policy_log_prob": policy_log_probs} if self.stores_policy_log_prob and self.alpha > 0 else {}
 
     def land_rewards(self, rollout_buffer: RolloutBuffer) -> None:
         """Before returns and advantages: the rewards scored in the background, where ``step`` would have put them
