@@ -30,7 +30,7 @@ from typing import Any
 from sb3_grpo.bench.algos import DEFAULT_GROUP_SIZE, algo_table
 from sb3_grpo.bench.config import TEXT_DEFAULTS
 
-#: The no-argument comparison (the README's main job): about five minutes on a 2-core CPU (5 seeds: the fewest
+#: The no-argument comparison (the README's main job): about seven minutes on a 2-core CPU (5 seeds: the fewest
 #: with which the report gives intervals, see sb3_grpo.bench.stats.MIN_RUNS).
 DEFAULT_ENV = "TextGen-v0"
 DEFAULT_ALGOS = "ppo,grpo,grpo-group"
@@ -158,7 +158,7 @@ def _add_compare(sub: Any) -> None:
             "Train each algorithm on each seed, evaluate it separately, and write to --out: results.json "
             "(after every run), tensorboard/<algo>/seed<k>/, curves.png and report.md.\n\n"
             f"With no arguments: {DEFAULT_ENV}, {DEFAULT_ALGOS}, {DEFAULT_SEEDS} seeds x {DEFAULT_TIMESTEPS} tokens, "
-            "into a fresh runs/compare-<timestamp>/ (about five minutes on a 2-core CPU).\n\n"
+            "into a fresh runs/compare-<timestamp>/ (about seven minutes on a 2-core CPU).\n\n"
             "Algorithms (--algos):\n" + algo_table() + "\n\n"
             f"Group-advantage algorithms get envs in prompt groups of {DEFAULT_GROUP_SIZE} (--group-size); the "
             "others get ungrouped envs. Text envs use CausalLMPolicy with the bundled LM and these defaults for "
