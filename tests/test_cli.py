@@ -381,7 +381,7 @@ def test_help_lists_algorithms(capsys):
         main(["compare", "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    assert all(name in out for name in ALGOS) and "five minutes" in out
+    assert all(name in out for name in ALGOS) and "seven minutes" in out
 
 
 def test_compare_reasoning_gym_with_env_kwargs(tmp_path):
