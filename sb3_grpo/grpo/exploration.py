@@ -106,14 +106,7 @@ def _filtered(
         if greedy.any():
             actions = th.where(th.as_tensor(greedy, device=actions.device), dist.mode(), actions)
         if alpha > 0:
-            explore = (rng.random(len(greedy)) < alpha) & ~greedy
-            if explore.any():
-                uniform = uniform_sample(action_space, int(explore.sum()), rng, squashed)
-                actions = actions.clone()
-                rows = th.as_tensor(explore, device=actions.device)
-                actions[rows] = th.as_tensor(uniform, dtype=actions.dtype, device=actions.device).reshape(
-                    actions[rows].shape
-                )
+            actions, _ = _explore(actions, action_space, alpha, greedy, rng, squashed)
         return actions
 
     return policy(obs_tensor, action_filter=choose)
@@ -138,11 +131,9 @@ def _replaced(
         log_probs[rows] = greedy_log_probs[rows]
     if alpha <= 0:
         return actions, values, log_probs
-    explore = (rng.random(len(greedy)) < alpha) & ~greedy
+    actions, explore = _explore(actions, action_space, alpha, greedy, rng, squashed)
     if explore.any():
         rows = th.as_tensor(explore, device=actions.device)
-        uniform = uniform_sample(action_space, int(explore.sum()), rng, squashed)
-        actions[rows] = th.as_tensor(uniform, dtype=actions.dtype, device=actions.device).reshape(actions[rows].shape)
         # the distribution's shape: Discrete takes (B,), the others (B, action_dim), a Box of any shape flattened
         # (SB3's policies emit (B, *shape) actions but their distributions live on the flat action_dim)
         if isinstance(action_space, spaces.Discrete):
@@ -154,3 +145,23 @@ def _replaced(
         explore_log_probs = policy.get_distribution(obs_tensor).log_prob(eval_actions)
         log_probs[rows] = explore_log_probs.reshape(log_probs.shape)[rows]
     return actions, values, log_probs
+
+
+def _explore(
+    actions: th.Tensor,
+    action_space: spaces.Space,
+    alpha: float,
+    greedy: np.ndarray,
+    rng: np.random.Generator,
+    squashed: bool,
+) -> tuple[th.Tensor, np.ndarray]:
+    """Draw which non-greedy envs explore (probability ``alpha``) and replace their actions by uniform draws (a copy
+    of ``actions`` when any does): ``(actions, explore mask)``. Both call paths draw from ``rng`` through here, in
+    the same order."""
+    explore = (rng.random(len(greedy)) < alpha) & ~greedy
+    if explore.any():
+        uniform = uniform_sample(action_space, int(explore.sum()), rng, squashed)
+        actions = actions.clone()
+        rows = th.as_tensor(explore, device=actions.device)
+        actions[rows] = th.as_tensor(uniform, dtype=actions.dtype, device=actions.device).reshape(actions[rows].shape)
+    return actions, explore
