@@ -18,3 +18,10 @@ def _one_torch_thread():
     th.set_num_threads(1)
     yield
     th.set_num_threads(n)
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A fresh working directory (the bad-input tests check that a refused command leaves nothing in it)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

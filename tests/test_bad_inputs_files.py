@@ -62,12 +62,6 @@ CASES = [
 ]
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 @pytest.mark.parametrize("case, action, error, match", CASES, ids=case_ids(CASES))
 def test_refused_before_anything_is_written(workdir, capsys, case, action, error, match):
     assert_refused(workdir, capsys, case, action, error, match)

@@ -10,6 +10,8 @@ does not learn fails (it passes by chance about 1 time in 160). Seed 0 gains 0.1
 """
 
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -18,25 +20,11 @@ import pytest
 import torch as th
 from helpers import quiet
 
-from sb3_grpo import GRPO
 from sb3_grpo.common.buffers import SequenceRolloutBuffer
-from textrl_envs.sb3 import make_vec_env
 
-
-def evaluate(model, episodes=512, seed=123):
-    """Mean reward, its standard error and mean turns of ``episodes`` sampled episodes on a separately seeded env."""
-    env = make_vec_env("GuessNumber-v0", n_envs=16, seed=seed, device="cpu")
-    obs, rewards, turns, running = env.reset(), [], [], np.zeros(16)
-    while len(rewards) < episodes:
-        actions, _ = model.predict(obs, deterministic=False)
-        obs, r, dones, infos = env.step(actions)
-        running += r
-        for i in np.flatnonzero(dones):
-            rewards.append(running[i])
-            turns.append(infos[i]["turns"])
-            running[i] = 0.0
-    rewards = np.asarray(rewards[:episodes])
-    return float(rewards.mean()), float(rewards.std(ddof=1) / np.sqrt(episodes)), float(np.mean(turns[:episodes]))
+# the script's settings and evaluation, so that the test pins exactly the run the README reports
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import learn_interactive
 
 
 def _seeds() -> list[int]:
@@ -50,26 +38,10 @@ def _seeds() -> list[int]:
 def test_grpo_learns_to_guess_the_number(seed):
     th.set_num_threads(1)
     th.manual_seed(seed)
-    env = make_vec_env("GuessNumber-v0", n_envs=16, group_size=4, seed=seed, device="cpu")
-    model = quiet(
-        GRPO(
-            "CausalLMPolicy",
-            env,
-            advantage="group",
-            n_steps=64,
-            batch_size=256,
-            n_epochs=1,
-            learning_rate=5e-4,
-            vf_coef=0.0,
-            grad_var_coef=0.0,
-            explore_alpha=0.0,
-            seed=seed,
-            device="cpu",
-        )
-    )
+    model = quiet(learn_interactive.build("grpo-group", "GuessNumber-v0", seed, group_size=4))
     assert isinstance(model.rollout_buffer, SequenceRolloutBuffer)
-    before, se_before, turns_before = evaluate(model)
+    before, se_before, turns_before = learn_interactive.evaluate(model, "GuessNumber-v0")
     model.learn(16 * 64 * 16)
-    after, se_after, turns_after = evaluate(model)
+    after, se_after, turns_after = learn_interactive.evaluate(model, "GuessNumber-v0")
     margin = 2.5 * float(np.hypot(se_before, se_after))
     assert after - before > margin and turns_after < turns_before, (before, after, margin, turns_before, turns_after)
