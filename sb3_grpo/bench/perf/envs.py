@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from sb3_grpo.bench.perf.timing import interleaved, length_reward, make_row, synchronizer
+from sb3_grpo.bench.perf.timing import interleaved, length_reward, rate_row, synchronizer
 
 __all__ = ["vector_env_auto_vs_cpu", "vector_env_special_tokens", "vector_env_vs_sync"]
 
@@ -75,15 +75,14 @@ def vector_env_vs_sync(
     sync.close()
     n = actions.size
     reward = "its default reward" if default_reward else "a length reward"
-    return make_row(
+    return rate_row(
         f"env: TextGenVectorEnv vs SyncVectorEnv ({'default' if default_reward else 'cheap'} reward)",
-        n / t["vec"],
-        n / t["sync"],
+        n,
+        (t, c),
+        ("vec", "sync"),
         "env steps/s",
         f"{env_id}, {num_envs} envs on {device}, {max_new_tokens}-token episodes, {steps} random-token steps x "
         f"{repeats} (median), {reward}",
-        True,
-        cpu=(n / c["vec"], n / c["sync"]),
     )
 
 
@@ -108,15 +107,14 @@ def vector_env_auto_vs_cpu(
     for e in envs.values():
         e.close()
     n = actions.size
-    return make_row(
+    return rate_row(
         'env: device="auto" vs device="cpu"',
-        n / t["auto"],
-        n / t["cpu"],
+        n,
+        (t, c),
+        ("auto", "cpu"),
         "env steps/s",
         f"{env_id}, {num_envs} envs, {max_new_tokens}-token episodes, random word tokens, length reward; "
         f'"auto" resolved to {resolved}',
-        True,
-        cpu=(n / c["auto"], n / c["cpu"]),
         target=(">=", 0.95),
     )
 
@@ -153,24 +151,22 @@ def vector_env_special_tokens(
     ends = int((everything == eos).sum()) if eos is not None else 0
     common = f"{env_id}, {num_envs} envs on {device}, {max_new_tokens}-token budget, length reward"
     return [
-        make_row(
+        rate_row(
             "env: random tokens incl. special (pad, EOS) vs word tokens",
-            n / t["all"],
-            n / t["words"],
+            n,
+            (t, c),
+            ("all", "words"),
             "env steps/s",
             f"{common}; uniform over all {len(tokenizer)} ids: {ends} EOS end episodes at random steps",
-            True,
-            cpu=(n / c["all"], n / c["words"]),
             target=(">=", 0.8),
         ),
-        make_row(
+        rate_row(
             "env: random tokens incl. special except EOS vs word tokens",
-            n / t["no-eos"],
-            n / t["words"],
+            n,
+            (t, c),
+            ("no-eos", "words"),
             "env steps/s",
             f"{common}; uniform over all ids, EOS replaced by a word (pad and other special tokens decoded)",
-            True,
-            cpu=(n / c["no-eos"], n / c["words"]),
             target=(">=", 0.8),
         ),
     ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sb3_grpo.bench.perf.timing import interleaved, make_row
+from sb3_grpo.bench.perf.timing import interleaved, rate_row
 
 __all__ = ["interactive_rollout"]
 
@@ -82,14 +82,13 @@ def interactive_rollout(
         f"forwards vs {pos_base:,} in {calls_base}"
     )
     return [
-        make_row(
+        rate_row(
             "rollout interactive: cache extended by replies vs recompute after each reply",
-            n / t["ours"],
-            n / t["base"],
+            n,
+            (t, c),
+            ("ours", "base"),
             "tokens/s",
             notes,
-            True,
-            cpu=(n / c["ours"], n / c["base"]),
             target=(">=", 1.0),
         )
     ]

@@ -64,6 +64,20 @@ def build_lm(name: str):
     return gpt2_small().train(False)
 
 
+def _measured(base: float, built: float, device: Any, parameters: Any) -> dict:
+    """The memory figures of a child after its update (both implementations report the same keys): RSS before the
+    model, after building it, the peak so far, the CUDA peak, and the parameter counts in millions."""
+    params = list(parameters)
+    return {
+        "base_mb": base,
+        "built_mb": built,
+        "peak_mb": rss_mb(),
+        "gpu_peak_mb": gpu_mb(device),
+        "params_m": sum(p.numel() for p in params) / 1e6,
+        "trainable_m": sum(p.numel() for p in params if p.requires_grad) / 1e6,
+    }
+
+
 def run_grpo(cfg: dict) -> dict:
     """Child: build GRPO, collect one rollout, run one update; report the memory peaks."""
     import torch as th
@@ -119,14 +133,8 @@ def run_grpo(cfg: dict) -> dict:
     t1 = time.perf_counter()
     model.train()
     t2 = time.perf_counter()
-    params = list(model.policy.parameters())
     return {
-        "base_mb": base,
-        "built_mb": built,
-        "peak_mb": rss_mb(),
-        "gpu_peak_mb": gpu_mb(device),
-        "params_m": sum(p.numel() for p in params) / 1e6,
-        "trainable_m": sum(p.numel() for p in params if p.requires_grad) / 1e6,
+        **_measured(base, built, device, model.policy.parameters()),
         "kl_reference": "frozen copy" if model.ref_policy is not None else "adapters off",
         "rollout_s": t1 - t0,
         "update_s": t2 - t1,
@@ -225,14 +233,8 @@ def run_trl(cfg: dict) -> dict:
     t0 = time.perf_counter()
     trainer.train()
     t1 = time.perf_counter()
-    params = list(trainer.model.parameters())
     return {
-        "base_mb": base,
-        "built_mb": built,
-        "peak_mb": rss_mb(),
-        "gpu_peak_mb": gpu_mb(th.device(cfg["device"])),
-        "params_m": sum(p.numel() for p in params) / 1e6,
-        "trainable_m": sum(p.numel() for p in params if p.requires_grad) / 1e6,
+        **_measured(base, built, th.device(cfg["device"]), trainer.model.parameters()),
         "kl_reference": "TRL",
         "rollout_s": float("nan"),
         "update_s": t1 - t0,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from sb3_grpo.bench.perf.timing import interleaved, make_row, synchronizer, zero_reward
+from sb3_grpo.bench.perf.timing import interleaved, make_row, rate_row, synchronizer, zero_reward
 
 __all__ = ["GPT2_SMALL", "reward_cost", "rollout_gpt2_small", "rollout_vs_generate"]
 
@@ -157,24 +157,22 @@ def _vs_generate(n_envs: int, tokens: int, repeats: int, device: Any, sync: Any,
     t, c = interleaved(timers, repeats, sync)
     n = n_envs * tokens
     return [
-        make_row(
+        rate_row(
             "rollout: collect_rollouts vs generate, no EOS",
-            n / t["ours"],
-            n / t["generate"],
+            n,
+            (t, c),
+            ("ours", "generate"),
             "tokens/s",
             f"{notes}, {n_envs} envs, {tokens}-token episodes (no EOS)",
-            True,
-            cpu=(n / c["ours"], n / c["generate"]),
             target=(">=", 1.0),
         ),
-        make_row(
+        rate_row(
             "rollout: collect_rollouts vs generate, EOS on",
-            n / t["ours-eos"],
-            n / t["generate"],
+            n,
+            (t, c),
+            ("ours-eos", "generate"),
             "tokens/s",
             f"{notes}, {n_envs} envs, {tokens}-token budget, EOS ends episodes (auto-resets in the loop)",
-            True,
-            cpu=(n / c["ours-eos"], n / c["generate"]),
             target=(">=", 0.9),
         ),
     ]
@@ -191,14 +189,13 @@ def _large_batch_vs_generate(large_envs: int, tokens: int, repeats: int, device:
         sync,
     )
     n = large_envs * tokens
-    return make_row(
+    return rate_row(
         "rollout: collect_rollouts vs generate, EOS on, large batch",
-        n / t["ours"],
-        n / t["generate"],
+        n,
+        (t, c),
+        ("ours", "generate"),
         "tokens/s",
         f"{notes}, {large_envs} envs, {tokens}-token budget, EOS on",
-        True,
-        cpu=(n / c["ours"], n / c["generate"]),
         target=(">=", 0.9),
     )
 
@@ -215,14 +212,13 @@ def _cache_vs_recompute(n_envs: int, long_tokens: int, repeats: int, device: Any
         sync,
     )
     n = n_envs * long_tokens
-    return make_row(
+    return rate_row(
         "rollout: KV cache vs full recompute",
-        n / t["cached"],
-        n / t["uncached"],
+        n,
+        (t, c),
+        ("cached", "uncached"),
         "tokens/s",
         f"{notes}, {n_envs} envs, {long_tokens}-token episodes (no EOS); baseline use_cache=False",
-        True,
-        cpu=(n / c["cached"], n / c["uncached"]),
     )
 
 
@@ -241,15 +237,14 @@ def rollout_gpt2_small(n_envs: int = 16, tokens: int = 32, repeats: int = 3, dev
         synchronizer(_resolved(device)),
     )
     n = n_envs * tokens
-    return make_row(
+    return rate_row(
         "rollout: collect_rollouts vs generate, GPT-2-small size, no EOS",
-        n / t["ours"],
-        n / t["generate"],
+        n,
+        (t, c),
+        ("ours", "generate"),
         "tokens/s",
         f"TextGen-v0 with the bundled tokenizer (1,229 actions), a 12 x 768 GPT-2 (50,257-token vocabulary, random "
         f"weights), GRPO defaults, {n_envs} envs, {tokens}-token episodes (no EOS), device {device}",
-        True,
-        cpu=(n / c["ours"], n / c["generate"]),
         target=(">=", 1.0),
     )
 

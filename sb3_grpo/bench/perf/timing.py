@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Target", "interleaved", "length_reward", "make_row", "ratio", "synchronizer", "zero_reward"]
+__all__ = ["Target", "interleaved", "length_reward", "make_row", "rate_row", "ratio", "synchronizer", "zero_reward"]
 
 #: A target on a row's ratio: ``(">=", 1.0)`` or ``("<=", 3.0)``.
 Target = tuple[str, float]
@@ -72,6 +72,31 @@ def make_row(
         "target": None if target is None else f"{target[0]} {target[1]:g}x",
         "met": met,
     }
+
+
+def rate_row(
+    name: str,
+    n: float,
+    times: tuple[dict[Any, float], dict[Any, float]],
+    keys: tuple[Any, Any],
+    unit: str,
+    notes: str,
+    target: Target | None = None,
+) -> dict:
+    """A throughput row from :func:`interleaved`'s medians: ``n`` units of work per call, ours against the baseline.
+
+    :param name: What is measured against what.
+    :param n: Units of work (tokens, env steps) one timed call does.
+    :param times: ``(wall, cpu)`` from :func:`interleaved`.
+    :param keys: ``(ours, baseline)``: the timers' names.
+    :param unit: The throughput's unit.
+    :param notes: The set-up.
+    :param target: The target on the ratio.
+    """
+    (wall, cpu), (ours, base) = times, keys
+    return make_row(
+        name, n / wall[ours], n / wall[base], unit, notes, True, cpu=(n / cpu[ours], n / cpu[base]), target=target
+    )
 
 
 def synchronizer(device: Any) -> Callable[[], None]:
