@@ -237,9 +237,8 @@ def check_policy_kwargs(policy_kwargs: dict[str, Any]) -> None:
             f"policy_kwargs['model'] = {model!r} is not a directory; pass a local model directory (nothing is "
             "downloaded), or leave it out for the bundled LM"
         )
-    flags = {
-        n: args[n] for n in ("separate_critic", "use_cache", "pack_sequences", "gradient_checkpointing", "ortho_init")
-    }
+    names = ("separate_critic", "use_cache", "pack_sequences", "share_prefixes", "gradient_checkpointing", "ortho_init")
+    flags = {n: args[n] for n in names}
     check_policy_args(
         args["temperature"], args["top_k"], args["top_p"], args["critic_hidden"], args["value_head_init_std"], flags
     )

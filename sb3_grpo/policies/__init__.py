@@ -22,6 +22,7 @@ from sb3_grpo.policies.windows import (
     left_pad_columns,
     positions_from_mask,
     realign_columns,
+    shared_prefixes,
 )
 
 __all__ = [
@@ -38,4 +39,5 @@ __all__ = [
     "process_logits",
     "realign_columns",
     "sample_categorical",
+    "shared_prefixes",
 ]

@@ -41,7 +41,7 @@ from sb3_grpo.policies.models import (
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
 from sb3_grpo.policies.validation import check_layout, check_policy_args, check_window_fits
-from sb3_grpo.policies.windows import positions_from_mask, trim_padding
+from sb3_grpo.policies.windows import positions_from_mask, shared_prefixes, trim_padding
 
 __all__ = ["CausalLMPolicy"]
 
@@ -101,6 +101,14 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
     action position of the segments that share its fullest packed row, within float tolerance); a model that does not
     honour 4-D masks fails the check, is told so in a warning and is evaluated padded from then on.
 
+    **Shared prefixes.** A stock SB3 algorithm (``PPO``) evaluates a minibatch of single-token transitions with
+    :meth:`evaluate_actions`, each a whole window, and many of them are earlier states of one episode: the window of
+    step ``t`` is a prefix of the window of step ``t + k``. With ``share_prefixes=True`` (default) the policy runs
+    only the windows that are a prefix of no other (:func:`~sb3_grpo.policies.windows.shared_prefixes`, an exact
+    comparison of the ids) and reads each prefix's hidden state off its longer window; under a causal LM that is the
+    hidden state a forward of the prefix alone gives (equal up to float rounding, tested), and the gradient is the
+    same sum. On ``LongReview-v0`` a minibatch of 256 windows then runs about 16 rows instead of 256.
+
     **Saving.** ``_get_constructor_parameters`` stores the model as a config-only :func:`model_spec` dict
     (:attr:`lm_spec`), so no Hugging Face object is pickled and loading needs no model directory; the weights come
     from SB3's state dict. ``GRPO`` also replaces a model *object* in its ``policy_kwargs`` by that spec after
@@ -124,6 +132,8 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
     :param use_cache: keep the rollout KV cache (``False``: recompute every prefix, for benchmarks and debugging).
     :param pack_sequences: in :meth:`evaluate_sequences`, pack short sequences end to end into shared rows (see
         "Packed update forward" above) when that saves at least a sixth of the padded positions; ``False``: always pad.
+    :param share_prefixes: in :meth:`evaluate_actions`, read the windows that are prefixes of another window of the
+        batch off that window's forward (see "Shared prefixes" above); ``False``: one forward row per window.
     :param gradient_checkpointing: trade compute for memory in the update forward.
     :param lora: train LoRA adapters instead of the LM (needs ``peft``: ``pip install "textrl[lora]"``): a
         ``peft.LoraConfig`` or a dict of its arguments (e.g. ``{"r": 8, "lora_alpha": 16}``). The adapters are
@@ -158,6 +168,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         separate_critic: bool = False,
         use_cache: bool = True,
         pack_sequences: bool = True,
+        share_prefixes: bool = True,
         gradient_checkpointing: bool = False,
         lora: Any = None,
         autocast_dtype: th.dtype | str | None = None,
@@ -184,7 +195,8 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
             raise ValueError("CausalLMPolicy has a discrete (token) action space; use_sde must be False")
         self._check_spaces(observation_space, action_space)
         flags = {"separate_critic": separate_critic, "use_cache": use_cache, "pack_sequences": pack_sequences}
-        flags.update(gradient_checkpointing=gradient_checkpointing, ortho_init=ortho_init)
+        flags.update(share_prefixes=share_prefixes, gradient_checkpointing=gradient_checkpointing)
+        flags.update(ortho_init=ortho_init)
         check_policy_args(temperature, top_k, top_p, critic_hidden, value_head_init_std, flags)
 
         resolved_dtype = as_dtype(dtype)
@@ -196,6 +208,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         self.use_cache = use_cache
         self.pack_sequences = bool(pack_sequences)
         self._packing_verified = False
+        self.share_prefixes = bool(share_prefixes)
         self.gradient_checkpointing = gradient_checkpointing
         self._autocast = check_autocast_dtype(autocast_dtype)
         self.autocast_dtype = None if self._autocast is None else str(self._autocast).replace("torch.", "")
@@ -310,6 +323,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
                 "separate_critic": self.separate_critic,
                 "use_cache": self.use_cache,
                 "pack_sequences": self.pack_sequences,
+                "share_prefixes": self.share_prefixes,
                 "gradient_checkpointing": self.gradient_checkpointing,
                 "lora": self.lora,
                 "autocast_dtype": self.autocast_dtype,
@@ -455,6 +469,20 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         hidden = self._trunk(ids, mask, positions_from_mask(mask))[:, -1]
         return self._logits(hidden), self._value(hidden, ids, mask)
 
+    def _shared_outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """:meth:`_full_outputs`, with the windows that are prefixes of another window read off its forward."""
+        plan = shared_prefixes(ids, mask) if self.share_prefixes else None
+        if plan is None:
+            return self._full_outputs(ids, mask)
+        parents, parent_of, column = plan
+        ids, mask = trim_padding(ids[parents], mask[parents])
+        hidden = self._trunk(ids, mask, positions_from_mask(mask))[parent_of, column]
+        if self.separate_critic:
+            values = self.critic.values_per_position(ids, mask)[parent_of, column]
+        else:
+            values = self.value_head(hidden.float()).squeeze(-1)
+        return self._logits(hidden), values
+
     def _outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         if self._caching():
             served = self._rollout_cache.outputs(ids, mask)
@@ -510,7 +538,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         :return: values ``[B, 1]``, log-probs ``[B]``, entropies ``[B]``.
         """
         ids, mask = self._parse_obs(obs)
-        logits, values = self._full_outputs(ids, mask)
+        logits, values = self._shared_outputs(ids, mask)
         dist = self._distribution(logits)
         actions = actions.reshape(-1).long()
         return values.unsqueeze(-1), dist.log_prob(actions), dist.entropy()

@@ -4,11 +4,13 @@ A window is a right-aligned, left-padded ``[B, W]`` batch of token ids with its 
 path and :class:`~sb3_grpo.policies.kv_cache.RolloutCache` share these rules (:func:`positions_from_mask`,
 :func:`trim_padding`); the cache classifies rows with :func:`extension_lengths` / :func:`extends_by_one` and moves
 cache columns with :func:`realign_columns` and :func:`left_pad_columns`. The tests pin each one down;
-``sb3_grpo.policies`` re-exports them.
+``sb3_grpo.policies`` re-exports them. :func:`shared_prefixes` finds the windows of an update's minibatch that are
+prefixes of another window, so that one forward serves them all.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch as th
 
 __all__ = [
@@ -17,6 +19,7 @@ __all__ = [
     "left_pad_columns",
     "positions_from_mask",
     "realign_columns",
+    "shared_prefixes",
     "trim_padding",
 ]
 
@@ -124,3 +127,53 @@ def trim_padding(ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]
     any_valid = mask.any(dim=0)
     start = int(any_valid.nonzero()[0, 0]) if bool(any_valid.any()) else mask.shape[1] - 1
     return ids[:, start:], mask[:, start:]
+
+
+def shared_prefixes(ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
+    """Which windows of a batch are prefixes of another window of the batch, and where they sit in it.
+
+    A minibatch of single-token transitions from a text rollout holds many states of one episode: the window of
+    step ``t`` is a prefix of the window of step ``t + k``. Under a causal LM the hidden state at the last token of a
+    prefix is the same inside the longer window as on its own (its position ids count valid tokens, as
+    :func:`positions_from_mask` does), so one forward of the longest windows serves every prefix of them.
+
+    Rows are compared by their valid tokens, left-aligned. Sorted lexicographically, with padding below every
+    token, a row that is a prefix of another row is a prefix of the next row in that order, and following that chain
+    ends at a row that is a prefix of no other: the *parent* whose forward serves the chain. Exact comparison, no
+    hashing; the work is a sort of the ``[B, L]`` ids on the host.
+
+    :param ids: ``[B, L]`` right-aligned ids (token ids ``>= 0``).
+    :param mask: ``[B, L]`` attention mask, a suffix of ones in each row.
+    :return: ``(parents, parent_of, column)``, long tensors on ``ids``' device: the rows to run (``[P]``, in
+        increasing order), each row's parent (an index into ``parents``, ``[B]``), and the column of its last token
+        in the parents' window once :func:`trim_padding` has cut it to its longest row (``[B]``). ``None`` when no
+        row is a prefix of another (nothing to share) or a mask is not a suffix of ones.
+    """
+    batch, width = ids.shape
+    if batch < 2:
+        return None
+    m = mask.detach().to("cpu", th.bool).numpy()
+    lengths = m.sum(axis=1)
+    cols = np.arange(width)
+    if lengths.min() < 1 or not (m == (cols[None, :] >= width - lengths[:, None])).all():
+        return None
+    # left-align the valid tokens; -1 (below every token id) after them, so a prefix sorts before its extensions
+    a = ids.detach().to("cpu", th.long).numpy()
+    gather = np.minimum(width - lengths[:, None] + cols[None, :], width - 1)
+    left = np.where(cols[None, :] < lengths[:, None], np.take_along_axis(a, gather, axis=1), -1)
+    order = np.lexsort(left.T[::-1])  # column 0 is the primary key
+    ranked = left[order]
+    covered = cols[None, :] >= lengths[order][:-1, None]
+    child = np.append(((ranked[:-1] == ranked[1:]) | covered).all(axis=1), False)
+    if not child.any():
+        return None
+    # each position's parent: the first position at or after it that is not a prefix of its successor
+    ends = np.where(child, batch, np.arange(batch))
+    parent_pos = np.minimum.accumulate(ends[::-1])[::-1]
+    parents = np.unique(order[parent_pos])
+    parent_row = np.empty(batch, dtype=np.int64)
+    parent_row[order] = order[parent_pos]
+    parent_of = np.searchsorted(parents, parent_row)
+    column = lengths.max() - lengths[parent_row] + lengths - 1  # the longest row is a parent
+    device = ids.device
+    return tuple(th.as_tensor(x, dtype=th.long, device=device) for x in (parents, parent_of, column))
