@@ -84,8 +84,8 @@ def _forward_positions(policy: Any, update: Any) -> int:
 
 def _update_timers(env: Any, hp: dict, stock: bool, last_block: bool) -> tuple[Any, dict]:
     """The models of :func:`update_seq_vs_stock`, all on the same rollout and weights, and an update of each to time:
-    GRPO's sequence fast path (``"ours"``, the model returned), stock ``PPO.train`` (``"stock"``), and the penalty on
-    all LM parameters (``"all"``) and on the last block (``"last"``)."""
+    GRPO's sequence fast path (``"ours"``, the model returned), stock ``PPO.train`` (``"stock"``; ``"stock-rows"``:
+    without shared prefixes), and the penalty on all LM parameters (``"all"``) and on the last block (``"last"``)."""
     from stable_baselines3 import PPO
 
     from sb3_grpo.grpo import GRPO
@@ -95,10 +95,12 @@ def _update_timers(env: Any, hp: dict, stock: bool, last_block: bool) -> tuple[A
     seq_buffer = fast.rollout_buffer
     timers = {"ours": _update_on(fast, lambda: seq_buffer)}
     if stock:
-        baseline = PPO(CausalLMPolicy, env, **hp)
-        baseline.set_logger(fast.logger)
-        baseline.policy.load_state_dict(fast.policy.state_dict())
-        timers["stock"] = _update_on(baseline, lambda: per_transition_copy(baseline, seq_buffer))
+        for name, share in (("stock", True), ("stock-rows", False)):
+            kwargs = {**hp, "policy_kwargs": {**hp.get("policy_kwargs", {}), "share_prefixes": share}}
+            baseline = PPO(CausalLMPolicy, env, **kwargs)
+            baseline.set_logger(fast.logger)
+            baseline.policy.load_state_dict(fast.policy.state_dict())
+            timers[name] = _update_on(baseline, lambda b=baseline: per_transition_copy(b, seq_buffer))
     for name, params in (("all", None), ("last", LAST_BLOCK if last_block else None)):
         if name == "last" and not last_block:
             continue
@@ -171,6 +173,17 @@ def update_seq_vs_stock(
                 False,
                 cpu=(c["ours"], c["stock"]),
                 target=(">=", 10.0),
+            )
+        )
+        rows.append(
+            make_row(
+                "update: stock PPO.train, shared prefixes vs one forward row per window",
+                t["stock"],
+                t["stock-rows"],
+                "s/update",
+                f"{notes}; CausalLMPolicy(share_prefixes=True) (the default) vs False",
+                False,
+                cpu=(c["stock"], c["stock-rows"]),
             )
         )
     for name, what, target in (("all", "all LM parameters", ("<=", 3.0)), ("last", "last block + final norm", None)):
