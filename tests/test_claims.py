@@ -119,3 +119,40 @@ def test_full_budget_has_the_seeds_that_resolve_a_30_percent_stability_gain():
 
     assert BUDGETS["full"].seeds >= seeds_to_resolve_std_ratio(0.7) == 63
     assert BUDGETS["default"].seeds < BUDGETS["full"].seeds
+
+
+_ORPHAN_PARENT = """
+import multiprocessing as mp, os, signal, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from sb3_grpo.bench import runner
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=runner._init_worker, initargs=(ctx.Queue(), 1))
+    print(pool.submit(os.getpid).result(), flush=True)
+    pool.submit(time.sleep, 600)  # a long run in flight
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)  # killed, as a scheduler would: no cleanup runs here
+"""
+
+
+def test_workers_exit_when_the_claims_parent_is_killed(tmp_path):
+    """A killed parent's workers end within seconds instead of finishing their run into the out dir."""
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(_ORPHAN_PARENT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    worker = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(worker, 9)
+    pytest.fail(f"worker {worker} outlived its killed parent by 15 s")

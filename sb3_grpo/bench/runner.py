@@ -12,7 +12,10 @@ interrupt is re-raised; what ``on_done`` received is kept.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue as queue_mod
+import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -87,11 +90,24 @@ def _safe_execute(job: Job, out: Path, report: Callable[[int, float | None], Non
         }
 
 
+def _exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
+    """Exit this worker process as soon as its parent is gone (polled every ``poll_s`` seconds).
+
+    Ctrl-C reaches every process of the terminal's group, but a parent that is killed (``kill PID``, a scheduler's
+    SIGTERM or SIGKILL) cannot stop its workers: they would finish their run and write its logs into an out dir that a
+    ``--resume`` may be cleaning. A worker's parent pid changes when the parent dies, so the worker ends too.
+    """
+    while os.getppid() == parent_pid:
+        time.sleep(poll_s)
+    os._exit(1)
+
+
 def _init_worker(progress_queue: Any, threads: int) -> None:
     global _QUEUE
     import torch as th
     from transformers.utils import logging as hf_logging
 
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True, name="exit-with-parent").start()
     _QUEUE = progress_queue
     th.set_num_threads(threads)
     hf_logging.disable_progress_bar()
