@@ -144,9 +144,11 @@ def test_workers_exit_when_the_claims_parent_is_killed(tmp_path):
 
     script = tmp_path / "parent.py"
     script.write_text(_ORPHAN_PARENT)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == -9, proc.stderr
-    worker = int(proc.stdout.split()[0])
+    log = tmp_path / "parent.log"
+    with open(log, "w") as out:  # a file, not a pipe: an orphaned worker holding a pipe would block run()
+        proc = subprocess.run([sys.executable, str(script)], stdout=out, stderr=subprocess.STDOUT, timeout=120)
+    assert proc.returncode == -9, log.read_text()
+    worker = int(log.read_text().split()[0])
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:
