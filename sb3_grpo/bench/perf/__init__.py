@@ -85,6 +85,8 @@ def measurements(quick: bool = False, device: str = "auto", trl_seeds: int = 3) 
         ("rollout-gpt2", lambda: [rollout.rollout_gpt2_small(4 if quick else 16, 8 if quick else 32, r, device)]),
         ("interactive", lambda: interactive.interactive_rollout(8 if quick else 16, 32 if quick else 96, r)),
         ("update", lambda: update.update_seq_vs_stock(small, tok, 16 if quick else 64, r, device)),
+        ("update-long", lambda: update.update_seq_vs_stock(4 if quick else 16, 96, 8 if quick else 32, r, device,
+                                                           last_block=False, env_id="LongReview-v0", penalty=False)),
         ("penalty-gpt2", lambda: update.update_seq_vs_stock(4 if quick else 8, 8 if quick else 16, 8 if quick else 16,
                                                             r, device, lm=rollout.gpt2_small(), stock=False,
                                                             last_block=False, label="GPT-2-small size")),
