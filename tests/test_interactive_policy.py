@@ -17,6 +17,7 @@ from test_policies import (
     MAX_PROMPT,
     PROMPTS,
     V,
+    W,
     count_lm_calls,
     make_policy,
     tiny_gpt2,
@@ -26,6 +27,7 @@ from test_policies import (
 )
 
 from sb3_grpo.policies import extends_by_one, extension_lengths, realign_columns
+from sb3_grpo.policies.kv_cache import extension_pays
 from textrl_envs.interaction import Interaction, Reply
 from textrl_envs.sb3 import make_vec_env
 
@@ -124,6 +126,7 @@ def turn_vec_env(n_envs=6, group_size=1, seed=0, max_new=MAX_NEW):
 def test_cache_extended_by_replies_equals_full_recompute(factory, group_size, kwargs):
     th.manual_seed(0)
     policy = make_policy(factory(), **kwargs)
+    policy._rollout_cache.cheaper_path = False  # always extend (these windows are short enough to be recomputed)
     env = turn_vec_env(n_envs=6, group_size=group_size, seed=4)
     width = MAX_PROMPT + MAX_NEW
     replies = 0
@@ -320,3 +323,42 @@ def test_fast_path_refuses_windows_that_do_not_nest():
         else:
             with pytest.raises(ValueError, match=want):
                 next(buf.get_sequences())
+
+
+def test_extension_pays_by_hand():
+    # the multi-token step runs every row over `tail` columns: batch * (tail - 1) positions beyond a one-token step
+    assert extension_pays(tail=3, batch=6, redo_positions=13)  # 12 < 13: extend
+    assert not extension_pays(tail=3, batch=6, redo_positions=12)  # a prefill of 12 positions is no dearer
+    assert not extension_pays(tail=8, batch=16, redo_positions=60)  # a large batch, one short reply row
+
+
+@pytest.mark.parametrize("length,extends", [(13, True), (8, False)])
+def test_a_reply_row_is_extended_or_recomputed_whichever_computes_fewer_positions(length, extends):
+    """Row 0 adds 3 tokens (an action and a 2-token reply), the others one: extended in one step over the batch when
+    that is fewer positions than a prefill of row 0's window, else row 0 is prefilled alone. Same outputs."""
+    th.manual_seed(0)
+    policy = make_policy(tiny_gpt2())
+    policy.set_training_mode(False)
+    batch, rng = 6, np.random.default_rng(0)
+    ids, mask = th.zeros(batch, W, dtype=th.long), th.zeros(batch, W, dtype=th.long)
+    for b in range(batch):
+        n = length - 3 if b == 0 else 6
+        ids[b, W - n :], mask[b, W - n :] = th.as_tensor(rng.integers(4, V, n)), 1
+    with th.no_grad():
+        policy.get_distribution({"input_ids": ids, "attention_mask": mask})  # the cache holds these windows
+    grow = th.as_tensor(rng.integers(4, V, (batch, 3)))
+    new_ids = th.cat([ids[:, 3:], grow], dim=1)
+    new_mask = th.cat([mask[:, 3:], th.ones(batch, 3, dtype=th.long)], dim=1)
+    for b in range(1, batch):  # one token for the others
+        new_ids[b], new_mask[b] = th.cat([ids[b, 1:], grow[b, :1]]), th.cat([mask[b, 1:], th.ones(1, dtype=th.long)])
+    assert int(new_mask[0].sum()) == length
+    obs = {"input_ids": new_ids, "attention_mask": new_mask}
+    with th.no_grad(), count_lm_calls(policy) as calls:
+        got = policy.get_distribution(obs).distribution.logits
+    if extends:
+        assert calls == [(batch, 3)]  # one step over the batch, 3 new columns
+    else:
+        assert sorted(calls) == [(1, length), (batch, 1)]  # row 0 prefilled; the others' one-token step
+    with th.no_grad():
+        want = policy.evaluate_actions(obs, th.zeros(batch, dtype=th.long))[1]  # log-prob of token 0, full recompute
+    th.testing.assert_close(got.log_softmax(-1)[:, 0], want, atol=1e-5, rtol=1e-5)

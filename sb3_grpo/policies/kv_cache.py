@@ -41,7 +41,9 @@ token). When some row adds more (an interactive reply), it is one forward over `
 before them are masked dummies; afterwards each row's columns are realigned (:func:`realign_columns`) so that its
 masked new columns lead the row (and get cropped) instead of leaving holes. Extending a row by ``k`` tokens thus
 costs a forward over ``k`` positions instead of a prefill of the whole window (``sb3-grpo perf``'s interactive
-row measures both on ``GuessNumber-v0``). ``redo`` rows get one
+row measures both on ``GuessNumber-v0``); since that forward runs every row of the batch over ``K`` columns, the
+rows that add several tokens are prefilled instead when their windows are fewer positions (:func:`extension_pays`:
+a large batch, short windows). ``redo`` rows get one
 prefill over those rows only; their cache is left-padded with masked slots and spliced into the batch cache. A
 prefilled window's keys/values, logits and value are remembered (:class:`PrefillMemo`, 64 MiB,
 least recently used out first, emptied whenever the parameters change), so a window seen before under the same
@@ -102,6 +104,7 @@ __all__ = [
     "PrefillMemo",
     "RolloutCache",
     "extends_by_one",
+    "extension_pays",
     "extension_lengths",
     "left_pad_columns",
     "positions_from_mask",
@@ -160,6 +163,22 @@ class _Rows(NamedTuple):
 # --------------------------------------------------------------------------------------------------------------
 
 
+def extension_pays(tail: int, batch: int, redo_positions: int) -> bool:
+    """Whether extending the rows that add several tokens (an interactive reply) computes fewer positions than a
+    prefill of those rows' whole windows.
+
+    The multi-token step runs every row of the batch over ``tail`` new columns (rows adding fewer tokens feed masked
+    dummies) and then re-aligns the whole cache, so beyond the one-token step that every row takes anyway it costs
+    ``batch * (tail - 1)`` positions; a prefill of the extended rows costs their valid tokens. Both give the same
+    outputs (each equals a full recompute, tested), so the cheaper is taken.
+
+    :param tail: The most tokens a row adds (``max k``, at least 2).
+    :param batch: Rows in the batch.
+    :param redo_positions: Valid tokens of the rows that add several tokens (their windows' lengths).
+    """
+    return batch * (tail - 1) < redo_positions
+
+
 class RolloutCache:
     """The rollout KV cache of one policy: a ``_BatchCache`` per batch size (the last two used).
 
@@ -196,6 +215,9 @@ class RolloutCache:
         #: The most tokens one forward extends a row by (``None``: any); a longer extension is recomputed. Only a
         #: measuring knob: ``sb3-grpo perf`` sets 1 for the baseline that recomputes a row after every reply.
         self.max_extend: int | None = None
+        #: Recompute the rows that a reply extends when that is fewer positions (:func:`extension_pays`); ``False``
+        #: always extends (a measuring and testing knob).
+        self.cheaper_path = True
         self._param_list: list[th.Tensor] | None = None
         self.memo = PrefillMemo()
 
@@ -338,6 +360,10 @@ class RolloutCache:
             k = th.where(replace, k_prev, k)
         if self.max_extend is not None:
             extend, replace = extend & (k <= self.max_extend), replace & (k <= self.max_extend)
+        if self.cheaper_path:
+            multi = (extend | replace) & (k > 1)
+            if bool(multi.any()) and not extension_pays(int(k[multi].max()), ids.shape[0], int(mask[multi].sum())):
+                extend, replace = extend & ~multi, replace & ~multi
         k = th.where(extend | replace, k, th.zeros_like(k))
         return _Rows(same, extend, replace, back, ~(same | extend | replace | back), k)
 
