@@ -107,7 +107,8 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
     only the windows that are a prefix of no other (:func:`~sb3_grpo.policies.windows.shared_prefixes`, an exact
     comparison of the ids) and reads each prefix's hidden state off its longer window; under a causal LM that is the
     hidden state a forward of the prefix alone gives (equal up to float rounding, tested), and the gradient is the
-    same sum. On ``LongReview-v0`` a minibatch of 256 windows then runs about 16 rows instead of 256.
+    same sum. A minibatch of 256 windows from 16 envs of ``LongReview-v0`` then runs one row per episode it
+    touches (16 to 32) instead of 256.
 
     **Saving.** ``_get_constructor_parameters`` stores the model as a config-only :func:`model_spec` dict
     (:attr:`lm_spec`), so no Hugging Face object is pickled and loading needs no model directory; the weights come
