@@ -9,7 +9,7 @@ Thin on purpose: the argument parsing lives here, the work in :mod:`sb3_grpo.ben
     sb3-grpo compare --env CartPole-v1 --algos ppo,grpo --seeds 5 --timesteps 50000 --out runs/cartpole
     sb3-grpo compare --set grpo.learning_rate=1e-4 --set '*.n_epochs=2' --resume --out runs/compare-...
     sb3-grpo report runs/cartpole                      # rewrite report.md and curves.png from results.json
-    sb3-grpo claims --budget default --workers 2       # the claims study, about 23 minutes on 2 idle cores
+    sb3-grpo claims --budget default --workers 2       # the claims study, about 20 minutes on 2 idle cores
     sb3-grpo compare --env ReasoningGym-v0 --env-kwargs '{"task": "chain_sum"}'
     sb3-grpo warm-start --env ReasoningGym-v0 --env-kwargs '{"task": "chain_sum", "seed": 1}' --out runs/warm
     sb3-grpo perf --quick
@@ -224,8 +224,8 @@ def _add_claims(sub: Any) -> None:
             "Run the claims study (sb3_grpo.bench.claims: tuning, long generation, curriculum, collapse, baselines, "
             "ablation) on the CPU and write to --out: results.json (after every run), claims.md (a verdict per "
             "claim with its effect and 95% interval), curves.png, profiles.png, tensorboard logs.\n\n"
-            "Budgets: smoke (a couple of CPU-minutes, for tests), default (about 45 CPU-minutes: 23 minutes on 2 "
-            "cores with --workers 2), full (the README's table; about 6.5 CPU-hours, 3.2 hours with --workers 2).\n\n"
+            "Budgets: smoke (a couple of CPU-minutes, for tests), default (about 40 CPU-minutes: 20 minutes on 2 "
+            "cores with --workers 2), full (the README's table; about 5 CPU-hours, 2.6 hours with --workers 2).\n\n"
             "Ctrl-C keeps the runs that finished; --resume completes them."
         ),
     )
