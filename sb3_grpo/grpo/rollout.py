@@ -59,9 +59,6 @@ class RolloutExtras:
         if tracker is not None:
             tracker.reset_rollout(n_rollout_steps)
         self.greedy_envs = tracker.greedy_envs if tracker is not None and self_critical else None
-        # every step's draw is the policy's own call (PPO's), and a step's rewards need only the finiteness check
-        self.plain_draw = alpha <= 0 and self.greedy_envs is None
-        self.raise_nonfinite = nonfinite == "raise"
         self.nonfinite = NonFiniteEpisodes(nonfinite, n_envs, n_rollout_steps)
         # the policy's own log-probs beside the behaviour's, for the importance-weighted KL (GRPO's buffers)
         self.stores_policy_log_prob = isinstance(rollout_buffer, PolicyLogProbMixin)
@@ -95,17 +92,12 @@ class RolloutExtras:
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """One step's actions, values, behaviour log-probs and the policy's own log-probs
         (:func:`~sb3_grpo.grpo.exploration.sample_actions`)."""
-        if self.plain_draw:  # sample_actions' first case, without its call
-            actions, values, log_probs = policy(obs_tensor)
-            return actions, values, log_probs, log_probs
         return sample_actions(policy, obs_tensor, self.action_space, self.alpha, self.greedy_envs, self.rng)
 
     def check_rewards(
         self, rewards: np.ndarray, dones: np.ndarray, infos: list[dict], row: int, timestep: int, n_updates: int
     ) -> np.ndarray:
         """The step's rewards after the non-finite check (:meth:`~.nonfinite.NonFiniteEpisodes.check_rewards`)."""
-        if self.raise_nonfinite and np.isfinite(rewards).all():  # its usual case, without its call
-            return rewards
         return self.nonfinite.check_rewards(rewards, dones, infos, row, timestep, n_updates)
 
     def record_step(self, row: int, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]) -> None:
