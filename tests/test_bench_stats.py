@@ -15,7 +15,7 @@ from sb3_grpo.bench import stats
 from sb3_grpo.bench.claims import BUDGETS, curriculum_budget, phase_one, phase_two, tuned
 from sb3_grpo.bench.progress import Progress, format_duration
 from sb3_grpo.bench.tuning import SEARCH_SPACE, best_trial, trial_configs
-from sb3_grpo.bench.verdicts import collapsed, judge
+from sb3_grpo.bench.verdicts import claim_collapse, collapsed, judge
 
 
 def test_iqm_is_the_mean_of_the_middle_half():
@@ -117,6 +117,39 @@ def test_verdict_rule(low, high, claimed, higher, verdict):
     est = stats.Estimate((low + high) / 2, low, high, 10)
     assert judge(est, null, claimed, higher_is_claimed=higher) == verdict
     assert judge(stats.Estimate(0.5, math.nan, math.nan, 1), null, claimed, higher) == "inconclusive"
+
+
+_FALLS = [0.1, 0.5, 0.8, 0.9, 0.9, 0.2, 0.1, 0.1, 0.1, 0.1]  # collapses
+_HOLDS = [0.1, 0.5, 0.8, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]
+
+
+def _collapse_runs(collapsed_per_arm: dict[str, int], n: int = 16) -> dict[str, dict]:
+    runs = {}
+    for arm in ("grpo", "grpo-noadaptclip", "ppo-seq", "ppo-adaptclip"):
+        for seed in range(n):
+            curve = _FALLS if seed < collapsed_per_arm.get(arm, 0) else _HOLDS
+            runs[f"collapse/{arm}/seed{seed}"] = {"experiment": "collapse", "arm": arm, "seed": seed,
+                                                  "status": "complete", "curve": {"reward": curve}}  # fmt: skip
+    return runs
+
+
+@pytest.mark.parametrize(
+    ("on", "off", "verdict"),
+    [
+        (0, 0, "inconclusive"),  # nothing collapsed: the condition did not occur
+        (1, 12, "supported"),  # fewer with the adaptive clip, beyond the interval
+        (11, 9, "contradicted"),  # the full run's counts: collapses with it, not fewer
+        (3, 5, "contradicted"),  # fewer, but not resolved, and it did not prevent them
+        (0, 3, "inconclusive"),  # none with it, too few without it to tell
+    ],
+)
+def test_collapse_verdict_rule(on, off, verdict):
+    c = claim_collapse(_collapse_runs({"grpo": on, "grpo-noadaptclip": off}))
+    assert c["verdict"] == verdict
+    assert c["counts"]["grpo"]["collapsed"] == on and c["counts"]["grpo-noadaptclip"]["collapsed"] == off
+    low, high = c["counts"]["grpo"]["rate_ci"]
+    assert low <= on / 16 <= high and (low > 0) == (on > 0)  # a count above 0 excludes a rate of 0
+    assert c["effect"]["value"] == pytest.approx((off - on) / 16)
 
 
 def test_tuning_draw_is_fixed_and_starts_with_the_defaults():

@@ -66,19 +66,26 @@ def _effect_line(name: str, c: dict[str, Any]) -> str:
             f"drawdown {ci(c['drawdown_ratio'], fmt='.2f')} (claim: at most 0.70)"
         )
     if name == "collapse":
-        k = c["counts"]
+        on, off = (_collapse_count(c["counts"][arm]) for arm in ("grpo", "grpo-noadaptclip"))
         return (
-            f"collapsed: {k['grpo']['collapsed']}/{k['grpo']['runs']} with the adaptive clip, "
-            f"{k['grpo-noadaptclip']['collapsed']}/{k['grpo-noadaptclip']['runs']} without; "
-            f"difference {ci(c['effect'], fmt='.2f')} ({c['why']})"
+            f"collapsed: {on} with the adaptive clip, {off} without (Wilson intervals); fewer with it: "
+            f"{ci(c['effect'], fmt='.2f')} ({c['why']})"
         )
     if name == "curriculum":
         return f"curriculum vs fixed length final reward (IQM): {ci(c['effect'], pct=True)}"
+    parts = ", ".join(f"{part.replace('_', ' ')}: {v}" for part, v in c["parts"].items())
     return (
         f"self-critical / GAE gradient noise {ci(c['gradient_noise_ratio'], fmt='.2f')}; "
         f"seed-to-seed std {ci(c['seed_std_ratio'], fmt='.2f')}; drawdown {ci(c['drawdown_ratio'], fmt='.2f')} "
-        "(claim: above 1)"
+        f"(claim: above 1; {parts})"
     )
+
+
+def _collapse_count(count: dict[str, Any]) -> str:
+    """``k/n [low, high]``: the arm's collapsed runs and the 95% interval of its rate."""
+    low, high = count.get("rate_ci", (math.nan, math.nan))
+    rate = f" [{low:.2f}, {high:.2f}]" if not math.isnan(low) else ""
+    return f"{count['collapsed']}/{count['runs']}{rate}"
 
 
 def verdict_table(claims: dict[str, dict[str, Any]]) -> list[str]:

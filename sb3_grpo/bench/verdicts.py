@@ -156,7 +156,8 @@ def claim_collapse(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     counts = {}
     for arm in ("grpo", "grpo-noadaptclip", "ppo-seq", "ppo-adaptclip"):
         rs = arm_runs(runs, "collapse", arm)
-        counts[arm] = {"collapsed": sum(collapsed(r["curve"]["reward"]) for r in rs), "runs": len(rs)}
+        k = sum(collapsed(r["curve"]["reward"]) for r in rs)
+        counts[arm] = {"collapsed": k, "runs": len(rs), "rate_ci": list(stats.wilson_interval(k, len(rs)))}
     on, off = counts["grpo"], counts["grpo-noadaptclip"]
     diff = stats.newcombe_difference(off["collapsed"], off["runs"], on["collapsed"], on["runs"])
     if sum(c["collapsed"] for c in counts.values()) == 0:
