@@ -369,6 +369,25 @@ def test_perf_helpers():
     assert "| update: x vs y | – |" in table and "| <= 2x | no |" in table
 
 
+@pytest.mark.parametrize(("ours_time", "met"), [(float("inf"), False), (10.0, True), (20.0, False)])
+def test_perf_trl_time_to_reward_row(monkeypatch, ours_time, met):
+    """Ours never reaching TRL's final reward reads as a target not met, not as a missing figure."""
+    from sb3_grpo.bench import perf
+    from sb3_grpo.bench.perf import trl
+
+    summary = {"ours": {"completions_per_s": 9.0, "final_reward": 0.3}, "TRL": {"completions_per_s": 7.0,
+               "final_reward": 0.6}, "time_to_trl_final": {"ours": ours_time, "TRL": 14.0}}  # fmt: skip
+    monkeypatch.setattr(trl, "trl_available", lambda: True)
+    monkeypatch.setattr(trl, "compare_loops", lambda *a, **k: {"summary": summary})
+    row = perf._trl_row(trl.DEFAULT, "complete loop vs TRL GRPOTrainer", True, "cpu", 1)
+    assert row["met"] is met
+    if ours_time == float("inf"):
+        assert row["ours"] is None and "did not reach TRL's final reward" in row["notes"]
+        assert "| – | 14 | s | – | – | >= 1x | no |" in perf.markdown_table([row])
+    else:
+        assert row["ratio"] == pytest.approx(14.0 / ours_time)
+
+
 def test_perf_rejects_unknown_measurements(tmp_path):
     from sb3_grpo.bench.perf import run_perf
 

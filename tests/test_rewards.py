@@ -446,6 +446,23 @@ def test_call_reward_errors_name_the_reward_and_show_the_completion():
         call_reward(ExactMatch(), *args)
 
 
+def test_reward_values_fast_path_agrees_with_the_checked_path():
+    """A list of Python floats skips the per-item checks; every other return still goes through them."""
+    from textrl_envs.rewards.base import reward_values
+
+    floats = [0.5, -1.25, 3.0, 1e-300]
+    fast = reward_values(floats, "r")
+    assert fast.dtype == np.float64 and fast.tolist() == floats
+    checked = reward_values(tuple(floats), "r")  # a tuple takes the checked path
+    np.testing.assert_array_equal(fast, checked)
+    assert reward_values([], "r").shape == (0,)
+    mixed = reward_values([0.5, np.float32(0.25), 2, np.array(1.5)], "r")  # not all floats: checked path
+    assert mixed.tolist() == [0.5, 0.25, 2.0, 1.5]
+    for bad in ([0.5, True], [0.5, None], [0.5, "0.5"]):  # one non-float item sends the list to the checks
+        with pytest.raises(ValueError, match="rewards are numbers only"):
+            reward_values(bad, "r")
+
+
 # ----------------------------------------------------------------------------------------------
 # metrics
 # ----------------------------------------------------------------------------------------------

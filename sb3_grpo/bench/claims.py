@@ -118,9 +118,10 @@ BUDGETS: dict[str, Budget] = {
     "smoke": Budget(
         "smoke", 2, 2, 1, 2, 1, 384, 384, 128, 128, 4, n_envs=4, overrides={"n_steps": 16, "batch_size": 64}
     ),
-    # 10 seeds per arm of the claims' experiments (the percentile bootstrap's intervals are far too narrow below
-    # about 5), 5 for the ablation: about 20 minutes on 2 cores, from the full run's per-run times
-    "default": Budget("default", 10, 10, 5, 4, 1, 6144, 3072, 4096, 4096, 32),
+    # 10 seeds per arm of long and curriculum, 7 of collapse and baselines (the percentile bootstrap's intervals are
+    # far too narrow below about 5), 5 for the ablation: about 20 minutes on 2 idle cores (collapse's GRPO arms,
+    # 4 epochs with the penalty, are the most costly runs: 10 seeds took 25.5 min in all)
+    "default": Budget("default", 10, 7, 5, 4, 1, 6144, 3072, 4096, 4096, 32),
     # 63 seeds per arm of long and curriculum: what resolves a 30% lower seed-to-seed std (claim 2) with 80% power
     # (stats.seeds_to_resolve_std_ratio(0.7))
     "full": Budget("full", 63, 16, 10, 8, 2, 16384, 8192, 8192, 8192, 64),

@@ -184,6 +184,8 @@ def reward_values(out: Any, name: str) -> np.ndarray:
     :param name: The reward's name, for messages.
     :raises ValueError: naming the reward and the first value that is not a number.
     """
+    if type(out) is list and all(type(v) is float for v in out):  # the usual return: skip the per-item checks
+        return np.array(out, dtype=np.float64)
     todo = "rewards are numbers only (not str, bool or None): convert them in the reward, e.g. [float(s) for s in ...]"
     if _is_tensor(out):
         out = out.detach().cpu().numpy()
