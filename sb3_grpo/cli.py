@@ -225,7 +225,7 @@ def _add_claims(sub: Any) -> None:
             "ablation) on the CPU and write to --out: results.json (after every run), claims.md (a verdict per "
             "claim with its effect and 95% interval), curves.png, profiles.png, tensorboard logs.\n\n"
             "Budgets: smoke (a couple of CPU-minutes, for tests), default (about 40 CPU-minutes: 20 minutes on 2 "
-            "cores with --workers 2), full (the README's table; about 6 CPU-hours, 3 hours with --workers 2).\n\n"
+            "cores with --workers 2), full (the README's table; about 5.5 CPU-hours, 2.7 hours with --workers 2).\n\n"
             "Ctrl-C keeps the runs that finished; --resume completes them."
         ),
     )
