@@ -102,3 +102,69 @@ def test_prompts_prefilled_before_the_rollout_save_a_forward_per_reset():
     resets = int((warm.episode_starts[1:] > 0).sum())
     assert resets > N_ENVS
     assert n_warm <= N_STEPS + 3 < n_cold  # look-aheads, the prompt batch, the first observation, the last value
+
+
+def test_truncated_episodes_valued_in_one_batch_equal_one_call_each(monkeypatch):
+    """With an extra on, the step's truncated episodes get ``gamma * V(terminal obs)`` from one ``predict_values``
+    call; the buffer is the one SB3's one call per episode gives (same rewards, returns and advantages)."""
+    import sb3_grpo.grpo.grpo as grpo_module
+    from sb3_grpo.grpo.rollout import bootstrap_truncated
+
+    calls = {}
+
+    def counting(name):
+        def setup(model):
+            predict = model.policy.predict_values
+            calls[name] = []
+            model.policy.predict_values = lambda obs: calls[name].append(len(obs["input_ids"])) or predict(obs)
+
+        return setup
+
+    extras = {"explore_alpha": 0.3, "explore_fraction": 1.0, "gamma": 0.9}  # gamma < 1: the bootstrap shows
+    batched = _rollout(counting("batched"), **extras)
+    monkeypatch.setattr(grpo_module, "bootstrap_truncated", lambda *a: bootstrap_truncated(*a[:5], batched=False))
+    single = _rollout(counting("single"), **extras)
+    _assert_same(batched, single)
+    several = [n for n in calls["batched"] if 1 < n < N_ENVS]
+    assert several, "some step must truncate several episodes at once (valued in one call)"
+    assert len(calls["batched"]) < len(calls["single"])
+    assert all(n in (1, N_ENVS) for n in calls["single"])  # the step's batch, the last obs, one per episode
+
+
+def test_bootstrap_truncated_batched_matches_per_episode_and_skips_the_others():
+    """The function itself on a Box env (MLP values) and a Dict-observation text env: only truncated episodes that
+    carry a terminal observation change, by ``gamma * V``, batched or not."""
+    from sb3_grpo.grpo.rollout import bootstrap_truncated
+
+    for env_id, policy in (("Pendulum-v1", "MlpPolicy"), ("TextGen-v0", "CausalLMPolicy")):
+        if env_id == "TextGen-v0":
+            env = make_vec_env(env_id, n_envs=4, seed=0, device="cpu", max_new_tokens=4)
+        else:
+            from stable_baselines3.common.env_util import make_vec_env as sb3_vec
+
+            env = sb3_vec(env_id, n_envs=4, seed=0)
+        model = quiet(GRPO(policy, env, n_steps=8, batch_size=32, seed=0, device="cpu"))
+        obs = env.reset()
+        is_dict = isinstance(obs, dict)
+        assert is_dict == (env_id == "TextGen-v0")
+        terminal = [({k: v[i] for k, v in obs.items()} if is_dict else obs[i]) for i in range(4)]
+        dones = np.array([True, True, False, True])
+        infos = [
+            {"terminal_observation": terminal[0], "TimeLimit.truncated": True},
+            {"terminal_observation": terminal[1], "TimeLimit.truncated": True},
+            {},
+            {"terminal_observation": terminal[3], "TimeLimit.truncated": False},  # terminated: no bootstrap
+        ]
+        out = {}
+        for batched in (True, False):
+            rewards = np.ones(4, dtype=np.float32)
+            bootstrap_truncated(model.policy, 0.5, rewards, dones, infos, batched=batched)
+            out[batched] = rewards
+        with th.no_grad():
+            for i in (0, 1):
+                value = model.policy.predict_values(model.policy.obs_to_tensor(terminal[i])[0]).item()
+                assert out[True][i] == pytest.approx(1 + 0.5 * value, rel=1e-6, abs=1e-6)
+        np.testing.assert_allclose(out[True], out[False], rtol=1e-6, atol=1e-6, err_msg=env_id)
+        assert out[True][2] == 1 and out[True][3] == 1
+        assert out[True][0] != 1 and out[True][1] != 1
+        env.close()

@@ -442,7 +442,7 @@ class GRPO(OnPolicyAlgorithm):
                 # Reshape in case of discrete action
                 actions = actions.reshape(-1, 1)
 
-            bootstrap_truncated(self.policy, self.gamma, rewards, dones, infos)
+            bootstrap_truncated(self.policy, self.gamma, rewards, dones, infos, extras.batched_bootstrap)
 
             rollout_buffer.add(
                 self._last_obs,  # type: ignore[arg-type]

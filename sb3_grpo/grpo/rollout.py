@@ -65,6 +65,7 @@ class RolloutExtras:
         self.rng = rng
         self.completion_lengths: list[int] = []  # text envs: tokens of each completion that ended in this rollout
         self.deferred: DeferredRewards | None = None  # rewards scored in the background (text envs)
+        self.batched_bootstrap = False  # bootstrap_truncated's batched values (off where GRPO must equal PPO)
 
     @classmethod
     def start(cls, model: Any, env: VecEnv, rollout_buffer: RolloutBuffer, n_rollout_steps: int) -> RolloutExtras:
@@ -85,6 +86,7 @@ class RolloutExtras:
         extras.deferred = DeferredRewards.start(env)
         if not computes_as_ppo(model):  # a prefill of another batch rounds floats differently from PPO's
             warm_prefills(model.policy, env)
+            extras.batched_bootstrap = True  # likewise, the truncated episodes' values in one batch
         return extras
 
     def sample(
@@ -194,13 +196,35 @@ def env_actions(policy: BasePolicy, action_space: spaces.Space, actions: np.ndar
 
 
 def bootstrap_truncated(
-    policy: BasePolicy, gamma: float, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+    policy: BasePolicy, gamma: float, rewards: np.ndarray, dones: np.ndarray, infos: list[dict], batched: bool = False
 ) -> None:
     """Handle timeout by bootstrapping with value function (SB3 GitHub issue #633): ``rewards += gamma * V(terminal
-    obs)`` for truncated episodes, in place."""
-    for idx, done in enumerate(dones):
-        if done and infos[idx].get("terminal_observation") is not None and infos[idx].get("TimeLimit.truncated", False):
-            terminal_obs = policy.obs_to_tensor(infos[idx]["terminal_observation"])[0]
-            with th.no_grad():
-                terminal_value = policy.predict_values(terminal_obs)[0]  # type: ignore[arg-type]
-            rewards[idx] += gamma * terminal_value
+    obs)`` for truncated episodes, in place.
+
+    :param batched: Value all the step's truncated episodes in one ``predict_values`` call (GRPO with an extra on);
+        else one call per episode, as SB3's PPO does, which the PPO equivalence needs bit for bit (a batch of several
+        rows may round the values' last bits differently).
+    """
+    truncated = [
+        idx
+        for idx, done in enumerate(dones)
+        if done and infos[idx].get("terminal_observation") is not None and infos[idx].get("TimeLimit.truncated", False)
+    ]
+    if batched and len(truncated) > 1:
+        terminal_obs = policy.obs_to_tensor(_stack([infos[idx]["terminal_observation"] for idx in truncated]))[0]
+        with th.no_grad():
+            values = policy.predict_values(terminal_obs).flatten().cpu().numpy()  # type: ignore[arg-type]
+        rewards[truncated] += gamma * values.astype(rewards.dtype, copy=False)
+        return
+    for idx in truncated:
+        terminal_obs = policy.obs_to_tensor(infos[idx]["terminal_observation"])[0]
+        with th.no_grad():
+            terminal_value = policy.predict_values(terminal_obs)[0]  # type: ignore[arg-type]
+        rewards[idx] += gamma * terminal_value
+
+
+def _stack(observations: list[Any]) -> Any:
+    """One batch of single observations (arrays, or dicts of arrays as a ``Dict`` space gives them)."""
+    if isinstance(observations[0], dict):
+        return {key: _stack([obs[key] for obs in observations]) for key in observations[0]}
+    return np.stack([np.asarray(obs) for obs in observations])

@@ -350,6 +350,9 @@ class RolloutCache:
         before the look-ahead + ``k`` tokens not starting with the look-ahead one), ``back`` (the window before the
         look-ahead itself), ``redo`` (anything else); ``k`` per row (0 unless ``extend`` or ``replace``)."""
         same = (state.ids == ids).all(dim=1) & (state.mask == mask).all(dim=1)
+        if bool(same.all()):  # the usual call after a look-ahead (and a sync _advance makes anyway): nothing to match
+            none = th.zeros_like(same)
+            return _Rows(same, none, none, none, none, th.zeros_like(same, dtype=th.long))
         k = extension_lengths(state.ids, state.mask, ids, mask)
         extend = (k > 0) & ~same
         replace = back = th.zeros_like(same)
