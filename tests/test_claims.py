@@ -8,6 +8,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import numpy as np
 import pytest
 
 from sb3_grpo.bench import runner, study
@@ -29,6 +30,10 @@ def test_claims_smoke_end_to_end(tmp_path):
     assert results["tuning"]["grpo"]["best"] is not None and len(results["tuning"]["ppo"]["trials"]) == 2
     probed = [r for r in runs.values() if r["experiment"] == "baselines"]
     assert all(r["probe"]["probes"] > 0 and 0 <= r["probe"]["grad_var_relative"] <= 1 for r in probed)
+    for r in probed:  # the series behind the mean, one value per probe
+        series = r["probe"]["grad_var_relative_series"]
+        assert len(series) == r["probe"]["probes"]
+        assert np.mean(series) == pytest.approx(r["probe"]["grad_var_relative"], abs=1e-5)
     grpo = [r for r in runs.values() if r["experiment"] == "ablation" and r["arm"] == "grpo"]
     assert grpo[0]["updates"]["train/grad_var"] > 0 and grpo[0]["grad_norm_series"]
     text = (out / "claims.md").read_text()

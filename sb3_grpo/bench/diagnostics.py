@@ -119,10 +119,12 @@ class GradientNoiseProbe(BaseCallback):
             self.var.append(var)
             self.relative.append(rel)
 
-    def summary(self) -> dict[str, float | None]:
-        """Mean ``Var`` and mean relative variance over every probed minibatch of the run."""
+    def summary(self) -> dict[str, Any]:
+        """Mean ``Var`` and mean relative variance over every probed minibatch of the run, and the relative variance
+        of each probe in order (how it moves over training)."""
         return {
             "grad_var": float(np.mean(self.var)) if self.var else None,
             "grad_var_relative": float(np.mean(self.relative)) if self.relative else None,
             "probes": len(self.var),
+            "grad_var_relative_series": [round(v, 6) for v in self.relative],
         }
