@@ -83,7 +83,7 @@ def _effect_line(name: str, c: dict[str, Any]) -> str:
 
 def _collapse_count(count: dict[str, Any]) -> str:
     """``k/n [low, high]``: the arm's collapsed runs and the 95% interval of its rate."""
-    low, high = count.get("rate_ci", (math.nan, math.nan))
+    low, high = count["rate_ci"]  # (nan, nan) for an arm without runs
     rate = f" [{low:.2f}, {high:.2f}]" if not math.isnan(low) else ""
     return f"{count['collapsed']}/{count['runs']}{rate}"
 
