@@ -179,6 +179,9 @@ class SequenceRolloutBuffer(GRPODictRolloutBuffer):
     of its episode's final window, e.g. an env that dropped tokens on the left while the agent acted) is refused
     with an error (:meth:`check_windows`) rather than trained on wrong contexts.
 
+    GRPO's ``carry_over`` (:mod:`sb3_grpo.grpo.carry`) changes what an update gets through :meth:`carry`: sequences
+    held from earlier rollouts join the minibatches, and this rollout's segments held for later are left out.
+
     Minibatches are made of whole sequences in random order, about ``batch_size`` transitions each
     (:func:`pack_segments`), so they differ from PPO's random transitions; the loss of any set of
     transitions is the same either way (tested), and with one minibatch per epoch the update matches
@@ -217,6 +220,15 @@ class SequenceRolloutBuffer(GRPODictRolloutBuffer):
         self.token_ids = th.zeros((self.buffer_size, self.n_envs, width), dtype=th.long, device=self.device)
         self.token_mask = th.zeros((self.buffer_size, self.n_envs, width), dtype=th.long, device=self.device)
         self._checked = False
+        self.carried_in: SequenceSamples | None = None
+        self._deferred: set[tuple[int, int]] = set()
+
+    def carry(self, carried_in: SequenceSamples | None, deferred: set[tuple[int, int]]) -> None:
+        """Change what :meth:`get_sequences` serves (GRPO's ``carry_over``): add the sequences ``carried_in`` (from
+        earlier rollouts), and leave out this rollout's segments ``deferred``, given as ``(env, t0)`` (they are
+        trained on in a later update, once their advantage is known)."""
+        self.carried_in = carried_in
+        self._deferred = set(deferred)
 
     def add(self, obs, action, reward, episode_start, value, log_prob, policy_log_prob=None) -> None:  # type: ignore[override]
         """Record one step (same arguments as :meth:`GRPODictRolloutBuffer.add`)."""
@@ -242,10 +254,23 @@ class SequenceRolloutBuffer(GRPODictRolloutBuffer):
         if not self._checked:
             self.check_windows(segments)
             self._checked = True
+        if self._deferred:
+            segments = segments[[(int(e), int(t0)) not in self._deferred for e, t0, _ in segments]].reshape(-1, 3)
         lengths = segments[:, 2] - segments[:, 1]
-        order = np.random.permutation(len(segments))
+        carried = self.carried_in
+        if carried is not None:
+            lengths = np.concatenate([lengths, carried.action_mask.sum(dim=1).cpu().numpy()])
+        order = np.random.permutation(len(lengths))
+        own = len(segments)
         for batch in pack_segments(lengths, batch_size or self.buffer_size * self.n_envs, order):
-            yield self.sequence_samples(segments[batch])
+            if carried is None:
+                yield self.sequence_samples(segments[batch])
+                continue
+            parts = [self.sequence_samples(segments[batch[batch < own]])] if (batch < own).any() else []
+            if (batch >= own).any():
+                rows = th.as_tensor(batch[batch >= own] - own, device=self.device)
+                parts.append(SequenceSamples(*(field.index_select(0, rows) for field in carried)))
+            yield parts[0] if len(parts) == 1 else SequenceSamples(*(th.cat(f) for f in zip(*parts, strict=True)))
 
     def _final_windows(self, segments: np.ndarray) -> tuple[th.Tensor, ...]:
         """``(env, first, last, ids, mask)`` of the segments: the episode's window after its last step in the rollout

@@ -48,9 +48,15 @@ class EpisodeGroupTracker:
     Requiring the whole group avoids the bias of baselines computed from the members that happen to
     finish first (short completions). The steps an episode took in earlier rollouts were trained on with
     advantage 0 (each rollout is trained on once, when it ends, before later returns are known): keep
-    ``n_steps`` well above the episode length so few episodes straddle two rollouts. GRPO warns at
+    ``n_steps`` well above the episode length so few episodes straddle two rollouts, or let GRPO's ``carry_over``
+    (:mod:`sb3_grpo.grpo.carry`) train them later, by the episode keys below. GRPO warns at
     construction when ``n_steps`` is shorter than the env's episodes (:func:`check_grouped_env`); the share of
     steps that get an advantage is logged as ``rollout/frac_steps_nonzero_advantage``.
+
+    Every episode has a key (an int, given when it starts and kept across rollouts). After :meth:`compute`,
+    :attr:`segments` gives the key of each run of steps of the rollout and :attr:`resolved` the advantage of every
+    member of the groups completed in it, earlier rollouts' members included; :meth:`live_keys` are the episodes
+    whose advantage may still come.
 
     :param n_envs: number of envs of the VecEnv
     :param group_size: number of episodes per group round (``G``)
@@ -74,8 +80,17 @@ class EpisodeGroupTracker:
         self.greedy_envs = np.zeros(n_envs, dtype=bool) if greedy_envs is None else np.asarray(greedy_envs, bool)
         self.max_pending_groups = max_pending_groups
         self.running_returns = np.zeros(n_envs, dtype=np.float64)
-        # group id -> list of (return, is_greedy) of members that finished in earlier rollouts
-        self.pending: OrderedDict[int, list[tuple[float, bool]]] = OrderedDict()
+        # group id -> list of (return, is_greedy, episode key) of members that finished in earlier rollouts
+        self.pending: OrderedDict[int, list[tuple[float, bool, int]]] = OrderedDict()
+        # every episode has a key, given when it starts (the running episode of env i has running_keys[i])
+        self.running_keys = np.arange(n_envs, dtype=np.int64)
+        self._next_key = n_envs
+        #: after :meth:`compute`: the episode key of every member of the groups completed in that rollout, with its
+        #: advantage (``None`` where it is not valid, e.g. a greedy member)
+        self.resolved: dict[int, float | None] = {}
+        #: after :meth:`compute`: ``(env, t0, t1, key)`` for each run of steps ``t0 .. t1 - 1`` of one episode in that
+        #: rollout (the rows of :func:`~sb3_grpo.common.buffers.episode_segments`, same order)
+        self.segments: list[tuple[int, int, int, int]] = []
         self.reset_rollout(0)
 
     def reset_rollout(self, n_steps: int) -> None:
@@ -118,26 +133,32 @@ class EpisodeGroupTracker:
         """
         n_steps = self.pos
         # 1. segment each env's stream into episodes using dones
-        episodes = []  # (env, start, end_inclusive, return, group_id, is_greedy)
+        episodes = []  # (env, start, end_inclusive, return, group_id, is_greedy, key)
+        self.segments = []
         for env in range(self.n_envs):
             start = 0
             for t in range(n_steps):
                 if self.dones[t, env]:
                     ret = self.running_returns[env] + self.rewards[start : t + 1, env].sum()
-                    episodes.append((env, start, t, ret, int(self.group_ids[t, env]), bool(self.greedy_envs[env])))
+                    key = int(self.running_keys[env])
+                    episodes.append((env, start, t, ret, int(self.group_ids[t, env]), bool(self.greedy_envs[env]), key))
+                    self.segments.append((env, start, t + 1, key))
                     self.running_returns[env] = 0.0
+                    self.running_keys[env], self._next_key = self._next_key, self._next_key + 1
                     start = t + 1
             self.running_returns[env] += self.rewards[start:n_steps, env].sum()
+            if start < n_steps:
+                self.segments.append((env, start, n_steps, int(self.running_keys[env])))
 
         # 2. gather members per group: earlier rollouts (baseline only) + this rollout
-        members: dict[int, list[tuple[float, bool, int]]] = {}  # group -> (return, greedy, episode index or -1)
-        for i, (_, _, _, ret, gid, greedy) in enumerate(episodes):
+        members: dict[int, list[tuple[float, bool, int, int]]] = {}  # group -> (return, greedy, episode index, key)
+        for i, (_, _, _, ret, gid, greedy, key) in enumerate(episodes):
             if gid not in members:
-                members[gid] = [(r, g, -1) for r, g in self.pending.get(gid, [])]
-            members[gid].append((ret, greedy, i))
+                members[gid] = [(r, g, -1, k) for r, g, k in self.pending.get(gid, [])]
+            members[gid].append((ret, greedy, i, key))
 
         advantages = np.zeros((n_steps, self.n_envs), dtype=np.float32)
-        returns, gids, greedies, owners = [], [], [], []
+        returns, gids, greedies, owners, keys = [], [], [], [], []
         group_means, group_stds = [], []
         for gid, group in members.items():
             if len(group) >= self.group_size:
@@ -145,23 +166,26 @@ class EpisodeGroupTracker:
                 rets = np.array([m[0] for m in group])
                 group_means.append(rets.mean())
                 group_stds.append(rets.std(ddof=1) if len(rets) > 1 else 0.0)
-                for ret, greedy, owner in group:
+                for ret, greedy, owner, key in group:
                     returns.append(ret)
                     gids.append(gid)
                     greedies.append(greedy)
                     owners.append(owner)
+                    keys.append(key)
             else:
-                self.pending[gid] = [(m[0], m[1]) for m in group]
+                self.pending[gid] = [(m[0], m[1], m[3]) for m in group]
                 self.pending.move_to_end(gid)
         while len(self.pending) > self.max_pending_groups:
             self.pending.popitem(last=False)
 
+        self.resolved = {}
         if returns:
             adv, valid = self.advantage_fn(
                 th.as_tensor(np.array(returns)), th.as_tensor(np.array(gids)), th.as_tensor(np.array(greedies))
             )
             adv = adv.cpu().numpy()
             valid = valid.cpu().numpy()
+            self.resolved = {key: float(adv[k]) if valid[k] else None for k, key in enumerate(keys)}
             for k, owner in enumerate(owners):
                 if owner >= 0 and valid[k]:
                     env, start, end = episodes[owner][:3]
@@ -174,6 +198,11 @@ class EpisodeGroupTracker:
             "frac_steps_nonzero_advantage": float(np.mean(advantages != 0)) if advantages.size else 0.0,
         }
         return advantages, stats
+
+    def live_keys(self) -> set[int]:
+        """Keys of the episodes whose advantage may still come: the running ones and the finished members of the
+        groups still pending."""
+        return {int(k) for k in self.running_keys} | {m[2] for group in self.pending.values() for m in group}
 
 
 def _ignore_greedy(fn: Callable[[th.Tensor, th.Tensor], tuple[th.Tensor, th.Tensor]]) -> GroupAdvantageFn:
@@ -220,7 +249,8 @@ def warn_if_episodes_straddle(env: VecEnv, advantage: str, n_steps: int) -> None
         "A group advantage is known only once the episode's whole group has finished, so the steps an episode takes "
         f"in rollouts before the one in which it ends get advantage 0 and teach nothing (at least {limit - n_steps} "
         f"of the {limit} steps of a full-length episode). Use n_steps >= {limit}, better a few episode lengths "
-        f"(e.g. n_steps={4 * limit}); rollout/frac_steps_nonzero_advantage logs the share of steps learned from",
+        f"(e.g. n_steps={4 * limit}), or carry_over=True to train those steps once their group has finished; "
+        "rollout/frac_steps_nonzero_advantage logs the share of steps learned from",
         stacklevel=4,
     )
 

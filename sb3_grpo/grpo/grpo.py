@@ -33,6 +33,7 @@ from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_clas
 from sb3_grpo.common.checkpoints import existing_checkpoint
 from sb3_grpo.common.data_parallel import make_data_parallel
 from sb3_grpo.common.host_memory import release_free_heap
+from sb3_grpo.grpo.carry import CarryOver
 from sb3_grpo.grpo.exploration import explore_alpha_at
 from sb3_grpo.grpo.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
 from sb3_grpo.grpo.kl import adapt_kl_coef, frozen_copy
@@ -44,6 +45,7 @@ from sb3_grpo.grpo.rollout import RolloutExtras, bootstrap_truncated, env_action
 from sb3_grpo.grpo.stats import TrainStats, record_update
 from sb3_grpo.grpo.validation import (
     check_buffer_for_kl,
+    check_carry_over,
     check_grpo_args,
     check_ppo_batching,
     warn_if_exploration_clips,
@@ -151,6 +153,10 @@ class GRPO(OnPolicyAlgorithm):
         (None: never); ``train/grad_norm`` and ``train/grad_norm_max`` are logged at every update
     :param nonfinite: ``"raise"`` (default) or ``"skip"``: what to do with NaN/inf rewards, advantages,
         losses and gradients (see above)
+    :param carry_over: group forms on the text fast path: train the steps of an episode whose group has not finished
+        when the rollout ends in the first update after it has, with the episode's advantage, instead of with
+        advantage 0 in their own rollout's update (:mod:`sb3_grpo.grpo.carry`). Off: GRPO's updates use only their own
+        rollout, as PPO's do.
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -201,6 +207,7 @@ class GRPO(OnPolicyAlgorithm):
         kl_target: float | None = None,
         grad_norm_warn: float | None = 1000.0,
         nonfinite: str = "raise",
+        carry_over: bool = False,
     ):
         # every argument (PPO's and GRPO's: type, finiteness, range) is checked first, before any model is built
         adaptive_clip = check_grpo_args(locals())
@@ -265,13 +272,15 @@ class GRPO(OnPolicyAlgorithm):
         self.kl_target = kl_target
         self.grad_norm_warn = grad_norm_warn
         self.nonfinite = nonfinite
+        self.carry_over = carry_over
 
         if self.explore_alpha > 0 and getattr(self, "action_space", None) is not None:
             # raises a clear ValueError for unbounded Box or unsupported action spaces
             uniform_log_prob(self.action_space)
         warn_if_exploration_clips(self.explore_alpha, self.clip_range, self.adaptive_clip)
         if self.advantage != "gae" and self.env is not None:
-            check_grouped_env(self.env, self.advantage, self.n_steps)  # warns when n_steps < the episodes' length
+            # warns when n_steps < the episodes' length (unless carry_over trains those steps later)
+            check_grouped_env(self.env, self.advantage, None if carry_over else self.n_steps)
 
         if _init_setup_model:
             self._setup_model()
@@ -294,6 +303,7 @@ class GRPO(OnPolicyAlgorithm):
             self.rollout_buffer_class, self.policy_class, self.observation_space, self.action_space
         )
         check_buffer_for_kl(self.rollout_buffer_class, self.kl_coef, self.explore_alpha)
+        check_carry_over(self.rollout_buffer_class, getattr(self, "carry_over", False))
         # GRPO.load() restores the saved exploration RNG before calling _setup_model: keep its state
         loaded_explore_rng = self.__dict__.get("_explore_rng")
         # torch.distributed: rank r seeds with seed + 1000 * r; rank 0's weights are broadcast below
@@ -335,6 +345,7 @@ class GRPO(OnPolicyAlgorithm):
             self._explore_rng = np.random.default_rng(self.seed)
         self._rollout_explore_alpha = 0.0
         self._group_tracker: EpisodeGroupTracker | None = None
+        self._carry = CarryOver() if getattr(self, "carry_over", False) else None
         self._grad_norm_warned = False
         self._skipped_nonfinite = 0
 
@@ -354,7 +365,15 @@ class GRPO(OnPolicyAlgorithm):
             self._explore_rng = np.random.default_rng(seed)
 
     def _excluded_save_params(self) -> list[str]:
-        own = ["ref_policy", "batch_source", "_data_parallel", "_group_tracker", "_grad_var", "_sync_ranks_at_setup"]
+        own = [
+            "ref_policy",
+            "batch_source",
+            "_data_parallel",
+            "_group_tracker",
+            "_grad_var",
+            "_sync_ranks_at_setup",
+            "_carry",
+        ]
         return [*super()._excluded_save_params(), *own]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:

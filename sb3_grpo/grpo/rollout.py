@@ -19,6 +19,7 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo.common.buffers import PolicyLogProbMixin
+from sb3_grpo.grpo.carry import CarryOver
 from sb3_grpo.grpo.deferred import DeferredRewards
 from sb3_grpo.grpo.exploration import sample_actions
 from sb3_grpo.grpo.groups import EpisodeGroupTracker
@@ -65,6 +66,7 @@ class RolloutExtras:
         self.rng = rng
         self.completion_lengths: list[int] = []  # text envs: tokens of each completion that ended in this rollout
         self.deferred: DeferredRewards | None = None  # rewards scored in the background (text envs)
+        self.carry: CarryOver | None = None  # GRPO's carry_over: steps held until their group advantage is known
         self.batched_bootstrap = False  # bootstrap_truncated's batched values (off where GRPO must equal PPO)
 
     @classmethod
@@ -84,6 +86,7 @@ class RolloutExtras:
             model._explore_rng,
         )
         extras.deferred = DeferredRewards.start(env)
+        extras.carry = getattr(model, "_carry", None)
         if not computes_as_ppo(model):  # a prefill of another batch rounds floats differently from PPO's
             warm_prefills(model.policy, env)
             extras.batched_bootstrap = True  # likewise, the truncated episodes' values in one batch
@@ -148,6 +151,10 @@ class RolloutExtras:
         self.nonfinite.drop(rollout_buffer)
         if self.nonfinite.nonfinite == "skip":
             logger.record("rollout/skipped_episodes", self.nonfinite.dropped_episodes)
+        if self.carry is not None and self.tracker is not None:
+            dropped = self.nonfinite.dropped_rows if self.nonfinite.nonfinite == "skip" else None
+            for name, value in self.carry.settle(rollout_buffer, self.tracker, dropped).items():
+                logger.record(f"rollout/{name}", value)
         check_advantages(rollout_buffer, timestep, n_updates, advantage)
 
 

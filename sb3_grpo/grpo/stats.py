@@ -16,6 +16,12 @@ from sb3_grpo.objectives import pearson_corr
 __all__ = ["TrainStats", "nanmean", "record_update"]
 
 
+def _mean(values: list[Any]) -> float:
+    """``np.mean`` (NaN included), and NaN without numpy's empty-slice warning for an update that had no minibatch
+    (``carry_over``'s first update, whose steps all wait for their groups)."""
+    return float(np.mean(values)) if len(values) else float("nan")
+
+
 def nanmean(values: list[float]) -> float:
     """The mean of the values that are not NaN (NaN when there are none)."""
     finite = [v for v in values if not np.isnan(v)]
@@ -45,12 +51,12 @@ class TrainStats:
         :param logger: The algorithm's logger.
         :param kl: Whether the update has a KL term (``train/kl_ref`` is logged, NaN when no minibatch ran).
         """
-        logger.record("train/entropy_loss", np.mean(self.entropy_losses))
-        logger.record("train/policy_gradient_loss", np.mean(self.pg_losses))
+        logger.record("train/entropy_loss", _mean(self.entropy_losses))
+        logger.record("train/policy_gradient_loss", _mean(self.pg_losses))
         if self.value_losses:
             logger.record("train/value_loss", np.mean(self.value_losses))
-        logger.record("train/approx_kl", np.mean(self.approx_kl_divs))
-        logger.record("train/clip_fraction", np.mean(self.clip_fractions))
+        logger.record("train/approx_kl", _mean(self.approx_kl_divs))
+        logger.record("train/clip_fraction", _mean(self.clip_fractions))
         logger.record("train/loss", self.last_loss)
         logger.record("train/clip_fraction_pos", nanmean(self.clip_fractions_pos))
         logger.record("train/clip_fraction_neg", nanmean(self.clip_fractions_neg))

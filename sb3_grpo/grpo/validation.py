@@ -31,6 +31,7 @@ __all__ = [
     "NONFINITE",
     "PPO_CHECKS",
     "check_buffer_for_kl",
+    "check_carry_over",
     "check_grpo_args",
     "check_ppo_args",
     "check_ppo_batching",
@@ -132,6 +133,7 @@ GRPO_CHECKS: dict[str, Check] = {
     "nonfinite": lambda n, v: check_choice(
         n, v, NONFINITE, hint="'raise' stops with an error (the default), 'skip' drops bad episodes and minibatches"
     ),
+    "carry_over": check_bool,
 }
 
 
@@ -173,6 +175,11 @@ def check_grpo_args(args: Mapping[str, Any]) -> tuple[float, float] | None:
         )
     if args.get("kl_target") is not None and not args.get("kl_coef", 0.0) > 0:
         raise ValueError("kl_target adapts kl_coef multiplicatively; give a starting kl_coef > 0")
+    if args.get("carry_over") and args.get("advantage", "gae") == "gae":
+        raise ValueError(
+            "carry_over=True holds the steps of episodes whose group advantage is not known yet, so it needs a group "
+            "advantage: pass advantage='group' (or 'rloo', 'self_critical'), or carry_over=False"
+        )
     adaptive_clip = args.get("adaptive_clip")
     return None if adaptive_clip is None else _check_adaptive_clip("adaptive_clip", adaptive_clip)
 
@@ -233,6 +240,22 @@ def check_ppo_batching(batch_size: int, n_steps: int, n_envs: int | None, normal
             f"We recommend using a `batch_size` that is a factor of `n_steps * n_envs`.\n"
             f"Info: (n_steps={n_steps} and n_envs={n_envs})",
             stacklevel=3,
+        )
+
+
+def check_carry_over(buffer_class: type, carry_over: bool) -> None:
+    """``carry_over`` holds whole sequences of the text fast path, so the rollout buffer must be a
+    :class:`~sb3_grpo.common.buffers.SequenceRolloutBuffer` (a ``CausalLMPolicy`` on a text env, the default buffer).
+
+    :raises ValueError: when it is not.
+    """
+    from sb3_grpo.common.buffers import SequenceRolloutBuffer
+
+    if carry_over and not issubclass(buffer_class, SequenceRolloutBuffer):
+        raise ValueError(
+            f"carry_over=True holds the text fast path's sequences until their group advantage is known; the rollout "
+            f"buffer here is {buffer_class.__name__}. Use a CausalLMPolicy on a text env with rollout_buffer_class="
+            "None (GRPO's default), or carry_over=False"
         )
 
 
