@@ -29,11 +29,13 @@ class StepLog(BaseCallback):
     def __init__(self):
         super().__init__()
         self.steps = []
+        self.completions = []  # of the episodes that ended, in step order then env order
 
     def _on_step(self):
         loc = self.locals
         infos = loc["infos"]
         rewards = [char_reward([], [info["completion"]])[0] if done else 0.0 for done, info in zip(loc["dones"], infos)]
+        self.completions.extend(info["completion"] for done, info in zip(loc["dones"], infos) if done)
         self.steps.append((loc["log_probs"].detach().clone(), loc["dones"].copy(), [i["group_id"] for i in infos],
                            rewards))  # fmt: skip
         return True
@@ -169,3 +171,29 @@ def test_carry_over_is_saved_and_its_store_is_not(tmp_path):
     loaded = GRPO.load(tmp_path / "m", env=model.get_env())
     assert loaded.carry_over is True
     assert loaded._carry is not None and loaded._carry.held_steps() == 0
+
+
+def nan_reward(prompts, completions, **kwargs):  # noqa: ARG001  (a reward's signature)
+    """:func:`char_reward`, but NaN for some completions."""
+    return [float("nan") if len(c) % 7 == 3 else float(len(c) % 7) for c in completions]
+
+
+def test_an_episode_dropped_for_a_non_finite_reward_is_not_carried():
+    env = make_vec_env("TextGen-v0", n_envs=N_ENVS, group_size=GROUP, seed=0, max_new_tokens=BUDGET,
+                       reward=nan_reward, nonfinite_reward="skip")  # fmt: skip
+    model = quiet(GRPO("CausalLMPolicy", env, n_steps=N_STEPS, batch_size=N_STEPS * N_ENVS // 2, n_epochs=1,
+                       advantage="group", carry_over=True, nonfinite="skip", seed=0))  # fmt: skip
+    trained, log = _trained(model), StepLog()
+    model.learn(N_STEPS * N_ENVS * ROLLOUTS, callback=log)
+    dropped, kept, running = set(), set(), {e: [] for e in range(N_ENVS)}
+    for log_probs, dones, _, _ in log.steps:
+        for e in range(N_ENVS):
+            running[e].append(float(log_probs[e]))
+            if dones[e]:
+                (dropped if len(log.completions.pop(0)) % 7 == 3 else kept).update(running[e])
+                running[e] = []
+    dropped -= kept  # log-probs identify steps, except the few equal ones (e.g. two members' same first token)
+    assert len(dropped) > N_STEPS
+    assert all(np.isfinite(a) for _, a in trained)
+    assert all(a == 0.0 for lp, a in trained if lp in dropped)  # never with an advantage, in no update
+    assert {lp for lp, _ in trained} & dropped  # (its last rollout's steps still train, with 0, as without carry)
