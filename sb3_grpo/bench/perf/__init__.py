@@ -74,7 +74,15 @@ def measurements(quick: bool = False, device: str = "auto", trl_seeds: int = 3) 
     r = 1 if quick else 3
     n_env, steps = (64, 64) if quick else (256, 320)
     small, tok = (8, 16) if quick else (16, 32)
-    loops = [(trl.DEFAULT, "complete loop vs TRL GRPOTrainer"), (trl.SMALL, "complete loop vs TRL, small batches")]
+    loops = [
+        (trl.DEFAULT, "complete loop vs TRL GRPOTrainer", {}),
+        (
+            trl.with_overrides(trl.DEFAULT, ours_envs=trl.DEFAULT.n_envs // 2),
+            "complete loop vs TRL GRPOTrainer, ours with carry_over, N/2 envs",
+            {"carry_over": True},
+        ),
+        (trl.SMALL, "complete loop vs TRL, small batches", {}),
+    ]
     return [
         ("env", lambda: [envs.vector_env_vs_sync(n_env, steps, r, device=device),
                          envs.vector_env_vs_sync(n_env, steps // 4, r, default_reward=True, device=device),
@@ -93,8 +101,9 @@ def measurements(quick: bool = False, device: str = "auto", trl_seeds: int = 3) 
         ("grad-var-mlp", lambda: update.grad_var_cost(quick=quick)),
         ("cartpole", lambda: update.cartpole_vs_ppo(4096 if quick else 16384, r)),
         ("memory", lambda: [memory.memory_vs_trl("bundled" if quick else "gpt2-small", _device_name(device))]),
-        *[(f"trl-{cfg.model}", lambda cfg=cfg, name=name: [_trl_row(cfg, name, quick, device, trl_seeds)])
-          for cfg, name in loops],
+        *[(f"trl-{cfg.model}" + ("-carry" if kw else ""),
+           lambda cfg=cfg, name=name, kw=kw: [_trl_row(cfg, name, quick, device, trl_seeds, **kw)])
+          for cfg, name, kw in loops],
     ]  # fmt: skip
 
 
@@ -104,9 +113,10 @@ def _device_name(device: str) -> str:
     return str(resolve_device(device))
 
 
-def _trl_row(cfg: Any, name: str, quick: bool, device: str, seeds: int) -> dict:
+def _trl_row(cfg: Any, name: str, quick: bool, device: str, seeds: int, **grpo_kwargs: Any) -> dict:
     """The row of one loop comparison. The default set-up: TRL's time to its final reward / ours (the figure users
-    feel); small batches: completions per second of ours / TRL's (the loop's fixed costs)."""
+    feel); small batches: completions per second of ours / TRL's (the loop's fixed costs). ``grpo_kwargs``: our
+    GRPO's arguments beyond TRL's settings (named in the notes)."""
     from sb3_grpo.bench.perf import trl
 
     time_to_reward = cfg.model == "bundled"
@@ -117,12 +127,16 @@ def _trl_row(cfg: Any, name: str, quick: bool, device: str, seeds: int) -> dict:
         f"T={cfg.tokens}, beta {cfg.beta}, lr {cfg.lr:g}, ours with TRL's settings (no penalty, no mixture, symmetric "
         f"clip), device {device}, median of {n_seeds} seed(s)"
     )
+    if cfg.ours_envs is not None:
+        notes += f"; ours with {cfg.ours_envs} envs"
+    if grpo_kwargs:
+        notes += "; ours with " + ", ".join(f"{k}={v!r}" for k, v in grpo_kwargs.items())
     title = f"{name}: " + ("time to TRL's final reward" if time_to_reward else "completions/s")
     unit = "s" if time_to_reward else "completions/s"
     if not trl.trl_available():
         missing = f"{notes}; {trl.NOT_INSTALLED}"
         return make_row(title, None, None, unit, missing, not time_to_reward, target=(">=", 1.0))
-    s = trl.compare_loops(cfg, list(range(n_seeds)), log=lambda _m: None)["summary"]
+    s = trl.compare_loops(cfg, list(range(n_seeds)), log=lambda _m: None, **grpo_kwargs)["summary"]
     ours, theirs = s["ours"], s["TRL"]
     notes += (
         f"; completions/s ours {ours['completions_per_s']:.1f} vs TRL {theirs['completions_per_s']:.1f}; final reward "
