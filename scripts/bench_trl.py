@@ -95,6 +95,10 @@ def main(argv: list[str] | None = None) -> dict:
             f"time to TRL's final reward {t[name]:.1f} s"
         )
     print(
+        f"  ours trained {s['ours']['advantaged']:.0%} of the steps it sampled with an advantage (per update: its own "
+        "steps with one, plus those carry_over brought from earlier rollouts; TRL: all)"
+    )
+    print(
         f"ours / TRL: completions/s x{s['throughput_ratio']:.2f}; time to TRL's final reward: TRL / ours = "
         f"x{t['ratio']:.2f} (above 1: ours gets there sooner)"
     )

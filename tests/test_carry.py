@@ -197,3 +197,17 @@ def test_an_episode_dropped_for_a_non_finite_reward_is_not_carried():
     assert all(np.isfinite(a) for _, a in trained)
     assert all(a == 0.0 for lp, a in trained if lp in dropped)  # never with an advantage, in no update
     assert {lp for lp, _ in trained} & dropped  # (its last rollout's steps still train, with 0, as without carry)
+
+
+def test_trl_loop_counts_the_steps_trained_with_an_advantage():
+    """``scripts/bench_trl.py``'s figure: with the learning rate at 0 both runs sample the same completions, and
+    ``carry_over`` trains more of the sampled steps with an advantage."""
+    from sb3_grpo.bench.perf import trl
+
+    cfg = trl.LoopConfig(n_envs=8, group_size=4, tokens=10, completions=48, lr=0.0, beta=0.0, model="tiny")
+    short = {"n_steps": 6, "batch_size": 48}  # rollouts shorter than the episodes: every episode straddles one
+    plain, carried = trl.run_ours(cfg, 0, **short), trl.run_ours(cfg, 0, carry_over=True, **short)
+    rewards = [[r for _, _, r in run["curve"]] for run in (plain, carried)]
+    np.testing.assert_array_equal(*rewards)  # the same samples
+    assert len(plain["advantaged"]) == plain["updates"] and all(0 <= a <= 1 for a in plain["advantaged"])
+    assert sum(carried["advantaged"]) > sum(plain["advantaged"])

@@ -164,6 +164,7 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
         "completions": record.count,
         "updates": len(record.curve),
         "curve": record.curve,
+        "advantaged": record.advantaged,
     }
 
 
@@ -200,12 +201,15 @@ def _recorders(completions: int) -> tuple[Any, Any]:
     from stable_baselines3.common.callbacks import BaseCallback
 
     class Record(BaseCallback):
-        """Per rollout: the rewards of the episodes that ended; stops once enough completions are sampled."""
+        """Per rollout: the rewards of the episodes that ended, and the share of the rollout's steps that its update
+        trains with an advantage (its own steps with one, plus the steps ``carry_over`` brought from earlier
+        rollouts); stops once enough completions are sampled."""
 
         def __init__(self) -> None:
             super().__init__()
             self.rewards: list[dict] = []
             self.curve: list[tuple[float, int, float]] = []
+            self.advantaged: list[float] = []
             self.count = 0
             self.start = time.perf_counter()
 
@@ -218,6 +222,10 @@ def _recorders(completions: int) -> tuple[Any, Any]:
             return True
 
         def _on_rollout_end(self) -> None:
+            logged = self.model.logger.name_to_value
+            steps = self.model.n_steps * self.model.n_envs
+            own = logged.get("rollout/frac_steps_nonzero_advantage", float("nan")) * steps
+            self.advantaged.append((own + logged.get("rollout/carried_steps", 0.0)) / steps)
             self.count += len(self.rewards)
             rewards = [float(episode["r"]) for episode in self.rewards]
             self.pending = statistics.fmean(rewards) if rewards else float("nan")
@@ -415,6 +423,8 @@ def summarize(runs: list[dict]) -> dict:
             "completions_per_cpu_s": med([r[name]["completions"] / r[name]["cpu_s"] for r in runs]),
             "final_reward": med([final_reward(r[name]["curve"], 3) for r in runs]),
         }
+    # the share of sampled steps that ours trained with an advantage: per run the mean over its updates
+    out["ours"]["advantaged"] = med([statistics.fmean(r["ours"]["advantaged"]) for r in runs])
     inf = float("inf")
     ours_t = med([r["ours_time"] if r["ours_time"] is not None else inf for r in runs])
     trl_t = med([r["trl_time"] if r["trl_time"] is not None else inf for r in runs])
