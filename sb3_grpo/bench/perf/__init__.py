@@ -142,6 +142,8 @@ def _trl_row(cfg: Any, name: str, quick: bool, device: str, seeds: int, **grpo_k
         f"; completions/s ours {ours['completions_per_s']:.1f} vs TRL {theirs['completions_per_s']:.1f}; final reward "
         f"(mean of the last 3 updates) ours {ours['final_reward']:+.3f}, TRL {theirs['final_reward']:+.3f}"
     )
+    if "advantaged" in ours:
+        notes += f"; ours trained {ours['advantaged']:.0%} of the steps it sampled with an advantage"
     if not time_to_reward:
         cpu = (ours["completions_per_cpu_s"], theirs["completions_per_cpu_s"])
         rates = ours["completions_per_s"], theirs["completions_per_s"]
