@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sb3_grpo.common.buffers import PolicyLogProbMixin
+from sb3_grpo.common.buffers import PolicyLogProbMixin, SequenceRolloutBuffer
 from textrl_envs.validation import (
     check_bool,
     check_choice,
@@ -249,8 +249,6 @@ def check_carry_over(buffer_class: type, carry_over: bool) -> None:
 
     :raises ValueError: when it is not.
     """
-    from sb3_grpo.common.buffers import SequenceRolloutBuffer
-
     if carry_over and not issubclass(buffer_class, SequenceRolloutBuffer):
         raise ValueError(
             f"carry_over=True holds the text fast path's sequences until their group advantage is known; the rollout "
