@@ -12,7 +12,7 @@ from sb3_grpo import GRPO
 from sb3_grpo.common.buffers import GRPODictRolloutBuffer, SequenceRolloutBuffer
 from sb3_grpo.grpo.groups import EpisodeGroupTracker, _ignore_greedy
 from sb3_grpo.grpo.validation import check_carry_over
-from sb3_grpo.objectives import group_advantages
+from sb3_grpo.objectives import group_advantages, rloo_advantages
 from textrl_envs.sb3 import make_vec_env
 
 N_ENVS, GROUP, BUDGET, N_STEPS, ROLLOUTS = 8, 4, 10, 6, 6
@@ -55,7 +55,7 @@ def _trained(model):
     return seen
 
 
-def _expected(steps):
+def _expected(steps, advantage_fn=group_advantages):
     """Brute force over the whole run: the episodes (steps of each env between dones), their returns and groups; the
     ``(log_prob, advantage)`` of every step of every episode whose group completed, and the steps of the others."""
     episodes, running = [], {e: [] for e in range(N_ENVS)}
@@ -71,25 +71,26 @@ def _expected(steps):
     complete = {gid: members for gid, members in by_group.items() if len(members) >= GROUP}
     pairs = []
     for gid, members in complete.items():
-        adv, _ = group_advantages(th.tensor([m[0] for m in members], dtype=th.float64), th.full((len(members),), gid))
+        adv, _ = advantage_fn(th.tensor([m[0] for m in members], dtype=th.float64), th.full((len(members),), gid))
         pairs.extend((lp, float(a)) for a, (_, lps) in zip(adv, members, strict=True) for lp in lps)
     waiting = sum(len(lps) for gid, members in by_group.items() if gid not in complete for _, lps in members)
     waiting += sum(len(lps) for lps in running.values())
     return pairs, waiting
 
 
-def _model(carry_over, **kwargs):
+def _model(carry_over, advantage="group", **kwargs):
     env = make_vec_env("TextGen-v0", n_envs=N_ENVS, group_size=GROUP, seed=0, max_new_tokens=BUDGET,
                        reward=char_reward)  # fmt: skip
     return quiet(GRPO("CausalLMPolicy", env, n_steps=N_STEPS, batch_size=N_STEPS * N_ENVS // 2, n_epochs=1,
-                      advantage="group", carry_over=carry_over, seed=0, **kwargs))  # fmt: skip
+                      advantage=advantage, carry_over=carry_over, seed=0, **kwargs))  # fmt: skip
 
 
-def test_every_step_of_a_completed_group_is_trained_once_with_its_advantage():
-    model = _model(True)
+@pytest.mark.parametrize(("advantage", "advantage_fn"), [("group", group_advantages), ("rloo", rloo_advantages)])
+def test_every_step_of_a_completed_group_is_trained_once_with_its_advantage(advantage, advantage_fn):
+    model = _model(True, advantage)
     trained, log = _trained(model), StepLog()
     model.learn(N_STEPS * N_ENVS * ROLLOUTS, callback=log)
-    pairs, waiting = _expected(log.steps)
+    pairs, waiting = _expected(log.steps, advantage_fn)
     # the episodes straddle rollouts (budget 10 > n_steps 6), and some groups are still open at the end
     assert len(pairs) > N_STEPS * N_ENVS and waiting > 0
     assert model._carry.held_steps() == waiting  # the rest waits for its groups
@@ -211,3 +212,14 @@ def test_trl_loop_counts_the_steps_trained_with_an_advantage():
     np.testing.assert_array_equal(*rewards)  # the same samples
     assert len(plain["advantaged"]) == plain["updates"] and all(0 <= a <= 1 for a in plain["advantaged"])
     assert sum(carried["advantaged"]) > sum(plain["advantaged"])
+
+
+def test_self_critical_greedy_members_are_never_trained_with_an_advantage():
+    model = _model(True, "self_critical")
+    trained, log = _trained(model), StepLog()
+    model.learn(N_STEPS * N_ENVS * ROLLOUTS, callback=log)
+    greedy = {float(lp[e]) for lp, *_ in log.steps for e in range(0, N_ENVS, GROUP)}
+    sampled = {float(lp[e]) for lp, *_ in log.steps for e in range(N_ENVS) if e % GROUP}
+    greedy -= sampled  # log-probs identify steps, except the few equal ones
+    assert greedy and any(a != 0.0 for _, a in trained)
+    assert all(a == 0.0 for lp, a in trained if lp in greedy)
