@@ -263,9 +263,6 @@ class SequenceRolloutBuffer(GRPODictRolloutBuffer):
         order = np.random.permutation(len(lengths))
         own = len(segments)
         for batch in pack_segments(lengths, batch_size or self.buffer_size * self.n_envs, order):
-            if carried is None:
-                yield self.sequence_samples(segments[batch])
-                continue
             parts = [self.sequence_samples(segments[batch[batch < own]])] if (batch < own).any() else []
             if (batch >= own).any():
                 rows = th.as_tensor(batch[batch >= own] - own, device=self.device)

@@ -33,14 +33,11 @@ __all__ = ["CarryOver"]
 
 
 class CarryOver:
-    """The sequences held for a later update, by episode key (:attr:`EpisodeGroupTracker.segments`).
+    """The sequences held for a later update, by episode key (:attr:`EpisodeGroupTracker.segments`). It follows the
+    keys of the tracker :meth:`settle` last got; a new tracker (another number of envs) starts an empty store."""
 
-    :param tracker: The group tracker whose episode keys it follows; a new tracker (another number of envs) starts
-        an empty store.
-    """
-
-    def __init__(self, tracker: EpisodeGroupTracker | None = None) -> None:
-        self.tracker = tracker
+    def __init__(self) -> None:
+        self.tracker: EpisodeGroupTracker | None = None
         self.held: dict[int, list[SequenceSamples]] = {}
 
     def held_steps(self) -> int:
@@ -62,19 +59,15 @@ class CarryOver:
         """
         if tracker is not self.tracker:
             self.tracker, self.held = tracker, {}
-        dropped = {
-            key
-            for env, t0, t1, key in tracker.segments
-            if dropped_rows is not None and bool(dropped_rows[t0:t1, env].any())
-        }
+        dropped = set()
+        if dropped_rows is not None:
+            dropped = {key for env, t0, t1, key in tracker.segments if bool(dropped_rows[t0:t1, env].any())}
         ready = []
         for key, advantage in tracker.resolved.items():
             rows = self.held.pop(key, None)
             if rows is None or advantage is None or key in dropped or not math.isfinite(advantage):
                 continue
             ready.extend(s._replace(advantages=s.action_mask.to(s.advantages.dtype) * advantage) for s in rows)
-        for key in dropped:
-            self.held.pop(key, None)
         live = tracker.live_keys() - dropped
         waiting = [(env, t0, t1, key) for env, t0, t1, key in tracker.segments if key in live]
         if waiting:
@@ -82,7 +75,7 @@ class CarryOver:
             samples = samples._replace(index=th.full_like(samples.index, -1))  # no longer rows of a buffer
             for i, (_, _, _, key) in enumerate(waiting):
                 self.held.setdefault(key, []).append(SequenceSamples(*(field[i : i + 1] for field in samples)))
-        for key in set(self.held) - live:  # a pending group dropped by the tracker: its advantage never comes
+        for key in set(self.held) - live:  # dropped (non-finite reward), or its pending group dropped by the tracker
             del self.held[key]
         carried_in = SequenceSamples(*(th.cat(f) for f in zip(*ready, strict=True))) if ready else None
         buffer.carry(carried_in, {(env, t0) for env, t0, _, _ in waiting})
