@@ -124,6 +124,83 @@ def test_nonfinite_gradient_raise_and_skip():
         assert all(th.isfinite(v).all() for v in state.values() if isinstance(v, th.Tensor))
 
 
+@pytest.mark.parametrize(
+    "env_id, message",
+    [
+        # torch.multinomial refuses NaN probabilities itself: GRPO names the step around its message
+        ("CartPole-v1", r"draw failed at rollout step 0 \(timestep 0, update 0\): probability tensor contains"),
+        # a Gaussian samples NaN without complaint: GRPO's check of the log-probs stops it
+        ("Pendulum-v1", r"action distribution is not finite for env 0 at rollout step 0 .*NaN"),
+    ],
+)
+def test_nan_policy_raises_at_the_draw_and_restores_torch_checks(env_id, message):
+    """The rollout's draw skips torch's distribution checks (for speed) and checks the log-probs instead: a policy
+    with NaN weights raises GRPO's error at the first step, and torch's default is restored after it."""
+    model = quiet(GRPO("MlpPolicy", env_id, **SMALL))
+    with th.no_grad():
+        model.policy.action_net.bias.fill_(math.nan)
+    assert th.distributions.Distribution._validate_args  # torch's default under `python` (not `-O`)
+    with pytest.raises(RuntimeError, match=message):
+        model.learn(32)
+    assert th.distributions.Distribution._validate_args
+    assert model.num_timesteps == 0  # nothing reached the env
+    # outside the draw torch checks as before: the same policy's distribution refuses its NaN parameters
+    with pytest.raises(ValueError, match="Expected parameter"):
+        model.policy.get_distribution(th.zeros((1, *model.observation_space.shape)))
+
+
+def test_nan_policy_raises_at_the_rollout_end_where_draw_checks_wait(monkeypatch):
+    """On an accelerator the draws' log-probs are checked once, at the rollout's end (no host sync per step): the
+    same error, naming the first bad step, before any update (simulated on the CPU)."""
+    from sb3_grpo.grpo.rollout import RolloutExtras
+
+    start = RolloutExtras.start
+
+    def deferring(*args, **kwargs):
+        extras = start(*args, **kwargs)
+        extras.defer_draw_checks = True
+        return extras
+
+    monkeypatch.setattr(RolloutExtras, "start", deferring)
+    message = r"not finite for env 0 at rollout step 0 \(timestep 0, update 0\)"
+    # Pendulum: the NaN action makes a NaN reward at the first step, reported as the draw's error
+    model = quiet(GRPO("MlpPolicy", "Pendulum-v1", **SMALL))
+    with th.no_grad():
+        model.policy.action_net.bias.fill_(math.nan)
+    with pytest.raises(RuntimeError, match=message):
+        model.learn(64)
+    assert model.num_timesteps == 0  # raised at the first step's reward check
+    # skipping NaN rewards: the whole rollout runs, and its end raises before any update
+    model = quiet(GRPO("MlpPolicy", "Pendulum-v1", nonfinite="skip", **SMALL))
+    with th.no_grad():
+        model.policy.action_net.bias.fill_(math.nan)
+    before = params(model)
+    with pytest.raises(RuntimeError, match=message):
+        model.learn(64)
+    assert model.num_timesteps == model.n_envs * SMALL["n_steps"] and model._n_updates == 0
+    after = params(model)
+    assert all(th.equal(before[k].nan_to_num(), after[k].nan_to_num()) for k in before)
+
+
+def test_the_draw_keeps_a_user_default_of_no_checks():
+    model = quiet(GRPO("MlpPolicy", "CartPole-v1", **SMALL))
+    th.distributions.Distribution.set_default_validate_args(False)
+    try:
+        model.learn(32)
+        assert not th.distributions.Distribution._validate_args
+    finally:
+        th.distributions.Distribution.set_default_validate_args(True)
+
+
+def test_nan_text_policy_raises_at_the_draw():
+    env = make_vec_env("TextGen-v0", n_envs=2, device="cpu", seed=0, max_new_tokens=4)
+    model = quiet(GRPO("CausalLMPolicy", env, n_steps=8, batch_size=8, n_epochs=1, seed=0, device="cpu"))
+    with th.no_grad():
+        model.policy.lm.lm_head.weight[7].fill_(math.nan)  # one token's logit: every row's distribution is NaN
+    with pytest.raises(RuntimeError, match=r"action distribution is not finite for env 0 at rollout step 0"):
+        model.learn(8)
+
+
 def test_bad_nonfinite_option():
     with pytest.raises(ValueError, match=r"nonfinite must be one of \('raise', 'skip'\), got 'drop'; 'raise' stops"):
         GRPO("MlpPolicy", "CartPole-v1", nonfinite="drop")

@@ -60,6 +60,14 @@ def sample_actions(
     ``get_distribution`` for the explored envs (:func:`_replaced`): the same random draws, in the same order, and
     the same actions and log-probs either way.
 
+    The draw runs without ``torch.distributions``' argument checks (``Distribution.set_default_validate_args(False)``
+    for the call, the previous default restored after it). The draw builds a distribution per step and scores the
+    actions it has just drawn from it, and torch checks both by default (parameters not NaN, each action in the
+    support): on CartPole's MLP that is about a quarter of a step, and on a GPU each check is a host sync. A drawn
+    action is in its distribution's support, and NaN parameters show as a non-finite log-prob, which the caller
+    checks in one reduction instead (:func:`~sb3_grpo.grpo.nonfinite.check_log_probs`). PyTorch's advice for speed is
+    to turn these checks off (pytorch/pytorch#48743); here only for the draw, not globally.
+
     :param policy: The acting policy.
     :param obs_tensor: The step's observations, as tensors.
     :param action_space: The env's action space.
@@ -67,6 +75,23 @@ def sample_actions(
     :param greedy_envs: Boolean mask of the envs that act greedily (self-critical baseline), or ``None``.
     :param rng: The exploration RNG (which envs explore, and the uniform draws).
     """
+    previous = th.distributions.Distribution._validate_args
+    th.distributions.Distribution.set_default_validate_args(False)
+    try:
+        return _sample_actions(policy, obs_tensor, action_space, alpha, greedy_envs, rng)
+    finally:
+        th.distributions.Distribution.set_default_validate_args(previous)
+
+
+def _sample_actions(
+    policy: BasePolicy,
+    obs_tensor: th.Tensor | dict[str, th.Tensor],
+    action_space: spaces.Space,
+    alpha: float,
+    greedy_envs: np.ndarray | None,
+    rng: np.random.Generator,
+) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+    """:func:`sample_actions`, with the distributions' checks already off."""
     if alpha <= 0 and greedy_envs is None:
         actions, values, log_probs = policy(obs_tensor)
         return actions, values, log_probs, log_probs

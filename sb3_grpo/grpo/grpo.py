@@ -438,7 +438,9 @@ class GRPO(OnPolicyAlgorithm):
             with th.no_grad():
                 # Convert to pytorch tensor or to TensorDict
                 obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
-                actions, values, log_probs, policy_log_probs = extras.sample(self.policy, obs_tensor)
+                actions, values, log_probs, policy_log_probs = extras.sample(
+                    self.policy, obs_tensor, n_steps, self.num_timesteps, self._n_updates
+                )
             actions = actions.cpu().numpy()
 
             # Rescale and perform action

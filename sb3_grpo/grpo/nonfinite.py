@@ -9,10 +9,13 @@ gradient takes no optimizer step.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import torch as th
 from stable_baselines3.common.buffers import RolloutBuffer
 
-__all__ = ["NonFiniteEpisodes", "check_advantages", "raise_non_finite"]
+__all__ = ["NonFiniteEpisodes", "check_advantages", "check_log_probs", "raise_non_finite"]
 
 
 class NonFiniteEpisodes:
@@ -87,6 +90,32 @@ class NonFiniteEpisodes:
             rollout_buffer.advantages[drop] = 0.0
             rollout_buffer.values[drop] = values[drop]
             rollout_buffer.returns[drop] = values[drop]
+
+
+def check_log_probs(log_probs: th.Tensor, row: int, timestep: int, n_updates: int) -> None:
+    """Raise when a rollout step's behaviour log-probs are not all finite: the policy's distribution had NaN/inf
+    parameters (the draw skips torch's own checks, :func:`~sb3_grpo.grpo.exploration.sample_actions`),
+    and its actions are not draws of any distribution. Raised in both ``nonfinite`` modes: the policy itself is
+    broken, not one episode.
+
+    :param log_probs: The step's behaviour log-probs (one per env).
+    :param row: The step's index in the rollout.
+    :param timestep: ``num_timesteps`` before the step (for the message).
+    :param n_updates: Updates so far (for the message).
+    :raises RuntimeError: naming the first env and its log-prob.
+    """
+    if math.isfinite(log_probs.sum().item()):  # one reduction (a sum of finite log-probs overflows only past 1e38)
+        return
+    finite = th.isfinite(log_probs)
+    if bool(finite.all()):
+        return
+    env = int(th.nonzero(~finite.reshape(len(finite), -1).all(dim=1))[0])
+    raise RuntimeError(
+        f"GRPO: the policy's action distribution is not finite for env {env} at rollout step {row} (timestep "
+        f"{timestep}, update {n_updates}): the log-prob of its action is {log_probs.reshape(len(finite), -1)[env]}. "
+        "Its parameters (logits, or the Gaussian's mean / std) are NaN or inf: check the observations for NaN/inf "
+        "and the loaded weights, or lower the learning rate."
+    )
 
 
 def check_advantages(rollout_buffer: RolloutBuffer, timestep: int, n_updates: int, advantage: str) -> None:

@@ -23,7 +23,7 @@ from sb3_grpo.grpo.carry import CarryOver
 from sb3_grpo.grpo.deferred import DeferredRewards
 from sb3_grpo.grpo.exploration import sample_actions
 from sb3_grpo.grpo.groups import EpisodeGroupTracker
-from sb3_grpo.grpo.nonfinite import NonFiniteEpisodes, check_advantages
+from sb3_grpo.grpo.nonfinite import NonFiniteEpisodes, check_advantages, check_log_probs
 
 __all__ = ["RolloutExtras", "bootstrap_truncated", "env_actions"]
 
@@ -68,6 +68,9 @@ class RolloutExtras:
         self.deferred: DeferredRewards | None = None  # rewards scored in the background (text envs)
         self.carry: CarryOver | None = None  # GRPO's carry_over: steps held until their group advantage is known
         self.batched_bootstrap = False  # bootstrap_truncated's batched values (off where GRPO must equal PPO)
+        # on an accelerator the draws' log-probs are checked at the rollout's end (:meth:`sample`)
+        self.defer_draw_checks = False
+        self.unchecked_log_probs: list[tuple[int, int, th.Tensor]] = []  # (row, timestep, log-probs)
 
     @classmethod
     def start(cls, model: Any, env: VecEnv, rollout_buffer: RolloutBuffer, n_rollout_steps: int) -> RolloutExtras:
@@ -87,23 +90,53 @@ class RolloutExtras:
         )
         extras.deferred = DeferredRewards.start(env)
         extras.carry = getattr(model, "_carry", None)
+        extras.defer_draw_checks = model.device.type != "cpu"
         if not computes_as_ppo(model):  # a prefill of another batch rounds floats differently from PPO's
             warm_prefills(model.policy, env)
             extras.batched_bootstrap = True  # likewise, the truncated episodes' values in one batch
         return extras
 
     def sample(
-        self, policy: BasePolicy, obs_tensor: th.Tensor | dict[str, th.Tensor]
+        self, policy: BasePolicy, obs_tensor: th.Tensor | dict[str, th.Tensor], row: int, timestep: int, n_updates: int
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """One step's actions, values, behaviour log-probs and the policy's own log-probs
-        (:func:`~sb3_grpo.grpo.exploration.sample_actions`)."""
-        return sample_actions(policy, obs_tensor, self.action_space, self.alpha, self.greedy_envs, self.rng)
+        (:func:`~sb3_grpo.grpo.exploration.sample_actions`), the behaviour log-probs checked finite
+        (:func:`~sb3_grpo.grpo.nonfinite.check_log_probs`; ``row``, ``timestep`` and ``n_updates`` name the step)."""
+        try:
+            drawn = sample_actions(policy, obs_tensor, self.action_space, self.alpha, self.greedy_envs, self.rng)
+        except RuntimeError as err:  # e.g. torch.multinomial on NaN probabilities (torch's own checks are off)
+            raise RuntimeError(
+                f"GRPO: the policy's draw failed at rollout step {row} (timestep {timestep}, update {n_updates}): "
+                f"{err}. NaN/inf distribution parameters (logits, or a Gaussian's mean / std) do this: check the "
+                "observations for NaN/inf and the loaded weights, or lower the learning rate."
+            ) from err
+        if self.defer_draw_checks:  # checked at the rollout's end, in one host sync instead of one per step
+            self.unchecked_log_probs.append((row, timestep, drawn[2]))
+        else:
+            check_log_probs(drawn[2], row, timestep, n_updates)
+        return drawn
 
     def check_rewards(
         self, rewards: np.ndarray, dones: np.ndarray, infos: list[dict], row: int, timestep: int, n_updates: int
     ) -> np.ndarray:
-        """The step's rewards after the non-finite check (:meth:`~.nonfinite.NonFiniteEpisodes.check_rewards`)."""
-        return self.nonfinite.check_rewards(rewards, dones, infos, row, timestep, n_updates)
+        """The step's rewards after the non-finite check (:meth:`~.nonfinite.NonFiniteEpisodes.check_rewards`). A
+        non-finite reward after a non-finite draw (a NaN Gaussian action) is reported as the draw's error."""
+        try:
+            return self.nonfinite.check_rewards(rewards, dones, infos, row, timestep, n_updates)
+        except RuntimeError:
+            self.check_draws(n_updates)
+            raise
+
+    def check_draws(self, n_updates: int) -> None:
+        """Check the log-probs of the draws that :meth:`sample` left unchecked (on an accelerator), in one host sync:
+        the first bad step raises (:func:`~sb3_grpo.grpo.nonfinite.check_log_probs`)."""
+        if not self.unchecked_log_probs:
+            return
+        finite = th.stack([th.isfinite(lp).all() for _, _, lp in self.unchecked_log_probs])
+        if not bool(finite.all()):
+            row, timestep, log_probs = self.unchecked_log_probs[int(th.nonzero(~finite)[0])]
+            check_log_probs(log_probs, row, timestep, n_updates)
+        self.unchecked_log_probs = []
 
     def record_step(self, row: int, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]) -> None:
         """Record one step (buffer row ``row``): completion lengths, the raw rewards (before the timeout bootstrap
@@ -137,8 +170,10 @@ class RolloutExtras:
     def finish(
         self, rollout_buffer: RolloutBuffer, logger: Logger, timestep: int, n_updates: int, advantage: str
     ) -> None:
-        """After GAE: group advantages in place of GAE's, episodes with non-finite rewards dropped, the check that
-        every advantage is finite, and the rollout's GRPO logs."""
+        """After GAE: the check of the draws' log-probs on an accelerator (:meth:`sample`), group advantages in place
+        of GAE's, episodes with non-finite rewards dropped, the check that every advantage is finite, and the
+        rollout's GRPO logs."""
+        self.check_draws(n_updates)
         if self.completion_lengths:
             logger.record("rollout/completion_length", float(np.mean(self.completion_lengths)))
         if self.tracker is not None:
