@@ -131,6 +131,48 @@ def test_truncated_episodes_valued_in_one_batch_equal_one_call_each(monkeypatch)
     assert all(n in (1, N_ENVS) for n in calls["single"])  # the step's batch, the last obs, one per episode
 
 
+@pytest.mark.parametrize("advantage", ["group", "rloo"])
+def test_group_advantages_compute_no_value_they_do_not_use(monkeypatch, advantage):
+    """Group advantages replace GAE's and train no critic: the rollout skips the bootstrap values (of truncated
+    episodes and of the rollout's end) and the last step's look-ahead. Same transitions, log-probs and advantages as
+    the rollout that computes them, one forward fewer and no ``predict_values`` call."""
+    from sb3_grpo.grpo.rollout import RolloutExtras
+
+    models = {}
+
+    def keep(name):
+        def setup(model):
+            _count_forwards(model)
+            predict = model.policy.predict_values
+            model.values_calls = []
+            model.policy.predict_values = lambda obs: model.values_calls.append(len(obs["input_ids"])) or predict(obs)
+            models[name] = model
+
+        return setup
+
+    extras = {"advantage": advantage, "gamma": 0.9}  # gamma < 1: a bootstrap would show in the rewards
+    lean = _rollout(keep("lean"), **extras)
+    start = RolloutExtras.start
+
+    def computing_values(*args, **kwargs):
+        out = start(*args, **kwargs)
+        out.needs_values = True  # as before: bootstrap values and the last look-ahead
+        return out
+
+    monkeypatch.setattr(RolloutExtras, "start", computing_values)
+    full = _rollout(keep("full"), **extras)
+    for name in FIELDS_EXACT:
+        np.testing.assert_array_equal(getattr(lean, name), getattr(full, name), err_msg=name)
+    for name in ("log_probs", "policy_log_probs", "values", "advantages"):
+        np.testing.assert_array_equal(getattr(lean, name), getattr(full, name), err_msg=name)
+    assert (lean.advantages != 0).any()
+    truncated = lean.rewards != full.rewards  # gamma * V(terminal obs) added to truncated episodes' last rewards
+    assert truncated.any() and (full.rewards[truncated] != 0).all()
+    assert models["lean"].values_calls == [] and len(models["full"].values_calls) > 1
+    assert len(models["lean"].forward_calls) == len(models["full"].forward_calls) - 1
+    assert models["lean"].policy.look_ahead  # switched back on after the last step
+
+
 def test_bootstrap_truncated_batched_matches_per_episode_and_skips_the_others():
     """The function itself on a Box env (MLP values) and a Dict-observation text env: only truncated episodes that
     carry a terminal observation change, by ``gamma * V``, batched or not."""

@@ -463,7 +463,8 @@ class GRPO(OnPolicyAlgorithm):
                 # Reshape in case of discrete action
                 actions = actions.reshape(-1, 1)
 
-            bootstrap_truncated(self.policy, self.gamma, rewards, dones, infos, extras.batched_bootstrap)
+            if extras.needs_values:  # GAE only: group advantages use the rewards as they are
+                bootstrap_truncated(self.policy, self.gamma, rewards, dones, infos, extras.batched_bootstrap)
 
             rollout_buffer.add(
                 self._last_obs,  # type: ignore[arg-type]
@@ -478,8 +479,11 @@ class GRPO(OnPolicyAlgorithm):
             self._last_episode_starts = dones
 
         with th.no_grad():
-            # Compute value for the last timestep
-            values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
+            # Compute value for the last timestep (GAE only: group advantages do not bootstrap)
+            if extras.needs_values:
+                values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
+            else:
+                values = th.zeros((env.num_envs, 1), device=self.device)
 
         extras.land_rewards(rollout_buffer)  # rewards scored in the background, before returns and advantages
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)

@@ -61,6 +61,10 @@ class RolloutExtras:
             tracker.reset_rollout(n_rollout_steps)
         self.greedy_envs = tracker.greedy_envs if tracker is not None and self_critical else None
         self.nonfinite = NonFiniteEpisodes(nonfinite, n_envs, n_rollout_steps)
+        self.n_rollout_steps = n_rollout_steps
+        # the critic's values matter only to GAE: group advantages replace GAE's and train no critic, so the
+        # bootstrap values of truncated episodes and of the rollout's end are not computed then
+        self.needs_values = tracker is None
         # the policy's own log-probs beside the behaviour's, for the importance-weighted KL (GRPO's buffers)
         self.stores_policy_log_prob = isinstance(rollout_buffer, PolicyLogProbMixin)
         self.rng = rng
@@ -102,7 +106,12 @@ class RolloutExtras:
         """One step's actions, values, behaviour log-probs and the policy's own log-probs
         (:func:`~sb3_grpo.grpo.exploration.sample_actions`), the behaviour log-probs checked finite
         (:func:`~sb3_grpo.grpo.nonfinite.check_log_probs`; ``row``, ``timestep`` and ``n_updates`` name the step)."""
+        # the rollout's last step needs no look-ahead when no bootstrap value reads it (the update changes the
+        # parameters, so the cache is rebuilt anyway); a cache that survives extends by the token at the next call
+        last = not self.needs_values and row == self.n_rollout_steps - 1 and hasattr(policy, "look_ahead")
         try:
+            if last:
+                policy.look_ahead = False
             drawn = sample_actions(policy, obs_tensor, self.action_space, self.alpha, self.greedy_envs, self.rng)
         except RuntimeError as err:  # e.g. torch.multinomial on NaN probabilities (torch's own checks are off)
             raise RuntimeError(
@@ -110,6 +119,9 @@ class RolloutExtras:
                 f"{err}. NaN/inf distribution parameters (logits, or a Gaussian's mean / std) do this: check the "
                 "observations for NaN/inf and the loaded weights, or lower the learning rate."
             ) from err
+        finally:
+            if last:
+                policy.look_ahead = True
         if self.defer_draw_checks:  # checked at the rollout's end, in one host sync instead of one per step
             self.unchecked_log_probs.append((row, timestep, drawn[2]))
         else:

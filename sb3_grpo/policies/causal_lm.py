@@ -207,6 +207,9 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         self.top_p = top_p
         self.separate_critic = separate_critic
         self.use_cache = use_cache
+        #: :meth:`forward` extends the rollout cache by the tokens it chose (the look-ahead); GRPO turns it off for a
+        #: rollout's last step when nothing reads the next outputs (group advantages need no bootstrap value).
+        self.look_ahead = True
         self.pack_sequences = bool(pack_sequences)
         self._packing_verified = False
         self.share_prefixes = bool(share_prefixes)
@@ -527,7 +530,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         if action_filter is not None:
             actions = action_filter(actions, dist)
         log_prob = dist.log_prob(actions)
-        if self._caching():
+        if self.look_ahead and self._caching():
             self._look_ahead(ids, mask, actions)
         return actions, values.unsqueeze(-1), log_prob
 
