@@ -275,8 +275,8 @@ def _add_perf(sub: Any) -> None:
         default=None,
         metavar="NAME",
         help="run only these measurements: env, rollout, reward, rollout-gpt2, update, update-long, penalty-gpt2, "
-        "grad-var-mlp, interactive, cartpole, memory, trl-bundled, trl-bundled-carry, trl-tiny (the TRL ones need TRL "
-        "importable, e.g. on PYTHONPATH)",
+        "grad-var-mlp, interactive, cartpole, memory, trl-bundled, trl-bundled-carry, trl-bundled-equal, trl-tiny "
+        "(the TRL ones need TRL importable, e.g. on PYTHONPATH)",
     )
     p.add_argument(
         "--threads",

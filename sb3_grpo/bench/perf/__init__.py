@@ -74,14 +74,24 @@ def measurements(quick: bool = False, device: str = "auto", trl_seeds: int = 3) 
     r = 1 if quick else 3
     n_env, steps = (64, 64) if quick else (256, 320)
     small, tok = (8, 16) if quick else (16, 32)
-    loops = [
-        (trl.DEFAULT, "complete loop vs TRL GRPOTrainer", {}),
+    carry = {"carry_over": True}
+    loops = [  # (measurement name, set-up, row title, our GRPO's arguments beyond TRL's settings)
+        ("trl-bundled", trl.DEFAULT, "complete loop vs TRL GRPOTrainer", {}),
+        # ours tuned: smaller, more frequent updates (16 envs x 24 steps hold about 24 completions, TRL's N is 64)
         (
-            trl.with_overrides(trl.DEFAULT, ours_envs=trl.DEFAULT.n_envs // 2),
-            "complete loop vs TRL GRPOTrainer, ours with carry_over, N/2 envs",
-            {"carry_over": True},
+            "trl-bundled-carry",
+            trl.with_overrides(trl.DEFAULT, ours_envs=trl.DEFAULT.n_envs // 4),
+            "complete loop vs TRL GRPOTrainer, ours with carry_over, N/4 envs",
+            carry,
         ),
-        (trl.SMALL, "complete loop vs TRL, small batches", {}),
+        # the same loop of ours against TRL at about as many completions per update (N=24)
+        (
+            "trl-bundled-equal",
+            trl.with_overrides(trl.DEFAULT, n_envs=24, ours_envs=trl.DEFAULT.n_envs // 4),
+            "complete loop vs TRL GRPOTrainer at N=24, ours with carry_over, 16 envs",
+            carry,
+        ),
+        ("trl-tiny", trl.SMALL, "complete loop vs TRL, small batches", {}),
     ]
     return [
         ("env", lambda: [envs.vector_env_vs_sync(n_env, steps, r, device=device),
@@ -101,9 +111,8 @@ def measurements(quick: bool = False, device: str = "auto", trl_seeds: int = 3) 
         ("grad-var-mlp", lambda: update.grad_var_cost(quick=quick)),
         ("cartpole", lambda: update.cartpole_vs_ppo(4096 if quick else 16384, r)),
         ("memory", lambda: [memory.memory_vs_trl("bundled" if quick else "gpt2-small", _device_name(device))]),
-        *[(f"trl-{cfg.model}" + ("-carry" if kw else ""),
-           lambda cfg=cfg, name=name, kw=kw: [_trl_row(cfg, name, quick, device, trl_seeds, **kw)])
-          for cfg, name, kw in loops],
+        *[(key, lambda cfg=cfg, name=name, kw=kw: [_trl_row(cfg, name, quick, device, trl_seeds, **kw)])
+          for key, cfg, name, kw in loops],
     ]  # fmt: skip
 
 

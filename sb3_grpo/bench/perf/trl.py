@@ -32,6 +32,7 @@ import os
 import statistics
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -147,7 +148,9 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
         device=cfg.device,
     )
     kwargs = _grpo_kwargs(cfg, n_envs, seed, grpo_kwargs)
-    model = GRPO("CausalLMPolicy", env, **kwargs)
+    with warnings.catch_warnings():  # a minibatch larger than the rollout is meant here (see _grpo_kwargs)
+        warnings.filterwarnings("ignore", message="You have specified a mini-batch size")
+        model = GRPO("CausalLMPolicy", env, **kwargs)
     model.set_logger(configure(None, []))
     record, curve = _recorders(cfg.completions)
     w0, c0 = time.perf_counter(), time.process_time()
@@ -169,15 +172,19 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
 
 
 def _grpo_kwargs(cfg: LoopConfig, n_envs: int, seed: int, grpo_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """GRPO's arguments in :func:`run_ours`: set as TRL's trainer runs (AdamW at its defaults, one epoch, no
-    extras), then the caller's overrides."""
+    """GRPO's arguments in :func:`run_ours`: set as TRL's trainer runs (AdamW at its defaults, one epoch, one
+    optimizer step per update, no extras), then the caller's overrides. With ``carry_over`` an update also trains
+    steps held from earlier rollouts, so its minibatch is made large enough for all of them (four rollouts' worth:
+    one optimizer step per update, as TRL's)."""
     import torch as th
+
+    rollout = cfg.tokens * n_envs
 
     optimizer = {"optimizer_class": th.optim.AdamW, "optimizer_kwargs": {"eps": 1e-8, "weight_decay": 0.0}}
     kwargs = {
         "learning_rate": cfg.lr,
         "n_steps": cfg.tokens,
-        "batch_size": cfg.tokens * n_envs,
+        "batch_size": 4 * rollout if grpo_kwargs.get("carry_over") else rollout,
         "n_epochs": 1,
         "clip_range": 0.2,
         "max_grad_norm": 1.0,
