@@ -83,6 +83,30 @@ def test_cached_rollout_equals_full_recompute():
     _assert_same(fast, slow)
 
 
+def test_auto_resets_copied_from_the_memo_in_place_equal_full_recompute(monkeypatch):
+    """An auto-reset's prompt, prefilled before the rollout, is written into the batch cache straight from the memo
+    (no cache of those rows built first): the same buffer as a full recompute, and as the splice it replaces."""
+    from sb3_grpo.policies.kv_cache import RolloutCache
+
+    copy = RolloutCache._copy_from_memo
+    served = []
+
+    def counting(self, *args):
+        done = copy(self, *args)
+        served.append(done)
+        return done
+
+    monkeypatch.setattr(RolloutCache, "_copy_from_memo", counting)
+    fast = _rollout()
+    assert sum(served) > N_ENVS, "auto-resets must be served from the memo"
+    slow = _rollout(policy_kwargs={"use_cache": False})
+    _assert_same(fast, slow)
+    monkeypatch.setattr(RolloutCache, "_copy_from_memo", lambda *_args: False)  # the splice of a built cache
+    spliced = _rollout()
+    for name in (*FIELDS_EXACT, *FIELDS_CLOSE):  # bit for bit: both copy the memo's tensors
+        np.testing.assert_array_equal(getattr(fast, name), getattr(spliced, name), err_msg=name)
+
+
 def test_prompts_prefilled_before_the_rollout_save_a_forward_per_reset():
     """The env's prompts prefilled in one batch before the rollout: the same buffer as prefills at each reset, with
     one forward per step (the look-ahead) plus that batch, the first observation and the final value."""

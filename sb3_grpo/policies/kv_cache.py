@@ -401,13 +401,16 @@ class RolloutCache:
         if bool(step.any()):
             self._step(state, ids, mask, step, rows.k, logits, values)
         if bool(redo.any()):
-            rows_r = redo.nonzero().squeeze(1)
-            cache_r, kv_mask_r, logits_r, values_r = self._prefill(ids[rows_r], mask[rows_r])
-            logits[rows_r], values[rows_r] = logits_r, values_r
-            if bool(redo.all()):
-                state.cache, state.kv_mask = cache_r, kv_mask_r
-            else:
-                self._splice(state, rows_r, cache_r, kv_mask_r)
+            every_row = bool(redo.all())
+            # some rows (an auto-reset's prompt): copied from the memo in place when it holds them all
+            if every_row or not self._copy_from_memo(state, ids, mask, redo, logits, values):
+                rows_r = redo.nonzero().squeeze(1)
+                cache_r, kv_mask_r, logits_r, values_r = self._prefill(ids[rows_r], mask[rows_r])
+                logits[rows_r], values[rows_r] = logits_r, values_r
+                if every_row:
+                    state.cache, state.kv_mask = cache_r, kv_mask_r
+                else:
+                    self._splice(state, rows_r, cache_r, kv_mask_r)
         state.ids, state.mask, state.logits, state.values = ids, mask, logits, values
         state.prev_ids = state.prev_mask = state.prev_logits = state.prev_values = None
 
@@ -542,6 +545,33 @@ class RolloutCache:
             & (mask[:, None, -1] == 1)
             & (old_mask[None, :, 0] == 0)
         )
+
+    def _copy_from_memo(
+        self, state: _BatchCache, ids: th.Tensor, mask: th.Tensor, redo: th.Tensor, logits: th.Tensor, values: th.Tensor
+    ) -> bool:
+        """Write the ``redo`` rows' keys/values, logits and values straight from the :class:`PrefillMemo` into the
+        batch cache, in place (right-aligned, zeros and a masked slot before each window): what :meth:`_prefill` and
+        :meth:`_splice` write, without building a cache of those rows first. Taken when the memo holds every such
+        window (an auto-reset's prompt, prefilled before the rollout) and each fits the batch cache's length.
+
+        :return: Whether it did (otherwise nothing was written).
+        """
+        rows = redo.nonzero().squeeze(1).tolist()
+        entries = [self.memo.get(w) for w in self.memo.windows(ids[rows], mask[rows])]
+        length = state.kv_mask.shape[1]
+        if any(e is None or e[0][0][0].shape[-2] > length for e in entries):
+            return False
+        for row, (layers, row_logits, row_value) in zip(rows, entries, strict=True):
+            start = length - layers[0][0].shape[-2]
+            state.kv_mask[row, :start] = 0
+            state.kv_mask[row, start:] = 1
+            for layer, (keys, vals) in zip(state.cache.layers, layers, strict=True):
+                layer.keys[row, :, :start] = 0
+                layer.keys[row, :, start:] = keys[0]
+                layer.values[row, :, :start] = 0
+                layer.values[row, :, start:] = vals[0]
+            logits[row], values[row] = row_logits, row_value
+        return True
 
     @staticmethod
     def _splice(state: _BatchCache, rows: th.Tensor, cache_r: Any, kv_mask_r: th.Tensor) -> None:
