@@ -84,12 +84,13 @@ def measurements(quick: bool = False, device: str = "auto", trl_seeds: int = 3) 
             "complete loop vs TRL GRPOTrainer, ours with carry_over, N/4 envs",
             carry,
         ),
-        # the same loop of ours against TRL at about as many completions per update (N=24)
+        # against TRL at as many rows per forward and about as many completions per update: TRL's N=24, ours 24 envs
+        # x 16 steps (384 tokens, about 24 completions at TextGen-v0's lengths)
         (
             "trl-bundled-equal",
-            trl.with_overrides(trl.DEFAULT, n_envs=24, ours_envs=trl.DEFAULT.n_envs // 4),
-            "complete loop vs TRL GRPOTrainer at N=24, ours with carry_over, 16 envs",
-            carry,
+            trl.with_overrides(trl.DEFAULT, n_envs=24, ours_envs=24),
+            "complete loop vs TRL GRPOTrainer at N=24, ours with carry_over, 24 envs x 16 steps",
+            {**carry, "n_steps": 16},
         ),
         ("trl-tiny", trl.SMALL, "complete loop vs TRL, small batches", {}),
     ]

@@ -178,7 +178,7 @@ def _grpo_kwargs(cfg: LoopConfig, n_envs: int, seed: int, grpo_kwargs: dict[str,
     one optimizer step per update, as TRL's)."""
     import torch as th
 
-    rollout = cfg.tokens * n_envs
+    rollout = grpo_kwargs.get("n_steps", cfg.tokens) * n_envs  # steps per rollout
 
     optimizer = {"optimizer_class": th.optim.AdamW, "optimizer_kwargs": {"eps": 1e-8, "weight_decay": 0.0}}
     kwargs = {
