@@ -78,29 +78,17 @@ def sample_actions(
     previous = th.distributions.Distribution._validate_args
     th.distributions.Distribution.set_default_validate_args(False)
     try:
-        return _sample_actions(policy, obs_tensor, action_space, alpha, greedy_envs, rng)
+        if alpha <= 0 and greedy_envs is None:
+            actions, values, log_probs = policy(obs_tensor)
+            return actions, values, log_probs, log_probs
+        greedy = np.zeros(_rows(obs_tensor).shape[0], dtype=bool) if greedy_envs is None else greedy_envs
+        squashed = bool(getattr(policy, "squash_output", False))
+        if getattr(policy, "accepts_action_filter", False):
+            actions, values, log_probs = _filtered(policy, obs_tensor, action_space, alpha, greedy, rng, squashed)
+        else:
+            actions, values, log_probs = _replaced(policy, obs_tensor, action_space, alpha, greedy, rng, squashed)
     finally:
         th.distributions.Distribution.set_default_validate_args(previous)
-
-
-def _sample_actions(
-    policy: BasePolicy,
-    obs_tensor: th.Tensor | dict[str, th.Tensor],
-    action_space: spaces.Space,
-    alpha: float,
-    greedy_envs: np.ndarray | None,
-    rng: np.random.Generator,
-) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
-    """:func:`sample_actions`, with the distributions' checks already off."""
-    if alpha <= 0 and greedy_envs is None:
-        actions, values, log_probs = policy(obs_tensor)
-        return actions, values, log_probs, log_probs
-    greedy = np.zeros(_rows(obs_tensor).shape[0], dtype=bool) if greedy_envs is None else greedy_envs
-    squashed = bool(getattr(policy, "squash_output", False))
-    if getattr(policy, "accepts_action_filter", False):
-        actions, values, log_probs = _filtered(policy, obs_tensor, action_space, alpha, greedy, rng, squashed)
-    else:
-        actions, values, log_probs = _replaced(policy, obs_tensor, action_space, alpha, greedy, rng, squashed)
     if alpha <= 0:
         return actions, values, log_probs, log_probs
     log_u = uniform_log_prob(action_space, actions, squashed)
