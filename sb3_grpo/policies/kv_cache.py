@@ -268,13 +268,18 @@ class RolloutCache:
             params = self._param_list = list(self._parameters())
         return sum(p._version for p in params)
 
-    def _prefill(self, ids: th.Tensor, mask: th.Tensor) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
+    def _prefill(
+        self, ids: th.Tensor, mask: th.Tensor, windows: list[tuple[int, ...]] | None = None
+    ) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
         """Cache, mask, logits and values of some rows: ``(cache, kv_mask, logits, values)``.
 
         Rows whose window the :class:`PrefillMemo` holds (for the current parameters: :meth:`_cached_outputs`
         empties it when they change) are copied from it; the others get one full forward, and are remembered.
+
+        :param windows: The rows' memo keys (:meth:`PrefillMemo.windows`), when the caller has them.
         """
-        windows = self.memo.windows(ids, mask)
+        if windows is None:
+            windows = self.memo.windows(ids, mask)
         found = [self.memo.get(w) for w in windows]
         missing = [i for i, entry in enumerate(found) if entry is None]
         if len(missing) == len(found):
@@ -402,10 +407,11 @@ class RolloutCache:
             self._step(state, ids, mask, step, rows.k, logits, values)
         if bool(redo.any()):
             every_row = bool(redo.all())
+            rows_r = redo.nonzero().squeeze(1)
+            windows = self.memo.windows(ids[rows_r], mask[rows_r])
             # some rows (an auto-reset's prompt): copied from the memo in place when it holds them all
-            if every_row or not self._copy_from_memo(state, ids, mask, redo, logits, values):
-                rows_r = redo.nonzero().squeeze(1)
-                cache_r, kv_mask_r, logits_r, values_r = self._prefill(ids[rows_r], mask[rows_r])
+            if every_row or not self._copy_from_memo(state, rows_r.tolist(), windows, logits, values):
+                cache_r, kv_mask_r, logits_r, values_r = self._prefill(ids[rows_r], mask[rows_r], windows)
                 logits[rows_r], values[rows_r] = logits_r, values_r
                 if every_row:
                     state.cache, state.kv_mask = cache_r, kv_mask_r
@@ -547,17 +553,17 @@ class RolloutCache:
         )
 
     def _copy_from_memo(
-        self, state: _BatchCache, ids: th.Tensor, mask: th.Tensor, redo: th.Tensor, logits: th.Tensor, values: th.Tensor
+        self, state: _BatchCache, rows: list[int], windows: list[tuple[int, ...]], logits: th.Tensor, values: th.Tensor
     ) -> bool:
-        """Write the ``redo`` rows' keys/values, logits and values straight from the :class:`PrefillMemo` into the
-        batch cache, in place (right-aligned, zeros and a masked slot before each window): what :meth:`_prefill` and
-        :meth:`_splice` write, without building a cache of those rows first. Taken when the memo holds every such
-        window (an auto-reset's prompt, prefilled before the rollout) and each fits the batch cache's length.
+        """Write the keys/values, logits and values of batch rows ``rows`` (memo keys ``windows``) straight from the
+        :class:`PrefillMemo` into the batch cache, in place (right-aligned, zeros and a masked slot before each
+        window): what :meth:`_prefill` and :meth:`_splice` write, without building a cache of those rows first. Taken
+        when the memo holds every such window (an auto-reset's prompt, prefilled before the rollout) and each fits the
+        batch cache's length.
 
         :return: Whether it did (otherwise nothing was written).
         """
-        rows = redo.nonzero().squeeze(1).tolist()
-        entries = [self.memo.get(w) for w in self.memo.windows(ids[rows], mask[rows])]
+        entries = [self.memo.get(w) for w in windows]
         length = state.kv_mask.shape[1]
         if any(e is None or e[0][0][0].shape[-2] > length for e in entries):
             return False
