@@ -70,6 +70,14 @@ def _count_forwards(model):
     model.forward_calls = calls
 
 
+def _count_values(model):
+    """The batch size of every ``predict_values`` call the policy gets from now on (a list that fills)."""
+    calls = []
+    predict = model.policy.predict_values
+    model.policy.predict_values = lambda obs: calls.append(len(obs["input_ids"])) or predict(obs)
+    return calls
+
+
 def _no_warm_prefills(model):
     _count_forwards(model)
     model.policy.warm_prefills = lambda _obs: 0
@@ -138,9 +146,7 @@ def test_truncated_episodes_valued_in_one_batch_equal_one_call_each(monkeypatch)
 
     def counting(name):
         def setup(model):
-            predict = model.policy.predict_values
-            calls[name] = []
-            model.policy.predict_values = lambda obs: calls[name].append(len(obs["input_ids"])) or predict(obs)
+            calls[name] = _count_values(model)
 
         return setup
 
@@ -167,9 +173,7 @@ def test_group_advantages_compute_no_value_they_do_not_use(monkeypatch, advantag
     def keep(name):
         def setup(model):
             _count_forwards(model)
-            predict = model.policy.predict_values
-            model.values_calls = []
-            model.policy.predict_values = lambda obs: model.values_calls.append(len(obs["input_ids"])) or predict(obs)
+            model.values_calls = _count_values(model)
             models[name] = model
 
         return setup
