@@ -33,15 +33,15 @@ from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_clas
 from sb3_grpo.common.checkpoints import existing_checkpoint
 from sb3_grpo.common.data_parallel import make_data_parallel
 from sb3_grpo.common.host_memory import release_free_heap
-from sb3_grpo.grpo.carry import CarryOver
+from sb3_grpo.common.carry_over import CarryOver
 from sb3_grpo.grpo.exploration import explore_alpha_at
-from sb3_grpo.grpo.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
+from sb3_grpo.common.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
 from sb3_grpo.grpo.kl import adapt_kl_coef, frozen_copy
 from sb3_grpo.grpo.loss import LossTerms, minibatch_loss, stop_early
-from sb3_grpo.grpo.nonfinite import raise_non_finite
+from sb3_grpo.common.nonfinite import raise_non_finite
 from sb3_grpo.grpo.penalty import GradVarPenalty, select_parameters
 from sb3_grpo.grpo.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
-from sb3_grpo.grpo.rollout import RolloutExtras, bootstrap_truncated, env_actions
+from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
 from sb3_grpo.grpo.stats import TrainStats, record_update
 from sb3_grpo.grpo.validation import (
     check_buffer_for_kl,
@@ -80,7 +80,7 @@ class GRPO(OnPolicyAlgorithm):
       arXiv 2402.14740) or ``"self_critical"`` (Rennie et al. 2017: the greedy member's reward is the baseline;
       env ``i`` with ``i % group_size == 0`` acts greedily and is not trained on). Group forms train no critic,
       skip minibatch advantage normalization, and need an env that reports ``group_size > 1`` and puts
-      ``info["group_id"]`` in every step's info (:mod:`sb3_grpo.grpo.groups`).
+      ``info["group_id"]`` in every step's info (:mod:`sb3_grpo.common.groups`).
     - **KL to a reference** (``kl_coef``, ``kl_target``): ``kl_coef * KL`` is added to the loss, the k3 estimate
       importance-weighted by ``pi_old / mu`` under mixed exploration, with Ziegler et al.'s controller of
       ``kl_coef`` when ``kl_target`` is set (:mod:`sb3_grpo.grpo.kl`). The reference is a frozen copy of the initial
@@ -100,7 +100,7 @@ class GRPO(OnPolicyAlgorithm):
 
     Non-finite rewards, advantages, losses or gradients raise a ``RuntimeError`` naming the quantity and where,
     before the optimizer touches the weights (``nonfinite="raise"``); ``nonfinite="skip"`` drops and counts them
-    instead (:mod:`sb3_grpo.grpo.nonfinite`). Either way no NaN reaches the weights.
+    instead (:mod:`sb3_grpo.common.nonfinite`). Either way no NaN reaches the weights.
 
     Launched with ``torchrun``, ``GRPO`` trains data-parallel (:mod:`sb3_grpo.distributed`): rank 0's weights are
     broadcast, rank ``r`` is seeded with ``seed + 1000 * r``, gradients are averaged, ``target_kl`` and the KL
@@ -155,7 +155,7 @@ class GRPO(OnPolicyAlgorithm):
         losses and gradients (see above)
     :param carry_over: group forms on the text fast path: train the steps of an episode whose group has not finished
         when the rollout ends in the first update after it has, with the episode's advantage, instead of with
-        advantage 0 in their own rollout's update (:mod:`sb3_grpo.grpo.carry`). Off: GRPO's updates use only their own
+        advantage 0 in their own rollout's update (:mod:`sb3_grpo.common.carry_over`). Off: GRPO's updates use only their own
         rollout, as PPO's do.
     """
 
@@ -408,7 +408,7 @@ class GRPO(OnPolicyAlgorithm):
     ) -> bool:
         """
         Collect experiences and fill a ``RolloutBuffer``: SB3's ``OnPolicyAlgorithm.collect_rollouts`` step for step
-        (same calls, same order), plus GRPO's extras (:class:`~sb3_grpo.grpo.rollout.RolloutExtras`).
+        (same calls, same order), plus GRPO's extras (:class:`~sb3_grpo.common.rollout.RolloutExtras`).
 
         :param env: The training environment
         :param callback: Callback that will be called at each step (and at the beginning and end of the rollout)

@@ -19,11 +19,11 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo.common.buffers import PolicyLogProbMixin
-from sb3_grpo.grpo.carry import CarryOver
-from sb3_grpo.grpo.deferred import DeferredRewards
-from sb3_grpo.grpo.exploration import sample_actions
-from sb3_grpo.grpo.groups import EpisodeGroupTracker
-from sb3_grpo.grpo.nonfinite import NonFiniteEpisodes, check_advantages, check_log_probs
+from sb3_grpo.common.carry_over import CarryOver
+from sb3_grpo.common.deferred_rewards import DeferredRewards
+from sb3_grpo.common.draws import sample_actions
+from sb3_grpo.common.groups import EpisodeGroupTracker
+from sb3_grpo.common.nonfinite import NonFiniteEpisodes, check_advantages, check_log_probs
 
 __all__ = ["RolloutExtras", "bootstrap_truncated", "env_actions"]
 
@@ -104,8 +104,8 @@ class RolloutExtras:
         self, policy: BasePolicy, obs_tensor: th.Tensor | dict[str, th.Tensor], row: int, timestep: int, n_updates: int
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """One step's actions, values, behaviour log-probs and the policy's own log-probs
-        (:func:`~sb3_grpo.grpo.exploration.sample_actions`), the behaviour log-probs checked finite
-        (:func:`~sb3_grpo.grpo.nonfinite.check_log_probs`; ``row``, ``timestep`` and ``n_updates`` name the step)."""
+        (:func:`~sb3_grpo.common.draws.sample_actions`), the behaviour log-probs checked finite
+        (:func:`~sb3_grpo.common.nonfinite.check_log_probs`; ``row``, ``timestep`` and ``n_updates`` name the step)."""
         # the rollout's last step needs no look-ahead when no bootstrap value reads it (the update changes the
         # parameters, so the cache is rebuilt anyway); a cache that survives extends by the token at the next call
         last = not self.needs_values and row == self.n_rollout_steps - 1 and hasattr(policy, "look_ahead")
@@ -141,7 +141,7 @@ class RolloutExtras:
 
     def check_draws(self, n_updates: int) -> None:
         """Check the log-probs of the draws that :meth:`sample` left unchecked (on an accelerator), in one host sync:
-        the first bad step raises (:func:`~sb3_grpo.grpo.nonfinite.check_log_probs`)."""
+        the first bad step raises (:func:`~sb3_grpo.common.nonfinite.check_log_probs`)."""
         if not self.unchecked_log_probs:
             return
         finite = th.stack([th.isfinite(lp).all() for _, _, lp in self.unchecked_log_probs])
@@ -169,7 +169,7 @@ class RolloutExtras:
 
     def land_rewards(self, rollout_buffer: RolloutBuffer) -> None:
         """Before returns and advantages: the rewards scored in the background, where ``step`` would have put them
-        (:class:`~sb3_grpo.grpo.deferred.DeferredRewards`)."""
+        (:class:`~sb3_grpo.common.deferred_rewards.DeferredRewards`)."""
         if self.deferred is not None:
             self.deferred.land(rollout_buffer, self.tracker, self.nonfinite)
 

@@ -1,7 +1,7 @@
 """GRPO's ``carry_over``: the steps of an episode whose group advantage is not known when its rollout ends are trained
 on in the update after it becomes known, instead of with advantage 0 in their own rollout's update.
 
-A group advantage needs the returns of every member of the group (:class:`~sb3_grpo.grpo.groups.EpisodeGroupTracker`).
+A group advantage needs the returns of every member of the group (:class:`~sb3_grpo.common.groups.EpisodeGroupTracker`).
 An episode still running when the rollout ends, or one that ended while another member of its group still runs, has
 none yet: without ``carry_over`` its steps of this rollout get advantage 0 and teach nothing (the share of steps that
 do teach is logged as ``rollout/frac_steps_nonzero_advantage``; on TextGen-v0 with ``n_steps`` equal to the
@@ -27,7 +27,7 @@ import torch as th
 
 from sb3_grpo.common.buffers import SequenceRolloutBuffer
 from sb3_grpo.common.type_aliases import SequenceSamples
-from sb3_grpo.grpo.groups import EpisodeGroupTracker
+from sb3_grpo.common.groups import EpisodeGroupTracker
 
 __all__ = ["CarryOver"]
 
