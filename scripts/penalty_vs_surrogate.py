@@ -42,8 +42,7 @@ class PenaltyProbe(BaseCallback):
         return th.cat([(th.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(grads, params)])
 
     def _on_rollout_end(self) -> None:
-        from sb3_grpo.grpo.loss import minibatch_loss
-        from sb3_grpo.grpo.stats import TrainStats
+        from sb3_grpo.common.update_stats import TrainStats
 
         model = self.model
         np_state, th_state = np.random.get_state(), th.get_rng_state()
@@ -52,10 +51,10 @@ class PenaltyProbe(BaseCallback):
             clip = model.clip_range(model._current_progress_remaining)
             with th.enable_grad():
                 stats = TrainStats()
-                total = self._flat_grad(minibatch_loss(model, minibatch, clip, None, stats).loss)
+                total = self._flat_grad(model._minibatch_loss(minibatch, clip, None, stats).loss)
                 coef, model.grad_var_coef = model.grad_var_coef, 0.0
                 try:
-                    base = self._flat_grad(minibatch_loss(model, minibatch, clip, None, TrainStats()).loss)
+                    base = self._flat_grad(model._minibatch_loss(minibatch, clip, None, TrainStats()).loss)
                 finally:
                     model.grad_var_coef = coef
         finally:

@@ -13,9 +13,8 @@ from stable_baselines3.common.callbacks import CallbackList
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from sb3_grpo import GRPO
-from sb3_grpo.grpo.loss import minibatch_loss
+from sb3_grpo.common.update_stats import TrainStats
 from sb3_grpo.grpo.penalty import slice_sizes
-from sb3_grpo.grpo.stats import TrainStats
 from sb3_grpo.objectives import adaptive_clip_range, clipped_surrogate
 from textrl_envs.sb3 import make_vec_env
 
@@ -56,7 +55,7 @@ def _reference(model, minibatch, clip_range):
 def _compare(model, minibatch, rtol):
     params = [p for p in model.policy.parameters() if p.requires_grad]
     stats = TrainStats()
-    terms = minibatch_loss(model, minibatch, 0.2, None, stats)
+    terms = model._minibatch_loss(minibatch, 0.2, None, stats)
     ours = th.autograd.grad(terms.loss, params, allow_unused=True)
     var, loss = _reference(model, minibatch, 0.2)
     theirs = th.autograd.grad(loss, params, allow_unused=True)

@@ -139,7 +139,7 @@ def test_prompts_prefilled_before_the_rollout_save_a_forward_per_reset():
 def test_truncated_episodes_valued_in_one_batch_equal_one_call_each(monkeypatch):
     """With an extra on, the step's truncated episodes get ``gamma * V(terminal obs)`` from one ``predict_values``
     call; the buffer is the one SB3's one call per episode gives (same rewards, returns and advantages)."""
-    import sb3_grpo.grpo.grpo as grpo_module
+    import sb3_grpo.common.on_policy as grpo_module
     from sb3_grpo.common.rollout import bootstrap_truncated
 
     calls = {}
@@ -198,7 +198,7 @@ def test_group_advantages_compute_no_value_they_do_not_use(monkeypatch, advantag
     assert truncated.any() and (full.rewards[truncated] != 0).all()
     assert models["lean"].values_calls == [] and len(models["full"].values_calls) > 1
     assert len(models["lean"].forward_calls) == len(models["full"].forward_calls) - 1
-    assert models["lean"].policy.look_ahead  # switched back on after the last step
+    assert not hasattr(models["lean"].policy, "look_ahead")  # an argument of the draw, no flag left on the policy
 
 
 def test_bootstrap_truncated_batched_matches_per_episode_and_skips_the_others():

@@ -1,7 +1,7 @@
 """The one validation layer: small pure checks of what a user passes, shared by every entry point.
 
 The env spec (:mod:`textrl_envs.core`), the single and the vector env, the SB3 adapter, and in ``sb3_grpo`` the
-algorithm (``sb3_grpo.grpo.validation``), the policy (``sb3_grpo.policies.validation``), the CLI and the comparison
+algorithm (``sb3_grpo.common.arguments``), the policy (``sb3_grpo.policies.validation``), the CLI and the comparison
 config all check their arguments with these functions, before any work starts. Each returns the value in its plain
 Python form or raises:
 

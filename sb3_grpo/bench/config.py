@@ -198,7 +198,7 @@ def check_hyperparameters(spec: AlgoSpec, hyperparameters: dict[str, Any], text:
     :param text: Text env (then ``policy_kwargs`` are checked against :class:`~sb3_grpo.policies.CausalLMPolicy`).
     :raises CompareError: naming the algorithm, the argument and what to pass.
     """
-    from sb3_grpo.grpo.validation import check_grpo_args, check_ppo_args
+    from sb3_grpo.common.arguments import check_grpo_args, check_ppo_args
 
     args = {**constructor_defaults(spec), **hyperparameters}
     try:

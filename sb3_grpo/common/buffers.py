@@ -179,7 +179,7 @@ class SequenceRolloutBuffer(GRPODictRolloutBuffer):
     of its episode's final window, e.g. an env that dropped tokens on the left while the agent acted) is refused
     with an error (:meth:`check_windows`) rather than trained on wrong contexts.
 
-    GRPO's ``carry_over`` (:mod:`sb3_grpo.common.carry_over`) changes what an update gets through :meth:`carry`: sequences
+    ``carry_over`` (:mod:`sb3_grpo.common.carry_over`) changes what an update gets through :meth:`carry`: sequences
     held from earlier rollouts join the minibatches, and this rollout's segments held for later are left out.
 
     Minibatches are made of whole sequences in random order, about ``batch_size`` transitions each

@@ -26,8 +26,8 @@ import numpy as np
 import torch as th
 
 from sb3_grpo.common.buffers import SequenceRolloutBuffer
-from sb3_grpo.common.type_aliases import SequenceSamples
 from sb3_grpo.common.groups import EpisodeGroupTracker
+from sb3_grpo.common.type_aliases import SequenceSamples
 
 __all__ = ["CarryOver"]
 

@@ -30,6 +30,7 @@ def sample_actions(
     alpha: float,
     greedy_envs: np.ndarray | None,
     rng: np.random.Generator,
+    look_ahead: bool = True,
 ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
     """
     Actions, values, *behaviour* log-probs (``log mu(a|s)``, the mixture's where it explores) and the
@@ -54,17 +55,21 @@ def sample_actions(
     :param alpha: The mixture weight of this rollout.
     :param greedy_envs: Boolean mask of the envs that act greedily (self-critical baseline), or ``None``.
     :param rng: The exploration RNG (which envs explore, and the uniform draws).
+    :param look_ahead: ``False``: a policy with ``accepts_look_ahead`` (:class:`~sb3_grpo.policies.CausalLMPolicy`)
+        does not extend its rollout cache by the tokens drawn (the rollout's last step, when nothing reads the next
+        outputs).
     """
     previous = th.distributions.Distribution._validate_args
     th.distributions.Distribution.set_default_validate_args(False)
     try:
+        call = {} if look_ahead or not getattr(policy, "accepts_look_ahead", False) else {"look_ahead": False}
         if alpha <= 0 and greedy_envs is None:
-            actions, values, log_probs = policy(obs_tensor)
+            actions, values, log_probs = policy(obs_tensor, **call)
             return actions, values, log_probs, log_probs
         greedy = np.zeros(_rows(obs_tensor).shape[0], dtype=bool) if greedy_envs is None else greedy_envs
         squashed = bool(getattr(policy, "squash_output", False))
         if getattr(policy, "accepts_action_filter", False):
-            actions, values, log_probs = _filtered(policy, obs_tensor, action_space, alpha, greedy, rng, squashed)
+            actions, values, log_probs = _filtered(policy, obs_tensor, action_space, alpha, greedy, rng, squashed, call)
         else:
             actions, values, log_probs = _replaced(policy, obs_tensor, action_space, alpha, greedy, rng, squashed)
     finally:
@@ -91,9 +96,11 @@ def _filtered(
     greedy: np.ndarray,
     rng: np.random.Generator,
     squashed: bool,
+    call: dict[str, Any],
 ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-    """One policy call that draws, then replaces the greedy members' actions by the mode and the explored envs'
-    by uniform draws (the policy's ``action_filter``): actions, values and ``log pi`` of the actions taken."""
+    """One policy call (with the keyword arguments ``call``) that draws, then replaces the greedy members' actions by
+    the mode and the explored envs' by uniform draws (the policy's ``action_filter``): actions, values and ``log pi``
+    of the actions taken."""
 
     def choose(actions: th.Tensor, dist: Any) -> th.Tensor:
         if greedy.any():
@@ -102,7 +109,7 @@ def _filtered(
             actions, _ = _explore(actions, action_space, alpha, greedy, rng, squashed)
         return actions
 
-    return policy(obs_tensor, action_filter=choose)
+    return policy(obs_tensor, action_filter=choose, **call)
 
 
 def _replaced(

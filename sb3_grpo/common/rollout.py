@@ -1,9 +1,9 @@
-"""What GRPO adds to one rollout of SB3's ``collect_rollouts``: :class:`RolloutExtras`.
+"""What the package's algorithms add to one rollout of SB3's ``collect_rollouts``: :class:`RolloutExtras`.
 
-The exploration mixture's actions and the greedy members of self-critical groups (:mod:`.exploration`), the
+The draws with the greedy members of self-critical groups and the exploration mixture (:mod:`.draws`), the
 bookkeeping that replaces GAE advantages by group advantages (:mod:`.groups`), the handling of non-finite rewards
-(:mod:`.nonfinite`), the policy's own log-probs for the buffer, rewards scored in the background (:mod:`.deferred`),
-and the rollout's GRPO logs.
+(:mod:`.nonfinite`), the policy's own log-probs for the buffer, rewards scored in the background
+(:mod:`.deferred_rewards`), ``carry_over`` (:mod:`.carry_over`), and the rollout's logs.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ __all__ = ["RolloutExtras", "bootstrap_truncated", "env_actions"]
 
 
 class RolloutExtras:
-    """GRPO's state during one rollout.
+    """The state of one rollout beyond SB3's: draws, group advantages, non-finite rewards, deferred rewards, carry-over.
 
     :param action_space: The env's action space.
     :param alpha: The exploration mixture's weight for this rollout.
@@ -65,38 +65,54 @@ class RolloutExtras:
         # the critic's values matter only to GAE: group advantages replace GAE's and train no critic, so the
         # bootstrap values of truncated episodes and of the rollout's end are not computed then
         self.needs_values = tracker is None
-        # the policy's own log-probs beside the behaviour's, for the importance-weighted KL (GRPO's buffers)
+        # the policy's own log-probs beside the behaviour's, for the importance-weighted KL (the package's buffers)
         self.stores_policy_log_prob = isinstance(rollout_buffer, PolicyLogProbMixin)
         self.rng = rng
         self.completion_lengths: list[int] = []  # text envs: tokens of each completion that ended in this rollout
         self.deferred: DeferredRewards | None = None  # rewards scored in the background (text envs)
-        self.carry: CarryOver | None = None  # GRPO's carry_over: steps held until their group advantage is known
-        self.batched_bootstrap = False  # bootstrap_truncated's batched values (off where GRPO must equal PPO)
+        self.carry: CarryOver | None = None  # carry_over: steps held until their group advantage is known
+        self.batched_bootstrap = False  # bootstrap_truncated's batched values (off where the model must equal PPO)
         # on an accelerator the draws' log-probs are checked at the rollout's end (:meth:`sample`)
         self.defer_draw_checks = False
         self.unchecked_log_probs: list[tuple[int, int, th.Tensor]] = []  # (row, timestep, log-probs)
 
     @classmethod
-    def start(cls, model: Any, env: VecEnv, rollout_buffer: RolloutBuffer, n_rollout_steps: int) -> RolloutExtras:
-        """GRPO's state for the rollout of ``model`` (a :class:`~sb3_grpo.GRPO`) about to start; the mixture's weight
-        is fixed for the whole rollout (and kept as ``model._rollout_explore_alpha`` for the update's log)."""
-        model._rollout_explore_alpha = model.current_explore_alpha()
+    def start(
+        cls,
+        action_space: spaces.Space,
+        alpha: float,
+        tracker: EpisodeGroupTracker | None,
+        self_critical: bool,
+        nonfinite: str,
+        rollout_buffer: RolloutBuffer,
+        env: VecEnv,
+        n_rollout_steps: int,
+        rng: np.random.Generator,
+        *,
+        policy: BasePolicy | None = None,
+        carry: CarryOver | None = None,
+        on_accelerator: bool = False,
+        exact_ppo: bool = False,
+    ) -> RolloutExtras:
+        """The state of a rollout of ``env`` about to start (the first arguments are the constructor's, with the env
+        for its number of envs), with the env's background rewards turned on where it offers them.
+
+        :param policy: The acting policy, whose prompt prefills are warmed before the rollout (:func:`warm_prefills`).
+        :param carry: ``carry_over``'s store of held sequences (``None``: off).
+        :param on_accelerator: The policy is on an accelerator: the draws' log-probs are checked once, at the
+            rollout's end, instead of per step (one host sync instead of one per step).
+        :param exact_ppo: The model must compute what SB3's PPO computes bit for bit: no batched prefill of the
+            prompts and no batched bootstrap values, which round floats differently (``GRPO`` with every extra off,
+            :attr:`sb3_grpo.grpo.extras.GRPOExtras.computes_as_ppo`).
+        """
         extras = cls(
-            model.action_space,
-            model._rollout_explore_alpha,
-            model._rollout_group_tracker(env),
-            model.advantage == "self_critical",
-            model.nonfinite,
-            rollout_buffer,
-            env.num_envs,
-            n_rollout_steps,
-            model._explore_rng,
+            action_space, alpha, tracker, self_critical, nonfinite, rollout_buffer, env.num_envs, n_rollout_steps, rng
         )
         extras.deferred = DeferredRewards.start(env)
-        extras.carry = getattr(model, "_carry", None)
-        extras.defer_draw_checks = model.device.type != "cpu"
-        if not computes_as_ppo(model):  # a prefill of another batch rounds floats differently from PPO's
-            warm_prefills(model.policy, env)
+        extras.carry = carry
+        extras.defer_draw_checks = on_accelerator
+        if not exact_ppo and policy is not None:  # a prefill of another batch rounds floats differently from PPO's
+            warm_prefills(policy, env)
             extras.batched_bootstrap = True  # likewise, the truncated episodes' values in one batch
         return extras
 
@@ -108,20 +124,17 @@ class RolloutExtras:
         (:func:`~sb3_grpo.common.nonfinite.check_log_probs`; ``row``, ``timestep`` and ``n_updates`` name the step)."""
         # the rollout's last step needs no look-ahead when no bootstrap value reads it (the update changes the
         # parameters, so the cache is rebuilt anyway); a cache that survives extends by the token at the next call
-        last = not self.needs_values and row == self.n_rollout_steps - 1 and hasattr(policy, "look_ahead")
+        look_ahead = self.needs_values or row != self.n_rollout_steps - 1
         try:
-            if last:
-                policy.look_ahead = False
-            drawn = sample_actions(policy, obs_tensor, self.action_space, self.alpha, self.greedy_envs, self.rng)
+            drawn = sample_actions(
+                policy, obs_tensor, self.action_space, self.alpha, self.greedy_envs, self.rng, look_ahead=look_ahead
+            )
         except RuntimeError as err:  # e.g. torch.multinomial on NaN probabilities (torch's own checks are off)
             raise RuntimeError(
-                f"GRPO: the policy's draw failed at rollout step {row} (timestep {timestep}, update {n_updates}): "
+                f"the policy's draw failed at rollout step {row} (timestep {timestep}, update {n_updates}): "
                 f"{err}. NaN/inf distribution parameters (logits, or a Gaussian's mean / std) do this: check the "
                 "observations for NaN/inf and the loaded weights, or lower the learning rate."
             ) from err
-        finally:
-            if last:
-                policy.look_ahead = True
         if self.defer_draw_checks:  # checked at the rollout's end, in one host sync instead of one per step
             self.unchecked_log_probs.append((row, timestep, drawn[2]))
         else:
@@ -205,23 +218,12 @@ class RolloutExtras:
         check_advantages(rollout_buffer, timestep, n_updates, advantage)
 
 
-def computes_as_ppo(model: Any) -> bool:
-    """Whether every GRPO extra is off, so that GRPO must compute exactly what SB3's PPO computes (bit for bit)."""
-    return (
-        model.grad_var_coef == 0
-        and model.adaptive_clip is None
-        and model.explore_alpha == 0
-        and model.advantage == "gae"
-        and model.kl_coef == 0
-    )
-
-
 def warm_prefills(policy: BasePolicy, env: VecEnv, max_rows_per_env: int = 4) -> int:
     """Before a rollout: a policy with ``warm_prefills`` (:class:`~sb3_grpo.policies.CausalLMPolicy`) prefills the
     text env's prompts in one batched forward (when there are at most ``max_rows_per_env`` per env), so that the
     episodes that auto-reset during the rollout copy a prompt's keys/values instead of running a prefill each (one
     forward per step with a reset, otherwise). The outputs are the same up to float rounding (a batched forward of
-    other rows); GRPO skips it when every extra is off (:func:`computes_as_ppo`), where it must match PPO bit for bit.
+    other rows); skipped where the model must match PPO bit for bit (``exact_ppo`` of :meth:`RolloutExtras.start`).
 
     :return: How many prompts were prefilled.
     """

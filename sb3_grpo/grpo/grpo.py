@@ -2,61 +2,41 @@
 GRPO: PPO with a gradient-variance penalty, an adaptive asymmetric clip and uniform-mixture exploration,
 plus group-relative advantages (DeepSeekMath's GRPO, RLOO, self-critical) and KL to a frozen reference.
 
-This module is the PPO skeleton (sb3-contrib's layout): ``__init__``, ``_setup_model``, ``collect_rollouts``,
-``train``, ``learn``, ``load``. What is GRPO's own lives beside it: argument checks (:mod:`.validation`),
-exploration (:mod:`.exploration`), group advantages (:mod:`.groups`), the KL-to-reference term (:mod:`.kl`),
-non-finite handling (:mod:`.nonfinite`) and the update's statistics (:mod:`.stats`); the loss pieces are the pure
-functions of :mod:`sb3_grpo.objectives`; buffers, the two update paths and the data-parallel seam are in
-:mod:`sb3_grpo.common`.
+The PPO skeleton (rollout, epochs, optimizer step, save/load) is the package's
+:class:`~sb3_grpo.common.on_policy.GroupOnPolicyAlgorithm`; this module holds what is GRPO's own: its arguments
+(:class:`~sb3_grpo.grpo.extras.GRPOExtras`), and the loss of a minibatch written out in one method
+(:meth:`GRPO._minibatch_loss`, in the order of SB3's ``PPO.train``). The pieces it calls are the pure functions of
+:mod:`sb3_grpo.objectives`, the penalty's state (:mod:`.penalty`), the KL term (:mod:`.kl`) and the exploration
+schedule (:mod:`.exploration`).
 """
 
 from __future__ import annotations
 
-import math
-import os
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 
 import numpy as np
 import torch as th
-from gymnasium import spaces
-from stable_baselines3.common.base_class import maybe_make_env
 from stable_baselines3.common.buffers import RolloutBuffer
-from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
-from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
-from stable_baselines3.common.utils import FloatSchedule, obs_as_tensor
-from stable_baselines3.common.vec_env import VecEnv
+from stable_baselines3.common.type_aliases import GymEnv, Schedule
+from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from sb3_grpo import distributed
-from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_class_for
-from sb3_grpo.common.checkpoints import existing_checkpoint
-from sb3_grpo.common.data_parallel import make_data_parallel
-from sb3_grpo.common.host_memory import release_free_heap
-from sb3_grpo.common.carry_over import CarryOver
+from sb3_grpo.common.arguments import check_buffer_for_kl, check_grpo_args, warn_if_exploration_clips
+from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+from sb3_grpo.common.type_aliases import Minibatch
+from sb3_grpo.common.update_stats import LossTerms, TrainStats
 from sb3_grpo.grpo.exploration import explore_alpha_at
-from sb3_grpo.common.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
-from sb3_grpo.grpo.kl import adapt_kl_coef, frozen_copy
-from sb3_grpo.grpo.loss import LossTerms, minibatch_loss, stop_early
-from sb3_grpo.common.nonfinite import raise_non_finite
-from sb3_grpo.grpo.penalty import GradVarPenalty, select_parameters
-from sb3_grpo.grpo.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
-from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
-from sb3_grpo.grpo.stats import TrainStats, record_update
-from sb3_grpo.grpo.validation import (
-    check_buffer_for_kl,
-    check_carry_over,
-    check_grpo_args,
-    check_ppo_batching,
-    warn_if_exploration_clips,
-)
-from sb3_grpo.objectives import uniform_log_prob
-from sb3_grpo.policies.models import portable_policy_kwargs
+from sb3_grpo.grpo.extras import GRPOExtras
+from sb3_grpo.grpo.kl import adapt_kl_coef, frozen_copy, kl_to_reference
+from sb3_grpo.grpo.penalty import GradVarPenalty, select_parameters, slice_sizes
+from sb3_grpo.objectives import adaptive_clip_range, clip_fractions, clipped_surrogate, uniform_log_prob
 
-SelfGRPO = TypeVar("SelfGRPO", bound="GRPO")
+__all__ = ["GRPO"]
 
 
-class GRPO(OnPolicyAlgorithm):
+class GRPO(GroupOnPolicyAlgorithm):
     """
     GRPO: gradient-regularized PPO with adaptive clipping, mixed exploration and group advantages.
 
@@ -155,17 +135,11 @@ class GRPO(OnPolicyAlgorithm):
         losses and gradients (see above)
     :param carry_over: group forms on the text fast path: train the steps of an episode whose group has not finished
         when the rollout ends in the first update after it has, with the episode's advantage, instead of with
-        advantage 0 in their own rollout's update (:mod:`sb3_grpo.common.carry_over`). Off: GRPO's updates use only their own
-        rollout, as PPO's do.
+        advantage 0 in their own rollout's update (:mod:`sb3_grpo.common.carry_over`). Off: GRPO's updates use only
+        their own rollout, as PPO's do.
     """
 
-    policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
-        "MlpPolicy": MlpPolicy,
-        "CnnPolicy": CnnPolicy,
-        "MultiInputPolicy": MultiInputPolicy,
-    }
-
-    # Over 80 lines: PPO's signature and its super().__init__ call, kept in SB3's form so that the two read side by side
+    # Over 80 lines: PPO's signature plus GRPO's own arguments, kept in SB3's form so that the two read side by side
     def __init__(
         self,
         policy: str | type[ActorCriticPolicy],
@@ -211,22 +185,18 @@ class GRPO(OnPolicyAlgorithm):
     ):
         # every argument (PPO's and GRPO's: type, finiteness, range) is checked first, before any model is built
         adaptive_clip = check_grpo_args(locals())
-        # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed); outside
-        # torchrun this is the single-process seam and torch.distributed is never touched. GRPO.load builds with
-        # _init_setup_model=False and makes no collective call (rank 0 alone may load a model).
-        self._sync_ranks_at_setup = _init_setup_model
-        on_cpu = str(device) != "auto" and th.device(device).type == "cpu"
-        self._data_parallel = make_data_parallel(backend="gloo" if on_cpu else None)
-        device = self._data_parallel.device(device)
-        verbose = verbose if self._data_parallel.is_main else 0
-
         super().__init__(
             policy,
             env,
             learning_rate=learning_rate,
             n_steps=n_steps,
+            batch_size=batch_size,
+            n_epochs=n_epochs,
             gamma=gamma,
             gae_lambda=gae_lambda,
+            clip_range=clip_range,
+            clip_range_vf=clip_range_vf,
+            normalize_advantage=normalize_advantage,
             ent_coef=ent_coef,
             vf_coef=vf_coef,
             max_grad_norm=max_grad_norm,
@@ -234,32 +204,19 @@ class GRPO(OnPolicyAlgorithm):
             sde_sample_freq=sde_sample_freq,
             rollout_buffer_class=rollout_buffer_class,
             rollout_buffer_kwargs=rollout_buffer_kwargs,
+            target_kl=target_kl,
             stats_window_size=stats_window_size,
             tensorboard_log=tensorboard_log,
             policy_kwargs=policy_kwargs,
             verbose=verbose,
-            device=device,
             seed=seed,
-            _init_setup_model=False,
-            supported_action_spaces=(
-                spaces.Box,
-                spaces.Discrete,
-                spaces.MultiDiscrete,
-                spaces.MultiBinary,
-            ),
+            device=device,
+            _init_setup_model=_init_setup_model,
+            advantage=advantage,
+            grad_norm_warn=grad_norm_warn,
+            nonfinite=nonfinite,
+            carry_over=carry_over,
         )
-
-        # Same sanity checks as PPO
-        check_ppo_batching(
-            batch_size, self.n_steps, self.env.num_envs if self.env is not None else None, normalize_advantage
-        )
-        self.batch_size = batch_size
-        self.n_epochs = n_epochs
-        self.clip_range = clip_range
-        self.clip_range_vf = clip_range_vf
-        self.normalize_advantage = normalize_advantage
-        self.target_kl = target_kl
-
         self.grad_var_coef = float(grad_var_coef)
         self.grad_var_slices = int(grad_var_slices)
         self.grad_var_params = list(grad_var_params) if grad_var_params is not None else None
@@ -267,120 +224,44 @@ class GRPO(OnPolicyAlgorithm):
         self.adaptive_clip = adaptive_clip
         self.explore_alpha = float(explore_alpha)
         self.explore_fraction = float(explore_fraction)
-        self.advantage = advantage
         self.kl_coef = float(kl_coef)
         self.kl_target = kl_target
-        self.grad_norm_warn = grad_norm_warn
-        self.nonfinite = nonfinite
-        self.carry_over = carry_over
 
         if self.explore_alpha > 0 and getattr(self, "action_space", None) is not None:
             # raises a clear ValueError for unbounded Box or unsupported action spaces
             uniform_log_prob(self.action_space)
         warn_if_exploration_clips(self.explore_alpha, self.clip_range, self.adaptive_clip)
-        if self.advantage != "gae" and self.env is not None:
-            # warns when n_steps < the episodes' length (unless carry_over trains those steps later)
-            check_grouped_env(self.env, self.advantage, None if carry_over else self.n_steps)
 
         if _init_setup_model:
             self._setup_model()
 
+    @property
+    def extras(self) -> GRPOExtras:
+        """GRPO's mechanisms as they are set now (:class:`~sb3_grpo.grpo.extras.GRPOExtras`); with
+        :data:`~sb3_grpo.grpo.extras.EXTRAS_OFF`'s settings ``GRPO`` computes what SB3's ``PPO`` does."""
+        return GRPOExtras(**{name: getattr(self, name) for name in GRPOExtras.names()})
+
     # ------------------------------------------------------------------------------------------------------
     # Setup
     # ------------------------------------------------------------------------------------------------------
-    def _get_policy_from_name(self, policy_name: str) -> type[BasePolicy]:
-        if policy_name == "CausalLMPolicy":
-            # imported lazily: it pulls in transformers, and sb3_grpo.policies is optional for MLP users
-            try:
-                from sb3_grpo.policies import CausalLMPolicy
-            except ImportError as err:
-                raise ValueError(f"policy 'CausalLMPolicy' is not available: {err}") from err
-            return CausalLMPolicy
-        return super()._get_policy_from_name(policy_name)
+    def _check_buffer_class(self, buffer_class: type[RolloutBuffer]) -> None:
+        super()._check_buffer_class(buffer_class)
+        check_buffer_for_kl(buffer_class, self.kl_coef, self.explore_alpha)
+
+    def _kl_reference(self) -> tuple[BasePolicy | None, bool]:
+        """The KL reference: a frozen copy of the initial policy, unless the policy has its own (LoRA, adapters off)."""
+        own_reference = hasattr(self.policy, "reference_evaluate_actions")
+        return (frozen_copy(self.policy) if self.kl_coef > 0 and not own_reference else None), self.kl_coef > 0
 
     def _setup_model(self) -> None:
-        self.rollout_buffer_class = rollout_buffer_class_for(
-            self.rollout_buffer_class, self.policy_class, self.observation_space, self.action_space
-        )
-        check_buffer_for_kl(self.rollout_buffer_class, self.kl_coef, self.explore_alpha)
-        check_carry_over(self.rollout_buffer_class, getattr(self, "carry_over", False))
-        # GRPO.load() restores the saved exploration RNG before calling _setup_model: keep its state
-        loaded_explore_rng = self.__dict__.get("_explore_rng")
-        # torch.distributed: rank r seeds with seed + 1000 * r; rank 0's weights are broadcast below
-        data_parallel = self._data_parallel
-        self.seed = data_parallel.seed(self.seed)
         super()._setup_model()
-        # a model object in policy_kwargs is saved as its config (the weights are in the state dict), not pickled
-        self.policy_kwargs = portable_policy_kwargs(self.policy_kwargs, getattr(self.policy, "lm_spec", None))
-        if not data_parallel.is_main:
-            self.set_logger(distributed.null_logger())
-        if getattr(self, "_sync_ranks_at_setup", False):
-            data_parallel.start(self.policy, self.env.num_envs if self.env is not None else 0)
-
-        # Initialize schedules for policy/value clipping (as PPO)
-        self.clip_range = FloatSchedule(self.clip_range)
-        if self.clip_range_vf is not None:
-            if isinstance(self.clip_range_vf, (float, int)):
-                assert self.clip_range_vf > 0, "`clip_range_vf` must be positive, pass `None` to deactivate vf clipping"
-            self.clip_range_vf = FloatSchedule(self.clip_range_vf)
-
         if self.adaptive_clip is not None:  # saved as a JSON list
             self.adaptive_clip = (float(self.adaptive_clip[0]), float(self.adaptive_clip[1]))
-        # GRPO state; nothing here draws from a random generator, so PPO's RNG stream is untouched
         params = select_parameters(self.policy, self.grad_var_params) if self.grad_var_coef > 0 else []
         self._grad_var = GradVarPenalty(params, normalize=getattr(self, "grad_var_normalize", False))
-        # the KL reference: a frozen copy of the initial policy, unless the policy has its own (LoRA, adapters off)
-        own_reference = hasattr(self.policy, "reference_evaluate_actions")
-        self.ref_policy = frozen_copy(self.policy) if self.kl_coef > 0 and not own_reference else None
-        self.batch_source = make_batch_source(
-            self.rollout_buffer_class,
-            self.policy,
-            self.ref_policy,
-            discrete=isinstance(self.action_space, spaces.Discrete),
-            kl=self.kl_coef > 0,
-        )
-        if isinstance(loaded_explore_rng, np.random.Generator) and data_parallel.world_size == 1:
-            self._explore_rng = loaded_explore_rng
-        else:
-            self._explore_rng = np.random.default_rng(self.seed)
-        self._rollout_explore_alpha = 0.0
-        self._group_tracker: EpisodeGroupTracker | None = None
-        self._carry = CarryOver() if getattr(self, "carry_over", False) else None
-        self._grad_norm_warned = False
-        self._skipped_nonfinite = 0
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        """SB3's ``save``; under ``torch.distributed`` only rank 0 writes (the weights are the same everywhere)."""
-        if not self._data_parallel.is_main:
-            return
-        super().save(*args, **kwargs)
-
-    def set_random_seed(self, seed: int | None = None) -> None:
-        """SB3's ``set_random_seed`` (Python, NumPy, torch, action space, env), plus GRPO's exploration RNG.
-
-        :param seed: The seed (``None``: nothing is reseeded, as in SB3).
-        """
-        super().set_random_seed(seed)
-        if seed is not None:
-            self._explore_rng = np.random.default_rng(seed)
 
     def _excluded_save_params(self) -> list[str]:
-        own = [
-            "ref_policy",
-            "batch_source",
-            "_data_parallel",
-            "_group_tracker",
-            "_grad_var",
-            "_sync_ranks_at_setup",
-            "_carry",
-        ]
-        return [*super()._excluded_save_params(), *own]
-
-    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
-        state_dicts, tensors = super()._get_torch_save_params()
-        if getattr(self, "ref_policy", None) is not None:
-            state_dicts = [*state_dicts, "ref_policy"]
-        return state_dicts, tensors
+        return [*super()._excluded_save_params(), "_grad_var"]
 
     # ------------------------------------------------------------------------------------------------------
     # Rollout
@@ -389,229 +270,172 @@ class GRPO(OnPolicyAlgorithm):
         """The exploration mixture's weight now (:func:`~sb3_grpo.grpo.exploration.explore_alpha_at`)."""
         return explore_alpha_at(self.explore_alpha, self.explore_fraction, self._current_progress_remaining)
 
-    def _rollout_group_tracker(self, env: VecEnv) -> EpisodeGroupTracker | None:
-        """The group advantages' tracker for ``env`` (kept across rollouts), or ``None`` for GAE."""
-        if self.advantage == "gae":
-            return None
-        if self._group_tracker is None or self._group_tracker.n_envs != env.num_envs:
-            self._group_tracker = make_group_tracker(env, self.advantage)
-        return self._group_tracker
+    def _rollout_alpha(self) -> float:
+        return self.current_explore_alpha()
 
-    # Over 80 lines: SB3's OnPolicyAlgorithm.collect_rollouts step for step, kept in its shape so that the two read side
-    # by side (the PPO equivalence rests on it); GRPO's additions are one call each into RolloutExtras
-    def collect_rollouts(
-        self,
-        env: VecEnv,
-        callback: BaseCallback,
-        rollout_buffer: RolloutBuffer,
-        n_rollout_steps: int,
-    ) -> bool:
-        """
-        Collect experiences and fill a ``RolloutBuffer``: SB3's ``OnPolicyAlgorithm.collect_rollouts`` step for step
-        (same calls, same order), plus GRPO's extras (:class:`~sb3_grpo.common.rollout.RolloutExtras`).
-
-        :param env: The training environment
-        :param callback: Callback that will be called at each step (and at the beginning and end of the rollout)
-        :param rollout_buffer: Buffer to fill with rollouts
-        :param n_rollout_steps: Number of experiences to collect per environment
-        :return: True if function returned with at least `n_rollout_steps` collected, False if callback
-            terminated rollout prematurely.
-        """
-        assert self._last_obs is not None, "No previous observation was provided"
-        # Switch to eval mode (this affects batch norm / dropout)
-        self.policy.set_training_mode(False)
-
-        n_steps = 0
-        rollout_buffer.reset()
-        # Sample new weights for the state dependent exploration
-        if self.use_sde:
-            self.policy.reset_noise(env.num_envs)
-        extras = RolloutExtras.start(self, env, rollout_buffer, n_rollout_steps)
-
-        callback.on_rollout_start()
-
-        while n_steps < n_rollout_steps:
-            if self.use_sde and self.sde_sample_freq > 0 and n_steps % self.sde_sample_freq == 0:
-                # Sample a new noise matrix
-                self.policy.reset_noise(env.num_envs)
-
-            with th.no_grad():
-                # Convert to pytorch tensor or to TensorDict
-                obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
-                actions, values, log_probs, policy_log_probs = extras.sample(
-                    self.policy, obs_tensor, n_steps, self.num_timesteps, self._n_updates
-                )
-            actions = actions.cpu().numpy()
-
-            # Rescale and perform action
-            clipped_actions = env_actions(self.policy, self.action_space, actions)
-            new_obs, rewards, dones, infos = env.step(clipped_actions)
-            rewards = extras.check_rewards(rewards, dones, infos, n_steps, self.num_timesteps, self._n_updates)
-
-            self.num_timesteps += env.num_envs
-
-            # Give access to local variables
-            callback.update_locals(locals())
-            if not callback.on_step():
-                return extras.stop()  # False, as SB3 returns (and no reward is left being scored)
-
-            self._update_info_buffer(infos, dones)
-            extras.record_step(n_steps, rewards, dones, infos)
-            n_steps += 1
-
-            if isinstance(self.action_space, spaces.Discrete):
-                # Reshape in case of discrete action
-                actions = actions.reshape(-1, 1)
-
-            if extras.needs_values:  # GAE only: group advantages use the rewards as they are
-                bootstrap_truncated(self.policy, self.gamma, rewards, dones, infos, extras.batched_bootstrap)
-
-            rollout_buffer.add(
-                self._last_obs,  # type: ignore[arg-type]
-                actions,
-                rewards,
-                self._last_episode_starts,  # type: ignore[arg-type]
-                values,
-                log_probs,
-                **extras.buffer_extra(policy_log_probs),
-            )
-            self._last_obs = new_obs  # type: ignore[assignment]
-            self._last_episode_starts = dones
-
-        with th.no_grad():
-            # Compute value for the last timestep (GAE only: group advantages do not bootstrap)
-            if extras.needs_values:
-                values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
-            else:
-                values = th.zeros((env.num_envs, 1), device=self.device)
-
-        extras.land_rewards(rollout_buffer)  # rewards scored in the background, before returns and advantages
-        rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
-        extras.finish(rollout_buffer, self.logger, self.num_timesteps, self._n_updates, self.advantage)
-
-        callback.update_locals(locals())
-
-        callback.on_rollout_end()
-
-        return True
+    def _computes_as_ppo(self) -> bool:
+        return self.extras.computes_as_ppo
 
     # ------------------------------------------------------------------------------------------------------
     # Update
     # ------------------------------------------------------------------------------------------------------
-    def _optimizer_step(self, terms: LossTerms | None, epoch: int, stats: TrainStats) -> None:
-        """Backward, gradient average over the ranks, clipping and the optimizer step, unless the loss or the
-        gradient is non-finite (``nonfinite``: raise, or skip and count). ``terms=None``: an idle step."""
-        if terms is None or not math.isfinite(terms.value):
-            if terms is not None and self.nonfinite != "skip":
-                raise_non_finite("loss", self._n_updates, epoch, self.num_timesteps, terms.details)
-            if terms is not None:  # no step on this minibatch; counted in train/skipped_nonfinite
-                self._skipped_nonfinite += 1
-            self._data_parallel.idle_step(self.policy, self.max_grad_norm)  # join the other ranks' step
-            return
-        self.policy.optimizer.zero_grad()
-        terms.loss.backward()
-        if not self.policy.optimizer.state:  # the first step allocates the optimizer's state: the update's peak
-            release_free_heap()
-        self._data_parallel.average_gradients(self.policy.parameters())
-        # Clip grad norm (the returned norm is the one before clipping)
-        grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm).item()
-        if not math.isfinite(grad_norm):
-            if self.nonfinite != "skip":
-                details = {**terms.details, "grad_norm": grad_norm}
-                raise_non_finite("gradient", self._n_updates, epoch, self.num_timesteps, details)
-            self.policy.optimizer.zero_grad()  # drop the gradient: the weights and Adam's moments stay finite
-            self._skipped_nonfinite += 1
-            return
-        stats.grad_norms.append(grad_norm)
-        self.policy.optimizer.step()
+    def _minibatch_loss(
+        self,
+        minibatch: Minibatch,
+        clip_range: float,
+        clip_range_vf: float | None,
+        stats: TrainStats,
+        measure_kl: bool = True,
+    ) -> LossTerms:
+        """PPO's loss of one minibatch (SB3's ``PPO.train``, CleanRL's names) plus GRPO's terms: the adaptive clip,
+        ``grad_var_coef * Var`` and ``kl_coef * KL``; its statistics recorded in ``stats``.
 
-    def train(self) -> None:
+        :param minibatch: The minibatch.
+        :param clip_range: The update's ``eps``.
+        :param clip_range_vf: The update's value clip range (``None``: no value clipping).
+        :param stats: Where the per-minibatch figures go.
+        :param measure_kl: Compute ``approx_kl`` (PPO's early-stopping estimate). Without ``target_kl`` only the last
+            epoch's are logged, so the other epochs skip it (``LossTerms.approx_kl`` is then ``None``).
         """
-        Update policy using the currently gathered rollout buffer (PPO's loop, plus GRPO's terms).
-        """
-        # Switch to train mode (this affects batch norm / dropout)
-        self.policy.set_training_mode(True)
-        # Update optimizer learning rate
-        self._update_learning_rate(self.policy.optimizer)
-        # Compute current clip range
-        clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
-        # Optional: clip range for the value function
-        clip_range_vf = None
-        if self.clip_range_vf is not None:
-            clip_range_vf = self.clip_range_vf(self._current_progress_remaining)  # type: ignore[operator]
+        n_slices = min(self.grad_var_slices, len(minibatch.actions))
+        use_grad_var = self.grad_var_coef > 0 and n_slices >= 2
+        use_critic = self.advantage == "gae"
+        values, log_prob, entropy, slice_log_probs = evaluate_minibatch(
+            self.batch_source, minibatch, n_slices if use_grad_var else 0
+        )
+        # Normalize advantage (GAE only: group advantages are already normalized, and the steps
+        # that have no complete group must keep advantage 0)
+        advantages = minibatch.advantages
+        # Normalization does not make sense if mini batchsize == 1, see GH issue #325
+        if self.normalize_advantage and use_critic and len(advantages) > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
-        stats = TrainStats()
-        continue_training = True
-        # train for n_epochs epochs
-        for epoch in range(self.n_epochs):
-            stats.approx_kl_divs = []
-            # approx_kl: every epoch's for target_kl, else only the last epoch's (the only ones logged, as PPO logs)
-            measure_kl = self.target_kl is not None or epoch == self.n_epochs - 1
-            # Do a complete pass on the rollout buffer (None: a data-parallel rank's idle step)
-            for minibatch in self._data_parallel.epoch(
-                self.batch_source.minibatches(self.rollout_buffer, self.batch_size)
-            ):
-                terms = None
-                if minibatch is not None:
-                    terms = minibatch_loss(self, minibatch, clip_range, clip_range_vf, stats, measure_kl)
-                if stop_early(self, terms, epoch):
-                    continue_training = False
-                    break
-                self._optimizer_step(terms, epoch, stats)
+        # Per-sample clip range: eps (PPO) or eps * scale(sign A) (adaptive clip)
+        eps = (
+            clip_range
+            if self.adaptive_clip is None
+            else adaptive_clip_range(advantages, clip_range, self.adaptive_clip)
+        )
 
-            self._n_updates += 1
-            if not continue_training:
-                break
+        # ratio between old and new policy, should be one at the first iteration
+        # (not with mixed exploration: the old log-prob is the mixture's)
+        ratio = th.exp(log_prob - minibatch.old_log_prob)
+        # clipped surrogate loss
+        surrogate = clipped_surrogate(ratio, advantages, eps)
+        policy_loss = -surrogate.mean()
 
+        stats.pg_losses.append(policy_loss.item())
+        with th.no_grad():
+            fraction, fraction_pos, fraction_neg = clip_fractions(ratio, eps, advantages)
+        stats.clip_fractions.append(fraction)
+        stats.clip_fractions_pos.append(fraction_pos)
+        stats.clip_fractions_neg.append(fraction_neg)
+
+        # Entropy loss favor exploration (approximated when there is no analytical form)
+        entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
+        stats.entropy_losses.append(entropy_loss.item())
+        if use_critic:
+            if clip_range_vf is None:
+                values_pred = values  # No clipping
+            else:
+                # Clip the difference between old and new value; NOTE: this depends on the reward scaling
+                values_pred = minibatch.old_values + th.clamp(
+                    values - minibatch.old_values, -clip_range_vf, clip_range_vf
+                )
+            # Value loss using the TD(gae_lambda) target
+            value_loss = F.mse_loss(minibatch.returns, values_pred)
+            stats.value_losses.append(value_loss.item())
+            loss = policy_loss + self.ent_coef * entropy_loss + self.vf_coef * value_loss
+        else:
+            # group forms: no critic (DeepSeekMath GRPO), the value head is not trained
+            loss = policy_loss + self.ent_coef * entropy_loss
+        details = {"pg_loss": stats.pg_losses[-1]}
+
+        if use_grad_var:
+            # Var[grad L_CLIP] over K contiguous slices of the (randomly permuted) minibatch, each slice's objective
+            # from its own forward only (the same figures as slices of `surrogate`, but none of their graphs goes
+            # through the other slices); its gradient comes from double backprop when loss.backward() runs
+            objectives = slice_objectives(slice_log_probs, minibatch.old_log_prob, advantages, eps)
+            grad_var = self._grad_var(objectives, separate_graphs=self.batch_source.separate_slices)
+            stats.grad_vars.append(grad_var.item())
+            details["grad_var"] = stats.grad_vars[-1]
+            loss = loss + self.grad_var_coef * grad_var
+        if self.kl_coef > 0:
+            # (1/N) sum w * k3 with w = pi_old / mu: the KL of the policy's own samples, from the
+            # mixture's (exactly the plain k3 mean when alpha = 0); the log and the controller use it too
+            buffer_name = type(self.rollout_buffer).__name__
+            kl_ref = kl_to_reference(self.batch_source, minibatch, log_prob, self._rollout_explore_alpha, buffer_name)
+            stats.kl_refs.append(kl_ref.item())
+            details["kl_ref"] = stats.kl_refs[-1]
+            loss = loss + self.kl_coef * kl_ref
+
+        # Calculate approximate form of reverse KL Divergence for early stopping
+        # see issue #417: https://github.com/DLR-RM/stable-baselines3/issues/417
+        # and discussion in PR #419: https://github.com/DLR-RM/stable-baselines3/pull/419
+        # and Schulman blog: http://joschu.net/blog/kl-approx.html
+        approx_kl_div = None
+        if measure_kl:
+            with th.no_grad():
+                log_ratio = log_prob - minibatch.old_log_prob
+                approx_kl_div = th.mean((th.exp(log_ratio) - 1) - log_ratio).cpu().numpy()
+                stats.approx_kl_divs.append(approx_kl_div)
+        stats.last_loss = loss.item()
+        return LossTerms(loss, approx_kl_div, details, stats.last_loss)
+
+    def _after_update(self, stats: TrainStats) -> None:
         if self.kl_coef > 0 and self.kl_target is not None:
             # Adaptive KL controller (Ziegler et al. 2019, arXiv 1909.08593, section 2.2), the same on every rank
             kl_mean = self._data_parallel.mean(float(np.sum(stats.kl_refs)), len(stats.kl_refs))
             self.kl_coef = adapt_kl_coef(self.kl_coef, kl_mean, self.kl_target)
-        record_update(self, stats, clip_range, clip_range_vf)
 
-    @classmethod
-    def load(  # noqa: PYI019 (SB3's convention)
-        cls: type[SelfGRPO],
-        path: Any,
-        env: GymEnv | None = None,
-        device: th.device | str = "auto",
-        custom_objects: dict[str, Any] | None = None,
-        print_system_info: bool = False,
-        force_reset: bool = True,
-        **kwargs: Any,
-    ) -> SelfGRPO:
-        """
-        SB3's ``load``, with clear errors for a path that does not exist or a file that is not a complete saved
-        model (a torn write); see :func:`sb3_grpo.callbacks.latest_checkpoint` to find the newest complete one.
-        """
-        if isinstance(path, (str, os.PathLike)):
-            path = existing_checkpoint(path)
-        if isinstance(env, str):  # an env id, as the constructor takes it (SB3's load wants an env object)
-            env = maybe_make_env(env, 0)
-        return super().load(
-            path,
-            env=env,
-            device=device,
-            custom_objects=custom_objects,
-            print_system_info=print_system_info,
-            force_reset=force_reset,
-            **kwargs,
-        )
+    def _record_own(self, logger: Logger, clip_range: float) -> None:
+        scale_pos, scale_neg = self.adaptive_clip if self.adaptive_clip is not None else (1.0, 1.0)
+        logger.record("train/clip_range_pos", clip_range * scale_pos)
+        logger.record("train/clip_range_neg", clip_range * scale_neg)
+        logger.record("train/explore_alpha", self._rollout_explore_alpha)
+        if self.kl_coef > 0:
+            logger.record("train/kl_coef", self.kl_coef)
 
-    def learn(  # noqa: PYI019 (SB3's convention; typing.Self needs Python 3.11)
-        self: SelfGRPO,
-        total_timesteps: int,
-        callback: MaybeCallback = None,
-        log_interval: int = 1,
-        tb_log_name: str = "GRPO",
-        reset_num_timesteps: bool = True,
-        progress_bar: bool = False,
-    ) -> SelfGRPO:
-        return super().learn(
-            total_timesteps=total_timesteps,
-            callback=callback,
-            log_interval=log_interval,
-            tb_log_name=tb_log_name,
-            reset_num_timesteps=reset_num_timesteps,
-            progress_bar=progress_bar,
-        )
+
+def evaluate_minibatch(
+    batch_source: Any, minibatch: Minibatch, n_slices: int
+) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, list[th.Tensor]]:
+    """The policy's ``(values, log_prob, entropy)`` on the minibatch, in one forward, or (``n_slices >= 2``: the
+    gradient-variance penalty) one forward per slice, with the slices' log-probs (else ``[]``).
+
+    :param batch_source: The update path (:mod:`sb3_grpo.common.batch_sources`) that evaluates the minibatch.
+    :param minibatch: The minibatch.
+    :param n_slices: The penalty's slices (below 2: one forward, no slices).
+    """
+    if n_slices >= 2:
+        # each slice in its own forward (large policies), so that each slice gradient walks its own graph; the
+        # fused attention kernels (flash / memory-efficient) have no double backward: record attention with the
+        # math kernel so that Var can be differentiated (no-op for MLPs)
+        sizes = slice_sizes(len(minibatch.actions), n_slices)
+        with sdpa_kernel(SDPBackend.MATH):
+            parts = batch_source.evaluate_slices(minibatch, sizes)
+        values, log_prob = th.cat([p[0] for p in parts]), th.cat([p[1] for p in parts])
+        entropy = None if any(p[2] is None for p in parts) else th.cat([p[2] for p in parts])
+        return values, log_prob, entropy, [p[1] for p in parts]
+    values, log_prob, entropy = batch_source.evaluate(minibatch)
+    return values, log_prob, entropy, []
+
+
+def slice_objectives(
+    log_probs: list[th.Tensor], old_log_prob: th.Tensor, advantages: th.Tensor, eps: float | th.Tensor
+) -> list[th.Tensor]:
+    """``L_k = -mean(clipped surrogate)`` of each slice, from that slice's log-probs only.
+
+    :param log_probs: The slices' ``log pi(a|s)`` (with gradient), consecutive.
+    :param old_log_prob: The whole minibatch's old log-probs.
+    :param advantages: The whole minibatch's (normalized) advantages.
+    :param eps: The clip range, a float or per sample.
+    """
+    objectives, lo = [], 0
+    for part in log_probs:
+        hi = lo + len(part)
+        part_eps = eps[lo:hi] if isinstance(eps, th.Tensor) else eps
+        ratio = th.exp(part - old_log_prob[lo:hi])
+        objectives.append(-clipped_surrogate(ratio, advantages[lo:hi], part_eps).mean())
+        lo = hi
+    return objectives

@@ -207,9 +207,6 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         self.top_p = top_p
         self.separate_critic = separate_critic
         self.use_cache = use_cache
-        #: :meth:`forward` extends the rollout cache by the tokens it chose (the look-ahead); GRPO turns it off for a
-        #: rollout's last step when nothing reads the next outputs (group advantages need no bootstrap value).
-        self.look_ahead = True
         self.pack_sequences = bool(pack_sequences)
         self._packing_verified = False
         self.share_prefixes = bool(share_prefixes)
@@ -507,12 +504,16 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
 
     #: :meth:`forward` takes an ``action_filter`` (GRPO's exploration draws its actions through it, in one call).
     accepts_action_filter = True
+    #: :meth:`forward` takes ``look_ahead`` (the rollout turns it off for its last step when nothing reads the next
+    #: outputs: group advantages need no bootstrap value).
+    accepts_look_ahead = True
 
     def forward(
         self,
         obs: PyTorchObs,
         deterministic: bool = False,
         action_filter: Callable[[th.Tensor, CategoricalDistribution], th.Tensor] | None = None,
+        look_ahead: bool = True,
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """Sample (or pick the mode of) the next token; uses the rollout cache under ``no_grad``.
 
@@ -521,6 +522,8 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         :param action_filter: ``f(actions, dist) -> actions``, applied to the drawn actions before their log-probs
             and the look-ahead (GRPO's mixed exploration and greedy group members: one call instead of a second
             forward for the replaced actions, and a look-ahead that already has the actions taken).
+        :param look_ahead: extend the rollout cache by the tokens chosen, so that the next step's call costs one
+            token's forward (``False``: a rollout's last step, when nothing reads the next outputs).
         :return: actions ``[B]``, values ``[B, 1]``, log-probs ``[B]`` of the processed distribution.
         """
         ids, mask = self._parse_obs(obs)
@@ -530,7 +533,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         if action_filter is not None:
             actions = action_filter(actions, dist)
         log_prob = dist.log_prob(actions)
-        if self.look_ahead and self._caching():
+        if look_ahead and self._caching():
             self._look_ahead(ids, mask, actions)
         return actions, values.unsqueeze(-1), log_prob
 

@@ -1,19 +1,25 @@
-"""What one GRPO update measures, minibatch by minibatch, and how it is logged (PPO's keys first, then GRPO's)."""
+"""What one update measures, minibatch by minibatch (:class:`TrainStats`, logged with PPO's keys first), and what one
+minibatch's loss hands the optimizer step (:class:`LossTerms`)."""
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch as th
 from stable_baselines3.common.logger import Logger
-from stable_baselines3.common.utils import explained_variance
 
-from sb3_grpo.objectives import pearson_corr
+__all__ = ["LossTerms", "TrainStats", "nanmean"]
 
-__all__ = ["TrainStats", "nanmean", "record_update"]
+
+class LossTerms(NamedTuple):
+    """One minibatch's loss and what the step after it needs (the KL estimate for early stopping, the log)."""
+
+    loss: th.Tensor
+    approx_kl: np.ndarray | None  # None: not measured (the loss's measure_kl)
+    details: dict[str, float]
+    value: float  # loss.item(), fetched once
 
 
 def _mean(values: list[Any]) -> float:
@@ -67,45 +73,3 @@ class TrainStats:
         if self.grad_norms:
             logger.record("train/grad_norm", np.mean(self.grad_norms))
             logger.record("train/grad_norm_max", max(self.grad_norms))
-
-
-def record_update(model: Any, stats: TrainStats, clip_range: float, clip_range_vf: float | None) -> None:
-    """Log one update of ``model`` (a :class:`~sb3_grpo.GRPO`): PPO's keys (same names), then GRPO's own, and warn
-    (once per model) when the gradient norm before clipping passed ``grad_norm_warn``.
-
-    :param model: The algorithm.
-    :param stats: The update's per-minibatch figures.
-    :param clip_range: The update's ``eps``.
-    :param clip_range_vf: The update's value clip range (``None``: no value clipping).
-    """
-    logger, buffer = model.logger, model.rollout_buffer
-    explained_var = explained_variance(buffer.values.flatten(), buffer.returns.flatten())
-    stats.record(logger, kl=model.kl_coef > 0)
-    if model.nonfinite == "skip":
-        logger.record("train/skipped_nonfinite", model._skipped_nonfinite)
-        model._skipped_nonfinite = 0
-    logger.record("train/explained_variance", explained_var)
-    if hasattr(model.policy, "log_std"):
-        logger.record("train/std", th.exp(model.policy.log_std).mean().item())
-    logger.record("train/n_updates", model._n_updates, exclude="tensorboard")
-    model._data_parallel.record(logger, model.num_timesteps)
-    logger.record("train/clip_range", clip_range)
-    if clip_range_vf is not None:
-        logger.record("train/clip_range_vf", clip_range_vf)
-    scale_pos, scale_neg = model.adaptive_clip if model.adaptive_clip is not None else (1.0, 1.0)
-    logger.record("train/clip_range_pos", clip_range * scale_pos)
-    logger.record("train/clip_range_neg", clip_range * scale_neg)
-    logger.record("train/explore_alpha", model._rollout_explore_alpha)
-    if model.kl_coef > 0:
-        logger.record("train/kl_coef", model.kl_coef)
-    if stats.grad_norms and model.grad_norm_warn is not None:
-        biggest = max(stats.grad_norms)
-        if biggest > model.grad_norm_warn and not model._grad_norm_warned:
-            model._grad_norm_warned = True  # once per model: the logs carry train/grad_norm(_max) every update
-            warnings.warn(
-                f"GRPO: gradient norm {biggest:.3g} (before clipping to {model.max_grad_norm}) exceeds "
-                f"grad_norm_warn={model.grad_norm_warn} at update {model._n_updates}; consider a lower "
-                "learning rate or reward scaling",
-                stacklevel=3,
-            )
-    logger.record("train/value_return_corr", pearson_corr(buffer.values, buffer.returns))

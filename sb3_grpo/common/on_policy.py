@@ -1,0 +1,593 @@
+"""
+The on-policy skeleton that every algorithm of the package shares: SB3's PPO loop, with the package's machinery.
+
+:class:`GroupOnPolicyAlgorithm` is SB3's :class:`~stable_baselines3.common.on_policy_algorithm.OnPolicyAlgorithm`
+with PPO's arguments and ``collect_rollouts`` step for step, plus what any algorithm here reuses:
+
+- group advantages (``advantage="group" | "group_mean" | "rloo" | "self_critical"``, :mod:`sb3_grpo.common.groups`),
+  ``carry_over`` (:mod:`sb3_grpo.common.carry_over`) and rewards scored in the background
+  (:mod:`sb3_grpo.common.deferred_rewards`), all through the rollout's state (:mod:`sb3_grpo.common.rollout`);
+- the two update paths (:mod:`sb3_grpo.common.batch_sources`), whose minibatches know their sequences;
+- non-finite handling (``nonfinite``, :mod:`sb3_grpo.common.nonfinite`) and the gradient-norm log and warning;
+- the data-parallel seam (:mod:`sb3_grpo.common.data_parallel`): rank 0 logs and saves.
+
+A subclass (sb3-contrib's pattern) calls ``super().__init__(..., _init_setup_model=_init_setup_model)``, sets its own
+arguments, and calls ``self._setup_model()`` when ``_init_setup_model``; it writes its loss in
+:meth:`~GroupOnPolicyAlgorithm._minibatch_loss` and may add terms to the update's log in
+:meth:`~GroupOnPolicyAlgorithm._record_own`. :class:`~sb3_grpo.GRPO` and :class:`~sb3_grpo.dr_grpo.DrGRPO` are the
+two in the package.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.base_class import maybe_make_env
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.policies import (
+    ActorCriticCnnPolicy,
+    ActorCriticPolicy,
+    BasePolicy,
+    MultiInputActorCriticPolicy,
+)
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
+from stable_baselines3.common.utils import FloatSchedule, explained_variance, obs_as_tensor
+from stable_baselines3.common.vec_env import VecEnv
+
+from sb3_grpo import distributed
+from sb3_grpo.common.arguments import check_carry_over, check_ppo_batching
+from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_class_for
+from sb3_grpo.common.carry_over import CarryOver
+from sb3_grpo.common.checkpoints import existing_checkpoint
+from sb3_grpo.common.data_parallel import make_data_parallel
+from sb3_grpo.common.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
+from sb3_grpo.common.host_memory import release_free_heap
+from sb3_grpo.common.nonfinite import raise_non_finite
+from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
+from sb3_grpo.common.type_aliases import Minibatch
+from sb3_grpo.common.update_stats import LossTerms, TrainStats
+from sb3_grpo.objectives import pearson_corr
+from sb3_grpo.policies.models import portable_policy_kwargs
+
+__all__ = ["GroupOnPolicyAlgorithm"]
+
+SelfGroupOnPolicy = TypeVar("SelfGroupOnPolicy", bound="GroupOnPolicyAlgorithm")
+
+
+class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
+    """
+    SB3's on-policy skeleton with PPO's arguments, group advantages, carry-over, deferred rewards, non-finite
+    handling and the data-parallel seam; a subclass defines the loss of a minibatch (:meth:`_minibatch_loss`).
+
+    PPO's arguments mean what they mean for SB3's ``PPO``; the shared ones beyond them:
+
+    :param advantage: ``"gae"`` (PPO's), or a group form: ``"group"`` (DeepSeekMath), ``"group_mean"`` (the group
+        mean as baseline, no std division: Dr.GRPO), ``"rloo"`` or ``"self_critical"`` (:mod:`sb3_grpo.common.groups`)
+    :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
+    :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
+    :param carry_over: group forms on the text fast path: train the steps of an episode whose group has not finished
+        when the rollout ends in the first update after it has (:mod:`sb3_grpo.common.carry_over`)
+    """
+
+    policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
+        "MlpPolicy": ActorCriticPolicy,
+        "CnnPolicy": ActorCriticCnnPolicy,
+        "MultiInputPolicy": MultiInputActorCriticPolicy,
+    }
+
+    # Over 80 lines: PPO's signature and its super().__init__ call, kept in SB3's form so that the two read side by side
+    def __init__(
+        self,
+        policy: str | type[ActorCriticPolicy],
+        env: GymEnv | str,
+        learning_rate: float | Schedule = 3e-4,
+        n_steps: int = 2048,
+        batch_size: int = 64,
+        n_epochs: int = 10,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        clip_range: float | Schedule = 0.2,
+        clip_range_vf: float | Schedule | None = None,
+        normalize_advantage: bool = True,
+        ent_coef: float = 0.0,
+        vf_coef: float = 0.5,
+        max_grad_norm: float = 0.5,
+        use_sde: bool = False,
+        sde_sample_freq: int = -1,
+        rollout_buffer_class: type[RolloutBuffer] | None = None,
+        rollout_buffer_kwargs: dict[str, Any] | None = None,
+        target_kl: float | None = None,
+        stats_window_size: int = 100,
+        tensorboard_log: str | None = None,
+        policy_kwargs: dict[str, Any] | None = None,
+        verbose: int = 0,
+        seed: int | None = None,
+        device: th.device | str = "auto",
+        _init_setup_model: bool = True,
+        *,
+        advantage: str = "gae",
+        grad_norm_warn: float | None = 1000.0,
+        nonfinite: str = "raise",
+        carry_over: bool = False,
+    ):
+        # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed); outside
+        # torchrun this is the single-process seam and torch.distributed is never touched. load() builds with
+        # _init_setup_model=False and makes no collective call (rank 0 alone may load a model).
+        self._sync_ranks_at_setup = _init_setup_model
+        on_cpu = str(device) != "auto" and th.device(device).type == "cpu"
+        self._data_parallel = make_data_parallel(backend="gloo" if on_cpu else None)
+        device = self._data_parallel.device(device)
+        verbose = verbose if self._data_parallel.is_main else 0
+
+        super().__init__(
+            policy,
+            env,
+            learning_rate=learning_rate,
+            n_steps=n_steps,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            ent_coef=ent_coef,
+            vf_coef=vf_coef,
+            max_grad_norm=max_grad_norm,
+            use_sde=use_sde,
+            sde_sample_freq=sde_sample_freq,
+            rollout_buffer_class=rollout_buffer_class,
+            rollout_buffer_kwargs=rollout_buffer_kwargs,
+            stats_window_size=stats_window_size,
+            tensorboard_log=tensorboard_log,
+            policy_kwargs=policy_kwargs,
+            verbose=verbose,
+            device=device,
+            seed=seed,
+            _init_setup_model=False,
+            supported_action_spaces=(
+                spaces.Box,
+                spaces.Discrete,
+                spaces.MultiDiscrete,
+                spaces.MultiBinary,
+            ),
+        )
+
+        # Same sanity checks as PPO
+        check_ppo_batching(
+            batch_size, self.n_steps, self.env.num_envs if self.env is not None else None, normalize_advantage
+        )
+        self.batch_size = batch_size
+        self.n_epochs = n_epochs
+        self.clip_range = clip_range
+        self.clip_range_vf = clip_range_vf
+        self.normalize_advantage = normalize_advantage
+        self.target_kl = target_kl
+
+        self.advantage = advantage
+        self.grad_norm_warn = grad_norm_warn
+        self.nonfinite = nonfinite
+        self.carry_over = carry_over
+        if self.advantage != "gae" and self.env is not None:
+            # warns when n_steps < the episodes' length (unless carry_over trains those steps later)
+            check_grouped_env(self.env, self.advantage, None if carry_over else self.n_steps)
+
+    # ------------------------------------------------------------------------------------------------------
+    # What a subclass defines
+    # ------------------------------------------------------------------------------------------------------
+    def _minibatch_loss(
+        self,
+        minibatch: Minibatch,
+        clip_range: float,
+        clip_range_vf: float | None,
+        stats: TrainStats,
+        measure_kl: bool,
+    ) -> LossTerms:
+        """The loss of one minibatch, with its statistics recorded in ``stats``.
+
+        :param minibatch: The minibatch (per transition, with its sequences: ``Minibatch.sequence_ids``).
+        :param clip_range: The update's ``eps``.
+        :param clip_range_vf: The update's value clip range (``None``: no value clipping).
+        :param stats: Where the per-minibatch figures go.
+        :param measure_kl: Compute ``approx_kl`` (PPO's early-stopping estimate); else ``LossTerms.approx_kl`` is
+            ``None``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must define _minibatch_loss")
+
+    def _rollout_alpha(self) -> float:
+        """The weight of the uniform mixture the rollout acts with (0: the policy's own draws)."""
+        return 0.0
+
+    def _kl_reference(self) -> tuple[BasePolicy | None, bool]:
+        """``(frozen reference policy or None, whether the update has a KL term)``; none here."""
+        return None, False
+
+    def _check_buffer_class(self, buffer_class: type[RolloutBuffer]) -> None:
+        """Refuse a rollout buffer class the model's settings cannot use, before anything is built."""
+        check_carry_over(buffer_class, getattr(self, "carry_over", False))
+
+    def _record_own(self, logger: Logger, clip_range: float) -> None:
+        """Log the subclass's own figures of an update, after PPO's keys (nothing here)."""
+
+    # ------------------------------------------------------------------------------------------------------
+    # Setup
+    # ------------------------------------------------------------------------------------------------------
+    def _get_policy_from_name(self, policy_name: str) -> type[BasePolicy]:
+        if policy_name == "CausalLMPolicy":
+            # imported lazily: it pulls in transformers, and sb3_grpo.policies is optional for MLP users
+            try:
+                from sb3_grpo.policies import CausalLMPolicy
+            except ImportError as err:
+                raise ValueError(f"policy 'CausalLMPolicy' is not available: {err}") from err
+            return CausalLMPolicy
+        return super()._get_policy_from_name(policy_name)
+
+    def _setup_model(self) -> None:
+        self.rollout_buffer_class = rollout_buffer_class_for(
+            self.rollout_buffer_class, self.policy_class, self.observation_space, self.action_space
+        )
+        self._check_buffer_class(self.rollout_buffer_class)
+        # load() restores the saved exploration RNG before calling _setup_model: keep its state
+        loaded_explore_rng = self.__dict__.get("_explore_rng")
+        # torch.distributed: rank r seeds with seed + 1000 * r; rank 0's weights are broadcast below
+        data_parallel = self._data_parallel
+        self.seed = data_parallel.seed(self.seed)
+        super()._setup_model()
+        # a model object in policy_kwargs is saved as its config (the weights are in the state dict), not pickled
+        self.policy_kwargs = portable_policy_kwargs(self.policy_kwargs, getattr(self.policy, "lm_spec", None))
+        if not data_parallel.is_main:
+            self.set_logger(distributed.null_logger())
+        if getattr(self, "_sync_ranks_at_setup", False):
+            data_parallel.start(self.policy, self.env.num_envs if self.env is not None else 0)
+
+        # Initialize schedules for policy/value clipping (as PPO)
+        self.clip_range = FloatSchedule(self.clip_range)
+        if self.clip_range_vf is not None:
+            if isinstance(self.clip_range_vf, (float, int)):
+                assert self.clip_range_vf > 0, "`clip_range_vf` must be positive, pass `None` to deactivate vf clipping"
+            self.clip_range_vf = FloatSchedule(self.clip_range_vf)
+
+        # nothing here draws from a random generator, so PPO's RNG stream is untouched
+        self.ref_policy, kl = self._kl_reference()
+        self.batch_source = make_batch_source(
+            self.rollout_buffer_class,
+            self.policy,
+            self.ref_policy,
+            discrete=isinstance(self.action_space, spaces.Discrete),
+            kl=kl,
+        )
+        if isinstance(loaded_explore_rng, np.random.Generator) and data_parallel.world_size == 1:
+            self._explore_rng = loaded_explore_rng
+        else:
+            self._explore_rng = np.random.default_rng(self.seed)
+        self._rollout_explore_alpha = 0.0
+        self._group_tracker: EpisodeGroupTracker | None = None
+        self._carry = CarryOver() if getattr(self, "carry_over", False) else None
+        self._grad_norm_warned = False
+        self._skipped_nonfinite = 0
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """SB3's ``save``; under ``torch.distributed`` only rank 0 writes (the weights are the same everywhere)."""
+        if not self._data_parallel.is_main:
+            return
+        super().save(*args, **kwargs)
+
+    def set_random_seed(self, seed: int | None = None) -> None:
+        """SB3's ``set_random_seed`` (Python, NumPy, torch, action space, env), plus the exploration RNG.
+
+        :param seed: The seed (``None``: nothing is reseeded, as in SB3).
+        """
+        super().set_random_seed(seed)
+        if seed is not None:
+            self._explore_rng = np.random.default_rng(seed)
+
+    def _excluded_save_params(self) -> list[str]:
+        own = ["ref_policy", "batch_source", "_data_parallel", "_group_tracker", "_sync_ranks_at_setup", "_carry"]
+        return [*super()._excluded_save_params(), *own]
+
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        state_dicts, tensors = super()._get_torch_save_params()
+        if getattr(self, "ref_policy", None) is not None:
+            state_dicts = [*state_dicts, "ref_policy"]
+        return state_dicts, tensors
+
+    # ------------------------------------------------------------------------------------------------------
+    # Rollout
+    # ------------------------------------------------------------------------------------------------------
+    def _rollout_group_tracker(self, env: VecEnv) -> EpisodeGroupTracker | None:
+        """The group advantages' tracker for ``env`` (kept across rollouts), or ``None`` for GAE."""
+        if self.advantage == "gae":
+            return None
+        if self._group_tracker is None or self._group_tracker.n_envs != env.num_envs:
+            self._group_tracker = make_group_tracker(env, self.advantage)
+        return self._group_tracker
+
+    def _computes_as_ppo(self) -> bool:
+        """Whether this model must compute exactly what SB3's PPO computes, bit for bit (no shortcut that rounds
+        floats differently may run then). Here: never; :class:`~sb3_grpo.GRPO` with every extra off does."""
+        return False
+
+    # Over 80 lines: SB3's OnPolicyAlgorithm.collect_rollouts step for step, kept in its shape so that the two read side
+    # by side (the PPO equivalence rests on it); the additions are one call each into RolloutExtras
+    def collect_rollouts(
+        self,
+        env: VecEnv,
+        callback: BaseCallback,
+        rollout_buffer: RolloutBuffer,
+        n_rollout_steps: int,
+    ) -> bool:
+        """
+        Collect experiences and fill a ``RolloutBuffer``: SB3's ``OnPolicyAlgorithm.collect_rollouts`` step for step
+        (same calls, same order), plus the rollout's extras (:class:`~sb3_grpo.common.rollout.RolloutExtras`).
+
+        :param env: The training environment
+        :param callback: Callback that will be called at each step (and at the beginning and end of the rollout)
+        :param rollout_buffer: Buffer to fill with rollouts
+        :param n_rollout_steps: Number of experiences to collect per environment
+        :return: True if function returned with at least `n_rollout_steps` collected, False if callback
+            terminated rollout prematurely.
+        """
+        assert self._last_obs is not None, "No previous observation was provided"
+        # Switch to eval mode (this affects batch norm / dropout)
+        self.policy.set_training_mode(False)
+
+        n_steps = 0
+        rollout_buffer.reset()
+        # Sample new weights for the state dependent exploration
+        if self.use_sde:
+            self.policy.reset_noise(env.num_envs)
+        # the mixture's weight is fixed for the whole rollout (and kept for the update's log)
+        self._rollout_explore_alpha = self._rollout_alpha()
+        extras = RolloutExtras.start(
+            self.action_space,
+            self._rollout_explore_alpha,
+            self._rollout_group_tracker(env),
+            self.advantage == "self_critical",
+            self.nonfinite,
+            rollout_buffer,
+            env,
+            n_rollout_steps,
+            self._explore_rng,
+            policy=self.policy,
+            carry=self._carry,
+            on_accelerator=self.device.type != "cpu",
+            exact_ppo=self._computes_as_ppo(),
+        )
+
+        callback.on_rollout_start()
+
+        while n_steps < n_rollout_steps:
+            if self.use_sde and self.sde_sample_freq > 0 and n_steps % self.sde_sample_freq == 0:
+                # Sample a new noise matrix
+                self.policy.reset_noise(env.num_envs)
+
+            with th.no_grad():
+                # Convert to pytorch tensor or to TensorDict
+                obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
+                actions, values, log_probs, policy_log_probs = extras.sample(
+                    self.policy, obs_tensor, n_steps, self.num_timesteps, self._n_updates
+                )
+            actions = actions.cpu().numpy()
+
+            # Rescale and perform action
+            clipped_actions = env_actions(self.policy, self.action_space, actions)
+            new_obs, rewards, dones, infos = env.step(clipped_actions)
+            rewards = extras.check_rewards(rewards, dones, infos, n_steps, self.num_timesteps, self._n_updates)
+
+            self.num_timesteps += env.num_envs
+
+            # Give access to local variables
+            callback.update_locals(locals())
+            if not callback.on_step():
+                return extras.stop()  # False, as SB3 returns (and no reward is left being scored)
+
+            self._update_info_buffer(infos, dones)
+            extras.record_step(n_steps, rewards, dones, infos)
+            n_steps += 1
+
+            if isinstance(self.action_space, spaces.Discrete):
+                # Reshape in case of discrete action
+                actions = actions.reshape(-1, 1)
+
+            if extras.needs_values:  # GAE only: group advantages use the rewards as they are
+                bootstrap_truncated(self.policy, self.gamma, rewards, dones, infos, extras.batched_bootstrap)
+
+            rollout_buffer.add(
+                self._last_obs,  # type: ignore[arg-type]
+                actions,
+                rewards,
+                self._last_episode_starts,  # type: ignore[arg-type]
+                values,
+                log_probs,
+                **extras.buffer_extra(policy_log_probs),
+            )
+            self._last_obs = new_obs  # type: ignore[assignment]
+            self._last_episode_starts = dones
+
+        with th.no_grad():
+            # Compute value for the last timestep (GAE only: group advantages do not bootstrap)
+            if extras.needs_values:
+                values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
+            else:
+                values = th.zeros((env.num_envs, 1), device=self.device)
+
+        extras.land_rewards(rollout_buffer)  # rewards scored in the background, before returns and advantages
+        rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
+        extras.finish(rollout_buffer, self.logger, self.num_timesteps, self._n_updates, self.advantage)
+
+        callback.update_locals(locals())
+
+        callback.on_rollout_end()
+
+        return True
+
+    # ------------------------------------------------------------------------------------------------------
+    # Update
+    # ------------------------------------------------------------------------------------------------------
+    def _optimizer_step(self, terms: LossTerms | None, epoch: int, stats: TrainStats) -> None:
+        """Backward, gradient average over the ranks, clipping and the optimizer step, unless the loss or the
+        gradient is non-finite (``nonfinite``: raise, or skip and count). ``terms=None``: an idle step."""
+        if terms is None or not math.isfinite(terms.value):
+            if terms is not None and self.nonfinite != "skip":
+                raise_non_finite("loss", self._n_updates, epoch, self.num_timesteps, terms.details)
+            if terms is not None:  # no step on this minibatch; counted in train/skipped_nonfinite
+                self._skipped_nonfinite += 1
+            self._data_parallel.idle_step(self.policy, self.max_grad_norm)  # join the other ranks' step
+            return
+        self.policy.optimizer.zero_grad()
+        terms.loss.backward()
+        if not self.policy.optimizer.state:  # the first step allocates the optimizer's state: the update's peak
+            release_free_heap()
+        self._data_parallel.average_gradients(self.policy.parameters())
+        # Clip grad norm (the returned norm is the one before clipping)
+        grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm).item()
+        if not math.isfinite(grad_norm):
+            if self.nonfinite != "skip":
+                details = {**terms.details, "grad_norm": grad_norm}
+                raise_non_finite("gradient", self._n_updates, epoch, self.num_timesteps, details)
+            self.policy.optimizer.zero_grad()  # drop the gradient: the weights and Adam's moments stay finite
+            self._skipped_nonfinite += 1
+            return
+        stats.grad_norms.append(grad_norm)
+        self.policy.optimizer.step()
+
+    def _stop_early(self, terms: LossTerms | None, epoch: int) -> bool:
+        """PPO's ``target_kl``: stop the epochs when ``approx_kl > 1.5 * target_kl``; under ``torch.distributed`` the
+        mean over the ranks, so all stop together (an idle step, ``terms=None``, adds nothing to the mean)."""
+        if self.target_kl is None:
+            return False
+        if terms is None:
+            approx_kl_div = self._data_parallel.mean(0.0, 0.0)
+        else:
+            approx_kl_div = self._data_parallel.mean(terms.approx_kl)
+        if approx_kl_div > 1.5 * self.target_kl:
+            if self.verbose >= 1 and terms is not None:
+                print(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl_div:.2f}")
+            return True
+        return False
+
+    def _after_update(self, stats: TrainStats) -> None:
+        """Called once per update, after its epochs and before its log (nothing here)."""
+
+    def train(self) -> None:
+        """
+        Update policy using the currently gathered rollout buffer (PPO's loop; the loss is :meth:`_minibatch_loss`).
+        """
+        # Switch to train mode (this affects batch norm / dropout)
+        self.policy.set_training_mode(True)
+        # Update optimizer learning rate
+        self._update_learning_rate(self.policy.optimizer)
+        # Compute current clip range
+        clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
+        # Optional: clip range for the value function
+        clip_range_vf = None
+        if self.clip_range_vf is not None:
+            clip_range_vf = self.clip_range_vf(self._current_progress_remaining)  # type: ignore[operator]
+
+        stats = TrainStats()
+        continue_training = True
+        # train for n_epochs epochs
+        for epoch in range(self.n_epochs):
+            stats.approx_kl_divs = []
+            # approx_kl: every epoch's for target_kl, else only the last epoch's (the only ones logged, as PPO logs)
+            measure_kl = self.target_kl is not None or epoch == self.n_epochs - 1
+            # Do a complete pass on the rollout buffer (None: a data-parallel rank's idle step)
+            for minibatch in self._data_parallel.epoch(
+                self.batch_source.minibatches(self.rollout_buffer, self.batch_size)
+            ):
+                terms = None
+                if minibatch is not None:
+                    terms = self._minibatch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
+                if self._stop_early(terms, epoch):
+                    continue_training = False
+                    break
+                self._optimizer_step(terms, epoch, stats)
+
+            self._n_updates += 1
+            if not continue_training:
+                break
+
+        self._after_update(stats)
+        self._record_update(stats, clip_range, clip_range_vf)
+
+    def _record_update(self, stats: TrainStats, clip_range: float, clip_range_vf: float | None) -> None:
+        """Log one update: PPO's keys (same names), the subclass's own (:meth:`_record_own`), and warn (once per
+        model) when the gradient norm before clipping passed ``grad_norm_warn``."""
+        logger, buffer = self.logger, self.rollout_buffer
+        explained_var = explained_variance(buffer.values.flatten(), buffer.returns.flatten())
+        stats.record(logger, kl=self.batch_source.reference is not None)
+        if self.nonfinite == "skip":
+            logger.record("train/skipped_nonfinite", self._skipped_nonfinite)
+            self._skipped_nonfinite = 0
+        logger.record("train/explained_variance", explained_var)
+        if hasattr(self.policy, "log_std"):
+            logger.record("train/std", th.exp(self.policy.log_std).mean().item())
+        logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self._data_parallel.record(logger, self.num_timesteps)
+        logger.record("train/clip_range", clip_range)
+        if clip_range_vf is not None:
+            logger.record("train/clip_range_vf", clip_range_vf)
+        self._record_own(logger, clip_range)
+        if stats.grad_norms and self.grad_norm_warn is not None:
+            biggest = max(stats.grad_norms)
+            if biggest > self.grad_norm_warn and not self._grad_norm_warned:
+                self._grad_norm_warned = True  # once per model: the logs carry train/grad_norm(_max) every update
+                warnings.warn(
+                    f"{type(self).__name__}: gradient norm {biggest:.3g} (before clipping to {self.max_grad_norm}) "
+                    f"exceeds grad_norm_warn={self.grad_norm_warn} at update {self._n_updates}; consider a lower "
+                    "learning rate or reward scaling",
+                    stacklevel=3,
+                )
+        logger.record("train/value_return_corr", pearson_corr(buffer.values, buffer.returns))
+
+    @classmethod
+    def load(  # noqa: PYI019 (SB3's convention)
+        cls: type[SelfGroupOnPolicy],
+        path: Any,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ) -> SelfGroupOnPolicy:
+        """
+        SB3's ``load``, with clear errors for a path that does not exist or a file that is not a complete saved
+        model (a torn write); see :func:`sb3_grpo.callbacks.latest_checkpoint` to find the newest complete one.
+        """
+        if isinstance(path, (str, os.PathLike)):
+            path = existing_checkpoint(path)
+        if isinstance(env, str):  # an env id, as the constructor takes it (SB3's load wants an env object)
+            env = maybe_make_env(env, 0)
+        return super().load(
+            path,
+            env=env,
+            device=device,
+            custom_objects=custom_objects,
+            print_system_info=print_system_info,
+            force_reset=force_reset,
+            **kwargs,
+        )
+
+    def learn(  # noqa: PYI019 (SB3's convention; typing.Self needs Python 3.11)
+        self: SelfGroupOnPolicy,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str | None = None,
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> SelfGroupOnPolicy:
+        """SB3's ``learn``; ``tb_log_name`` defaults to the class's name (``"GRPO"``, ``"DrGRPO"``)."""
+        return super().learn(
+            total_timesteps=total_timesteps,
+            callback=callback,
+            log_interval=log_interval,
+            tb_log_name=type(self).__name__ if tb_log_name is None else tb_log_name,
+            reset_num_timesteps=reset_num_timesteps,
+            progress_bar=progress_bar,
+        )
