@@ -1,8 +1,8 @@
 """
-sb3_grpo: GRPO for stable-baselines3, and a policy that wraps Hugging Face causal LMs.
+sb3_grpo: GRPO (and Dr. GRPO) for stable-baselines3, and a policy that wraps Hugging Face causal LMs.
 
 ``import sb3_grpo`` is light: ``GRPO`` (torch + SB3) and ``CausalLMPolicy`` (transformers) are imported on
-first access, e.g. ``from sb3_grpo import GRPO, CausalLMPolicy``.
+first access, e.g. ``from sb3_grpo import GRPO, DrGRPO, CausalLMPolicy``.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sb3_grpo.dr_grpo import DrGRPO
     from sb3_grpo.grpo import GRPO
     from sb3_grpo.policies import CausalLMPolicy
 
-__all__ = ["GRPO", "CausalLMPolicy"]
+__all__ = ["GRPO", "CausalLMPolicy", "DrGRPO"]
 
-_LAZY = {"GRPO": "sb3_grpo.grpo", "CausalLMPolicy": "sb3_grpo.policies"}
+_LAZY = {"GRPO": "sb3_grpo.grpo", "CausalLMPolicy": "sb3_grpo.policies", "DrGRPO": "sb3_grpo.dr_grpo"}
 
 
 def __getattr__(name: str) -> Any:

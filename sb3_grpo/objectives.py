@@ -420,6 +420,42 @@ def group_advantages(returns: th.Tensor, group_ids: th.Tensor, eps: float = 1e-8
     return th.where(valid, adv, th.zeros_like(adv)).float(), valid
 
 
+def group_mean_advantages(returns: th.Tensor, group_ids: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    """
+    Group-mean advantage of Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv 2503.20783,
+    section 3.1): GRPO's advantage without the division by the group's standard deviation,
+
+    ``A_i = r_i - mean_{j in g(i)} r_j``
+
+    The division biases the update toward groups whose rewards barely differ (too easy or too hard prompts weigh
+    more); the paper drops it. Groups with fewer than 2 members: ``A = 0``, not valid.
+
+    :param returns: one return per episode, shape ``(E,)``
+    :param group_ids: the group of each episode, shape ``(E,)``
+    :return: ``(advantages, valid)``, both of shape ``(E,)``
+    """
+    returns = returns.double()
+    index, counts, n_groups = _group_index(group_ids)
+    sums = th.zeros(n_groups, dtype=returns.dtype).index_add_(0, index, returns)
+    valid = counts[index] >= 2
+    adv = returns - (sums / counts)[index]
+    return th.where(valid, adv, th.zeros_like(adv)).float(), valid
+
+
+def constant_normalized_sum(values: th.Tensor, n_sequences: int, max_tokens: int) -> th.Tensor:
+    """
+    Dr. GRPO's token aggregation (Liu et al. 2025, arXiv 2503.20783, section 3.1): the sum over every token of the
+    minibatch divided by a constant, ``sum_t x_t / (S * L)``, with ``S`` the minibatch's sequences and ``L`` the
+    completion budget, instead of GRPO's per-sequence mean ``(1/S) sum_i (1/|o_i|) sum_t x_{i,t}``, whose
+    ``1/|o_i|`` gives a long wrong answer a smaller penalty per token than a short one.
+
+    :param values: one value per token (e.g. the clipped surrogate), any shape
+    :param n_sequences: ``S``, the sequences the tokens belong to
+    :param max_tokens: ``L``, the constant length normaliser
+    """
+    return values.sum() / (n_sequences * max_tokens)
+
+
 def rloo_advantages(returns: th.Tensor, group_ids: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
     """
     REINFORCE leave-one-out advantage (Kool et al. 2019; Ahmadian et al. 2024, arXiv 2402.14740, eq. 6):

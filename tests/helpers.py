@@ -4,6 +4,8 @@ import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
 
+from sb3_grpo.common.buffers import GRPODictRolloutBuffer
+
 
 def quiet(model):
     """``model`` with a logger that writes nowhere (and keeps ``name_to_value`` readable)."""
@@ -130,3 +132,17 @@ def assert_refused(workdir, capsys, case, action, error, match) -> str:
     if (workdir / GIVEN).exists():
         assert not [p for p in _listing(workdir / GIVEN) if p.endswith(".tmp")]
     return message
+
+
+def per_transition_copy(model, buf):
+    """A per-transition buffer (SB3's DictRolloutBuffer plus the policy's log-probs) holding exactly the data of a
+    SequenceRolloutBuffer."""
+    copy = GRPODictRolloutBuffer(
+        buf.buffer_size, model.observation_space, model.action_space, "cpu", buf.gae_lambda, buf.gamma, buf.n_envs
+    )
+    copy.observations = {"input_ids": buf.token_ids.numpy().copy(), "attention_mask": buf.token_mask.numpy().copy()}
+    for name in ("actions", "rewards", "returns", "episode_starts", "values", "log_probs", "advantages"):
+        setattr(copy, name, getattr(buf, name).copy())
+    copy.policy_log_probs = buf.policy_log_probs.copy()
+    copy.full, copy.pos = True, buf.pos
+    return copy

@@ -363,7 +363,10 @@ def test_group_advantage_learns_toy_task():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"advantage": "grpo"}, r"advantage must be one of \('gae', 'group', 'rloo', 'self_critical'\), got 'grpo'"),
+        (
+            {"advantage": "grpo"},
+            r"advantage must be one of \('gae', 'group', 'group_mean', 'rloo', 'self_critical'\), got 'grpo'",
+        ),
         ({"grad_var_coef": -0.1}, "grad_var_coef must be a finite number >= 0"),
         ({"kl_coef": -1.0}, "kl_coef must be a finite number >= 0"),
         ({"explore_alpha": -0.1}, r"explore_alpha must be a finite number in \[0, 1\]"),

@@ -8,7 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 import torch as th
-from helpers import params, quiet
+from helpers import params, per_transition_copy, quiet
 from stable_baselines3 import PPO
 from stable_baselines3.common.buffers import DictRolloutBuffer
 
@@ -108,20 +108,6 @@ def test_sequence_outputs_equal_per_transition_outputs_on_the_same_rollout():
     th.testing.assert_close(log_prob, batch.old_log_prob, atol=1e-5, rtol=1e-5)
 
 
-def _per_transition_copy(model, buf):
-    """A per-transition buffer (SB3's DictRolloutBuffer plus the policy's log-probs) holding exactly the data of a
-    SequenceRolloutBuffer."""
-    copy = GRPODictRolloutBuffer(
-        buf.buffer_size, model.observation_space, model.action_space, "cpu", buf.gae_lambda, buf.gamma, buf.n_envs
-    )
-    copy.observations = {"input_ids": buf.token_ids.numpy().copy(), "attention_mask": buf.token_mask.numpy().copy()}
-    for name in ("actions", "rewards", "returns", "episode_starts", "values", "log_probs", "advantages"):
-        setattr(copy, name, getattr(buf, name).copy())
-    copy.policy_log_probs = buf.policy_log_probs.copy()
-    copy.full, copy.pos = True, buf.pos
-    return copy
-
-
 @pytest.mark.parametrize(
     "extras",
     [
@@ -143,7 +129,7 @@ def test_one_update_from_the_same_rollout_is_the_same_on_both_paths(extras):
     if fast.ref_policy is not None:
         slow.ref_policy.load_state_dict(fast.ref_policy.state_dict())
     buf = _collect(fast)
-    slow.rollout_buffer = _per_transition_copy(slow, buf)
+    slow.rollout_buffer = per_transition_copy(slow, buf)
     if extras["explore_alpha"] > 0:  # the weights pi_old / mu differ from 1: the test sees whether they are used
         assert fast._rollout_explore_alpha == pytest.approx(0.3)
         assert not np.array_equal(buf.policy_log_probs, buf.log_probs)

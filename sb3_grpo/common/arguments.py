@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 #: The advantage forms (``advantage=``).
-ADVANTAGES = ("gae", "group", "rloo", "self_critical")
+ADVANTAGES = ("gae", "group", "group_mean", "rloo", "self_critical")
 #: What GRPO does with NaN/inf rewards, advantages, losses or gradients (``nonfinite=``).
 NONFINITE = ("raise", "skip")
 

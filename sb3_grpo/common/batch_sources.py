@@ -88,6 +88,7 @@ class TransitionBatches:
                 returns=samples.returns,
                 inputs=samples.observations,
                 old_policy_log_prob=getattr(samples, "old_policy_log_prob", None),
+                sequence_ids=getattr(samples, "segment_id", None),
             )
 
     def evaluate(self, minibatch: Minibatch) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
@@ -148,6 +149,7 @@ class SequenceBatches:
         """
         for seq in buffer.get_sequences(batch_size):
             m = seq.action_mask
+            rows = th.arange(m.shape[0], device=m.device)[:, None].expand_as(m)
             yield Minibatch(
                 actions=seq.input_ids[m],
                 old_values=seq.old_values[m],
@@ -156,6 +158,7 @@ class SequenceBatches:
                 returns=seq.returns[m],
                 inputs=seq,
                 old_policy_log_prob=seq.old_policy_log_prob[m],
+                sequence_ids=rows[m],  # a minibatch holds whole sequences: its rows
             )
 
     def evaluate(self, minibatch: Minibatch) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:

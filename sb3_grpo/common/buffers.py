@@ -38,6 +38,7 @@ __all__ = [
     "episode_segments",
     "is_text_space",
     "pack_segments",
+    "segment_ids",
 ]
 
 
@@ -76,15 +77,17 @@ class PolicyLogProbMixin:
         super().add(*args, **kwargs)  # type: ignore[misc]
 
     def get(self, batch_size: int | None = None) -> Generator[GRPORolloutBufferSamples, None, None]:
-        """SB3's ``get`` (same random minibatches), with ``old_policy_log_prob`` in every sample."""
+        """SB3's ``get`` (same random minibatches), with ``old_policy_log_prob`` and ``segment_id`` in every sample."""
         if not self.generator_ready:  # type: ignore[attr-defined]  # SB3 flattens its own fields in get()
             self.policy_log_probs = self.swap_and_flatten(self.policy_log_probs)  # type: ignore[attr-defined]
+            self.segment_ids = self.swap_and_flatten(segment_ids(self.episode_starts))  # type: ignore[attr-defined]
         yield from super().get(batch_size)  # type: ignore[misc]
 
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> GRPORolloutBufferSamples:
         samples = super()._get_samples(batch_inds, env)  # type: ignore[misc]
         policy_log_prob = self.to_torch(self.policy_log_probs[batch_inds].flatten())  # type: ignore[attr-defined]
-        return GRPORolloutBufferSamples(*samples, old_policy_log_prob=policy_log_prob)
+        segment_id = th.as_tensor(self.segment_ids[batch_inds].flatten(), device=self.device)  # type: ignore[attr-defined]
+        return GRPORolloutBufferSamples(*samples, old_policy_log_prob=policy_log_prob, segment_id=segment_id)
 
 
 class GRPORolloutBuffer(PolicyLogProbMixin, RolloutBuffer):
@@ -128,6 +131,21 @@ def episode_segments(episode_starts: np.ndarray) -> np.ndarray:
         cuts = [0, *(np.flatnonzero(episode_starts[1:, env] > 0.5) + 1).tolist(), n_steps]
         rows.extend((env, t0, t1) for t0, t1 in zip(cuts[:-1], cuts[1:]))
     return np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+
+
+def segment_ids(episode_starts: np.ndarray) -> np.ndarray:
+    """The id of each step's sequence: the run of one episode's steps of one env in the rollout
+    (:func:`episode_segments`' rows), numbered env by env, unique in the rollout.
+
+    :param episode_starts: ``[n_steps, n_envs]``, 1 where the observation starts a new episode
+    :return: ``int64`` array ``[n_steps, n_envs]``
+    """
+    n_steps, n_envs = episode_starts.shape
+    starts = episode_starts > 0.5
+    starts[0] = True  # every env's first step of the rollout opens a sequence
+    per_env = np.cumsum(starts, axis=0) - 1  # 0, 1, ... within each env
+    offsets = np.concatenate([[0], np.cumsum(per_env[-1] + 1)[:-1]]) if n_steps else np.zeros(n_envs, np.int64)
+    return (per_env + offsets[None, :]).astype(np.int64)
 
 
 def pack_segments(lengths: np.ndarray, tokens_per_batch: int, order: np.ndarray) -> list[np.ndarray]:

@@ -19,7 +19,7 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_grpo.objectives import group_advantages, rloo_advantages, self_critical_advantages
+from sb3_grpo.objectives import group_advantages, group_mean_advantages, rloo_advantages, self_critical_advantages
 
 __all__ = ["GROUPED_ENV_HINT", "EpisodeGroupTracker", "check_grouped_env", "env_group_size", "make_group_tracker"]
 
@@ -259,7 +259,7 @@ def check_grouped_env(env: VecEnv, advantage: str, n_steps: int | None = None) -
     """The env's ``group_size``, after checking that it suits the group advantage form ``advantage``.
 
     :param env: The VecEnv.
-    :param advantage: ``"group"``, ``"rloo"`` or ``"self_critical"``.
+    :param advantage: ``"group"``, ``"group_mean"``, ``"rloo"`` or ``"self_critical"``.
     :param n_steps: Steps per env per rollout; warns when shorter than the env's episodes
         (:func:`warn_if_episodes_straddle`). ``None``: no such check.
     :return: ``group_size`` (> 1).
@@ -284,16 +284,19 @@ def check_grouped_env(env: VecEnv, advantage: str, n_steps: int | None = None) -
 def make_group_tracker(env: VecEnv, advantage: str) -> EpisodeGroupTracker:
     """The :class:`EpisodeGroupTracker` of advantage form ``advantage`` for ``env``.
 
-    ``"group"``: DeepSeekMath's ``(r - mean_g) / (std_g + eps)``; ``"rloo"``: the leave-one-out baseline;
+    ``"group"``: DeepSeekMath's ``(r - mean_g) / (std_g + eps)``; ``"group_mean"``: Dr. GRPO's ``r - mean_g``;
+    ``"rloo"``: the leave-one-out baseline;
     ``"self_critical"``: env ``i`` with ``i % group_size == 0`` acts greedily and its reward is its group's baseline.
 
     :param env: The grouped VecEnv.
-    :param advantage: ``"group"``, ``"rloo"`` or ``"self_critical"``.
+    :param advantage: ``"group"``, ``"group_mean"``, ``"rloo"`` or ``"self_critical"``.
     """
     group_size = check_grouped_env(env, advantage)
     greedy = None
     if advantage == "group":
         advantage_fn = _ignore_greedy(group_advantages)
+    elif advantage == "group_mean":
+        advantage_fn = _ignore_greedy(group_mean_advantages)
     elif advantage == "rloo":
         advantage_fn = _ignore_greedy(rloo_advantages)
     else:

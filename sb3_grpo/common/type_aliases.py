@@ -6,13 +6,14 @@ from typing import Any, NamedTuple
 
 import torch as th
 
-__all__ = ["GRPORolloutBufferSamples", "Minibatch", "SequenceSamples"]
+__all__ = ["GRPORolloutBufferSamples", "Minibatch", "SequenceSamples", "sequence_index"]
 
 
 class GRPORolloutBufferSamples(NamedTuple):
     """SB3's ``RolloutBufferSamples`` / ``DictRolloutBufferSamples`` fields, same order, plus
     ``old_policy_log_prob``: the acting policy's ``log pi_old(a|s)`` (``old_log_prob`` is the behaviour
-    distribution's, the exploration mixture's while ``explore_alpha > 0``)."""
+    distribution's, the exploration mixture's while ``explore_alpha > 0``), and ``segment_id``: the id of the
+    transition's sequence (the run of one episode's steps in the rollout, unique in the rollout)."""
 
     observations: Any
     actions: th.Tensor
@@ -21,6 +22,7 @@ class GRPORolloutBufferSamples(NamedTuple):
     advantages: th.Tensor
     returns: th.Tensor
     old_policy_log_prob: th.Tensor
+    segment_id: th.Tensor | None = None
 
 
 class SequenceSamples(NamedTuple):
@@ -56,6 +58,11 @@ class Minibatch(NamedTuple):
     ``old_policy_log_prob`` the acting policy's own (``None`` from a buffer that does not store it, e.g. a stock
     SB3 one put in by hand). ``inputs`` is what the batch source needs to evaluate the minibatch: the
     observations (per-transition path) or the :class:`SequenceSamples` (the text fast path).
+
+    ``sequence_ids`` says which sequence each transition belongs to (one episode's steps in the rollout; ``None``
+    from a buffer that does not say): equal ids, same sequence. Both paths give it, so a per-sequence or
+    length-normalised loss reads the same on each (:func:`sequence_index`). On the text fast path a minibatch holds
+    whole sequences; on the per-transition path it holds the sequences' sampled steps.
     """
 
     actions: th.Tensor
@@ -65,3 +72,13 @@ class Minibatch(NamedTuple):
     returns: th.Tensor
     inputs: Any
     old_policy_log_prob: th.Tensor | None = None
+    sequence_ids: th.Tensor | None = None
+
+
+def sequence_index(sequence_ids: th.Tensor) -> tuple[th.Tensor, int]:
+    """Each transition's sequence as a row ``0 .. S - 1`` of the minibatch's ``S`` sequences (ordered by id), and ``S``.
+
+    :param sequence_ids: ``Minibatch.sequence_ids``.
+    """
+    unique, index = th.unique(sequence_ids, return_inverse=True)
+    return index, int(unique.numel())

@@ -126,7 +126,8 @@ class GRPO(GroupOnPolicyAlgorithm):
     :param adaptive_clip: ``(scale for A > 0, scale for A <= 0)``, both positive; ``None`` turns it off
     :param explore_alpha: initial uniform-mixture weight in ``[0, 1]`` (0 turns it off)
     :param explore_fraction: fraction of ``total_timesteps`` over which ``alpha`` decays to 0, in ``(0, 1]``
-    :param advantage: ``"gae"``, ``"group"``, ``"rloo"`` or ``"self_critical"``
+    :param advantage: ``"gae"``, ``"group"``, ``"group_mean"`` (Dr. GRPO's: no std division), ``"rloo"`` or
+        ``"self_critical"``
     :param kl_coef: weight of the k3 KL to the frozen reference policy (0 turns it off)
     :param kl_target: target KL for the adaptive controller of ``kl_coef`` (None: fixed ``kl_coef``)
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this
