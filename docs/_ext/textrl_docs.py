@@ -348,7 +348,9 @@ def _on_builder_inited(app):
 def setup(app):
     app.connect("builder-inited", _on_builder_inited)
     app.connect("autodoc-process-docstring", sections_as_rubrics)
-    app.connect("missing-reference", resolve_by_import)
+    # after Sphinx's own resolver of builtins and typing names (priority 900), whose answer wins: ``float`` in a
+    # signature is the builtin, never a method of the class the signature belongs to
+    app.connect("missing-reference", resolve_by_import, priority=950)
     app.add_directive("textrl-env-table", EnvTable)
     app.add_directive("textrl-pages-toctree", PagesToctree)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
