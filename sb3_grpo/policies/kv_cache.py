@@ -187,7 +187,7 @@ class RolloutCache:
     changed (a version counter over the parameters' in-place update counters). Each row of a call is classified
     against the cached window (:meth:`_classify`) and brought up to date by :meth:`_advance`; a new batch size
     whose rows all match cached rows is served from those (:meth:`_serve_from_other_batches`). Models whose cache
-    layers are not plain ``DynamicLayer`` (sliding windows, linear attention) set :attr:`supported` to False.
+    layers are not plain ``DynamicLayer`` (sliding windows, linear attention) set ``supported`` to False.
 
     :param trunk: ``trunk(ids, mask, position_ids, cache=None) -> [B, L, d]``: the LM body's final hidden states,
         filling ``cache`` (a ``DynamicCache``) when given.
@@ -230,7 +230,7 @@ class RolloutCache:
         """Logits ``[B, V]`` and values ``[B]`` for whole windows, from the cache (call under ``no_grad``).
 
         :return: ``None`` when the model's cache layers cannot be spliced / cropped per row; the cache is then
-            dropped and :attr:`supported` is False, so the caller recomputes in full from now on.
+            dropped and ``supported`` is False, so the caller recomputes in full from now on.
         """
         try:
             return self._cached_outputs(ids, mask)
