@@ -146,3 +146,14 @@ def per_transition_copy(model, buf):
     copy.policy_log_probs = buf.policy_log_probs.copy()
     copy.full, copy.pos = True, buf.pos
     return copy
+
+
+def collect_rollout(model, n_steps):
+    """One rollout of ``n_steps`` steps per env into the model's buffer (no update); returns the buffer."""
+    from stable_baselines3.common.callbacks import CallbackList
+
+    model._setup_learn(n_steps * model.env.num_envs, None)
+    callback = CallbackList([])
+    callback.init_callback(model)
+    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, n_steps)
+    return model.rollout_buffer

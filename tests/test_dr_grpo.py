@@ -7,8 +7,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 import torch as th
-from helpers import params, per_transition_copy, quiet
-from stable_baselines3.common.callbacks import CallbackList
+from helpers import collect_rollout, params, per_transition_copy, quiet
 
 from sb3_grpo import DrGRPO
 from sb3_grpo.common.buffers import GRPODictRolloutBuffer, SequenceRolloutBuffer, segment_ids
@@ -22,14 +21,6 @@ HP = {"n_steps": N_STEPS, "n_epochs": 1, "learning_rate": 1e-3, "seed": 5, "devi
 
 def _env():
     return make_vec_env("TextGen-v0", n_envs=N_ENVS, group_size=GROUP, seed=0, device="cpu", max_new_tokens=MAX_NEW)
-
-
-def _collect(model):
-    model._setup_learn(N_STEPS * N_ENVS, None)
-    callback = CallbackList([])
-    callback.init_callback(model)
-    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, N_STEPS)
-    return model.rollout_buffer
 
 
 def test_group_mean_advantages_by_hand():
@@ -76,7 +67,7 @@ def test_loss_equals_a_brute_force_sum_over_sequences_and_tokens():
         )
     )
     assert model.max_completion_tokens == MAX_NEW  # from the env's budget
-    buffer = _collect(model)
+    buffer = collect_rollout(model, N_STEPS)
     assert (buffer.advantages != 0).any(), "some group must finish in the rollout"
     with th.no_grad():  # move the policy off pi_old, so the ratios are not all 1 and the clip matters
         for p in model.policy.parameters():
@@ -112,7 +103,7 @@ def test_one_update_is_the_same_on_both_paths():
     slow = quiet(DrGRPO("CausalLMPolicy", _env(), rollout_buffer_class=GRPODictRolloutBuffer, **hp))
     assert isinstance(fast.rollout_buffer, SequenceRolloutBuffer)
     slow.policy.load_state_dict(fast.policy.state_dict())
-    buf = _collect(fast)
+    buf = collect_rollout(fast, N_STEPS)
     assert (buf.advantages != 0).any(), "some group must finish in the rollout"
     slow.rollout_buffer = per_transition_copy(slow, buf)
     before = params(fast)

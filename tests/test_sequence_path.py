@@ -8,7 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 import torch as th
-from helpers import params, per_transition_copy, quiet
+from helpers import collect_rollout, params, per_transition_copy, quiet
 from stable_baselines3 import PPO
 from stable_baselines3.common.buffers import DictRolloutBuffer
 
@@ -53,20 +53,9 @@ def test_grpo_picks_the_sequence_buffer_for_causal_lm_policy_only():
     assert type(per_transition.rollout_buffer) is GRPODictRolloutBuffer
 
 
-def _collect(model):
-    """One rollout into the model's buffer (no update)."""
-    from stable_baselines3.common.callbacks import CallbackList
-
-    model._setup_learn(N_STEPS * N_ENVS, None)
-    cb = CallbackList([])
-    cb.init_callback(model)
-    assert model.collect_rollouts(model.env, cb, model.rollout_buffer, N_STEPS)
-    return model.rollout_buffer
-
-
 def test_sequences_rebuild_every_stored_window_and_field():
     model = quiet(GRPO("CausalLMPolicy", _env(), **HP, **OFF))
-    buf = _collect(model)
+    buf = collect_rollout(model, N_STEPS)
     seg = episode_segments(buf.episode_starts)
     assert len(seg) > N_ENVS, "the rollout should hold episode ends (EOS or the 8-token budget)"
     samples = buf.sequence_samples(seg)
@@ -93,7 +82,7 @@ def test_sequences_rebuild_every_stored_window_and_field():
 
 def test_sequence_outputs_equal_per_transition_outputs_on_the_same_rollout():
     model = quiet(GRPO("CausalLMPolicy", _env(), **HP, **OFF))
-    buf = _collect(model)
+    buf = collect_rollout(model, N_STEPS)
     model.batch_size = N_STEPS * N_ENVS  # one minibatch: the whole rollout
     batch = next(model.batch_source.minibatches(model.rollout_buffer, model.batch_size))
     values, log_prob, entropy = model.batch_source.evaluate(batch)
@@ -128,7 +117,7 @@ def test_one_update_from_the_same_rollout_is_the_same_on_both_paths(extras):
     slow.policy.load_state_dict(fast.policy.state_dict())
     if fast.ref_policy is not None:
         slow.ref_policy.load_state_dict(fast.ref_policy.state_dict())
-    buf = _collect(fast)
+    buf = collect_rollout(fast, N_STEPS)
     slow.rollout_buffer = per_transition_copy(slow, buf)
     if extras["explore_alpha"] > 0:  # the weights pi_old / mu differ from 1: the test sees whether they are used
         assert fast._rollout_explore_alpha == pytest.approx(0.3)

@@ -10,6 +10,8 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.logger import Logger
 
+from sb3_grpo.objectives import clip_fractions
+
 __all__ = ["LossTerms", "TrainStats", "nanmean"]
 
 
@@ -49,6 +51,28 @@ class TrainStats:
     grad_norms: list[float] = field(default_factory=list)
     approx_kl_divs: list[np.ndarray] = field(default_factory=list)
     last_loss: float = float("nan")
+
+    def add_clip_fractions(self, ratio: th.Tensor, eps: float | th.Tensor, advantages: th.Tensor) -> None:
+        """Record the minibatch's clip fractions: of all samples, of those with ``A > 0`` and of the others
+        (:func:`~sb3_grpo.objectives.clip_fractions`)."""
+        with th.no_grad():
+            fraction, fraction_pos, fraction_neg = clip_fractions(ratio, eps, advantages)
+        self.clip_fractions.append(fraction)
+        self.clip_fractions_pos.append(fraction_pos)
+        self.clip_fractions_neg.append(fraction_neg)
+
+    def add_approx_kl(self, log_prob: th.Tensor, old_log_prob: th.Tensor) -> np.ndarray:
+        """Record and return PPO's early-stopping estimate of the minibatch's KL, ``mean((r - 1) - log r)``.
+
+        The approximate form of reverse KL divergence, as SB3's PPO computes it; see
+        https://github.com/DLR-RM/stable-baselines3/issues/417, the discussion in
+        https://github.com/DLR-RM/stable-baselines3/pull/419 and http://joschu.net/blog/kl-approx.html
+        """
+        with th.no_grad():
+            log_ratio = log_prob - old_log_prob
+            approx_kl_div = th.mean((th.exp(log_ratio) - 1) - log_ratio).cpu().numpy()
+        self.approx_kl_divs.append(approx_kl_div)
+        return approx_kl_div
 
     def record(self, logger: Logger, kl: bool) -> None:
         """Log the means: PPO's ``train/*`` keys, then GRPO's (``clip_fraction_pos|neg``, ``grad_var``, ``kl_ref``,

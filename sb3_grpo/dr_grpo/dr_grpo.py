@@ -28,7 +28,7 @@ from sb3_grpo.common.groups import env_episode_limit
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
 from sb3_grpo.common.type_aliases import Minibatch, sequence_index
 from sb3_grpo.common.update_stats import LossTerms, TrainStats
-from sb3_grpo.objectives import clip_fractions, clipped_surrogate, constant_normalized_sum
+from sb3_grpo.objectives import clipped_surrogate, constant_normalized_sum
 from textrl_envs.validation import check_int
 
 __all__ = ["DrGRPO"]
@@ -177,20 +177,11 @@ class DrGRPO(GroupOnPolicyAlgorithm):
         _, n_sequences = sequence_index(minibatch.sequence_ids)
         policy_loss = -constant_normalized_sum(surrogate, n_sequences, self.max_completion_tokens)
         stats.pg_losses.append(policy_loss.item())
-        with th.no_grad():
-            fraction, fraction_pos, fraction_neg = clip_fractions(ratio, clip_range, advantages)
-        stats.clip_fractions.append(fraction)
-        stats.clip_fractions_pos.append(fraction_pos)
-        stats.clip_fractions_neg.append(fraction_neg)
+        stats.add_clip_fractions(ratio, clip_range, advantages)
         entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
         stats.entropy_losses.append(entropy_loss.item())
         loss = policy_loss + self.ent_coef * entropy_loss
 
-        approx_kl_div = None
-        if measure_kl:
-            with th.no_grad():
-                log_ratio = log_prob - minibatch.old_log_prob
-                approx_kl_div = th.mean((th.exp(log_ratio) - 1) - log_ratio).cpu().numpy()
-                stats.approx_kl_divs.append(approx_kl_div)
+        approx_kl_div = stats.add_approx_kl(log_prob, minibatch.old_log_prob) if measure_kl else None
         stats.last_loss = loss.item()
         return LossTerms(loss, approx_kl_div, {"pg_loss": stats.pg_losses[-1]}, stats.last_loss)

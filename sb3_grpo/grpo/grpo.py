@@ -31,7 +31,7 @@ from sb3_grpo.grpo.exploration import explore_alpha_at
 from sb3_grpo.grpo.extras import GRPOExtras
 from sb3_grpo.grpo.kl import adapt_kl_coef, frozen_copy, kl_to_reference
 from sb3_grpo.grpo.penalty import GradVarPenalty, select_parameters, slice_sizes
-from sb3_grpo.objectives import adaptive_clip_range, clip_fractions, clipped_surrogate, uniform_log_prob
+from sb3_grpo.objectives import adaptive_clip_range, clipped_surrogate, uniform_log_prob
 
 __all__ = ["GRPO"]
 
@@ -326,11 +326,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         policy_loss = -surrogate.mean()
 
         stats.pg_losses.append(policy_loss.item())
-        with th.no_grad():
-            fraction, fraction_pos, fraction_neg = clip_fractions(ratio, eps, advantages)
-        stats.clip_fractions.append(fraction)
-        stats.clip_fractions_pos.append(fraction_pos)
-        stats.clip_fractions_neg.append(fraction_neg)
+        stats.add_clip_fractions(ratio, eps, advantages)
 
         # Entropy loss favor exploration (approximated when there is no analytical form)
         entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
@@ -370,16 +366,8 @@ class GRPO(GroupOnPolicyAlgorithm):
             details["kl_ref"] = stats.kl_refs[-1]
             loss = loss + self.kl_coef * kl_ref
 
-        # Calculate approximate form of reverse KL Divergence for early stopping
-        # see issue #417: https://github.com/DLR-RM/stable-baselines3/issues/417
-        # and discussion in PR #419: https://github.com/DLR-RM/stable-baselines3/pull/419
-        # and Schulman blog: http://joschu.net/blog/kl-approx.html
-        approx_kl_div = None
-        if measure_kl:
-            with th.no_grad():
-                log_ratio = log_prob - minibatch.old_log_prob
-                approx_kl_div = th.mean((th.exp(log_ratio) - 1) - log_ratio).cpu().numpy()
-                stats.approx_kl_divs.append(approx_kl_div)
+        # Calculate approximate form of reverse KL Divergence for early stopping (as SB3's PPO)
+        approx_kl_div = stats.add_approx_kl(log_prob, minibatch.old_log_prob) if measure_kl else None
         stats.last_loss = loss.item()
         return LossTerms(loss, approx_kl_div, details, stats.last_loss)
 
