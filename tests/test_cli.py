@@ -9,19 +9,19 @@ import os
 import pytest
 from stable_baselines3.common.callbacks import BaseCallback
 
-from sb3_grpo.bench import compare as compare_mod
-from sb3_grpo.bench.algos import ALGOS, parse_algos
-from sb3_grpo.bench.compare import run_compare
-from sb3_grpo.bench.config import make_config
-from sb3_grpo.bench.report import (
+from sb3_grpo.cli import main, parse_set
+from sb3_grpo.compare import runner as compare_mod
+from sb3_grpo.compare.algos import ALGOS, parse_algos
+from sb3_grpo.compare.config import make_config
+from sb3_grpo.compare.report import (
     curve_auc,
     render_report,
     steps_to_threshold,
     summarize,
     volatility,
 )
-from sb3_grpo.bench.results import prepare_out_dir
-from sb3_grpo.cli import main, parse_set
+from sb3_grpo.compare.results import prepare_out_dir
+from sb3_grpo.compare.runner import run_compare
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -351,8 +351,8 @@ def test_report_from_handmade_results():
 
 
 def test_perf_helpers():
-    from sb3_grpo.bench import perf
-    from sb3_grpo.bench.perf.timing import make_row
+    from benchmarks import perf
+    from benchmarks.timing import make_row
 
     rows = [
         make_row("env: a vs b", 200.0, 100.0, "env steps/s", "setup", True, target=(">=", 1.5)),
@@ -372,8 +372,8 @@ def test_perf_helpers():
 @pytest.mark.parametrize(("ours_time", "met"), [(float("inf"), False), (10.0, True), (20.0, False)])
 def test_perf_trl_time_to_reward_row(monkeypatch, ours_time, met):
     """Ours never reaching TRL's final reward reads as a target not met, not as a missing figure."""
-    from sb3_grpo.bench import perf
-    from sb3_grpo.bench.perf import trl
+    from benchmarks import perf
+    from benchmarks.perf import trl
 
     summary = {"ours": {"completions_per_s": 9.0, "final_reward": 0.3}, "TRL": {"completions_per_s": 7.0,
                "final_reward": 0.6}, "time_to_trl_final": {"ours": ours_time, "TRL": 14.0}}  # fmt: skip
@@ -389,7 +389,7 @@ def test_perf_trl_time_to_reward_row(monkeypatch, ours_time, met):
 
 
 def test_perf_rejects_unknown_measurements(tmp_path):
-    from sb3_grpo.bench.perf import run_perf
+    from benchmarks.perf import run_perf
 
     with pytest.raises(ValueError, match="unknown measurement.*'nope'.*known: env, rollout"):
         run_perf(tmp_path, only=["nope"])
@@ -424,7 +424,7 @@ def test_warm_start_learns_the_answers_and_saves_a_loadable_model(tmp_path, caps
     import torch as th
 
     from sb3_grpo import GRPO
-    from sb3_grpo.bench.warmstart import RECORD_FILE, answer_examples, batch_tensors
+    from sb3_grpo.warmstart import RECORD_FILE, answer_examples, batch_tensors
 
     out = tmp_path / "warm"
     argv = ["warm-start", "--env", "Arithmetic-v0", "--steps", "40", "--batch-size", "16", "--out", str(out)]
@@ -454,7 +454,7 @@ def test_warm_start_learns_the_answers_and_saves_a_loadable_model(tmp_path, caps
 
 
 def test_warm_start_batches_put_labels_on_the_targets_only():
-    from sb3_grpo.bench.warmstart import batch_tensors
+    from sb3_grpo.warmstart import batch_tensors
 
     ids, mask, positions, labels = batch_tensors([([5, 6], [7, 0]), ([5], [8])], pad_id=1)
     assert ids.tolist() == [[5, 6, 7, 0], [1, 1, 5, 8]]
