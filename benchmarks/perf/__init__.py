@@ -68,13 +68,15 @@ def markdown_table(rows: list[dict]) -> str:
 SIZES: dict[str, dict[str, Any]] = {
     "full": {"r": 3, "env": (256, 320), "small": (16, 32), "large": 128, "reward_rollouts": 2, "gpt2": (16, 32),
              "interactive": (16, 96), "update_steps": 64, "long": (16, 96, 32), "penalty": (8, 16, 16),
-             "mlp_steps": None, "cartpole": (16384, None), "memory": "gpt2-small"},
+             "mlp_steps": None, "cartpole": (16384, None), "memory": "gpt2-small", "gpt2_config": None},
     "quick": {"r": 1, "env": (64, 64), "small": (8, 16), "large": 32, "reward_rollouts": 1, "gpt2": (4, 8),
               "interactive": (8, 32), "update_steps": 16, "long": (4, 96, 8), "penalty": (4, 8, 8),
-              "mlp_steps": None, "cartpole": (4096, None), "memory": "bundled"},
+              "mlp_steps": None, "cartpole": (4096, None), "memory": "bundled", "gpt2_config": None},
+    # the GPT-2 rows on GPT-2-small's vocabulary but 2 x 64 (the penalty's double backward through 124M parameters
+    # alone takes minutes on a CPU)
     "smoke": {"r": 1, "env": (4, 8), "small": (2, 4), "large": 4, "reward_rollouts": 1, "gpt2": (2, 2),
-              "interactive": (2, 8), "update_steps": 4, "long": (2, 8, 8), "penalty": (2, 2, 2),
-              "mlp_steps": 64, "cartpole": (64, 64), "memory": "bundled"},
+              "interactive": (2, 8), "update_steps": 16, "long": (2, 8, 8), "penalty": (2, 2, 16),
+              "mlp_steps": 64, "cartpole": (64, 64), "memory": "bundled", "gpt2_config": "smoke"},
 }  # fmt: skip
 
 
@@ -95,6 +97,8 @@ def measurements(
     r = z["r"]
     n_env, steps = z["env"]
     small, tok = z["small"]
+    gpt2 = rollout.GPT2_SMOKE if z["gpt2_config"] == "smoke" else None  # None: GPT-2-small size
+    gpt2_label = "GPT-2-small size" if gpt2 is None else "GPT-2-small vocabulary, 2 x 64"
     carry = {"carry_over": True}
     loops = [  # (measurement name, set-up, row title, our GRPO's arguments beyond TRL's settings)
         ("trl-bundled", trl.DEFAULT, "complete loop vs TRL GRPOTrainer", {}),
@@ -123,13 +127,13 @@ def measurements(
                          *envs.vector_env_special_tokens(n_env, steps, r + 2, device=device)]),
         ("rollout", lambda: rollout.rollout_vs_generate(small, tok, 2 * tok, r, device, z["large"])),
         ("reward", lambda: [rollout.reward_cost(small, tok, z["reward_rollouts"], 2 * r + 1, device)]),
-        ("rollout-gpt2", lambda: [rollout.rollout_gpt2_small(*z["gpt2"], r, device)]),
+        ("rollout-gpt2", lambda: [rollout.rollout_gpt2_small(*z["gpt2"], r, device, config=gpt2)]),
         ("interactive", lambda: interactive.interactive_rollout(*z["interactive"], r)),
         ("update", lambda: update.update_seq_vs_stock(small, tok, z["update_steps"], r, device)),
         ("update-long", lambda: update.update_seq_vs_stock(*z["long"], r, device, last_block=False,
                                                            env_id="LongReview-v0", penalty=False)),
-        ("penalty-gpt2", lambda: update.update_seq_vs_stock(*z["penalty"], r, device, lm=rollout.gpt2_small(),
-                                                            stock=False, last_block=False, label="GPT-2-small size")),
+        ("penalty-gpt2", lambda: update.update_seq_vs_stock(*z["penalty"], r, device, lm=rollout.gpt2_small(gpt2),
+                                                            stock=False, last_block=False, label=gpt2_label)),
         ("grad-var-mlp", lambda: update.grad_var_cost(quick=quick, n_steps=z["mlp_steps"])),
         ("cartpole", lambda: update.cartpole_vs_ppo(z["cartpole"][0], r, n_steps=z["cartpole"][1])),
         ("memory", lambda: [memory.memory_vs_trl(z["memory"], _device_name(device))]),

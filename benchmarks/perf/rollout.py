@@ -17,19 +17,24 @@ from typing import Any
 
 from benchmarks.timing import interleaved, make_row, rate_row, synchronizer, zero_reward
 
-__all__ = ["GPT2_SMALL", "reward_cost", "rollout_gpt2_small", "rollout_vs_generate"]
+__all__ = ["GPT2_SMALL", "GPT2_SMOKE", "gpt2_small", "reward_cost", "rollout_gpt2_small", "rollout_vs_generate"]
 
 #: A GPT-2-small-size model (124M parameters), built from its config with random weights.
 GPT2_SMALL = {"vocab_size": 50257, "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024}
+#: GPT-2-small's vocabulary on a 2 x 64 model: what ``perf --smoke`` runs the GPT-2 rows with (their code, in seconds).
+GPT2_SMOKE = {**GPT2_SMALL, "n_layer": 2, "n_embd": 64, "n_head": 2}
 
 
-def gpt2_small() -> Any:
-    """A GPT-2-small-size LM from its config (seeded random weights; nothing is downloaded)."""
+def gpt2_small(config: dict[str, int] | None = None) -> Any:
+    """A GPT-2-small-size LM from its config (seeded random weights; nothing is downloaded).
+
+    :param config: Another GPT-2 config (default :data:`GPT2_SMALL`; ``perf --smoke`` uses :data:`GPT2_SMOKE`).
+    """
     import torch as th
     from transformers import GPT2Config, GPT2LMHeadModel
 
     th.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(**GPT2_SMALL)).eval()
+    return GPT2LMHeadModel(GPT2Config(**(config or GPT2_SMALL))).eval()
 
 
 def _no_eos_tokenizer() -> Any:
@@ -222,12 +227,16 @@ def _cache_vs_recompute(n_envs: int, long_tokens: int, repeats: int, device: Any
     )
 
 
-def rollout_gpt2_small(n_envs: int = 16, tokens: int = 32, repeats: int = 3, device: Any = "auto") -> dict:
+def rollout_gpt2_small(
+    n_envs: int = 16, tokens: int = 32, repeats: int = 3, device: Any = "auto", config: dict[str, int] | None = None
+) -> dict:
     """Rollout tokens/s of a GPT-2-small-size model against its ``generate``, no EOS (every row makes ``tokens``).
 
+    :param config: Another GPT-2 config (default :data:`GPT2_SMALL`).
     :return: A row (target: at least 1.0x).
     """
-    lm = gpt2_small()
+    config = config or GPT2_SMALL
+    lm = gpt2_small(config)
     t, c = interleaved(
         {
             "ours": collector(text_env(n_envs, tokens, device, eos=False), tokens, device, lm=lm),
@@ -243,7 +252,8 @@ def rollout_gpt2_small(n_envs: int = 16, tokens: int = 32, repeats: int = 3, dev
         (t, c),
         ("ours", "generate"),
         "tokens/s",
-        f"TextGen-v0 with the bundled tokenizer (1,229 actions), a 12 x 768 GPT-2 (50,257-token vocabulary, random "
+        f"TextGen-v0 with the bundled tokenizer (1,229 actions), a {config['n_layer']} x {config['n_embd']} GPT-2 "
+        f"({config['vocab_size']:,}-token vocabulary, random "
         f"weights), GRPO defaults, {n_envs} envs, {tokens}-token episodes (no EOS), device {device}",
         target=(">=", 1.0),
     )
