@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 
 import pytest
 from stable_baselines3.common.callbacks import BaseCallback
@@ -461,3 +462,59 @@ def test_warm_start_batches_put_labels_on_the_targets_only():
     assert mask.tolist() == [[1, 1, 1, 1], [0, 0, 1, 1]]
     assert positions.tolist() == [[0, 1, 2, 3], [0, 0, 0, 1]]
     assert labels.tolist() == [[-100, -100, 7, 0], [-100, -100, -100, 8]]
+
+
+USER_PACKAGE = '''
+import gymnasium as gym
+
+from textrl_envs.rewards import register_reward
+
+gym.register("UserCartPole-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv", max_episode_steps=50)
+
+
+@register_reward("user-constant-seven")
+def make_constant():
+    def constant(prompts, completions, **kwargs):
+        return [7.0] * len(completions)
+
+    return constant
+'''
+
+
+def test_gym_packages_register_the_users_envs_and_rewards(tmp_path, monkeypatch):
+    """``--gym-packages`` imports a module before the envs are made: the env id and the reward it registers work."""
+    (tmp_path / "user_envs_for_compare.py").write_text(USER_PACKAGE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cartpole = [a if a != "CartPole-v1" else "UserCartPole-v0" for a in CARTPOLE]
+    out = tmp_path / "env"
+    assert main([*cartpole, "--gym-packages", "user_envs_for_compare", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["env_id"] == "UserCartPole-v0" and len(results["runs"]) == 4
+    # the reward: every episode of the untrained policy scores the user's constant
+    out = tmp_path / "reward"
+    argv = [*TEXT, "--gym-packages", "user_envs_for_compare", "--env-kwargs", '{"reward": "user-constant-seven"}']
+    assert main([*argv, "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["untrained"]["reward_mean"] == pytest.approx(7.0)
+
+
+def test_gym_packages_that_do_not_import_are_named(tmp_path, capsys):
+    out = tmp_path / "x"
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--gym-packages", "json", "no_such_user_envs_xyz", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "cannot import 'no_such_user_envs_xyz'" in err
+    assert "PYTHONPATH" in err and "pip install" in err
+    assert not out.exists()
+
+
+def test_results_page_holds_the_report_with_a_stamp(tmp_path):
+    out, page = tmp_path / "cp", tmp_path / "docs" / "results" / "cartpole.md"
+    argv = [*CARTPOLE, "--out", str(out), "--results-page", str(page)]
+    assert main(argv) == 0
+    text = page.read_text()
+    report = (out / "report.md").read_text()
+    assert text.startswith("# sb3-grpo compare: CartPole-v1")
+    assert f"- Command: `{shlex.join(['sb3-grpo', *argv])}`" in text
+    assert "- Commit: `" in text and "- Hardware: " in text and "- Date: " in text
+    assert report.partition("\n")[2].strip() in text  # the report's tables, after the stamp
