@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -82,3 +83,39 @@ def test_report_of_a_missing_dir_names_it(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["report", str(tmp_path / "nope")])
     assert exc.value.code == 2 and "nope/results.json does not exist" in capsys.readouterr().err
+
+
+INFO = {
+    "hardware": {"cpu": "Test CPU", "usable_cpus": 2, "cpu_count": 2, "gpu": None},
+    "versions": {"torch": "9.9.9"},
+}
+
+
+def test_claims_page_is_claims_md_with_a_stamp(tmp_path):
+    from benchmarks.cli import _claims_page
+
+    out = tmp_path / "claims"
+    out.mkdir()
+    (out / "claims.md").write_text("# textrl-bench claims (budget `default`)\n\n## Verdicts\n\n| claim | verdict |\n")
+    page = tmp_path / "results" / "claims.md"
+    _claims_page(out, page, "textrl-bench claims --budget default", {"environment": INFO})
+    text = page.read_text()
+    assert text.startswith("# textrl-bench claims (budget `default`)\n\n- Command: `textrl-bench claims --budget")
+    assert "- Hardware: Test CPU, 2 of 2 cores; no GPU; torch 9.9.9" in text and text.endswith("| claim | verdict |\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "smoke", "expected"),
+    [
+        ([], False, RESULTS_DIR / "perf.md"),
+        ([], True, None),  # a smoke run's figures are not measurements
+        (["--page", "elsewhere.md"], True, Path("elsewhere.md")),
+        (["--no-page"], False, None),
+    ],
+)
+def test_which_results_page_perf_writes(argv, smoke, expected):
+    from benchmarks.cli import _page_path, build_parser
+
+    args = build_parser().parse_args(["perf", *argv])
+    page = _page_path(args, "perf.md", smoke)
+    assert page == expected
