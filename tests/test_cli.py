@@ -464,7 +464,7 @@ def test_warm_start_batches_put_labels_on_the_targets_only():
     assert labels.tolist() == [[-100, -100, 7, 0], [-100, -100, -100, 8]]
 
 
-USER_PACKAGE = '''
+USER_PACKAGE = """
 import gymnasium as gym
 
 from textrl_envs.rewards import register_reward
@@ -478,7 +478,7 @@ def make_constant():
         return [7.0] * len(completions)
 
     return constant
-'''
+"""
 
 
 def test_gym_packages_register_the_users_envs_and_rewards(tmp_path, monkeypatch):
