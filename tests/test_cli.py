@@ -518,3 +518,14 @@ def test_results_page_holds_the_report_with_a_stamp(tmp_path):
     assert f"- Command: `{shlex.join(['sb3-grpo', *argv])}`" in text
     assert "- Commit: `" in text and "- Hardware: " in text and "- Date: " in text
     assert report.partition("\n")[2].strip() in text  # the report's tables, after the stamp
+
+
+def test_report_of_a_claims_dir_points_to_the_lab(tmp_path, capsys):
+    """The claims study's report lives with the study (``textrl-bench report``); sb3-grpo says so."""
+    out = tmp_path / "claims"
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({"kind": "claims", "budget": "smoke", "runs": {}}))
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(out)])
+    assert exc.value.code == 2 and f"textrl-bench report {out}" in capsys.readouterr().err
+    assert not (out / "claims.md").exists()
