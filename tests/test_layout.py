@@ -242,6 +242,9 @@ def test_the_lab_is_out_of_the_library():
     assert not (REPO / "sb3_grpo" / "bench").exists()
     assert not (REPO / "scripts").exists()
     assert (REPO / "benchmarks" / "__init__.py").is_file() and (REPO / "benchmarks" / "timing.py").is_file()
+    # every folder of it is a regular package, so that an install (setuptools' find_packages) ships it
+    folders = {p.parent for p in (REPO / "benchmarks").rglob("*.py") if "__pycache__" not in p.parts}
+    assert not [str(f) for f in folders if not (f / "__init__.py").is_file()]
 
 
 def code_strings(package: str, root: Path = REPO) -> dict[str, set[str]]:
