@@ -1,18 +1,18 @@
-"""The ``sb3-grpo`` command: ``compare`` (PPO vs GRPO over seeds, with a report), ``claims`` (the claims study),
-``warm-start`` (a supervised warm start of the LM) and ``perf`` (throughput).
+"""The ``sb3-grpo`` command: ``compare`` (PPO vs GRPO over seeds, with a report), ``report`` (rewrite a comparison's
+report from its results.json) and ``warm-start`` (a supervised warm start of the LM, saved as a model folder).
 
-Thin on purpose: the argument parsing lives here, the work in :mod:`sb3_grpo.bench`.
+Thin on purpose: the argument parsing lives here, the work in :mod:`sb3_grpo.compare` and :mod:`sb3_grpo.warmstart`.
+The research lab (throughput, the claims study, the TRL comparisons) is a separate command, ``textrl-bench``.
 
 ::
 
-    sb3-grpo compare                                   # the README's main job, about 5 minutes on 2 CPU cores
+    sb3-grpo compare                                   # the README's main job, about seven minutes on 2 CPU cores
     sb3-grpo compare --env CartPole-v1 --algos ppo,grpo --seeds 5 --timesteps 50000 --out runs/cartpole
     sb3-grpo compare --set grpo.learning_rate=1e-4 --set '*.n_epochs=2' --resume --out runs/compare-...
+    sb3-grpo compare --gym-packages my_envs --env MyEnv-v0   # envs and rewards that my_envs registers on import
     sb3-grpo report runs/cartpole                      # rewrite report.md and curves.png from results.json
-    sb3-grpo claims --budget default --workers 2       # the claims study, about 20 minutes on 2 idle cores
     sb3-grpo compare --env ReasoningGym-v0 --env-kwargs '{"task": "chain_sum"}'
     sb3-grpo warm-start --env ReasoningGym-v0 --env-kwargs '{"task": "chain_sum", "seed": 1}' --out runs/warm
-    sb3-grpo perf --quick
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sb3_grpo.bench.algos import DEFAULT_GROUP_SIZE, algo_table
-from sb3_grpo.bench.config import TEXT_DEFAULTS
+from sb3_grpo.compare.algos import DEFAULT_GROUP_SIZE, algo_table
+from sb3_grpo.compare.config import TEXT_DEFAULTS
 
 #: The no-argument comparison (the README's main job): about seven minutes on a 2-core CPU (5 seeds: the fewest
-#: with which the report gives intervals, see sb3_grpo.bench.stats.MIN_RUNS).
+#: with which the report gives intervals, see sb3_grpo.compare.stats.MIN_RUNS).
 DEFAULT_ENV = "TextGen-v0"
 DEFAULT_ALGOS = "ppo,grpo,grpo-group"
 DEFAULT_SEEDS = 5
@@ -106,7 +106,7 @@ def parse_env_kwargs(text: str | None) -> dict[str, Any]:
     return data
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -117,31 +117,30 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``sb3-grpo`` argument parser (subcommands ``compare``, ``claims``, ``warm-start``, ``report``, ``perf``)."""
+    """The ``sb3-grpo`` argument parser (subcommands ``compare``, ``report``, ``warm-start``)."""
     parser = argparse.ArgumentParser(
         prog="sb3-grpo",
-        description="Compare PPO and GRPO variants on Gymnasium / text envs, test the claims, measure throughput.",
+        description="Compare PPO and GRPO variants on Gymnasium / text envs over seeds, with interval estimates.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", metavar="{compare,claims,warm-start,report,perf}")
+    sub = parser.add_subparsers(dest="command", metavar="{compare,warm-start,report}")
     _add_compare(sub)
-    _add_claims(sub)
     _add_warm_start(sub)
-    r = sub.add_parser("report", help="rewrite the report of an out dir of compare or claims from its results.json")
-    r.add_argument("dir", help="an out dir of `sb3-grpo compare` or `sb3-grpo claims`")
+    r = sub.add_parser("report", help="rewrite the report of an out dir of compare from its results.json")
+    r.add_argument("dir", help="an out dir of `sb3-grpo compare`")
     r.set_defaults(subparser=r)
-    _add_perf(sub)
     return parser
 
 
-def _add_common(c: argparse.ArgumentParser) -> None:
-    """Options ``compare`` and ``claims`` share: out-dir mode, threads, progress."""
+def add_run_options(c: argparse.ArgumentParser) -> None:
+    """Options of the commands that train into an out dir (``compare``, and the benchmarks' ``claims``): out-dir
+    mode, threads, progress."""
     mode = c.add_mutually_exclusive_group()
     mode.add_argument("--overwrite", action="store_true", help="replace the results in an existing --out")
     mode.add_argument("--resume", action="store_true", help="continue an existing --out, skipping completed runs")
     c.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="torch CPU threads (default 1: fastest for the small bundled models on a shared CPU; "
         "raise it for bigger models)",
@@ -179,20 +178,20 @@ def _add_compare(sub: Any) -> None:
     c.add_argument("--algos", default=DEFAULT_ALGOS, help=f"comma-separated names (default {DEFAULT_ALGOS})")
     c.add_argument(
         "--seeds",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_SEEDS,
         help=f"number of seeds, 0..K-1 (default {DEFAULT_SEEDS}; the report's intervals need 5 or more)",
     )
     c.add_argument(
         "--timesteps",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help=f"env steps (tokens for text envs) per run (default {DEFAULT_TIMESTEPS} for text envs, else 50000)",
     )
     c.add_argument("--out", default=None, help="output folder (default: a fresh runs/compare-<timestamp>)")
-    c.add_argument("--n-envs", type=_positive_int, default=None, help="parallel envs (default 16 for text, else 1)")
-    c.add_argument("--group-size", type=_positive_int, default=None, help="prompt group size (default 4)")
-    c.add_argument("--eval-episodes", type=_positive_int, default=None, help="default 128 for text envs, else 10")
+    c.add_argument("--n-envs", type=positive_int, default=None, help="parallel envs (default 16 for text, else 1)")
+    c.add_argument("--group-size", type=positive_int, default=None, help="prompt group size (default 4)")
+    c.add_argument("--eval-episodes", type=positive_int, default=None, help="default 128 for text envs, else 10")
     c.add_argument(
         "--threshold",
         type=float,
@@ -209,32 +208,21 @@ def _add_compare(sub: Any) -> None:
         help="override one hyperparameter (JSON value; ALGO may be '*'); repeatable, wins over --config",
     )
     c.add_argument("--device", default="auto", help="torch device: auto, cpu, cuda (default auto)")
-    _add_common(c)
-    c.set_defaults(subparser=c)
-
-
-def _add_claims(sub: Any) -> None:
-    from sb3_grpo.bench.claims import BUDGETS
-
-    c = sub.add_parser(
-        "claims",
-        help="test the five claims with tuned baselines and interval estimates; write claims.md",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Run the claims study (sb3_grpo.bench.claims: tuning, long generation, curriculum, collapse, baselines, "
-            "ablation) on the CPU and write to --out: results.json (after every run), claims.md (a verdict per "
-            "claim with its effect and 95% interval), curves.png, profiles.png, tensorboard logs.\n\n"
-            "Budgets: smoke (a couple of CPU-minutes, for tests), default (about 40 CPU-minutes: 20 minutes on 2 "
-            "cores with --workers 2), full (the README's table; about 5.5 CPU-hours, 2.7 hours with --workers 2).\n\n"
-            "Ctrl-C keeps the runs that finished; --resume completes them."
-        ),
-    )
-    c.add_argument("--budget", choices=list(BUDGETS), default="default", help="how much to run (default default)")
-    c.add_argument("--out", default=None, help="output folder (default: a fresh runs/claims-<budget>-<timestamp>)")
     c.add_argument(
-        "--workers", type=_positive_int, default=1, help="runs at a time, one process each (default 1; 2 on 2 cores)"
+        "--gym-packages",
+        nargs="+",
+        default=[],
+        metavar="PKG",
+        help="modules to import before the envs are made, e.g. your own package that registers env ids "
+        "(gymnasium.register) or rewards (textrl_envs.rewards.register_reward) when imported",
     )
-    _add_common(c)
+    c.add_argument(
+        "--results-page",
+        default=None,
+        metavar="PATH.md",
+        help="also write the report as a results page (Markdown, stamped with the command, commit, hardware, date)",
+    )
+    add_run_options(c)
     c.set_defaults(subparser=c)
 
 
@@ -254,37 +242,12 @@ def _add_warm_start(sub: Any) -> None:
     w.add_argument("--env-kwargs", default=None, metavar="JSON", help="keyword arguments of gym.make (JSON object)")
     w.add_argument("--out", required=True, help="folder for the model, its tokenizer and warm_start.json")
     w.add_argument("--model", default=None, help="local model folder to start from (default: the bundled LM)")
-    w.add_argument("--steps", type=_positive_int, default=200, help="optimizer steps (default %(default)s)")
-    w.add_argument("--batch-size", type=_positive_int, default=32, help="examples per step (default %(default)s)")
+    w.add_argument("--steps", type=positive_int, default=200, help="optimizer steps (default %(default)s)")
+    w.add_argument("--batch-size", type=positive_int, default=32, help="examples per step (default %(default)s)")
     w.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default %(default)s)")
     w.add_argument("--seed", type=int, default=0, help="seed of torch and the batch draws (default %(default)s)")
-    w.add_argument("--threads", type=_positive_int, default=1, help="torch CPU threads (default 1)")
+    w.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
     w.set_defaults(subparser=w)
-
-
-def _add_perf(sub: Any) -> None:
-    p = sub.add_parser(
-        "perf", help="speed and memory against the baselines (env, rollout, update, penalty, CartPole, memory, TRL)"
-    )
-    p.add_argument("--out", default=None, help="output folder for perf.json / perf.md (default runs/perf-<timestamp>)")
-    p.add_argument("--quick", action="store_true", help="small sizes, one repeat (a smoke run; rough ratios)")
-    p.add_argument("--device", default="auto", help="device of the env, rollout and update rows (default auto)")
-    p.add_argument(
-        "--only",
-        nargs="+",
-        default=None,
-        metavar="NAME",
-        help="run only these measurements: env, rollout, reward, rollout-gpt2, update, update-long, penalty-gpt2, "
-        "grad-var-mlp, interactive, cartpole, memory, trl-bundled, trl-bundled-carry, trl-bundled-equal, trl-tiny "
-        "(the TRL ones need TRL importable, e.g. on PYTHONPATH)",
-    )
-    p.add_argument(
-        "--threads",
-        type=_positive_int,
-        default=1,
-        help="torch CPU threads (default 1: small models on a shared CPU are fastest and steadiest so)",
-    )
-    p.set_defaults(subparser=p)
 
 
 def _check_device(device: str) -> None:
@@ -299,12 +262,13 @@ def _check_device(device: str) -> None:
 
 
 def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
-    from sb3_grpo.bench.algos import parse_algos
-    from sb3_grpo.bench.compare import run_compare
-    from sb3_grpo.bench.config import CompareError, make_config
-    from sb3_grpo.bench.results import discard_failed_out_dir, prepare_out_dir
+    from sb3_grpo.compare.algos import parse_algos
+    from sb3_grpo.compare.config import CompareError, make_config
+    from sb3_grpo.compare.results import discard_failed_out_dir, prepare_out_dir
+    from sb3_grpo.compare.runner import run_compare
 
     try:
+        import_gym_packages(args.gym_packages)
         algos = parse_algos(args.algos)
         overrides: dict[str, dict[str, Any]] = {}
         if args.config:
@@ -354,7 +318,7 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
     except KeyboardInterrupt:
         print(
             f"\ninterrupted: completed runs are kept in {out}/results.json and report.md marks the missing ones; "
-            f"continue with: {shlex.join(['sb3-grpo', *_resume_argv(argv, out)])}",
+            f"continue with: {shlex.join(['sb3-grpo', *resume_argv(argv, out)])}",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
@@ -364,10 +328,43 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
         raise
     print(f"done in {time.perf_counter() - start:.0f} s: {out}/report.md, {out}/curves.png, {out}/results.json")
     print(f"tensorboard: tensorboard --logdir {out}/tensorboard")
+    if args.results_page:
+        _write_compare_page(out, Path(args.results_page), command)
     return 0
 
 
-def _resume_argv(argv: Sequence[str], out: Path) -> list[str]:
+def import_gym_packages(names: Sequence[str]) -> None:
+    """Import each module of ``--gym-packages`` (rl-zoo3's option), so the env ids and rewards it registers on import
+    can be used.
+
+    :raises ValueError: naming the module that cannot be imported, and what to check.
+    """
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ValueError(
+                f"--gym-packages: cannot import {name!r} ({type(err).__name__}: {err}); check that it is on "
+                "PYTHONPATH or installed (pip install it) in this Python environment"
+            ) from None
+
+
+def _write_compare_page(out: Path, page: Path, command: str) -> None:
+    """The report of ``out`` as a results page (:func:`sb3_grpo.compare.pages.write_results_page`)."""
+    from sb3_grpo.compare.pages import write_results_page
+    from sb3_grpo.compare.report import render_report
+    from sb3_grpo.compare.results import load_results
+
+    results = load_results(out)
+    heading, _, body = render_report(results).partition("\n")
+    write_results_page(page, heading.removeprefix("# "), body, command, info=results.get("environment"))
+    print(f"results page: {page}")
+
+
+def resume_argv(argv: Sequence[str], out: Path) -> list[str]:
+    """``argv`` of an interrupted run as the command that continues it (``--out`` given, ``--resume`` added)."""
     rest = [a for a in argv if a not in ("--overwrite", "--resume")]
     if "--out" not in rest and not any(a.startswith("--out=") for a in rest):
         rest += ["--out", str(out)]
@@ -375,69 +372,28 @@ def _resume_argv(argv: Sequence[str], out: Path) -> list[str]:
 
 
 def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from sb3_grpo.bench.config import CompareError
-    from sb3_grpo.bench.results import RESULTS_FILE, load_results
+    from sb3_grpo.compare.config import CompareError
+    from sb3_grpo.compare.results import RESULTS_FILE, load_results
 
     out = Path(args.dir)
     if not (out / RESULTS_FILE).is_file():
-        parser.error(f"{out / RESULTS_FILE} does not exist; give an out dir of `sb3-grpo compare` or `sb3-grpo claims`")
+        parser.error(f"{out / RESULTS_FILE} does not exist; give an out dir of `sb3-grpo compare`")
     try:
         results = load_results(out)
     except CompareError as err:
         parser.error(str(err))  # exits 2
     if results.get("kind") == "claims":
-        from sb3_grpo.bench.claims_report import write_claims_report
-
-        write_claims_report(results, out)
-        print(f"wrote {out}/claims.md, {out}/curves.png and {out}/profiles.png")
-        return 0
-    from sb3_grpo.bench.report import write_report
+        parser.error(f"{out} is an out dir of the claims study; rewrite its claims.md with: textrl-bench report {out}")
+    from sb3_grpo.compare.report import write_report
 
     write_report(results, out)
     print(f"wrote {out}/report.md and {out}/curves.png")
     return 0
 
 
-def _claims(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
-    from sb3_grpo.bench.claims import EXPERIMENTS
-    from sb3_grpo.bench.config import CompareError
-    from sb3_grpo.bench.results import prepare_out_dir
-    from sb3_grpo.bench.study import CLAIMS_OUTPUTS, check_claims_extra, run_claims
-
-    try:
-        check_claims_extra()
-    except ImportError as err:
-        parser.error(str(err))
-    out = Path(args.out) if args.out else Path("runs") / time.strftime(f"claims-{args.budget}-%Y%m%d-%H%M%S")
-    try:
-        prepare_out_dir(out, overwrite=args.overwrite, resume=args.resume, outputs=(*CLAIMS_OUTPUTS, *EXPERIMENTS))
-    except CompareError as err:
-        parser.error(str(err))
-    import torch as th
-
-    th.set_num_threads(args.threads)
-    command = shlex.join(["sb3-grpo", *argv])
-    print(f"sb3-grpo claims: budget {args.budget}, {args.workers} worker(s) -> {out}/", flush=True)
-    start = time.perf_counter()
-    try:
-        results = run_claims(
-            args.budget, out, command, resume=args.resume, workers=args.workers, progress=not args.no_progress
-        )
-    except KeyboardInterrupt:
-        print(
-            f"\ninterrupted: completed runs are kept in {out}/results.json and claims.md uses them; "
-            f"continue with: {shlex.join(['sb3-grpo', *_resume_argv(argv, out)])}",
-            file=sys.stderr,
-        )
-        return EXIT_INTERRUPTED
-    print(f"done in {time.perf_counter() - start:.0f} s: {out}/claims.md, {out}/results.json")
-    print(f"tensorboard: tensorboard --logdir {out}")
-    return 0 if results["status"] == "complete" else 1
-
-
 def _warm_start(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
-    from sb3_grpo.bench.config import CompareError, check_env_id, check_env_kwargs
-    from sb3_grpo.bench.warmstart import run_warm_start
+    from sb3_grpo.compare.config import CompareError, check_env_id, check_env_kwargs
+    from sb3_grpo.warmstart import run_warm_start
 
     try:
         env_kwargs = parse_env_kwargs(args.env_kwargs)
@@ -474,28 +430,6 @@ def _warm_start(args: argparse.Namespace, parser: argparse.ArgumentParser, argv:
     return 0
 
 
-def _perf(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from sb3_grpo.bench.perf import run_perf
-
-    out = Path(args.out) if args.out else Path("runs") / time.strftime("perf-%Y%m%d-%H%M%S")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        parser.error(f"cannot create --out {out}: {err.strerror or err}")
-    if args.threads:
-        import torch as th
-
-        th.set_num_threads(args.threads)
-    try:
-        run_perf(out, quick=args.quick, device=args.device, only=args.only)
-    except ValueError as err:
-        parser.error(str(err))
-    except KeyboardInterrupt:
-        print(f"\ninterrupted; measurements so far are in {out}/perf.json", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sb3-grpo`` console script.
 
@@ -508,14 +442,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "compare":
         return _compare(args, args.subparser, argv)
-    if args.command == "claims":
-        return _claims(args, args.subparser, argv)
     if args.command == "warm-start":
         return _warm_start(args, args.subparser, argv)
     if args.command == "report":
         return _report(args, args.subparser)
-    if args.command == "perf":
-        return _perf(args, args.subparser)
     parser.print_help()
     return EXIT_USAGE
 

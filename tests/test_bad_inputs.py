@@ -20,6 +20,7 @@ import torch as th
 from helpers import assert_refused, case_ids
 
 import textrl_envs  # noqa: F401 (registers the env ids)
+from benchmarks.cli import main as bench_main
 from sb3_grpo import GRPO
 from sb3_grpo.callbacks import (
     AtomicCheckpointCallback,
@@ -491,7 +492,7 @@ CASES = [
     ("cli-unknown-command", lambda: cli("frobnicate"), SystemExit, r"invalid choice: 'frobnicate'"),
     (
         "cli-perf-threads",
-        lambda: cli("perf", "--threads", "0", "--out", "out"),
+        lambda: bench_main(["perf", "--threads", "0", "--out", "out"]),
         SystemExit,
         r"argument --threads: expected an integer >= 1, got 0",
     ),

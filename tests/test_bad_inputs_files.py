@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from helpers import GIVEN, assert_refused, case_ids
 
-from sb3_grpo.bench import compare as compare_module
-from sb3_grpo.bench.results import discard_failed_out_dir, prepare_out_dir
 from sb3_grpo.cli import main as cli_main
+from sb3_grpo.compare import runner as compare_module
+from sb3_grpo.compare.results import discard_failed_out_dir, prepare_out_dir
 
 QUICK = ["compare", "--env", "CartPole-v1", "--algos", "ppo", "--seeds", "1", "--timesteps", "64"]
 

@@ -11,11 +11,11 @@ import math
 import numpy as np
 import pytest
 
-from sb3_grpo.bench import stats
-from sb3_grpo.bench.claims import BUDGETS, curriculum_budget, phase_one, phase_two, tuned
-from sb3_grpo.bench.progress import Progress, format_duration
-from sb3_grpo.bench.tuning import SEARCH_SPACE, best_trial, trial_configs
-from sb3_grpo.bench.verdicts import claim_collapse, collapsed, judge
+from benchmarks.claims.experiments import BUDGETS, curriculum_budget, phase_one, phase_two, tuned
+from benchmarks.claims.tuning import SEARCH_SPACE, best_trial, trial_configs
+from benchmarks.claims.verdicts import claim_collapse, collapsed, judge
+from sb3_grpo.compare import stats
+from sb3_grpo.compare.progress import Progress, format_duration
 
 
 def test_iqm_is_the_mean_of_the_middle_half():

@@ -201,9 +201,9 @@ def test_an_episode_dropped_for_a_non_finite_reward_is_not_carried():
 
 
 def test_trl_loop_counts_the_steps_trained_with_an_advantage():
-    """``scripts/bench_trl.py``'s figure: with the learning rate at 0 both runs sample the same completions, and
+    """``textrl-bench trl``'s figure: with the learning rate at 0 both runs sample the same completions, and
     ``carry_over`` trains more of the sampled steps with an advantage."""
-    from sb3_grpo.bench.perf import trl
+    from benchmarks.perf import trl
 
     cfg = trl.LoopConfig(n_envs=8, group_size=4, tokens=10, completions=48, lr=0.0, beta=0.0, model="tiny")
     short = {"n_steps": 6, "batch_size": 48}  # rollouts shorter than the episodes: every episode straddles one

@@ -1,4 +1,4 @@
-"""``sb3-grpo claims``: the smoke budget end to end, and the study's bookkeeping (Ctrl-C, --resume, failed runs)
+"""``textrl-bench claims``: the smoke budget end to end, and the study's bookkeeping (Ctrl-C, --resume, failed runs)
 with the training replaced by a stand-in that returns made-up records at once."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 
-from sb3_grpo.bench import runner, study
-from sb3_grpo.bench.claims import BUDGETS, phase_one
-from sb3_grpo.cli import main
+from benchmarks.claims import runner, study
+from benchmarks.claims.experiments import BUDGETS, phase_one
+from benchmarks.cli import main
 
 VERDICTS = ("**supported**", "**contradicted**", "**inconclusive**")
 
@@ -120,7 +120,7 @@ def test_claims_refuses_an_existing_out_dir(tmp_path, capsys):
 
 def test_full_budget_has_the_seeds_that_resolve_a_30_percent_stability_gain():
     """Claim 2 is about a 30% lower spread: ``full`` runs the seeds per arm that resolve it with 80% power."""
-    from sb3_grpo.bench.stats import seeds_to_resolve_std_ratio
+    from sb3_grpo.compare.stats import seeds_to_resolve_std_ratio
 
     assert BUDGETS["full"].seeds >= seeds_to_resolve_std_ratio(0.7) == 63
     assert BUDGETS["default"].seeds < BUDGETS["full"].seeds
@@ -129,7 +129,7 @@ def test_full_budget_has_the_seeds_that_resolve_a_30_percent_stability_gain():
 _ORPHAN_PARENT = """
 import multiprocessing as mp, os, signal, sys, time
 from concurrent.futures import ProcessPoolExecutor
-from sb3_grpo.bench import runner
+from benchmarks.claims import runner
 
 if __name__ == "__main__":
     ctx = mp.get_context("spawn")

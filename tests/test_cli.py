@@ -5,23 +5,24 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 
 import pytest
 from stable_baselines3.common.callbacks import BaseCallback
 
-from sb3_grpo.bench import compare as compare_mod
-from sb3_grpo.bench.algos import ALGOS, parse_algos
-from sb3_grpo.bench.compare import run_compare
-from sb3_grpo.bench.config import make_config
-from sb3_grpo.bench.report import (
+from sb3_grpo.cli import main, parse_set
+from sb3_grpo.compare import runner as compare_mod
+from sb3_grpo.compare.algos import ALGOS, parse_algos
+from sb3_grpo.compare.config import make_config
+from sb3_grpo.compare.report import (
     curve_auc,
     render_report,
     steps_to_threshold,
     summarize,
     volatility,
 )
-from sb3_grpo.bench.results import prepare_out_dir
-from sb3_grpo.cli import main, parse_set
+from sb3_grpo.compare.results import prepare_out_dir
+from sb3_grpo.compare.runner import run_compare
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -351,8 +352,8 @@ def test_report_from_handmade_results():
 
 
 def test_perf_helpers():
-    from sb3_grpo.bench import perf
-    from sb3_grpo.bench.perf.timing import make_row
+    from benchmarks import perf
+    from benchmarks.timing import make_row
 
     rows = [
         make_row("env: a vs b", 200.0, 100.0, "env steps/s", "setup", True, target=(">=", 1.5)),
@@ -372,8 +373,8 @@ def test_perf_helpers():
 @pytest.mark.parametrize(("ours_time", "met"), [(float("inf"), False), (10.0, True), (20.0, False)])
 def test_perf_trl_time_to_reward_row(monkeypatch, ours_time, met):
     """Ours never reaching TRL's final reward reads as a target not met, not as a missing figure."""
-    from sb3_grpo.bench import perf
-    from sb3_grpo.bench.perf import trl
+    from benchmarks import perf
+    from benchmarks.perf import trl
 
     summary = {"ours": {"completions_per_s": 9.0, "final_reward": 0.3}, "TRL": {"completions_per_s": 7.0,
                "final_reward": 0.6}, "time_to_trl_final": {"ours": ours_time, "TRL": 14.0}}  # fmt: skip
@@ -389,7 +390,7 @@ def test_perf_trl_time_to_reward_row(monkeypatch, ours_time, met):
 
 
 def test_perf_rejects_unknown_measurements(tmp_path):
-    from sb3_grpo.bench.perf import run_perf
+    from benchmarks.perf import run_perf
 
     with pytest.raises(ValueError, match="unknown measurement.*'nope'.*known: env, rollout"):
         run_perf(tmp_path, only=["nope"])
@@ -424,7 +425,7 @@ def test_warm_start_learns_the_answers_and_saves_a_loadable_model(tmp_path, caps
     import torch as th
 
     from sb3_grpo import GRPO
-    from sb3_grpo.bench.warmstart import RECORD_FILE, answer_examples, batch_tensors
+    from sb3_grpo.warmstart import RECORD_FILE, answer_examples, batch_tensors
 
     out = tmp_path / "warm"
     argv = ["warm-start", "--env", "Arithmetic-v0", "--steps", "40", "--batch-size", "16", "--out", str(out)]
@@ -454,10 +455,77 @@ def test_warm_start_learns_the_answers_and_saves_a_loadable_model(tmp_path, caps
 
 
 def test_warm_start_batches_put_labels_on_the_targets_only():
-    from sb3_grpo.bench.warmstart import batch_tensors
+    from sb3_grpo.warmstart import batch_tensors
 
     ids, mask, positions, labels = batch_tensors([([5, 6], [7, 0]), ([5], [8])], pad_id=1)
     assert ids.tolist() == [[5, 6, 7, 0], [1, 1, 5, 8]]
     assert mask.tolist() == [[1, 1, 1, 1], [0, 0, 1, 1]]
     assert positions.tolist() == [[0, 1, 2, 3], [0, 0, 0, 1]]
     assert labels.tolist() == [[-100, -100, 7, 0], [-100, -100, -100, 8]]
+
+
+USER_PACKAGE = """
+import gymnasium as gym
+
+from textrl_envs.rewards import register_reward
+
+gym.register("UserCartPole-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv", max_episode_steps=50)
+
+
+@register_reward("user-constant-seven")
+def make_constant():
+    def constant(prompts, completions, **kwargs):
+        return [7.0] * len(completions)
+
+    return constant
+"""
+
+
+def test_gym_packages_register_the_users_envs_and_rewards(tmp_path, monkeypatch):
+    """``--gym-packages`` imports a module before the envs are made: the env id and the reward it registers work."""
+    (tmp_path / "user_envs_for_compare.py").write_text(USER_PACKAGE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cartpole = [a if a != "CartPole-v1" else "UserCartPole-v0" for a in CARTPOLE]
+    out = tmp_path / "env"
+    assert main([*cartpole, "--gym-packages", "user_envs_for_compare", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["env_id"] == "UserCartPole-v0" and len(results["runs"]) == 4
+    # the reward: every episode of the untrained policy scores the user's constant
+    out = tmp_path / "reward"
+    argv = [*TEXT, "--gym-packages", "user_envs_for_compare", "--env-kwargs", '{"reward": "user-constant-seven"}']
+    assert main([*argv, "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["untrained"]["reward_mean"] == pytest.approx(7.0)
+
+
+def test_gym_packages_that_do_not_import_are_named(tmp_path, capsys):
+    out = tmp_path / "x"
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--gym-packages", "json", "no_such_user_envs_xyz", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "cannot import 'no_such_user_envs_xyz'" in err
+    assert "PYTHONPATH" in err and "pip install" in err
+    assert not out.exists()
+
+
+def test_results_page_holds_the_report_with_a_stamp(tmp_path):
+    out, page = tmp_path / "cp", tmp_path / "docs" / "results" / "cartpole.md"
+    argv = [*CARTPOLE, "--out", str(out), "--results-page", str(page)]
+    assert main(argv) == 0
+    text = page.read_text()
+    report = (out / "report.md").read_text()
+    assert text.startswith("# sb3-grpo compare: CartPole-v1")
+    assert f"- Command: `{shlex.join(['sb3-grpo', *argv])}`" in text
+    assert "- Commit: `" in text and "- Hardware: " in text and "- Date: " in text
+    assert report.partition("\n")[2].strip() in text  # the report's tables, after the stamp
+
+
+def test_report_of_a_claims_dir_points_to_the_lab(tmp_path, capsys):
+    """The claims study's report lives with the study (``textrl-bench report``); sb3-grpo says so."""
+    out = tmp_path / "claims"
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({"kind": "claims", "budget": "smoke", "runs": {}}))
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(out)])
+    assert exc.value.code == 2 and f"textrl-bench report {out}" in capsys.readouterr().err
+    assert not (out / "claims.md").exists()

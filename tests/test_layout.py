@@ -179,12 +179,72 @@ def test_import_graph_reads_every_kind_of_import(tmp_path):
 # -- the packages ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("package", ["textrl_envs", "sb3_grpo"])
+@pytest.mark.parametrize("package", ["textrl_envs", "sb3_grpo", "benchmarks"])
 def test_no_import_cycles(package):
     graph = import_graph(package)
     assert len(graph) > 5  # the package was found and read
     cycles = import_cycles(graph)
     assert not cycles, f"import cycles in {package}: {_describe(cycles)}"
+
+
+def imports_of_top_level(package: str, top: str, root: Path = REPO) -> list[str]:
+    """``module:line`` of every import of ``top`` (or a submodule of it) in ``package``'s source, at any depth:
+    ``import top...``, ``from top... import``, and ``importlib.import_module("top...")`` / ``__import__("top...")``
+    with a literal name."""
+    found = []
+
+    def names(name: str) -> bool:
+        return name == top or name.startswith(top + ".")
+
+    for module, path in module_names(package, root).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                hit = any(names(alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                hit = node.level == 0 and names(node.module or "")
+            elif isinstance(node, ast.Call):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                first = node.args[0] if node.args else None
+                hit = (
+                    called in ("import_module", "__import__")
+                    and isinstance(first, ast.Constant)
+                    and isinstance(first.value, str)
+                    and names(first.value)
+                )
+            else:
+                continue
+            if hit:
+                found.append(f"{module}:{node.lineno}")
+    return found
+
+
+def test_import_finder_sees_every_kind_of_import(tmp_path):
+    pkg = tmp_path / "lib"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import benchmarks.perf\n")
+    (pkg / "a.py").write_text("def f():\n    from benchmarks import cli\n")
+    (pkg / "b.py").write_text("import importlib\nimportlib.import_module('benchmarks.claims')\n")
+    (pkg / "c.py").write_text("from . import a\nimport benchmarks_other\nfrom lib import b\n")  # none of them
+    assert imports_of_top_level("lib", "benchmarks", tmp_path) == ["lib:1", "lib.a:2", "lib.b:2"]
+
+
+@pytest.mark.parametrize("package", ["textrl_envs", "sb3_grpo"])
+def test_the_library_never_imports_the_benchmarks(package):
+    """The lab (``benchmarks/``) imports the library, never the other way round."""
+    assert len(module_names(package)) > 5  # the package was found and read
+    found = imports_of_top_level(package, "benchmarks")
+    assert not found, f"{package} imports benchmarks at {found}"
+
+
+def test_the_lab_is_out_of_the_library():
+    """The study and perf code lives in ``benchmarks/``: no ``sb3_grpo/bench`` and no second bench system."""
+    assert not (REPO / "sb3_grpo" / "bench").exists()
+    assert not (REPO / "scripts").exists()
+    assert (REPO / "benchmarks" / "__init__.py").is_file() and (REPO / "benchmarks" / "timing.py").is_file()
+    # every folder of it is a regular package, so that an install (setuptools' find_packages) ships it
+    folders = {p.parent for p in (REPO / "benchmarks").rglob("*.py") if "__pycache__" not in p.parts}
+    assert not [str(f) for f in folders if not (f / "__init__.py").is_file()]
 
 
 def code_strings(package: str, root: Path = REPO) -> dict[str, set[str]]:

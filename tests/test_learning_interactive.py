@@ -1,17 +1,15 @@
-"""A short, seeded learning run on an interactive task (the longer one: ``python scripts/learn_interactive.py``).
+"""A short, seeded learning run on an interactive task (the longer one: ``python -m benchmarks.learn_interactive``).
 
 GuessNumber-v0 with the bundled LM: a secret in 1-8, four turns, the env answers "Higher" / "Lower" / "Correct!".
 The untrained LM guesses small numbers and ignores the answers (mean reward 0.23 over 512 sampled episodes, 3.6
 turns, on seed 0). GRPO with group-relative advantages must lift the reward clearly and shorten the episodes in 16
-updates of one epoch (the settings of ``scripts/learn_interactive.py``), on the fast path (one forward per
+updates of one epoch (the settings of ``benchmarks/learn_interactive.py``), on the fast path (one forward per
 sequence, the env's replies as context). "Clearly" is measured on the episodes themselves: the gain must exceed
 2.5 standard errors of the difference of the two means (about 0.065 with 512 episodes each), so a policy that
 does not learn fails (it passes by chance about 1 time in 160). Seed 0 gains 0.116; seeds 1-3 gain 0.075-0.079.
 """
 
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -20,11 +18,9 @@ import pytest
 import torch as th
 from helpers import quiet
 
+# the study's settings and evaluation, so that the test pins exactly the run the README reports
+from benchmarks import learn_interactive
 from sb3_grpo.common.buffers import SequenceRolloutBuffer
-
-# the script's settings and evaluation, so that the test pins exactly the run the README reports
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import learn_interactive
 
 
 def _seeds() -> list[int]:
@@ -33,7 +29,7 @@ def _seeds() -> list[int]:
     return list(range(int(first), int(last or first) + 1))
 
 
-# The settings of scripts/learn_interactive.py's GRPO run (groups of 4, 64-step rollouts, one epoch, 16 updates).
+# The settings of benchmarks/learn_interactive.py's GRPO run (groups of 4, 64-step rollouts, one epoch, 16 updates).
 @pytest.mark.parametrize("seed", _seeds())
 def test_grpo_learns_to_guess_the_number(seed):
     th.set_num_threads(1)

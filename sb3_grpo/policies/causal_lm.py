@@ -96,7 +96,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
     ``"sdpa"`` or ``"eager"`` attention, their valid tokens are laid end to end into rows as long as the longest
     segment (first-fit decreasing, :mod:`sb3_grpo.common.packing`), with position ids restarting at each segment and a
     block-diagonal causal 4-D attention mask, so no token attends across segments. Every token's hidden state is the
-    padded forward's up to float rounding, computed over fewer positions (``sb3-grpo perf``'s update row: 1,434
+    padded forward's up to float rounding, computed over fewer positions (``textrl-bench perf``'s update row: 1,434
     instead of 2,258). The first packed forward of a policy is checked against the padded one (hidden states at every
     action position of the segments that share its fullest packed row, within float tolerance); a model that does not
     honour 4-D masks fails the check, is told so in a warning and is evaluated padded from then on.

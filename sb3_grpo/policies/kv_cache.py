@@ -40,7 +40,7 @@ token). When some row adds more (an interactive reply), it is one forward over `
 ``b``'s ``k_b`` tokens sit in the last ``k_b`` of them, at positions ``n_valid - k_b .. n_valid - 1``, the columns
 before them are masked dummies; afterwards each row's columns are realigned (:func:`realign_columns`) so that its
 masked new columns lead the row (and get cropped) instead of leaving holes. Extending a row by ``k`` tokens thus
-costs a forward over ``k`` positions instead of a prefill of the whole window (``sb3-grpo perf``'s interactive
+costs a forward over ``k`` positions instead of a prefill of the whole window (``textrl-bench perf``'s interactive
 row measures both on ``GuessNumber-v0``); since that forward runs every row of the batch over ``K`` columns, the
 rows that add several tokens are prefilled instead when their windows are fewer positions (:func:`extension_pays`:
 a large batch, short windows). ``redo`` rows get one
@@ -213,7 +213,7 @@ class RolloutCache:
         self.states: OrderedDict[int, _BatchCache] = OrderedDict()
         self.supported = True
         #: The most tokens one forward extends a row by (``None``: any); a longer extension is recomputed. Only a
-        #: measuring knob: ``sb3-grpo perf`` sets 1 for the baseline that recomputes a row after every reply.
+        #: measuring knob: ``textrl-bench perf`` sets 1 for the baseline that recomputes a row after every reply.
         self.max_extend: int | None = None
         #: Recompute the rows that a reply extends when that is fewer positions (:func:`extension_pays`); ``False``
         #: always extends (a measuring and testing knob).

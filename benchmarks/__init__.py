@@ -1,0 +1,15 @@
+"""The research lab of textrl, outside the library: throughput (``perf``), the claims study (``claims``), the
+comparisons with TRL (``trl``) and the studies behind the README's figures.
+
+Run it as ``textrl-bench <command>`` or ``python -m benchmarks <command>`` (:mod:`benchmarks.cli` lists them); the
+studies are also modules, ``python -m benchmarks.<module>``. The library (``sb3_grpo``, ``textrl_envs``) never
+imports this package. Commands that measure figures for the docs write their results pages into
+:data:`RESULTS_DIR` (through :func:`sb3_grpo.compare.pages.write_results_page`); nothing else writes there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: Where the results pages of the docs live: ``docs/results/`` of the checkout these benchmarks run from.
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "docs" / "results"

@@ -1,0 +1,445 @@
+"""The complete GRPO loop (rollout + update) against Hugging Face TRL's ``GRPOTrainer``: reward against wall time.
+
+TRL is not a dependency: these functions import it when called (``pip install trl``, or TRL installed elsewhere and
+put on ``PYTHONPATH``); :func:`trl_available` says whether it can be imported. ``textrl-bench trl``
+(:mod:`benchmarks.trl_loops`) is the command-line front end, and ``textrl-bench perf`` takes four rows from here.
+
+Both loops run until they have sampled (at least) the same number of completions, on the same task, LM, tokenizer,
+prompts, reward and seed, one after the other in one process. Each records, per update, the wall time since its start
+and the mean reward of the completions the update trains on. The figure users care about is the wall time to reach a
+reward: the threshold is TRL's final reward (the mean of its last ``window`` updates), and each loop's time is the
+first moment the mean of its last ``window`` updates reaches it (TRL reaches it by its end, by construction; ours may
+not, then its time is ``None``).
+
+Settings in both (see :class:`LoopConfig`): group size ``G``, completions of at most ``T`` tokens, ``N`` completions
+per update (ours: ``N`` envs x ``T`` steps per rollout; an env whose episode ends on EOS starts its group's next prompt
+at once, so a rollout holds more than ``N`` completions and some cross into the next rollout), one optimizer step per
+update over all of it, group-normalised advantages, KL coefficient ``beta`` to a frozen copy of the initial model
+(k3), clip 0.2, AdamW (eps 1e-8, no weight decay), gradient-norm clip 1.0, constant learning rate, sampling at
+temperature 1 without top-k / top-p, dropout off, fp32. Ours has every GRPO extra that TRL lacks off (no variance
+penalty, no mixture, symmetric clip). Loss normalisation: TRL's default ``loss_type="dapo"`` averages the per-token
+loss over the batch's completion tokens; ours averages it over the update's transitions, which include the steps of
+episodes cut by the rollout's end and of incomplete groups (advantage 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import math
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+__all__ = ["LoopConfig", "compare_loops", "run_ours", "run_trl", "time_to_reward", "trl_available"]
+
+NOT_INSTALLED = "TRL not installed: pip install trl (or put it on PYTHONPATH) to run this comparison"
+#: A tiny GPT-2 for the small-batch case: 2 layers, 64 wide (the bundled tokenizer's vocabulary).
+TINY_GPT2 = {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 128}
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """One side-by-side comparison.
+
+    :param n_envs: Completions per update ``N`` (ours: envs).
+    :param group_size: Completions per prompt ``G``.
+    :param tokens: Completion budget ``T``.
+    :param completions: Completions each loop samples (at least; whole updates).
+    :param lr: Learning rate of both.
+    :param beta: KL coefficient of both.
+    :param model: ``"bundled"`` (the bundled LM) or ``"tiny"`` (:data:`TINY_GPT2`, seeded random weights).
+    :param device: Ours: ``"auto"`` or a device; TRL runs on the CPU unless this is CUDA.
+    :param window: Updates averaged for the reward curve's smoothing.
+    :param ours_envs: Envs of our loop (``None``: ``N``). ``N`` envs x ``T`` steps sample more than ``N`` completions
+        when episodes end early (EOS), so fewer updates for the same completions; about ``N / 2`` envs make as many
+        completions per update as TRL's ``N`` at TextGen-v0's mean length.
+    """
+
+    n_envs: int = 64
+    group_size: int = 4
+    tokens: int = 24
+    completions: int = 1024
+    lr: float = 1e-4
+    beta: float = 0.04
+    model: str = "bundled"
+    device: str = "auto"
+    window: int = 3
+    ours_envs: int | None = None
+
+
+#: The two comparisons ``textrl-bench perf`` prints: the default one, and small batches on a tiny model with beta 0.
+DEFAULT = LoopConfig()
+SMALL = LoopConfig(n_envs=16, group_size=8, tokens=16, completions=512, beta=0.0, model="tiny")
+
+
+def trl_available() -> bool:
+    """Whether ``import trl`` can work here."""
+    return importlib.util.find_spec("trl") is not None
+
+
+def _model_path(cfg: LoopConfig) -> str:
+    """A directory holding the LM both loops load (TRL builds its models from a path)."""
+    from textrl_envs.assets import lm_path
+
+    if cfg.model == "bundled":
+        return str(lm_path())
+    if cfg.model != "tiny":
+        raise ValueError(f"model must be 'bundled' or 'tiny', got {cfg.model!r}")
+    import torch as th
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from textrl_envs.assets import tokenizer_path
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path()))
+    path = os.path.join(tempfile.gettempdir(), f"textrl_tiny_gpt2_{len(tokenizer)}")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        th.manual_seed(0)
+        config = GPT2Config(
+            vocab_size=len(tokenizer),
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            **TINY_GPT2,
+        )
+        GPT2LMHeadModel(config).save_pretrained(path)
+    return path
+
+
+def _spec() -> tuple[list[str], Any]:
+    """TextGen-v0's prompts and reward, as the env uses them."""
+    import gymnasium as gym
+
+    import textrl_envs  # noqa: F401  (registers the envs)
+
+    env = gym.make("TextGen-v0")
+    try:
+        spec = env.unwrapped.text_spec
+        return list(spec.prompt_texts), spec.reward
+    finally:
+        env.close()
+
+
+def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
+    """Our GRPO: whole updates until ``cfg.completions`` completions are sampled.
+
+    :param cfg: The comparison.
+    :param seed: The seed.
+    :param grpo_kwargs: Overrides of GRPO's arguments.
+    :return: Figures and the reward curve ``[(wall s, completions so far, mean reward), ...]``.
+    """
+    from stable_baselines3.common.logger import configure
+
+    from sb3_grpo import GRPO
+    from textrl_envs.sb3 import make_vec_env
+
+    n_envs = cfg.ours_envs or cfg.n_envs
+    env = make_vec_env(
+        "TextGen-v0",
+        n_envs=n_envs,
+        group_size=cfg.group_size,
+        max_new_tokens=cfg.tokens,
+        seed=seed,
+        device=cfg.device,
+    )
+    kwargs = _grpo_kwargs(cfg, n_envs, seed, grpo_kwargs)
+    with warnings.catch_warnings():  # a minibatch larger than the rollout is meant here (see _grpo_kwargs)
+        warnings.filterwarnings("ignore", message="You have specified a mini-batch size")
+        model = GRPO("CausalLMPolicy", env, **kwargs)
+    model.set_logger(configure(None, []))
+    record, curve = _recorders(cfg.completions)
+    w0, c0 = time.perf_counter(), time.process_time()
+    record.start = w0
+    model.learn(10**12, callback=[record, curve])
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    if hasattr(record, "pending"):  # the last update
+        record.curve.append((wall, record.count, record.pending))
+    env.close()
+    return {
+        "impl": "ours",
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "completions": record.count,
+        "updates": len(record.curve),
+        "curve": record.curve,
+        "advantaged": record.advantaged,
+    }
+
+
+def _grpo_kwargs(cfg: LoopConfig, n_envs: int, seed: int, grpo_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """GRPO's arguments in :func:`run_ours`: set as TRL's trainer runs (AdamW at its defaults, one epoch, one
+    optimizer step per update, no extras), then the caller's overrides. With ``carry_over`` an update also trains
+    steps held from earlier rollouts, so its minibatch is made large enough for all of them (four rollouts' worth:
+    one optimizer step per update, as TRL's)."""
+    import torch as th
+
+    rollout = grpo_kwargs.get("n_steps", cfg.tokens) * n_envs  # steps per rollout
+
+    optimizer = {"optimizer_class": th.optim.AdamW, "optimizer_kwargs": {"eps": 1e-8, "weight_decay": 0.0}}
+    kwargs = {
+        "learning_rate": cfg.lr,
+        "n_steps": cfg.tokens,
+        "batch_size": 4 * rollout if grpo_kwargs.get("carry_over") else rollout,
+        "n_epochs": 1,
+        "clip_range": 0.2,
+        "max_grad_norm": 1.0,
+        "advantage": "group",
+        "kl_coef": cfg.beta,
+        "grad_var_coef": 0.0,
+        "adaptive_clip": None,
+        "explore_alpha": 0.0,
+        "seed": seed,
+        "device": cfg.device,
+        "policy_kwargs": {"model": _model_path(cfg), **optimizer},
+        **grpo_kwargs,
+    }
+    return kwargs
+
+
+def _recorders(completions: int) -> tuple[Any, Any]:
+    """The callbacks of :func:`run_ours` (SB3 imported here, lazily): a ``Record`` of each rollout's rewards that stops
+    learning once ``completions`` completions are sampled, and a ``Curve`` of ``(wall s, completions, mean reward)``
+    after each update."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Record(BaseCallback):
+        """Per rollout: the rewards of the episodes that ended, and the share of the rollout's steps that its update
+        trains with an advantage (its own steps with one, plus the steps ``carry_over`` brought from earlier
+        rollouts); stops once enough completions are sampled."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.rewards: list[dict] = []
+            self.curve: list[tuple[float, int, float]] = []
+            self.advantaged: list[float] = []
+            self.count = 0
+            self.start = time.perf_counter()
+
+        def _on_step(self) -> bool:
+            if self.count >= completions:
+                return False
+            for done, info in zip(self.locals["dones"], self.locals["infos"], strict=True):
+                if done and "episode" in info:  # read at the rollout's end: a reward scored in the background
+                    self.rewards.append(info["episode"])  # lands in this record then
+            return True
+
+        def _on_rollout_end(self) -> None:
+            logged = self.model.logger.name_to_value
+            steps = self.model.n_steps * self.model.n_envs
+            own = logged.get("rollout/frac_steps_nonzero_advantage", float("nan")) * steps
+            self.advantaged.append((own + logged.get("rollout/carried_steps", 0.0)) / steps)
+            self.count += len(self.rewards)
+            rewards = [float(episode["r"]) for episode in self.rewards]
+            self.pending = statistics.fmean(rewards) if rewards else float("nan")
+            self.rewards = []
+
+    class Curve(BaseCallback):
+        """The time after each update (the rollout's rewards were recorded before it)."""
+
+        def __init__(self, record: Record) -> None:
+            super().__init__()
+            self.record = record
+
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_start(self) -> None:  # the previous update has finished
+            r = self.record
+            if hasattr(r, "pending"):
+                r.curve.append((time.perf_counter() - r.start, r.count, r.pending))
+                del r.pending
+
+    record = Record()
+    return record, Curve(record)
+
+
+def _dataset(prompts: list[str]) -> Any:
+    from datasets import Dataset
+
+    try:
+        return Dataset.from_dict({"prompt": prompts})
+    except Exception:  # noqa: BLE001  (a datasets / pyarrow mismatch): a generator-backed dataset serves as well
+        from datasets import IterableDataset
+
+        def rows(prompts: list[str]) -> Any:
+            for p in prompts:
+                yield {"prompt": p}
+
+        return IterableDataset.from_generator(rows, gen_kwargs={"prompts": prompts})
+
+
+def run_trl(cfg: LoopConfig, seed: int) -> dict:
+    """TRL's ``GRPOTrainer``: ``ceil(completions / N)`` steps of ``N`` completions each.
+
+    :return: Figures and the reward curve, as :func:`run_ours`.
+    """
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from textrl_envs.assets import tokenizer_path
+    from textrl_envs.devices import resolve_device
+
+    prompts, env_reward = _spec()
+    curve: list[tuple[float, int, float]] = []
+    start = [0.0]
+    count = [0]
+
+    def sentiment(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:  # noqa: ARG001  (TRL's reward signature)
+        rewards = [float(r) for r in env_reward(list(prompts), list(completions))]
+        count[0] += len(rewards)
+        curve.append((time.perf_counter() - start[0], count[0], statistics.fmean(rewards)))  # timed at its step's end
+        return rewards
+
+    sentiment.__name__ = "sentiment"
+    on_cuda = resolve_device(cfg.device).type == "cuda"
+    steps = math.ceil(cfg.completions / cfg.n_envs)
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="bench_trl_"),
+        per_device_train_batch_size=cfg.n_envs,
+        gradient_accumulation_steps=1,
+        num_generations=cfg.group_size,
+        max_completion_length=cfg.tokens,
+        beta=cfg.beta,
+        num_iterations=1,
+        epsilon=0.2,
+        max_steps=steps,
+        learning_rate=cfg.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_epsilon=1e-8,
+        max_grad_norm=1.0,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        disable_dropout=True,
+        use_cpu=not on_cuda,
+        bf16=False,
+        fp16=False,
+        report_to=[],
+        logging_strategy="no",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=seed,
+        data_seed=seed,
+    )
+    trainer = GRPOTrainer(
+        model=_model_path(cfg),
+        reward_funcs=sentiment,
+        args=config,
+        processing_class=AutoTokenizer.from_pretrained(str(tokenizer_path())),
+        train_dataset=_dataset(prompts * max(1, cfg.n_envs // cfg.group_size)),
+    )
+    step_ends: list[float] = []
+    trainer.add_callback(_StepEnd(step_ends, start))
+    w0, c0 = time.perf_counter(), time.process_time()
+    start[0] = w0
+    with contextlib.redirect_stdout(io.StringIO()):  # the trainer prints its end-of-training metrics
+        trainer.train()
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    # each point's time: when the optimizer step that trained on it ended
+    timed = [(step_ends[i] if i < len(step_ends) else wall, n, r) for i, (_, n, r) in enumerate(curve)]
+    return {"impl": "TRL", "wall_s": wall, "cpu_s": cpu, "completions": count[0], "updates": len(curve), "curve": timed}
+
+
+def _StepEnd(times: list[float], start: list[float]) -> Any:  # noqa: N802  (builds a class: transformers is lazy)
+    """A ``TrainerCallback`` appending the wall time since ``start[0]`` at the end of every optimizer step."""
+    from transformers import TrainerCallback
+
+    class StepEnd(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ARG002  (TRL's callback signature)
+            times.append(time.perf_counter() - start[0])
+
+    return StepEnd()
+
+
+def time_to_reward(curve: list[tuple[float, int, float]], threshold: float, window: int) -> float | None:
+    """The first wall time at which the mean reward of the last ``window`` updates reaches ``threshold``.
+
+    :param curve: ``[(wall s, completions so far, mean reward of the update), ...]``.
+    :param threshold: The reward to reach.
+    :param window: Updates averaged.
+    :return: Seconds, or ``None`` when the curve never reaches it.
+    """
+    rewards = [r for _, _, r in curve]
+    for i in range(window - 1, len(curve)):
+        if statistics.fmean(rewards[i - window + 1 : i + 1]) >= threshold:
+            return curve[i][0]
+    return None
+
+
+def final_reward(curve: list[tuple[float, int, float]], window: int) -> float:
+    """The mean reward of the last ``window`` updates."""
+    return statistics.fmean(r for _, _, r in curve[-window:])
+
+
+def compare_loops(cfg: LoopConfig, seeds: list[int], log: Any = print, **grpo_kwargs: Any) -> dict:
+    """Both loops per seed (alternating which goes first), their time to TRL's final reward, and the medians.
+
+    :param cfg: The comparison.
+    :param seeds: Seeds (one pair of loops each).
+    :param log: Where progress lines go.
+    :param grpo_kwargs: Overrides of our GRPO's arguments.
+    :return: ``{"config", "runs": [{"seed", "ours", "TRL", "threshold", "ours_time", "trl_time"}], "summary"}``.
+    """
+    import torch as th
+
+    from textrl_envs.devices import resolve_device
+
+    if not trl_available():
+        raise ImportError(NOT_INSTALLED)
+    if resolve_device(cfg.device).type == "cuda":
+        th.cuda.synchronize()
+    runs = []
+    for i, seed in enumerate(seeds):
+        order = [("ours", lambda s=seed: run_ours(cfg, s, **grpo_kwargs)), ("TRL", lambda s=seed: run_trl(cfg, s))]
+        results = {}
+        for name, fn in order if i % 2 == 0 else order[::-1]:
+            log(f"seed {seed}: {name} ...")
+            results[name] = fn()
+        threshold = final_reward(results["TRL"]["curve"], cfg.window)
+        runs.append(
+            {
+                "seed": seed,
+                **results,
+                "threshold": threshold,
+                "ours_time": time_to_reward(results["ours"]["curve"], threshold, cfg.window),
+                "trl_time": time_to_reward(results["TRL"]["curve"], threshold, cfg.window),
+            }
+        )
+    return {"config": asdict(cfg), "grpo_kwargs": grpo_kwargs, "runs": runs, "summary": summarize(runs)}
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Medians over seeds: wall time, completions/s, final reward, time to TRL's final reward (a loop that never
+    reached it counts as infinitely slow), and TRL / ours of the times."""
+
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
+    out: dict[str, Any] = {}
+    for name in ("ours", "TRL"):
+        out[name] = {
+            "wall_s": med([r[name]["wall_s"] for r in runs]),
+            "completions_per_s": med([r[name]["completions"] / r[name]["wall_s"] for r in runs]),
+            "completions_per_cpu_s": med([r[name]["completions"] / r[name]["cpu_s"] for r in runs]),
+            "final_reward": med([final_reward(r[name]["curve"], 3) for r in runs]),
+        }
+    # the share of sampled steps that ours trained with an advantage: per run the mean over its updates
+    out["ours"]["advantaged"] = med([statistics.fmean(r["ours"]["advantaged"]) for r in runs])
+    inf = float("inf")
+    ours_t = med([r["ours_time"] if r["ours_time"] is not None else inf for r in runs])
+    trl_t = med([r["trl_time"] if r["trl_time"] is not None else inf for r in runs])
+    out["time_to_trl_final"] = {"ours": ours_t, "TRL": trl_t, "ratio": trl_t / ours_t if ours_t > 0 else None}
+    out["throughput_ratio"] = out["ours"]["completions_per_s"] / out["TRL"]["completions_per_s"]
+    return out
+
+
+def with_overrides(cfg: LoopConfig, **changes: Any) -> LoopConfig:
+    """``cfg`` with some fields changed."""
+    return replace(cfg, **changes)

@@ -1,0 +1,137 @@
+"""``textrl-bench trl``: the complete GRPO loop (rollout + update) against Hugging Face TRL's ``GRPOTrainer``,
+reward against wall time.
+
+A command-line front end to :mod:`benchmarks.perf.trl` (whose docstring gives every setting the two loops
+share). Both loops sample the same number of completions on TextGen-v0 (same LM, tokenizer, prompts, VADER reward and
+seed); the script prints, per seed, each loop's reward curve (wall time, completions so far, mean reward of the update)
+and the time each takes to reach TRL's final reward (mean of its last 3 updates), then the medians over the seeds, and
+writes that report as the results page ``docs/results/trl.md`` (``--page PATH``, ``--no-page``).
+
+TRL is not a dependency (the ``trl`` extra installs it). Without it this prints "TRL not installed ..." and exits 0.
+Or install it on the side and put it on the path, e.g. ``pip install --target /tmp/trl_site trl pandas datasets``
+(then remove from ``/tmp/trl_site`` the packages the environment already has, such as numpy and huggingface_hub)::
+
+    HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/trl_site python -m benchmarks.trl_loops               # the default set-up, 3 seeds
+    HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/trl_site python -m benchmarks.trl_loops --preset small  # tiny GPT-2
+    HF_HUB_OFFLINE=1 python -m benchmarks.trl_loops --trl-path /tmp/trl_site --seeds 0 --completions 512 --json trl.json
+
+``--ours '{"n_epochs": 2}'`` passes other arguments to our GRPO (the rest of the set-up stays TRL's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from benchmarks import RESULTS_DIR  # noqa: E402  (after the environment variables above)
+
+
+def _curve(points: list) -> str:
+    return ", ".join(f"{t:.1f}s/{n}:{r:+.2f}" for t, n, r in points)
+
+
+def report_lines(cfg: Any, result: dict, version: str, threads: int) -> list[str]:
+    """The printed report of :func:`benchmarks.perf.trl.compare_loops`'s result: per seed, then the medians."""
+    lines = [f"{cfg}", f"TRL {version}, {threads} torch thread(s); curves: wall s/completions:reward"]
+    for run in result["runs"]:
+        lines.append(f"\nseed {run['seed']}: threshold (TRL's final reward) {run['threshold']:+.3f}")
+        for name in ("ours", "TRL"):
+            r = run[name]
+            reached = run["ours_time" if name == "ours" else "trl_time"]
+            lines.append(
+                f"  {name:4s} {r['wall_s']:6.1f} s, {r['completions']} completions in {r['updates']} updates, "
+                f"reached it at {'never' if reached is None else f'{reached:.1f} s'}"
+            )
+            lines.append(f"       {_curve(r['curve'])}")
+    s = result["summary"]
+    t = s["time_to_trl_final"]
+    lines.append("\nmedians over the seeds:")
+    for name in ("ours", "TRL"):
+        r = s[name]
+        lines.append(
+            f"  {name:4s} wall {r['wall_s']:.1f} s, {r['completions_per_s']:.1f} completions/s "
+            f"({r['completions_per_cpu_s']:.1f} per CPU s), final reward {r['final_reward']:+.3f}, "
+            f"time to TRL's final reward {t[name]:.1f} s"
+        )
+    lines.append(
+        f"  ours trained {s['ours']['advantaged']:.0%} of the steps it sampled with an advantage (per update: its own "
+        "steps with one, plus those carry_over brought from earlier rollouts; TRL: all)"
+    )
+    lines.append(
+        f"ours / TRL: completions/s x{s['throughput_ratio']:.2f}; time to TRL's final reward: TRL / ours = "
+        f"x{t['ratio']:.2f} (above 1: ours gets there sooner)"
+    )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trl-path", default=None, help="a directory to put first on sys.path (where TRL lives)")
+    parser.add_argument("--preset", choices=["default", "small"], default="default")
+    parser.add_argument("--completions", type=int, default=None, help="completions each loop samples")
+    parser.add_argument("--n-envs", type=int, default=None, help="completions per update (N)")
+    parser.add_argument("--group-size", type=int, default=None, help="completions per prompt (G)")
+    parser.add_argument("--tokens", type=int, default=None, help="max completion tokens (T)")
+    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--beta", type=float, default=None, help="KL coefficient of both")
+    parser.add_argument("--ours-envs", type=int, default=None, help="envs of our loop (default: N)")
+    parser.add_argument("--device", default=None, help="ours: auto (default) or a device; TRL: the CPU unless CUDA")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadiest on a shared machine)")
+    parser.add_argument("--ours", default="{}", help="JSON of other arguments for our GRPO")
+    parser.add_argument("--json", help="also write the runs and the summary to this file")
+    page = parser.add_mutually_exclusive_group()
+    page.add_argument("--page", default=None, help=f"the results page to write (default {RESULTS_DIR / 'trl.md'})")
+    page.add_argument("--no-page", action="store_true", help="write no results page")
+    args = parser.parse_args(argv)
+    if args.trl_path:
+        sys.path.insert(0, os.path.abspath(args.trl_path))
+
+    from benchmarks.perf import trl
+
+    if not trl.trl_available():
+        print(trl.NOT_INSTALLED)
+        return {}
+    import torch as th
+    from transformers.utils import logging as hf_logging
+
+    warnings.filterwarnings("ignore")
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    th.set_num_threads(args.threads)
+    changes = {k: v for k, v in vars(args).items() if k in trl.LoopConfig.__dataclass_fields__ and v is not None}
+    cfg = trl.with_overrides(trl.DEFAULT if args.preset == "default" else trl.SMALL, **changes)
+    if cfg.n_envs % cfg.group_size:
+        parser.error("--n-envs must be a multiple of --group-size")
+    result = trl.compare_loops(
+        cfg, args.seeds, log=lambda m: print(m, file=sys.stderr, flush=True), **json.loads(args.ours)
+    )
+    import trl as trl_package
+
+    lines = report_lines(cfg, result, trl_package.__version__, args.threads)
+    print("\n" + "\n".join(lines))
+    page = None if args.no_page else Path(args.page) if args.page else RESULTS_DIR / "trl.md"
+    if page is not None:
+        from sb3_grpo.compare.pages import write_results_page
+
+        command = shlex.join(["textrl-bench", "trl", *(sys.argv[1:] if argv is None else argv)])
+        body = "Reward against wall time of both loops, per seed, then the medians over the seeds.\n\n```\n"
+        write_results_page(page, "GRPO loop against TRL's GRPOTrainer", body + "\n".join(lines) + "\n```\n", command)
+        print(f"results page: {page}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Results pages: a Markdown page of measured figures, starting with a stamp that says how they were made.
+
+The stamp names the command line, the git commit of the checkout the code ran from (short hash, ``unknown``
+outside a git checkout, ``+dirty`` when tracked files have changes), the hardware (CPU model and cores, the GPU
+if any, the torch version) and the UTC date. ``sb3-grpo compare --results-page PATH`` writes one, and so do the
+commands of the benchmarks (``textrl-bench perf``, ``claims``, ``trl``) into ``docs/results/``: those pages are
+only ever written by the command that measured them.
+
+The page is written atomically (a temporary file in the same folder, then :func:`os.replace`), so a failed write
+leaves the previous page as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from sb3_grpo.common.io import atomic_write
+
+__all__ = ["git_commit", "hardware_summary", "results_stamp", "write_results_page"]
+
+#: The checkout the library runs from (its parent folder); :func:`git_commit` asks git about it by default.
+_SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):  # no git executable, or it hung
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def git_commit(root: str | os.PathLike | None = None) -> str:
+    """The short hash of the commit checked out at ``root``, with ``+dirty`` when tracked files have changes.
+
+    :param root: A folder in the checkout (default: the one the library runs from).
+    :return: E.g. ``"a1b2c3d"`` or ``"a1b2c3d+dirty"``; ``"unknown"`` outside a git checkout (or without git).
+    """
+    path = Path(root) if root is not None else _SOURCE_ROOT
+    commit = _git(path, "rev-parse", "--short", "HEAD")
+    if not commit:
+        return "unknown"
+    changes = _git(path, "status", "--porcelain", "--untracked-files=no")
+    return commit + ("+dirty" if changes else "")
+
+
+def hardware_summary(info: dict[str, Any] | None = None) -> str:
+    """One line: CPU model and usable cores, the GPU (or "no GPU") and the torch version.
+
+    :param info: :func:`sb3_grpo.compare.results.environment_info` output (default: measured now).
+    """
+    if info is None:
+        from sb3_grpo.compare.results import environment_info
+
+        info = environment_info("cpu")
+    hw, versions = info["hardware"], info["versions"]
+    gpu = hw.get("gpu") or "no GPU"
+    return f"{hw.get('cpu')}, {hw.get('usable_cpus')} of {hw.get('cpu_count')} cores; {gpu}; torch {versions['torch']}"
+
+
+def results_stamp(command: str, root: str | os.PathLike | None = None, info: dict[str, Any] | None = None) -> str:
+    """The stamp a results page starts with (Markdown lines: command, commit, hardware, UTC date).
+
+    :param command: The command line that produced the figures.
+    :param root: A folder in the git checkout (default: the one the library runs from).
+    :param info: :func:`sb3_grpo.compare.results.environment_info` output (default: measured now).
+    """
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return (
+        f"- Command: `{command}`\n"
+        f"- Commit: `{git_commit(root)}`\n"
+        f"- Hardware: {hardware_summary(info)}\n"
+        f"- Date: {date}\n"
+    )
+
+
+def write_results_page(
+    path: str | os.PathLike,
+    title: str,
+    body_markdown: str,
+    command: str,
+    root: str | os.PathLike | None = None,
+    info: dict[str, Any] | None = None,
+) -> Path:
+    """Write a results page atomically: ``# title``, the stamp (:func:`results_stamp`), then ``body_markdown``.
+
+    :param path: The page (its folder is created).
+    :param title: The page's title.
+    :param body_markdown: The figures (tables, notes) as Markdown.
+    :param command: The command line that produced them.
+    :param root: A folder in the git checkout whose commit is stamped (default: the one the library runs from).
+    :param info: :func:`sb3_grpo.compare.results.environment_info` output (default: measured now).
+    :return: The page's path.
+    :raises ValueError: for an empty title or command.
+    """
+    if not title.strip():
+        raise ValueError("write_results_page: title is empty; give the page a title, e.g. 'Throughput'")
+    if not command.strip():
+        raise ValueError("write_results_page: command is empty; give the command line that made the figures")
+    text = f"# {title}\n\n{results_stamp(command, root, info)}\n{body_markdown.rstrip()}\n"
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    atomic_write(path, write)
+    return Path(path)

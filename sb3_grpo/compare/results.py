@@ -1,0 +1,264 @@
+"""The out dir of a comparison and its ``results.json``: prepared before anything runs, written atomically.
+
+``results.json`` is rewritten after every run through :func:`~sb3_grpo.common.io.write_json_atomic` (temp file,
+``fsync``, ``os.replace``), so an interrupted comparison keeps every run that finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sb3_grpo.common.io import write_json_atomic
+from sb3_grpo.compare.config import CompareConfig, CompareError
+
+__all__ = [
+    "OUTPUT_NAMES",
+    "RESULTS_FILE",
+    "environment_info",
+    "discard_failed_out_dir",
+    "load_results",
+    "new_results",
+    "prepare_out_dir",
+    "resolved_device",
+    "write_json_atomic",
+]
+
+RESULTS_FILE = "results.json"
+REPORT_FILE = "report.md"
+CURVES_FILE = "curves.png"
+TENSORBOARD_DIR = "tensorboard"
+#: Files and folders ``--overwrite`` removes from an out dir (nothing else is touched).
+OUTPUT_NAMES = (RESULTS_FILE, REPORT_FILE, CURVES_FILE, TENSORBOARD_DIR)
+SCHEMA_VERSION = 1
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The out dir and results.json
+# ------------------------------------------------------------------------------------------------------------
+
+
+def prepare_out_dir(out: Path, overwrite: bool, resume: bool, outputs: tuple[str, ...] = OUTPUT_NAMES) -> list[Path]:
+    """Create (or check) the out dir; on any failure nothing is left behind.
+
+    :param out: The folder.
+    :param overwrite: Remove this command's previous outputs (``outputs``: for ``compare`` results.json, report.md,
+        curves.png, tensorboard/) and start afresh; other files are left alone.
+    :param resume: Keep previous results and skip the runs they hold (a damaged results.json is refused now).
+    :param outputs: The names ``overwrite`` removes.
+    :return: The folders created now, innermost first (empty when ``out`` existed): what
+        :func:`discard_failed_out_dir` removes when the comparison then fails before any run completes.
+    :raises CompareError: exists without --overwrite/--resume, is not a folder, or is not writable.
+    """
+    if overwrite and resume:
+        raise CompareError("--overwrite and --resume exclude each other: pick one")
+    existed = out.exists()
+    if existed and not out.is_dir():
+        raise CompareError(f"--out {out} exists and is not a folder")
+    if existed and any(out.iterdir()) and not (overwrite or resume):
+        raise CompareError(
+            f"--out {out} already exists; pass --resume to continue it (completed runs are skipped), "
+            "--overwrite to replace its results, or another --out"
+        )
+    if resume and not (out / RESULTS_FILE).is_file():
+        raise CompareError(f"--resume: {out / RESULTS_FILE} does not exist; nothing to resume (drop --resume)")
+    if resume:
+        load_results(out)  # refuse a damaged results.json before anything runs
+    created: list[Path] = []
+    try:
+        missing = [p for p in [out, *out.parents] if not p.exists()]
+        out.mkdir(parents=True, exist_ok=True)
+        created = missing
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
+            pass
+    except OSError as err:
+        for path in created:  # innermost first
+            try:
+                path.rmdir()
+            except OSError:
+                pass
+        raise CompareError(f"cannot write to --out {out}: {err.strerror or err}; choose a writable folder") from None
+    if overwrite:
+        for name in outputs:
+            path = out / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+    return created
+
+
+def discard_failed_out_dir(created: list[Path]) -> bool:
+    """After a comparison failed: remove the out dir it created (and the parents it created) when no run completed,
+    so a command that fails on its input (found only when a run starts) leaves nothing behind.
+
+    :param created: What :func:`prepare_out_dir` returned (innermost first); empty: the folder existed, keep it.
+    :return: Whether the folders were removed.
+    """
+    if not created:
+        return False
+    out = created[0]
+    try:
+        with open(out / RESULTS_FILE) as f:
+            runs = json.load(f).get("runs", {})
+    except (OSError, ValueError, AttributeError):
+        runs = {}
+    if any(isinstance(r, dict) and r.get("status") == "complete" for r in runs.values()):
+        return False
+    shutil.rmtree(out, ignore_errors=True)
+    for parent in created[1:]:
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+    return True
+
+
+#: What a ``results.json`` must hold for a report: config keys and the keys of every run.
+CONFIG_KEYS = ("env_id", "algos", "seeds", "timesteps", "n_envs", "eval_episodes", "hyperparameters")
+RUN_KEYS = ("algo", "seed", "curve")
+
+
+def _results_problem(data: Any) -> str | None:
+    """What keeps ``data`` from being a comparison's results (``None``: nothing)."""
+    if not isinstance(data, dict):
+        return f"it holds a JSON {type(data).__name__}, not an object"
+    if data.get("kind") == "claims":  # textrl-bench claims: runs keyed by experiment/arm/seed, under a budget
+        if not isinstance(data.get("runs"), dict) or not isinstance(data.get("budget"), str):
+            return "it is a claims study's without 'runs' and 'budget'"
+        bad = [k for k, r in data["runs"].items() if not isinstance(r, dict) or "status" not in r]
+        return f"its run {bad[0]!r} has no status" if bad else None
+    config, runs = data.get("config"), data.get("runs")
+    if not isinstance(config, dict) or not isinstance(runs, dict):
+        return "it has no 'config' and 'runs' objects"
+    missing = [k for k in CONFIG_KEYS if k not in config]
+    if missing:
+        return f"its config lacks {', '.join(missing)}"
+    if not isinstance(config["algos"], list) or not isinstance(config["seeds"], list):
+        return "its config's algos and seeds are not lists"
+    for key, run in runs.items():
+        if not isinstance(run, dict) or any(k not in run for k in RUN_KEYS) or not isinstance(run["curve"], dict):
+            return f"its run {key!r} lacks {', '.join(RUN_KEYS)}"
+    return None
+
+
+def load_results(out: Path) -> dict[str, Any]:
+    """Read ``results.json`` of an out dir, checking that it is a comparison's (or a claims study's).
+
+    :param out: The folder.
+    :return: The stored results.
+    :raises CompareError: for a file that is not valid JSON (e.g. truncated) or not a comparison's results.
+    """
+    path = out / RESULTS_FILE
+    todo = "run the comparison again into a fresh --out (sb3-grpo compare ... --out DIR)"
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as err:
+        raise CompareError(f"{path} is not valid JSON ({err}; truncated or edited?); {todo}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CompareError(f"cannot read {path}: {getattr(err, 'strerror', None) or err}") from None
+    problem = _results_problem(data)
+    if problem:
+        raise CompareError(f"{path} is not the results.json of `sb3-grpo compare`: {problem}; {todo}")
+    return data
+
+
+def environment_info(device: str = "cpu") -> dict[str, Any]:
+    """Versions and hardware, for the report.
+
+    :param device: The device the comparison used.
+    :return: A JSON-able dict.
+    """
+    import importlib.metadata as md
+
+    import torch as th
+
+    versions = {}
+    for pkg in ("textrl", "stable-baselines3", "gymnasium", "torch", "transformers", "numpy"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = "not installed"
+    versions["python"] = platform.python_version()
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    memory_gb = None
+    try:
+        memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        pass
+    hardware: dict[str, Any] = {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": th.get_num_threads(),
+        "memory_gb": round(memory_gb, 1) if memory_gb else None,
+        "device": device,
+        "gpu": th.cuda.get_device_name(0) if th.cuda.is_available() else None,
+    }
+    hardware.update(_math_libraries())
+    try:
+        hardware["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    return {"versions": versions, "hardware": hardware}
+
+
+def _math_libraries() -> dict[str, Any]:
+    """What sets float rounding on a CPU, so two machines' reports can be told apart: the vector instructions
+    torch dispatches to, and the BLAS / LAPACK / oneDNN it was built with."""
+    import torch as th
+
+    info: dict[str, Any] = {}
+    try:
+        info["cpu_capability"] = th.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001  (older torch: leave it out)
+        pass
+    config = th.__config__.show()
+    for key in ("BLAS_INFO", "LAPACK_INFO"):
+        found = re.search(rf"\b{key}=([^,\s]+)", config)
+        if found:
+            info[key.lower()] = found.group(1)
+    dnn = [line.strip("- ").split(" (")[0] for line in config.splitlines() if "MKL-DNN" in line or "oneDNN" in line]
+    if dnn:
+        info["onednn"] = dnn[0]
+    return info
+
+
+def resolved_device(device: str) -> str:
+    """``device`` as this machine resolves it (:func:`textrl_envs.devices.resolve_device`: ``"auto"`` is CUDA when
+    available, else the CPU)."""
+    from textrl_envs.devices import resolve_device
+
+    return str(resolve_device(device))
+
+
+def new_results(cfg: CompareConfig, command: str) -> dict[str, Any]:
+    """The skeleton of ``results.json`` for a fresh comparison."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "command": command,
+        "config": asdict(cfg),
+        "environment": environment_info(resolved_device(cfg.device)),
+        "status": "running",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "untrained": None,
+        "runs": {},
+    }

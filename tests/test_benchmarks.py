@@ -1,0 +1,121 @@
+"""``textrl-bench``: ``perf --smoke`` runs every perf row at the smallest sizes and each gives finite figures (about
+a minute on 2 cores), the smoke check itself, and the commands that forward to the study modules."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+
+from benchmarks import RESULTS_DIR, perf
+from benchmarks.cli import MODULE_COMMANDS, main
+
+
+def test_perf_smoke_runs_every_row_and_each_gives_finite_figures(tmp_path, capsys):
+    page = RESULTS_DIR / "perf.md"
+    before = page.read_text() if page.exists() else None
+    out = tmp_path / "smoke"
+    assert main(["perf", "--smoke", "--out", str(out)]) == 0, capsys.readouterr().err
+    result = json.loads((out / "perf.json").read_text())
+    assert result["smoke"] and not result["errors"]
+    assert result["smoke_check"]["problems"] == []
+    # every measurement ran and gave rows
+    names = [name for name, _ in perf.measurements(smoke=True)]
+    printed = capsys.readouterr().out
+    assert all(f"perf: {name} done" in printed for name in names)
+    have_trl = importlib.util.find_spec("trl") is not None
+    for row in result["rows"]:
+        figures = [row["ours"], row["baseline"]]
+        if not have_trl and "TRL" in row["name"]:
+            assert any(f is None for f in figures)
+            assert any(row["name"] in s and "trl extra" in s for s in result["smoke_check"]["skipped"])
+            continue
+        assert all(isinstance(f, (int, float)) and math.isfinite(f) for f in figures), row
+    if not have_trl:
+        assert "skipped" in printed and "needs the trl extra" in printed
+    # a smoke run's figures are not measurements: no results page
+    assert (page.read_text() if page.exists() else None) == before
+
+
+def _row(name, ours, baseline, notes="setup"):
+    return {"name": name, "ours": ours, "baseline": baseline, "notes": notes}
+
+
+def test_smoke_check_flags_missing_and_non_finite_figures():
+    result = {
+        "errors": [{"measurement": "update", "error": "RuntimeError: boom"}],
+        "rows": [
+            _row("fine", 1.0, 2.0),
+            _row("inf", float("inf"), 2.0),
+            _row("nan", 1.0, float("nan")),
+            _row("missing", None, 2.0),
+            _row("loop vs TRL", None, None, "setup; TRL not installed: pip install trl"),
+        ],
+    }
+    check = perf.smoke_check(result)
+    assert [p.split(":")[0] for p in check["problems"]] == ["update", "inf", "nan", "missing"]
+    assert len(check["skipped"]) == 1 and "loop vs TRL" in check["skipped"][0] and "trl extra" in check["skipped"][0]
+
+
+def test_quick_and_full_sizes_are_unchanged_by_the_smoke_mode():
+    """--smoke is its own size table; --quick keeps its sizes (it must not get slower)."""
+    assert perf.SIZES["quick"]["env"] == (64, 64) and perf.SIZES["quick"]["small"] == (8, 16)
+    assert perf.SIZES["full"]["cartpole"] == (16384, None) and perf.SIZES["quick"]["memory"] == "bundled"
+    assert [n for n, _ in perf.measurements(quick=True)] == [n for n, _ in perf.measurements(smoke=True)]
+
+
+@pytest.mark.parametrize("name", sorted(MODULE_COMMANDS))
+def test_module_commands_forward_their_arguments(name, capsys):
+    """``textrl-bench NAME --help`` is the study module's own help (each module parses the arguments it gets)."""
+    with pytest.raises(SystemExit) as exc:
+        main([name, "--help"])
+    assert exc.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_report_of_a_missing_dir_names_it(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(tmp_path / "nope")])
+    assert exc.value.code == 2 and "nope/results.json does not exist" in capsys.readouterr().err
+
+
+INFO = {
+    "hardware": {"cpu": "Test CPU", "usable_cpus": 2, "cpu_count": 2, "gpu": None},
+    "versions": {"torch": "9.9.9"},
+}
+
+
+def test_claims_page_is_claims_md_with_a_stamp(tmp_path):
+    from benchmarks.cli import _claims_page
+
+    out = tmp_path / "claims"
+    out.mkdir()
+    (out / "claims.md").write_text("# textrl-bench claims (budget `default`)\n\n## Verdicts\n\n| claim | verdict |\n")
+    page = tmp_path / "results" / "claims.md"
+    _claims_page(out, page, "textrl-bench claims --budget default", {"environment": INFO})
+    text = page.read_text()
+    assert text.startswith("# textrl-bench claims (budget `default`)\n\n- Command: `textrl-bench claims --budget")
+    assert "- Hardware: Test CPU, 2 of 2 cores; no GPU; torch 9.9.9" in text and text.endswith("| claim | verdict |\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "smoke", "expected"),
+    [
+        ([], False, RESULTS_DIR / "perf.md"),
+        ([], True, None),  # a smoke run's figures are not measurements
+        (["--page", "elsewhere.md"], True, Path("elsewhere.md")),
+        (["--no-page"], False, None),
+    ],
+)
+def test_which_results_page_perf_writes(argv, smoke, expected):
+    from benchmarks.cli import _page_path, build_parser
+
+    args = build_parser().parse_args(["perf", *argv])
+    page = _page_path(args, "perf.md", smoke)
+    assert page == expected
