@@ -40,13 +40,14 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_grpo import GRPO
+from sb3_grpo.grpo.extras import EXTRAS_OFF
 
 ALGOS = {
     "ppo": (PPO, {}),
     "grpo": (GRPO, {}),
     "grpo-nogradvar": (GRPO, {"grad_var_coef": 0.0}),
     "grpo-explore": (GRPO, {"explore_alpha": 0.2}),
-    "grpo-off": (GRPO, {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "kl_coef": 0.0}),
+    "grpo-off": (GRPO, EXTRAS_OFF.switches()),
 }
 
 

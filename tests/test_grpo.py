@@ -17,9 +17,10 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_grpo import GRPO
 from sb3_grpo.common.buffers import GRPODictRolloutBuffer, GRPORolloutBuffer
+from sb3_grpo.grpo.extras import EXTRAS_OFF
 from sb3_grpo.objectives import group_advantages, kl_k3, rloo_advantages
 
-OFF = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "advantage": "gae", "kl_coef": 0.0}
+OFF = EXTRAS_OFF.switches()
 SMALL = {"n_steps": 128, "batch_size": 32, "n_epochs": 2, "device": "cpu"}
 
 
@@ -465,3 +466,32 @@ def test_exploration_that_would_clip_every_positive_advantage_warns():
         GRPO("MlpPolicy", "CartPole-v1", explore_alpha=0.19, device="cpu")
     with pytest.warns(UserWarning, match="positive advantage would get no gradient"):
         GRPO("MlpPolicy", "CartPole-v1", explore_alpha=0.19, adaptive_clip=None, clip_range=lambda _: 0.2, device="cpu")
+
+
+def test_every_extra_off_is_defined_once_and_covers_every_own_argument():
+    """``EXTRAS_OFF`` is the one definition of "every extra off"; every argument GRPO takes beyond PPO's is a field of
+    ``GRPOExtras`` (so a new mechanism cannot be missed by ``computes_as_ppo``) or one that changes no number."""
+    import inspect
+
+    from stable_baselines3 import PPO
+
+    from sb3_grpo.grpo.extras import GRPOExtras
+
+    assert EXTRAS_OFF.switches() == {
+        "grad_var_coef": 0.0,
+        "adaptive_clip": None,
+        "explore_alpha": 0.0,
+        "advantage": "gae",
+        "kl_coef": 0.0,
+    }
+    own = set(inspect.signature(GRPO.__init__).parameters) - set(inspect.signature(PPO.__init__).parameters)
+    assert own - set(GRPOExtras.names()) == {"grad_norm_warn", "nonfinite"}  # a warning threshold, an error policy
+    assert EXTRAS_OFF.computes_as_ppo and not GRPOExtras().computes_as_ppo
+    # a field its switch leaves unused does not matter; any switch on does
+    assert GRPOExtras(**{**EXTRAS_OFF.kwargs(), "grad_var_slices": 8, "explore_fraction": 0.1}).computes_as_ppo
+    for name, value in [("grad_var_coef", 0.01), ("adaptive_clip", (1.1, 0.9)), ("explore_alpha", 0.05)]:
+        assert not GRPOExtras(**{**EXTRAS_OFF.kwargs(), name: value}).computes_as_ppo, name
+    assert not GRPOExtras(**{**EXTRAS_OFF.kwargs(), "advantage": "group", "carry_over": True}).computes_as_ppo
+    model = GRPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, device="cpu", **EXTRAS_OFF.switches())
+    assert model.extras == EXTRAS_OFF and model._computes_as_ppo()
+    assert not GRPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, device="cpu")._computes_as_ppo()

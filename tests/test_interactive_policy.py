@@ -26,6 +26,7 @@ from test_policies import (
     vocab_tokenizer,
 )
 
+from sb3_grpo.grpo.extras import EXTRAS_OFF
 from sb3_grpo.policies import extends_by_one, extension_lengths, realign_columns
 from sb3_grpo.policies.kv_cache import extension_pays
 from textrl_envs.interaction import Interaction, Reply
@@ -168,7 +169,7 @@ def test_cache_extended_by_replies_equals_full_recompute(factory, group_size, kw
 # The fast path: the agent's positions only, equal to the per-transition path on the same rollout
 # ------------------------------------------------------------------------------------------------------------------
 
-FAST_OFF = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "kl_coef": 0.0}
+FAST_OFF = {k: v for k, v in EXTRAS_OFF.switches().items() if k != "advantage"}
 
 
 def _guess_env(seed=0, group_size=2):
@@ -187,12 +188,13 @@ def _grpo(advantage="gae", **kw):
 
 
 def test_sequences_put_each_action_after_its_observation_and_skip_the_replies():
-    from test_sequence_path import N_ENVS, N_STEPS, _collect
+    from helpers import collect_rollout
+    from test_sequence_path import N_ENVS, N_STEPS
 
     from sb3_grpo.common.buffers import episode_segments
 
     model = _grpo()
-    buf = _collect(model)
+    buf = collect_rollout(model, N_STEPS)
     seg = episode_segments(buf.episode_starts)
     samples = buf.sequence_samples(seg)
     w = buf.token_ids.shape[-1]
@@ -223,17 +225,17 @@ def test_sequences_put_each_action_after_its_observation_and_skip_the_replies():
 def test_interactive_update_is_the_same_on_both_paths(advantage):
     """GuessNumber-v0, one rollout, one minibatch per epoch: the fast path's update (one forward per sequence, the
     env's tokens as context, packed) equals the per-transition path's, for GAE and for group advantages."""
-    from helpers import params
+    from helpers import collect_rollout, params, per_transition_copy
     from stable_baselines3.common.buffers import DictRolloutBuffer
-    from test_sequence_path import N_ENVS, N_STEPS, _collect, _per_transition_copy
+    from test_sequence_path import N_ENVS, N_STEPS
 
     hp = {"batch_size": N_STEPS * N_ENVS, "n_epochs": 2, "seed": 2}  # a seed whose groups' returns differ
     fast = _grpo(advantage, **hp)
     slow = _grpo(advantage, rollout_buffer_class=DictRolloutBuffer, **hp)
     slow.policy.load_state_dict(fast.policy.state_dict())
-    buf = _collect(fast)
+    buf = collect_rollout(fast, N_STEPS)
     assert buf.rewards.any() and np.abs(buf.advantages).sum() > 0
-    slow.rollout_buffer = _per_transition_copy(slow, buf)
+    slow.rollout_buffer = per_transition_copy(slow, buf)
     # the outputs themselves first: per position, the same numbers as evaluate_actions on the stored windows
     batch = next(fast.batch_source.minibatches(buf, N_STEPS * N_ENVS))
     with th.no_grad():
@@ -260,12 +262,13 @@ def test_interactive_update_is_the_same_on_both_paths(advantage):
 def test_packing_applies_to_interactive_sequences():
     """Interactive sequences (actions with the env's replies between them) pack like single-turn ones: the packed
     forward runs on fewer rows and gives the padded forward's log-probs, entropies and values."""
-    from test_sequence_path import N_ENVS, N_STEPS, _collect
+    from helpers import collect_rollout
+    from test_sequence_path import N_ENVS, N_STEPS
 
     from sb3_grpo import CausalLMPolicy
 
     model = _grpo()
-    buf = _collect(model)
+    buf = collect_rollout(model, N_STEPS)
     seq = next(model.batch_source.minibatches(buf, N_STEPS * N_ENVS)).inputs
     ids, mask, act = [seq.input_ids], [seq.attention_mask], [seq.action_mask]
     w = ids[0].shape[1]

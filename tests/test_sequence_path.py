@@ -14,9 +14,10 @@ from stable_baselines3.common.buffers import DictRolloutBuffer
 
 from sb3_grpo import GRPO, CausalLMPolicy
 from sb3_grpo.common.buffers import GRPODictRolloutBuffer, SequenceRolloutBuffer, episode_segments, pack_segments
+from sb3_grpo.grpo.extras import EXTRAS_OFF
 from textrl_envs.sb3 import make_vec_env
 
-OFF = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "advantage": "gae", "kl_coef": 0.0}
+OFF = EXTRAS_OFF.switches()
 N_ENVS, N_STEPS = 4, 12
 HP = {"n_steps": N_STEPS, "batch_size": 16, "n_epochs": 2, "learning_rate": 1e-3, "seed": 3, "device": "cpu"}
 

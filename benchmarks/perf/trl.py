@@ -36,6 +36,8 @@ import warnings
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from sb3_grpo.grpo.extras import EXTRAS_OFF
+
 __all__ = ["LoopConfig", "compare_loops", "run_ours", "run_trl", "time_to_reward", "trl_available"]
 
 NOT_INSTALLED = "TRL not installed: pip install trl (or put it on PYTHONPATH) to run this comparison"
@@ -188,11 +190,9 @@ def _grpo_kwargs(cfg: LoopConfig, n_envs: int, seed: int, grpo_kwargs: dict[str,
         "n_epochs": 1,
         "clip_range": 0.2,
         "max_grad_norm": 1.0,
+        **EXTRAS_OFF.switches(),
         "advantage": "group",
         "kl_coef": cfg.beta,
-        "grad_var_coef": 0.0,
-        "adaptive_clip": None,
-        "explore_alpha": 0.0,
         "seed": seed,
         "device": cfg.device,
         "policy_kwargs": {"model": _model_path(cfg), **optimizer},

@@ -12,11 +12,12 @@ import copy
 from typing import Any
 
 from benchmarks.timing import interleaved, make_row, synchronizer
+from sb3_grpo.grpo.extras import EXTRAS_OFF
 
 __all__ = ["LAST_BLOCK", "OFF", "cartpole_vs_ppo", "grad_var_cost", "per_transition_copy", "update_seq_vs_stock"]
 
 #: Every GRPO extra off: GRPO then computes what stock PPO computes.
-OFF = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "advantage": "gae", "kl_coef": 0.0}
+OFF = EXTRAS_OFF.switches()
 #: The bundled LM's last block and final norm (a cheaper set of penalty parameters).
 LAST_BLOCK = ["lm.transformer.h.3.", "lm.transformer.ln_f."]
 

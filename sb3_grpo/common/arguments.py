@@ -3,7 +3,7 @@
 Every constructor argument, PPO's (:data:`PPO_CHECKS`) and GRPO's own (:data:`GRPO_CHECKS`), is checked here with
 the shared checks of :mod:`textrl_envs.validation` (type, finiteness, range, choice), so a bad value is refused with
 a message that names it, shows it and says what to pass instead; a NaN never quietly turns a mechanism off. The
-comparison (:mod:`sb3_grpo.bench.config`) runs the same checks on its hyperparameters before it writes anything.
+comparison (:mod:`sb3_grpo.compare.config`) runs the same checks on its hyperparameters before it writes anything.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ when it is not at the top of it, so the resident size keeps it. The first optimi
 Adam's state (twice the trainable parameters) on top of that garbage, and that step is the peak of a full
 fine-tuning update. :func:`release_free_heap` asks glibc to return the free pages (``malloc_trim(0)``, which
 ``madvise``\\ s free chunks inside the heap too); GRPO calls it once, before the first optimizer step of its optimizer
-(``scripts/bench_memory.py``: about 150 MB off the peak of a GPT-2-small-size update). Elsewhere it does nothing.
+(measured by ``textrl-bench memory``). Elsewhere it does nothing.
 """
 
 from __future__ import annotations

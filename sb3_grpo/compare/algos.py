@@ -14,17 +14,14 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from sb3_grpo.grpo.extras import EXTRAS_OFF
+
 #: Group size the comparison gives the envs of group-advantage algorithms when none is given.
 DEFAULT_GROUP_SIZE = 4
 
-#: GRPO with every extra switched off: computes what SB3's ``PPO`` computes.
-EXTRAS_OFF: dict[str, Any] = {
-    "grad_var_coef": 0.0,
-    "adaptive_clip": None,
-    "explore_alpha": 0.0,
-    "advantage": "gae",
-    "kl_coef": 0.0,
-}
+#: GRPO with every extra switched off (:data:`sb3_grpo.grpo.extras.EXTRAS_OFF`'s switches): computes what SB3's
+#: ``PPO`` computes.
+OFF: dict[str, Any] = EXTRAS_OFF.switches()
 
 
 @dataclass(frozen=True)
@@ -32,7 +29,8 @@ class AlgoSpec:
     """One named algorithm of the comparison.
 
     :param name: The name used on the command line (``ppo``, ``grpo``, ...).
-    :param cls_name: ``"PPO"`` (stock ``stable_baselines3.PPO``) or ``"GRPO"`` (:class:`sb3_grpo.GRPO`).
+    :param cls_name: ``"PPO"`` (stock ``stable_baselines3.PPO``), ``"GRPO"`` (:class:`sb3_grpo.GRPO`) or ``"DrGRPO"``
+        (:class:`sb3_grpo.DrGRPO`).
     :param kwargs: Constructor arguments that define it (user overrides go on top).
     :param summary: One line for ``--help`` and the report.
     """
@@ -53,6 +51,10 @@ class AlgoSpec:
             from stable_baselines3 import PPO
 
             return PPO
+        if self.cls_name == "DrGRPO":
+            from sb3_grpo.dr_grpo import DrGRPO
+
+            return DrGRPO
         from sb3_grpo.grpo import GRPO
 
         return GRPO
@@ -75,7 +77,7 @@ ALGOS: dict[str, AlgoSpec] = {
         AlgoSpec(
             "ppo-seq",
             "GRPO",
-            dict(EXTRAS_OFF),
+            dict(OFF),
             "GRPO with every extra off (grad_var_coef=0, adaptive_clip=None, explore_alpha=0, "
             'advantage="gae", kl_coef=0): PPO through our code path',
         ),
@@ -101,9 +103,9 @@ ALGOS: dict[str, AlgoSpec] = {
         ),
         # the ablation of GRPO's three mechanisms (penalty, adaptive clip, exploration): each alone on top of PPO,
         # and all but one (grpo-nogradvar above is "all but the penalty")
-        AlgoSpec("ppo-gradvar", "GRPO", {**EXTRAS_OFF, "grad_var_coef": 0.01}, "PPO + the grad-variance penalty only"),
-        AlgoSpec("ppo-adaptclip", "GRPO", {**EXTRAS_OFF, "adaptive_clip": (1.1, 0.9)}, "PPO + the adaptive clip only"),
-        AlgoSpec("ppo-explore", "GRPO", {**EXTRAS_OFF, "explore_alpha": 0.05}, "PPO + mixed exploration only"),
+        AlgoSpec("ppo-gradvar", "GRPO", {**OFF, "grad_var_coef": 0.01}, "PPO + the grad-variance penalty only"),
+        AlgoSpec("ppo-adaptclip", "GRPO", {**OFF, "adaptive_clip": (1.1, 0.9)}, "PPO + the adaptive clip only"),
+        AlgoSpec("ppo-explore", "GRPO", {**OFF, "explore_alpha": 0.05}, "PPO + mixed exploration only"),
         AlgoSpec("grpo-noadaptclip", "GRPO", {"adaptive_clip": None}, "GRPO defaults without the adaptive clip"),
         AlgoSpec("grpo-noexplore", "GRPO", {"explore_alpha": 0.0}, "GRPO defaults without mixed exploration"),
         AlgoSpec(
@@ -122,21 +124,28 @@ ALGOS: dict[str, AlgoSpec] = {
         AlgoSpec(
             "ppo-group",
             "GRPO",
-            {**EXTRAS_OFF, "advantage": "group"},
+            {**OFF, "advantage": "group"},
             "group-relative advantages (DeepSeekMath), no other extra, no critic; grouped envs",
         ),
         AlgoSpec(
             "ppo-selfcritical",
             "GRPO",
-            {**EXTRAS_OFF, "advantage": "self_critical"},
+            {**OFF, "advantage": "self_critical"},
             "self-critical baseline (the greedy member's reward; Rennie et al. 2017), no other extra; grouped envs",
         ),
         AlgoSpec(
             "grpo-deepseek",
             "GRPO",
-            {**EXTRAS_OFF, "advantage": "group", "kl_coef": 0.04},
+            {**OFF, "advantage": "group", "kl_coef": 0.04},
             "DeepSeekMath GRPO as published: group advantages + k3 KL to the frozen reference "
             "(kl_coef=0.04), no other extra; grouped envs",
+        ),
+        AlgoSpec(
+            "dr-grpo",
+            "DrGRPO",
+            {"advantage": "group_mean"},
+            "Dr. GRPO (Liu et al. 2025): group-mean advantages without the std division, the clipped surrogate "
+            "summed over tokens / (sequences * completion budget), no critic, no KL; grouped envs",
         ),
     ]
 }

@@ -11,8 +11,8 @@ parameters; a sequence that a slice boundary cuts is evaluated in both slices, e
 the ``K`` of them together cost about one backward, instead of ``K`` backwards over the whole minibatch's graph (what
 a shared forward costs, vectorized or not). The double backward then costs about two backwards. For every linear map
 that is 9 matrix products (forward 1, slice gradients 2, double backward and the loss's own backward 6) against a
-plain update's 3, so about 3x is the floor of an exact penalty; ``sb3-grpo perf`` prints the measured factor. A small
-MLP is cheaper with one forward and the ``K`` gradients as one vectorized backward (fewer, larger calls).
+plain update's 3, so about 3x is the floor of an exact penalty; ``textrl-bench perf`` prints the measured factor. A
+small MLP is cheaper with one forward and the ``K`` gradients as one vectorized backward (fewer, larger calls).
 Dropout is off in :class:`~sb3_grpo.policies.CausalLMPolicy`, so separate forwards give the values one forward
 gives, up to float rounding; a policy with dropout draws different masks per slice (the same distribution).
 

@@ -62,7 +62,7 @@ class SentimentEnv(TextGenEnv):
 class LongReviewEnv(TextGenEnv):
     """Long positive review: 96 tokens of text that reads as positive, fluent and not repetitive.
 
-    The long-generation condition of the claims study (``sb3-grpo claims``): every completion is 96 tokens, so
+    The long-generation condition of the claims study (``textrl-bench claims``): every completion is 96 tokens, so
     credit must be assigned over four times the length of ``TextGen-v0``'s, and the reward scores the whole text.
 
     ## Description
