@@ -14,8 +14,8 @@ with PPO's arguments and ``collect_rollouts`` step for step, plus what any algor
 A subclass (sb3-contrib's pattern) calls ``super().__init__(..., _init_setup_model=_init_setup_model)``, sets its own
 arguments, and calls ``self._setup_model()`` when ``_init_setup_model``; it writes its loss in
 :meth:`~GroupOnPolicyAlgorithm._minibatch_loss` and may add terms to the update's log in
-:meth:`~GroupOnPolicyAlgorithm._record_own`. :class:`~sb3_grpo.GRPO` and :class:`~sb3_grpo.dr_grpo.DrGRPO` are the
-two in the package.
+:meth:`~GroupOnPolicyAlgorithm._record_own`. :class:`~sb3_grpo.GRPO`, :class:`~sb3_grpo.DrGRPO`,
+:class:`~sb3_grpo.DAPO`, :class:`~sb3_grpo.GSPO` and :class:`~sb3_grpo.CISPO` are the ones in the package.
 """
 
 from __future__ import annotations
