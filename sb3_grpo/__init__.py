@@ -1,8 +1,9 @@
 """
-sb3_grpo: GRPO (and Dr. GRPO) for stable-baselines3, and a policy that wraps Hugging Face causal LMs.
+sb3_grpo: GRPO (and Dr. GRPO, DAPO, GSPO, CISPO) for stable-baselines3, and a policy that wraps Hugging Face causal LMs.
 
-``import sb3_grpo`` is light: ``GRPO`` (torch + SB3) and ``CausalLMPolicy`` (transformers) are imported on
-first access, e.g. ``from sb3_grpo import GRPO, DrGRPO, CausalLMPolicy``.
+``import sb3_grpo`` is light: the algorithms (torch + SB3: ``GRPO``, ``DrGRPO``, ``DAPO``, ``GSPO``, ``CISPO``) and
+``CausalLMPolicy`` (transformers) are imported on first access, e.g.
+``from sb3_grpo import GRPO, DAPO, CausalLMPolicy``.
 """
 
 from __future__ import annotations
@@ -11,13 +12,23 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sb3_grpo.cispo import CISPO
+    from sb3_grpo.dapo import DAPO
     from sb3_grpo.dr_grpo import DrGRPO
     from sb3_grpo.grpo import GRPO
+    from sb3_grpo.gspo import GSPO
     from sb3_grpo.policies import CausalLMPolicy
 
-__all__ = ["GRPO", "CausalLMPolicy", "DrGRPO"]
+__all__ = ["CISPO", "DAPO", "GRPO", "GSPO", "CausalLMPolicy", "DrGRPO"]
 
-_LAZY = {"GRPO": "sb3_grpo.grpo", "CausalLMPolicy": "sb3_grpo.policies", "DrGRPO": "sb3_grpo.dr_grpo"}
+_LAZY = {
+    "GRPO": "sb3_grpo.grpo",
+    "CausalLMPolicy": "sb3_grpo.policies",
+    "DrGRPO": "sb3_grpo.dr_grpo",
+    "DAPO": "sb3_grpo.dapo",
+    "GSPO": "sb3_grpo.gspo",
+    "CISPO": "sb3_grpo.cispo",
+}
 
 
 def __getattr__(name: str) -> Any:

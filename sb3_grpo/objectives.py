@@ -22,6 +22,12 @@ Sources, one per mechanism:
   Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740, eq. 6.
 - self-critical baseline: Rennie et al. 2017, "Self-critical Sequence Training for Image Captioning",
   arXiv 1612.00563, eq. 8.
+- decoupled clip ("clip-higher"), token-level loss, soft overlong punishment, dynamic sampling: Yu et al. 2025,
+  "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", arXiv 2503.14476, sections 3.1-3.4, eqs. 8-13.
+- sequence-level importance ratio and clip: Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv
+  2507.18071, section 4.1, eqs. 5-7.
+- clipped, detached importance weight: MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with
+  Lightning Attention", arXiv 2506.13585, section 3.1, eqs. 4-5 (CISPO).
 - uniform-mixture exploration: this project's design, ``(1 - alpha) * pi + alpha * uniform``; the mixture
   density is what makes the PPO ratio an honest importance weight (Precup et al. 2000 style off-policy
   correction).
@@ -40,16 +46,24 @@ __all__ = [
     "adaptive_clip_range",
     "clip_fraction",
     "clip_fractions",
+    "cispo_objective",
     "clipped_surrogate",
+    "constant_normalized_sum",
+    "decoupled_clipped_surrogate",
+    "gspo_objective",
+    "informative_groups",
     "gradient_variance",
     "group_advantages",
     "kl_k3",
     "kl_k3_weighted_mean",
     "mixture_log_prob",
+    "overlong_penalty",
     "pearson_corr",
     "relative_gradient_variance",
     "rloo_advantages",
     "self_critical_advantages",
+    "sequence_mean",
+    "sequence_ratio",
     "slice_gradients",
     "stacked_variance",
     "uniform_log_prob",
@@ -143,6 +157,164 @@ def clip_fractions(
     pos = clipped_pos / n_pos if n_pos > 0 else float("nan")
     neg = (clipped_all - clipped_pos) / (n - n_pos) if n_pos < n else float("nan")
     return fraction, pos, neg
+
+
+def decoupled_clipped_surrogate(
+    ratio: th.Tensor, advantages: th.Tensor, clip_range_low: float, clip_range_high: float
+) -> th.Tensor:
+    """
+    DAPO's decoupled clip ("clip-higher", Yu et al. 2025, arXiv 2503.14476, section 3.1, eq. 10), per token:
+
+    ``min(r_t * A_t, clip(r_t, 1 - eps_low, 1 + eps_high) * A_t)``
+
+    The ratio's lower and upper bounds are set apart: a larger ``eps_high`` (the paper: ``eps_low = 0.2``,
+    ``eps_high = 0.28``) lets a token the policy finds unlikely grow more before the clip stops its gradient, which
+    the paper finds keeps the policy's entropy from collapsing. With ``eps_low == eps_high == eps`` this is
+    :func:`clipped_surrogate`. Which bound acts depends on the sign of ``A_t``: for ``A_t > 0`` only the upper one
+    (the ratio may not push above ``1 + eps_high``), for ``A_t < 0`` only the lower one.
+
+    :param ratio: ``pi(a|s) / pi_old(a|s)``, shape ``(B,)``
+    :param advantages: the advantages, shape ``(B,)``
+    :param clip_range_low: ``eps_low`` (the ratio's floor is ``1 - eps_low``)
+    :param clip_range_high: ``eps_high`` (the ratio's ceiling is ``1 + eps_high``)
+    :return: the per-token surrogate (to be maximised), shape ``(B,)``
+    """
+    unclipped = advantages * ratio
+    clipped = advantages * th.clamp(ratio, 1 - clip_range_low, 1 + clip_range_high)
+    return th.min(unclipped, clipped)
+
+
+def overlong_penalty(
+    lengths: np.ndarray, max_tokens: int, buffer_tokens: int, penalty_factor: float = 1.0
+) -> np.ndarray:
+    """
+    DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, section 3.4, eq. 13), added to a
+    completion's reward:
+
+    ``R_len(y) = 0``                                           if ``|y| <= L_max - L_cache``
+    ``R_len(y) = ((L_max - L_cache) - |y|) / L_cache``         if ``L_max - L_cache < |y| <= L_max``
+    ``R_len(y) = -1``                                          if ``|y| > L_max``
+
+    times ``penalty_factor``: a completion is punished linearly over the last ``L_cache`` tokens of the budget
+    ``L_max``, reaching ``-penalty_factor`` at the budget (the paper: ``L_max = 20480``, ``L_cache = 4096``).
+
+    :param lengths: ``|y|`` of each completion, any shape
+    :param max_tokens: ``L_max``, the completion budget
+    :param buffer_tokens: ``L_cache``, the punishment buffer (``0``: no penalty below the budget, ``-1`` past it)
+    :param penalty_factor: the penalty at the budget (the paper's ``1``)
+    :return: the penalty of each completion (``<= 0``), float64, the shape of ``lengths``
+    """
+    lengths = np.asarray(lengths, dtype=np.float64)
+    start = max_tokens - buffer_tokens
+    ramp = (start - lengths) / buffer_tokens if buffer_tokens > 0 else np.zeros_like(lengths)
+    penalty = np.where(lengths <= start, 0.0, np.where(lengths <= max_tokens, ramp, -1.0))
+    return penalty_factor * penalty
+
+
+def informative_groups(returns: th.Tensor, group_ids: th.Tensor) -> th.Tensor:
+    """
+    DAPO's dynamic-sampling test (Yu et al. 2025, arXiv 2503.14476, section 3.2, eq. 11): a group whose
+    completions all have the same reward gives every member a zero group advantage and the update no signal.
+
+    ``informative(i) = max_{j in g(i)} r_j > min_{j in g(i)} r_j``
+
+    :param returns: one return per episode, shape ``(E,)``
+    :param group_ids: the group of each episode, shape ``(E,)``
+    :return: per episode, whether its group is informative, boolean ``(E,)``
+    """
+    returns = returns.double()
+    _, index = th.unique(group_ids, return_inverse=True)
+    n_groups = int(index.max()) + 1 if index.numel() else 0
+    highest = th.full((n_groups,), -math.inf, dtype=returns.dtype).scatter_reduce(0, index, returns, "amax")
+    lowest = th.full((n_groups,), math.inf, dtype=returns.dtype).scatter_reduce(0, index, returns, "amin")
+    return (highest > lowest)[index]
+
+
+def sequence_mean(values: th.Tensor, sequence_index: th.Tensor, n_sequences: int) -> th.Tensor:
+    """
+    The mean of each sequence's tokens, ``(1 / |y_i|) sum_{t in y_i} x_t``.
+
+    :param values: one value per token, shape ``(B,)``
+    :param sequence_index: each token's sequence as a row ``0 .. S - 1``
+        (:func:`~sb3_grpo.common.type_aliases.sequence_index`), shape ``(B,)``
+    :param n_sequences: ``S``
+    :return: shape ``(S,)``
+    """
+    sums = th.zeros(n_sequences, dtype=values.dtype, device=values.device).index_add(0, sequence_index, values)
+    counts = th.zeros(n_sequences, dtype=values.dtype, device=values.device).index_add(
+        0, sequence_index, th.ones_like(values)
+    )
+    return sums / counts
+
+
+def sequence_ratio(
+    log_prob: th.Tensor, old_log_prob: th.Tensor, sequence_index: th.Tensor, n_sequences: int
+) -> th.Tensor:
+    """
+    GSPO's sequence-level importance ratio (Zheng et al. 2025, arXiv 2507.18071, section 4.1, eq. 7), the
+    length-normalised (geometric-mean) likelihood ratio of each sequence:
+
+    ``s_i = (pi(y_i|x) / pi_old(y_i|x)) ** (1 / |y_i|) = exp((1 / |y_i|) sum_t (log pi(y_i,t) - log pi_old(y_i,t)))``
+
+    :param log_prob: ``log pi(a_t|s_t)`` per token, shape ``(B,)``
+    :param old_log_prob: ``log pi_old(a_t|s_t)`` per token, shape ``(B,)``
+    :param sequence_index: each token's sequence, ``0 .. S - 1``, shape ``(B,)``
+    :param n_sequences: ``S``
+    :return: ``s_i``, shape ``(S,)``
+    """
+    return th.exp(sequence_mean(log_prob - old_log_prob, sequence_index, n_sequences))
+
+
+def gspo_objective(
+    sequence_ratios: th.Tensor, sequence_advantages: th.Tensor, clip_range_low: float, clip_range_high: float
+) -> th.Tensor:
+    """
+    GSPO's objective (Zheng et al. 2025, arXiv 2507.18071, section 4.1, eq. 5), to be maximised: the clipped
+    surrogate of whole sequences, averaged over them,
+
+    ``J = (1 / S) sum_i min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i)``
+
+    with ``s_i`` of :func:`sequence_ratio`. The paper's clip ranges are ``eps_low = 3e-4``, ``eps_high = 4e-4``
+    (section 5.1): a length-normalised ratio moves far less than a token's.
+
+    :param sequence_ratios: ``s_i``, shape ``(S,)``
+    :param sequence_advantages: ``A_i``, shape ``(S,)``
+    :param clip_range_low: ``eps_low``
+    :param clip_range_high: ``eps_high``
+    :return: ``J``, a scalar
+    """
+    return decoupled_clipped_surrogate(sequence_ratios, sequence_advantages, clip_range_low, clip_range_high).mean()
+
+
+def cispo_objective(
+    log_prob: th.Tensor,
+    old_log_prob: th.Tensor,
+    advantages: th.Tensor,
+    clip_range_low: float | None,
+    clip_range_high: float,
+) -> th.Tensor:
+    """
+    CISPO's objective (MiniMax 2025, arXiv 2506.13585, section 3.1, eqs. 4-5), to be maximised, per token:
+
+    ``J_t = sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A_t * log pi(a_t|s_t)``
+
+    the importance weight ``r_t = pi / pi_old`` clipped and detached (``sg``: stop-gradient), so that every token
+    keeps a gradient ``clip(r_t) * A_t * grad log pi``: unlike PPO's clip, which zeroes the gradient of a token whose
+    ratio left the range, CISPO only caps its weight. The paper sets no lower bound in practice (``eps_low`` large:
+    ``clip_range_low=None`` here) and tunes only ``eps_high``. The loss is ``-`` the mean of ``J_t`` over the
+    minibatch's tokens (the paper's ``1 / sum_i |o_i|``).
+
+    :param log_prob: ``log pi(a_t|s_t)`` (with its graph), shape ``(B,)``
+    :param old_log_prob: ``log pi_old(a_t|s_t)``, shape ``(B,)``
+    :param advantages: ``A_t``, shape ``(B,)``
+    :param clip_range_low: ``eps_low``, or ``None`` for no lower bound
+    :param clip_range_high: ``eps_high``
+    :return: ``J_t`` per token, shape ``(B,)``
+    """
+    ratio = th.exp(log_prob - old_log_prob).detach()
+    low = None if clip_range_low is None else 1 - clip_range_low
+    weight = th.clamp(ratio, min=low, max=1 + clip_range_high)
+    return weight * advantages * log_prob
 
 
 # ----------------------------------------------------------------------------------------------------------

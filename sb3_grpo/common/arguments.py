@@ -102,7 +102,8 @@ PPO_CHECKS: dict[str, Check] = {
     "clip_range": lambda n, v: check_schedule(n, v, low=0, low_open=True, example=0.2),
     "clip_range_vf": _optional(lambda n, v: check_schedule(n, v, low=0, low_open=True, example=0.2)),
     "normalize_advantage": check_bool,
-    "ent_coef": lambda n, v: check_float(n, v, example=0.0),
+    # a number is checked (and refused) as before; a callable is an SB3 schedule, checked at its two ends
+    "ent_coef": lambda n, v: check_schedule(n, v) if callable(v) else check_float(n, v, example=0.0),
     "vf_coef": lambda n, v: check_float(n, v, low=0, example=0.5),
     "max_grad_norm": lambda n, v: check_float(n, v, low=0, low_open=True, allow_inf=True, example=0.5),
     "use_sde": check_bool,

@@ -248,6 +248,11 @@ class SequenceRolloutBuffer(GRPODictRolloutBuffer):
         self.carried_in = carried_in
         self._deferred = set(deferred)
 
+    def leave_out(self, starts: set[tuple[int, int]]) -> None:
+        """Leave this rollout's segments that start at ``(env, t0)`` out of what :meth:`get_sequences` serves, beside
+        those :meth:`carry` defers (DAPO's dynamic sampling drops the sequences of groups without signal)."""
+        self._deferred |= set(starts)
+
     def add(self, obs, action, reward, episode_start, value, log_prob, policy_log_prob=None) -> None:  # type: ignore[override]
         """Record one step (same arguments as :meth:`GRPODictRolloutBuffer.add`)."""
         self.token_ids[self.pos] = th.as_tensor(obs["input_ids"], device=self.device).long()

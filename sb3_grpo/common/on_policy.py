@@ -14,8 +14,8 @@ with PPO's arguments and ``collect_rollouts`` step for step, plus what any algor
 A subclass (sb3-contrib's pattern) calls ``super().__init__(..., _init_setup_model=_init_setup_model)``, sets its own
 arguments, and calls ``self._setup_model()`` when ``_init_setup_model``; it writes its loss in
 :meth:`~GroupOnPolicyAlgorithm._minibatch_loss` and may add terms to the update's log in
-:meth:`~GroupOnPolicyAlgorithm._record_own`. :class:`~sb3_grpo.GRPO` and :class:`~sb3_grpo.dr_grpo.DrGRPO` are the
-two in the package.
+:meth:`~GroupOnPolicyAlgorithm._record_own`. :class:`~sb3_grpo.GRPO`, :class:`~sb3_grpo.DrGRPO`,
+:class:`~sb3_grpo.DAPO`, :class:`~sb3_grpo.GSPO` and :class:`~sb3_grpo.CISPO` are the ones in the package.
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
 
     PPO's arguments mean what they mean for SB3's ``PPO``; the shared ones beyond them:
 
+    :param ent_coef: the entropy coefficient, a number or (unlike SB3's PPO) a schedule, a callable of the progress
+        remaining as ``clip_range`` takes (e.g. ``lambda p: 0.01 * p``); evaluated once per update, logged as
+        ``train/ent_coef``. A number is used as it is, so the loss is computed exactly as SB3's PPO computes it
     :param advantage: ``"gae"`` (PPO's), or a group form: ``"group"`` (DeepSeekMath), ``"group_mean"`` (the group
         mean as baseline, no std division: Dr.GRPO), ``"rloo"`` or ``"self_critical"`` (:mod:`sb3_grpo.common.groups`)
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
@@ -98,7 +101,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         clip_range: float | Schedule = 0.2,
         clip_range_vf: float | Schedule | None = None,
         normalize_advantage: bool = True,
-        ent_coef: float = 0.0,
+        ent_coef: float | Schedule = 0.0,
         vf_coef: float = 0.5,
         max_grad_norm: float = 0.5,
         use_sde: bool = False,
@@ -269,6 +272,14 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self._carry = CarryOver() if getattr(self, "carry_over", False) else None
         self._grad_norm_warned = False
         self._skipped_nonfinite = 0
+        self._current_ent_coef = self.current_ent_coef()
+
+    def current_ent_coef(self) -> float:
+        """The entropy coefficient now: ``ent_coef`` itself when it is a number, else its schedule at the current
+        progress remaining."""
+        if callable(self.ent_coef):
+            return float(self.ent_coef(self._current_progress_remaining))
+        return self.ent_coef
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         """SB3's ``save``; under ``torch.distributed`` only rank 0 writes (the weights are the same everywhere)."""
@@ -481,6 +492,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self.policy.set_training_mode(True)
         # Update optimizer learning rate
         self._update_learning_rate(self.policy.optimizer)
+        # The entropy coefficient of this update: a number as it is (PPO's exact float), or its schedule's value
+        self._current_ent_coef = self.current_ent_coef()
         # Compute current clip range
         clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
         # Optional: clip range for the value function
@@ -529,6 +542,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self._data_parallel.record(logger, self.num_timesteps)
         logger.record("train/clip_range", clip_range)
+        logger.record("train/ent_coef", self._current_ent_coef)
         if clip_range_vf is not None:
             logger.record("train/clip_range_vf", clip_range_vf)
         self._record_own(logger, clip_range)

@@ -75,7 +75,7 @@ class DrGRPO(GroupOnPolicyAlgorithm):
         clip_range: float | Schedule = 0.2,
         clip_range_vf: float | Schedule | None = None,
         normalize_advantage: bool = True,
-        ent_coef: float = 0.0,
+        ent_coef: float | Schedule = 0.0,
         vf_coef: float = 0.5,
         max_grad_norm: float = 0.5,
         use_sde: bool = False,
@@ -180,7 +180,7 @@ class DrGRPO(GroupOnPolicyAlgorithm):
         stats.add_clip_fractions(ratio, clip_range, advantages)
         entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
         stats.entropy_losses.append(entropy_loss.item())
-        loss = policy_loss + self.ent_coef * entropy_loss
+        loss = policy_loss + self._current_ent_coef * entropy_loss
 
         approx_kl_div = stats.add_approx_kl(log_prob, minibatch.old_log_prob) if measure_kl else None
         stats.last_loss = loss.item()

@@ -98,7 +98,8 @@ class GRPO(GroupOnPolicyAlgorithm):
     :param clip_range: Clipping parameter ``eps``, it can be a function of the current progress remaining
     :param clip_range_vf: Clipping parameter for the value function (None: no clipping)
     :param normalize_advantage: Whether to normalize the advantage per minibatch (``"gae"`` only)
-    :param ent_coef: Entropy coefficient for the loss calculation
+    :param ent_coef: Entropy coefficient for the loss calculation; a number, or a schedule (a callable of the
+        progress remaining, as for ``clip_range``), evaluated once per update and logged as ``train/ent_coef``
     :param vf_coef: Value function coefficient for the loss calculation (``"gae"`` only)
     :param max_grad_norm: The maximum value for the gradient clipping
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE)
@@ -154,7 +155,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         clip_range: float | Schedule = 0.2,
         clip_range_vf: float | Schedule | None = None,
         normalize_advantage: bool = True,
-        ent_coef: float = 0.0,
+        ent_coef: float | Schedule = 0.0,
         vf_coef: float = 0.5,
         max_grad_norm: float = 0.5,
         use_sde: bool = False,
@@ -342,10 +343,10 @@ class GRPO(GroupOnPolicyAlgorithm):
             # Value loss using the TD(gae_lambda) target
             value_loss = F.mse_loss(minibatch.returns, values_pred)
             stats.value_losses.append(value_loss.item())
-            loss = policy_loss + self.ent_coef * entropy_loss + self.vf_coef * value_loss
+            loss = policy_loss + self._current_ent_coef * entropy_loss + self.vf_coef * value_loss
         else:
             # group forms: no critic (DeepSeekMath GRPO), the value head is not trained
-            loss = policy_loss + self.ent_coef * entropy_loss
+            loss = policy_loss + self._current_ent_coef * entropy_loss
         details = {"pg_loss": stats.pg_losses[-1]}
 
         if use_grad_var:
