@@ -29,8 +29,8 @@ class AlgoSpec:
     """One named algorithm of the comparison.
 
     :param name: The name used on the command line (``ppo``, ``grpo``, ...).
-    :param cls_name: ``"PPO"`` (stock ``stable_baselines3.PPO``), ``"GRPO"`` (:class:`sb3_grpo.GRPO`) or ``"DrGRPO"``
-        (:class:`sb3_grpo.DrGRPO`).
+    :param cls_name: ``"PPO"`` (stock ``stable_baselines3.PPO``) or the name of one of the package's algorithms
+        (``"GRPO"``, ``"DrGRPO"``, ``"DAPO"``, ``"GSPO"``, ``"CISPO"``: ``sb3_grpo.<name>``).
     :param kwargs: Constructor arguments that define it (user overrides go on top).
     :param summary: One line for ``--help`` and the report.
     """
@@ -46,18 +46,14 @@ class AlgoSpec:
         return self.kwargs.get("advantage", "gae") != "gae"
 
     def algo_class(self) -> type:
-        """The SB3 algorithm class (imported on demand)."""
+        """The SB3 algorithm class (imported on demand): stock ``PPO``, or the package's class of that name."""
         if self.cls_name == "PPO":
             from stable_baselines3 import PPO
 
             return PPO
-        if self.cls_name == "DrGRPO":
-            from sb3_grpo.dr_grpo import DrGRPO
+        import sb3_grpo
 
-            return DrGRPO
-        from sb3_grpo.grpo import GRPO
-
-        return GRPO
+        return getattr(sb3_grpo, self.cls_name)
 
     def make(self, policy: Any, env: Any, **overrides: Any) -> Any:
         """Build the model.
@@ -146,6 +142,32 @@ ALGOS: dict[str, AlgoSpec] = {
             {"advantage": "group_mean"},
             "Dr. GRPO (Liu et al. 2025): group-mean advantages without the std division, the clipped surrogate "
             "summed over tokens / (sequences * completion budget), no critic, no KL; grouped envs",
+        ),
+        AlgoSpec(
+            "dapo",
+            "DAPO",
+            {"advantage": "group"},
+            "DAPO (Yu et al. 2025): clip-higher (0.2, 0.28), token-level loss, soft overlong penalty; grouped envs",
+        ),
+        AlgoSpec(
+            "dapo-ds",
+            "DAPO",
+            {"advantage": "group", "min_informative_groups": 4, "max_sampling_rollouts": 3},
+            "DAPO plus dynamic sampling (drops groups without signal, resamples up to 3 rollouts); text envs",
+        ),
+        AlgoSpec(
+            "gspo",
+            "GSPO",
+            {"advantage": "group"},
+            "GSPO (Zheng et al. 2025): length-normalised sequence ratio clipped per sequence (3e-4, 4e-4); "
+            "grouped envs",
+        ),
+        AlgoSpec(
+            "cispo",
+            "CISPO",
+            {"advantage": "group"},
+            "CISPO (MiniMax-M1): clipped, detached IS weight (cap 1.28, no floor), every token's gradient kept; "
+            "grouped envs",
         ),
     ]
 }
