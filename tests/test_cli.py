@@ -529,3 +529,18 @@ def test_report_of_a_claims_dir_points_to_the_lab(tmp_path, capsys):
         main(["report", str(out)])
     assert exc.value.code == 2 and f"textrl-bench report {out}" in capsys.readouterr().err
     assert not (out / "claims.md").exists()
+
+
+def test_compare_runs_the_field_algorithms(tmp_path):
+    """Every algorithm of the field in the table runs through compare on a grouped text env and gets a report row."""
+    algos = ["dr-grpo", "dapo", "gspo", "cispo"]
+    argv = list(TEXT)
+    argv[argv.index("ppo,grpo-group")] = ",".join(algos)
+    out = tmp_path / "field"
+    assert main([*argv, "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "complete" and set(results["runs"]) == {f"{a}/seed0" for a in algos}
+    report = (out / "report.md").read_text()
+    for algo in algos:
+        assert f"| {algo} |" in report
+        assert math.isfinite(results["runs"][f"{algo}/seed0"]["final"]["reward_mean"])
