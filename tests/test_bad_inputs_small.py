@@ -30,6 +30,19 @@ def test_human_rendering_prints_and_returns_none(capsys):
     assert ansi.render() == printed[-1]
 
 
+def test_interactive_human_rendering_prints_the_transcript_once_per_step(capsys):
+    env = gym.make("GuessNumber-v0", render_mode="human")
+    ansi = gym.make("GuessNumber-v0", render_mode="ansi")
+    env.reset(seed=0), ansi.reset(seed=0)
+    capsys.readouterr()
+    tokens = [int(t) for t in env.unwrapped.text_spec.tokenizer("8\n4\n", add_special_tokens=False)["input_ids"]]
+    for token in tokens:
+        env.step(token), ansi.step(token)
+        printed = capsys.readouterr().out.splitlines()
+        assert "None" not in printed
+        assert printed and "\n".join(printed) == ansi.render()
+
+
 def test_vector_and_sb3_human_rendering(capsys):
     vec = gym.make_vec("TextGen-v0", num_envs=3, device="cpu", render_mode="human")
     vec.reset(seed=0)
