@@ -244,6 +244,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
             value=self._value,
             parameters=self.parameters,
             lm_config=self.lm.config,
+            model_name=type(self.lm).__name__,
         )
         self.train(False)
         self._build_optimizer(lr_schedule)
