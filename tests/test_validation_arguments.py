@@ -41,7 +41,7 @@ def _empty_tokenizer_dir():
 
 
 CASES = [
-    # ---------------------------------------------------------------- the issue's instances
+    # ---------------------------------------------------------------- devices, tokenizers, rewards, GRPO's arguments
     pytest.param(
         "vec-device-mps",
         lambda: gym.make_vec("TextGen-v0", num_envs=2, device="mps"),
@@ -106,7 +106,7 @@ CASES = [
     ("cli-report-truncated", lambda: run_report('{"schema": 1, "conf'), SystemExit, r"is not valid JSON .*truncated"),
     ("cli-report-empty-object", lambda: run_report("{}"), SystemExit, r"has no 'config' and 'runs' objects; run the"),
     ("cli-report-list", lambda: run_report("[]"), SystemExit, r"holds a JSON list, not an object; run the comparison"),
-    # ---------------------------------------------------------------- more of the class, found while fixing it
+    # ---------------------------------------------------------------- the vector env, the env, GRPO and the policy
     (
         "vec-num-envs-str",
         lambda: TextGenVectorEnv(num_envs="2", device="cpu"),

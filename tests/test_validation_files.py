@@ -32,7 +32,7 @@ def _resume_damaged():
 
 CASES = [
     (
-        "cli-learning-rate-abc",  # the instance: exit 1 and a results.json with the bad config and no runs
+        "cli-learning-rate-abc",  # refused before a results.json with the bad config and no runs is written
         lambda: cli_main([*QUICK, "--set", "ppo.learning_rate=abc", "--out", "out"]),
         SystemExit,
         r"ppo: learning_rate must be a finite number >= 0, got 'abc' \(str\); pass a number or a schedule",

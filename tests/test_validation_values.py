@@ -32,7 +32,7 @@ def _score(value):
 NONFINITE = r"got nan: non-finite numbers never enter training"
 
 CASES = [
-    # ---------------------------------------------------------------- the instances
+    # ---------------------------------------------------------------- GRPO's own arguments, rewards, CLI overrides
     ("grpo-grad-var-coef-nan", lambda: cartpole(grad_var_coef=NAN), ValueError, rf"^grad_var_coef .*{NONFINITE}; 0 "),
     ("grpo-kl-coef-nan", lambda: cartpole(kl_coef=NAN), ValueError, rf"^kl_coef .*{NONFINITE}; 0 turns the KL"),
     ("grpo-explore-alpha-nan", lambda: cartpole(explore_alpha=NAN), ValueError, rf"^explore_alpha .*{NONFINITE}"),
