@@ -47,8 +47,9 @@ def main() -> None:
         advantage="group",  # DeepSeekMath-style: each completion against the other 3 of its prompt group
         n_steps=min(48, max(8, args.timesteps // 8)),  # tokens per env per rollout
         batch_size=96,
-        n_epochs=2,
-        learning_rate=3e-4,
+        n_epochs=2,  # settings for a pretrained LM: few epochs, a small step, a KL penalty to the initial model
+        learning_rate=1e-4,
+        kl_coef=0.05,
         gamma=1.0,
         seed=0,
         device="cpu",

@@ -60,8 +60,8 @@ def main() -> None:
         env,
         n_steps=16,
         batch_size=64,
-        n_epochs=2,
-        learning_rate=3e-4,
+        n_epochs=2,  # settings for a pretrained LM: few epochs, a small step, a KL penalty (below)
+        learning_rate=1e-4,
         gamma=1.0,
         advantage="group",
         kl_coef=0.02,

@@ -41,7 +41,20 @@ def main() -> None:
     args = parser.parse_args()
     task = {"prompts": ["Add:"], "interaction": AddWithRetries(), "max_turns": 3, "max_new_tokens": 30}
     env = make_vec_env("TextGen-v0", n_envs=8, group_size=4, seed=0, **task)
-    model = GRPO("CausalLMPolicy", env, advantage="group", n_steps=32, batch_size=128, n_epochs=2, seed=0, device="cpu")
+    # settings for a pretrained LM (SB3's 10 epochs at 3e-4 move it far from where it started): two passes over each
+    # rollout, a small step, and a KL penalty to the initial model (logged as train/kl_ref)
+    model = GRPO(
+        "CausalLMPolicy",
+        env,
+        advantage="group",
+        n_steps=32,
+        batch_size=128,
+        n_epochs=2,
+        learning_rate=1e-4,
+        kl_coef=0.05,
+        seed=0,
+        device="cpu",
+    )
     eval_env = make_vec_env("TextGen-v0", n_envs=8, seed=100, **task)
     before, _ = evaluate_policy(model, eval_env, n_eval_episodes=32, deterministic=False)
     model.learn(total_timesteps=args.timesteps)

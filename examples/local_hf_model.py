@@ -54,7 +54,8 @@ def main() -> None:
             policy_kwargs={"model": model_dir},  # a local directory (or a PreTrainedModel object)
             n_steps=32,
             batch_size=32,
-            n_epochs=1,
+            n_epochs=1,  # settings for a pretrained LM: one pass over each rollout, a small step
+            learning_rate=1e-4,
             gamma=1.0,
             seed=0,
             device="cpu",

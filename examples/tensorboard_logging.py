@@ -31,8 +31,9 @@ def main() -> None:
         env,
         n_steps=n_steps,
         batch_size=192,
-        n_epochs=1,
-        learning_rate=3e-4,
+        n_epochs=1,  # settings for a pretrained LM: one pass over each rollout, a small step, a KL penalty to
+        learning_rate=1e-4,  # the initial model (its estimate is logged as train/kl_ref)
+        kl_coef=0.05,
         gamma=1.0,
         seed=0,
         device="cpu",

@@ -95,8 +95,19 @@ def bundled_assets() -> bool:
         return False
 
 
-# The bad-input matrices (test_bad_inputs*.py): each case is (id, action, expected exception, message regex).
+# The bad-input matrices (test_validation_*.py): each case is (id, action, expected exception, message regex).
 GIVEN = "given"  # the folder a case may prepare; anything else left in the working directory is a partial file
+
+
+def run_report(content: str):
+    """Write ``content`` as ``given/results.json`` and run ``sb3-grpo report`` on that folder."""
+    from pathlib import Path
+
+    from sb3_grpo.cli import main as cli_main
+
+    Path(GIVEN).mkdir()
+    Path(GIVEN, "results.json").write_text(content)
+    return cli_main(["report", GIVEN])
 
 
 def case_ids(cases) -> list[str]:

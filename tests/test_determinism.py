@@ -110,3 +110,32 @@ def test_different_seeds_differ():
 
     (_, p1, _), (_, p2, _) = _run(seeded(1)), _run(seeded(2))
     assert any(not th.equal(p1[k], p2[k]) for k in p1)
+
+
+def test_the_cpu_thread_default_computes_what_one_thread_computes(monkeypatch):
+    """With no thread setting, the policy runs a small LM on one thread, so a run gives the results of a run at
+    ``torch.set_num_threads(1)`` (the command line's default) bit for bit; at two threads the episodes are the same
+    and the parameters differ only by float rounding (the backward sums in another order)."""
+    from sb3_grpo.policies import threads
+
+    before = th.get_num_threads()
+    for name in (*threads.USER_THREAD_VARIABLES, threads.THREADS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    runs = {}
+    try:
+        th.set_num_threads(2)
+        monkeypatch.setattr(threads, "_THREADS_AT_IMPORT", 2)  # as if imported at torch's default of 2
+        monkeypatch.setattr(threads, "_auto_applied", False)
+        runs["default"] = _run(_text("group"))
+        assert th.get_num_threads() == 1
+        for count in (1, 2):
+            th.set_num_threads(count)  # the user's choice, kept
+            runs[count] = _run(_text("group"))
+            assert th.get_num_threads() == count
+    finally:
+        th.set_num_threads(before)
+    _assert_identical(runs["default"], runs[1])
+    (ep1, p1, r1), (ep2, p2, r2) = runs[1], runs[2]
+    assert ep1 == ep2 and (r1 == r2).all()
+    for k in p1:
+        th.testing.assert_close(p1[k], p2[k], rtol=1e-4, atol=1e-5)

@@ -712,3 +712,33 @@ def test_prefill_memo_that_keeps_nothing_still_gives_the_full_recompute(budget):
         _, want, _ = full(_windows(rows))
     assert len(memo) == (0 if budget == "none" else 4)
     np.testing.assert_allclose(values, want, atol=1e-5)
+
+
+def test_a_model_whose_cache_cannot_be_spliced_warns_once_and_recomputes():
+    """Sliding-window attention gives cache layers the rollout cache cannot splice per row: the policy says so once,
+    naming the model and the cost, and recomputes every window in full (the same outputs as ``use_cache=False``)."""
+    import warnings
+
+    from transformers import MistralConfig, MistralForCausalLM
+
+    def tiny_mistral():
+        th.manual_seed(0)
+        cfg = MistralConfig(vocab_size=LM_V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=4,
+                            bos_token_id=1, eos_token_id=EOS, pad_token_id=0)  # fmt: skip
+        return MistralForCausalLM(cfg)
+
+    policy, recompute = make_policy(tiny_mistral()), make_policy(tiny_mistral(), use_cache=False)
+    rng = np.random.default_rng(0)
+    obs = {"input_ids": rng.integers(4, V, (3, W)), "attention_mask": np.ones((3, W), np.int64)}
+    tensors = policy.obs_to_tensor(obs)[0]
+    with th.no_grad():  # the rollout's mode, where the cache is used
+        with pytest.warns(UserWarning, match=r"MistralForCausalLM: .*SlidingWindowLayer.*recomputes every window"):
+            values = policy.predict_values(tensors)
+        assert not policy._rollout_cache.supported
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per policy
+            again = policy.predict_values(tensors)
+        expected = recompute.predict_values(tensors)
+    th.testing.assert_close(values, expected)
+    th.testing.assert_close(again, expected)

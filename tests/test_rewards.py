@@ -11,6 +11,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np
 import pytest
+import torch as th
 
 from textrl_envs.rewards import (
     ArithmeticReward,
@@ -558,3 +559,9 @@ def test_perplexity_of_bundled_lm_from_path():
     learned = perplexity(texts[1:], lm_path(), prompts=prompts[1:])  # the LM's own greedy continuation (manifest)
     assert learned == pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-5)
     assert learned < 20 < len(tok) / 50  # far below a uniform guess over the vocabulary (perplexity len(tok))
+
+
+def test_a_reward_tensor_that_requires_grad_is_detached():
+    scores = th.tensor([0.25, -1.0], requires_grad=True) * 2
+    values = call_reward(lambda _p, c: scores, ["a", "b"], ["x", "y"])
+    assert values.dtype == np.float64 and values.tolist() == [0.5, -2.0]

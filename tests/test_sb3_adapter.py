@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import csv
+import pickle
 from collections import Counter
 
 import gymnasium as gym
@@ -270,3 +272,17 @@ def test_registered_id_with_groups_and_evaluate_policy():
         RandomPolicy(venv.action_space.n), venv, n_eval_episodes=8, return_episode_rewards=True
     )
     assert len(rewards) == 8 and all(np.isfinite(rewards))
+
+
+def test_the_sb3_adapter_pickles_and_the_copy_steps_alike():
+    venv = make_vec_env("TextGen-v0", n_envs=2, device="cpu", seed=0, max_new_tokens=3)
+    venv.reset()
+    venv.step(np.array([5, 6]))
+    for make_copy in (lambda v: pickle.loads(pickle.dumps(v)), copy.deepcopy):
+        clone = make_copy(venv)
+        assert type(clone) is type(venv) and clone.get_attr("group_size") == [1, 1]
+        for actions in ([7, 8], [9, 10]):
+            a, b = venv.step(np.array(actions)), clone.step(np.array(actions))
+            assert np.array_equal(a[0]["input_ids"], b[0]["input_ids"]) and np.array_equal(a[2], b[2])
+        assert [i.get("completion") for i in a[3]] == [i.get("completion") for i in b[3]]
+        venv.reset(), clone.reset()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from textrl_envs.chat import end_of_turn_id, render, render_items, resolve_chat_
 from textrl_envs.data import load_prompts
 from textrl_envs.rewards.base import call_reward, check_reward_timeout
 from textrl_envs.rewards.registry import resolve_reward
-from textrl_envs.tasks import PromptItem, all_tasks, get_task
+from textrl_envs.tasks import PromptItem, Task, all_tasks, get_task
 from textrl_envs.validation import check_choice, check_int, check_mapping
 
 TRUNCATION_SIDES = ("left", "right", "error")
@@ -99,6 +99,7 @@ class EpisodeSpec:
     max_turns: int | None = None
     turn_end_ids: tuple[int, ...] = ()
     max_turn_tokens: int | None = None
+    chat_template: str | None = None
 
     @property
     def interactive(self) -> bool:
@@ -112,8 +113,6 @@ class EpisodeSpec:
         if self.interactive and self.max_turns is not None and self.max_turn_tokens is not None:
             return min(self.budget, self.max_turns * self.max_turn_tokens)
         return self.budget
-
-    chat_template: str | None = None
 
     def render(self, prompt: Any, where: str = "options['prompt']") -> str:
         """A prompt given at reset as the env shows it: rendered with the chat template, if there is one."""
@@ -451,6 +450,14 @@ def _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_gi
 
 
 # Over 80 lines for its signature and documented argument list (16 of them); each resolution step is a helper.
+def _task_default(defaults: Task | None, name: str) -> Any:
+    """The task's value of field ``name``, or (no task) the default that :class:`~textrl_envs.tasks.Task` declares
+    for it, so the budgets without a task are the ones a task gets when it states none."""
+    if defaults is not None:
+        return getattr(defaults, name)
+    return next(f.default for f in fields(Task) if f.name == name)
+
+
 def build_spec(
     task: str | None = None,
     *,
@@ -513,8 +520,8 @@ def build_spec(
     interaction_given = interaction is not None
     interaction, max_turns, turn_end, max_turn_tokens = _resolve_turns(defaults, interaction, given_turns)
     max_new_tokens, max_prompt_tokens = check_budgets(
-        max_new_tokens if max_new_tokens is not None else (defaults.max_new_tokens if defaults else 24),
-        max_prompt_tokens if max_prompt_tokens is not None else (defaults.max_prompt_tokens if defaults else 16),
+        max_new_tokens if max_new_tokens is not None else _task_default(defaults, "max_new_tokens"),
+        max_prompt_tokens if max_prompt_tokens is not None else _task_default(defaults, "max_prompt_tokens"),
     )
     _check_choices(prompt_truncation, nonfinite_reward)
     reward_timeout = check_reward_timeout(reward_timeout)

@@ -303,7 +303,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             self._done = True
             reward, info = self._final_turn_info(reward)
         if self.render_mode == "human":
-            print(self.render())
+            self.render()
         return self._obs(), reward, terminated, truncated, info
 
     def _final_turn_info(self, reward: float) -> tuple[float, dict[str, Any]]:

@@ -14,8 +14,8 @@ cause unchanged. Torch reward models run in the thread as they are, batched per 
 (the classifier's default ``device="auto"`` is the policy's default too).
 
 :class:`~textrl_envs.vector.TextGenVectorEnv` uses a worker only between ``defer_rewards(True)`` and
-``defer_rewards(False)``; everything else keeps the synchronous contract. Those methods are :class:`DeferredRewards`,
-the env's side of the worker.
+``defer_rewards(False)``; everything else keeps the synchronous contract. Those methods are :class:`RewardDeferral`,
+the env's side of the worker (a mixin of the vector env).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DeferredRewards", "RewardResult", "RewardWorker"]
+__all__ = ["RewardDeferral", "RewardResult", "RewardWorker"]
 
 
 @dataclass
@@ -130,7 +130,7 @@ class RewardWorker:
         self._next_ticket = state["_next_ticket"]
 
 
-class DeferredRewards:
+class RewardDeferral:
     """The vector env's side of the worker: :meth:`defer_rewards`, :meth:`collect_rewards`, and the scoring of the
     episodes that end (now, or in the worker when deferred).
 

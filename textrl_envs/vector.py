@@ -43,7 +43,7 @@ from textrl_envs.devices import resolve_device
 from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
 from textrl_envs.groups import GroupPrompts
 from textrl_envs.rendering import transcript_frame
-from textrl_envs.reward_worker import DeferredRewards, RewardWorker
+from textrl_envs.reward_worker import RewardDeferral, RewardWorker
 from textrl_envs.turns import TurnBook
 from textrl_envs.validation import check_bool, check_choice, check_int, check_seed
 
@@ -58,7 +58,7 @@ FULL_WIDTH_TABLE_MAX = 1 << 22
 # -- the environment --------------------------------------------------------------------------------
 
 
-class TextGenVectorEnv(TextSpecAccess, DeferredRewards, gym.vector.VectorEnv):
+class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
     """N text-generation episodes as torch tensors on one device, with prompt groups.
 
     ## Description

@@ -40,6 +40,7 @@ from sb3_grpo.policies.models import (
 )
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
+from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
 from sb3_grpo.policies.validation import check_layout, check_policy_args, check_window_fits
 from sb3_grpo.policies.windows import positions_from_mask, shared_prefixes, trim_padding
 
@@ -109,6 +110,15 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
     hidden state a forward of the prefix alone gives (equal up to float rounding, tested), and the gradient is the
     same sum. A minibatch of 256 windows from 16 envs of ``LongReview-v0`` then runs one row per episode it
     touches (16 to 32) instead of 256.
+
+    **CPU threads.** The policy's first forward on the CPU sets torch to one intra-op thread
+    (``torch.set_num_threads(1)``, process-wide) when the LM is small (at most
+    :data:`~sb3_grpo.policies.threads.SMALL_LM_PARAMETERS` parameters, as the bundled LM is), as the ``sb3-grpo``
+    command line does: tiny matrix products are fastest on one thread, and on a busy machine the default pool (one
+    thread per core) can make a run ten times slower. A count the user chose is kept: ``OMP_NUM_THREADS`` or
+    ``MKL_NUM_THREADS`` set, or ``torch.set_num_threads`` called after importing ``sb3_grpo``. The environment
+    variable ``SB3_GRPO_CPU_THREADS`` overrides the rule: ``keep`` leaves torch's count alone, an integer ``N`` sets
+    ``N`` threads (:mod:`sb3_grpo.policies.threads`). The thread count changes the speed, not the results.
 
     **Saving.** ``_get_constructor_parameters`` stores the model as a config-only :func:`model_spec` dict
     (:attr:`lm_spec`), so no Hugging Face object is pickled and loading needs no model directory; the weights come
@@ -199,6 +209,9 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         flags.update(share_prefixes=share_prefixes, gradient_checkpointing=gradient_checkpointing)
         flags.update(ortho_init=ortho_init)
         check_policy_args(temperature, top_k, top_p, critic_hidden, value_head_init_std, flags)
+        cpu_thread_setting()  # a bad SB3_GRPO_CPU_THREADS is refused here, not at the first forward
+        #: whether the CPU thread default (see "CPU threads" above) is still to be applied, at the first forward
+        self._threads_pending = True
 
         resolved_dtype = as_dtype(dtype)
         self.dtype_name = None if resolved_dtype is None else str(resolved_dtype).replace("torch.", "")
@@ -228,6 +241,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
             value=self._value,
             parameters=self.parameters,
             lm_config=self.lm.config,
+            model_name=type(self.lm).__name__,
         )
         self.train(False)
         self._build_optimizer(lr_schedule)
@@ -417,6 +431,10 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         cache: Any = None,
     ) -> th.Tensor:
         """Final hidden states ``[B, L, d]`` of the LM body (after its final norm)."""
+        if self._threads_pending:
+            self._threads_pending = False
+            if ids.device.type == "cpu":
+                apply_cpu_thread_default(sum(p.numel() for p in self.lm.parameters()))
         with self._autocast_context():
             out = self.lm.base_model(
                 input_ids=ids,

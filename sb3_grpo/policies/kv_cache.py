@@ -83,6 +83,7 @@ layers are not plain ``DynamicLayer`` (sliding windows, linear attention) fall b
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -187,7 +188,8 @@ class RolloutCache:
     changed (a version counter over the parameters' in-place update counters). Each row of a call is classified
     against the cached window (:meth:`_classify`) and brought up to date by :meth:`_advance`; a new batch size
     whose rows all match cached rows is served from those (:meth:`_serve_from_other_batches`). Models whose cache
-    layers are not plain ``DynamicLayer`` (sliding windows, linear attention) set ``supported`` to False.
+    layers are not plain ``DynamicLayer`` (sliding windows, linear attention) set ``supported`` to False, with
+    one warning (per cache, so per policy) that names the model and says what it costs.
 
     :param trunk: ``trunk(ids, mask, position_ids, cache=None) -> [B, L, d]``: the LM body's final hidden states,
         filling ``cache`` (a ``DynamicCache``) when given.
@@ -195,6 +197,8 @@ class RolloutCache:
     :param value: ``value(hidden_last, ids, mask) -> [B]``: values of the states given by whole windows.
     :param parameters: ``parameters() -> iterable of tensors``: the policy's parameters (for the version check).
     :param lm_config: the LM's config (for ``DynamicCache(config=...)``).
+    :param model_name: the LM's class name, for the warning when its cache cannot be kept (``None``: the config's
+        ``model_type``).
     """
 
     def __init__(
@@ -204,7 +208,9 @@ class RolloutCache:
         value: Callable[[th.Tensor, th.Tensor, th.Tensor], th.Tensor],
         parameters: Callable[[], Iterable[th.Tensor]],
         lm_config: Any,
+        model_name: str | None = None,
     ):
+        self._model_name = model_name or str(getattr(lm_config, "model_type", None) or type(lm_config).__name__)
         self._trunk = trunk
         self._logits = logits
         self._value = value
@@ -315,10 +321,19 @@ class RolloutCache:
     def _cache_layers_ok(self, cache: Any) -> bool:
         from transformers.cache_utils import DynamicLayer
 
-        ok = all(type(layer) is DynamicLayer for layer in cache.layers)
-        if not ok:
+        other = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
+        if other and self.supported:
+            warnings.warn(
+                f"{self._model_name}: the rollout KV cache cannot keep this model's cache layers ({', '.join(other)}, "
+                "e.g. sliding-window attention), so the policy recomputes every window in full at each step (a "
+                "forward over the whole prompt and completion per generated token instead of over one token); pass "
+                "use_cache=False to CausalLMPolicy to say so and skip this warning",
+                UserWarning,
+                stacklevel=2,
+            )
+        if other:
             self.supported = False  # e.g. sliding-window layers: splicing/cropping would be wrong
-        return ok
+        return not other
 
     def _cached_outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         batch = ids.shape[0]

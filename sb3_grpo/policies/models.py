@@ -20,6 +20,7 @@ from stable_baselines3.common.type_aliases import PyTorchObs
 from torch import nn
 
 from sb3_grpo.common.io import to_jsonable
+from textrl_envs.hf_loading import no_progress_bars
 
 __all__ = [
     "AUTOCAST_DTYPES",
@@ -152,7 +153,8 @@ def load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
                 "from the SB3 checkpoint)"
             )
         kwargs = {"dtype": dtype} if dtype is not None else {}
-        return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+        with no_progress_bars():
+            return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
     raise TypeError(
         f"model must be None, a local path, a transformers PreTrainedModel or a model_spec dict; got {type(model)}"
     )

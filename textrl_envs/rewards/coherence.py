@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from textrl_envs.hf_loading import no_progress_bars
 from textrl_envs.rewards.base import RewardModel
 from textrl_envs.rewards.metrics import row_nll, scored_rows
 from textrl_envs.rewards.registry import register_reward
@@ -66,7 +67,8 @@ class Coherence(RewardModel):
         if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer or path))
         self.tokenizer = tokenizer
-        self.model = AutoModelForCausalLM.from_pretrained(path)
+        with no_progress_bars():
+            self.model = AutoModelForCausalLM.from_pretrained(path)
         self.model.eval()
         self.batch_size = batch_size
         self.empty_score = float(empty_score)

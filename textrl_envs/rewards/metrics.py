@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from textrl_envs.hf_loading import no_progress_bars
+
 
 def ngrams(words: Sequence[str], n: int) -> list[tuple[str, ...]]:
     """The ``n``-grams of a word list, in order (empty when there are fewer than ``n`` words)."""
@@ -93,7 +95,8 @@ def perplexity(
     if isinstance(model, (str, os.PathLike)):
         if tokenizer is None:
             tokenizer = model
-        model = AutoModelForCausalLM.from_pretrained(os.fspath(model))
+        with no_progress_bars():
+            model = AutoModelForCausalLM.from_pretrained(os.fspath(model))
     if tokenizer is None:
         raise ValueError("perplexity needs the model's tokenizer when the model is an object")
     if isinstance(tokenizer, (str, os.PathLike)):

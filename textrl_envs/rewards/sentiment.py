@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from textrl_envs.hf_loading import no_progress_bars
 from textrl_envs.rewards.base import RewardModel
 from textrl_envs.rewards.registry import register_reward
 
@@ -119,7 +120,8 @@ class HFClassifierReward(RewardModel):
             )
         self.path = path
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForSequenceClassification.from_pretrained(path)
+        with no_progress_bars():
+            self.model = AutoModelForSequenceClassification.from_pretrained(path)
         self.model.eval()
         if self.tokenizer.pad_token_id is None:
             if self.tokenizer.eos_token is None:

@@ -1,14 +1,15 @@
-"""Hardening, class 4 (issue 17): nothing is written to disk by a command that then fails on its input.
+"""Files on disk: nothing is written by a command that then fails on its input.
 
 Every override is checked before the out dir is touched; a comparison that fails once it runs, before any run
-completes, removes the out dir it created; an existing out dir and a damaged results.json are left as they were.
+completes, removes the out dir it created; an existing out dir and a damaged results.json are left as they were,
+and ``sb3-grpo report`` still reports on a complete results.json.
 """
 
 import json
 from pathlib import Path
 
 import pytest
-from helpers import GIVEN, assert_refused, case_ids
+from helpers import GIVEN, assert_refused, case_ids, run_report
 
 from sb3_grpo.cli import main as cli_main
 from sb3_grpo.compare import runner as compare_module
@@ -31,7 +32,7 @@ def _resume_damaged():
 
 CASES = [
     (
-        "cli-learning-rate-abc",  # the issue's instance: exit 1 and a results.json with the bad config and no runs
+        "cli-learning-rate-abc",  # refused before a results.json with the bad config and no runs is written
         lambda: cli_main([*QUICK, "--set", "ppo.learning_rate=abc", "--out", "out"]),
         SystemExit,
         r"ppo: learning_rate must be a finite number >= 0, got 'abc' \(str\); pass a number or a schedule",
@@ -96,3 +97,32 @@ def test_completed_runs_are_never_discarded(workdir):
     assert discard_failed_out_dir(created) is False and (created[0] / "results.json").is_file()
     (created[0] / "results.json").write_text(json.dumps({"runs": {"ppo/seed0": {"status": "running"}}}))
     assert discard_failed_out_dir(created) is True and not (workdir / "new").exists()
+
+
+def test_report_leaves_a_damaged_results_file_as_it_was(workdir, capsys):
+    """The refused report writes no report.md / curves.png and does not touch the file."""
+    with pytest.raises(SystemExit):
+        run_report("{}")
+    assert sorted(p.name for p in Path(GIVEN).iterdir()) == ["results.json"]
+    assert Path(GIVEN, "results.json").read_text() == "{}"
+    assert "sb3-grpo compare" in capsys.readouterr().err
+
+
+def test_report_runs_on_a_complete_results_file_after_the_checks(tmp_path, capsys):
+    """The results check lets real results through: a minimal, complete results.json still makes a report."""
+    results = {
+        "config": {
+            "env_id": "CartPole-v1",
+            "algos": ["ppo"],
+            "seeds": [0],
+            "timesteps": 64,
+            "n_envs": 1,
+            "eval_episodes": 2,
+            "hyperparameters": {"ppo": {}},
+        },
+        "runs": {},
+        "status": "interrupted",
+    }
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert cli_main(["report", str(tmp_path)]) == 0
+    assert (tmp_path / "report.md").is_file()

@@ -1,6 +1,7 @@
-"""Hardening, class 2 (issue 17): inputs that used to hang or run out of memory, or fail mid-rollout. The env's
-window ``W = max_prompt_tokens + max_new_tokens`` is capped (:data:`textrl_envs.core.MAX_WINDOW`) and checked before
-anything is allocated; the policy checks ``W`` against its model's context when it is built.
+"""Window sizes: the env's window ``W = max_prompt_tokens + max_new_tokens`` is capped
+(:data:`textrl_envs.core.MAX_WINDOW`) and checked before anything is allocated, so a huge budget is refused instead
+of hanging or running out of memory; the policy checks ``W`` against its model's context when it is built, instead
+of failing mid-rollout.
 """
 
 import gymnasium as gym
