@@ -321,7 +321,8 @@ CASES = [
         "grpo-advantage",
         lambda: grpo("MlpPolicy", "CartPole-v1", advantage="grpo"),
         ValueError,
-        r"advantage must be one of \('gae', 'group', 'rloo', 'self_critical'\), got 'grpo' \(did you mean 'group'\?\)",
+        r"advantage must be one of \('gae', 'group', 'group_mean', 'rloo', 'self_critical'\), got 'grpo' "
+        r"\(did you mean 'group'\?\)",
     ),
     (
         "grpo-grad-var-coef",
