@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 #: Hyperparameters of every algorithm on a text env, unless overridden (tuned for the bundled LM on CPU:
-#: see the README's comparison section). Rollouts of ``n_envs x n_steps`` tokens; gamma 1 because the
+#: see the docs' comparison guide). Rollouts of ``n_envs x n_steps`` tokens; gamma 1 because the
 #: reward comes at the end of the completion.
 TEXT_DEFAULTS: dict[str, Any] = {
     "n_steps": 32,
