@@ -11,11 +11,9 @@ import pytest
 import textrl_envs  # noqa: F401  (registers the ids)
 from textrl_envs.games import (
     Forfeit,
-    HeuristicOpponent,
     KuhnPoker,
     Nim,
     Opponent,
-    RandomOpponent,
     SelfPlay,
     TicTacToe,
     make_game,
@@ -44,7 +42,9 @@ def test_tictactoe_by_hand():
     assert g.over(s) and g.payoffs(s) == (0.0, 0.0) and g.render(s, 0) == " oxooxxxox:"
     # a clean win for the first player on the diagonal
     w = play_moves(g, g.initial(RNG), [" 1", " 2", " 5", " 3", " 9"])
-    assert g.over(w) and g.payoffs(w) == (1.0, -1.0) and g.result_text(w, 0) == " win" and g.result_text(w, 1) == " loss"
+    assert (
+        g.over(w) and g.payoffs(w) == (1.0, -1.0) and g.result_text(w, 0) == " win" and g.result_text(w, 1) == " loss"
+    )
     # a draw: x o x / x o o / o x x
     d = play_moves(g, g.initial(RNG), [" 1", " 2", " 3", " 5", " 4", " 6", " 8", " 7", " 9"])
     assert g.over(d) and g.payoffs(d) == (0.0, 0.0) and g.result_text(d, 1) == " draw"

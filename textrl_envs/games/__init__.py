@@ -6,31 +6,31 @@
   (:mod:`textrl_envs.games.opponents`: random, heuristic, a frozen LM policy, a league).
 * Both players as agents of a PettingZoo ``AECEnv`` (:mod:`textrl_envs.games.aec`, extra ``textrl[games]``).
 
-Light: importing this package imports neither PettingZoo nor torch.
+Light: importing this package imports neither PettingZoo nor torch (an LM opponent imports torch when it plays).
 """
 
 from __future__ import annotations
 
 from textrl_envs.games.base import Forfeit, Game, play_moves
+from textrl_envs.games.catalog import GAMES, make_game
 from textrl_envs.games.kuhn import KuhnPoker
 from textrl_envs.games.nim import Nim
 from textrl_envs.games.opponents import (
+    FunctionOpponent,
     HeuristicOpponent,
     Opponent,
     OpponentTurn,
-    PolicyOpponent,
     RandomOpponent,
     as_opponent,
 )
+from textrl_envs.games.policy import PolicyOpponent
 from textrl_envs.games.selfplay import SelfPlay
 from textrl_envs.games.tictactoe import TicTacToe
-
-#: The built-in games by name.
-GAMES: dict[str, type[Game]] = {"tictactoe": TicTacToe, "nim": Nim, "kuhn": KuhnPoker}
 
 __all__ = [
     "GAMES",
     "Forfeit",
+    "FunctionOpponent",
     "Game",
     "HeuristicOpponent",
     "KuhnPoker",
@@ -45,15 +45,3 @@ __all__ = [
     "make_game",
     "play_moves",
 ]
-
-
-def make_game(game: str | Game) -> Game:
-    """A :class:`Game` by name (``"tictactoe"``, ``"nim"``, ``"kuhn"``), or ``game`` itself.
-
-    :raises ValueError: for an unknown name.
-    """
-    if isinstance(game, Game):
-        return game
-    if game not in GAMES:
-        raise ValueError(f"unknown game {game!r}; known: {', '.join(sorted(GAMES))} (or pass a Game instance)")
-    return GAMES[game]()

@@ -47,7 +47,9 @@ class SelfPlay(Interaction):
         if not isinstance(game, Game):
             raise TypeError(f"game must be a textrl_envs.games Game (TicTacToe(), Nim(), KuhnPoker()); got {game!r}")
         if learner_player not in (None, 0, 1):
-            raise ValueError(f"learner_player must be 0 (first), 1 (second) or None (alternating); got {learner_player!r}")
+            raise ValueError(
+                f"learner_player must be 0 (first), 1 (second) or None (alternating); got {learner_player!r}"
+            )
         self.game, self.opponent, self.learner_player = game, as_opponent(opponent), learner_player
 
     # -- an episode -----------------------------------------------------------------------------------------------

@@ -186,28 +186,31 @@ def calculator_interaction():
 
 def game_prompts(game: str) -> list[str]:
     """The one prompt of a game's id: the game's intro line (``"Tic-tac-toe, you are x."``)."""
-    from textrl_envs.games import make_game
+    from textrl_envs.games.catalog import make_game
 
     return [make_game(game).intro]
 
 
 def tictactoe_interaction():
     """``TicTacToe-v0``'s :class:`~textrl_envs.games.SelfPlay`: tic-tac-toe against a random opponent."""
-    from textrl_envs.games import SelfPlay, TicTacToe
+    from textrl_envs.games.selfplay import SelfPlay
+    from textrl_envs.games.tictactoe import TicTacToe
 
     return SelfPlay(TicTacToe(), opponent="random")
 
 
 def nim_interaction():
     """``Nim-v0``'s :class:`~textrl_envs.games.SelfPlay`: one-heap Nim (5-12 stones) against a random opponent."""
-    from textrl_envs.games import Nim, SelfPlay
+    from textrl_envs.games.nim import Nim
+    from textrl_envs.games.selfplay import SelfPlay
 
     return SelfPlay(Nim(), opponent="random")
 
 
 def kuhn_interaction():
     """``KuhnPoker-v0``'s :class:`~textrl_envs.games.SelfPlay`: Kuhn poker against a random opponent."""
-    from textrl_envs.games import KuhnPoker, SelfPlay
+    from textrl_envs.games.kuhn import KuhnPoker
+    from textrl_envs.games.selfplay import SelfPlay
 
     return SelfPlay(KuhnPoker(), opponent="random")
 
