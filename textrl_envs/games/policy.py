@@ -10,7 +10,7 @@ import numpy as np
 
 from textrl_envs.games.opponents import Opponent, OpponentTurn
 
-__all__ = ["PolicyOpponent"]
+__all__ = ["PolicyOpponent", "copy_policy"]
 
 
 class PolicyOpponent(Opponent):
@@ -54,10 +54,14 @@ class PolicyOpponent(Opponent):
 
     @classmethod
     def snapshot(cls, policy: Any, **kwargs: Any) -> PolicyOpponent:
-        """An opponent playing a frozen copy of ``policy``: deep-copied, in eval mode, every parameter without
-        gradients, so training the original never changes it."""
-        frozen = copy.deepcopy(policy)
-        frozen.set_training_mode(False) if hasattr(frozen, "set_training_mode") else frozen.eval()
+        """An opponent playing a frozen copy of ``policy``: a new policy of its class built from its constructor
+        arguments (SB3's ``_get_constructor_parameters``, else a deep copy) with its weights copied in, in eval
+        mode, every parameter without gradients, so training the original never changes it."""
+        frozen = copy_policy(policy)
+        if hasattr(frozen, "set_training_mode"):
+            frozen.set_training_mode(False)
+        else:
+            frozen.eval()
         for p in frozen.parameters():
             p.requires_grad_(False)
         return cls(frozen, **kwargs)
@@ -105,3 +109,18 @@ class PolicyOpponent(Opponent):
 
     def __repr__(self) -> str:
         return f"PolicyOpponent({self.name!r}, deterministic={self.deterministic})"
+
+
+def copy_policy(policy: Any) -> Any:
+    """A copy of ``policy`` that shares no tensor with it: rebuilt from SB3's constructor parameters and loaded
+    with its state dict (a policy in the middle of a rollout holds cached tensors that ``deepcopy`` refuses), or
+    a deep copy of a policy that is not an SB3 one."""
+    import torch
+
+    make = getattr(policy, "_get_constructor_parameters", None)
+    if make is None:
+        return copy.deepcopy(policy)
+    fresh = type(policy)(**make())
+    with torch.no_grad():
+        fresh.load_state_dict({k: v.detach().clone() for k, v in policy.state_dict().items()})
+    return fresh.to(policy.device)

@@ -5,7 +5,8 @@
 :mod:`textrl_envs.sb3`): the prompt is the game's intro, the opening is the board the learner moves on (after
 the opponent's first move when the learner plays second), each learner turn is a move, and the reply is the
 board after the opponent's answer, or the result. The game's payoff to the learner is the reward of the turn
-that ends it; an unreadable or illegal learner move loses at once (-1).
+that ends it; an unreadable or illegal move loses at once (-1 to its player). When an opponent moving first
+loses so, the opening is the result and the learner's first turn ends the episode (reward +1).
 
 The episode's generator (seeded from the env's ``np_random``) draws, in this order, the learner's side (unless
 ``learner_player`` fixes it), the opponent (:meth:`~textrl_envs.games.opponents.Opponent.pick`) and the game's
@@ -81,6 +82,8 @@ class SelfPlay(Interaction):
         waiting = []
         for state, text in zip(states, texts):
             if state["result"] is not None:  # answered a turn after the end (cannot happen in the envs)
+                continue
+            if game.over(state["game"]):  # the opponent's first move ended it: this turn only collects the result
                 continue
             state["game"], _ = game.step_text(state["game"], text)
             if not game.over(state["game"]):
