@@ -31,15 +31,15 @@ RNG = np.random.default_rng(0)
 def test_tictactoe_by_hand():
     g = TicTacToe()
     s = g.initial(RNG)
-    assert g.render(s, 0) == " .........:" and g.legal(s) == list(range(1, 10)) and g.to_move(s) == 0
+    assert g.render(s, 0) == " ......... x=" and g.legal(s) == list(range(1, 10)) and g.to_move(s) == 0
     s = play_moves(g, s, [" 5", " 1", " 9", " 3"])
-    assert g.render(s, 0) == " o.o.x...x:" and g.render(s, 1) == " x.x.o...o:"  # each from its own side
+    assert g.render(s, 0) == " o.o.x...x x=" and g.render(s, 1) == " x.x.o...o x="  # each from its own side
     assert not g.over(s) and g.to_move(s) == 0
     s = play_moves(g, s, ["I take 2"])  # player 0 blocks; the first digit is the move
     s = play_moves(g, s, [" 8", " 7", " 4"])  # o: 8, x: 7, o: 4
     assert not g.over(s)
     s = play_moves(g, s, [" 6"])  # the ninth mark: o x o / o x x / x o x, no line
-    assert g.over(s) and g.payoffs(s) == (0.0, 0.0) and g.render(s, 0) == " oxooxxxox:"
+    assert g.over(s) and g.payoffs(s) == (0.0, 0.0) and g.render(s, 0) == " oxooxxxox x="
     # a clean win for the first player on the diagonal
     w = play_moves(g, g.initial(RNG), [" 1", " 2", " 5", " 3", " 9"])
     assert (
@@ -75,7 +75,7 @@ def test_tictactoe_heuristic_wins_then_blocks():
 def test_nim_by_hand():
     g = Nim()
     s = NimState(7)
-    assert g.render(s, 0) == g.render(s, 1) == " 7 left:" and g.legal(s) == [1, 2, 3]
+    assert g.render(s, 0) == g.render(s, 1) == " 7 left, x=" and g.legal(s) == [1, 2, 3]
     s = play_moves(g, s, [" 3", " 3"])  # 1 left, player 0 to move
     assert g.legal(s) == [1] and g.to_move(s) == 0
     s = play_moves(g, s, [" 1"])
@@ -104,16 +104,17 @@ def test_nim_heuristic_wins_every_winnable_heap():
 def test_kuhn_poker_by_hand():
     g = KuhnPoker()
     q_vs_k = KuhnState((1, 2))
-    assert g.render(q_vs_k, 0) == " Q -:" and g.render(q_vs_k, 1) == " K -:"
+    assert g.render(q_vs_k, 0) == " Q -, x=" and g.render(q_vs_k, 1) == " K -, x="
     assert g.payoffs(play_moves(g, q_vs_k, [" p", " p"])) == (-1.0, 1.0)  # showdown for 1
     assert g.payoffs(play_moves(g, q_vs_k, [" b", " b"])) == (-2.0, 2.0)  # bet, call: showdown for 2
     assert g.payoffs(play_moves(g, q_vs_k, [" b", " fold"])) == (1.0, -1.0)  # player 1 folds
     s = play_moves(g, q_vs_k, [" check", " bet"])
-    assert not g.over(s) and g.render(s, 0) == " Q pb:"
+    assert not g.over(s) and g.render(s, 0) == " Q pb, x="
     assert g.payoffs(play_moves(g, s, [" p"])) == (-1.0, 1.0)
     end = play_moves(g, s, [" call"])
     assert g.payoffs(end) == (-2.0, 2.0) and g.result_text(end, 0) == " loss, K" and g.result_text(end, 1) == " win, Q"
     assert isinstance(play_moves(g, q_vs_k, [" raise"]), Forfeit)
+    assert [g.read(t) for t in ("1", " 0", "x=1", "I fold", "12", "bet or check")] == ["b", "p", "b", "p", None, "b"]
     deals = {g.initial(np.random.default_rng(i)).cards for i in range(100)}
     assert deals == {(a, b) for a in range(3) for b in range(3) if a != b}
 
@@ -163,9 +164,9 @@ def test_tictactoe_against_the_heuristic_by_hand():
     env = gym.make("TicTacToe-v0", interaction=SelfPlay(TicTacToe(), "heuristic", learner_player=0))
     # every heuristic answer is forced: the centre, block 3, block 4, the last corner; the board fills up
     r, term, trunc, info, seen = play(env, [" 1", " 2", " 7", " 6", " 8"], seed=0)
-    assert seen[0] == "Tic-tac-toe, you are x. .........:"
-    assert seen[1].endswith(" 1 x...o....:") and seen[2].endswith(" 2 xxo.o....:")
-    assert seen[3].endswith(" 7 xxooo.x..:") and seen[4].endswith(" 6 xxoooxx.o:")
+    assert seen[0] == "Tic-tac-toe, you are x. ......... x="
+    assert seen[1].endswith(" 1 x...o.... x=") and seen[2].endswith(" 2 xxo.o.... x=")
+    assert seen[3].endswith(" 7 xxooo.x.. x=") and seen[4].endswith(" 6 xxoooxx.o x=")
     assert term and not trunc and r == 0.0 and info["turns"] == 5
     assert info["transcript"][-1]["text"] == " draw"
     # the learner wins from a fork: x1, o5, x9, o corner, ...: a loss to the heuristic is impossible here
@@ -179,7 +180,7 @@ def test_learner_plays_both_sides_and_an_illegal_move_loses():
         state = env.unwrapped._task_state
         sides.add(state["learner"])
         if state["learner"] == 1:  # the opponent already moved: the heap shown is after its take
-            assert window_text(env, obs).endswith(f" {state['game'].heap} left:")
+            assert window_text(env, obs).endswith(f" {state['game'].heap} left, x=")
     assert sides == {0, 1}
     r, term, _, info, _ = play(env, [" 7"], seed=3)
     assert term and r == -1.0 and info["transcript"][-1]["text"] == " loss (illegal)"
@@ -219,10 +220,10 @@ def test_opponent_sees_its_own_side_and_is_seeded():
 
     env = gym.make("TicTacToe-v0", interaction=SelfPlay(TicTacToe(), first_legal, learner_player=1))
     obs, _ = env.reset(seed=0)
-    assert seen == [(0, "Tic-tac-toe, you are x. .........:")]
-    assert window_text(env, obs).endswith(" o........:")  # the opponent's mark, from the learner's side
+    assert seen == [(0, "Tic-tac-toe, you are x. ......... x=")]
+    assert window_text(env, obs).endswith(" o........ x=")  # the opponent's mark, from the learner's side
     r, term, *_ = play(env, [" 5", " 9", " 7"], seed=0)[:3]
-    assert seen[-1][1].startswith("Tic-tac-toe, you are x. .........: 1 x...o....: 2")
+    assert seen[-1][1].startswith("Tic-tac-toe, you are x. ......... x= 1 x...o.... x= 2")
     # the same seed replays the same random opponent
     env = gym.make("KuhnPoker-v0")
     a = [play(env, [" b", " b"], seed=s)[3]["transcript"] for s in range(8)]
@@ -270,14 +271,14 @@ def test_pettingzoo_game_by_hand():
         o = e.observe(agent)
         return tok.decode([i for i, m in zip(o["input_ids"], o["attention_mask"]) if m], skip_special_tokens=True)
 
-    assert e.agent_selection == "player_0" and text("player_0") == "Tic-tac-toe, you are x. .........:"
+    assert e.agent_selection == "player_0" and text("player_0") == "Tic-tac-toe, you are x. ......... x="
     assert text("player_1") == "Tic-tac-toe, you are x."
     for move in [" 1", " 5", " 2", " 4", " 3"]:  # x wins on the top row
         for t in tok(move, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]:
             e.step(t)
     # each window is the game from its own side: x its marks, o the other's
-    assert text("player_0") == "Tic-tac-toe, you are x. .........: 1 x...o....: 2 xx.oo....: 3 win"
-    assert text("player_1") == "Tic-tac-toe, you are x. o........: 5 oo..x....: 4 loss"
+    assert text("player_0") == "Tic-tac-toe, you are x. ......... x= 1 x...o.... x= 2 xx.oo.... x= 3 win"
+    assert text("player_1") == "Tic-tac-toe, you are x. o........ x= 5 oo..x.... x= 4 loss"
     assert all(e.terminations.values()) and e._cumulative_rewards == {"player_0": 1.0, "player_1": -1.0}
 
 

@@ -128,7 +128,7 @@ def test_policy_opponent_batches_like_one_at_a_time_and_is_seeded():
     opp = PolicyOpponent.snapshot(model.policy, max_turn_tokens=3)
     game = TicTacToe()
     state = game.play(game.initial(None), 5)
-    texts = ["Tic-tac-toe, you are x. ....o....:", "Tic-tac-toe, you are x. .........: 5 o...x....:"]
+    texts = ["Tic-tac-toe, you are x. ....o.... x=", "Tic-tac-toe, you are x. ......... x= 5 o...x.... x="]
 
     def turns(seed):
         return [OpponentTurn(game, state, 1, t, np.random.default_rng(seed + i)) for i, t in enumerate(texts)]

@@ -16,7 +16,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Forfeit", "Game", "play_moves"]
+__all__ = ["MOVE_CUE", "Forfeit", "Game", "play_moves"]
+
+#: How every board ends: where the move goes. The bundled LM answers ``x=`` with a number (its corpus has
+#: ``x=`` before numbers), so a move written as a digit is within its reach before any training.
+MOVE_CUE = " x="
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from textrl_envs.games.base import Game
+from textrl_envs.games.base import MOVE_CUE, Game
 
 __all__ = ["KuhnPoker", "KuhnState"]
 
 CARDS = "JQK"
 #: Betting histories that end the hand (``p`` pass: check or fold; ``b`` bet: bet or call).
 TERMINAL = ("pp", "bp", "bb", "pbp", "pbb")
-_WORDS = {"p": "p", "b": "b", "check": "p", "pass": "p", "fold": "p", "bet": "b", "call": "b"}
+_WORDS = {"p": "p", "b": "b", "0": "p", "1": "b", "check": "p", "pass": "p", "fold": "p", "bet": "b", "call": "b"}
 _MOVE = re.compile(r"\b(" + "|".join(sorted(_WORDS, key=len, reverse=True)) + r")\b")
 
 
@@ -29,15 +29,16 @@ class KuhnState:
 class KuhnPoker(Game):
     """Kuhn poker (Kuhn 1950): a deck of J, Q, K; each player antes 1 and gets one card; one betting round.
 
-    A move is ``p`` (pass: check, or fold to a bet) or ``b`` (bet 1, or call a bet); ``check``, ``fold``,
-    ``bet`` and ``call`` are read too. Player 0 acts first. The hand ends at ``pp`` (showdown for 1), ``bp`` /
-    ``pbp`` (a fold: the bettor wins 1), ``bb`` / ``pbb`` (showdown for 2); at a showdown the higher card wins.
-    The board is the player's own card and the history, `` K pb:`` (4 tokens of the bundled tokenizer); the
+    A move is ``p`` or ``0`` (pass: check, or fold to a bet) or ``b`` or ``1`` (bet 1, or call a bet);
+    ``check``, ``fold``, ``bet`` and ``call`` are read too. Player 0 acts first. The hand ends at ``pp``
+    (showdown for 1), ``bp`` / ``pbp`` (a fold: the bettor wins 1), ``bb`` / ``pbb`` (showdown for 2); at a
+    showdown the higher card wins.
+    The board is the player's own card and the history, `` K pb, x=`` (7 tokens of the bundled tokenizer); the
     end shows the opponent's card.
     """
 
     name = "kuhn"
-    intro = "Kuhn poker, p or b."
+    intro = "Kuhn, 0 pass 1 bet."
 
     def initial(self, rng: np.random.Generator) -> KuhnState:
         deal = rng.permutation(3)
@@ -67,7 +68,7 @@ class KuhnPoker(Game):
         return (stake, -stake) if state.cards[0] > state.cards[1] else (-stake, stake)
 
     def render(self, state: KuhnState, player: int) -> str:
-        return f" {CARDS[state.cards[player]]} {state.history or '-'}:"
+        return f" {CARDS[state.cards[player]]} {state.history or '-'}," + MOVE_CUE
 
     def result_text(self, state, player: int) -> str:
         text = super().result_text(state, player)

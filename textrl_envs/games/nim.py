@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from textrl_envs.games.base import Game
+from textrl_envs.games.base import MOVE_CUE, Game
 
 __all__ = ["Nim", "NimState"]
 
@@ -25,7 +25,7 @@ class NimState:
 class Nim(Game):
     """One-heap Nim: a move takes 1 to ``max_take`` stones; whoever takes the last stone wins (payoff 1, else -1).
 
-    The heap starts at a size drawn from ``low..high``; the board is `` 9 left:`` (4 tokens of the bundled
+    The heap starts at a size drawn from ``low..high``; the board is `` 9 left, x=`` (7 tokens of the bundled
     tokenizer). The first player wins exactly when the heap is not a multiple of ``max_take + 1``, by leaving
     one (the heuristic opponent plays that).
 
@@ -66,7 +66,7 @@ class Nim(Game):
         return (-1.0, 1.0) if state.player == 0 else (1.0, -1.0)
 
     def render(self, state: NimState, player: int) -> str:  # noqa: ARG002  (both players see the same heap)
-        return f" {state.heap} left:"
+        return f" {state.heap} left," + MOVE_CUE
 
     def move_text(self, move: int) -> str:
         return f" {move}"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from textrl_envs.games.base import Game
+from textrl_envs.games.base import MOVE_CUE, Game
 
 __all__ = ["TicTacToe", "TicTacToeState"]
 
@@ -38,7 +38,7 @@ class TicTacToe(Game):
     """Tic-tac-toe. Cells are numbered 1-9 row by row from the top left; a move is the cell's digit.
 
     Each player sees the board from its own side, ``x`` its marks and ``o`` the opponent's, so one policy plays
-    either role: the board `` x.o.x....:`` (11 tokens of the bundled tokenizer) ends where the move goes.
+    either role: the board `` x.o.x.... x=`` (13 tokens of the bundled tokenizer) ends where the move goes.
     Payoffs: win 1, loss -1, draw 0.
     """
 
@@ -70,7 +70,7 @@ class TicTacToe(Game):
 
     def render(self, state: TicTacToeState, player: int) -> str:
         marks = {-1: ".", player: "x", 1 - player: "o"}
-        return " " + "".join(marks[c] for c in state.cells) + ":"
+        return " " + "".join(marks[c] for c in state.cells) + MOVE_CUE
 
     def move_text(self, move: int) -> str:
         return f" {move}"

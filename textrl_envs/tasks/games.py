@@ -78,7 +78,7 @@ TicTacToeEnv.__doc__ = _doc(
     ## Description
     :class:`~textrl_envs.games.TicTacToe` through :class:`~textrl_envs.games.SelfPlay`. The prompt is
     ``"Tic-tac-toe, you are x."``; the board is written from the learner's side, ``x`` its marks, ``o`` the
-    opponent's, ``.`` empty, row by row, and ends with ``:`` where the move goes (`` x.o.x....:``, 11 tokens of
+    opponent's, ``.`` empty, row by row, and ends with `` x=`` where the move goes (`` x.o.x.... x=``, 13 tokens of
     the bundled tokenizer). The learner writes a cell 1-9 (the first digit of its turn) and EOS; the env plays
     it, the opponent answers (a random legal cell by default), and the next board follows.
 
@@ -100,7 +100,7 @@ NimEnv.__doc__ = _doc(
 
     ## Description
     :class:`~textrl_envs.games.Nim` through :class:`~textrl_envs.games.SelfPlay`. The prompt is
-    ``"Nim, take 1-3."``; the heap starts at 5-12 stones and the board is the heap, `` 9 left:``. The learner
+    ``"Nim, take 1-3."``; the heap starts at 5-12 stones and the board is the heap, `` 9 left, x=``. The learner
     writes how many it takes (the first number of its turn) and EOS; the opponent takes its share (random by
     default; the heuristic opponent leaves a multiple of 4, which wins from any heap that is not one).
 
@@ -122,10 +122,10 @@ KuhnPokerEnv.__doc__ = _doc(
 
     ## Description
     :class:`~textrl_envs.games.KuhnPoker` through :class:`~textrl_envs.games.SelfPlay`. The prompt is
-    ``"Kuhn poker, p or b."``; the board is the learner's card and the betting so far, `` K pb:`` (``-``
-    before the first move). The learner writes ``p`` (check, or fold to a bet) or ``b`` (bet, or call), and
-    EOS; the result shows the opponent's card (`` win, J``). The deal is chance, so even the best play loses
-    some hands: compare policies over many seeds.
+    ``"Kuhn, 0 pass 1 bet."``; the board is the learner's card and the betting so far, `` K pb, x=`` (``-``
+    before the first move). The learner writes ``0`` or ``p`` (check, or fold to a bet) or ``1`` or ``b`` (bet,
+    or call), and EOS; the result shows the opponent's card (`` win, J``). The deal is chance, so even the best
+    play loses some hands: compare policies over many seeds.
 
     ## Rewards
     On the step that ends the hand: the chips won or lost, -2 to 2 (each player antes 1; a bet and a call add
