@@ -8,7 +8,7 @@ opponents: ``random``, ``heuristic`` (never met in training) and ``untrained`` (
 LM). The page reports the win rate and mean payoff, mean and 95% t-interval over seeds, the share of illegal
 moves, and the league's Elo curve::
 
-    python -m benchmarks_new.selfplay --games nim,kuhn --seeds 3 --timesteps 3072 --out docs/results/selfplay.md
+    python -m benchmarks_new.selfplay --games tictactoe,nim,kuhn --seeds 3 --timesteps 3072 --out docs/results/selfplay.md
 """
 
 from __future__ import annotations
@@ -99,14 +99,21 @@ def run_one(game_name: str, seed: int, args) -> dict:
 
 
 def stamp(argv: list[str]) -> str:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+    """The page's header: the command line, the git commit (marked when the tree has changes), hardware, date."""
+
+    def git(*cmd: str) -> str:
+        try:
+            return subprocess.run(["git", *cmd], capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += " (with uncommitted changes)"
     import torch
 
-    hardware = f"{platform.machine()} {platform.processor() or ''}, {os.cpu_count()} CPUs, torch {torch.__version__}"
+    cpu = platform.processor() or platform.machine()
+    hardware = f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__}"
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"- command: `python -m benchmarks_new.selfplay {' '.join(argv)}`\n- commit: `{commit}`\n"
@@ -156,7 +163,7 @@ def page(results: dict[str, list[dict]], args, argv: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m benchmarks_new.selfplay", description=__doc__.split("\n")[0])
-    p.add_argument("--games", default="nim,kuhn", help="comma-separated: tictactoe, nim, kuhn")
+    p.add_argument("--games", default="tictactoe,nim,kuhn", help="comma-separated: tictactoe, nim, kuhn")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--timesteps", type=int, default=3072)
     p.add_argument("--n-envs", type=int, default=16)
