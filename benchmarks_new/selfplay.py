@@ -8,7 +8,8 @@ opponents: ``random``, ``heuristic`` (never met in training) and ``untrained`` (
 LM). The page reports the win rate and mean payoff, mean and 95% t-interval over seeds, the share of illegal
 moves, and the league's Elo curve::
 
-    python -m benchmarks_new.selfplay --games tictactoe,nim,kuhn --seeds 3 --timesteps 3072 --out docs/results/selfplay.md
+    python -m benchmarks_new.selfplay --games tictactoe,nim,kuhn --seeds 3 --timesteps 3072 \\
+        --out docs/results/selfplay.md
 """
 
 from __future__ import annotations
@@ -121,8 +122,8 @@ def stamp(argv: list[str]) -> str:
     )
 
 
-def page(results: dict[str, list[dict]], args, argv: list[str]) -> str:
-    lines = ["# Self-play on the two-player text games", "", stamp(argv)]
+def page(results: dict[str, list[dict]], args, header: str) -> str:
+    lines = ["# Self-play on the two-player text games", "", header]
     lines += [
         f"GRPO (group advantages, groups of {args.group_size}) on the bundled LM, {args.timesteps} steps (tokens) "
         f"per run, {args.n_envs} envs, against a league of its own frozen snapshots (one every "
@@ -178,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown game(s) {unknown}; known: {', '.join(GAME_IDS)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    header = stamp(argv)  # the tree as the run starts
     results = {}
     for game in games:
         results[game] = []
@@ -187,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             results[game].append(r)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page(results, args, argv), encoding="utf-8")
+    out.write_text(page(results, args, header), encoding="utf-8")
     print(f"wrote {out}")
     return 0
 
