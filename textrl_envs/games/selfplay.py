@@ -39,7 +39,7 @@ class SelfPlay(Interaction):
 
     :param game: The :class:`~textrl_envs.games.base.Game`.
     :param opponent: ``"random"``, ``"heuristic"``, an :class:`~textrl_envs.games.opponents.Opponent` (such as
-        :class:`~textrl_envs.games.opponents.PolicyOpponent` or a league) or a callable ``f(turn) -> str``.
+        :class:`~textrl_envs.games.policy.PolicyOpponent` or a league) or a callable ``f(turn) -> str``.
     :param learner_player: ``0`` (the learner moves first), ``1`` (second), or ``None``: drawn per episode, so
         the learner plays both roles equally often.
     """
