@@ -9,7 +9,7 @@ import torch as th
 
 import textrl_envs  # noqa: F401  (registers the ids)
 from sb3_grpo.callbacks.league import League, LeagueCallback, elo_expected, elo_update, match_score
-from textrl_envs.games import OpponentTurn, PolicyOpponent, RandomOpponent, SelfPlay, TicTacToe
+from textrl_envs.games import Nim, OpponentTurn, PolicyOpponent, RandomOpponent, SelfPlay, TicTacToe
 from textrl_envs.sb3 import make_vec_env
 
 # -- Elo, by hand ------------------------------------------------------------------------------------------------
@@ -153,3 +153,40 @@ def test_lm_opponent_plays_in_the_env():
     _, r, term, trunc, info = env.step(tok.eos_token_id)  # an empty move loses, or the LM's illegal first move won
     assert term and info["transcript"][1]["text"].startswith(" ")
     assert r in (-1.0, 1.0)
+
+
+class ScriptedPolicy:
+    """A stand-in LM: its distribution puts all mass on the next token of ``script`` (and records what it read)."""
+
+    def __init__(self, script, vocab, width=72):
+        from gymnasium import spaces
+
+        self.script, self.vocab, self.calls, self.read = list(script), vocab, 0, []
+        self.observation_space = spaces.Dict({"input_ids": spaces.Box(0, vocab - 1, (width,), np.int64)})
+        self.device = th.device("cpu")
+
+    def get_distribution(self, obs):
+        self.read.append(obs["input_ids"].clone())
+        probs = th.zeros(obs["input_ids"].shape[0], self.vocab)
+        probs[:, self.script[self.calls % len(self.script)]] = 1.0
+        self.calls += 1
+        return type("D", (), {"distribution": th.distributions.Categorical(probs=probs)})()
+
+
+def test_lm_opponent_reads_the_tokens_a_learner_in_its_seat_sees():
+    env = gym.make("Nim-v0", interaction=SelfPlay(Nim(), "random", learner_player=1))
+    tok = env.unwrapped.tokenizer
+    one, eos = tok("1", add_special_tokens=False)["input_ids"][0], tok.eos_token_id
+    policy = ScriptedPolicy([one, eos], len(tok))
+    env = gym.make("Nim-v0", interaction=SelfPlay(Nim(), PolicyOpponent(policy), learner_player=1))
+    env.reset(seed=0)  # the opponent (player 0) writes "1" and EOS
+    for t in tok(" 1", add_special_tokens=False)["input_ids"] + [eos]:
+        env.step(t)
+    # its second move: it read its first board, its own "1" and EOS, then the board after the learner's take
+    second = [i for i in policy.read[2][0].tolist() if i != tok.pad_token_id]
+    first_board = tok("Nim, take 1-3.", add_special_tokens=False)["input_ids"]
+    assert second[: len(first_board)] == first_board
+    text = tok.decode(second, skip_special_tokens=False)
+    assert " left, x=1<|endoftext|> " in text and text.endswith(" left, x=")
+    assert second.count(eos) == 1
+    assert policy.calls == 4  # one forward pass per token: two moves of "1" and EOS

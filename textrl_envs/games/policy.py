@@ -17,8 +17,11 @@ class PolicyOpponent(Opponent):
     """An LM policy as the opponent: it reads its side of the conversation and writes tokens until its turn ends.
 
     One batched forward pass per token for every game whose opponent is to move (no gradients, the policy in
-    eval mode, on its own device). Tokens are sampled from the policy's distribution with each episode's own
-    generator (``deterministic=True``: the most likely token), so seeded episodes replay.
+    eval mode, on its own device; the whole window each time, no KV cache: a move is a token or two). A move's
+    text keeps its turn-end token (EOS: ``"3<|endoftext|>"``), so the opponent's side of the conversation is
+    tokenized back to the tokens a learner in its seat would see. Tokens are sampled from the policy's
+    distribution with each episode's own generator (``deterministic=True``: the most likely token), so seeded
+    episodes replay.
 
     :param policy: A policy with ``get_distribution(obs)`` over the text envs' ``Dict`` observation (an SB3
         ``ActorCriticPolicy``, such as ``sb3_grpo``'s ``CausalLMPolicy``). It is used as given; call
@@ -105,7 +108,9 @@ class PolicyOpponent(Opponent):
                 if token not in self.turn_end:
                     still.append(i)
             live = still
-        return [self.tokenizer.decode(w, skip_special_tokens=True) for w in written]
+        # the turn-end token stays in the text (the tokenizer reads it back as that token), so the opponent's side of
+        # the conversation holds the same tokens a learner's window would; games read past it
+        return [self.tokenizer.decode(w, skip_special_tokens=False) for w in written]
 
     def __repr__(self) -> str:
         return f"PolicyOpponent({self.name!r}, deterministic={self.deterministic})"
