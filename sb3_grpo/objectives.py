@@ -20,6 +20,9 @@ Sources, one per mechanism:
 - group-relative advantage: Shao et al. 2024, "DeepSeekMath", arXiv 2402.03300, section 4.1.2.
 - leave-one-out (RLOO) baseline: Kool et al. 2019 "Buy 4 REINFORCE samples, get a baseline for free!";
   Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740, eq. 6.
+- role-conditioned advantages: Liu et al. 2025, "SPIRAL: Self-Play on Zero-Sum Games Incentivizes Reasoning via
+  Multi-Agent Multi-Turn Reinforcement Learning", arXiv 2506.24119, section 3 (role-conditioned advantage
+  estimation: a baseline per game and role).
 - self-critical baseline: Rennie et al. 2017, "Self-critical Sequence Training for Image Captioning",
   arXiv 1612.00563, eq. 8.
 - decoupled clip ("clip-higher"), token-level loss, soft overlong punishment, dynamic sampling: Yu et al. 2025,
@@ -61,6 +64,8 @@ __all__ = [
     "pearson_corr",
     "relative_gradient_variance",
     "rloo_advantages",
+    "role_advantages",
+    "role_ema_advantages",
     "self_critical_advantages",
     "sequence_mean",
     "sequence_ratio",
@@ -649,6 +654,71 @@ def rloo_advantages(returns: th.Tensor, group_ids: th.Tensor) -> tuple[th.Tensor
     baseline = (sums[index] - returns) / (n - 1).clamp(min=1)
     adv = returns - baseline
     return th.where(valid, adv, th.zeros_like(adv)).float(), valid
+
+
+def _role_keys(games: th.Tensor, roles: th.Tensor) -> list[tuple[int, int]]:
+    if games.shape != roles.shape:
+        raise ValueError(f"games and roles need one entry per episode each; got shapes {tuple(games.shape)} and "
+                         f"{tuple(roles.shape)}")  # fmt: skip
+    return list(zip(games.tolist(), roles.tolist()))
+
+
+def role_advantages(returns: th.Tensor, games: th.Tensor, roles: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    """
+    Role-conditioned advantage with the batch as the baseline (SPIRAL, Liu et al. 2025, arXiv 2506.24119,
+    section 3): in a zero-sum game the two roles have different expected returns (the first mover of tic-tac-toe
+    wins more), so each episode is compared with the episodes of the same game played in the same role,
+
+    ``A_i = r_i - mean_{j: game_j = game_i, role_j = role_i} r_j``
+
+    Keys with a single episode get ``A = 0`` and ``valid = False``.
+
+    :param returns: one return per episode (the learner's payoff), shape ``(E,)``
+    :param games: the game of each episode (any integer id), shape ``(E,)``
+    :param roles: the learner's role (player number) in each episode, shape ``(E,)``
+    :return: ``(advantages, valid)``, both of shape ``(E,)``
+    """
+    keys = _role_keys(games, roles)
+    number = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    ids = th.tensor([number[k] for k in keys], dtype=th.int64)
+    return group_mean_advantages(returns, ids)
+
+
+def role_ema_advantages(
+    returns: th.Tensor,
+    games: th.Tensor,
+    roles: th.Tensor,
+    baselines: dict[tuple[int, int], float] | None = None,
+    decay: float = 0.95,
+) -> tuple[th.Tensor, dict[tuple[int, int], float]]:
+    """
+    SPIRAL's role-conditioned advantage estimation (Liu et al. 2025, arXiv 2506.24119, section 3) with a running
+    baseline per game and role, an exponential moving average over every episode seen so far: for each episode
+    ``i`` in order, with ``k = (game_i, role_i)``,
+
+    ``b_k <- decay * b_k + (1 - decay) * r_i``, then ``A_i = r_i - b_k``
+
+    (a key seen for the first time starts at ``b_k = 0``). Unlike :func:`role_advantages` this needs no second
+    episode of the same key in the batch, and the baseline carries over between updates.
+
+    :param returns: one return per episode, shape ``(E,)``, in the order the episodes ended
+    :param games: the game of each episode, shape ``(E,)``
+    :param roles: the learner's role in each episode, shape ``(E,)``
+    :param baselines: the baselines so far by ``(game, role)`` (``None``: none yet); not modified
+    :param decay: the moving average's decay, in ``[0, 1)``
+    :return: ``(advantages (E,), the updated baselines)``
+    """
+    if not 0.0 <= decay < 1.0:
+        raise ValueError(f"decay must be in [0, 1), got {decay!r}")
+    keys = _role_keys(games, roles)
+    out = dict(baselines or {})
+    values = returns.double().tolist()
+    adv = []
+    for key, r in zip(keys, values):
+        b = decay * out.get(key, 0.0) + (1.0 - decay) * r
+        out[key] = b
+        adv.append(r - b)
+    return th.tensor(adv, dtype=th.float64).float(), out
 
 
 def self_critical_advantages(

@@ -64,7 +64,7 @@ def window_text(env, obs):
 
 
 def test_interactive_ids_are_in_the_one_list_of_tasks():
-    assert INTERACTIVE_IDS == ["GuessNumber-v0", "ToolArithmetic-v0"]
+    assert INTERACTIVE_IDS == ["GuessNumber-v0", "ToolArithmetic-v0", "TicTacToe-v0", "Nim-v0", "KuhnPoker-v0"]
     for env_id in INTERACTIVE_IDS:
         task = get_task(env_id)
         assert (

@@ -387,3 +387,49 @@ def test_pearson_corr_matches_numpy():
     x, y = rng.normal(size=50), rng.normal(size=50)
     assert pearson_corr(x, x + y) == pytest.approx(np.corrcoef(x, x + y)[0, 1])
     assert math.isnan(pearson_corr(np.ones(5), x[:5]))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Role-conditioned advantages (a baseline per game and role), against brute force
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_role_advantages_against_brute_force():
+    from sb3_grpo.objectives import role_advantages
+
+    rng = np.random.default_rng(0)
+    returns = th.tensor(rng.choice([-1.0, 0.0, 1.0, 2.0], 40))
+    games, roles = th.tensor(rng.integers(0, 3, 40)), th.tensor(rng.integers(0, 2, 40))
+    adv, valid = role_advantages(returns, games, roles)
+    for i in range(40):
+        same = [j for j in range(40) if games[j] == games[i] and roles[j] == roles[i]]
+        mean = sum(float(returns[j]) for j in same) / len(same)
+        assert bool(valid[i]) == (len(same) >= 2)
+        assert float(adv[i]) == pytest.approx(float(returns[i]) - mean if len(same) >= 2 else 0.0, abs=1e-6)
+    # a role that always wins gets no credit for winning: only the difference to its own role's mean counts
+    adv, _ = role_advantages(th.tensor([1.0, 1.0, -1.0, 0.0]), th.tensor([0, 0, 0, 0]), th.tensor([0, 0, 1, 1]))
+    assert adv.tolist() == pytest.approx([0.0, 0.0, -0.5, 0.5])
+    with pytest.raises(ValueError, match="one entry per episode"):
+        role_advantages(returns, games, roles[:3])
+
+
+def test_role_ema_advantages_against_brute_force():
+    from sb3_grpo.objectives import role_ema_advantages
+
+    rng = np.random.default_rng(1)
+    returns = th.tensor(rng.normal(size=30))
+    games, roles = th.tensor(rng.integers(0, 2, 30)), th.tensor(rng.integers(0, 2, 30))
+    start = {(0, 1): 0.5}
+    adv, out = role_ema_advantages(returns, games, roles, baselines=start, decay=0.9)
+    assert start == {(0, 1): 0.5}  # not modified
+    b = {(0, 1): 0.5}
+    for i in range(30):
+        key = (int(games[i]), int(roles[i]))
+        b[key] = 0.9 * b.get(key, 0.0) + 0.1 * float(returns[i])
+        assert float(adv[i]) == pytest.approx(float(returns[i]) - b[key], abs=1e-6)
+    assert out == pytest.approx(b)
+    # by hand: two wins as the first player, from no baseline: b = 0.1, then 0.19
+    adv, out = role_ema_advantages(th.tensor([1.0, 1.0]), th.tensor([0, 0]), th.tensor([0, 0]), decay=0.9)
+    assert adv.tolist() == pytest.approx([0.9, 0.81]) and out == pytest.approx({(0, 0): 0.19})
+    with pytest.raises(ValueError, match=r"decay must be in \[0, 1\)"):
+        role_ema_advantages(returns, games, roles, decay=1.0)

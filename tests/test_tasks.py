@@ -130,8 +130,10 @@ def test_make_offline_and_env_checkers(env_id):
 def test_default_prompts_fit_the_prompt_budget(env_id):
     env = gym.make(env_id, prompt_truncation="error")  # raises if any default prompt is over budget
     spec = env.unwrapped.text_spec
-    # one prompt is enough where the episode's randomness is the interaction's (GuessNumber's secret)
-    assert len(spec.prompt_texts) >= 10 or env_id in ("TextGen-v0", "GuessNumber-v0")
+    # one prompt is enough where the episode's randomness is the interaction's (GuessNumber's secret, a game's
+    # side, deal and opponent)
+    one_prompt = ("TextGen-v0", "GuessNumber-v0", "TicTacToe-v0", "Nim-v0", "KuhnPoker-v0")
+    assert len(spec.prompt_texts) >= 10 or env_id in one_prompt
     assert max(len(ids) for ids in spec.prompt_ids) <= spec.max_prompt_tokens
 
 

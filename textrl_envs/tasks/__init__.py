@@ -31,6 +31,7 @@ module level: the family modules import it, never the other way round.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,6 +184,37 @@ def calculator_interaction():
     return Calculator()
 
 
+def game_prompts(game: str) -> list[str]:
+    """The one prompt of a game's id: the game's intro line (``"Tic-tac-toe, you are x."``)."""
+    from textrl_envs.games.catalog import make_game
+
+    return [make_game(game).intro]
+
+
+def tictactoe_interaction():
+    """``TicTacToe-v0``'s :class:`~textrl_envs.games.SelfPlay`: tic-tac-toe against a random opponent."""
+    from textrl_envs.games.selfplay import SelfPlay
+    from textrl_envs.games.tictactoe import TicTacToe
+
+    return SelfPlay(TicTacToe(), opponent="random")
+
+
+def nim_interaction():
+    """``Nim-v0``'s :class:`~textrl_envs.games.SelfPlay`: one-heap Nim (5-12 stones) against a random opponent."""
+    from textrl_envs.games.nim import Nim
+    from textrl_envs.games.selfplay import SelfPlay
+
+    return SelfPlay(Nim(), opponent="random")
+
+
+def kuhn_interaction():
+    """``KuhnPoker-v0``'s :class:`~textrl_envs.games.SelfPlay`: Kuhn poker against a random opponent."""
+    from textrl_envs.games.kuhn import KuhnPoker
+    from textrl_envs.games.selfplay import SelfPlay
+
+    return SelfPlay(KuhnPoker(), opponent="random")
+
+
 # -- the tasks -----------------------------------------------------------------------------------------------
 
 SENTIMENT = Task(
@@ -293,6 +325,45 @@ TOOL_ARITHMETIC = Task(
     max_turn_tokens=12,
 )
 
+TICTACTOE = Task(
+    env_id="TicTacToe-v0",
+    entry_point="textrl_envs.tasks.games:TicTacToeEnv",
+    summary="two-player game: tic-tac-toe against an opponent (random by default; any policy); reward 1 / 0 / -1",
+    prompts=functools.partial(game_prompts, "tictactoe"),
+    reward=None,
+    max_new_tokens=96,
+    max_prompt_tokens=16,
+    interaction=tictactoe_interaction,
+    max_turns=5,
+    max_turn_tokens=2,
+)
+
+NIM = Task(
+    env_id="Nim-v0",
+    entry_point="textrl_envs.tasks.games:NimEnv",
+    summary="two-player game: one-heap Nim (take 1-3, the last stone wins) against an opponent; reward 1 / -1",
+    prompts=functools.partial(game_prompts, "nim"),
+    reward=None,
+    max_new_tokens=72,
+    max_prompt_tokens=16,
+    interaction=nim_interaction,
+    max_turns=6,
+    max_turn_tokens=2,
+)
+
+KUHN_POKER = Task(
+    env_id="KuhnPoker-v0",
+    entry_point="textrl_envs.tasks.games:KuhnPokerEnv",
+    summary="two-player game: Kuhn poker (J, Q, K; 0 pass or 1 bet) against an opponent; reward the chips won, -2 to 2",
+    prompts=functools.partial(game_prompts, "kuhn"),
+    reward=None,
+    max_new_tokens=40,
+    max_prompt_tokens=16,
+    interaction=kuhn_interaction,
+    max_turns=2,
+    max_turn_tokens=2,
+)
+
 # -- external suites (optional extras; their modules in textrl_envs/suites/ import the library when made) ------
 
 REASONING_GYM = Task(
@@ -329,6 +400,9 @@ TASKS: tuple[Task, ...] = (
     LONG_REVIEW,
     GUESS_NUMBER,
     TOOL_ARITHMETIC,
+    TICTACTOE,
+    NIM,
+    KUHN_POKER,
     REASONING_GYM,
     TEXTARENA,
 )

@@ -1,0 +1,1 @@
+"""Benchmarks waiting to join ``benchmarks/`` (each runnable as ``python -m benchmarks_new.<name>``)."""

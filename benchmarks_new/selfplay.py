@@ -1,0 +1,198 @@
+"""Self-play on the two-player text games: does a short GRPO run with a league beat the untrained LM?
+
+For each game and seed: the bundled LM trains with GRPO (group advantages, groups of 4 playing the same side,
+deal and opponent) against a :class:`~sb3_grpo.callbacks.league.League` of its own frozen snapshots and a
+random opponent, a snapshot every ``--snapshot-every`` updates, opponents drawn uniformly. Before and after
+training it plays ``--eval-episodes`` games (both sides equally often, sampled moves) against held-out and seen
+opponents: ``random``, ``heuristic`` (never met in training) and ``untrained`` (a frozen copy of the starting
+LM). The page reports the win rate and mean payoff, mean and 95% t-interval over seeds, the share of illegal
+moves, and the league's Elo curve::
+
+    python -m benchmarks_new.selfplay --games tictactoe,nim,kuhn --seeds 3 --timesteps 3072 \\
+        --out docs/results/selfplay.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+GAME_IDS = {"tictactoe": "TicTacToe-v0", "nim": "Nim-v0", "kuhn": "KuhnPoker-v0"}
+#: Student's t quantile t_{0.975, df} for the seed intervals.
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+HP = {"n_epochs": 2, "learning_rate": 3e-4, "gamma": 1.0, "gae_lambda": 1.0, "ent_coef": 0.0}
+FAST = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "kl_coef": 0.0}
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval over seeds (0 for a single seed)."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2:
+        return float(x.mean()), 0.0
+    return float(x.mean()), T975.get(len(x) - 1, 1.96) * float(x.std(ddof=1)) / math.sqrt(len(x))
+
+
+def evaluate(model, game_id: str, game, opponent, episodes: int, seed: int) -> dict[str, float]:
+    """Win rate, mean payoff and share of games lost by an illegal move, over ``episodes`` sampled games."""
+    from textrl_envs.games import SelfPlay
+    from textrl_envs.sb3 import make_vec_env
+
+    env = make_vec_env(game_id, n_envs=16, seed=seed, device="cpu", interaction=SelfPlay(game, opponent))
+    obs = env.reset()
+    returns, illegal = [], 0
+    while len(returns) < episodes:
+        actions, _ = model.predict(obs, deterministic=False)
+        obs, _, dones, infos = env.step(actions)
+        for i in np.flatnonzero(dones):
+            returns.append(float(infos[i]["episode"]["r"]))
+            illegal += infos[i]["transcript"][-1]["text"].startswith(" loss (illegal)")
+    env.close()
+    r = np.asarray(returns[:episodes])
+    return {"win": float((r > 0).mean()), "payoff": float(r.mean()), "illegal": illegal / len(returns)}
+
+
+def run_one(game_name: str, seed: int, args) -> dict:
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from sb3_grpo import GRPO
+    from sb3_grpo.callbacks.league import League, LeagueCallback
+    from textrl_envs.games import PolicyOpponent, SelfPlay, make_game
+    from textrl_envs.sb3 import make_vec_env
+
+    game_id, game = GAME_IDS[game_name], make_game(game_name)
+    league = League(sampling="uniform", fixed={"random": "random"})
+    env = make_vec_env(game_id, n_envs=args.n_envs, group_size=args.group_size, seed=seed, device="cpu",
+                       interaction=SelfPlay(game, league))  # fmt: skip
+    model = GRPO("CausalLMPolicy", env, n_steps=args.n_steps, batch_size=args.n_steps * args.n_envs // 2,
+                 advantage="group", seed=seed, device="cpu", verbose=0, **HP, **FAST)  # fmt: skip
+    untrained = PolicyOpponent.snapshot(model.policy, name="untrained")
+    opponents = {"random": "random", "heuristic": "heuristic", "untrained": untrained}
+    eval_seed = 10_000 + seed
+    before = {k: evaluate(model, game_id, game, o, args.eval_episodes, eval_seed) for k, o in opponents.items()}
+
+    class Ratings(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.curve = []
+
+        def _on_rollout_end(self):
+            self.curve.append(league.learner_rating)
+
+        def _on_step(self):
+            return True
+
+    ratings = Ratings()
+    t0 = time.perf_counter()
+    model.learn(args.timesteps, callback=[LeagueCallback(league, snapshot_every=args.snapshot_every), ratings])
+    seconds = time.perf_counter() - t0
+    after = {k: evaluate(model, game_id, game, o, args.eval_episodes, eval_seed) for k, o in opponents.items()}
+    return {"before": before, "after": after, "curve": ratings.curve, "seconds": seconds,
+            "members": {m.name: round(m.rating) for m in league.members}}  # fmt: skip
+
+
+def stamp(argv: list[str]) -> str:
+    """The page's header: the command line, the git commit (marked when the tree has changes), hardware, date."""
+
+    def git(*cmd: str) -> str:
+        try:
+            return subprocess.run(["git", *cmd], capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += " (with uncommitted changes)"
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    hardware = f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__}"
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (
+        f"- command: `python -m benchmarks_new.selfplay {' '.join(argv)}`\n- commit: `{commit}`\n"
+        f"- hardware: {hardware} (CPU only)\n- date: {when}\n"
+    )
+
+
+def page(results: dict[str, list[dict]], args, header: str) -> str:
+    lines = ["# Self-play on the two-player text games", "", header]
+    lines += [
+        f"GRPO (group advantages, groups of {args.group_size}) on the bundled LM, {args.timesteps} steps (tokens) "
+        f"per run, {args.n_envs} envs, against a league of its own frozen snapshots (one every "
+        f"{args.snapshot_every} updates) and a random opponent, drawn uniformly. Evaluated before and after "
+        f"training on {args.eval_episodes} games per opponent (sides alternate, moves sampled), over "
+        f"{args.seeds} seeds: mean and 95% t-interval over seeds. `heuristic` is never met in training; "
+        "`untrained` is a frozen copy of the starting LM (the league's first snapshot). A win is a positive payoff "
+        "(Kuhn poker: chips won); `illegal` is the share of games the learner lost by an unreadable or illegal "
+        "move.",
+        "",
+        "| game | opponent | win rate before | win rate after | payoff before | payoff after | illegal before "
+        "| illegal after |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for game, runs in results.items():
+        for opp in ("random", "heuristic", "untrained"):
+            cells = []
+            for key in ("win", "payoff", "illegal"):
+                for when in ("before", "after"):
+                    m, h = interval([r[when][opp][key] for r in runs])
+                    cells.append((key, when, f"{m:.2f} ± {h:.2f}"))
+            c = {(k, w): v for k, w, v in cells}
+            lines.append(
+                f"| {game} | {opp} | {c['win', 'before']} | {c['win', 'after']} | {c['payoff', 'before']} | "
+                f"{c['payoff', 'after']} | {c['illegal', 'before']} | {c['illegal', 'after']} |"
+            )
+    lines += ["", "## The league's ratings", "",
+              "The learner's Elo rating after each rollout (start 1000, K = 32), and every member's final rating.",
+              ""]  # fmt: skip
+    for game, runs in results.items():
+        for seed, r in enumerate(runs):
+            curve = ", ".join(f"{x:.0f}" for x in r["curve"])
+            lines.append(f"- {game}, seed {seed} ({r['seconds']:.0f} s of training): {curve}; members {r['members']}")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m benchmarks_new.selfplay", description=__doc__.split("\n")[0])
+    p.add_argument("--games", default="tictactoe,nim,kuhn", help="comma-separated: tictactoe, nim, kuhn")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--timesteps", type=int, default=3072)
+    p.add_argument("--n-envs", type=int, default=16)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--n-steps", type=int, default=32)
+    p.add_argument("--snapshot-every", type=int, default=1)
+    p.add_argument("--eval-episodes", type=int, default=96)
+    p.add_argument("--out", default="docs/results/selfplay.md")
+    args = p.parse_args(argv)
+    games = [g.strip() for g in args.games.split(",") if g.strip()]
+    unknown = [g for g in games if g not in GAME_IDS]
+    if unknown:
+        p.error(f"unknown game(s) {unknown}; known: {', '.join(GAME_IDS)}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    header = stamp(argv)  # the tree as the run starts
+    results = {}
+    for game in games:
+        results[game] = []
+        for seed in range(args.seeds):
+            r = run_one(game, seed, args)
+            print(game, seed, {k: v["win"] for k, v in r["after"].items()}, f"{r['seconds']:.0f}s", flush=True)
+            results[game].append(r)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page(results, args, header), encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

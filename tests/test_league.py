@@ -1,0 +1,192 @@
+"""Self-play with a league: Elo by hand, sampling, frozen snapshots, the callback, LM opponents."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+
+import textrl_envs  # noqa: F401  (registers the ids)
+from sb3_grpo.callbacks.league import League, LeagueCallback, elo_expected, elo_update, match_score
+from textrl_envs.games import Nim, OpponentTurn, PolicyOpponent, RandomOpponent, SelfPlay, TicTacToe
+from textrl_envs.sb3 import make_vec_env
+
+# -- Elo, by hand ------------------------------------------------------------------------------------------------
+
+
+def test_elo_update_matches_a_hand_computation():
+    # A (1000) beats B (1200): E_A = 1 / (1 + 10 ** 0.5) = 0.2402530733; K (1 - E_A) = 32 * 0.7597469267
+    assert elo_expected(1000, 1200) == pytest.approx(0.2402530733)
+    a, b = elo_update(1000, 1200, 1.0)
+    assert a == pytest.approx(1024.3119016) and b == pytest.approx(1175.6880984)
+    assert elo_update(1500, 1500, 0.5) == (1500, 1500)  # a draw between equals moves nothing
+    assert elo_update(1500, 1500, 0.0, k=16) == (1492, 1508)
+    assert elo_expected(1200, 1000) + elo_expected(1000, 1200) == pytest.approx(1.0)
+    assert [match_score(r) for r in (2.0, 0.0, -1.0)] == [1.0, 0.5, 0.0]
+    with pytest.raises(ValueError, match=r"score_a must be in \[0, 1\]"):
+        elo_update(1000, 1000, 2.0)
+
+
+# -- the league --------------------------------------------------------------------------------------------------
+
+
+def test_league_sampling_and_ratings():
+    league = League(sampling="latest", fixed={"random": "random", "heuristic": "heuristic"})
+    assert [m.name for m in league.members] == ["random", "heuristic"]
+    rng = np.random.default_rng(0)
+    assert all(league.pick(rng) is league.members[-1].opponent for _ in range(20))
+    league.sampling = "uniform"
+    first = sum(league.pick(rng) is league.members[0].opponent for _ in range(2000))
+    assert abs(first - 1000) < 120
+    # a result moves the learner's and that member's ratings as elo_update says
+    heuristic = league.members[1]
+    league.record(heuristic.opponent, -1.0, 0)
+    a, b = elo_update(1000, 1000, 0.0)
+    assert league.learner_rating == a and heuristic.rating == b and league.members[0].rating == 1000
+    assert (heuristic.games, heuristic.learner_wins) == (1, 0) and league.results == [("heuristic", -1.0, 0)]
+    # by rating: the stronger member (the heuristic, now above the learner) is drawn more often
+    league.sampling = "rating"
+    w = league.weights()
+    expected = np.array([elo_expected(1000, a), elo_expected(b, a)])
+    np.testing.assert_allclose(w, expected / expected.sum())
+    assert w[1] > w[0]
+    # the same generator state picks the same member (group members and seeded episodes agree)
+    picks = [league.pick(np.random.default_rng(s)) for s in range(10)]
+    assert picks == [league.pick(np.random.default_rng(s)) for s in range(10)]
+
+
+def test_league_bad_input():
+    with pytest.raises(ValueError, match="sampling must be one of latest, uniform, rating"):
+        League(sampling="best")
+    with pytest.raises(RuntimeError, match="the league has no members yet"):
+        League().pick(np.random.default_rng(0))
+    with pytest.raises(ValueError, match="already has a member named 'random'"):
+        League(fixed={"random": "random"}).add(RandomOpponent(), name="random")
+    with pytest.raises(TypeError, match="league must be a League"):
+        LeagueCallback("league")
+
+
+# -- snapshots are frozen copies; the callback keeps the league -------------------------------------------------------
+
+
+def _model(league, n_envs=4, group_size=2, advantage="group"):
+    from helpers import quiet
+
+    from sb3_grpo import GRPO
+
+    env = make_vec_env("TicTacToe-v0", n_envs=n_envs, group_size=group_size, seed=0, device="cpu",
+                       interaction=SelfPlay(TicTacToe(), league))  # fmt: skip
+    hp = {"n_steps": 12, "batch_size": 16, "n_epochs": 1, "learning_rate": 1e-2, "seed": 0, "device": "cpu"}
+    return quiet(GRPO("CausalLMPolicy", env, advantage=advantage, **hp))
+
+
+def test_snapshots_are_frozen_and_the_opponent_never_trains():
+    from helpers import RolloutLog
+
+    league = League(sampling="uniform", fixed={"random": "random"}, max_snapshots=2)
+    model = _model(league, advantage="gae")  # a value loss: the learner's weights move on every update
+    log = RolloutLog()
+    model.learn(12 * 4 * 3, callback=[LeagueCallback(league, snapshot_every=1), log])
+    snaps = [m for m in league.members if m.snapshot]
+    assert [m.name for m in snaps] == ["snapshot_1", "snapshot_2"] and league.snapshots == 3  # the oldest dropped
+    first = snaps[0].opponent.policy
+    frozen = {k: v.clone() for k, v in first.state_dict().items()}
+    assert all(not p.requires_grad for p in first.parameters()) and not first.training
+    optimized = {id(p) for group in model.policy.optimizer.param_groups for p in group["params"]}
+    assert not optimized & {id(p) for p in first.parameters()}
+    logged, rating = log.values[-1], league.learner_rating
+    assert logged["league/size"] == 3 and logged["league/learner_rating"] == rating
+    assert "league/rating/random" in logged and logged["league/games"] > 0
+    before = {k: v.clone() for k, v in model.policy.state_dict().items()}
+    model.learn(12 * 4, reset_num_timesteps=False)  # the learner trains on; the snapshot stays as it was
+    assert any(not th.equal(before[k], v) for k, v in model.policy.state_dict().items())
+    assert all(th.equal(frozen[k], v) for k, v in first.state_dict().items())
+    assert league.results and all(name in ("random", "snapshot_0", "snapshot_1", "snapshot_2", "(dropped)")
+                                  for name, _, _ in league.results)  # fmt: skip
+
+
+def test_group_members_play_the_same_opponent():
+    league = League(sampling="uniform", fixed={"random": "random", "heuristic": "heuristic", "r2": RandomOpponent()})
+    vec = gym.make_vec(
+        "TicTacToe-v0", num_envs=8, group_size=2, device="cpu", interaction=SelfPlay(TicTacToe(), league)
+    )
+    vec.reset(seed=5)
+    states = vec.unwrapped._turn_book.states  # each row's episode state
+    for k in range(4):
+        a, b = states[2 * k], states[2 * k + 1]
+        assert a["opponent"] is b["opponent"] and a["learner"] == b["learner"] and a["game"] == b["game"]
+    assert len({id(s["opponent"]) for s in states}) > 1  # the groups drew different opponents
+
+
+# -- an LM policy as the opponent ----------------------------------------------------------------------------------
+
+
+def test_policy_opponent_batches_like_one_at_a_time_and_is_seeded():
+    league = League(fixed={"random": "random"})
+    model = _model(league)
+    opp = PolicyOpponent.snapshot(model.policy, max_turn_tokens=3)
+    game = TicTacToe()
+    state = game.play(game.initial(None), 5)
+    texts = ["Tic-tac-toe, you are x. ....o.... x=", "Tic-tac-toe, you are x. ......... x= 5 o...x.... x="]
+
+    def turns(seed):
+        return [OpponentTurn(game, state, 1, t, np.random.default_rng(seed + i)) for i, t in enumerate(texts)]
+
+    batched = opp.moves(turns(0))
+    alone = [opp.moves([t])[0] for t in turns(0)]
+    assert batched == alone and batched == opp.moves(turns(0))
+    assert all(isinstance(m, str) for m in batched)
+    greedy = PolicyOpponent(opp.policy, max_turn_tokens=3, deterministic=True)
+    assert greedy.moves(turns(0)) == greedy.moves(turns(7))  # greedy ignores the generator
+    with pytest.raises(TypeError, match="needs a policy with get_distribution"):
+        PolicyOpponent(object())
+
+
+def test_lm_opponent_plays_in_the_env():
+    league = League(fixed={"random": "random"})
+    model = _model(league)
+    opp = PolicyOpponent.snapshot(model.policy, deterministic=True)
+    env = gym.make("TicTacToe-v0", interaction=SelfPlay(TicTacToe(), opp, learner_player=1))
+    obs, _ = env.reset(seed=0)
+    tok = env.unwrapped.tokenizer
+    _, r, term, trunc, info = env.step(tok.eos_token_id)  # an empty move loses, or the LM's illegal first move won
+    assert term and info["transcript"][1]["text"].startswith(" ")
+    assert r in (-1.0, 1.0)
+
+
+class ScriptedPolicy:
+    """A stand-in LM: its distribution puts all mass on the next token of ``script`` (and records what it read)."""
+
+    def __init__(self, script, vocab, width=72):
+        from gymnasium import spaces
+
+        self.script, self.vocab, self.calls, self.read = list(script), vocab, 0, []
+        self.observation_space = spaces.Dict({"input_ids": spaces.Box(0, vocab - 1, (width,), np.int64)})
+        self.device = th.device("cpu")
+
+    def get_distribution(self, obs):
+        self.read.append(obs["input_ids"].clone())
+        probs = th.zeros(obs["input_ids"].shape[0], self.vocab)
+        probs[:, self.script[self.calls % len(self.script)]] = 1.0
+        self.calls += 1
+        return type("D", (), {"distribution": th.distributions.Categorical(probs=probs)})()
+
+
+def test_lm_opponent_reads_the_tokens_a_learner_in_its_seat_sees():
+    env = gym.make("Nim-v0", interaction=SelfPlay(Nim(), "random", learner_player=1))
+    tok = env.unwrapped.tokenizer
+    one, eos = tok("1", add_special_tokens=False)["input_ids"][0], tok.eos_token_id
+    policy = ScriptedPolicy([one, eos], len(tok))
+    env = gym.make("Nim-v0", interaction=SelfPlay(Nim(), PolicyOpponent(policy), learner_player=1))
+    env.reset(seed=0)  # the opponent (player 0) writes "1" and EOS
+    for t in tok(" 1", add_special_tokens=False)["input_ids"] + [eos]:
+        env.step(t)
+    # its second move: it read its first board, its own "1" and EOS, then the board after the learner's take
+    second = [i for i in policy.read[2][0].tolist() if i != tok.pad_token_id]
+    first_board = tok("Nim, take 1-3.", add_special_tokens=False)["input_ids"]
+    assert second[: len(first_board)] == first_board
+    text = tok.decode(second, skip_special_tokens=False)
+    assert " left, x=1<|endoftext|> " in text and text.endswith(" left, x=")
+    assert second.count(eos) == 1
+    assert policy.calls == 4  # one forward pass per token: two moves of "1" and EOS

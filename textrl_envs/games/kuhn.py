@@ -1,0 +1,93 @@
+"""Kuhn poker: three cards, one each, one round of betting."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from textrl_envs.games.base import MOVE_CUE, Game
+
+__all__ = ["KuhnPoker", "KuhnState"]
+
+CARDS = "JQK"
+#: Betting histories that end the hand (``p`` pass: check or fold; ``b`` bet: bet or call).
+TERMINAL = ("pp", "bp", "bb", "pbp", "pbb")
+_WORDS = {"p": "p", "b": "b", "0": "p", "1": "b", "check": "p", "pass": "p", "fold": "p", "bet": "b", "call": "b"}
+_MOVE = re.compile(r"\b(" + "|".join(sorted(_WORDS, key=len, reverse=True)) + r")\b")
+
+
+@dataclass(frozen=True)
+class KuhnState:
+    """``cards``: each player's card (0 J, 1 Q, 2 K); ``history``: the moves so far, ``"p"`` / ``"b"`` each."""
+
+    cards: tuple[int, int]
+    history: str = ""
+
+
+class KuhnPoker(Game):
+    """Kuhn poker (Kuhn 1950): a deck of J, Q, K; each player antes 1 and gets one card; one betting round.
+
+    A move is ``p`` or ``0`` (pass: check, or fold to a bet) or ``b`` or ``1`` (bet 1, or call a bet);
+    ``check``, ``fold``, ``bet`` and ``call`` are read too. Player 0 acts first. The hand ends at ``pp``
+    (showdown for 1), ``bp`` / ``pbp`` (a fold: the bettor wins 1), ``bb`` / ``pbb`` (showdown for 2); at a
+    showdown the higher card wins.
+    The board is the player's own card and the history, `` K pb, x=`` (7 tokens of the bundled tokenizer); the
+    end shows the opponent's card.
+    """
+
+    name = "kuhn"
+    intro = "Kuhn, 0 pass 1 bet."
+
+    def initial(self, rng: np.random.Generator) -> KuhnState:
+        deal = rng.permutation(3)
+        return KuhnState((int(deal[0]), int(deal[1])))
+
+    def to_move(self, state: KuhnState) -> int:
+        return len(state.history) % 2
+
+    def legal(self, state: KuhnState) -> list[str]:  # noqa: ARG002  (pass and bet are always legal)
+        return ["p", "b"]
+
+    def play(self, state: KuhnState, move: str) -> KuhnState:
+        if move not in ("p", "b"):
+            raise ValueError(f"a Kuhn poker move is 'p' or 'b', got {move!r}")
+        return KuhnState(state.cards, state.history + move)
+
+    def is_over(self, state: KuhnState) -> bool:
+        return state.history in TERMINAL
+
+    def returns(self, state: KuhnState) -> tuple[float, float]:
+        h = state.history
+        if h == "bp":
+            return (1.0, -1.0)
+        if h == "pbp":
+            return (-1.0, 1.0)
+        stake = 2.0 if h in ("bb", "pbb") else 1.0
+        return (stake, -stake) if state.cards[0] > state.cards[1] else (-stake, stake)
+
+    def render(self, state: KuhnState, player: int) -> str:
+        return f" {CARDS[state.cards[player]]} {state.history or '-'}," + MOVE_CUE
+
+    def result_text(self, state, player: int) -> str:
+        text = super().result_text(state, player)
+        inner = getattr(state, "state", state)  # a forfeit keeps the state it ended
+        return f"{text}, {CARDS[inner.cards[1 - player]]}"
+
+    def move_text(self, move: str) -> str:
+        return f" {move}"
+
+    def read(self, text: str) -> str | None:
+        m = _MOVE.search(text.lower())
+        return None if m is None else _WORDS[m.group(1)]
+
+    def heuristic(self, state: KuhnState, rng: np.random.Generator) -> str:
+        """Bet or call with K; with Q check, and call a bet a third of the time; with J bluff a third of the
+        time when first to act, else pass."""
+        card, facing_bet = state.cards[self.to_move(state)], state.history.endswith("b")
+        if card == 2:
+            return "b"
+        if card == 1:
+            return "b" if facing_bet and rng.random() < 1 / 3 else "p"
+        return "b" if not state.history and rng.random() < 1 / 3 else "p"
