@@ -8,23 +8,22 @@ opponents: ``random``, ``heuristic`` (never met in training) and ``untrained`` (
 LM). The page reports the win rate and mean payoff, mean and 95% t-interval over seeds, the share of illegal
 moves, and the league's Elo curve::
 
-    python -m benchmarks_new.selfplay --games tictactoe,nim,kuhn --seeds 3 --timesteps 3072 \\
+    python -m benchmarks.selfplay --games tictactoe,nim,kuhn --seeds 3 --timesteps 3072 \\
         --out docs/results/selfplay.md
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import math
 import os
-import platform
-import subprocess
+import shlex
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
+
+from sb3_grpo.compare.pages import write_results_page
 
 GAME_IDS = {"tictactoe": "TicTacToe-v0", "nim": "Nim-v0", "kuhn": "KuhnPoker-v0"}
 #: Student's t quantile t_{0.975, df} for the seed intervals.
@@ -99,32 +98,9 @@ def run_one(game_name: str, seed: int, args) -> dict:
             "members": {m.name: round(m.rating) for m in league.members}}  # fmt: skip
 
 
-def stamp(argv: list[str]) -> str:
-    """The page's header: the command line, the git commit (marked when the tree has changes), hardware, date."""
-
-    def git(*cmd: str) -> str:
-        try:
-            return subprocess.run(["git", *cmd], capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-
-    commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
-    if git("status", "--porcelain", "--untracked-files=no"):
-        commit += " (with uncommitted changes)"
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    hardware = f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__}"
-    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (
-        f"- command: `python -m benchmarks_new.selfplay {' '.join(argv)}`\n- commit: `{commit}`\n"
-        f"- hardware: {hardware} (CPU only)\n- date: {when}\n"
-    )
-
-
-def page(results: dict[str, list[dict]], args, header: str) -> str:
-    lines = ["# Self-play on the two-player text games", "", header]
-    lines += [
+def page(results: dict[str, list[dict]], args) -> str:
+    """The results page's body (the stamp and title are :func:`~sb3_grpo.compare.pages.write_results_page`'s)."""
+    lines = [
         f"GRPO (group advantages, groups of {args.group_size}) on the bundled LM, {args.timesteps} steps (tokens) "
         f"per run, {args.n_envs} envs, against a league of its own frozen snapshots (one every "
         f"{args.snapshot_every} updates) and a random opponent, drawn uniformly. Evaluated before and after "
@@ -163,7 +139,7 @@ def page(results: dict[str, list[dict]], args, header: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m benchmarks_new.selfplay", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="textrl-bench selfplay", description=__doc__.split("\n")[0])
     p.add_argument("--games", default="tictactoe,nim,kuhn", help="comma-separated: tictactoe, nim, kuhn")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--timesteps", type=int, default=3072)
@@ -179,7 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown game(s) {unknown}; known: {', '.join(GAME_IDS)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    header = stamp(argv)  # the tree as the run starts
     results = {}
     for game in games:
         results[game] = []
@@ -187,9 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             r = run_one(game, seed, args)
             print(game, seed, {k: v["win"] for k, v in r["after"].items()}, f"{r['seconds']:.0f}s", flush=True)
             results[game].append(r)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page(results, args, header), encoding="utf-8")
+    command = shlex.join(["textrl-bench", "selfplay", *argv])
+    out = write_results_page(args.out, "Self-play on the two-player text games", page(results, args), command)
     print(f"wrote {out}")
     return 0
 

@@ -1,1 +1,0 @@
-"""Benchmarks waiting to join ``benchmarks/`` (each runnable as ``python -m benchmarks_new.<name>``)."""
