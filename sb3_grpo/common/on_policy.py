@@ -7,7 +7,8 @@ with PPO's arguments and ``collect_rollouts`` step for step, plus what any algor
 - group advantages (``advantage="group" | "group_mean" | "rloo" | "self_critical"``, :mod:`sb3_grpo.common.groups`),
   ``carry_over`` (:mod:`sb3_grpo.common.carry_over`) and rewards scored in the background
   (:mod:`sb3_grpo.common.deferred_rewards`), all through the rollout's state (:mod:`sb3_grpo.common.rollout`);
-- the two update paths (:mod:`sb3_grpo.common.batch_sources`), whose minibatches know their sequences;
+- the two update paths (:mod:`sb3_grpo.common.batch_sources`), whose minibatches know their sequences, and
+  micro-batches (``micro_batch_size``: gradient accumulation, one optimizer step per minibatch);
 - non-finite handling (``nonfinite``, :mod:`sb3_grpo.common.nonfinite`) and the gradient-norm log and warning;
 - the data-parallel seam (:mod:`sb3_grpo.common.data_parallel`): rank 0 logs and saves.
 
@@ -54,9 +55,10 @@ from sb3_grpo.common.host_memory import release_free_heap
 from sb3_grpo.common.nonfinite import raise_non_finite
 from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
 from sb3_grpo.common.type_aliases import Minibatch
-from sb3_grpo.common.update_stats import LossTerms, TrainStats
+from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
 from sb3_grpo.objectives import pearson_corr
 from sb3_grpo.policies.models import portable_policy_kwargs
+from textrl_envs.validation import check_int
 
 __all__ = ["GroupOnPolicyAlgorithm"]
 
@@ -76,6 +78,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: group forms on the text fast path: train the steps of an episode whose group has not finished
         when the rollout ends in the first update after it has (:mod:`sb3_grpo.common.carry_over`)
+    :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
+        (whole sequences on the text fast path) and accumulate their gradients: one optimizer step per minibatch, the
+        same update as unsplit to float rounding, with the peak memory of a micro-batch (``None``: no split)
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -118,6 +123,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         grad_norm_warn: float | None = 1000.0,
         nonfinite: str = "raise",
         carry_over: bool = False,
+        micro_batch_size: int | None = None,
     ):
         # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed); outside
         # torchrun this is the single-process seam and torch.distributed is never touched. load() builds with
@@ -172,6 +178,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self.grad_norm_warn = grad_norm_warn
         self.nonfinite = nonfinite
         self.carry_over = carry_over
+        if micro_batch_size is not None:
+            check_int("micro_batch_size", micro_batch_size, low=1, example=8)
+        self.micro_batch_size = micro_batch_size
         if self.advantage != "gae" and self.env is not None:
             # warns when n_steps < the episodes' length (unless carry_over trains those steps later)
             check_grouped_env(self.env, self.advantage, None if carry_over else self.n_steps)
@@ -197,6 +206,14 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             ``None``.
         """
         raise NotImplementedError(f"{type(self).__name__} must define _minibatch_loss")
+
+    def _prepare_minibatch(self, minibatch: Minibatch) -> Minibatch:
+        """The minibatch before it is split into micro-batches (``micro_batch_size``): where the loss uses a statistic
+        of the whole minibatch (GRPO: the advantages' normalisation), computed here over all of it (nothing here).
+
+        :param minibatch: The whole minibatch.
+        """
+        return minibatch
 
     def _rollout_alpha(self) -> float:
         """The weight of the uniform mixture the rollout acts with (0: the policy's own draws)."""
@@ -428,9 +445,12 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     # ------------------------------------------------------------------------------------------------------
     # Update
     # ------------------------------------------------------------------------------------------------------
-    def _optimizer_step(self, terms: LossTerms | None, epoch: int, stats: TrainStats) -> None:
+    def _optimizer_step(
+        self, terms: LossTerms | None, epoch: int, stats: TrainStats, accumulated: bool = False
+    ) -> None:
         """Backward, gradient average over the ranks, clipping and the optimizer step, unless the loss or the
-        gradient is non-finite (``nonfinite``: raise, or skip and count). ``terms=None``: an idle step."""
+        gradient is non-finite (``nonfinite``: raise, or skip and count). ``terms=None``: an idle step.
+        ``accumulated``: the micro-batches' backwards have already filled the gradients (:meth:`_micro_batch_loss`)."""
         if terms is None or not math.isfinite(terms.value):
             if terms is not None and self.nonfinite != "skip":
                 raise_non_finite("loss", self._n_updates, epoch, self.num_timesteps, terms.details)
@@ -438,8 +458,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
                 self._skipped_nonfinite += 1
             self._data_parallel.idle_step(self.policy, self.max_grad_norm)  # join the other ranks' step
             return
-        self.policy.optimizer.zero_grad()
-        terms.loss.backward()
+        if not accumulated:
+            self.policy.optimizer.zero_grad()
+            terms.loss.backward()
         if not self.policy.optimizer.state:  # the first step allocates the optimizer's state: the update's peak
             release_free_heap()
         self._data_parallel.average_gradients(self.policy.parameters())
@@ -454,6 +475,42 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             return
         stats.grad_norms.append(grad_norm)
         self.policy.optimizer.step()
+
+    def _micro_batch_loss(
+        self,
+        minibatch: Minibatch,
+        clip_range: float,
+        clip_range_vf: float | None,
+        stats: TrainStats,
+        measure_kl: bool,
+    ) -> LossTerms:
+        """The minibatch's loss in micro-batches of ``micro_batch_size``, each one's backward run as soon as its loss
+        is known (gradients accumulate; the optimizer step follows in :meth:`_optimizer_step`).
+
+        Each micro-batch's :meth:`_minibatch_loss` is its share of the minibatch's loss (``Minibatch.share``): the
+        shares and their gradients add up to the unsplit minibatch's. The figures recorded in ``stats`` are the whole
+        minibatch's. After a non-finite share no backward runs (the rest are evaluated without a gradient, for the
+        log); the returned loss is then non-finite and :meth:`_optimizer_step` raises or skips as ``nonfinite`` says.
+        """
+        minibatch = self._prepare_minibatch(minibatch)
+        micro_stats = MicroBatchStats()
+        self.policy.optimizer.zero_grad()
+        total, details, finite = 0.0, {}, True
+        for part in self.batch_source.split(minibatch, self.micro_batch_size):
+            with th.enable_grad() if finite else th.no_grad():
+                terms = self._minibatch_loss(part, clip_range, clip_range_vf, micro_stats, measure_kl)
+            total += terms.value
+            for key, value in terms.details.items():
+                details[key] = details.get(key, 0.0) + value
+            if finite and math.isfinite(terms.value):
+                terms.loss.backward()
+            else:
+                finite = False
+            del terms  # the micro-batch's graph goes before the next forward
+        if not finite:
+            self.policy.optimizer.zero_grad()  # a partial sum must not reach the step
+        approx_kl = micro_stats.merge_into(stats, total)
+        return LossTerms(th.tensor(total), approx_kl, details, total)
 
     def _stop_early(self, terms: LossTerms | None, epoch: int) -> bool:
         """PPO's ``target_kl``: stop the epochs when ``approx_kl > 1.5 * target_kl``; under ``torch.distributed`` the
@@ -500,12 +557,17 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
                 self.batch_source.minibatches(self.rollout_buffer, self.batch_size)
             ):
                 terms = None
-                if minibatch is not None:
+                split = minibatch is not None and getattr(self, "micro_batch_size", None) is not None
+                if split:  # forward and backward micro-batch by micro-batch, the gradients accumulated
+                    terms = self._micro_batch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
+                elif minibatch is not None:
                     terms = self._minibatch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
                 if self._stop_early(terms, epoch):
+                    if split:
+                        self.policy.optimizer.zero_grad()  # the accumulated gradient takes no step
                     continue_training = False
                     break
-                self._optimizer_step(terms, epoch, stats)
+                self._optimizer_step(terms, epoch, stats, accumulated=split)
 
             self._n_updates += 1
             if not continue_training:
