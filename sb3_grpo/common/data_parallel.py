@@ -48,8 +48,13 @@ class SingleProcess:
     def average_gradients(self, params: Iterable[th.nn.Parameter]) -> None:
         """Average the gradients of ``params`` over the ranks, in place (after ``backward``)."""
 
-    def idle_step(self, policy: Any, max_grad_norm: float) -> None:
-        """Join the other ranks' gradient step without a gradient of this rank's (after a skipped minibatch)."""
+    def idle_step(self, policy: Any, max_grad_norm: float, scaler: Any = None) -> None:
+        """Join the other ranks' gradient step without a gradient of this rank's (after a skipped minibatch).
+
+        :param policy: The policy (its ``optimizer``).
+        :param max_grad_norm: The gradient clip.
+        :param scaler: The fp16 loss scaler (``torch.amp.GradScaler``), or ``None``.
+        """
 
     is_main = True
 
@@ -111,16 +116,24 @@ class DataParallel(SingleProcess):
     def average_gradients(self, params: Iterable[th.nn.Parameter]) -> None:
         distributed.average_gradients(params)
 
-    def idle_step(self, policy: Any, max_grad_norm: float) -> None:
+    def idle_step(self, policy: Any, max_grad_norm: float, scaler: Any = None) -> None:
         """Join the gradient average with no gradient of this rank's and take the optimizer step the other ranks
-        take (none when the averaged gradient is non-finite: the contributing ranks raise or skip that step)."""
+        take (none when the averaged gradient is non-finite: the contributing ranks raise or skip that step; under
+        fp16 loss scaling the scale follows theirs)."""
         policy.optimizer.zero_grad()
         distributed.average_gradients(policy.parameters(), contributed=False)
+        if scaler is not None:
+            scaler.unscale_(policy.optimizer)
         grad_norm = th.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
         if th.isfinite(grad_norm):
-            policy.optimizer.step()
+            if scaler is not None:
+                scaler.step(policy.optimizer)
+            else:
+                policy.optimizer.step()
         else:
             policy.optimizer.zero_grad()
+        if scaler is not None:
+            scaler.update()
 
     def mean(self, total: float, count: float = 1.0) -> float:
         return distributed.mean_across_ranks(total, count)

@@ -10,6 +10,8 @@ with PPO's arguments and ``collect_rollouts`` step for step, plus what any algor
 - the two update paths (:mod:`sb3_grpo.common.batch_sources`), whose minibatches know their sequences, and
   micro-batches (``micro_batch_size``: gradient accumulation, one optimizer step per minibatch);
 - non-finite handling (``nonfinite``, :mod:`sb3_grpo.common.nonfinite`) and the gradient-norm log and warning;
+- fp16 loss scaling (``torch.amp.GradScaler``) for a policy with ``autocast_dtype="float16"``: a step whose
+  gradient overflowed is skipped and counted (``train/skipped_overflow``), the scale halved;
 - the data-parallel seam (:mod:`sb3_grpo.common.data_parallel`): rank 0 logs and saves.
 
 A subclass (sb3-contrib's pattern) calls ``super().__init__(..., _init_setup_model=_init_setup_model)``, sets its own
@@ -286,6 +288,10 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self._carry = CarryOver() if getattr(self, "carry_over", False) else None
         self._grad_norm_warned = False
         self._skipped_nonfinite = 0
+        # fp16 autocast: scale the loss so that small gradients do not underflow (bf16 has fp32's range: no scaler)
+        fp16 = getattr(self.policy, "autocast_dtype", None) == "float16"
+        self._grad_scaler = th.amp.GradScaler(self.device.type) if fp16 else None
+        self._skipped_overflow = 0
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         """SB3's ``save``; under ``torch.distributed`` only rank 0 writes (the weights are the same everywhere)."""
@@ -303,7 +309,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             self._explore_rng = np.random.default_rng(seed)
 
     def _excluded_save_params(self) -> list[str]:
+        # (the loss scaler is rebuilt by _setup_model: a loaded model starts again from the initial scale)
         own = ["ref_policy", "batch_source", "_data_parallel", "_group_tracker", "_sync_ranks_at_setup", "_carry"]
+        own.append("_grad_scaler")
         return [*super()._excluded_save_params(), *own]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
@@ -456,17 +464,27 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
                 raise_non_finite("loss", self._n_updates, epoch, self.num_timesteps, terms.details)
             if terms is not None:  # no step on this minibatch; counted in train/skipped_nonfinite
                 self._skipped_nonfinite += 1
-            self._data_parallel.idle_step(self.policy, self.max_grad_norm)  # join the other ranks' step
+            # join the other ranks' step
+            self._data_parallel.idle_step(self.policy, self.max_grad_norm, getattr(self, "_grad_scaler", None))
             return
         if not accumulated:
             self.policy.optimizer.zero_grad()
-            terms.loss.backward()
+            self._backward(terms.loss)
         if not self.policy.optimizer.state:  # the first step allocates the optimizer's state: the update's peak
             release_free_heap()
         self._data_parallel.average_gradients(self.policy.parameters())
+        scaler = getattr(self, "_grad_scaler", None)
+        if scaler is not None:  # the true gradient (an overflow anywhere is in every rank's average: all skip)
+            scaler.unscale_(self.policy.optimizer)
         # Clip grad norm (the returned norm is the one before clipping)
         grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm).item()
         if not math.isfinite(grad_norm):
+            if scaler is not None:
+                # fp16 loss scaling: an overflow is expected; no step, the scale halves, counted
+                scaler.update()
+                self.policy.optimizer.zero_grad()
+                self._skipped_overflow += 1
+                return
             if self.nonfinite != "skip":
                 details = {**terms.details, "grad_norm": grad_norm}
                 raise_non_finite("gradient", self._n_updates, epoch, self.num_timesteps, details)
@@ -474,7 +492,16 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             self._skipped_nonfinite += 1
             return
         stats.grad_norms.append(grad_norm)
-        self.policy.optimizer.step()
+        if scaler is not None:
+            scaler.step(self.policy.optimizer)  # the unscaled gradient, checked finite above
+            scaler.update()
+        else:
+            self.policy.optimizer.step()
+
+    def _backward(self, loss: th.Tensor) -> None:
+        """``loss.backward()``, of the scaled loss under fp16 loss scaling."""
+        scaler = getattr(self, "_grad_scaler", None)
+        (loss if scaler is None else scaler.scale(loss)).backward()
 
     def _micro_batch_loss(
         self,
@@ -503,7 +530,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             for key, value in terms.details.items():
                 details[key] = details.get(key, 0.0) + value
             if finite and math.isfinite(terms.value):
-                terms.loss.backward()
+                self._backward(terms.loss)
             else:
                 finite = False
             del terms  # the micro-batch's graph goes before the next forward
@@ -585,6 +612,10 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         if self.nonfinite == "skip":
             logger.record("train/skipped_nonfinite", self._skipped_nonfinite)
             self._skipped_nonfinite = 0
+        if getattr(self, "_grad_scaler", None) is not None:
+            logger.record("train/skipped_overflow", self._skipped_overflow)
+            logger.record("train/loss_scale", self._grad_scaler.get_scale())
+            self._skipped_overflow = 0
         logger.record("train/explained_variance", explained_var)
         if hasattr(self.policy, "log_std"):
             logger.record("train/std", th.exp(self.policy.log_std).mean().item())
