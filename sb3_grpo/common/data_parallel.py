@@ -2,9 +2,11 @@
 
 ``train`` calls the same methods whether it runs on one process or on many; :class:`SingleProcess` makes each of
 them a no-op (or plain arithmetic), :class:`DataParallel` makes them the collective calls of
-:mod:`sb3_grpo.distributed`. :func:`make_data_parallel` chooses once, when the model is set up, and it never
-touches ``torch.distributed`` unless the process was launched by ``torchrun`` or a process group is already
-initialised.
+:mod:`sb3_grpo.distributed` (every rank holds the whole policy: ``data_parallel="ddp"``), and
+:class:`FullyShardedDataParallel` shards the policy's parameters, gradients and optimizer state over the ranks with
+PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``: ``data_parallel="fsdp"``). :func:`make_data_parallel`
+chooses once, when the model is set up, and it never touches ``torch.distributed`` unless the process was launched
+by ``torchrun`` or a process group is already initialised.
 
 The fixed points of an update where the ranks meet:
 
@@ -15,10 +17,15 @@ The fixed points of an update where the ranks meet:
   own and takes the same optimizer step.
 - :meth:`~SingleProcess.mean`: ``target_kl`` early stopping and the KL controller use cross-rank means, so every
   rank decides the same.
+- :meth:`~SingleProcess.clip_grad_norm`: the gradient norm over the whole policy (under FSDP, over every rank's
+  shard) and the clip.
+- :meth:`~SingleProcess.full_state`: what ``save`` writes (under FSDP, the full state gathered to rank 0, so that
+  the file loads on one process).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -27,7 +34,10 @@ from stable_baselines3.common.logger import Logger
 
 from sb3_grpo import distributed
 
-__all__ = ["DataParallel", "SingleProcess", "make_data_parallel"]
+__all__ = ["DATA_PARALLEL", "DataParallel", "FullyShardedDataParallel", "SingleProcess", "make_data_parallel"]
+
+#: The data-parallel modes (``data_parallel=``): a whole policy per rank, or FSDP2's sharding.
+DATA_PARALLEL = ("ddp", "fsdp")
 
 T = TypeVar("T")
 
@@ -80,6 +90,19 @@ class SingleProcess:
     def record(self, logger: Logger, num_timesteps: int) -> None:
         """Log the data-parallel figures (nothing on one process)."""
 
+    def clip_grad_norm(self, params: Iterable[th.nn.Parameter], max_norm: float) -> float:
+        """Clip the gradients of ``params`` to a total norm of ``max_norm`` (in place); return the norm before.
+
+        :param params: The policy's parameters.
+        :param max_norm: The clip.
+        """
+        return th.nn.utils.clip_grad_norm_(params, max_norm).item()
+
+    def full_state(self, model: Any) -> dict[str, dict] | None:  # noqa: ARG002 (the seam's signature)
+        """The state dicts ``save`` writes, when they are not the policy's own (``None``: they are). A collective
+        call under FSDP: every rank calls it, rank 0 gets the state."""
+        return None
+
 
 class DataParallel(SingleProcess):
     """The seam under ``torch.distributed`` with ``world_size > 1`` (see :mod:`sb3_grpo.distributed`).
@@ -124,8 +147,8 @@ class DataParallel(SingleProcess):
         distributed.average_gradients(policy.parameters(), contributed=False)
         if scaler is not None:
             scaler.unscale_(policy.optimizer)
-        grad_norm = th.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
-        if th.isfinite(grad_norm):
+        grad_norm = self.clip_grad_norm(policy.parameters(), max_grad_norm)
+        if math.isfinite(grad_norm):
             if scaler is not None:
                 scaler.step(policy.optimizer)
             else:
@@ -144,14 +167,139 @@ class DataParallel(SingleProcess):
         logger.record("dist/world_size", self.world_size)
 
 
-def make_data_parallel(backend: str | None = None) -> SingleProcess:
-    """The seam for this process: :class:`DataParallel` under ``torchrun`` (or an initialised process group with
-    more than one process), else :class:`SingleProcess`, without touching ``torch.distributed``.
+class FullyShardedDataParallel(DataParallel):
+    """The seam under ``torch.distributed`` with the policy sharded by FSDP2 (``data_parallel="fsdp"``).
+
+    At :meth:`start`, after rank 0's weights are broadcast, every child module of the policy that holds parameters
+    becomes an FSDP unit (``fully_shard``; inside it, the blocks a Hugging Face model names in ``_no_split_modules``
+    are units of their own), and the optimizer is rebuilt over the sharded parameters: each rank stores ``1 /
+    world_size`` of every unit's parameters, gradients and optimizer state. A unit gathers its parameters for its
+    forward and backward and reduce-scatters (averages) its gradients in the backward; the few parameters the policy
+    holds itself (a Gaussian policy's ``log_std``) stay whole on every rank and are averaged as under
+    :class:`DataParallel`. ``save`` gathers the full state to rank 0 (:meth:`full_state`), so the file loads on one
+    process.
+
+    Every rank must run every forward and backward: the ranks need the same number of minibatches per epoch (SB3's
+    per-transition path gives it), and there are no idle steps. A policy that uses a child module's weights outside
+    that module's forward (``CausalLMPolicy``: its LM's trunk, tied output head and the critic's shared embedding)
+    cannot be sharded this way and is refused.
+    """
+
+    def start(self, policy: th.nn.Module, n_envs: int) -> None:
+        """Broadcast rank 0's weights, check the envs, shard the policy and rebuild its optimizer over the shards."""
+        if hasattr(policy, "evaluate_sequences"):
+            raise ValueError(
+                f"data_parallel='fsdp' shards the policy's child modules, each used only through its own forward; "
+                f"{type(policy).__name__} calls its LM's trunk and tied output head directly, which FSDP2 cannot "
+                "gather. Use data_parallel='ddp' (every rank holds the whole model) for it"
+            )
+        super().start(policy, n_envs)
+        from torch.distributed.fsdp import fully_shard
+
+        for child in policy.children():
+            if not any(True for _ in child.parameters()):
+                continue
+            blocks = set(getattr(child, "_no_split_modules", None) or ())
+            for module in child.modules():
+                if module is not child and type(module).__name__ in blocks:
+                    fully_shard(module)
+            fully_shard(child)
+        optimizer = policy.optimizer
+        lr = optimizer.param_groups[0]["lr"]
+        policy.optimizer = policy.optimizer_class(policy.parameters(), lr=lr, **policy.optimizer_kwargs)
+
+    def epoch(self, minibatches: Iterable[T]) -> Iterator[T | None]:
+        for minibatch in distributed.pad_to_max(minibatches):
+            if minibatch is None:
+                raise RuntimeError(
+                    "data_parallel='fsdp': the ranks have different numbers of minibatches in an epoch, and under FSDP "
+                    "every rank must run every forward and backward (they gather the shards together); use the same "
+                    "n_envs, n_steps and batch_size on every rank with SB3's per-transition buffers, or "
+                    "data_parallel='ddp'"
+                )
+            yield minibatch
+
+    def average_gradients(self, params: Iterable[th.nn.Parameter]) -> None:
+        # the sharded parameters' gradients were averaged by FSDP's reduce-scatter; the whole ones are averaged here
+        distributed.average_gradients([p for p in params if not _is_sharded(p)])
+
+    def idle_step(self, policy: Any, max_grad_norm: float, scaler: Any = None) -> None:  # noqa: ARG002 (the seam's)
+        raise RuntimeError(
+            "data_parallel='fsdp': a rank has no gradient for this step (a skipped non-finite minibatch), and under "
+            "FSDP every rank must run every backward; use nonfinite='raise' or data_parallel='ddp'"
+        )
+
+    def clip_grad_norm(self, params: Iterable[th.nn.Parameter], max_norm: float) -> float:
+        """``clip_grad_norm_``'s formula over the shards: the squared norms of this rank's shards summed over the
+        ranks, plus the whole parameters' (the same on every rank), then every gradient scaled alike."""
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return 0.0
+        device = grads[0].device
+        sharded = [g.to_local() for g in grads if _is_sharded(g)]
+        whole = [g for g in grads if not _is_sharded(g)]
+        sq_sharded = (
+            th.stack([g.detach().float().pow(2).sum() for g in sharded]).sum()
+            if sharded
+            else th.zeros((), device=device)
+        )
+        distributed.all_reduce_sum_(sq_sharded)
+        sq_whole = (
+            th.stack([g.detach().float().pow(2).sum() for g in whole]).sum() if whole else th.zeros((), device=device)
+        )
+        total = th.sqrt(sq_sharded + sq_whole)
+        coef = th.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in [*sharded, *whole]:
+            g.mul_(coef.to(g.dtype))
+        return total.item()
+
+    def full_state(self, model: Any) -> dict[str, dict] | None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        policy = model.policy
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(policy, options=options)
+        optim = get_optimizer_state_dict(policy, policy.optimizer, options=options)
+        if not self.is_main:
+            return None
+        # the optimizer's state keyed by parameter name -> by index, as a one-process optimizer numbers them
+        index = {name: i for i, (name, _) in enumerate(policy.named_parameters())}
+        optim = {
+            "state": {index[name]: value for name, value in optim["state"].items()},
+            "param_groups": [
+                {**group, "params": [index[n] for n in group["params"]]} for group in optim["param_groups"]
+            ],
+        }
+        return {"policy": weights, "policy.optimizer": optim}
+
+    def record(self, logger: Logger, num_timesteps: int) -> None:
+        super().record(logger, num_timesteps)
+        logger.record("dist/data_parallel", "fsdp", exclude="tensorboard")
+
+
+def _is_sharded(tensor: th.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def make_data_parallel(backend: str | None = None, mode: str = "ddp") -> SingleProcess:
+    """The seam for this process: :class:`DataParallel` (``mode="ddp"``) or :class:`FullyShardedDataParallel`
+    (``mode="fsdp"``) under ``torchrun`` (or an initialised process group with more than one process), else
+    :class:`SingleProcess`, without touching ``torch.distributed``.
 
     :param backend: Passed to :func:`sb3_grpo.distributed.setup` when a process group must be started.
+    :param mode: ``"ddp"`` or ``"fsdp"`` (:data:`DATA_PARALLEL`); on one process both are :class:`SingleProcess`.
     """
+    if mode not in DATA_PARALLEL:
+        raise ValueError(f"data_parallel must be one of {DATA_PARALLEL}, got {mode!r}")
     if not distributed.launched():
         return SingleProcess()
     if not distributed.setup(backend=backend):
         return SingleProcess()
-    return DataParallel(distributed.get_world_size(), distributed.get_rank())
+    cls = FullyShardedDataParallel if mode == "fsdp" else DataParallel
+    return cls(distributed.get_world_size(), distributed.get_rank())

@@ -51,7 +51,7 @@ from sb3_grpo.common.arguments import check_carry_over, check_ppo_batching
 from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_class_for
 from sb3_grpo.common.carry_over import CarryOver
 from sb3_grpo.common.checkpoints import existing_checkpoint
-from sb3_grpo.common.data_parallel import make_data_parallel
+from sb3_grpo.common.data_parallel import DATA_PARALLEL, make_data_parallel
 from sb3_grpo.common.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
 from sb3_grpo.common.host_memory import release_free_heap
 from sb3_grpo.common.nonfinite import raise_non_finite
@@ -60,7 +60,7 @@ from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
 from sb3_grpo.objectives import pearson_corr
 from sb3_grpo.policies.models import portable_policy_kwargs
-from textrl_envs.validation import check_int
+from textrl_envs.validation import check_choice, check_int
 
 __all__ = ["GroupOnPolicyAlgorithm"]
 
@@ -83,6 +83,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
         (whole sequences on the text fast path) and accumulate their gradients: one optimizer step per minibatch, the
         same update as unsplit to float rounding, with the peak memory of a micro-batch (``None``: no split)
+    :param data_parallel: under ``torchrun``: ``"ddp"`` (every rank holds the whole policy, gradients averaged by
+        one all-reduce) or ``"fsdp"`` (parameters, gradients and optimizer state sharded over the ranks with FSDP2,
+        :class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`); no effect on one process
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -126,13 +129,15 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         nonfinite: str = "raise",
         carry_over: bool = False,
         micro_batch_size: int | None = None,
+        data_parallel: str = "ddp",
     ):
         # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed); outside
         # torchrun this is the single-process seam and torch.distributed is never touched. load() builds with
         # _init_setup_model=False and makes no collective call (rank 0 alone may load a model).
         self._sync_ranks_at_setup = _init_setup_model
         on_cpu = str(device) != "auto" and th.device(device).type == "cpu"
-        self._data_parallel = make_data_parallel(backend="gloo" if on_cpu else None)
+        self.data_parallel = check_choice("data_parallel", data_parallel, DATA_PARALLEL)
+        self._data_parallel = make_data_parallel(backend="gloo" if on_cpu else None, mode=data_parallel)
         device = self._data_parallel.device(device)
         verbose = verbose if self._data_parallel.is_main else 0
 
@@ -290,14 +295,29 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self._skipped_nonfinite = 0
         # fp16 autocast: scale the loss so that small gradients do not underflow (bf16 has fp32's range: no scaler)
         fp16 = getattr(self.policy, "autocast_dtype", None) == "float16"
+        if fp16 and getattr(self, "data_parallel", "ddp") == "fsdp":
+            raise ValueError(
+                "fp16 loss scaling is not supported with data_parallel='fsdp' (its gradients are sharded); use "
+                "autocast_dtype='bfloat16' (no scaling needed) or data_parallel='ddp'"
+            )
         self._grad_scaler = th.amp.GradScaler(self.device.type) if fp16 else None
         self._skipped_overflow = 0
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """SB3's ``save``; under ``torch.distributed`` only rank 0 writes (the weights are the same everywhere)."""
-        if not self._data_parallel.is_main:
-            return
-        super().save(*args, **kwargs)
+        """SB3's ``save``; under ``torch.distributed`` only rank 0 writes (the weights are the same everywhere; under
+        ``data_parallel="fsdp"`` every rank must call it: the full state is gathered to rank 0 first)."""
+        self._full_state = self._data_parallel.full_state(self)
+        try:
+            if self._data_parallel.is_main:
+                super().save(*args, **kwargs)
+        finally:
+            self._full_state = None
+
+    def get_parameters(self) -> dict[str, dict]:
+        """SB3's ``get_parameters`` (the state dicts ``save`` writes); under ``data_parallel="fsdp"``, while saving,
+        the full state gathered from the shards."""
+        full = self.__dict__.get("_full_state")
+        return super().get_parameters() if full is None else full
 
     def set_random_seed(self, seed: int | None = None) -> None:
         """SB3's ``set_random_seed`` (Python, NumPy, torch, action space, env), plus the exploration RNG.
@@ -311,7 +331,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     def _excluded_save_params(self) -> list[str]:
         # (the loss scaler is rebuilt by _setup_model: a loaded model starts again from the initial scale)
         own = ["ref_policy", "batch_source", "_data_parallel", "_group_tracker", "_sync_ranks_at_setup", "_carry"]
-        own.append("_grad_scaler")
+        own += ["_grad_scaler", "_full_state"]
         return [*super()._excluded_save_params(), *own]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
@@ -477,7 +497,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         if scaler is not None:  # the true gradient (an overflow anywhere is in every rank's average: all skip)
             scaler.unscale_(self.policy.optimizer)
         # Clip grad norm (the returned norm is the one before clipping)
-        grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm).item()
+        grad_norm = self._data_parallel.clip_grad_norm(self.policy.parameters(), self.max_grad_norm)
         if not math.isfinite(grad_norm):
             if scaler is not None:
                 # fp16 loss scaling: an overflow is expected; no step, the scale halves, counted

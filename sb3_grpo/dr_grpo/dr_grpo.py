@@ -62,6 +62,7 @@ class DrGRPO(GroupOnPolicyAlgorithm):
     :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
         (whole sequences on the text fast path), one optimizer step per minibatch; the normaliser's ``S`` stays the
         whole minibatch's sequence count, so the update equals the unsplit one to float rounding (``None``: no split)
+    :param data_parallel: under ``torchrun``: ``"ddp"`` (default) or ``"fsdp"`` (see :class:`~sb3_grpo.GRPO`)
     """
 
     # Over 80 lines: PPO's signature plus Dr. GRPO's own arguments, kept in SB3's form
@@ -100,6 +101,7 @@ class DrGRPO(GroupOnPolicyAlgorithm):
         nonfinite: str = "raise",
         carry_over: bool = False,
         micro_batch_size: int | None = None,
+        data_parallel: str = "ddp",
     ):
         check_grpo_args(locals())  # PPO's arguments and the shared ones, before any model is built
         if advantage not in DR_GRPO_ADVANTAGES:
@@ -141,6 +143,7 @@ class DrGRPO(GroupOnPolicyAlgorithm):
             nonfinite=nonfinite,
             carry_over=carry_over,
             micro_batch_size=micro_batch_size,
+            data_parallel=data_parallel,
         )
         if max_completion_tokens is None and self.env is not None:
             max_completion_tokens = env_episode_limit(self.env)

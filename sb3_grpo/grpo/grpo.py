@@ -144,6 +144,9 @@ class GRPO(GroupOnPolicyAlgorithm):
         mean-over-transitions term weighted by the micro-batch's share), and the log shows the whole minibatch's
         figures. ``None`` (default): one forward and backward per minibatch. Not with the gradient-variance penalty
         (``grad_var_coef > 0``), whose ``K`` slice gradients must all be in one graph (see ``docs/guides/scaling.md``).
+    :param data_parallel: under ``torchrun``: ``"ddp"`` (default; every rank holds the whole policy) or ``"fsdp"``
+        (parameters, gradients and optimizer state sharded over the ranks with FSDP2; SB3's MLP/CNN policies,
+        :class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`); no effect on one process
     """
 
     # Over 80 lines: PPO's signature plus GRPO's own arguments, kept in SB3's form so that the two read side by side
@@ -190,6 +193,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         nonfinite: str = "raise",
         carry_over: bool = False,
         micro_batch_size: int | None = None,
+        data_parallel: str = "ddp",
     ):
         # every argument (PPO's and GRPO's: type, finiteness, range) is checked first, before any model is built
         adaptive_clip = check_grpo_args(locals())
@@ -225,6 +229,7 @@ class GRPO(GroupOnPolicyAlgorithm):
             nonfinite=nonfinite,
             carry_over=carry_over,
             micro_batch_size=micro_batch_size,
+            data_parallel=data_parallel,
         )
         self.grad_var_coef = float(grad_var_coef)
         self.grad_var_slices = int(grad_var_slices)
