@@ -34,7 +34,14 @@ from stable_baselines3.common.logger import Logger
 
 from sb3_grpo import distributed
 
-__all__ = ["DATA_PARALLEL", "DataParallel", "FullyShardedDataParallel", "SingleProcess", "make_data_parallel"]
+__all__ = [
+    "DATA_PARALLEL",
+    "DataParallel",
+    "FullyShardedDataParallel",
+    "SingleProcess",
+    "fsdp_units",
+    "make_data_parallel",
+]
 
 #: The data-parallel modes (``data_parallel=``): a whole policy per rank, or FSDP2's sharding.
 DATA_PARALLEL = ("ddp", "fsdp")
@@ -78,6 +85,9 @@ class SingleProcess:
 
     def start(self, policy: th.nn.Module, n_envs: int) -> None:
         """Start every rank from the same weights (rank 0's) and check that the ranks can step in lockstep."""
+
+    def shard(self, policy: th.nn.Module) -> None:
+        """Shard the policy over the ranks (only under FSDP), after :meth:`start` and the KL reference's copy."""
 
     def mean(self, total: float, count: float = 1.0) -> float:
         """``sum(total) / sum(count)`` over the ranks; NaN when every count is 0.
@@ -170,43 +180,48 @@ class DataParallel(SingleProcess):
 class FullyShardedDataParallel(DataParallel):
     """The seam under ``torch.distributed`` with the policy sharded by FSDP2 (``data_parallel="fsdp"``).
 
-    At :meth:`start`, after rank 0's weights are broadcast, every child module of the policy that holds parameters
-    becomes an FSDP unit (``fully_shard``; inside it, the blocks a Hugging Face model names in ``_no_split_modules``
-    are units of their own), and the optimizer is rebuilt over the sharded parameters: each rank stores ``1 /
-    world_size`` of every unit's parameters, gradients and optimizer state. A unit gathers its parameters for its
-    forward and backward and reduce-scatters (averages) its gradients in the backward; the few parameters the policy
-    holds itself (a Gaussian policy's ``log_std``) stay whole on every rank and are averaged as under
+    At :meth:`shard`, after rank 0's weights are broadcast, the policy's units are sharded (``fully_shard``) and the
+    optimizer is rebuilt over the shards: each rank stores ``1 / world_size`` of every unit's parameters, gradients
+    and optimizer state. The units (:func:`fsdp_units`) are modules used only through their own forward:
+
+    - a :class:`~sb3_grpo.policies.CausalLMPolicy`: its LM's blocks (the classes a Hugging Face model names in
+      ``_no_split_modules``, e.g. ``GPT2Block``, ``Qwen2DecoderLayer``), which hold almost all of a large model's
+      weights; the embeddings, the final norm, the (tied) output head and the critic stay whole, since the policy
+      uses them directly;
+    - any other policy (SB3's MLP and CNN policies): every child module that holds parameters.
+
+    A unit gathers its parameters for its forward and backward and reduce-scatters (averages) its gradients in the
+    backward; the parameters outside the units stay whole on every rank and are averaged as under
     :class:`DataParallel`. ``save`` gathers the full state to rank 0 (:meth:`full_state`), so the file loads on one
     process.
 
     Every rank must run every forward and backward: the ranks need the same number of minibatches per epoch (SB3's
-    per-transition path gives it), and there are no idle steps. A policy that uses a child module's weights outside
-    that module's forward (``CausalLMPolicy``: its LM's trunk, tied output head and the critic's shared embedding)
-    cannot be sharded this way and is refused.
+    per-transition buffers give it with the same ``n_envs``, ``n_steps`` and ``batch_size``; the text fast path's
+    packed sequences do not), and there are no idle steps.
     """
 
-    def start(self, policy: th.nn.Module, n_envs: int) -> None:
-        """Broadcast rank 0's weights, check the envs, shard the policy and rebuild its optimizer over the shards."""
-        if hasattr(policy, "evaluate_sequences"):
-            raise ValueError(
-                f"data_parallel='fsdp' shards the policy's child modules, each used only through its own forward; "
-                f"{type(policy).__name__} calls its LM's trunk and tied output head directly, which FSDP2 cannot "
-                "gather. Use data_parallel='ddp' (every rank holds the whole model) for it"
-            )
-        super().start(policy, n_envs)
+    def shard(self, policy: th.nn.Module) -> None:
+        """Shard the policy's units and rebuild its optimizer over the shards (after rank 0's weights were broadcast
+        by :meth:`start`, and after a frozen KL reference was copied: an FSDP module cannot be deep-copied, so the
+        reference stays whole on every rank)."""
         from torch.distributed.fsdp import fully_shard
 
-        for child in policy.children():
-            if not any(True for _ in child.parameters()):
-                continue
-            blocks = set(getattr(child, "_no_split_modules", None) or ())
-            for module in child.modules():
-                if module is not child and type(module).__name__ in blocks:
-                    fully_shard(module)
-            fully_shard(child)
-        optimizer = policy.optimizer
-        lr = optimizer.param_groups[0]["lr"]
-        policy.optimizer = policy.optimizer_class(policy.parameters(), lr=lr, **policy.optimizer_kwargs)
+        units = fsdp_units(policy)
+        if not units:
+            raise ValueError(
+                f"data_parallel='fsdp' found nothing to shard in {type(policy).__name__}: no child module with "
+                "parameters (nor Hugging Face blocks named in _no_split_modules); use data_parallel='ddp'"
+            )
+        for unit in units:  # inner units first (fsdp_units lists them so)
+            fully_shard(unit)
+        group = policy.optimizer.param_groups[0]
+        kwargs = dict(policy.optimizer_kwargs)
+        # the flags a one-process optimizer runs with, restored in the saved state (full_state)
+        self._optimizer_flags = {key: group[key] for key in ("fused", "foreach") if key in group}
+        if any(not _is_sharded(p) for p in policy.parameters()):
+            # a fused or multi-tensor kernel cannot mix sharded and whole parameters: the per-parameter loop
+            kwargs.update({key: False for key in self._optimizer_flags})
+        policy.optimizer = policy.optimizer_class(policy.parameters(), lr=group["lr"], **kwargs)
 
     def epoch(self, minibatches: Iterable[T]) -> Iterator[T | None]:
         for minibatch in distributed.pad_to_max(minibatches):
@@ -271,14 +286,31 @@ class FullyShardedDataParallel(DataParallel):
         optim = {
             "state": {index[name]: value for name, value in optim["state"].items()},
             "param_groups": [
-                {**group, "params": [index[n] for n in group["params"]]} for group in optim["param_groups"]
+                {**group, **getattr(self, "_optimizer_flags", {}), "params": [index[n] for n in group["params"]]}
+                for group in optim["param_groups"]
             ],
         }
-        return {"policy": weights, "policy.optimizer": optim}
+        # the other state dicts (a frozen KL reference: whole on every rank) as they are
+        return {**model.get_parameters(), "policy": weights, "policy.optimizer": optim}
 
     def record(self, logger: Logger, num_timesteps: int) -> None:
         super().record(logger, num_timesteps)
         logger.record("dist/data_parallel", "fsdp", exclude="tensorboard")
+
+
+def fsdp_units(policy: th.nn.Module) -> list[th.nn.Module]:
+    """The modules :class:`FullyShardedDataParallel` shards, inner ones first (see there).
+
+    :param policy: The policy.
+    """
+    blocks: set[str] = set()
+    for module in policy.modules():
+        blocks.update(getattr(module, "_no_split_modules", None) or ())
+    block_units = [m for m in policy.modules() if type(m).__name__ in blocks and any(True for _ in m.parameters())]
+    if hasattr(policy, "evaluate_sequences"):  # the LM's trunk, head and embeddings are used outside their forwards
+        return block_units
+    children = [child for child in policy.children() if any(True for _ in child.parameters())]
+    return [*block_units, *children]
 
 
 def _is_sharded(tensor: th.Tensor) -> bool:

@@ -277,6 +277,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
 
         # nothing here draws from a random generator, so PPO's RNG stream is untouched
         self.ref_policy, kl = self._kl_reference()
+        if getattr(self, "_sync_ranks_at_setup", False):
+            data_parallel.shard(self.policy)  # FSDP: after the reference's copy (an FSDP module cannot be copied)
         self.batch_source = make_batch_source(
             self.rollout_buffer_class,
             self.policy,

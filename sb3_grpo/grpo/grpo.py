@@ -145,8 +145,8 @@ class GRPO(GroupOnPolicyAlgorithm):
         figures. ``None`` (default): one forward and backward per minibatch. Not with the gradient-variance penalty
         (``grad_var_coef > 0``), whose ``K`` slice gradients must all be in one graph (see ``docs/guides/scaling.md``).
     :param data_parallel: under ``torchrun``: ``"ddp"`` (default; every rank holds the whole policy) or ``"fsdp"``
-        (parameters, gradients and optimizer state sharded over the ranks with FSDP2; SB3's MLP/CNN policies,
-        :class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`); no effect on one process
+        (parameters, gradients and optimizer state sharded over the ranks with FSDP2: an LM's blocks, an MLP policy's
+        layers; :class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`); no effect on one process
     """
 
     # Over 80 lines: PPO's signature plus GRPO's own arguments, kept in SB3's form so that the two read side by side
