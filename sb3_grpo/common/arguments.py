@@ -135,6 +135,7 @@ GRPO_CHECKS: dict[str, Check] = {
     ),
     "carry_over": check_bool,
     "micro_batch_size": _optional(lambda n, v: check_int(n, v, low=1, example=8)),
+    "data_parallel": lambda n, v: check_choice(n, v, ("ddp", "fsdp")),
 }
 
 

@@ -16,7 +16,9 @@ with PPO's arguments and ``collect_rollouts`` step for step, plus what any algor
 
 A subclass (sb3-contrib's pattern) calls ``super().__init__(..., _init_setup_model=_init_setup_model)``, sets its own
 arguments, and calls ``self._setup_model()`` when ``_init_setup_model``; it writes its loss in
-:meth:`~GroupOnPolicyAlgorithm._minibatch_loss` and may add terms to the update's log in
+:meth:`~GroupOnPolicyAlgorithm._minibatch_loss` (for a micro-batch, its share of the minibatch's loss:
+``Minibatch.share``; whole-minibatch statistics go in :meth:`~GroupOnPolicyAlgorithm._prepare_minibatch`) and may
+add terms to the update's log in
 :meth:`~GroupOnPolicyAlgorithm._record_own`. :class:`~sb3_grpo.GRPO` and :class:`~sb3_grpo.dr_grpo.DrGRPO` are the
 two in the package.
 """
