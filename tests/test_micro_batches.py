@@ -140,3 +140,10 @@ def test_a_non_finite_micro_batch_obeys_nonfinite():
 def test_bad_micro_batch_settings_are_refused_by_name(kwargs, match):
     with pytest.raises((TypeError, ValueError), match=match):
         GRPO("MlpPolicy", "CartPole-v1", **{**MLP, **kwargs})
+
+
+def test_the_penalty_is_refused_when_micro_batches_are_set_after_construction():
+    model = quiet(GRPO("MlpPolicy", "CartPole-v1", **{**MLP, "grad_var_coef": 0.01}))
+    model.micro_batch_size = 8
+    with pytest.raises(ValueError, match="gradient-variance penalty"):
+        model.learn(64)

@@ -303,6 +303,8 @@ class GRPO(GroupOnPolicyAlgorithm):
 
     def _prepare_minibatch(self, minibatch: Minibatch) -> Minibatch:
         """The whole minibatch's advantages normalised once, before it is split into micro-batches."""
+        if self.grad_var_coef > 0:  # set after construction: the same refusal as the constructor's
+            check_grpo_args({"micro_batch_size": self.micro_batch_size, "grad_var_coef": self.grad_var_coef})
         return minibatch._replace(advantages=self._normalized_advantages(minibatch.advantages))
 
     def _minibatch_loss(
