@@ -50,6 +50,7 @@ from textrl_envs.devices import resolve_device
 __all__ = [
     "SEED_STRIDE",
     "all_equal",
+    "all_reduce_sum_",
     "average_gradients",
     "broadcast_module",
     "get_rank",
@@ -261,6 +262,12 @@ def mean_across_ranks(total: float, count: float = 1.0) -> float:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         total, count = float(t[0]), float(t[1])
     return total / count if count > 0 else float("nan")
+
+
+def all_reduce_sum_(tensor: th.Tensor) -> None:
+    """Sum ``tensor`` over the ranks, in place (nothing on one process)."""
+    if is_active():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
 
 
 def _collective_device() -> th.device:

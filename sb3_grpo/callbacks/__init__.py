@@ -20,6 +20,8 @@ Every class here is a plain :class:`~stable_baselines3.common.callbacks.BaseCall
   folder, ``fsync``, ``os.replace``), so a process killed mid-write (even by SIGKILL) never leaves a file under a
   checkpoint name that does not load; it also never saves non-finite weights. :func:`atomic_save` and
   :func:`latest_checkpoint` are the building blocks.
+* :class:`ElasticCheckpointCallback`: atomic checkpoints after updates, and a restarted script (``torchrun
+  --max-restarts``, or a rerun after a crash) resumes from the newest one by itself.
 * :class:`EarlyStoppingCallback`: stop when the evaluation reward has not improved for ``patience``
   evaluations; keep (and restore, and save) the best model.
 * :class:`RollbackCallback`: go back to the best earlier state when the evaluation reward collapses or the
@@ -34,7 +36,7 @@ rollout, so an on-policy update never mixes data from two policies.
 """
 
 from sb3_grpo.callbacks._common import TrainingAlertWarning
-from sb3_grpo.callbacks.checkpoint import AtomicCheckpointCallback
+from sb3_grpo.callbacks.checkpoint import AtomicCheckpointCallback, ElasticCheckpointCallback
 from sb3_grpo.callbacks.evaluation import EarlyStoppingCallback, RollbackCallback
 from sb3_grpo.callbacks.monitor import TrainingMonitor
 from sb3_grpo.callbacks.schedules import GammaSchedule, MaxNewTokensCurriculum
@@ -44,6 +46,7 @@ from sb3_grpo.common.io import TMP_SUFFIX, atomic_write
 __all__ = [
     "TMP_SUFFIX",
     "AtomicCheckpointCallback",
+    "ElasticCheckpointCallback",
     "EarlyStoppingCallback",
     "GammaSchedule",
     "MaxNewTokensCurriculum",

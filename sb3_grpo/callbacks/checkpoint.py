@@ -1,4 +1,5 @@
-"""Crash-safe checkpoints: :class:`AtomicCheckpointCallback` (SB3's ``CheckpointCallback``, written atomically)."""
+"""Crash-safe checkpoints: :class:`AtomicCheckpointCallback` (SB3's ``CheckpointCallback``, written atomically), and
+:class:`ElasticCheckpointCallback`, which also resumes a restarted run (``torchrun --max-restarts``) by itself."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 from stable_baselines3.common.callbacks import CheckpointCallback
 
 from sb3_grpo.callbacks._common import TrainingAlertWarning, check_positive_int
-from sb3_grpo.common.checkpoints import _checkpoint_steps, nonfinite_parameters
+from sb3_grpo.common.checkpoints import _checkpoint_steps, nonfinite_parameters, resume_in_place
 from sb3_grpo.common.io import TMP_SUFFIX, atomic_write
 
-__all__ = ["AtomicCheckpointCallback"]
+__all__ = ["AtomicCheckpointCallback", "ElasticCheckpointCallback"]
 
 
 class AtomicCheckpointCallback(CheckpointCallback):
@@ -133,6 +134,58 @@ class AtomicCheckpointCallback(CheckpointCallback):
         for old in steps[: -self.keep_last]:
             for kind, ext in (("", "zip"), ("replay_buffer_", "pkl"), ("vecnormalize_", "pkl")):
                 (folder / f"{self.name_prefix}_{kind}{old}_steps.{ext}").unlink(missing_ok=True)
+
+
+class ElasticCheckpointCallback(AtomicCheckpointCallback):
+    """Atomic checkpoints after every ``save_freq`` updates, and a restarted script resumes from the newest one.
+
+    For ``torchrun --max-restarts N``: when a rank dies, torchrun stops the others and runs the script again on
+    every rank; ``model.learn(total_timesteps, callback=ElasticCheckpointCallback(...))`` then loads the newest
+    complete checkpoint into the new model before training (weights, optimizer state, ``num_timesteps``, the update
+    count, the schedules' position, the exploration RNG, the adaptive ``kl_coef``:
+    :func:`~sb3_grpo.common.checkpoints.resume_in_place`), and ``learn`` trains on to the same ``total_timesteps``.
+    On a first start there is no checkpoint and nothing changes. It works the same without torchrun (run the script
+    again after a crash).
+
+    The checkpoints are written at the start of a rollout, after the previous update, so a resumed run has the
+    step count and the number of updates of a run that never died and loses at most ``save_freq`` updates of work.
+    Its parameters differ from that run's: the envs restart their episodes (and their seeds) and the global RNG
+    streams of torch and NumPy start again, since SB3 saves neither. Every rank must see the same folder; only rank
+    0 writes (``data_parallel="ddp"``).
+
+    :param save_freq: Save after every ``save_freq`` updates (rollouts).
+    :param save_path: The checkpoint folder (created if needed), read again at a restart.
+    :param name_prefix: Common prefix of the files.
+    :param keep_last: Keep only the newest ``keep_last`` checkpoints; ``None`` keeps all.
+    :param verbose: 1 prints where a run resumed from; 2 also every save.
+    """
+
+    def __init__(
+        self,
+        save_freq: int,
+        save_path: str | os.PathLike,
+        name_prefix: str = "rl_model",
+        keep_last: int | None = None,
+        verbose: int = 0,
+    ):
+        super().__init__(save_freq, save_path, name_prefix=name_prefix, keep_last=keep_last, verbose=verbose)
+        self.resumed_from: Path | None = None
+        self._rollouts = 0
+
+    def _init_callback(self) -> None:
+        super()._init_callback()
+        self.resumed_from = resume_in_place(self.model, self.save_path, self.name_prefix)
+        if self.resumed_from is not None and self.verbose >= 1:
+            print(f"Resumed from {self.resumed_from} at {self.model.num_timesteps} timesteps")
+
+    def _on_rollout_start(self) -> None:
+        # after the previous rollout's update: the state a restart resumes from (not at the run's first rollout)
+        if self._rollouts > 0 and self._rollouts % self.save_freq == 0:
+            self.save_checkpoint()
+        self._rollouts += 1
+
+    def _on_step(self) -> bool:
+        return True
 
 
 def _pid_alive(pid: int) -> bool:

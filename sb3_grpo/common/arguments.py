@@ -135,6 +135,8 @@ GRPO_CHECKS: dict[str, Check] = {
         n, v, NONFINITE, hint="'raise' stops with an error (the default), 'skip' drops bad episodes and minibatches"
     ),
     "carry_over": check_bool,
+    "micro_batch_size": _optional(lambda n, v: check_int(n, v, low=1, example=8)),
+    "data_parallel": lambda n, v: check_choice(n, v, ("ddp", "fsdp")),
 }
 
 
@@ -180,6 +182,13 @@ def check_grpo_args(args: Mapping[str, Any]) -> tuple[float, float] | None:
         raise ValueError(
             "carry_over=True holds the steps of episodes whose group advantage is not known yet, so it needs a group "
             "advantage: pass advantage='group' (or 'rloo', 'self_critical'), or carry_over=False"
+        )
+    if args.get("micro_batch_size") is not None and grad_var_coef > 0:
+        raise ValueError(
+            f"micro_batch_size={args['micro_batch_size']} splits each minibatch's backward, but the gradient-variance "
+            f"penalty (grad_var_coef={grad_var_coef}) is a function of all K slice gradients of the whole minibatch at "
+            "once, so it cannot be accumulated micro-batch by micro-batch; pass grad_var_coef=0 to use micro-batches, "
+            "or micro_batch_size=None to keep the penalty"
         )
     adaptive_clip = args.get("adaptive_clip")
     return None if adaptive_clip is None else _check_adaptive_clip("adaptive_clip", adaptive_clip)

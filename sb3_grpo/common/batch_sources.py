@@ -12,7 +12,8 @@ Both yield :class:`~sb3_grpo.common.type_aliases.Minibatch` tuples whose flat fi
 in the same order as :meth:`evaluate` returns the policy's outputs for them, and both give the frozen KL
 reference policy's log-probs of the same transitions (:meth:`reference_log_prob`). ``evaluate_slices`` returns the
 same outputs as ``K`` contiguous slices (``torch.tensor_split``'s), each from its own forward, for the
-gradient-variance penalty (:mod:`sb3_grpo.grpo.penalty`).
+gradient-variance penalty (:mod:`sb3_grpo.grpo.penalty`). ``split`` cuts a minibatch into micro-batches
+(``micro_batch_size``): transitions on the per-transition path, whole sequences on the text fast path.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from sb3_grpo.common.buffers import (
     SequenceRolloutBuffer,
     is_text_space,
 )
-from sb3_grpo.common.type_aliases import Minibatch, SequenceSamples
+from sb3_grpo.common.type_aliases import MicroBatchShare, Minibatch, SequenceSamples, sequence_index
 
 __all__ = [
     "BatchSource",
@@ -51,6 +52,25 @@ Outputs = tuple[th.Tensor, th.Tensor, th.Tensor | None]
 #: ``(observations or sequences, actions) -> (values or log-probs, ...)``: the policy's evaluation under the
 #: KL reference (a frozen copy's method, or the LoRA policy's adapters-off method).
 ReferenceFn = Callable[..., tuple[th.Tensor, th.Tensor, Any]]
+
+
+def _shares(minibatch: Minibatch, sizes: list[int]) -> list[MicroBatchShare]:
+    """The :class:`~sb3_grpo.common.type_aliases.MicroBatchShare` of micro-batches of ``sizes`` transitions."""
+    total = len(minibatch.actions)
+    n_sequences = None if minibatch.sequence_ids is None else sequence_index(minibatch.sequence_ids)[1]
+    return [MicroBatchShare(size / total, n_sequences) for size in sizes]
+
+
+def _split_flat(minibatch: Minibatch, sizes: list[int]) -> list[dict[str, Any]]:
+    """The minibatch's flat per-transition fields, in consecutive parts of ``sizes`` transitions."""
+    names = ("actions", "old_values", "old_log_prob", "advantages", "returns", "old_policy_log_prob", "sequence_ids")
+    columns = {name: getattr(minibatch, name) for name in names}
+    parts: list[dict[str, Any]] = [{} for _ in sizes]
+    for name, column in columns.items():
+        pieces = [None] * len(sizes) if column is None else column.split(sizes)
+        for part, piece in zip(parts, pieces, strict=True):
+            part[name] = piece
+    return parts
 
 
 class TransitionBatches:
@@ -125,6 +145,28 @@ class TransitionBatches:
         with th.no_grad():
             _, ref_log_prob, _ = self.reference(minibatch.inputs, minibatch.actions)
         return ref_log_prob
+
+    def split(self, minibatch: Minibatch, micro_batch_size: int) -> list[Minibatch]:
+        """The minibatch in consecutive micro-batches of ``micro_batch_size`` transitions (the last may be smaller),
+        each with its :class:`~sb3_grpo.common.type_aliases.MicroBatchShare`.
+
+        :param minibatch: The minibatch.
+        :param micro_batch_size: Transitions per micro-batch.
+        """
+        n = len(minibatch.actions)
+        sizes = [min(micro_batch_size, n - lo) for lo in range(0, n, micro_batch_size)]
+        inputs = minibatch.inputs
+        if isinstance(inputs, dict):
+            split = zip(*(value.split(sizes) for value in inputs.values()), strict=True)
+            obs_parts: list[Any] = [dict(zip(inputs, values, strict=True)) for values in split]
+        else:
+            obs_parts = list(inputs.split(sizes))
+        return [
+            Minibatch(inputs=obs, share=share, **flat)
+            for obs, share, flat in zip(
+                obs_parts, _shares(minibatch, sizes), _split_flat(minibatch, sizes), strict=True
+            )
+        ]
 
 
 class SequenceBatches:
@@ -201,6 +243,25 @@ class SequenceBatches:
         with th.no_grad():
             ref_log_prob, _, _ = self.reference(seq.input_ids, seq.attention_mask, seq.action_mask)
         return ref_log_prob[seq.action_mask]
+
+    def split(self, minibatch: Minibatch, micro_batch_size: int) -> list[Minibatch]:
+        """The minibatch in consecutive micro-batches of ``micro_batch_size`` whole sequences (the last may hold
+        fewer), each with its :class:`~sb3_grpo.common.type_aliases.MicroBatchShare`.
+
+        :param minibatch: The minibatch.
+        :param micro_batch_size: Sequences per micro-batch.
+        """
+        seq = minibatch.inputs
+        counts = seq.action_mask.sum(1).tolist()  # transitions per sequence, in the flat order
+        bounds = list(range(0, len(counts), micro_batch_size)) + [len(counts)]
+        rows = list(zip(bounds[:-1], bounds[1:], strict=True))
+        sizes = [int(sum(counts[lo:hi])) for lo, hi in rows]
+        return [
+            Minibatch(inputs=SequenceSamples(*(field[lo:hi] for field in seq)), share=share, **flat)
+            for (lo, hi), share, flat in zip(
+                rows, _shares(minibatch, sizes), _split_flat(minibatch, sizes), strict=True
+            )
+        ]
 
 
 BatchSource = TransitionBatches | SequenceBatches

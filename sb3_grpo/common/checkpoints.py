@@ -18,7 +18,26 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 
 from sb3_grpo.common.io import atomic_write
 
-__all__ = ["atomic_save", "existing_checkpoint", "is_complete_checkpoint", "latest_checkpoint", "nonfinite_parameters"]
+__all__ = [
+    "RESUMED_STATE",
+    "atomic_save",
+    "existing_checkpoint",
+    "is_complete_checkpoint",
+    "latest_checkpoint",
+    "nonfinite_parameters",
+    "resume_in_place",
+]
+
+#: What :func:`resume_in_place` restores besides the weights and the optimizer: the counters and schedules' position,
+#: the exploration RNG and the adaptive KL coefficient (the arguments and the env stay the running script's).
+RESUMED_STATE = (
+    "num_timesteps",
+    "_n_updates",
+    "_episode_num",
+    "_current_progress_remaining",
+    "_explore_rng",
+    "kl_coef",
+)
 
 
 def nonfinite_parameters(module: th.nn.Module) -> list[str]:
@@ -117,3 +136,35 @@ def existing_checkpoint(path: str | os.PathLike) -> str:
             "sb3_grpo.callbacks.latest_checkpoint(folder)"
         )
     return found
+
+
+def resume_in_place(model: BaseAlgorithm, save_path: str | os.PathLike, name_prefix: str = "rl_model") -> Path | None:
+    """Load the newest complete checkpoint of ``save_path`` into ``model`` itself: weights, optimizer state and
+    :data:`RESUMED_STATE`. Under ``torch.distributed`` every rank must call it and find the same checkpoint.
+
+    :param model: The freshly built model of the (restarted) script.
+    :param save_path: The checkpoint folder.
+    :param name_prefix: The checkpoints' name prefix.
+    :return: The checkpoint loaded, or ``None`` when there is none (a first start: nothing changes).
+    :raises RuntimeError: when the ranks see different newest checkpoints (a folder that is not shared).
+    """
+    from stable_baselines3.common.save_util import load_from_zip_file
+
+    from sb3_grpo import distributed
+
+    path = latest_checkpoint(save_path, name_prefix)
+    steps = -1 if path is None else _checkpoint_steps(path.name, name_prefix)
+    if not distributed.all_equal(steps):
+        raise RuntimeError(
+            f"resume: this rank's newest checkpoint in {os.fspath(save_path)!r} is {path} and another rank's is not "
+            "the same; every rank must see the same checkpoint folder (a shared file system)"
+        )
+    if path is None:
+        return None
+    data, _, _ = load_from_zip_file(path, device=model.device)
+    model.set_parameters(os.fspath(path), exact_match=True, device=model.device)
+    for key in RESUMED_STATE:
+        if key in data and hasattr(model, key):
+            setattr(model, key, data[key])
+    model._num_timesteps_at_start = model.num_timesteps
+    return path

@@ -2,9 +2,11 @@
 
 ``train`` calls the same methods whether it runs on one process or on many; :class:`SingleProcess` makes each of
 them a no-op (or plain arithmetic), :class:`DataParallel` makes them the collective calls of
-:mod:`sb3_grpo.distributed`. :func:`make_data_parallel` chooses once, when the model is set up, and it never
-touches ``torch.distributed`` unless the process was launched by ``torchrun`` or a process group is already
-initialised.
+:mod:`sb3_grpo.distributed` (every rank holds the whole policy: ``data_parallel="ddp"``), and
+:class:`FullyShardedDataParallel` shards the policy's parameters, gradients and optimizer state over the ranks with
+PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``: ``data_parallel="fsdp"``). :func:`make_data_parallel`
+chooses once, when the model is set up, and it never touches ``torch.distributed`` unless the process was launched
+by ``torchrun`` or a process group is already initialised.
 
 The fixed points of an update where the ranks meet:
 
@@ -15,10 +17,15 @@ The fixed points of an update where the ranks meet:
   own and takes the same optimizer step.
 - :meth:`~SingleProcess.mean`: ``target_kl`` early stopping and the KL controller use cross-rank means, so every
   rank decides the same.
+- :meth:`~SingleProcess.clip_grad_norm`: the gradient norm over the whole policy (under FSDP, over every rank's
+  shard) and the clip.
+- :meth:`~SingleProcess.full_state`: what ``save`` writes (under FSDP, the full state gathered to rank 0, so that
+  the file loads on one process).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -27,7 +34,17 @@ from stable_baselines3.common.logger import Logger
 
 from sb3_grpo import distributed
 
-__all__ = ["DataParallel", "SingleProcess", "make_data_parallel"]
+__all__ = [
+    "DATA_PARALLEL",
+    "DataParallel",
+    "FullyShardedDataParallel",
+    "SingleProcess",
+    "fsdp_units",
+    "make_data_parallel",
+]
+
+#: The data-parallel modes (``data_parallel=``): a whole policy per rank, or FSDP2's sharding.
+DATA_PARALLEL = ("ddp", "fsdp")
 
 T = TypeVar("T")
 
@@ -48,8 +65,13 @@ class SingleProcess:
     def average_gradients(self, params: Iterable[th.nn.Parameter]) -> None:
         """Average the gradients of ``params`` over the ranks, in place (after ``backward``)."""
 
-    def idle_step(self, policy: Any, max_grad_norm: float) -> None:
-        """Join the other ranks' gradient step without a gradient of this rank's (after a skipped minibatch)."""
+    def idle_step(self, policy: Any, max_grad_norm: float, scaler: Any = None) -> None:
+        """Join the other ranks' gradient step without a gradient of this rank's (after a skipped minibatch).
+
+        :param policy: The policy (its ``optimizer``).
+        :param max_grad_norm: The gradient clip.
+        :param scaler: The fp16 loss scaler (``torch.amp.GradScaler``), or ``None``.
+        """
 
     is_main = True
 
@@ -64,6 +86,9 @@ class SingleProcess:
     def start(self, policy: th.nn.Module, n_envs: int) -> None:
         """Start every rank from the same weights (rank 0's) and check that the ranks can step in lockstep."""
 
+    def shard(self, policy: th.nn.Module) -> None:
+        """Shard the policy over the ranks (only under FSDP), after :meth:`start` and the KL reference's copy."""
+
     def mean(self, total: float, count: float = 1.0) -> float:
         """``sum(total) / sum(count)`` over the ranks; NaN when every count is 0.
 
@@ -74,6 +99,19 @@ class SingleProcess:
 
     def record(self, logger: Logger, num_timesteps: int) -> None:
         """Log the data-parallel figures (nothing on one process)."""
+
+    def clip_grad_norm(self, params: Iterable[th.nn.Parameter], max_norm: float) -> float:
+        """Clip the gradients of ``params`` to a total norm of ``max_norm`` (in place); return the norm before.
+
+        :param params: The policy's parameters.
+        :param max_norm: The clip.
+        """
+        return th.nn.utils.clip_grad_norm_(params, max_norm).item()
+
+    def full_state(self, model: Any) -> dict[str, dict] | None:  # noqa: ARG002 (the seam's signature)
+        """The state dicts ``save`` writes, when they are not the policy's own (``None``: they are). A collective
+        call under FSDP: every rank calls it, rank 0 gets the state."""
+        return None
 
 
 class DataParallel(SingleProcess):
@@ -111,16 +149,24 @@ class DataParallel(SingleProcess):
     def average_gradients(self, params: Iterable[th.nn.Parameter]) -> None:
         distributed.average_gradients(params)
 
-    def idle_step(self, policy: Any, max_grad_norm: float) -> None:
+    def idle_step(self, policy: Any, max_grad_norm: float, scaler: Any = None) -> None:
         """Join the gradient average with no gradient of this rank's and take the optimizer step the other ranks
-        take (none when the averaged gradient is non-finite: the contributing ranks raise or skip that step)."""
+        take (none when the averaged gradient is non-finite: the contributing ranks raise or skip that step; under
+        fp16 loss scaling the scale follows theirs)."""
         policy.optimizer.zero_grad()
         distributed.average_gradients(policy.parameters(), contributed=False)
-        grad_norm = th.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
-        if th.isfinite(grad_norm):
-            policy.optimizer.step()
+        if scaler is not None:
+            scaler.unscale_(policy.optimizer)
+        grad_norm = self.clip_grad_norm(policy.parameters(), max_grad_norm)
+        if math.isfinite(grad_norm):
+            if scaler is not None:
+                scaler.step(policy.optimizer)
+            else:
+                policy.optimizer.step()
         else:
             policy.optimizer.zero_grad()
+        if scaler is not None:
+            scaler.update()
 
     def mean(self, total: float, count: float = 1.0) -> float:
         return distributed.mean_across_ranks(total, count)
@@ -131,14 +177,161 @@ class DataParallel(SingleProcess):
         logger.record("dist/world_size", self.world_size)
 
 
-def make_data_parallel(backend: str | None = None) -> SingleProcess:
-    """The seam for this process: :class:`DataParallel` under ``torchrun`` (or an initialised process group with
-    more than one process), else :class:`SingleProcess`, without touching ``torch.distributed``.
+class FullyShardedDataParallel(DataParallel):
+    """The seam under ``torch.distributed`` with the policy sharded by FSDP2 (``data_parallel="fsdp"``).
+
+    At :meth:`shard`, after rank 0's weights are broadcast, the policy's units are sharded (``fully_shard``) and the
+    optimizer is rebuilt over the shards: each rank stores ``1 / world_size`` of every unit's parameters, gradients
+    and optimizer state. The units (:func:`fsdp_units`) are modules used only through their own forward:
+
+    - a :class:`~sb3_grpo.policies.CausalLMPolicy`: its LM's blocks (the classes a Hugging Face model names in
+      ``_no_split_modules``, e.g. ``GPT2Block``, ``Qwen2DecoderLayer``), which hold almost all of a large model's
+      weights; the embeddings, the final norm, the (tied) output head and the critic stay whole, since the policy
+      uses them directly;
+    - any other policy (SB3's MLP and CNN policies): every child module that holds parameters.
+
+    A unit gathers its parameters for its forward and backward and reduce-scatters (averages) its gradients in the
+    backward; the parameters outside the units stay whole on every rank and are averaged as under
+    :class:`DataParallel`. ``save`` gathers the full state to rank 0 (:meth:`full_state`), so the file loads on one
+    process.
+
+    Every rank must run every forward and backward: the ranks need the same number of minibatches per epoch (SB3's
+    per-transition buffers give it with the same ``n_envs``, ``n_steps`` and ``batch_size``; the text fast path's
+    packed sequences do not), and there are no idle steps.
+    """
+
+    def shard(self, policy: th.nn.Module) -> None:
+        """Shard the policy's units and rebuild its optimizer over the shards (after rank 0's weights were broadcast
+        by :meth:`start`, and after a frozen KL reference was copied: an FSDP module cannot be deep-copied, so the
+        reference stays whole on every rank)."""
+        from torch.distributed.fsdp import fully_shard
+
+        units = fsdp_units(policy)
+        if not units:
+            raise ValueError(
+                f"data_parallel='fsdp' found nothing to shard in {type(policy).__name__}: no child module with "
+                "parameters (nor Hugging Face blocks named in _no_split_modules); use data_parallel='ddp'"
+            )
+        for unit in units:  # inner units first (fsdp_units lists them so)
+            fully_shard(unit)
+        group = policy.optimizer.param_groups[0]
+        kwargs = dict(policy.optimizer_kwargs)
+        # the flags a one-process optimizer runs with, restored in the saved state (full_state)
+        self._optimizer_flags = {key: group[key] for key in ("fused", "foreach") if key in group}
+        if any(not _is_sharded(p) for p in policy.parameters()):
+            # a fused or multi-tensor kernel cannot mix sharded and whole parameters: the per-parameter loop
+            kwargs.update({key: False for key in self._optimizer_flags})
+        policy.optimizer = policy.optimizer_class(policy.parameters(), lr=group["lr"], **kwargs)
+
+    def epoch(self, minibatches: Iterable[T]) -> Iterator[T | None]:
+        for minibatch in distributed.pad_to_max(minibatches):
+            if minibatch is None:
+                raise RuntimeError(
+                    "data_parallel='fsdp': the ranks have different numbers of minibatches in an epoch, and under FSDP "
+                    "every rank must run every forward and backward (they gather the shards together); use the same "
+                    "n_envs, n_steps and batch_size on every rank with SB3's per-transition buffers, or "
+                    "data_parallel='ddp'"
+                )
+            yield minibatch
+
+    def average_gradients(self, params: Iterable[th.nn.Parameter]) -> None:
+        # the sharded parameters' gradients were averaged by FSDP's reduce-scatter; the whole ones are averaged here
+        distributed.average_gradients([p for p in params if not _is_sharded(p)])
+
+    def idle_step(self, policy: Any, max_grad_norm: float, scaler: Any = None) -> None:  # noqa: ARG002 (the seam's)
+        raise RuntimeError(
+            "data_parallel='fsdp': a rank has no gradient for this step (a skipped non-finite minibatch), and under "
+            "FSDP every rank must run every backward; use nonfinite='raise' or data_parallel='ddp'"
+        )
+
+    def clip_grad_norm(self, params: Iterable[th.nn.Parameter], max_norm: float) -> float:
+        """``clip_grad_norm_``'s formula over the shards: the squared norms of this rank's shards summed over the
+        ranks, plus the whole parameters' (the same on every rank), then every gradient scaled alike."""
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return 0.0
+        device = grads[0].device
+        sharded = [g.to_local() for g in grads if _is_sharded(g)]
+        whole = [g for g in grads if not _is_sharded(g)]
+        sq_sharded = (
+            th.stack([g.detach().float().pow(2).sum() for g in sharded]).sum()
+            if sharded
+            else th.zeros((), device=device)
+        )
+        distributed.all_reduce_sum_(sq_sharded)
+        sq_whole = (
+            th.stack([g.detach().float().pow(2).sum() for g in whole]).sum() if whole else th.zeros((), device=device)
+        )
+        total = th.sqrt(sq_sharded + sq_whole)
+        coef = th.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in [*sharded, *whole]:
+            g.mul_(coef.to(g.dtype))
+        return total.item()
+
+    def full_state(self, model: Any) -> dict[str, dict] | None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        policy = model.policy
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(policy, options=options)
+        optim = get_optimizer_state_dict(policy, policy.optimizer, options=options)
+        if not self.is_main:
+            return None
+        # the optimizer's state keyed by parameter name -> by index, as a one-process optimizer numbers them
+        index = {name: i for i, (name, _) in enumerate(policy.named_parameters())}
+        optim = {
+            "state": {index[name]: value for name, value in optim["state"].items()},
+            "param_groups": [
+                {**group, **getattr(self, "_optimizer_flags", {}), "params": [index[n] for n in group["params"]]}
+                for group in optim["param_groups"]
+            ],
+        }
+        # the other state dicts (a frozen KL reference: whole on every rank) as they are
+        return {**model.get_parameters(), "policy": weights, "policy.optimizer": optim}
+
+    def record(self, logger: Logger, num_timesteps: int) -> None:
+        super().record(logger, num_timesteps)
+        logger.record("dist/data_parallel", "fsdp", exclude="tensorboard")
+
+
+def fsdp_units(policy: th.nn.Module) -> list[th.nn.Module]:
+    """The modules :class:`FullyShardedDataParallel` shards, inner ones first (see there).
+
+    :param policy: The policy.
+    """
+    blocks: set[str] = set()
+    for module in policy.modules():
+        blocks.update(getattr(module, "_no_split_modules", None) or ())
+    block_units = [m for m in policy.modules() if type(m).__name__ in blocks and any(True for _ in m.parameters())]
+    if hasattr(policy, "evaluate_sequences"):  # the LM's trunk, head and embeddings are used outside their forwards
+        return block_units
+    children = [child for child in policy.children() if any(True for _ in child.parameters())]
+    return [*block_units, *children]
+
+
+def _is_sharded(tensor: th.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def make_data_parallel(backend: str | None = None, mode: str = "ddp") -> SingleProcess:
+    """The seam for this process: :class:`DataParallel` (``mode="ddp"``) or :class:`FullyShardedDataParallel`
+    (``mode="fsdp"``) under ``torchrun`` (or an initialised process group with more than one process), else
+    :class:`SingleProcess`, without touching ``torch.distributed``.
 
     :param backend: Passed to :func:`sb3_grpo.distributed.setup` when a process group must be started.
+    :param mode: ``"ddp"`` or ``"fsdp"`` (:data:`DATA_PARALLEL`); on one process both are :class:`SingleProcess`.
     """
+    if mode not in DATA_PARALLEL:
+        raise ValueError(f"data_parallel must be one of {DATA_PARALLEL}, got {mode!r}")
     if not distributed.launched():
         return SingleProcess()
     if not distributed.setup(backend=backend):
         return SingleProcess()
-    return DataParallel(distributed.get_world_size(), distributed.get_rank())
+    cls = FullyShardedDataParallel if mode == "fsdp" else DataParallel
+    return cls(distributed.get_world_size(), distributed.get_rank())

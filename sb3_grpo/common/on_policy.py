@@ -7,15 +7,20 @@ with PPO's arguments and ``collect_rollouts`` step for step, plus what any algor
 - group advantages (``advantage="group" | "group_mean" | "rloo" | "self_critical"``, :mod:`sb3_grpo.common.groups`),
   ``carry_over`` (:mod:`sb3_grpo.common.carry_over`) and rewards scored in the background
   (:mod:`sb3_grpo.common.deferred_rewards`), all through the rollout's state (:mod:`sb3_grpo.common.rollout`);
-- the two update paths (:mod:`sb3_grpo.common.batch_sources`), whose minibatches know their sequences;
+- the two update paths (:mod:`sb3_grpo.common.batch_sources`), whose minibatches know their sequences, and
+  micro-batches (``micro_batch_size``: gradient accumulation, one optimizer step per minibatch);
 - non-finite handling (``nonfinite``, :mod:`sb3_grpo.common.nonfinite`) and the gradient-norm log and warning;
+- fp16 loss scaling (``torch.amp.GradScaler``) for a policy with ``autocast_dtype="float16"``: a step whose
+  gradient overflowed is skipped and counted (``train/skipped_overflow``), the scale halved;
 - the data-parallel seam (:mod:`sb3_grpo.common.data_parallel`): rank 0 logs and saves.
 
 A subclass (sb3-contrib's pattern) calls ``super().__init__(..., _init_setup_model=_init_setup_model)``, sets its own
 arguments, and calls ``self._setup_model()`` when ``_init_setup_model``; it writes its loss in
-:meth:`~GroupOnPolicyAlgorithm._minibatch_loss` and may add terms to the update's log in
-:meth:`~GroupOnPolicyAlgorithm._record_own`. :class:`~sb3_grpo.GRPO`, :class:`~sb3_grpo.DrGRPO`,
-:class:`~sb3_grpo.DAPO`, :class:`~sb3_grpo.GSPO` and :class:`~sb3_grpo.CISPO` are the ones in the package.
+:meth:`~GroupOnPolicyAlgorithm._minibatch_loss` (for a micro-batch, its share of the minibatch's loss:
+``Minibatch.share``; whole-minibatch statistics go in :meth:`~GroupOnPolicyAlgorithm._prepare_minibatch`) and may
+add terms to the update's log in :meth:`~GroupOnPolicyAlgorithm._record_own`. :class:`~sb3_grpo.GRPO`,
+:class:`~sb3_grpo.DrGRPO`, :class:`~sb3_grpo.DAPO`, :class:`~sb3_grpo.GSPO` and :class:`~sb3_grpo.CISPO` are the ones
+in the package.
 """
 
 from __future__ import annotations
@@ -48,15 +53,16 @@ from sb3_grpo.common.arguments import check_carry_over, check_ppo_batching
 from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_class_for
 from sb3_grpo.common.carry_over import CarryOver
 from sb3_grpo.common.checkpoints import existing_checkpoint
-from sb3_grpo.common.data_parallel import make_data_parallel
+from sb3_grpo.common.data_parallel import DATA_PARALLEL, make_data_parallel
 from sb3_grpo.common.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
 from sb3_grpo.common.host_memory import release_free_heap
 from sb3_grpo.common.nonfinite import raise_non_finite
 from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
 from sb3_grpo.common.type_aliases import Minibatch
-from sb3_grpo.common.update_stats import LossTerms, TrainStats
+from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
 from sb3_grpo.objectives import pearson_corr
 from sb3_grpo.policies.models import portable_policy_kwargs
+from textrl_envs.validation import check_choice, check_int
 
 __all__ = ["GroupOnPolicyAlgorithm"]
 
@@ -79,6 +85,12 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: group forms on the text fast path: train the steps of an episode whose group has not finished
         when the rollout ends in the first update after it has (:mod:`sb3_grpo.common.carry_over`)
+    :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
+        (whole sequences on the text fast path) and accumulate their gradients: one optimizer step per minibatch, the
+        same update as unsplit to float rounding, with the peak memory of a micro-batch (``None``: no split)
+    :param data_parallel: under ``torchrun``: ``"ddp"`` (every rank holds the whole policy, gradients averaged by
+        one all-reduce) or ``"fsdp"`` (parameters, gradients and optimizer state sharded over the ranks with FSDP2,
+        :class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`); no effect on one process
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -121,13 +133,16 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         grad_norm_warn: float | None = 1000.0,
         nonfinite: str = "raise",
         carry_over: bool = False,
+        micro_batch_size: int | None = None,
+        data_parallel: str = "ddp",
     ):
         # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed); outside
         # torchrun this is the single-process seam and torch.distributed is never touched. load() builds with
         # _init_setup_model=False and makes no collective call (rank 0 alone may load a model).
         self._sync_ranks_at_setup = _init_setup_model
         on_cpu = str(device) != "auto" and th.device(device).type == "cpu"
-        self._data_parallel = make_data_parallel(backend="gloo" if on_cpu else None)
+        self.data_parallel = check_choice("data_parallel", data_parallel, DATA_PARALLEL)
+        self._data_parallel = make_data_parallel(backend="gloo" if on_cpu else None, mode=data_parallel)
         device = self._data_parallel.device(device)
         verbose = verbose if self._data_parallel.is_main else 0
 
@@ -175,6 +190,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self.grad_norm_warn = grad_norm_warn
         self.nonfinite = nonfinite
         self.carry_over = carry_over
+        if micro_batch_size is not None:
+            check_int("micro_batch_size", micro_batch_size, low=1, example=8)
+        self.micro_batch_size = micro_batch_size
         if self.advantage != "gae" and self.env is not None:
             # warns when n_steps < the episodes' length (unless carry_over trains those steps later)
             check_grouped_env(self.env, self.advantage, None if carry_over else self.n_steps)
@@ -200,6 +218,14 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             ``None``.
         """
         raise NotImplementedError(f"{type(self).__name__} must define _minibatch_loss")
+
+    def _prepare_minibatch(self, minibatch: Minibatch) -> Minibatch:
+        """The minibatch before it is split into micro-batches (``micro_batch_size``): where the loss uses a statistic
+        of the whole minibatch (GRPO: the advantages' normalisation), computed here over all of it (nothing here).
+
+        :param minibatch: The whole minibatch.
+        """
+        return minibatch
 
     def _rollout_alpha(self) -> float:
         """The weight of the uniform mixture the rollout acts with (0: the policy's own draws)."""
@@ -256,6 +282,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
 
         # nothing here draws from a random generator, so PPO's RNG stream is untouched
         self.ref_policy, kl = self._kl_reference()
+        if getattr(self, "_sync_ranks_at_setup", False):
+            data_parallel.shard(self.policy)  # FSDP: after the reference's copy (an FSDP module cannot be copied)
         self.batch_source = make_batch_source(
             self.rollout_buffer_class,
             self.policy,
@@ -272,6 +300,15 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self._carry = CarryOver() if getattr(self, "carry_over", False) else None
         self._grad_norm_warned = False
         self._skipped_nonfinite = 0
+        # fp16 autocast: scale the loss so that small gradients do not underflow (bf16 has fp32's range: no scaler)
+        fp16 = getattr(self.policy, "autocast_dtype", None) == "float16"
+        if fp16 and getattr(self, "data_parallel", "ddp") == "fsdp":
+            raise ValueError(
+                "fp16 loss scaling is not supported with data_parallel='fsdp' (its gradients are sharded); use "
+                "autocast_dtype='bfloat16' (no scaling needed) or data_parallel='ddp'"
+            )
+        self._grad_scaler = th.amp.GradScaler(self.device.type) if fp16 else None
+        self._skipped_overflow = 0
         self._current_ent_coef = self.current_ent_coef()
 
     def current_ent_coef(self) -> float:
@@ -282,10 +319,20 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         return self.ent_coef
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """SB3's ``save``; under ``torch.distributed`` only rank 0 writes (the weights are the same everywhere)."""
-        if not self._data_parallel.is_main:
-            return
-        super().save(*args, **kwargs)
+        """SB3's ``save``; under ``torch.distributed`` only rank 0 writes (the weights are the same everywhere; under
+        ``data_parallel="fsdp"`` every rank must call it: the full state is gathered to rank 0 first)."""
+        self._full_state = self._data_parallel.full_state(self)
+        try:
+            if self._data_parallel.is_main:
+                super().save(*args, **kwargs)
+        finally:
+            self._full_state = None
+
+    def get_parameters(self) -> dict[str, dict]:
+        """SB3's ``get_parameters`` (the state dicts ``save`` writes); under ``data_parallel="fsdp"``, while saving,
+        the full state gathered from the shards."""
+        full = self.__dict__.get("_full_state")
+        return super().get_parameters() if full is None else full
 
     def set_random_seed(self, seed: int | None = None) -> None:
         """SB3's ``set_random_seed`` (Python, NumPy, torch, action space, env), plus the exploration RNG.
@@ -297,7 +344,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             self._explore_rng = np.random.default_rng(seed)
 
     def _excluded_save_params(self) -> list[str]:
+        # (the loss scaler is rebuilt by _setup_model: a loaded model starts again from the initial scale)
         own = ["ref_policy", "batch_source", "_data_parallel", "_group_tracker", "_sync_ranks_at_setup", "_carry"]
+        own += ["_grad_scaler", "_full_state"]
         return [*super()._excluded_save_params(), *own]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
@@ -439,24 +488,38 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     # ------------------------------------------------------------------------------------------------------
     # Update
     # ------------------------------------------------------------------------------------------------------
-    def _optimizer_step(self, terms: LossTerms | None, epoch: int, stats: TrainStats) -> None:
+    def _optimizer_step(
+        self, terms: LossTerms | None, epoch: int, stats: TrainStats, accumulated: bool = False
+    ) -> None:
         """Backward, gradient average over the ranks, clipping and the optimizer step, unless the loss or the
-        gradient is non-finite (``nonfinite``: raise, or skip and count). ``terms=None``: an idle step."""
+        gradient is non-finite (``nonfinite``: raise, or skip and count). ``terms=None``: an idle step.
+        ``accumulated``: the micro-batches' backwards have already filled the gradients (:meth:`_micro_batch_loss`)."""
         if terms is None or not math.isfinite(terms.value):
             if terms is not None and self.nonfinite != "skip":
                 raise_non_finite("loss", self._n_updates, epoch, self.num_timesteps, terms.details)
             if terms is not None:  # no step on this minibatch; counted in train/skipped_nonfinite
                 self._skipped_nonfinite += 1
-            self._data_parallel.idle_step(self.policy, self.max_grad_norm)  # join the other ranks' step
+            # join the other ranks' step
+            self._data_parallel.idle_step(self.policy, self.max_grad_norm, getattr(self, "_grad_scaler", None))
             return
-        self.policy.optimizer.zero_grad()
-        terms.loss.backward()
+        if not accumulated:
+            self.policy.optimizer.zero_grad()
+            self._backward(terms.loss)
         if not self.policy.optimizer.state:  # the first step allocates the optimizer's state: the update's peak
             release_free_heap()
         self._data_parallel.average_gradients(self.policy.parameters())
+        scaler = getattr(self, "_grad_scaler", None)
+        if scaler is not None:  # the true gradient (an overflow anywhere is in every rank's average: all skip)
+            scaler.unscale_(self.policy.optimizer)
         # Clip grad norm (the returned norm is the one before clipping)
-        grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm).item()
+        grad_norm = self._data_parallel.clip_grad_norm(self.policy.parameters(), self.max_grad_norm)
         if not math.isfinite(grad_norm):
+            if scaler is not None:
+                # fp16 loss scaling: an overflow is expected; no step, the scale halves, counted
+                scaler.update()
+                self.policy.optimizer.zero_grad()
+                self._skipped_overflow += 1
+                return
             if self.nonfinite != "skip":
                 details = {**terms.details, "grad_norm": grad_norm}
                 raise_non_finite("gradient", self._n_updates, epoch, self.num_timesteps, details)
@@ -464,7 +527,52 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             self._skipped_nonfinite += 1
             return
         stats.grad_norms.append(grad_norm)
-        self.policy.optimizer.step()
+        if scaler is not None:
+            scaler.step(self.policy.optimizer)  # the unscaled gradient, checked finite above
+            scaler.update()
+        else:
+            self.policy.optimizer.step()
+
+    def _backward(self, loss: th.Tensor) -> None:
+        """``loss.backward()``, of the scaled loss under fp16 loss scaling."""
+        scaler = getattr(self, "_grad_scaler", None)
+        (loss if scaler is None else scaler.scale(loss)).backward()
+
+    def _micro_batch_loss(
+        self,
+        minibatch: Minibatch,
+        clip_range: float,
+        clip_range_vf: float | None,
+        stats: TrainStats,
+        measure_kl: bool,
+    ) -> LossTerms:
+        """The minibatch's loss in micro-batches of ``micro_batch_size``, each one's backward run as soon as its loss
+        is known (gradients accumulate; the optimizer step follows in :meth:`_optimizer_step`).
+
+        Each micro-batch's :meth:`_minibatch_loss` is its share of the minibatch's loss (``Minibatch.share``): the
+        shares and their gradients add up to the unsplit minibatch's. The figures recorded in ``stats`` are the whole
+        minibatch's. After a non-finite share no backward runs (the rest are evaluated without a gradient, for the
+        log); the returned loss is then non-finite and :meth:`_optimizer_step` raises or skips as ``nonfinite`` says.
+        """
+        minibatch = self._prepare_minibatch(minibatch)
+        micro_stats = MicroBatchStats()
+        self.policy.optimizer.zero_grad()
+        total, details, finite = 0.0, {}, True
+        for part in self.batch_source.split(minibatch, self.micro_batch_size):
+            with th.enable_grad() if finite else th.no_grad():
+                terms = self._minibatch_loss(part, clip_range, clip_range_vf, micro_stats, measure_kl)
+            total += terms.value
+            for key, value in terms.details.items():
+                details[key] = details.get(key, 0.0) + value
+            if finite and math.isfinite(terms.value):
+                self._backward(terms.loss)
+            else:
+                finite = False
+            del terms  # the micro-batch's graph goes before the next forward
+        if not finite:
+            self.policy.optimizer.zero_grad()  # a partial sum must not reach the step
+        approx_kl = micro_stats.merge_into(stats, total)
+        return LossTerms(th.tensor(total), approx_kl, details, total)
 
     def _stop_early(self, terms: LossTerms | None, epoch: int) -> bool:
         """PPO's ``target_kl``: stop the epochs when ``approx_kl > 1.5 * target_kl``; under ``torch.distributed`` the
@@ -513,12 +621,17 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
                 self.batch_source.minibatches(self.rollout_buffer, self.batch_size)
             ):
                 terms = None
-                if minibatch is not None:
+                split = minibatch is not None and getattr(self, "micro_batch_size", None) is not None
+                if split:  # forward and backward micro-batch by micro-batch, the gradients accumulated
+                    terms = self._micro_batch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
+                elif minibatch is not None:
                     terms = self._minibatch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
                 if self._stop_early(terms, epoch):
+                    if split:
+                        self.policy.optimizer.zero_grad()  # the accumulated gradient takes no step
                     continue_training = False
                     break
-                self._optimizer_step(terms, epoch, stats)
+                self._optimizer_step(terms, epoch, stats, accumulated=split)
 
             self._n_updates += 1
             if not continue_training:
@@ -536,6 +649,10 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         if self.nonfinite == "skip":
             logger.record("train/skipped_nonfinite", self._skipped_nonfinite)
             self._skipped_nonfinite = 0
+        if getattr(self, "_grad_scaler", None) is not None:
+            logger.record("train/skipped_overflow", self._skipped_overflow)
+            logger.record("train/loss_scale", self._grad_scaler.get_scale())
+            self._skipped_overflow = 0
         logger.record("train/explained_variance", explained_var)
         if hasattr(self.policy, "log_std"):
             logger.record("train/std", th.exp(self.policy.log_std).mean().item())

@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 import torch as th
 
-__all__ = ["GRPORolloutBufferSamples", "Minibatch", "SequenceSamples", "sequence_index"]
+__all__ = ["GRPORolloutBufferSamples", "MicroBatchShare", "Minibatch", "SequenceSamples", "sequence_index"]
 
 
 class GRPORolloutBufferSamples(NamedTuple):
@@ -50,6 +50,19 @@ class SequenceSamples(NamedTuple):
     old_policy_log_prob: th.Tensor
 
 
+class MicroBatchShare(NamedTuple):
+    """Where a micro-batch sits in its minibatch (``micro_batch_size``): the loss of a micro-batch is its share of
+    the minibatch's loss, so that the shares' gradients add up to the minibatch's gradient.
+
+    ``fraction`` is the micro-batch's transitions over the minibatch's (the weight of a mean over transitions);
+    ``n_sequences`` the whole minibatch's sequences (a per-sequence normaliser's count; ``None`` when the buffer does
+    not give sequences).
+    """
+
+    fraction: float
+    n_sequences: int | None
+
+
 class Minibatch(NamedTuple):
     """One minibatch of the update, flat per transition, from either batch source.
 
@@ -63,6 +76,10 @@ class Minibatch(NamedTuple):
     from a buffer that does not say): equal ids, same sequence. Both paths give it, so a per-sequence or
     length-normalised loss reads the same on each (:func:`sequence_index`). On the text fast path a minibatch holds
     whole sequences; on the per-transition path it holds the sequences' sampled steps.
+
+    ``share`` is ``None`` for a whole minibatch; a micro-batch (``micro_batch_size``) carries its
+    :class:`MicroBatchShare`, and its ``advantages`` are already those the whole minibatch's loss uses (normalised
+    with the whole minibatch's mean and standard deviation where the algorithm normalises them).
     """
 
     actions: th.Tensor
@@ -73,6 +90,7 @@ class Minibatch(NamedTuple):
     inputs: Any
     old_policy_log_prob: th.Tensor | None = None
     sequence_ids: th.Tensor | None = None
+    share: MicroBatchShare | None = None
 
 
 def sequence_index(sequence_ids: th.Tensor) -> tuple[th.Tensor, int]:

@@ -1,5 +1,6 @@
 """What one update measures, minibatch by minibatch (:class:`TrainStats`, logged with PPO's keys first), and what one
-minibatch's loss hands the optimizer step (:class:`LossTerms`)."""
+minibatch's loss hands the optimizer step (:class:`LossTerms`). :class:`MicroBatchStats` gathers the figures of one
+minibatch's micro-batches (``micro_batch_size``) and records them as the whole minibatch's."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from stable_baselines3.common.logger import Logger
 
 from sb3_grpo.objectives import clip_fractions
 
-__all__ = ["LossTerms", "TrainStats", "nanmean"]
+__all__ = ["LossTerms", "MicroBatchStats", "TrainStats", "nanmean"]
 
 
 class LossTerms(NamedTuple):
@@ -97,3 +98,50 @@ class TrainStats:
         if self.grad_norms:
             logger.record("train/grad_norm", np.mean(self.grad_norms))
             logger.record("train/grad_norm_max", max(self.grad_norms))
+
+
+#: The per-minibatch figures that a micro-batch's loss records as its share (they add up to the minibatch's).
+SHARED_FIGURES = ("entropy_losses", "pg_losses", "value_losses", "kl_refs", "grad_vars")
+
+
+class MicroBatchStats(TrainStats):
+    """The figures of one minibatch's micro-batches, recorded as the whole minibatch's by :meth:`merge_into`.
+
+    A micro-batch's loss records its share of each loss term (:data:`SHARED_FIGURES`), so the minibatch's figure is
+    their sum; the clip fractions and ``approx_kl`` are kept as the micro-batches' tensors and measured once over the
+    whole minibatch (a fraction of a subset does not add up).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._clip_parts: list[tuple[th.Tensor, float | th.Tensor, th.Tensor]] = []
+        self._kl_parts: list[tuple[th.Tensor, th.Tensor]] = []
+
+    def add_clip_fractions(self, ratio: th.Tensor, eps: float | th.Tensor, advantages: th.Tensor) -> None:
+        self._clip_parts.append((ratio.detach(), eps.detach() if isinstance(eps, th.Tensor) else eps, advantages))
+
+    def add_approx_kl(self, log_prob: th.Tensor, old_log_prob: th.Tensor) -> np.ndarray:
+        self._kl_parts.append((log_prob.detach(), old_log_prob))
+        with th.no_grad():
+            log_ratio = log_prob - old_log_prob
+            return th.mean((th.exp(log_ratio) - 1) - log_ratio).cpu().numpy()
+
+    def merge_into(self, stats: TrainStats, loss_value: float) -> np.ndarray | None:
+        """Record the whole minibatch's figures in ``stats``; return its ``approx_kl`` (``None``: not measured).
+
+        :param stats: The update's figures.
+        :param loss_value: The minibatch's loss (the sum of the micro-batches' shares).
+        """
+        for name in SHARED_FIGURES:
+            shares = getattr(self, name)
+            if shares:
+                getattr(stats, name).append(float(sum(shares)))
+        if self._clip_parts:
+            ratios, eps, advantages = zip(*self._clip_parts, strict=True)
+            whole_eps = th.cat(eps) if isinstance(eps[0], th.Tensor) else eps[0]
+            stats.add_clip_fractions(th.cat(ratios), whole_eps, th.cat(advantages))
+        stats.last_loss = loss_value
+        if not self._kl_parts:
+            return None
+        log_probs, old_log_probs = zip(*self._kl_parts, strict=True)
+        return stats.add_approx_kl(th.cat(log_probs), th.cat(old_log_probs))

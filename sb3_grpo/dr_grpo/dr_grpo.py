@@ -59,6 +59,10 @@ class DrGRPO(GroupOnPolicyAlgorithm):
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: train the steps of an episode whose group has not finished when the rollout ends in the first
         update after it has (:mod:`sb3_grpo.common.carry_over`; the text fast path)
+    :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
+        (whole sequences on the text fast path), one optimizer step per minibatch; the normaliser's ``S`` stays the
+        whole minibatch's sequence count, so the update equals the unsplit one to float rounding (``None``: no split)
+    :param data_parallel: under ``torchrun``: ``"ddp"`` (default) or ``"fsdp"`` (see :class:`~sb3_grpo.GRPO`)
     """
 
     # Over 80 lines: PPO's signature plus Dr. GRPO's own arguments, kept in SB3's form
@@ -96,6 +100,8 @@ class DrGRPO(GroupOnPolicyAlgorithm):
         grad_norm_warn: float | None = 1000.0,
         nonfinite: str = "raise",
         carry_over: bool = False,
+        micro_batch_size: int | None = None,
+        data_parallel: str = "ddp",
     ):
         check_grpo_args(locals())  # PPO's arguments and the shared ones, before any model is built
         if advantage not in DR_GRPO_ADVANTAGES:
@@ -136,6 +142,8 @@ class DrGRPO(GroupOnPolicyAlgorithm):
             grad_norm_warn=grad_norm_warn,
             nonfinite=nonfinite,
             carry_over=carry_over,
+            micro_batch_size=micro_batch_size,
+            data_parallel=data_parallel,
         )
         if max_completion_tokens is None and self.env is not None:
             max_completion_tokens = env_episode_limit(self.env)
@@ -174,11 +182,14 @@ class DrGRPO(GroupOnPolicyAlgorithm):
         advantages = minibatch.advantages
         ratio = th.exp(log_prob - minibatch.old_log_prob)
         surrogate = clipped_surrogate(ratio, advantages, clip_range)
-        _, n_sequences = sequence_index(minibatch.sequence_ids)
+        share = minibatch.share  # a micro-batch: S is the whole minibatch's, its sum is its share of the whole's
+        n_sequences = sequence_index(minibatch.sequence_ids)[1] if share is None else share.n_sequences
         policy_loss = -constant_normalized_sum(surrogate, n_sequences, self.max_completion_tokens)
         stats.pg_losses.append(policy_loss.item())
         stats.add_clip_fractions(ratio, clip_range, advantages)
         entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
+        if share is not None:  # the entropy's mean over transitions, weighted by the micro-batch's share of them
+            entropy_loss = entropy_loss * share.fraction
         stats.entropy_losses.append(entropy_loss.item())
         loss = policy_loss + self._current_ent_coef * entropy_loss
 

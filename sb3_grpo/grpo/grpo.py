@@ -139,6 +139,15 @@ class GRPO(GroupOnPolicyAlgorithm):
         when the rollout ends in the first update after it has, with the episode's advantage, instead of with
         advantage 0 in their own rollout's update (:mod:`sb3_grpo.common.carry_over`). Off: GRPO's updates use only
         their own rollout, as PPO's do.
+    :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
+        (whole sequences on the text fast path), accumulating their gradients into one optimizer step per minibatch:
+        the update equals the unsplit one to float rounding (advantages normalised over the whole minibatch, every
+        mean-over-transitions term weighted by the micro-batch's share), and the log shows the whole minibatch's
+        figures. ``None`` (default): one forward and backward per minibatch. Not with the gradient-variance penalty
+        (``grad_var_coef > 0``), whose ``K`` slice gradients must all be in one graph (see ``docs/guides/scaling.md``).
+    :param data_parallel: under ``torchrun``: ``"ddp"`` (default; every rank holds the whole policy) or ``"fsdp"``
+        (parameters, gradients and optimizer state sharded over the ranks with FSDP2: an LM's blocks, an MLP policy's
+        layers; :class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`); no effect on one process
     """
 
     # Over 80 lines: PPO's signature plus GRPO's own arguments, kept in SB3's form so that the two read side by side
@@ -184,6 +193,8 @@ class GRPO(GroupOnPolicyAlgorithm):
         grad_norm_warn: float | None = 1000.0,
         nonfinite: str = "raise",
         carry_over: bool = False,
+        micro_batch_size: int | None = None,
+        data_parallel: str = "ddp",
     ):
         # every argument (PPO's and GRPO's: type, finiteness, range) is checked first, before any model is built
         adaptive_clip = check_grpo_args(locals())
@@ -218,6 +229,8 @@ class GRPO(GroupOnPolicyAlgorithm):
             grad_norm_warn=grad_norm_warn,
             nonfinite=nonfinite,
             carry_over=carry_over,
+            micro_batch_size=micro_batch_size,
+            data_parallel=data_parallel,
         )
         self.grad_var_coef = float(grad_var_coef)
         self.grad_var_slices = int(grad_var_slices)
@@ -281,6 +294,20 @@ class GRPO(GroupOnPolicyAlgorithm):
     # ------------------------------------------------------------------------------------------------------
     # Update
     # ------------------------------------------------------------------------------------------------------
+    def _normalized_advantages(self, advantages: th.Tensor) -> th.Tensor:
+        """PPO's per-minibatch advantage normalisation (GAE only: group advantages are already normalized, and the
+        steps that have no complete group must keep advantage 0)."""
+        # Normalization does not make sense if mini batchsize == 1, see GH issue #325
+        if self.normalize_advantage and self.advantage == "gae" and len(advantages) > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        return advantages
+
+    def _prepare_minibatch(self, minibatch: Minibatch) -> Minibatch:
+        """The whole minibatch's advantages normalised once, before it is split into micro-batches."""
+        if self.grad_var_coef > 0:  # set after construction: the same refusal as the constructor's
+            check_grpo_args({"micro_batch_size": self.micro_batch_size, "grad_var_coef": self.grad_var_coef})
+        return minibatch._replace(advantages=self._normalized_advantages(minibatch.advantages))
+
     def _minibatch_loss(
         self,
         minibatch: Minibatch,
@@ -308,9 +335,9 @@ class GRPO(GroupOnPolicyAlgorithm):
         # Normalize advantage (GAE only: group advantages are already normalized, and the steps
         # that have no complete group must keep advantage 0)
         advantages = minibatch.advantages
-        # Normalization does not make sense if mini batchsize == 1, see GH issue #325
-        if self.normalize_advantage and use_critic and len(advantages) > 1:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        share = minibatch.share  # None: the whole minibatch; a micro-batch's advantages are normalised already
+        if share is None:
+            advantages = self._normalized_advantages(advantages)
 
         # Per-sample clip range: eps (PPO) or eps * scale(sign A) (adaptive clip)
         eps = (
@@ -325,12 +352,15 @@ class GRPO(GroupOnPolicyAlgorithm):
         # clipped surrogate loss
         surrogate = clipped_surrogate(ratio, advantages, eps)
         policy_loss = -surrogate.mean()
+        # a micro-batch's share of the minibatch's means: its mean weighted by its share of the transitions
+        shared = (lambda term: term) if share is None else (lambda term: term * share.fraction)
+        policy_loss = shared(policy_loss)
 
         stats.pg_losses.append(policy_loss.item())
         stats.add_clip_fractions(ratio, eps, advantages)
 
         # Entropy loss favor exploration (approximated when there is no analytical form)
-        entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
+        entropy_loss = shared(-th.mean(-log_prob) if entropy is None else -th.mean(entropy))
         stats.entropy_losses.append(entropy_loss.item())
         if use_critic:
             if clip_range_vf is None:
@@ -341,7 +371,7 @@ class GRPO(GroupOnPolicyAlgorithm):
                     values - minibatch.old_values, -clip_range_vf, clip_range_vf
                 )
             # Value loss using the TD(gae_lambda) target
-            value_loss = F.mse_loss(minibatch.returns, values_pred)
+            value_loss = shared(F.mse_loss(minibatch.returns, values_pred))
             stats.value_losses.append(value_loss.item())
             loss = policy_loss + self._current_ent_coef * entropy_loss + self.vf_coef * value_loss
         else:
@@ -362,7 +392,9 @@ class GRPO(GroupOnPolicyAlgorithm):
             # (1/N) sum w * k3 with w = pi_old / mu: the KL of the policy's own samples, from the
             # mixture's (exactly the plain k3 mean when alpha = 0); the log and the controller use it too
             buffer_name = type(self.rollout_buffer).__name__
-            kl_ref = kl_to_reference(self.batch_source, minibatch, log_prob, self._rollout_explore_alpha, buffer_name)
+            kl_ref = shared(
+                kl_to_reference(self.batch_source, minibatch, log_prob, self._rollout_explore_alpha, buffer_name)
+            )
             stats.kl_refs.append(kl_ref.item())
             details["kl_ref"] = stats.kl_refs[-1]
             loss = loss + self.kl_coef * kl_ref

@@ -1,0 +1,73 @@
+"""Worker of ``tests/test_fsdp.py``: run under ``torchrun --nproc_per_node 2``.
+
+Each rank trains GRPO twice from the same seeds, with ``data_parallel="ddp"`` and ``"fsdp"``, on CartPole (Discrete
+actions), Pendulum (a Gaussian policy: its ``log_std`` stays whole) and TextGen-v0 (``CausalLMPolicy``: its GPT-2
+blocks are sharded; per-transition minibatches, in micro-batches, with group advantages and the KL term), and writes
+the final full parameters, the numbers of parameter and optimizer-state elements it holds itself, to
+``OUT/<env>_<mode>_rank<r>.pt``; the FSDP models are saved to ``OUT/<env>_fsdp.zip`` (every rank calls ``save``,
+rank 0 writes).
+"""
+
+import os
+import sys
+
+import torch as th
+from stable_baselines3.common.env_util import make_vec_env
+from torch.distributed.tensor import DTensor
+
+from sb3_grpo import GRPO, distributed
+from sb3_grpo.common.buffers import GRPODictRolloutBuffer
+from textrl_envs.sb3 import make_vec_env as make_text_env
+
+out = sys.argv[1]
+th.set_num_threads(1)
+rank = distributed.get_rank()
+HP = {"n_steps": 32, "batch_size": 32, "n_epochs": 2, "seed": 0, "grad_var_coef": 0.0, "device": "cpu"}
+TEXT_HP = {
+    **HP,
+    "n_steps": 8,
+    "batch_size": 16,
+    "learning_rate": 1e-3,
+    "advantage": "group",
+    "kl_coef": 0.05,
+    "micro_batch_size": 5,
+    "rollout_buffer_class": GRPODictRolloutBuffer,
+}
+
+
+def local_numel(tensors) -> int:
+    return sum((t.to_local() if isinstance(t, DTensor) else t).numel() for t in tensors)
+
+
+def build(env_id: str, mode: str) -> GRPO:
+    if env_id == "TextGen-v0":
+        env = make_text_env(
+            env_id, n_envs=4, group_size=2, seed=distributed.rank_seed(0), device="cpu", max_new_tokens=6
+        )
+        return GRPO("CausalLMPolicy", env, data_parallel=mode, **TEXT_HP)
+    env = make_vec_env(env_id, n_envs=2, seed=distributed.rank_seed(0))
+    return GRPO("MlpPolicy", env, data_parallel=mode, **HP)
+
+
+for env_id in ("CartPole-v1", "Pendulum-v1", "TextGen-v0"):
+    for mode in ("ddp", "fsdp"):
+        model = build(env_id, mode)
+        initial = {k: v.detach().clone() for k, v in model.policy.state_dict().items()} if mode == "ddp" else None
+        model.learn(2 * model.n_steps * model.n_envs)
+        state = model.policy.state_dict()
+        full = model.get_parameters() if mode == "ddp" else None
+        optim_state = [v for s in model.policy.optimizer.state.values() for v in s.values() if v.dim() > 0]
+        record = {
+            "local_params": local_numel(model.policy.parameters()),
+            "whole_params": sum(p.numel() for p in model.policy.parameters() if not isinstance(p, DTensor)),
+            "total_params": sum(p.numel() for p in model.policy.parameters()),
+            "local_optim": local_numel(optim_state),
+            "sharded": sum(isinstance(p, DTensor) for p in model.policy.parameters()),
+        }
+        if mode == "fsdp":
+            model.save(os.path.join(out, f"{env_id}_fsdp.zip"))
+            params = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in state.items()}
+        else:
+            params = {k: v.detach().clone() for k, v in state.items()}
+        record["params"], record["initial"] = params, initial
+        th.save(record, os.path.join(out, f"{env_id}_{mode}_rank{rank}.pt"))
