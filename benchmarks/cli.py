@@ -12,7 +12,7 @@
     textrl-bench gpu-check --out runs/gpu-check        # the perf rows a GPU changes, on CUDA
 
 and the studies behind the README's figures, each also ``python -m benchmarks.<module>``: ``cartpole``,
-``identity``, ``layout-check``, ``learn-interactive``, ``penalty-vs-surrogate``, ``selfplay``.
+``identity``, ``layout-check``, ``learn-interactive``, ``penalty-vs-surrogate``, ``selfplay``, ``micro-batch-memory``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "identity": ("benchmarks.identity", "GRPO's defaults against stock PPO on SB3's identity checks"),
     "layout-check": ("benchmarks.layout_check", "what CausalLMPolicy's observation-layout check costs a rollout"),
     "learn-interactive": ("benchmarks.learn_interactive", "learning on GuessNumber-v0: GRPO and stock PPO"),
+    "micro-batch-memory": ("benchmarks.micro_batch_memory", "peak memory of one update with micro-batches"),
     "selfplay": ("benchmarks.selfplay", "self-play on the two-player games: win rates against held-out opponents"),
     "penalty-vs-surrogate": (
         "benchmarks.penalty_vs_surrogate",

@@ -9,22 +9,22 @@ update of one epoch over the rollout as one minibatch. ``update peak MB`` is the
 RSS just before it (which holds the weights, Adam's state and the previous update's gradients): the activations kept
 for the backward and the transient buffers, which are what the micro-batch changes.
 
-Run: ``python -m benchmarks_new.micro_batch_memory`` (about a minute on 2 CPU cores); it writes
+Run: ``python -m benchmarks.micro_batch_memory`` (about a minute on 2 CPU cores); it writes
 ``docs/results/micro_batch_memory.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
+import shlex
 import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
+
+from sb3_grpo.compare.pages import write_results_page
 
 #: GPT-2-small's shape; the vocabulary is the bundled tokenizer's (set in the child).
 GPT2_SMALL_SHAPE = {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 256}
@@ -107,23 +107,9 @@ def child(cfg: dict) -> dict:
     }
 
 
-def _stamp(argv: list[str]) -> str:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        commit_id = commit.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit_id = "unknown"
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    hardware = f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.processor() or platform.system()}"
-    return (
-        f"- command: `{' '.join(['python -m benchmarks_new.micro_batch_memory', *argv])}`\n"
-        f"- git commit: {commit_id}\n- hardware: {hardware}\n- date: {now}\n"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="textrl-bench micro-batch-memory", description=__doc__.splitlines()[0])
     parser.add_argument("--n-envs", type=int, default=8, help="completions (sequences) in the minibatch")
     parser.add_argument("--tokens", type=int, default=48, help="tokens per completion")
     parser.add_argument("--threads", type=int, default=2)
@@ -137,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     for micro in (None, args.n_envs // 2, args.n_envs // 4):
         cfg = {"n_envs": args.n_envs, "tokens": args.tokens, "threads": args.threads, "micro": micro}
         out = subprocess.run(
-            [sys.executable, "-m", "benchmarks_new.micro_batch_memory", "--child", json.dumps(cfg)],
+            [sys.executable, "-m", "benchmarks.micro_batch_memory", "--child", json.dumps(cfg)],
             capture_output=True,
             text=True,
             check=True,
@@ -145,9 +131,6 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
     lines = [
-        "# Peak memory of one update with micro-batches",
-        "",
-        _stamp(argv),
         f"GPT-2-small's shape ({rows[0]['params_m']:.1f}M parameters, the bundled tokenizer's vocabulary), "
         f"random weights, on CPU; one minibatch of {args.n_envs} sequences of {args.tokens} generated tokens, "
         "one epoch, the text fast path. `update peak MB`: peak RSS during `train()` minus the RSS before it "
@@ -163,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(
             f"| {micro} | {row['update_mb']:.0f} | {row['peak_mb']:.0f} | {row['seconds']:.1f} | {row['loss']:.6g} |"
         )
-    args.page.parent.mkdir(parents=True, exist_ok=True)
-    args.page.write_text("\n".join(lines) + "\n")
+    command = shlex.join(["textrl-bench", "micro-batch-memory", *argv])
+    write_results_page(args.page, "Peak memory of one update with micro-batches", "\n".join(lines), command)
     print(f"wrote {args.page}")
     return 0
 
