@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -128,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_warm_start(sub)
     r = sub.add_parser("report", help="rewrite the report of an out dir of compare from its results.json")
     r.add_argument("dir", help="an out dir of `sb3-grpo compare`")
+    r.add_argument(
+        "--results-page",
+        metavar="PATH.md",
+        help="also write the report as a results page, stamped with the comparison's own command and commit",
+    )
     r.set_defaults(subparser=r)
     return parser
 
@@ -353,13 +359,22 @@ def import_gym_packages(names: Sequence[str]) -> None:
 
 def _write_compare_page(out: Path, page: Path, command: str) -> None:
     """The report of ``out`` as a results page (:func:`sb3_grpo.compare.pages.write_results_page`)."""
-    from sb3_grpo.compare.pages import write_results_page
+    from sb3_grpo.common.io import atomic_write
+    from sb3_grpo.compare.pages import git_commit, write_results_page
     from sb3_grpo.compare.report import render_report
-    from sb3_grpo.compare.results import load_results
+    from sb3_grpo.compare.results import CURVES_FILE, load_results
 
     results = load_results(out)
     heading, _, body = render_report(results).partition("\n")
-    write_results_page(page, heading.removeprefix("# "), body, command, info=results.get("environment"))
+    curves = out / CURVES_FILE
+    if curves.is_file():  # the page's plot sits beside it, named after it (a docs folder holds several pages)
+        image = page.with_name(f"{page.stem}-{CURVES_FILE}")
+        atomic_write(image, lambda tmp: shutil.copyfile(curves, tmp))
+        body = body.replace(f"]({CURVES_FILE})", f"]({image.name})")
+    info = results.get("environment") or {}
+    recorded = info.get("commit")  # recorded when the comparison started: the code the figures come from
+    commit = f"`{recorded}`" if recorded else f"`{git_commit()}` (the page's; the run did not record its own)"
+    write_results_page(page, heading.removeprefix("# "), body, command, info=info or None, commit=commit)
     print(f"results page: {page}")
 
 
@@ -388,6 +403,8 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     write_report(results, out)
     print(f"wrote {out}/report.md and {out}/curves.png")
+    if args.results_page:
+        _write_compare_page(out, Path(args.results_page), results.get("command") or f"sb3-grpo report {out}")
     return 0
 
 

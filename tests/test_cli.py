@@ -14,6 +14,7 @@ from sb3_grpo.cli import main, parse_set
 from sb3_grpo.compare import runner as compare_mod
 from sb3_grpo.compare.algos import ALGOS, parse_algos
 from sb3_grpo.compare.config import make_config
+from sb3_grpo.compare.pages import git_commit
 from sb3_grpo.compare.report import (
     curve_auc,
     render_report,
@@ -517,7 +518,9 @@ def test_results_page_holds_the_report_with_a_stamp(tmp_path):
     assert text.startswith("# sb3-grpo compare: CartPole-v1")
     assert f"- Command: `{shlex.join(['sb3-grpo', *argv])}`" in text
     assert "- Commit: `" in text and "- Hardware: " in text and "- Date: " in text
-    assert report.partition("\n")[2].strip() in text  # the report's tables, after the stamp
+    # the report's tables after the stamp, its plot beside the page, named after it
+    assert report.partition("\n")[2].strip().replace("](curves.png)", "](cartpole-curves.png)") in text
+    assert (page.parent / "cartpole-curves.png").read_bytes() == (out / "curves.png").read_bytes()
 
 
 def test_report_of_a_claims_dir_points_to_the_lab(tmp_path, capsys):
@@ -544,3 +547,21 @@ def test_compare_runs_the_field_algorithms(tmp_path):
     for algo in algos:
         assert f"| {algo} |" in report
         assert math.isfinite(results["runs"][f"{algo}/seed0"]["final"]["reward_mean"])
+
+
+def test_report_rewrites_the_results_page_with_the_runs_own_command_and_commit(tmp_path):
+    """A results page written later from results.json (``sb3-grpo report --results-page``) stamps the commit recorded
+    when the comparison started and the comparison's own command line, not those of the moment it is written."""
+    out, page = tmp_path / "cp", tmp_path / "docs" / "cartpole.md"
+    argv = [*CARTPOLE, "--out", str(out)]
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    recorded = results["environment"]["commit"]
+    assert recorded and recorded == git_commit()
+    results["environment"]["commit"] = "0123abc"  # as if the checkout had moved on since the run
+    (out / "results.json").write_text(json.dumps(results))
+    assert main(["report", str(out), "--results-page", str(page)]) == 0
+    text = page.read_text()
+    assert "- Commit: `0123abc`\n" in text
+    assert f"- Command: `{shlex.join(['sb3-grpo', *argv])}`" in text
+    assert (page.parent / "cartpole-curves.png").is_file() and "](cartpole-curves.png)" in text

@@ -62,20 +62,23 @@ def hardware_summary(info: dict[str, Any] | None = None) -> str:
     return f"{hw.get('cpu')}, {hw.get('usable_cpus')} of {hw.get('cpu_count')} cores; {gpu}; torch {versions['torch']}"
 
 
-def results_stamp(command: str, root: str | os.PathLike | None = None, info: dict[str, Any] | None = None) -> str:
+def results_stamp(
+    command: str,
+    root: str | os.PathLike | None = None,
+    info: dict[str, Any] | None = None,
+    commit: str | None = None,
+) -> str:
     """The stamp a results page starts with (Markdown lines: command, commit, hardware, UTC date).
 
     :param command: The command line that produced the figures.
     :param root: A folder in the git checkout (default: the one the library runs from).
     :param info: :func:`sb3_grpo.compare.results.environment_info` output (default: measured now).
+    :param commit: The commit line's text (default: the checkout's commit now, in backquotes); a page written later
+        from a run's records gives the commit the run recorded when it started.
     """
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    return (
-        f"- Command: `{command}`\n"
-        f"- Commit: `{git_commit(root)}`\n"
-        f"- Hardware: {hardware_summary(info)}\n"
-        f"- Date: {date}\n"
-    )
+    commit = f"`{git_commit(root)}`" if commit is None else commit
+    return f"- Command: `{command}`\n- Commit: {commit}\n- Hardware: {hardware_summary(info)}\n- Date: {date}\n"
 
 
 def write_results_page(
@@ -85,6 +88,7 @@ def write_results_page(
     command: str,
     root: str | os.PathLike | None = None,
     info: dict[str, Any] | None = None,
+    commit: str | None = None,
 ) -> Path:
     """Write a results page atomically: ``# title``, the stamp (:func:`results_stamp`), then ``body_markdown``.
 
@@ -94,6 +98,7 @@ def write_results_page(
     :param command: The command line that produced them.
     :param root: A folder in the git checkout whose commit is stamped (default: the one the library runs from).
     :param info: :func:`sb3_grpo.compare.results.environment_info` output (default: measured now).
+    :param commit: The commit line's text (see :func:`results_stamp`).
     :return: The page's path.
     :raises ValueError: for an empty title or command.
     """
@@ -101,7 +106,7 @@ def write_results_page(
         raise ValueError("write_results_page: title is empty; give the page a title, e.g. 'Throughput'")
     if not command.strip():
         raise ValueError("write_results_page: command is empty; give the command line that made the figures")
-    text = f"# {title}\n\n{results_stamp(command, root, info)}\n{body_markdown.rstrip()}\n"
+    text = f"# {title}\n\n{results_stamp(command, root, info, commit)}\n{body_markdown.rstrip()}\n"
 
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as f:

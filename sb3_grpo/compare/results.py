@@ -173,7 +173,7 @@ def load_results(out: Path) -> dict[str, Any]:
 
 
 def environment_info(device: str = "cpu") -> dict[str, Any]:
-    """Versions and hardware, for the report.
+    """Versions, hardware and the git commit of the library's checkout, for the report and the results page.
 
     :param device: The device the comparison used.
     :return: A JSON-able dict.
@@ -218,7 +218,10 @@ def environment_info(device: str = "cpu") -> dict[str, Any]:
         hardware["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         pass
-    return {"versions": versions, "hardware": hardware}
+    from sb3_grpo.compare.pages import git_commit
+
+    # the code that runs, recorded when the run starts (a results page written later stamps this one)
+    return {"versions": versions, "hardware": hardware, "commit": git_commit()}
 
 
 def _math_libraries() -> dict[str, Any]:
