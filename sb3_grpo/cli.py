@@ -222,8 +222,31 @@ def _add_compare(sub: Any) -> None:
         metavar="PATH.md",
         help="also write the report as a results page (Markdown, stamped with the command, commit, hardware, date)",
     )
+    c.add_argument(
+        "--track",
+        action="append",
+        default=[],
+        choices=("wandb", "mlflow"),
+        help="also log every run (its scalars and config) to this tracker; repeatable. wandb follows WANDB_MODE "
+        "(offline: runs in OUT/wandb); mlflow logs to MLFLOW_TRACKING_URI or else OUT/mlruns. Needs the extra: "
+        "pip install 'textrl[wandb]' or 'textrl[mlflow]'",
+    )
     add_run_options(c)
     c.set_defaults(subparser=c)
+
+
+def check_trackers(names: Sequence[str]) -> None:
+    """Fail before anything runs when a ``--track`` tracker's library is not installed."""
+    import importlib
+
+    for name in names:
+        module = {"wandb": "wandb", "mlflow": "mlflow.tracking"}[name]
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise ValueError(
+                f"--track {name}: {name} is not installed; pip install 'textrl[{name}]' (or pip install {name})"
+            ) from None
 
 
 def _add_warm_start(sub: Any) -> None:
@@ -282,6 +305,7 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
 
             timesteps = DEFAULT_TIMESTEPS if args.env in textrl_envs.ENV_IDS else 50_000
         _check_device(args.device)
+        check_trackers(args.track)
         cfg = make_config(
             env_id=args.env,
             env_kwargs=parse_env_kwargs(args.env_kwargs),
@@ -314,7 +338,14 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
     )
     start = time.perf_counter()
     try:
-        run_compare(cfg, out, command, resume=args.resume, progress=False if args.no_progress else None)
+        run_compare(
+            cfg,
+            out,
+            command,
+            resume=args.resume,
+            progress=False if args.no_progress else None,
+            track=tuple(dict.fromkeys(args.track)),
+        )
     except KeyboardInterrupt:
         print(
             f"\ninterrupted: completed runs are kept in {out}/results.json and report.md marks the missing ones; "

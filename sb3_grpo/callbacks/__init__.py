@@ -28,6 +28,8 @@ Every class here is a plain :class:`~stable_baselines3.common.callbacks.BaseCall
 * :class:`GammaSchedule`: ``gamma_t = gamma_min + (gamma_max - gamma_min) * t / T``.
 * :class:`TrainingMonitor`: warn when the gradient norm or the KL (to the reference, or between
   iterations) passes a threshold.
+* :func:`configure_logger`: SB3's ``configure`` that also knows the trackers ``"wandb"`` and ``"mlflow"``
+  (:class:`WandbOutputFormat`, :class:`MLflowOutputFormat`, optional extras), with the run's config.
 
 Evaluations, rollbacks and schedules act at rollout boundaries (``on_rollout_start``), never in the middle of a
 rollout, so an on-policy update never mixes data from two policies.
@@ -38,21 +40,37 @@ from sb3_grpo.callbacks.checkpoint import AtomicCheckpointCallback
 from sb3_grpo.callbacks.evaluation import EarlyStoppingCallback, RollbackCallback
 from sb3_grpo.callbacks.monitor import TrainingMonitor
 from sb3_grpo.callbacks.schedules import GammaSchedule, MaxNewTokensCurriculum
+from sb3_grpo.callbacks.trackers import (
+    SB3_FORMATS,
+    MLflowOutputFormat,
+    Table,
+    WandbOutputFormat,
+    configure_logger,
+    log_config,
+    run_config,
+)
 from sb3_grpo.common.checkpoints import atomic_save, is_complete_checkpoint, latest_checkpoint, nonfinite_parameters
 from sb3_grpo.common.io import TMP_SUFFIX, atomic_write
 
 __all__ = [
+    "SB3_FORMATS",
     "TMP_SUFFIX",
     "AtomicCheckpointCallback",
     "EarlyStoppingCallback",
     "GammaSchedule",
+    "MLflowOutputFormat",
     "MaxNewTokensCurriculum",
     "RollbackCallback",
+    "Table",
     "TrainingAlertWarning",
     "TrainingMonitor",
+    "WandbOutputFormat",
     "atomic_save",
     "atomic_write",
+    "configure_logger",
     "is_complete_checkpoint",
     "latest_checkpoint",
+    "log_config",
     "nonfinite_parameters",
+    "run_config",
 ]
