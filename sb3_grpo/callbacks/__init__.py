@@ -30,6 +30,9 @@ Every class here is a plain :class:`~stable_baselines3.common.callbacks.BaseCall
   iterations) passes a threshold.
 * :func:`configure_logger`: SB3's ``configure`` that also knows the trackers ``"wandb"`` and ``"mlflow"``
   (:class:`WandbOutputFormat`, :class:`MLflowOutputFormat`, optional extras), with the run's config.
+* :class:`CompletionLogger`: every N rollouts, a sample of the finished episodes' text (prompt, completion or
+  transcript, reward, turns, group) to a JSONL file, tensorboard's text tab and the trackers' tables; and the
+  component means of a composite reward.
 
 Evaluations, rollbacks and schedules act at rollout boundaries (``on_rollout_start``), never in the middle of a
 rollout, so an on-policy update never mixes data from two policies.
@@ -37,6 +40,7 @@ rollout, so an on-policy update never mixes data from two policies.
 
 from sb3_grpo.callbacks._common import TrainingAlertWarning
 from sb3_grpo.callbacks.checkpoint import AtomicCheckpointCallback
+from sb3_grpo.callbacks.completions import CompletionLogger
 from sb3_grpo.callbacks.evaluation import EarlyStoppingCallback, RollbackCallback
 from sb3_grpo.callbacks.monitor import TrainingMonitor
 from sb3_grpo.callbacks.schedules import GammaSchedule, MaxNewTokensCurriculum
@@ -56,6 +60,7 @@ __all__ = [
     "SB3_FORMATS",
     "TMP_SUFFIX",
     "AtomicCheckpointCallback",
+    "CompletionLogger",
     "EarlyStoppingCallback",
     "GammaSchedule",
     "MLflowOutputFormat",
