@@ -24,6 +24,8 @@ Every class here is a plain :class:`~stable_baselines3.common.callbacks.BaseCall
   evaluations; keep (and restore, and save) the best model.
 * :class:`RollbackCallback`: go back to the best earlier state when the evaluation reward collapses or the
   weights become non-finite.
+* :class:`LMEvalCallback`: evaluate a language model on held-out prompts during training (greedy and sampled
+  reward, pass@k, mean@k, length, distinct-n, repetition, perplexity); keep the best.
 * :class:`MaxNewTokensCurriculum`: short completions first, longer later (text envs).
 * :class:`GammaSchedule`: ``gamma_t = gamma_min + (gamma_max - gamma_min) * t / T``.
 * :class:`TrainingMonitor`: warn when the gradient norm or the KL (to the reference, or between
@@ -42,6 +44,7 @@ from sb3_grpo.callbacks._common import TrainingAlertWarning
 from sb3_grpo.callbacks.checkpoint import AtomicCheckpointCallback
 from sb3_grpo.callbacks.completions import CompletionLogger
 from sb3_grpo.callbacks.evaluation import EarlyStoppingCallback, RollbackCallback
+from sb3_grpo.callbacks.lm_eval import LMEvalCallback
 from sb3_grpo.callbacks.monitor import TrainingMonitor
 from sb3_grpo.callbacks.schedules import GammaSchedule, MaxNewTokensCurriculum
 from sb3_grpo.callbacks.trackers import (
@@ -63,6 +66,7 @@ __all__ = [
     "CompletionLogger",
     "EarlyStoppingCallback",
     "GammaSchedule",
+    "LMEvalCallback",
     "MLflowOutputFormat",
     "MaxNewTokensCurriculum",
     "RollbackCallback",

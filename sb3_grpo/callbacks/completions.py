@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
-from sb3_grpo.callbacks._common import check_positive_int
+from sb3_grpo.callbacks._common import check_positive_int, env_chain
 from sb3_grpo.callbacks.trackers import SB3_FORMATS, Table
 
 __all__ = ["COMPLETION_COLUMNS", "CompletionLogger", "completion_row", "composite_rewards", "markdown_table"]
@@ -97,25 +97,10 @@ def composite_rewards(env: Any) -> list[Any]:
     """The reward models of ``env`` (an SB3 VecEnv or a gymnasium env, wrappers included) that report component
     means (:meth:`~textrl_envs.rewards.CompositeReward.pop_component_means`), each once."""
     found: list[Any] = []
-    seen: set[int] = set()
-    stack, visited = [env], set()
-    while stack:
-        obj = stack.pop()
-        if obj is None or id(obj) in visited:
-            continue
-        visited.add(id(obj))
-        spec = getattr(obj, "text_spec", None)
-        reward = getattr(spec, "reward", None)
-        if callable(getattr(reward, "pop_component_means", None)) and id(reward) not in seen:
-            seen.add(id(reward))
+    for obj in env_chain(env):
+        reward = getattr(getattr(obj, "text_spec", None), "reward", None)
+        if callable(getattr(reward, "pop_component_means", None)) and all(reward is not r for r in found):
             found.append(reward)
-        for attr in ("venv", "env", "unwrapped"):
-            inner = getattr(obj, attr, None)
-            if inner is not None and inner is not obj:
-                stack.append(inner)
-        envs = getattr(obj, "envs", None)
-        if isinstance(envs, (list, tuple)):
-            stack.extend(envs)
     return found
 
 
