@@ -117,15 +117,16 @@ def positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``sb3-grpo`` argument parser (subcommands ``compare``, ``report``, ``warm-start``)."""
+    """The ``sb3-grpo`` argument parser (subcommands ``compare``, ``report``, ``warm-start``, ``sample``)."""
     parser = argparse.ArgumentParser(
         prog="sb3-grpo",
         description="Compare PPO and GRPO variants on Gymnasium / text envs over seeds, with interval estimates.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", metavar="{compare,warm-start,report}")
+    sub = parser.add_subparsers(dest="command", metavar="{compare,warm-start,report,sample}")
     _add_compare(sub)
     _add_warm_start(sub)
+    _add_sample(sub)
     r = sub.add_parser("report", help="rewrite the report of an out dir of compare from its results.json")
     r.add_argument("dir", help="an out dir of `sb3-grpo compare`")
     r.set_defaults(subparser=r)
@@ -271,6 +272,62 @@ def _add_warm_start(sub: Any) -> None:
     w.add_argument("--seed", type=int, default=0, help="seed of torch and the batch draws (default %(default)s)")
     w.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
     w.set_defaults(subparser=w)
+
+
+def _add_sample(sub: Any) -> None:
+    p = sub.add_parser(
+        "sample",
+        help="load a checkpoint and play episodes with it on an env, printing or saving the transcripts",
+        description=(
+            "Load an SB3 checkpoint (.zip saved by model.save, a checkpoint callback or compare) and play --n "
+            "episodes on --env; print each episode's prompt and completion (or transcript) and reward, and with --out "
+            "write them as JSON lines."
+        ),
+    )
+    p.add_argument("checkpoint", help="the checkpoint (.zip)")
+    p.add_argument("--env", required=True, help="registered env id")
+    p.add_argument("--env-kwargs", default=None, metavar="JSON", help="keyword arguments of the env (JSON object)")
+    p.add_argument("--n", type=positive_int, default=4, help="episodes (default %(default)s)")
+    p.add_argument("--out", default=None, metavar="FILE.jsonl", help="also write one JSON object per episode here")
+    p.add_argument("--algo", default="auto", choices=("auto", "ppo", "grpo", "dr-grpo"), help="default: from the file")
+    p.add_argument("--deterministic", action="store_true", help="greedy actions (default: sampled)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the env and the sampling (default %(default)s)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--gym-packages", nargs="+", default=[], metavar="PKG", help="modules that register env ids")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors (with --out)")
+    p.set_defaults(subparser=p)
+
+
+def _sample(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sb3_grpo.sampling import checkpoint_algo, format_row, load_checkpoint, make_sample_env, sample_episodes
+
+    try:
+        import_gym_packages(args.gym_packages)
+        if not os.path.isfile(args.checkpoint):
+            raise ValueError(f"checkpoint {args.checkpoint!r} is not a file; give the .zip that model.save wrote")
+        algo = checkpoint_algo(args.checkpoint) if args.algo == "auto" else args.algo
+        _check_device(args.device)
+        env = make_sample_env(args.env, parse_env_kwargs(args.env_kwargs), seed=args.seed)
+    except ValueError as err:
+        parser.error(str(err))
+    import torch as th
+
+    th.manual_seed(args.seed)
+    model = load_checkpoint(args.checkpoint, algo=algo, device=args.device)
+    out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115  (closed below)
+    try:
+        for row in sample_episodes(model, env, args.n, deterministic=args.deterministic):
+            if not args.quiet:
+                print(format_row(row))
+            if out is not None:
+                out.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    finally:
+        if out is not None:
+            out.close()
+        env.close()
+    if args.out and not args.quiet:
+        print(f"{args.n} episodes in {args.out}")
+    return 0
 
 
 def _check_device(device: str) -> None:
@@ -477,6 +534,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _warm_start(args, args.subparser, argv)
     if args.command == "report":
         return _report(args, args.subparser)
+    if args.command == "sample":
+        return _sample(args, args.subparser)
     parser.print_help()
     return EXIT_USAGE
 
