@@ -29,7 +29,9 @@ Every class here is a plain :class:`~stable_baselines3.common.callbacks.BaseCall
 * :class:`MaxNewTokensCurriculum`: short completions first, longer later (text envs).
 * :class:`GammaSchedule`: ``gamma_t = gamma_min + (gamma_max - gamma_min) * t / T``.
 * :class:`TrainingMonitor`: warn when the gradient norm or the KL (to the reference, or between
-  iterations) passes a threshold.
+  iterations) passes a threshold, or the value-return correlation falls below one.
+* :class:`PrometheusOutputFormat`: the run's scalars as Prometheus gauges on a local port (``"prometheus"`` in
+  :func:`configure_logger`), and :func:`write_alert_rules`, a Prometheus rules file for the same thresholds.
 * :func:`configure_logger`: SB3's ``configure`` that also knows the trackers ``"wandb"`` and ``"mlflow"``
   (:class:`WandbOutputFormat`, :class:`MLflowOutputFormat`, optional extras), with the run's config.
 * :class:`CompletionLogger`: every N rollouts, a sample of the finished episodes' text (prompt, completion or
@@ -46,6 +48,7 @@ from sb3_grpo.callbacks.completions import CompletionLogger
 from sb3_grpo.callbacks.evaluation import EarlyStoppingCallback, RollbackCallback
 from sb3_grpo.callbacks.lm_eval import LMEvalCallback
 from sb3_grpo.callbacks.monitor import TrainingMonitor
+from sb3_grpo.callbacks.prometheus import PrometheusOutputFormat, alert_rules, write_alert_rules
 from sb3_grpo.callbacks.schedules import GammaSchedule, MaxNewTokensCurriculum
 from sb3_grpo.callbacks.trackers import (
     SB3_FORMATS,
@@ -69,11 +72,13 @@ __all__ = [
     "LMEvalCallback",
     "MLflowOutputFormat",
     "MaxNewTokensCurriculum",
+    "PrometheusOutputFormat",
     "RollbackCallback",
     "Table",
     "TrainingAlertWarning",
     "TrainingMonitor",
     "WandbOutputFormat",
+    "alert_rules",
     "atomic_save",
     "atomic_write",
     "configure_logger",
@@ -82,4 +87,5 @@ __all__ = [
     "log_config",
     "nonfinite_parameters",
     "run_config",
+    "write_alert_rules",
 ]

@@ -75,7 +75,7 @@ class LMEvalCallback(BaseCallback):
       (distinct-n of the sampled completions, :func:`~textrl_envs.rewards.metrics.distinct_n`), ``eval/repetition``
       (:func:`~textrl_envs.rewards.metrics.repetition_rate`) and, with ``reference_model``, ``eval/perplexity``
       (:func:`~textrl_envs.rewards.metrics.perplexity` of the sampled completions after their prompts);
-    * ``eval/best_<metric>``.
+    * ``eval/best_<metric>`` and ``eval/evals_without_improvement``.
 
     A reward is an episode's return (the sum of its step rewards: an interactive episode's turn rewards included).
     When ``metric`` improves, the model is kept: saved atomically to ``best_model_path`` (if given), and its value
@@ -156,6 +156,8 @@ class LMEvalCallback(BaseCallback):
         self.last_episodes: list[dict[str, Any]] = []
         #: The best value of ``metric`` so far and its timestep.
         self.best: dict[str, float] = {"value": -math.inf, "timestep": -1}
+        #: Evaluations in a row without a better ``metric`` (logged; the ``RewardStalled`` alert reads it).
+        self.evals_without_improvement = 0
         self._next_eval = 0
 
     @staticmethod
@@ -260,9 +262,13 @@ class LMEvalCallback(BaseCallback):
         value = metrics[self.metric]
         if math.isfinite(value) and value > self.best["value"]:
             self.best = {"value": value, "timestep": self.num_timesteps}
+            self.evals_without_improvement = 0
             if self.best_model_path is not None:
                 atomic_save(self.model, self.best_model_path)
+        else:
+            self.evals_without_improvement += 1
         metrics[f"best_{self.metric}"] = self.best["value"]
+        metrics["evals_without_improvement"] = float(self.evals_without_improvement)
         for key, v in metrics.items():
             self.logger.record(f"eval/{key}", v)
         self.evaluations.append({"timestep": self.num_timesteps, **metrics})

@@ -36,8 +36,10 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-from stable_baselines3.common.logger import HParam, KVWriter, Logger, make_output_format
+from stable_baselines3.common.logger import KVWriter, Logger, make_output_format
+
+from sb3_grpo.callbacks.output_format import SB3_FORMATS, Table, TrackerOutputFormat, config_value, extra_error
+from sb3_grpo.callbacks.prometheus import PrometheusOutputFormat
 
 __all__ = [
     "SB3_FORMATS",
@@ -52,72 +54,6 @@ __all__ = [
     "run_config",
     "tracker_formats",
 ]
-
-#: The names of SB3's built-in output formats (what ``exclude=`` takes to keep a value out of all of them).
-SB3_FORMATS = ("stdout", "log", "json", "csv", "tensorboard")
-
-
-@dataclasses.dataclass(frozen=True)
-class Table:
-    """A table to log: ``columns`` (names) and ``rows`` (one sequence of values per row, in column order).
-
-    Record it with ``exclude=SB3_FORMATS`` (SB3's own formats do not take tables); trackers log it as a table.
-    """
-
-    columns: tuple[str, ...]
-    rows: tuple[tuple[Any, ...], ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "columns", tuple(str(c) for c in self.columns))
-        object.__setattr__(self, "rows", tuple(tuple(r) for r in self.rows))
-        bad = [i for i, r in enumerate(self.rows) if len(r) != len(self.columns)]
-        if bad:
-            raise ValueError(
-                f"Table rows {bad[:5]} do not have {len(self.columns)} values (one per column {list(self.columns)})"
-            )
-
-    def as_dict(self) -> dict[str, list[Any]]:
-        """Column name -> the column's values."""
-        return {c: [r[i] for r in self.rows] for i, c in enumerate(self.columns)}
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
-
-
-def _scalar(value: Any) -> float | None:
-    """A loggable scalar of ``value`` (numbers, bools, 0-d arrays and tensors), else ``None``."""
-    if isinstance(value, (bool, np.bool_)):
-        return float(value)
-    if _is_number(value):
-        return float(value)
-    if hasattr(value, "ndim") and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        item = value.item()
-        return float(item) if _is_number(item) or isinstance(item, bool) else None
-    return None
-
-
-def _config_value(value: Any) -> bool | int | float | str | None:
-    """A config entry as a plain value: numbers and strings as they are, schedules by their initial value."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if _is_number(value):
-        return value.item() if hasattr(value, "item") else value
-    if isinstance(value, (tuple, list)) and all(v is None or isinstance(v, (bool, str, int, float)) for v in value):
-        return str(list(value))
-    if isinstance(value, Mapping):
-        return str({str(k): _config_value(v) for k, v in value.items()})
-    if type(value).__name__ == "device":  # torch.device
-        return str(value)
-    if callable(value) and not inspect.isclass(value):
-        try:  # an SB3 schedule (progress_remaining -> value): its value at the start of training
-            start = value(1.0)
-        except Exception:  # noqa: BLE001  (not a schedule: fall back to its name)
-            start = None
-        if _is_number(start):
-            return float(start)
-    name = getattr(value, "__name__", None)
-    return name if isinstance(name, str) else type(value).__name__
 
 
 def _env_id(env: Any) -> str | None:
@@ -157,7 +93,7 @@ def run_config(model: Any) -> dict[str, bool | int | float | str | None]:
     for name in names:
         if name == "policy_kwargs":
             for key, value in (getattr(model, "policy_kwargs", None) or {}).items():
-                config[f"policy_kwargs.{key}"] = _config_value(value)
+                config[f"policy_kwargs.{key}"] = config_value(value)
             continue
         for attr in (name, f"_{name}"):
             if hasattr(model, attr):
@@ -167,60 +103,10 @@ def run_config(model: Any) -> dict[str, bool | int | float | str | None]:
             continue
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             for field in dataclasses.fields(value):
-                config[f"{name}.{field.name}"] = _config_value(getattr(value, field.name))
+                config[f"{name}.{field.name}"] = config_value(getattr(value, field.name))
         else:
-            config[name] = _config_value(value)
+            config[name] = config_value(value)
     return config
-
-
-def _extra_error(library: str, extra: str) -> ImportError:
-    return ImportError(
-        f"the {library!r} output format needs {library}, which is not installed; "
-        f"pip install 'textrl[{extra}]' (or pip install {library})"
-    )
-
-
-class TrackerOutputFormat(KVWriter):
-    """What the tracker formats share: which values go where, and the config logged once.
-
-    A subclass writes :meth:`_log_scalars`, :meth:`_log_table`, :meth:`_log_text` and :meth:`log_config`.
-    """
-
-    #: The format's name (what ``exclude=`` and :func:`configure_logger` call it).
-    name = ""
-
-    def write(self, key_values: dict[str, Any], key_excluded: dict[str, tuple[str, ...]], step: int = 0) -> None:
-        scalars: dict[str, float] = {}
-        for key, value in key_values.items():
-            excluded = key_excluded.get(key)
-            if excluded is not None and self.name in excluded:
-                continue
-            if isinstance(value, HParam):
-                self.log_config(dict(value.hparam_dict))
-                continue
-            if isinstance(value, Table):
-                self._log_table(key, value, step)
-                continue
-            if isinstance(value, str):
-                self._log_text(key, value, step)
-                continue
-            number = _scalar(value)
-            if number is not None:
-                scalars[key] = number
-        if scalars:
-            self._log_scalars(scalars, step)
-
-    def log_config(self, config: Mapping[str, Any]) -> None:  # pragma: no cover - every subclass writes it
-        raise NotImplementedError
-
-    def _log_scalars(self, scalars: dict[str, float], step: int) -> None:  # pragma: no cover
-        raise NotImplementedError
-
-    def _log_table(self, key: str, table: Table, step: int) -> None:  # pragma: no cover
-        raise NotImplementedError
-
-    def _log_text(self, key: str, text: str, step: int) -> None:  # pragma: no cover
-        raise NotImplementedError
 
 
 class WandbOutputFormat(TrackerOutputFormat):
@@ -242,7 +128,7 @@ class WandbOutputFormat(TrackerOutputFormat):
         try:
             import wandb
         except ImportError:
-            raise _extra_error("wandb", "wandb") from None
+            raise extra_error("wandb", "wandb") from None
         self._wandb = wandb
         os.makedirs(folder, exist_ok=True)
         init_kwargs.setdefault("project", "textrl")
@@ -252,7 +138,7 @@ class WandbOutputFormat(TrackerOutputFormat):
         self._last_step = -1
 
     def log_config(self, config: Mapping[str, Any]) -> None:
-        self.run.config.update({k: _config_value(v) for k, v in config.items()}, allow_val_change=True)
+        self.run.config.update({k: config_value(v) for k, v in config.items()}, allow_val_change=True)
 
     def _step(self, step: int) -> int:
         # wandb's history steps only go up; a dump at an earlier step (a second learn() with
@@ -311,7 +197,7 @@ class MLflowOutputFormat(TrackerOutputFormat):
         try:
             from mlflow.tracking import MlflowClient
         except ImportError:
-            raise _extra_error("mlflow", "mlflow") from None
+            raise extra_error("mlflow", "mlflow") from None
         if tracking_uri is None:
             tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or "file:" + os.path.abspath(
                 os.path.join(folder, "mlruns")
@@ -342,7 +228,7 @@ class MLflowOutputFormat(TrackerOutputFormat):
 
         new = []
         for key, value in config.items():
-            name, text = self._key(str(key)), str(_config_value(value))[:6000]
+            name, text = self._key(str(key)), str(config_value(value))[:6000]
             if name in self._params:
                 if self._params[name] != text:
                     warnings.warn(
@@ -378,15 +264,20 @@ class MLflowOutputFormat(TrackerOutputFormat):
             self.run_id = None
 
 
-#: Tracker format name -> its class.
-TRACKERS: dict[str, type[TrackerOutputFormat]] = {"wandb": WandbOutputFormat, "mlflow": MLflowOutputFormat}
+#: Format name -> its class: the trackers, and the Prometheus exporter
+#: (:class:`~sb3_grpo.callbacks.prometheus.PrometheusOutputFormat`).
+TRACKERS: dict[str, type[TrackerOutputFormat]] = {
+    "wandb": WandbOutputFormat,
+    "mlflow": MLflowOutputFormat,
+    "prometheus": PrometheusOutputFormat,
+}
 
 
 def make_tracker(
     tracker: str, folder: str, /, config: Mapping[str, Any] | None = None, **kwargs: Any
 ) -> TrackerOutputFormat:
-    """The tracker output format ``tracker`` (``"wandb"`` or ``"mlflow"``) for the run folder ``folder``; ``kwargs``
-    are the format's (for wandb, those of ``wandb.init``)."""
+    """The output format ``tracker`` (``"wandb"``, ``"mlflow"`` or ``"prometheus"``) for the run folder ``folder``;
+    ``kwargs`` are the format's (for wandb, those of ``wandb.init``)."""
     if tracker not in TRACKERS:
         raise ValueError(f"unknown tracker {tracker!r}; known: {', '.join(TRACKERS)}")
     return TRACKERS[tracker](folder, config=config, **kwargs)
@@ -409,7 +300,7 @@ def configure_logger(
     log_suffix: str = "",
     **tracker_kwargs: Mapping[str, Any],
 ) -> Logger:
-    """SB3's ``configure(folder, format_strings)``, which also knows the trackers ``"wandb"`` and ``"mlflow"``.
+    """SB3's ``configure(folder, format_strings)``, which also knows ``"wandb"``, ``"mlflow"`` and ``"prometheus"``.
 
     SB3's own names (``stdout``, ``log``, ``json``, ``csv``, ``tensorboard``) are made by SB3's
     ``make_output_format``; the trackers by :func:`make_tracker`. Give the result to ``model.set_logger``, and call
@@ -421,7 +312,8 @@ def configure_logger(
         hyperparameters, :func:`run_config`).
     :param log_suffix: SB3's suffix of its file names.
     :param tracker_kwargs: Per tracker, the keyword arguments of its format, e.g.
-        ``wandb={"project": "p", "mode": "offline"}``, ``mlflow={"tracking_uri": "file:/tmp/mlruns"}``.
+        ``wandb={"project": "p", "mode": "offline"}``, ``mlflow={"tracking_uri": "file:/tmp/mlruns"}``,
+        ``prometheus={"port": 9100}``.
     :return: SB3's ``Logger`` over those formats.
     """
     if isinstance(format_strings, str):
