@@ -81,7 +81,7 @@ class LMEvalCallback(BaseCallback):
     When ``metric`` improves, the model is kept: saved atomically to ``best_model_path`` (if given), and its value
     and timestep are in :attr:`best`. Every evaluation's metrics are in :attr:`evaluations`.
 
-    :param eval_env: A text env with the held-out prompts: an SB3 VecEnv (``textrl_envs.sb3.make_vec_env``; its
+    :param eval_env: A text env with the held-out prompts, separate from the training env: an SB3 VecEnv (``textrl_envs.sb3.make_vec_env``; its
         envs play samples side by side), a gymnasium env, or an env id (made with ``make_vec_env(eval_env,
         **env_kwargs)``; held-out prompts as ``prompts=`` in ``env_kwargs``: a list, a file or a dataset).
     :param eval_freq: Timesteps between evaluations (the first after ``eval_freq`` timesteps).
