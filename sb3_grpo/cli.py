@@ -123,10 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compare PPO and GRPO variants on Gymnasium / text envs over seeds, with interval estimates.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", metavar="{compare,warm-start,report,sample}")
+    sub = parser.add_subparsers(dest="command", metavar="{compare,warm-start,report,sample,human-eval}")
     _add_compare(sub)
     _add_warm_start(sub)
     _add_sample(sub)
+    _add_human_eval(sub)
     r = sub.add_parser("report", help="rewrite the report of an out dir of compare from its results.json")
     r.add_argument("dir", help="an out dir of `sb3-grpo compare`")
     r.set_defaults(subparser=r)
@@ -328,6 +329,63 @@ def _sample(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.out and not args.quiet:
         print(f"{args.n} episodes in {args.out}")
     return 0
+
+
+def _add_human_eval(sub: Any) -> None:
+    h = sub.add_parser("human-eval", help="rate completions by hand: export a blind set, serve the page, report")
+    hs = h.add_subparsers(dest="human_command", metavar="{export,serve,report}")
+    e = hs.add_parser("export", help="draw completions of one run (or two, mixed blind) into a rating folder")
+    e.add_argument("completions", nargs="+", help="one or two JSONL files (CompletionLogger, `sb3-grpo sample --out`)")
+    e.add_argument("--out", required=True, help="the rating folder")
+    e.add_argument("--n", type=positive_int, default=50, help="items from each file (default %(default)s)")
+    e.add_argument("--labels", default=None, help="comma-separated names of the files' runs (default: file names)")
+    e.add_argument("--calibration", default=None, metavar="FILE.jsonl", help="items of known scores to mix in")
+    e.add_argument("--seed", type=int, default=0, help="seed of the draws and the order (default %(default)s)")
+    v = hs.add_parser("serve", help="serve the rating page of a folder (ratings saved as they are entered)")
+    v.add_argument("folder", help="a folder written by `human-eval export`")
+    v.add_argument("--port", type=int, default=8765, help="port (default %(default)s)")
+    v.add_argument("--addr", default="127.0.0.1", help="address (default 127.0.0.1: this machine only)")
+    r = hs.add_parser("report", help="Krippendorff's alpha per dimension, calibration, scores per run")
+    r.add_argument("folder", help="a rated folder")
+    r.add_argument("--level", default="interval", choices=("interval", "ordinal"), help="alpha's level of measurement")
+    h.set_defaults(subparser=h)
+    for p in (e, v, r):
+        p.set_defaults(subparser=p)
+
+
+def _human_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sb3_grpo import human_eval
+
+    command = getattr(args, "human_command", None)
+    try:
+        if command == "export":
+            files = args.completions
+            labels = args.labels.split(",") if args.labels else [Path(f).stem for f in files]
+            if len(labels) != len(files):
+                raise ValueError(f"--labels has {len(labels)} names for {len(files)} files")
+            out = human_eval.export_items(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration)
+            print(f"rating folder {out}/: serve it with: sb3-grpo human-eval serve {out}")
+            return 0
+        if command in ("serve", "report") and not (Path(args.folder) / human_eval.KEY_FILE).is_file():
+            raise ValueError(f"{args.folder!r} is not a folder written by `sb3-grpo human-eval export`")
+        if command == "serve":
+            server = human_eval.make_server(args.folder, args.port, args.addr)
+            print(f"rating page: http://{args.addr}:{server.server_port}/ (Ctrl-C stops; ratings are already saved)")
+            try:
+                server.serve_forever()
+            except KeyboardInterrupt:
+                pass
+            finally:
+                server.server_close()
+            return 0
+        if command == "report":
+            result = human_eval.report(args.folder, level=args.level)
+            print((Path(args.folder) / "report.md").read_text(), end="")
+            return 0 if not result["unreliable"] else 1
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
+    parser.print_help()
+    return EXIT_USAGE
 
 
 def _check_device(device: str) -> None:
@@ -536,6 +594,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(args, args.subparser)
     if args.command == "sample":
         return _sample(args, args.subparser)
+    if args.command == "human-eval":
+        return _human_eval(args, args.subparser)
     parser.print_help()
     return EXIT_USAGE
 

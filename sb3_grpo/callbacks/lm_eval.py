@@ -81,9 +81,10 @@ class LMEvalCallback(BaseCallback):
     When ``metric`` improves, the model is kept: saved atomically to ``best_model_path`` (if given), and its value
     and timestep are in :attr:`best`. Every evaluation's metrics are in :attr:`evaluations`.
 
-    :param eval_env: A text env with the held-out prompts, separate from the training env: an SB3 VecEnv (``textrl_envs.sb3.make_vec_env``; its
-        envs play samples side by side), a gymnasium env, or an env id (made with ``make_vec_env(eval_env,
-        **env_kwargs)``; held-out prompts as ``prompts=`` in ``env_kwargs``: a list, a file or a dataset).
+    :param eval_env: A text env with the held-out prompts, separate from the training env: an SB3 VecEnv
+        (``textrl_envs.sb3.make_vec_env``; its envs play samples side by side), a gymnasium env, or an env id (made
+        with ``make_vec_env(eval_env, **env_kwargs)``; held-out prompts as ``prompts=`` in ``env_kwargs``: a list, a
+        file or a dataset).
     :param eval_freq: Timesteps between evaluations (the first after ``eval_freq`` timesteps).
     :param k: The ``k`` of pass@k: an int or a sequence of ints, each <= ``n_samples``.
     :param n_samples: Sampled episodes per prompt (default: the largest ``k``).
