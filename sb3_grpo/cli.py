@@ -118,15 +118,17 @@ def positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``sb3-grpo`` argument parser (subcommands ``compare``, ``report``, ``warm-start``)."""
+    """The ``sb3-grpo`` argument parser (subcommands ``compare``, ``report``, ``warm-start``, ``sample``)."""
     parser = argparse.ArgumentParser(
         prog="sb3-grpo",
         description="Compare PPO and GRPO variants on Gymnasium / text envs over seeds, with interval estimates.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", metavar="{compare,warm-start,report}")
+    sub = parser.add_subparsers(dest="command", metavar="{compare,warm-start,report,sample,human-eval}")
     _add_compare(sub)
     _add_warm_start(sub)
+    _add_sample(sub)
+    _add_human_eval(sub)
     r = sub.add_parser("report", help="rewrite the report of an out dir of compare from its results.json")
     r.add_argument("dir", help="an out dir of `sb3-grpo compare`")
     r.add_argument(
@@ -228,8 +230,31 @@ def _add_compare(sub: Any) -> None:
         metavar="PATH.md",
         help="also write the report as a results page (Markdown, stamped with the command, commit, hardware, date)",
     )
+    c.add_argument(
+        "--track",
+        action="append",
+        default=[],
+        choices=("wandb", "mlflow"),
+        help="also log every run (its scalars and config) to this tracker; repeatable. wandb follows WANDB_MODE "
+        "(offline: runs in OUT/wandb); mlflow logs to MLFLOW_TRACKING_URI or else OUT/mlruns. Needs the extra: "
+        "pip install 'textrl[wandb]' or 'textrl[mlflow]'",
+    )
     add_run_options(c)
     c.set_defaults(subparser=c)
+
+
+def check_trackers(names: Sequence[str]) -> None:
+    """Fail before anything runs when a ``--track`` tracker's library is not installed."""
+    import importlib
+
+    for name in names:
+        module = {"wandb": "wandb", "mlflow": "mlflow.tracking"}[name]
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise ValueError(
+                f"--track {name}: {name} is not installed; pip install 'textrl[{name}]' (or pip install {name})"
+            ) from None
 
 
 def _add_warm_start(sub: Any) -> None:
@@ -254,6 +279,119 @@ def _add_warm_start(sub: Any) -> None:
     w.add_argument("--seed", type=int, default=0, help="seed of torch and the batch draws (default %(default)s)")
     w.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
     w.set_defaults(subparser=w)
+
+
+def _add_sample(sub: Any) -> None:
+    p = sub.add_parser(
+        "sample",
+        help="load a checkpoint and play episodes with it on an env, printing or saving the transcripts",
+        description=(
+            "Load an SB3 checkpoint (.zip saved by model.save, a checkpoint callback or compare) and play --n "
+            "episodes on --env; print each episode's prompt and completion (or transcript) and reward, and with --out "
+            "write them as JSON lines."
+        ),
+    )
+    p.add_argument("checkpoint", help="the checkpoint (.zip)")
+    p.add_argument("--env", required=True, help="registered env id")
+    p.add_argument("--env-kwargs", default=None, metavar="JSON", help="keyword arguments of the env (JSON object)")
+    p.add_argument("--n", type=positive_int, default=4, help="episodes (default %(default)s)")
+    p.add_argument("--out", default=None, metavar="FILE.jsonl", help="also write one JSON object per episode here")
+    p.add_argument("--algo", default="auto", choices=("auto", "ppo", "grpo", "dr-grpo"), help="default: from the file")
+    p.add_argument("--deterministic", action="store_true", help="greedy actions (default: sampled)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the env and the sampling (default %(default)s)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--gym-packages", nargs="+", default=[], metavar="PKG", help="modules that register env ids")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors (with --out)")
+    p.set_defaults(subparser=p)
+
+
+def _sample(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sb3_grpo.sampling import checkpoint_algo, format_row, load_checkpoint, make_sample_env, sample_episodes
+
+    try:
+        import_gym_packages(args.gym_packages)
+        if not os.path.isfile(args.checkpoint):
+            raise ValueError(f"checkpoint {args.checkpoint!r} is not a file; give the .zip that model.save wrote")
+        algo = checkpoint_algo(args.checkpoint) if args.algo == "auto" else args.algo
+        _check_device(args.device)
+        env = make_sample_env(args.env, parse_env_kwargs(args.env_kwargs), seed=args.seed)
+    except ValueError as err:
+        parser.error(str(err))
+    import torch as th
+
+    th.manual_seed(args.seed)
+    model = load_checkpoint(args.checkpoint, algo=algo, device=args.device)
+    out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115  (closed below)
+    try:
+        for row in sample_episodes(model, env, args.n, deterministic=args.deterministic):
+            if not args.quiet:
+                print(format_row(row))
+            if out is not None:
+                out.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    finally:
+        if out is not None:
+            out.close()
+        env.close()
+    if args.out and not args.quiet:
+        print(f"{args.n} episodes in {args.out}")
+    return 0
+
+
+def _add_human_eval(sub: Any) -> None:
+    h = sub.add_parser("human-eval", help="rate completions by hand: export a blind set, serve the page, report")
+    hs = h.add_subparsers(dest="human_command", metavar="{export,serve,report}")
+    e = hs.add_parser("export", help="draw completions of one run (or two, mixed blind) into a rating folder")
+    e.add_argument("completions", nargs="+", help="one or two JSONL files (CompletionLogger, `sb3-grpo sample --out`)")
+    e.add_argument("--out", required=True, help="the rating folder")
+    e.add_argument("--n", type=positive_int, default=50, help="items from each file (default %(default)s)")
+    e.add_argument("--labels", default=None, help="comma-separated names of the files' runs (default: file names)")
+    e.add_argument("--calibration", default=None, metavar="FILE.jsonl", help="items of known scores to mix in")
+    e.add_argument("--seed", type=int, default=0, help="seed of the draws and the order (default %(default)s)")
+    v = hs.add_parser("serve", help="serve the rating page of a folder (ratings saved as they are entered)")
+    v.add_argument("folder", help="a folder written by `human-eval export`")
+    v.add_argument("--port", type=int, default=8765, help="port (default %(default)s)")
+    v.add_argument("--addr", default="127.0.0.1", help="address (default 127.0.0.1: this machine only)")
+    r = hs.add_parser("report", help="Krippendorff's alpha per dimension, calibration, scores per run")
+    r.add_argument("folder", help="a rated folder")
+    r.add_argument("--level", default="interval", choices=("interval", "ordinal"), help="alpha's level of measurement")
+    h.set_defaults(subparser=h)
+    for p in (e, v, r):
+        p.set_defaults(subparser=p)
+
+
+def _human_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sb3_grpo import human_eval
+
+    command = getattr(args, "human_command", None)
+    try:
+        if command == "export":
+            files = args.completions
+            labels = args.labels.split(",") if args.labels else [Path(f).stem for f in files]
+            if len(labels) != len(files):
+                raise ValueError(f"--labels has {len(labels)} names for {len(files)} files")
+            out = human_eval.export_items(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration)
+            print(f"rating folder {out}/: serve it with: sb3-grpo human-eval serve {out}")
+            return 0
+        if command in ("serve", "report") and not (Path(args.folder) / human_eval.KEY_FILE).is_file():
+            raise ValueError(f"{args.folder!r} is not a folder written by `sb3-grpo human-eval export`")
+        if command == "serve":
+            server = human_eval.make_server(args.folder, args.port, args.addr)
+            print(f"rating page: http://{args.addr}:{server.server_port}/ (Ctrl-C stops; ratings are already saved)")
+            try:
+                server.serve_forever()
+            except KeyboardInterrupt:
+                pass
+            finally:
+                server.server_close()
+            return 0
+        if command == "report":
+            result = human_eval.report(args.folder, level=args.level)
+            print((Path(args.folder) / "report.md").read_text(), end="")
+            return 0 if not result["unreliable"] else 1
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
+    parser.print_help()
+    return EXIT_USAGE
 
 
 def _check_device(device: str) -> None:
@@ -288,6 +426,7 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
 
             timesteps = DEFAULT_TIMESTEPS if args.env in textrl_envs.ENV_IDS else 50_000
         _check_device(args.device)
+        check_trackers(args.track)
         cfg = make_config(
             env_id=args.env,
             env_kwargs=parse_env_kwargs(args.env_kwargs),
@@ -320,7 +459,14 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
     )
     start = time.perf_counter()
     try:
-        run_compare(cfg, out, command, resume=args.resume, progress=False if args.no_progress else None)
+        run_compare(
+            cfg,
+            out,
+            command,
+            resume=args.resume,
+            progress=False if args.no_progress else None,
+            track=tuple(dict.fromkeys(args.track)),
+        )
     except KeyboardInterrupt:
         print(
             f"\ninterrupted: completed runs are kept in {out}/results.json and report.md marks the missing ones; "
@@ -463,6 +609,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _warm_start(args, args.subparser, argv)
     if args.command == "report":
         return _report(args, args.subparser)
+    if args.command == "sample":
+        return _sample(args, args.subparser)
+    if args.command == "human-eval":
+        return _human_eval(args, args.subparser)
     parser.print_help()
     return EXIT_USAGE
 

@@ -346,6 +346,49 @@ def test_composite_registered_and_errors():
         CompositeReward("length")
 
 
+def _as_number(_prompts, completions):  # the completion read as a number
+    return [float(x) for x in completions]
+
+
+def _tens(_prompts, completions):  # 10 per unit, on another scale
+    return [10.0 * float(x) ** 2 for x in completions]
+
+
+def test_composite_normalize_batch_by_hand():
+    c = CompositeReward([(_as_number, 1.0), (_tens, 0.5)], normalize="batch")
+    got = c(["p"] * 3, ["1", "2", "3"])
+    # a = [1, 2, 3]: mean 2, population std sqrt(2/3); b = [10, 40, 90]: mean 140/3, std sqrt(9800/9)
+    z_a = [(1 - 2) / math.sqrt(2 / 3), 0.0, (3 - 2) / math.sqrt(2 / 3)]
+    mean_b, std_b = 140 / 3, math.sqrt(((10 - 140 / 3) ** 2 + (40 - 140 / 3) ** 2 + (90 - 140 / 3) ** 2) / 3)
+    z_b = [(b - mean_b) / std_b for b in (10, 40, 90)]
+    np.testing.assert_allclose(got, [za + 0.5 * zb for za, zb in zip(z_a, z_b)], rtol=1e-6)
+    np.testing.assert_allclose(c.last_components["_tens"], [10, 40, 90])  # logged unnormalised
+    assert c.name.endswith("[normalize=batch]")
+    # one episode in a batch: no spread, every component scores 0
+    assert c(["p"], ["7"]) == [approx(0.0)]
+
+
+def test_composite_normalize_running_by_hand():
+    c = CompositeReward([(_as_number, 2.0)], normalize="running")
+    np.testing.assert_allclose(c(["p", "p"], ["1", "3"]), [2.0 * -1.0, 2.0 * 1.0], rtol=1e-6)  # mean 2, std 1
+    # every score so far: 1, 3, 5 -> mean 3, population std sqrt(8/3)
+    np.testing.assert_allclose(c(["p"], ["5"]), [2.0 * (5 - 3) / math.sqrt(8 / 3)], rtol=1e-6)
+
+
+def test_composite_component_means_since_last_pop():
+    c = CompositeReward([(_as_number, 1.0), (_tens, -1.0)], normalize="batch")
+    c(["p"] * 2, ["1", "2"])
+    c(["p"], ["6"])
+    assert c.pop_component_means() == {"_as_number": approx(3.0), "_tens": approx((10 + 40 + 360) / 3)}
+    assert c.pop_component_means() == {}
+    c(["p"], ["2"])
+    assert c.pop_component_means() == {"_as_number": approx(2.0), "_tens": approx(40.0)}
+    with pytest.raises(ValueError, match="normalize must be one of"):
+        CompositeReward([(_as_number, 1.0)], normalize="zscore")
+    made = make_reward("composite", components={"length": 1.0}, normalize="running")
+    assert made.normalize == "running"
+
+
 # ----------------------------------------------------------------------------------------------
 # registry
 # ----------------------------------------------------------------------------------------------

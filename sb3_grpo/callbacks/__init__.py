@@ -26,10 +26,19 @@ Every class here is a plain :class:`~stable_baselines3.common.callbacks.BaseCall
   evaluations; keep (and restore, and save) the best model.
 * :class:`RollbackCallback`: go back to the best earlier state when the evaluation reward collapses or the
   weights become non-finite.
+* :class:`LMEvalCallback`: evaluate a language model on held-out prompts during training (greedy and sampled
+  reward, pass@k, mean@k, length, distinct-n, repetition, perplexity); keep the best.
 * :class:`MaxNewTokensCurriculum`: short completions first, longer later (text envs).
 * :class:`GammaSchedule`: ``gamma_t = gamma_min + (gamma_max - gamma_min) * t / T``.
 * :class:`TrainingMonitor`: warn when the gradient norm or the KL (to the reference, or between
-  iterations) passes a threshold.
+  iterations) passes a threshold, or the value-return correlation falls below one.
+* :class:`PrometheusOutputFormat`: the run's scalars as Prometheus gauges on a local port (``"prometheus"`` in
+  :func:`configure_logger`), and :func:`write_alert_rules`, a Prometheus rules file for the same thresholds.
+* :func:`configure_logger`: SB3's ``configure`` that also knows the trackers ``"wandb"`` and ``"mlflow"``
+  (:class:`WandbOutputFormat`, :class:`MLflowOutputFormat`, optional extras), with the run's config.
+* :class:`CompletionLogger`: every N rollouts, a sample of the finished episodes' text (prompt, completion or
+  transcript, reward, turns, group) to a JSONL file, tensorboard's text tab and the trackers' tables; and the
+  component means of a composite reward.
 
 Evaluations, rollbacks and schedules act at rollout boundaries (``on_rollout_start``), never in the middle of a
 rollout, so an on-policy update never mixes data from two policies.
@@ -37,25 +46,49 @@ rollout, so an on-policy update never mixes data from two policies.
 
 from sb3_grpo.callbacks._common import TrainingAlertWarning
 from sb3_grpo.callbacks.checkpoint import AtomicCheckpointCallback, ElasticCheckpointCallback
+from sb3_grpo.callbacks.completions import CompletionLogger
 from sb3_grpo.callbacks.evaluation import EarlyStoppingCallback, RollbackCallback
+from sb3_grpo.callbacks.lm_eval import LMEvalCallback
 from sb3_grpo.callbacks.monitor import TrainingMonitor
+from sb3_grpo.callbacks.prometheus import PrometheusOutputFormat, alert_rules, write_alert_rules
 from sb3_grpo.callbacks.schedules import GammaSchedule, MaxNewTokensCurriculum
+from sb3_grpo.callbacks.trackers import (
+    SB3_FORMATS,
+    MLflowOutputFormat,
+    Table,
+    WandbOutputFormat,
+    configure_logger,
+    log_config,
+    run_config,
+)
 from sb3_grpo.common.checkpoints import atomic_save, is_complete_checkpoint, latest_checkpoint, nonfinite_parameters
 from sb3_grpo.common.io import TMP_SUFFIX, atomic_write
 
 __all__ = [
+    "SB3_FORMATS",
     "TMP_SUFFIX",
     "AtomicCheckpointCallback",
+    "CompletionLogger",
     "ElasticCheckpointCallback",
     "EarlyStoppingCallback",
     "GammaSchedule",
+    "LMEvalCallback",
+    "MLflowOutputFormat",
     "MaxNewTokensCurriculum",
+    "PrometheusOutputFormat",
     "RollbackCallback",
+    "Table",
     "TrainingAlertWarning",
     "TrainingMonitor",
+    "WandbOutputFormat",
+    "alert_rules",
     "atomic_save",
     "atomic_write",
+    "configure_logger",
     "is_complete_checkpoint",
     "latest_checkpoint",
+    "log_config",
     "nonfinite_parameters",
+    "run_config",
+    "write_alert_rules",
 ]

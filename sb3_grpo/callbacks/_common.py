@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-__all__ = ["TrainingAlertWarning", "check_positive_int"]
+__all__ = ["TrainingAlertWarning", "check_positive_int", "env_chain"]
 
 
 class TrainingAlertWarning(UserWarning):
@@ -22,3 +23,22 @@ def check_positive_int(name: str, value: Any) -> int:
 # ---------------------------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------------------------
+
+
+def env_chain(env: Any) -> Iterator[Any]:
+    """Every object of an env's wrapper chain, each once: ``venv``, ``env`` and ``unwrapped`` links, and the envs of
+    a ``DummyVecEnv``."""
+    stack, visited = [env], set()
+    while stack:
+        obj = stack.pop()
+        if obj is None or id(obj) in visited:
+            continue
+        visited.add(id(obj))
+        yield obj
+        for attr in ("venv", "env", "unwrapped"):
+            inner = getattr(obj, attr, None)
+            if inner is not None and inner is not obj:
+                stack.append(inner)
+        envs = getattr(obj, "envs", None)
+        if isinstance(envs, (list, tuple)):
+            stack.extend(envs)

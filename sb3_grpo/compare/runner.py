@@ -248,13 +248,16 @@ def evaluate(model: Any, cfg: CompareConfig, algo: str, seed: int, initial: Any 
     }
 
 
-def build_model(cfg: CompareConfig, algo: str, seed: int, tensorboard: Path | None = None) -> Any:
+def build_model(
+    cfg: CompareConfig, algo: str, seed: int, tensorboard: Path | None = None, track: Sequence[str] = ()
+) -> Any:
     """Build the model of one run (env included).
 
     :param cfg: The comparison.
     :param algo: Algorithm name.
     :param seed: The run's seed.
     :param tensorboard: Folder for this run's tensorboard logs (``None``: no logger is configured).
+    :param track: Trackers that also get the run's logs and config (``"wandb"``, ``"mlflow"``; needs ``tensorboard``).
     :return: The model.
     """
     spec = ALGOS[algo]
@@ -263,11 +266,31 @@ def build_model(cfg: CompareConfig, algo: str, seed: int, tensorboard: Path | No
     if "adaptive_clip" in kwargs and isinstance(kwargs["adaptive_clip"], list):
         kwargs["adaptive_clip"] = tuple(kwargs["adaptive_clip"])
     model = spec.make(_policy_for(spec, env), env, seed=seed, device=cfg.device, verbose=0, **kwargs)
-    if tensorboard is not None:
+    if tensorboard is not None and track:
+        model.set_logger(_tracked_logger(cfg, algo, seed, tensorboard, track, model))
+    elif tensorboard is not None:
         from stable_baselines3.common.logger import configure
 
         model.set_logger(configure(str(tensorboard), ["tensorboard"]))
     return model
+
+
+def _tracked_logger(cfg: CompareConfig, algo: str, seed: int, folder: Path, track: Sequence[str], model: Any) -> Any:
+    """Tensorboard plus the trackers, one tracker run per (algo, seed), named so, with the run's config; MLflow runs
+    of one comparison share a store in the out dir (``<out>/mlruns``) unless ``MLFLOW_TRACKING_URI`` says where."""
+    import os
+
+    from sb3_grpo.callbacks.trackers import configure_logger, run_config
+
+    config = {**run_config(model), "env": cfg.env_id, "seed": seed, "timesteps": cfg.timesteps}
+    name = f"{algo}-seed{seed}"
+    kwargs: dict[str, dict[str, Any]] = {}
+    if "wandb" in track:
+        kwargs["wandb"] = {"name": name, "group": cfg.env_id, "dir": str(folder.parents[2])}
+    if "mlflow" in track:
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or "file:" + str((folder.parents[2] / "mlruns").resolve())
+        kwargs["mlflow"] = {"tracking_uri": uri, "experiment_name": f"compare {cfg.env_id}", "run_name": name}
+    return configure_logger(str(folder), ["tensorboard", *track], config=config, **kwargs)
 
 
 def run_one(
@@ -277,6 +300,7 @@ def run_one(
     out: Path,
     report: Callable[[int, float | None], None] | None = None,
     callbacks: Sequence[Any] = (),
+    track: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Train one algorithm on one seed, evaluate it, and return its results.
 
@@ -286,6 +310,7 @@ def run_one(
     :param out: The out dir (tensorboard logs go to ``out/tensorboard/<algo>/seed<seed>``).
     :param report: ``f(env_steps, latest_training_reward)`` for a progress display (or ``None``).
     :param callbacks: Extra SB3 callbacks (tests use one to simulate Ctrl-C; the claims study adds its probes).
+    :param track: Trackers that also get the run's logs (``"wandb"``, ``"mlflow"``).
     :return: The run's entry of ``results.json["runs"]``.
     """
     import torch as th
@@ -295,7 +320,7 @@ def run_one(
         shutil.rmtree(tb_dir)
     memory = _PeakMemory()
     memory.start()
-    model = build_model(cfg, algo, seed, tb_dir)
+    model = build_model(cfg, algo, seed, tb_dir, track=track)
     initial = copy.deepcopy(model.policy)
     initial.set_training_mode(False)
     callback, curve = _make_callback(report, callbacks)
@@ -306,6 +331,8 @@ def run_one(
     rss, cuda = memory.rss_mb(), memory.cuda_mb()
     kl_ref = model.logger.name_to_value.get("train/kl_ref") if getattr(model, "kl_coef", 0) else None
     final = evaluate(model, cfg, algo, seed, initial=initial)
+    if track:
+        model.logger.close()  # ends the tracker runs
     model.get_env().close()
     del model, initial
     if th.cuda.is_available():
@@ -358,6 +385,7 @@ def run_compare(
     progress: bool | None = None,
     callbacks_for: Callable[[str, int], Sequence[Any]] | None = None,
     log: Callable[[str], None] = print,
+    track: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run the comparison, writing ``results.json`` after every run; report and curves at the end.
 
@@ -371,6 +399,7 @@ def run_compare(
     :param progress: Show progress (``None``: a live bar on a terminal, plain lines otherwise; ``False``: nothing).
     :param callbacks_for: ``f(algo, seed) -> extra SB3 callbacks`` (tests simulate Ctrl-C with it).
     :param log: Where one-line messages go.
+    :param track: Trackers that also get every run's logs and config (``"wandb"``, ``"mlflow"``).
     :return: The results.
     """
     from sb3_grpo.compare.progress import Progress
@@ -395,7 +424,9 @@ def run_compare(
             label = f"{algo} seed {seed}"
             bar.start_run(label, cfg.timesteps)
             extra = callbacks_for(algo, seed) if callbacks_for is not None else ()
-            run = run_one(cfg, algo, seed, out, report=lambda n, r, lb=label: bar.advance(lb, n, r), callbacks=extra)
+            run = run_one(
+                cfg, algo, seed, out, report=lambda n, r, lb=label: bar.advance(lb, n, r), callbacks=extra, track=track
+            )
             results["runs"][cfg.run_key(algo, seed)] = run
             write_json_atomic(path, results)
             bar.end_run(

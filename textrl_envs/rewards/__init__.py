@@ -37,7 +37,7 @@ from textrl_envs.rewards.coherence import Coherence
 from textrl_envs.rewards.composite import CompositeReward
 from textrl_envs.rewards.constraints import KeywordCoverage, LengthPenalty, RepetitionPenalty
 from textrl_envs.rewards.match import ArithmeticReward, ExactMatch, IncreasingNumbersReward
-from textrl_envs.rewards.metrics import distinct_n, mean_length, perplexity, repetition_rate
+from textrl_envs.rewards.metrics import distinct_n, mean_length, pass_at_k, perplexity, repetition_rate
 from textrl_envs.rewards.overlap import Bleu, RougeL
 from textrl_envs.rewards.registry import make_reward, register_reward, registered_rewards, resolve_reward
 from textrl_envs.rewards.sentiment import HFClassifierReward, LexiconSentiment
@@ -60,6 +60,7 @@ __all__ = [
     "distinct_n",
     "make_reward",
     "mean_length",
+    "pass_at_k",
     "perplexity",
     "register_reward",
     "registered_rewards",

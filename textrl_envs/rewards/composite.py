@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,6 +60,42 @@ def _parse_components(components: Any) -> list[tuple[str, Any, float]]:
     return parsed
 
 
+#: What :class:`CompositeReward` does to each component's scores before weighting them.
+NORMALIZE = (None, "batch", "running")
+#: Added to a standard deviation before dividing by it.
+NORMALIZE_EPS = 1e-8
+
+
+def normalize_scores(values: np.ndarray, mean: float, std: float, eps: float = NORMALIZE_EPS) -> np.ndarray:
+    """``(values - mean) / (std + eps)``: a component's scores on a common scale before weighting."""
+    return (np.asarray(values, dtype=np.float64) - mean) / (std + eps)
+
+
+class RunningMoments:
+    """Mean and population standard deviation of every value seen so far (Chan et al.'s parallel update of
+    Welford's algorithm, one batch at a time)."""
+
+    def __init__(self) -> None:
+        self.count, self.mean, self._m2 = 0, 0.0, 0.0
+
+    def update(self, values: np.ndarray) -> None:
+        values = np.asarray(values, dtype=np.float64)
+        n = values.size
+        if n == 0:
+            return
+        batch_mean = float(values.mean())
+        batch_m2 = float(((values - batch_mean) ** 2).sum())
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.mean += delta * n / total
+        self._m2 += batch_m2 + delta * delta * self.count * n / total
+        self.count = total
+
+    @property
+    def std(self) -> float:
+        return float(np.sqrt(self._m2 / self.count)) if self.count else 0.0
+
+
 @register_reward("composite")
 class CompositeReward(RewardModel):
     """Weighted sum of reward models: ``r = sum_i w_i * r_i(prompts, completions, **metadata)``.
@@ -66,7 +103,16 @@ class CompositeReward(RewardModel):
     Each component is called through :func:`~textrl_envs.rewards.base.call_reward`, so its output is
     checked and its errors name it; a plain callable component receives only the metadata keys it
     accepts. The range is the weighted sum of the components' ranges. After each call,
-    :attr:`last_components` maps each component's label to its scores (unweighted) for logging.
+    :attr:`last_components` maps each component's label to its scores (unweighted) for logging, and
+    :meth:`pop_component_means` gives each component's mean score since it was last called (what
+    :class:`~sb3_grpo.callbacks.CompletionLogger` logs as ``reward/<label>``).
+
+    Components on different scales (a 0/1 correctness score beside a length penalty in words) can be put on one
+    scale before they are weighted, as TRL's GRPO does with its ``normalize_then_sum`` aggregation:
+    ``r = sum_i w_i * (r_i - mean_i) / (std_i + eps)``. With ``normalize="batch"`` the mean and (population)
+    standard deviation are those of the batch being scored; with ``normalize="running"`` those of every score the
+    component has given so far, this batch included (steadier when an env scores a few episodes at a time). The
+    sum is then no longer within the components' ranges.
 
     ``components`` is any of::
 
@@ -77,14 +123,27 @@ class CompositeReward(RewardModel):
 
     :param components: The rewards and their weights (see above).
     :param name: Name used in messages and logs (default: ``"composite(a*w_a + b*w_b ...)"``).
+    :param normalize: ``None`` (the weighted sum of the scores), ``"batch"`` or ``"running"`` (each component's
+        scores standardised before weighting, see above).
     """
 
-    def __init__(self, components: Any, name: str | None = None) -> None:
+    def __init__(self, components: Any, name: str | None = None, normalize: str | None = None) -> None:
+        if normalize not in NORMALIZE:
+            raise ValueError(
+                f"normalize must be one of {NORMALIZE} (None: a plain weighted sum; 'batch' or 'running': each "
+                f"component standardised before weighting), got {normalize!r}"
+            )
         self.components = _parse_components(components)
+        self.normalize = normalize
         default = "composite(" + " + ".join(f"{w:g}*{label}" for label, _, w in self.components) + ")"
+        if normalize is not None:
+            default += f"[normalize={normalize}]"
         super().__init__(name or default)
         #: Unweighted scores of each component on the last batch, by label.
         self.last_components: dict[str, np.ndarray] = {}
+        self._moments = {label: RunningMoments() for label, _, _ in self.components}
+        self._sums: dict[str, list[float]] = {label: [0.0, 0] for label, _, _ in self.components}
+        self._lock = threading.Lock()  # an env may score in a background worker while a callback reads the means
 
     @property
     def weights(self) -> dict[str, float]:
@@ -97,9 +156,31 @@ class CompositeReward(RewardModel):
         for label, model, weight in self.components:
             values = call_reward(model, prompts, completions, kwargs)
             last[label] = values
-            total += weight * values
+            total += weight * self._scaled(label, values)
+        with self._lock:
+            for label, values in last.items():
+                finite = values[np.isfinite(values)]
+                self._sums[label][0] += float(finite.sum())
+                self._sums[label][1] += int(finite.size)
         self.last_components = last
         return total
+
+    def _scaled(self, label: str, values: np.ndarray) -> np.ndarray:
+        if self.normalize is None:
+            return values
+        if self.normalize == "batch":
+            return normalize_scores(values, float(values.mean()), float(values.std()))
+        moments = self._moments[label]
+        moments.update(values)
+        return normalize_scores(values, moments.mean, moments.std)
+
+    def pop_component_means(self) -> dict[str, float]:
+        """Each component's mean (unweighted, unnormalised) score over the episodes scored since the last call
+        (components with nothing scored are left out); starts the next count."""
+        with self._lock:
+            means = {label: total / n for label, (total, n) in self._sums.items() if n}
+            self._sums = {label: [0.0, 0] for label in self._sums}
+        return means
 
     def to(self, device: Any) -> CompositeReward:
         """Move every component that has tensors to ``device``."""

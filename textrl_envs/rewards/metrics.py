@@ -49,6 +49,27 @@ def repetition_rate(texts: Sequence[str], n: int = 2) -> float:
     return sum(rates) / len(rates) if rates else 0.0
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimator of Chen et al. (2021, arXiv 2107.03374): ``1 - C(n - c, k) / C(n, k)``.
+
+    The probability that at least one of ``k`` samples drawn without replacement from ``n`` samples, ``c`` of which
+    are correct, is correct. Computed as ``1 - prod_{i = n - c + 1}^{n} (1 - k / i)``, which needs no large
+    binomials; 1.0 when ``n - c < k`` (every draw of ``k`` holds a correct sample).
+
+    :param n: Samples drawn for the problem (>= 1).
+    :param c: Correct samples among them (0 <= c <= n).
+    :param k: The ``k`` of pass@k (1 <= k <= n).
+    """
+    for name, value in (("n", n), ("c", c), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if n < 1 or not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs n >= 1, 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
+
+
 def mean_length(texts: Sequence[str], tokenizer: Any = None) -> float:
     """Mean length of the texts: in words, or in tokens of ``tokenizer`` (no special tokens added).
 

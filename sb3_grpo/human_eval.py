@@ -1,0 +1,382 @@
+"""Human evaluation of sampled completions: export a blind, shuffled rating set, rate it on a local web page, report.
+
+``sb3-grpo human-eval export`` takes completions (the JSONL files of :class:`~sb3_grpo.callbacks.CompletionLogger` or
+``sb3-grpo sample --out``) from one run or two, draws ``n`` from each, mixes in calibration items of known score and
+shuffles them into a folder: ``items.json`` (what raters see: no run names) and ``key.json`` (which run, or which known
+scores, each item has). ``human-eval serve`` serves a page on which a rater scores each item from 1 to 5 on
+:data:`DIMENSIONS`; every score is appended to ``ratings.jsonl`` (flushed and fsynced) the moment it is entered, so
+nothing is lost when the page or the server closes, and a rater who comes back continues where they stopped.
+``human-eval report`` computes Krippendorff's alpha per dimension (the ``krippendorff`` package, extra
+``textrl[human-eval]``), flags a dimension whose alpha is below 0.7 and raters who miss the calibration items, and
+writes the scores per run with 95% intervals.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "ALPHA_MIN",
+    "ANCHORS",
+    "DIMENSIONS",
+    "export_items",
+    "krippendorff_alpha",
+    "load_ratings",
+    "make_server",
+    "report",
+]
+
+#: The dimensions each item is rated on (1 to 5).
+DIMENSIONS = ("instruction_following", "accuracy", "coherence", "creativity")
+#: What 1, 3 and 5 mean on each dimension (shown on the page).
+ANCHORS = {
+    "instruction_following": {1: "ignores the prompt", 3: "follows part of it", 5: "does exactly what it asks"},
+    "accuracy": {1: "mostly wrong", 3: "some errors", 5: "no errors"},
+    "coherence": {1: "does not hold together", 3: "understandable, with jumps", 5: "clear and well connected"},
+    "creativity": {1: "generic or copied", 3: "some fresh turns", 5: "original and apt"},
+}
+#: Krippendorff's alpha below this flags a dimension as unreliable.
+ALPHA_MIN = 0.7
+ITEMS_FILE, KEY_FILE, RATINGS_FILE = "items.json", "key.json", "ratings.jsonl"
+
+
+def _read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if (
+                not isinstance(row, dict)
+                or "prompt" not in row
+                or ("completion" not in row and "transcript" not in row)
+            ):
+                raise ValueError(
+                    f"{os.fspath(path)} line {n}: expected an object with 'prompt' and 'completion' (or 'transcript'), "
+                    "as CompletionLogger and `sb3-grpo sample --out` write"
+                )
+            rows.append(row)
+    return rows
+
+
+def _text(row: Mapping[str, Any]) -> str:
+    if row.get("transcript"):
+        return "\n".join(f"{m['role']}: {m['text']}" for m in row["transcript"])
+    return str(row["completion"])
+
+
+def export_items(
+    sources: Sequence[tuple[str, str | os.PathLike]],
+    out: str | os.PathLike,
+    n: int,
+    seed: int = 0,
+    calibration: str | os.PathLike | None = None,
+) -> Path:
+    """Write a blind, shuffled rating set to ``out`` (``items.json``, ``key.json``); returns ``out``.
+
+    :param sources: ``(label, completions.jsonl)`` for one run, or two for a comparison.
+    :param n: Items drawn from each source (without replacement; all of them when it has fewer).
+    :param seed: Seed of the draws and the order.
+    :param calibration: A JSONL file of items of known score: ``prompt``, ``completion`` and ``scores`` (a dict
+        dimension -> 1..5); all are mixed in.
+    """
+    if not 1 <= len(sources) <= 2:
+        raise ValueError(f"give the completions of one run or of two (a comparison), got {len(sources)}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    labels = [label for label, _ in sources]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"the sources need different labels, got {labels}")
+    rng = np.random.default_rng(seed)
+    entries: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for label, path in sources:
+        rows = _read_rows(path)
+        if not rows:
+            raise ValueError(f"{os.fspath(path)} has no completions")
+        for i in rng.permutation(len(rows))[:n]:
+            entries.append(({"prompt": rows[i]["prompt"], "completion": _text(rows[i])}, {"source": label}))
+    if calibration is not None:
+        for row in _read_rows(calibration):
+            scores = row.get("scores")
+            if (
+                not isinstance(scores, dict)
+                or not scores
+                or any(d not in DIMENSIONS or s not in (1, 2, 3, 4, 5) for d, s in scores.items())
+            ):
+                raise ValueError(
+                    f"calibration item {row['prompt']!r}: 'scores' must map dimensions {DIMENSIONS} to 1..5"
+                )
+            entries.append(
+                ({"prompt": row["prompt"], "completion": _text(row)}, {"source": "calibration", "scores": scores})
+            )
+    order = rng.permutation(len(entries))
+    items, key = [], {}
+    for pos, k in enumerate(order):
+        item_id = f"item{pos + 1:04d}"
+        items.append({"id": item_id, **entries[k][0]})
+        key[item_id] = entries[k][1]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ITEMS_FILE).write_text(
+        json.dumps({"dimensions": list(DIMENSIONS), "anchors": ANCHORS, "items": items}, indent=1), encoding="utf-8"
+    )
+    (out / KEY_FILE).write_text(json.dumps(key, indent=1), encoding="utf-8")
+    return out
+
+
+def load_ratings(folder: str | os.PathLike) -> dict[tuple[str, str], dict[str, int]]:
+    """``(rater, item) -> {dimension: score}`` from ``ratings.jsonl``; a later entry for the same dimension wins."""
+    path = Path(folder) / RATINGS_FILE
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            entry = json.loads(line)
+            out.setdefault((entry["rater"], entry["item"]), {}).update(entry["scores"])
+    return out
+
+
+class _Store:
+    """Ratings appended as they arrive (one JSON line each, flushed and fsynced), behind a lock."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        data = json.loads((folder / ITEMS_FILE).read_text(encoding="utf-8"))
+        self.items = data
+        self.ids = {item["id"] for item in data["items"]}
+        self.lock = threading.Lock()
+
+    def add(self, entry: Any) -> dict[str, Any]:
+        if not isinstance(entry, dict):
+            raise ValueError("expected a JSON object {rater, item, scores}")
+        rater, item, scores = entry.get("rater"), entry.get("item"), entry.get("scores")
+        if not isinstance(rater, str) or not rater.strip():
+            raise ValueError("rater must be a non-empty name")
+        if item not in self.ids:
+            raise ValueError(f"unknown item {item!r}")
+        if not isinstance(scores, dict) or not scores:
+            raise ValueError("scores must map dimensions to 1..5")
+        for dim, score in scores.items():
+            if dim not in DIMENSIONS:
+                raise ValueError(f"unknown dimension {dim!r}; dimensions: {', '.join(DIMENSIONS)}")
+            if isinstance(score, bool) or score not in (1, 2, 3, 4, 5):
+                raise ValueError(f"{dim}: a score is an integer from 1 to 5, got {score!r}")
+        line = json.dumps({"rater": rater.strip(), "item": item, "scores": scores}) + "\n"
+        with self.lock, open(self.folder / RATINGS_FILE, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        return {"saved": True}
+
+
+_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>Rate the completions</title>
+<style>body{font-family:sans-serif;max-width:52em;margin:auto;padding:1em}
+.item{border:1px solid #ccc;border-radius:6px;padding:1em;margin:1em 0}
+pre{white-space:pre-wrap;background:#f6f6f6;padding:.5em}.dim{margin:.4em 0}
+.saved{color:#080;font-size:.9em}.anchors{color:#555;font-size:.85em}</style></head>
+<body><h1>Rate the completions</h1>
+<p>Score each completion from 1 to 5 on every dimension. Every score is saved the moment you click it; you can close
+the page and come back with the same name.</p>
+<p><label>Your name: <input id="rater"></label> <button id="start">Start</button></p>
+<div id="items"></div>
+<script>
+const el = (t, a = {}, kids = []) => { const e = document.createElement(t); Object.assign(e, a);
+  kids.forEach(k => e.append(k)); return e; };
+async function start() {
+  const rater = document.getElementById("rater").value.trim();
+  if (!rater) { alert("Enter your name first."); return; }
+  const data = await (await fetch("/api/items?rater=" + encodeURIComponent(rater))).json();
+  const box = document.getElementById("items"); box.innerHTML = "";
+  for (const item of data.items) {
+    const done = data.ratings[item.id] || {};
+    const card = el("div", {className: "item", id: item.id}, [el("b", {textContent: item.id}),
+      el("div", {textContent: "Prompt:"}), el("pre", {textContent: item.prompt}),
+      el("div", {textContent: "Completion:"}), el("pre", {textContent: item.completion})]);
+    for (const dim of data.dimensions) {
+      const a = data.anchors[dim];
+      const row = el("div", {className: "dim"}, [el("span", {textContent: dim.replace("_", " ") + ": "})]);
+      for (let s = 1; s <= 5; s++) {
+        const input = el("input", {type: "radio", name: item.id + "/" + dim, value: s, checked: done[dim] === s});
+        input.dataset.item = item.id; input.dataset.dim = dim;
+        input.addEventListener("change", async () => {
+          const r = await fetch("/api/rate", {method: "POST", headers: {"Content-Type": "application/json"},
+            body: JSON.stringify({rater, item: item.id, scores: {[dim]: s}})});
+          row.querySelector(".saved").textContent = r.ok ? "saved" : "not saved: " + (await r.text());
+        });
+        row.append(el("label", {}, [input, " " + s + " "]));
+      }
+      row.append(el("span", {className: "saved"}));
+      row.append(el("div", {className: "anchors", textContent: "1: " + a[1] + " / 3: " + a[3] + " / 5: " + a[5]}));
+      card.append(row);
+    }
+    box.append(card);
+  }
+}
+document.getElementById("start").addEventListener("click", start);
+</script></body></html>
+"""
+
+
+def make_server(folder: str | os.PathLike, port: int = 8765, addr: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """The rating page's server over a folder written by :func:`export_items` (``serve_forever()`` runs it).
+
+    ``GET /``: the page; ``GET /api/items?rater=NAME``: the items, the dimensions and their anchors, and that rater's
+    scores so far; ``POST /api/rate`` ``{"rater", "item", "scores": {dimension: 1..5}}``: saves them (400 with the
+    reason when they are not valid).
+    """
+    store = _Store(Path(folder))
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:  # quiet
+            pass
+
+        def _send(self, code: int, body: str, kind: str = "application/json") -> None:
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", f"{kind}; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+            from urllib.parse import parse_qs, urlparse
+
+            url = urlparse(self.path)
+            if url.path == "/":
+                self._send(200, _PAGE, "text/html")
+            elif url.path == "/api/items":
+                rater = (parse_qs(url.query).get("rater") or [""])[0].strip()
+                mine = {item: s for (r, item), s in load_ratings(store.folder).items() if r == rater}
+                self._send(200, json.dumps({**store.items, "ratings": mine}))
+            else:
+                self._send(404, json.dumps({"error": "not found"}))
+
+        def do_POST(self) -> None:  # noqa: N802
+            if self.path != "/api/rate":
+                self._send(404, json.dumps({"error": "not found"}))
+                return
+            try:
+                length = int(self.headers.get("Content-Length", "0"))
+                self._send(200, json.dumps(store.add(json.loads(self.rfile.read(length) or b"null"))))
+            except (ValueError, json.JSONDecodeError) as err:
+                self._send(400, json.dumps({"error": str(err)}))
+
+    return ThreadingHTTPServer((addr, port), Handler)
+
+
+def krippendorff_alpha(matrix: np.ndarray, level: str = "interval") -> float:
+    """Krippendorff's alpha of a raters x items matrix (NaN: not rated), by the ``krippendorff`` package; NaN when
+    fewer than two ratings of one item exist."""
+    try:
+        import krippendorff
+    except ImportError:
+        raise ImportError(
+            "the human-eval report needs krippendorff; pip install 'textrl[human-eval]' (or pip install krippendorff)"
+        ) from None
+    pairable = np.sum(~np.isnan(matrix), axis=0) >= 2
+    if not pairable.any() or len(np.unique(matrix[:, pairable][~np.isnan(matrix[:, pairable])])) < 2:
+        return float("nan")  # no pair of ratings, or no variation at all: alpha is undefined
+    return float(krippendorff.alpha(reliability_data=matrix, level_of_measurement=level))
+
+
+def _interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """Mean and a 95% t-interval."""
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    mean = float(x.mean())
+    if x.size < 2:
+        return mean, float("nan"), float("nan")
+    half = float(stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return mean, mean - half, mean + half
+
+
+def report(folder: str | os.PathLike, level: str = "interval", tolerance: int = 1, max_miss_rate: float = 0.2) -> dict:
+    """Reliability and scores of a rated folder; also written to ``report.json`` and ``report.md`` there.
+
+    :param level: Krippendorff's level of measurement (``"interval"``, or ``"ordinal"`` for ranks only).
+    :param tolerance: A calibration score is missed when it is more than this far from the known one.
+    :param max_miss_rate: A rater who misses more than this fraction of their calibration scores is flagged.
+    :return: ``alpha`` (per dimension), ``unreliable`` (dimensions with alpha < :data:`ALPHA_MIN`),
+        ``calibration`` (per rater: scored, missed, flagged), ``scores`` (per source and dimension: mean over items of
+        the raters' mean, with a 95% t-interval, and the number of items).
+    """
+    folder = Path(folder)
+    key = json.loads((folder / KEY_FILE).read_text(encoding="utf-8"))
+    ratings = load_ratings(folder)
+    raters = sorted({r for r, _ in ratings})
+    items = sorted(i for i, k in key.items() if k["source"] != "calibration")
+    alpha = {}
+    for dim in DIMENSIONS:
+        matrix = np.full((len(raters), len(items)), np.nan)
+        for a, rater in enumerate(raters):
+            for b, item in enumerate(items):
+                score = ratings.get((rater, item), {}).get(dim)
+                if score is not None:
+                    matrix[a, b] = score
+        alpha[dim] = krippendorff_alpha(matrix, level) if raters else float("nan")
+    calibration = {}
+    for rater in raters:
+        scored = missed = 0
+        for item, k in key.items():
+            if k["source"] != "calibration":
+                continue
+            given = ratings.get((rater, item), {})
+            for dim, known in k["scores"].items():
+                if dim in given:
+                    scored += 1
+                    missed += abs(given[dim] - known) > tolerance
+        calibration[rater] = {
+            "scored": scored,
+            "missed": missed,
+            "flagged": scored == 0 or missed / scored > max_miss_rate,
+        }
+    scores: dict[str, dict[str, Any]] = {}
+    for source in sorted({k["source"] for k in key.values()} - {"calibration"}):
+        scores[source] = {}
+        for dim in DIMENSIONS:
+            per_item = []
+            for item, k in key.items():
+                if k["source"] != source:
+                    continue
+                given = [ratings[(r, item)][dim] for r in raters if dim in ratings.get((r, item), {})]
+                if given:
+                    per_item.append(float(np.mean(given)))
+            mean, low, high = _interval(per_item) if per_item else (float("nan"),) * 3
+            scores[source][dim] = {"mean": mean, "low": low, "high": high, "items": len(per_item)}
+    unreliable = [d for d, a in alpha.items() if not (a >= ALPHA_MIN)]
+    result = {"raters": raters, "alpha": alpha, "alpha_min": ALPHA_MIN, "unreliable": unreliable,
+              "calibration": calibration, "scores": scores}  # fmt: skip
+    (folder / "report.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    (folder / "report.md").write_text(_markdown(result), encoding="utf-8")
+    return result
+
+
+def _markdown(result: Mapping[str, Any]) -> str:
+    def num(x: float) -> str:
+        return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+    lines = ["# Human evaluation", "", f"Raters: {', '.join(result['raters']) or 'none'}", "",
+             "| dimension | Krippendorff's alpha | reliable (>= 0.7) |", "|---|---|---|"]  # fmt: skip
+    for dim, a in result["alpha"].items():
+        lines.append(f"| {dim} | {num(a)} | {'no' if dim in result['unreliable'] else 'yes'} |")
+    lines += ["", "| rater | calibration scores | missed | flagged |", "|---|---|---|---|"]
+    for rater, c in result["calibration"].items():
+        lines.append(f"| {rater} | {c['scored']} | {c['missed']} | {'yes' if c['flagged'] else 'no'} |")
+    lines += ["", "| run | " + " | ".join(DIMENSIONS) + " |", "|---|" + "---|" * len(DIMENSIONS)]
+    for source, dims in result["scores"].items():
+        cells = [f"{num(v['mean'])} [{num(v['low'])}, {num(v['high'])}] (n={v['items']})" for v in dims.values()]
+        lines.append(f"| {source} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,226 @@
+"""Human evaluation: a blind export, three raters rating through the page's HTTP endpoints (saved as entered), and a
+report whose alpha equals a hand computation of Krippendorff's alpha."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from sb3_grpo.cli import main
+from sb3_grpo.human_eval import DIMENSIONS, export_items, krippendorff_alpha, load_ratings, make_server, report
+
+pytest.importorskip("krippendorff", reason="the human-eval extra is not installed")
+
+
+def hand_alpha_interval(matrix: np.ndarray) -> float:
+    """Krippendorff's interval alpha by its definition: 1 - D_o / D_e over the pairable values (items rated at least
+    twice), D_o from the pairs within an item (each weighted 1 / (m_u - 1)), D_e from all pairs of values."""
+    units = [col[~np.isnan(col)] for col in matrix.T]
+    units = [u for u in units if len(u) >= 2]
+    values = np.concatenate(units)
+    n = len(values)
+    d_o = sum(sum((a - b) ** 2 for a, b in itertools.permutations(u, 2)) / (len(u) - 1) for u in units) / n
+    d_e = sum((a - b) ** 2 for a, b in itertools.permutations(values, 2)) / (n * (n - 1))
+    return 1 - d_o / d_e
+
+
+def test_alpha_equals_the_hand_computation():
+    nan = np.nan
+    m = np.array([[1, 2, 3, 3, 2, 1, 4, 1, 2, nan], [1, 2, 3, 3, 2, 2, 4, 1, 2, 5], [nan, 3, 3, 3, 2, 3, 4, 2, 2, 5]])
+    assert krippendorff_alpha(m) == pytest.approx(hand_alpha_interval(m), abs=1e-9)
+    assert np.isnan(krippendorff_alpha(np.array([[1.0, nan], [nan, 2.0]])))  # no item rated twice
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _post(url, body):
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=10).read())
+
+
+# each rater's scores of the six run items, the same on every dimension; one rater misses the calibration item
+SCORES = {
+    "ana": [5, 4, 4, 2, 1, 2],
+    "bo": [5, 5, 4, 2, 2, 1],
+    "cy": [4, 4, 5, 1, 2, 2],
+}
+
+
+def test_three_raters_rate_over_http_and_the_report_matches(tmp_path):
+    a = _write(tmp_path / "a.jsonl", [{"prompt": f"pa{i}", "completion": f"good answer {i}"} for i in range(5)])
+    b = _write(tmp_path / "b.jsonl", [{"prompt": f"pb{i}", "completion": f"bad answer {i}", "transcript": None}
+                                      for i in range(5)])  # fmt: skip
+    cal = _write(
+        tmp_path / "cal.jsonl", [{"prompt": "c", "completion": "known", "scores": dict.fromkeys(DIMENSIONS, 5)}]
+    )
+    folder = export_items([("A", a), ("B", b)], tmp_path / "rate", n=3, seed=1, calibration=cal)
+    shown = json.loads((folder / "items.json").read_text())
+    key = json.loads((folder / "key.json").read_text())
+    assert len(shown["items"]) == 7 and "source" not in json.dumps(shown["items"])  # blind
+    assert sorted(k["source"] for k in key.values()) == ["A"] * 3 + ["B"] * 3 + ["calibration"]
+    run_items = sorted(i for i, k in key.items() if k["source"] != "calibration")
+    cal_item = next(i for i, k in key.items() if k["source"] == "calibration")
+
+    server = make_server(folder, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        page = urllib.request.urlopen(base + "/", timeout=10).read().decode()
+        assert "Rate the completions" in page and "/api/rate" in page
+        for rater, scores in SCORES.items():
+            for item, score in zip(run_items, scores):
+                for dim in DIMENSIONS:  # one POST per click, as the page sends them
+                    assert _post(base + "/api/rate", {"rater": rater, "item": item, "scores": {dim: score}})["saved"]
+            _post(base + "/api/rate", {"rater": rater, "item": cal_item,
+                                       "scores": dict.fromkeys(DIMENSIONS, 1 if rater == "cy" else 5)})  # fmt: skip
+        # saved as entered: on disk before the server stops, and served back to the rater
+        assert len(load_ratings(folder)) == 3 * 7
+        back = json.loads(urllib.request.urlopen(base + "/api/items?rater=bo", timeout=10).read())
+        assert back["ratings"][run_items[0]] == dict.fromkeys(DIMENSIONS, 5)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            _post(base + "/api/rate", {"rater": "ana", "item": run_items[0], "scores": {"coherence": 6}})
+        assert err.value.code == 400 and "integer from 1 to 5" in err.value.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    result = report(folder)
+    matrix = np.array([SCORES[r] for r in sorted(SCORES)], dtype=float)
+    for dim in DIMENSIONS:
+        assert result["alpha"][dim] == pytest.approx(hand_alpha_interval(matrix), abs=1e-9)
+    assert result["unreliable"] == ([] if hand_alpha_interval(matrix) >= 0.7 else list(DIMENSIONS))
+    assert result["calibration"]["cy"]["flagged"] and not result["calibration"]["ana"]["flagged"]
+    means = {src: np.mean([np.mean([SCORES[r][run_items.index(i)] for r in SCORES])
+                           for i in run_items if key[i]["source"] == src]) for src in ("A", "B")}  # fmt: skip
+    for src in ("A", "B"):
+        got = result["scores"][src]["coherence"]
+        assert got["mean"] == pytest.approx(means[src]) and got["items"] == 3 and got["low"] < got["mean"] < got["high"]
+    assert "Krippendorff's alpha" in (folder / "report.md").read_text()
+
+
+def test_cli_export_and_report_and_bad_input(tmp_path, capsys):
+    a = _write(tmp_path / "a.jsonl", [{"prompt": "p", "completion": "x"}, {"prompt": "q", "completion": "y"}])
+    assert main(["human-eval", "export", str(a), "--out", str(tmp_path / "r"), "--n", "2"]) == 0
+    assert "serve it with" in capsys.readouterr().out
+    assert main(["human-eval", "report", str(tmp_path / "r")]) == 1  # nobody rated: alpha undefined, unreliable
+    assert "| coherence | n/a | no |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["human-eval", "report", str(tmp_path)])
+    assert "is not a folder written by" in capsys.readouterr().err
+    _write(tmp_path / "bad.jsonl", [{"text": "no prompt"}])
+    with pytest.raises(SystemExit):
+        main(["human-eval", "export", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "o")])
+    assert "expected an object with 'prompt'" in capsys.readouterr().err
+
+
+class Browser:
+    """Headless Chromium driven over the DevTools protocol (a page, JavaScript evaluation, screenshots)."""
+
+    def __init__(self, tmp_path):
+        import shutil
+        import subprocess
+        import time
+
+        from websockets.sync.client import connect
+
+        exe = shutil.which("chromium") or shutil.which("chromium-browser")
+        profile = tmp_path / "chromium-profile"
+        self.proc = subprocess.Popen(
+            [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--remote-debugging-port=0",
+             f"--user-data-dir={profile}", "--window-size=1000,1400", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        port_file = profile / "DevToolsActivePort"
+        while not port_file.exists() or len(port_file.read_text().split()) < 2:
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("Chromium did not open its DevTools port")
+            time.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10).read())
+        page = next(t for t in targets if t["type"] == "page")
+        self._connection = connect(page["webSocketDebuggerUrl"], max_size=None)
+        self.ws = self._connection.__enter__()
+        self._id = 0
+
+    def call(self, method, **params):
+        self._id += 1
+        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv(timeout=30))
+            if msg.get("id") == self._id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg["result"]
+
+    def js(self, expression):
+        out = self.call("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True)
+        if "exceptionDetails" in out:
+            raise RuntimeError(f"JavaScript error: {out['exceptionDetails']}")
+        return out["result"].get("value")
+
+    def wait_for(self, expression, timeout=20.0):
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not self.js(expression):
+            if time.monotonic() > deadline:
+                raise TimeoutError(expression)
+            time.sleep(0.05)
+
+    def close(self):
+        if hasattr(self, "_connection"):
+            self._connection.__exit__(None, None, None)
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def test_three_raters_in_a_real_browser(tmp_path):
+    import shutil
+
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        pytest.skip("Chromium is not installed (Debian package chromium)")
+    pytest.importorskip("websockets", reason="websockets drives the browser over the DevTools protocol")
+    a = _write(tmp_path / "a.jsonl", [{"prompt": f"pa{i}", "completion": f"good answer {i}"} for i in range(3)])
+    b = _write(tmp_path / "b.jsonl", [{"prompt": f"pb{i}", "completion": f"bad answer {i}"} for i in range(3)])
+    folder = export_items([("A", a), ("B", b)], tmp_path / "rate", n=3, seed=2)
+    key = json.loads((folder / "key.json").read_text())
+    run_items = sorted(key)
+    server = make_server(folder, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    browser = Browser(tmp_path)
+    try:
+        for rater, scores in SCORES.items():
+            browser.call("Page.navigate", url=f"http://127.0.0.1:{server.server_port}/")
+            browser.wait_for("document.readyState === 'complete' && !!document.getElementById('start')")
+            browser.js(f"document.getElementById('rater').value = {json.dumps(rater)}; "
+                       "document.getElementById('start').click(); true")  # fmt: skip
+            browser.wait_for(f"document.querySelectorAll('.item').length === {len(run_items)}")
+            for item, score in zip(run_items, scores):
+                for dim in DIMENSIONS:
+                    browser.js(f'document.querySelector(\'input[name="{item}/{dim}"][value="{score}"]\').click(); true')
+            n_rows = len(run_items) * len(DIMENSIONS)
+            browser.wait_for(
+                f"[...document.querySelectorAll('.saved')].filter(s => s.textContent === 'saved').length === {n_rows}"
+            )
+    finally:
+        browser.close()
+        server.shutdown()
+        server.server_close()
+    ratings = load_ratings(folder)
+    assert len(ratings) == 3 * len(run_items)
+    assert all(len(s) == len(DIMENSIONS) for s in ratings.values())
+    result = report(folder)
+    matrix = np.array([SCORES[r] for r in sorted(SCORES)], dtype=float)
+    for dim in DIMENSIONS:
+        assert result["alpha"][dim] == pytest.approx(hand_alpha_interval(matrix), abs=1e-9)
