@@ -13,7 +13,7 @@ A new model adapter (a model family that needs special handling) goes in :mod:`.
 
 from sb3_grpo.policies.causal_lm import CausalLMPolicy
 from sb3_grpo.policies.kv_cache import RolloutCache
-from sb3_grpo.policies.models import PortableModel, lora_spec, model_spec
+from sb3_grpo.policies.models import PortableModel, export_pretrained, lora_spec, model_spec
 from sb3_grpo.policies.prefill_memo import PrefillMemo
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
 from sb3_grpo.policies.windows import (
@@ -31,6 +31,7 @@ __all__ = [
     "PrefillMemo",
     "RolloutCache",
     "extends_by_one",
+    "export_pretrained",
     "extension_lengths",
     "left_pad_columns",
     "lora_spec",
