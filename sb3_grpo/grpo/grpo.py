@@ -139,6 +139,10 @@ class GRPO(GroupOnPolicyAlgorithm):
         when the rollout ends in the first update after it has, with the episode's advantage, instead of with
         advantage 0 in their own rollout's update (:mod:`sb3_grpo.common.carry_over`). Off: GRPO's updates use only
         their own rollout, as PPO's do.
+    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.common.engines`): ``"step"`` (default, SB3's
+        loop: one token per policy call, the reference; with every extra off, bit for bit PPO's) or ``"hf"`` (the
+        policy's built-in decoder computes a whole turn per row, and the env is stepped from per-row queues: the same
+        tokens from the same draws, log-probs and values equal to float rounding)
     """
 
     # Over 80 lines: PPO's signature plus GRPO's own arguments, kept in SB3's form so that the two read side by side
@@ -184,6 +188,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         grad_norm_warn: float | None = 1000.0,
         nonfinite: str = "raise",
         carry_over: bool = False,
+        engine: str = "step",
     ):
         # every argument (PPO's and GRPO's: type, finiteness, range) is checked first, before any model is built
         adaptive_clip = check_grpo_args(locals())
@@ -218,6 +223,7 @@ class GRPO(GroupOnPolicyAlgorithm):
             grad_norm_warn=grad_norm_warn,
             nonfinite=nonfinite,
             carry_over=carry_over,
+            engine=engine,
         )
         self.grad_var_coef = float(grad_var_coef)
         self.grad_var_slices = int(grad_var_slices)
@@ -276,7 +282,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         return self.current_explore_alpha()
 
     def _computes_as_ppo(self) -> bool:
-        return self.extras.computes_as_ppo
+        return self.extras.computes_as_ppo and getattr(self, "engine", "step") == "step"
 
     # ------------------------------------------------------------------------------------------------------
     # Update
