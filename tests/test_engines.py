@@ -105,7 +105,7 @@ def test_the_comparison_sees_the_draws(monkeypatch):
 
     def shifted(self, *args, **kwargs):
         real_init(self, *args, **kwargs)
-        self.uniforms = self.uniforms.roll(1, dims=0)
+        self.live.uniforms = self.live.uniforms.roll(1, dims=0)
 
     monkeypatch.setattr(TurnQueues, "__init__", shifted)
     _, step = _learn("step", explore_alpha=0.0)
@@ -113,20 +113,38 @@ def test_the_comparison_sees_the_draws(monkeypatch):
     assert not np.array_equal(hf[0]["actions"], step[0]["actions"])
 
 
-def test_hf_engine_decodes_turns_ahead():
-    """The decoder runs far fewer calls than there are steps: whole turns per refill."""
-    model, _ = _learn("hf", explore_alpha=0.0)
+def _no_eos_env():
+    from transformers import AutoTokenizer
+
+    from textrl_envs.assets import tokenizer_path
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path())
+    tokenizer.eos_token = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return make_vec_env("TextGen-v0", n_envs=N_ENVS, seed=7, device="cpu", max_new_tokens=4, tokenizer=tokenizer)
+
+
+def test_hf_engine_decodes_whole_turns_in_one_call(monkeypatch):
+    """Without EOS every episode runs its 4-token budget: each decoding call decodes a whole turn of every row, and the
+    3 steps after it are served from the queues; the tokens are still the step engine's."""
     calls = []
-    real = model.policy.decode_turns
+    real_sample = TurnQueues.sample
 
-    def counting(*args, **kwargs):
-        calls.append(kwargs["uniforms"].shape)
-        return real(*args, **kwargs)
+    def counting(self, policy, obs_tensor, t):
+        before = self.live.forwards
+        out = real_sample(self, policy, obs_tensor, t)
+        calls.append(self.live.forwards - before)
+        return out
 
-    model.policy.decode_turns = counting
-    model.learn(N_STEPS * N_ENVS)
-    assert 0 < len(calls) < N_STEPS
-    assert max(shape[1] for shape in calls) > 1
+    monkeypatch.setattr(TurnQueues, "sample", counting)
+    _, hf = _learn("hf", _no_eos_env, explore_alpha=0.0)
+    assert len(calls) == N_STEPS * ROLLOUTS
+    # a call that decodes runs the turn's 4 tokens: 4 forwards after the prefill (the last one gives the value of
+    # the state the episode is truncated in, which GAE bootstraps from)
+    assert calls[:4] == [4, 0, 0, 0] and sum(c > 0 for c in calls) == len(calls) // 4
+    _, step = _learn("step", _no_eos_env, explore_alpha=0.0)
+    _assert_same_rollouts(hf, step)
 
 
 def test_engine_is_checked_and_saved(tmp_path):

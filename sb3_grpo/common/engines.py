@@ -1,15 +1,17 @@
 """The rollout engine seam: who computes the tokens of a text rollout.
 
 ``engine="step"`` (the default, the reference) is SB3's loop as it is: one policy call per env step, each computing
-one token per row (:func:`~sb3_grpo.common.draws.sample_actions`). ``engine="hf"`` asks the policy's built-in decoder
-(:func:`~sb3_grpo.policies.decoder.decode_turns`) for a whole turn per row at a time, up to its end token, EOS or the
-budget, keeps the tokens in per-row queues (:class:`TurnQueues`), and hands the loop one token per row per step from
-them. The env, its rewards and replies, SB3's callbacks, the monitor and the buffer see the transitions they see
-with ``"step"``, one token at a time.
+one token per row (:func:`~sb3_grpo.common.draws.sample_actions`). ``engine="hf"`` has the policy's built-in decoder
+(:class:`~sb3_grpo.policies.LiveBatch`) decode whole turns ahead, keeps the tokens in per-row queues
+(:class:`TurnQueues`), and hands the loop one token per row per step from them. The env, its rewards and replies,
+SB3's callbacks, the monitor and the buffer see the transitions they see with ``"step"``, one token at a time.
 
 **Queues.** A row is refilled when its queue is empty (an episode's start, after a reply) or when the window the env
 shows is not the one its queue expects (the env ended the episode, or appended a reply, before the queue ran out):
-the rest of the queue is discarded and the row decodes again from the window it has now.
+the rest of the queue is discarded and the row joins the decoder's live batch again from the window it has now. The
+live batch is shared by all rows whatever step they are at (continuous batching): a decoding call runs one forward
+of every live row per token, on until some row's turn ends, so a row that resets never decodes alone, and without
+EOS one call decodes every row's whole episode.
 
 **The same draws.** The step path draws one uniform per row per step from torch's generator (inverse-transform
 sampling) and, with exploration, numpy draws from the exploration RNG. :class:`TurnQueues` makes those very draws at
@@ -17,9 +19,10 @@ the rollout's start, as tables indexed by (rollout step, row) (one ``torch.rand`
 stream as ``n_steps`` draws of ``n_envs``), and a token consumed at rollout step ``t`` uses the step path's draw of
 step ``t``: with the same seed both engines draw the same tokens from the same distributions, and leave the random
 generators in the same state. The log-probs and values are the same computation over a different KV-cache layout
-(the step path keeps all rows in one right-aligned cache that changes as rows reset; the decoder keeps its own), so
-they agree to float rounding (about 1e-6), not to the bit; a token can differ only where a uniform falls within that
-rounding of a boundary of the cumulative distribution.
+(which rows share the cache, and so how many masked columns precede a row's, differs), so they agree to float
+rounding (about 1e-6), not to the bit; a token can differ only where a uniform falls within that rounding of a
+boundary of the cumulative distribution. A callback that stops a rollout early leaves torch's generator further on
+than the step path would (the table is drawn whole).
 """
 
 from __future__ import annotations
@@ -54,10 +57,15 @@ def check_engine_policy(engine: str, policy: BasePolicy, action_space: spaces.Sp
     """Refuse an engine the policy cannot run, when the model is built."""
     if engine == "step":
         return
-    if not callable(getattr(policy, "decode_turns", None)) or not isinstance(action_space, spaces.Discrete):
+    if not callable(getattr(policy, "turn_decoder", None)) or not isinstance(action_space, spaces.Discrete):
         raise ValueError(
             f"engine={engine!r} decodes tokens with the policy's built-in decoder, which {type(policy).__name__} does "
             "not have (it needs CausalLMPolicy on a text env); use engine='step'"
+        )
+    if getattr(policy, "separate_critic", False):
+        raise ValueError(
+            f"engine={engine!r} values states by the value head on the decoder's hidden states; a separate critic "
+            "(separate_critic=True) reads whole windows, which the decoder does not build: use engine='step'"
         )
 
 
@@ -69,16 +77,23 @@ def _text_spec(env: VecEnv) -> Any:
 
 
 class TurnQueues:
-    """The ``"hf"`` engine's state for one rollout: the draw tables, the per-row queues of decoded tokens, and the
-    window each row's queue expects next.
+    """The ``"hf"`` engine's state for one rollout: the draw tables, the per-row queues of decoded tokens, the decoder's
+    live batch (:class:`~sb3_grpo.policies.LiveBatch`) and the window each row's queue expects next.
 
-    :param policy: The acting policy (with ``decode_turns``).
+    At a step where some row has no token queued, the rows that need a new window (an episode's start, a reply, an
+    episode the env ended early) join the live batch with one prefill, and the live batch decodes: one forward of
+    every live row per token, on until some row's turn ends (its EOS or end-of-turn token, or the budget), so that
+    each call decodes as many tokens as it can while the batch stays whole; the rows ahead keep their tokens queued.
+
+    :param policy: The acting policy (with ``turn_decoder``).
     :param env: The rollout's env (its text spec gives the stop tokens and the episode budget).
     :param n_steps: Steps of the rollout.
     :param alpha: The exploration mixture's weight for this rollout.
-    :param greedy_envs: The self-critical groups' greedy rows (read at each refill), or ``None``.
+    :param greedy_envs: The self-critical groups' greedy rows (read when a row joins), or ``None``.
     :param rng: The exploration RNG.
     :param action_space: The env's (``Discrete``) action space.
+    :param needs_values: GAE reads the values of the states turns end in (truncated episodes, the rollout's last
+        state): the decoder puts them in the policy's prefill memo (``LiveBatch(remember_ends=True)``).
     """
 
     def __init__(
@@ -90,6 +105,7 @@ class TurnQueues:
         greedy_envs: np.ndarray | None,
         rng: np.random.Generator,
         action_space: spaces.Space,
+        needs_values: bool = False,
     ) -> None:
         n_envs = env.num_envs
         device = policy.device
@@ -99,21 +115,29 @@ class TurnQueues:
                 "greedy rows change which rows explore as episodes end); use engine='step' or explore_alpha=0"
             )
         # the step path's draws, made now in its order: one uniform per row per step (torch's generator) ...
-        self.uniforms = th.rand((n_steps, n_envs, 1), device=device)
+        uniforms = th.rand((n_steps, n_envs, 1), device=device)
         # ... and, exploring, which rows explore and their uniform tokens (the exploration RNG)
-        self.explore = np.zeros((n_steps, n_envs), dtype=bool)
-        self.explore_tokens = np.zeros((n_steps, n_envs), dtype=np.int64)
+        explore = np.zeros((n_steps, n_envs), dtype=bool)
+        explore_tokens = np.zeros((n_steps, n_envs), dtype=np.int64)
         if alpha > 0:
             for t in range(n_steps):
-                explore = rng.random(n_envs) < alpha
-                self.explore[t] = explore
-                if explore.any():
-                    self.explore_tokens[t, explore] = uniform_sample(action_space, int(explore.sum()), rng)
+                explored = rng.random(n_envs) < alpha
+                explore[t] = explored
+                if explored.any():
+                    explore_tokens[t, explored] = uniform_sample(action_space, int(explored.sum()), rng)
         spec = _text_spec(env)
         stops = [] if spec is None else [spec.eos_token_id, *getattr(spec, "turn_end_ids", ())]
-        self.stop_ids = th.as_tensor(sorted({int(s) for s in stops if s is not None}), dtype=th.long, device=device)
-        self.max_tokens = n_steps if spec is None else int(spec.max_agent_steps)
-        self.n_steps = n_steps
+        stop_ids = th.as_tensor(sorted({int(s) for s in stops if s is not None}), dtype=th.long, device=device)
+        width = int(policy.observation_space["input_ids"].shape[-1])  # type: ignore[index]
+        self.live = policy.turn_decoder(  # type: ignore[operator]
+            uniforms,
+            th.as_tensor(explore, device=device),
+            th.as_tensor(explore_tokens, device=device),
+            stop_ids,
+            n_steps if spec is None else int(spec.max_agent_steps),
+            width,
+            needs_values,
+        )
         self.alpha = alpha
         self.greedy_envs = greedy_envs
         self.action_space = action_space
@@ -121,25 +145,44 @@ class TurnQueues:
         self.log_probs = th.zeros((n_envs, n_steps), dtype=th.float32, device=device)
         self.values = th.zeros((n_envs, n_steps), dtype=th.float32, device=device)
         self.until = np.zeros(n_envs, dtype=np.int64)  # row r's queue holds the tokens of steps < until[r]
+        self.ended = np.ones(n_envs, dtype=bool)  # rows whose episode ended at the last step (all: none started)
         self.expected: tuple[th.Tensor, th.Tensor] | None = None
-        self.decoded_tokens = 0  # tokens decoded, consumed or not (the engine's waste is decoded - consumed)
-        self.refills = 0
+        self.joins = 0  # rows that joined the live batch (one prefill row each)
 
     def note_dones(self, dones: np.ndarray) -> None:
         """The step's episode ends: those rows' queues are discarded."""
-        self.until[np.asarray(dones, dtype=bool)] = 0
+        self.ended = np.asarray(dones, dtype=bool).copy()
+
+    def _write(self, rows: th.Tensor, steps: th.Tensor, tokens: th.Tensor, log_probs: th.Tensor, values: th.Tensor):
+        self.tokens[rows, steps] = tokens
+        self.log_probs[rows, steps] = log_probs
+        self.values[rows, steps] = values
+        self.until[rows.cpu().numpy()] = steps.cpu().numpy() + 1
 
     def sample(self, policy: BasePolicy, obs_tensor: Any, t: int) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """Rollout step ``t``'s actions, values, behaviour log-probs and the policy's own log-probs, as
         :func:`~sb3_grpo.common.draws.sample_actions` returns them."""
-        ids, mask = policy._parse_obs(obs_tensor)
-        queued = self.until > t
-        if self.expected is not None and queued.any():
+        ids, mask = policy._parse_obs(obs_tensor)  # type: ignore[attr-defined]
+        if self.expected is None:
+            same = np.zeros(len(self.until), dtype=bool)
+        else:
             exp_ids, exp_mask = self.expected
             same = ((ids == exp_ids) & (mask == exp_mask)).all(dim=-1).cpu().numpy()
-            queued &= same
-        if not queued.all():
-            self._refill(policy, ids, mask, np.flatnonzero(~queued), t)
+        same &= ~self.ended
+        live = np.zeros(len(self.until), dtype=bool)
+        live[self.live.live_rows()] = True
+        # a row continues from its queue or its live decode while its window is the one expected; else it joins anew
+        stale = ~same | ((self.until <= t) & ~live)
+        if stale.any():
+            rows = th.as_tensor(np.flatnonzero(stale), device=ids.device)
+            self.live.remove(rows)
+            greedy = np.zeros(len(rows), dtype=bool) if self.greedy_envs is None else self.greedy_envs[stale]
+            self.live.add(rows, ids[rows], mask[rows], t, th.as_tensor(greedy, device=ids.device))
+            self.until[stale] = t
+            self.joins += len(rows)
+        if (self.until <= t).any():
+            while len(self.live) and not self.live.advance(self._write):
+                pass
         actions = self.tokens[:, t]
         values = self.values[:, t]
         log_probs = self.log_probs[:, t]
@@ -153,26 +196,3 @@ class TurnQueues:
             greedy = np.zeros(len(self.until), dtype=bool) if self.greedy_envs is None else self.greedy_envs
             behaviour = th.where(th.as_tensor(~greedy, device=log_probs.device), mixed, log_probs)
         return actions, values.unsqueeze(-1), behaviour, log_probs
-
-    def _refill(self, policy: BasePolicy, ids: th.Tensor, mask: th.Tensor, rows_np: np.ndarray, t: int) -> None:
-        n_tokens = max(1, min(self.max_tokens, self.n_steps - t))
-        rows = th.as_tensor(rows_np, device=ids.device)
-        steps = slice(t, t + n_tokens)
-        greedy = np.zeros(len(rows_np), dtype=bool) if self.greedy_envs is None else self.greedy_envs[rows_np]
-        decoded = policy.decode_turns(  # type: ignore[operator]
-            ids[rows],
-            mask[rows],
-            uniforms=self.uniforms[steps, rows].transpose(0, 1),
-            greedy=th.as_tensor(greedy, device=ids.device),
-            explore=th.as_tensor(self.explore[steps][:, rows_np].T, device=ids.device),
-            explore_tokens=th.as_tensor(self.explore_tokens[steps][:, rows_np].T, device=ids.device),
-            stop_ids=self.stop_ids,
-        )
-        width = decoded.tokens.shape[1]
-        self.tokens[rows, t : t + width] = decoded.tokens
-        self.log_probs[rows, t : t + width] = decoded.log_probs
-        self.values[rows, t : t + width] = decoded.values
-        lengths = decoded.lengths.cpu().numpy()
-        self.until[rows_np] = t + lengths
-        self.decoded_tokens += int(lengths.max()) * len(rows_np)
-        self.refills += 1

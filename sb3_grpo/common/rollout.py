@@ -118,10 +118,11 @@ class RolloutExtras:
         extras.defer_draw_checks = on_accelerator
         if engine != "step" and policy is not None:
             greedy = extras.greedy_envs
-            extras.turns = TurnQueues(policy, env, n_rollout_steps, alpha, greedy, rng, action_space)
+            extras.turns = TurnQueues(
+                policy, env, n_rollout_steps, alpha, greedy, rng, action_space, needs_values=extras.needs_values
+            )
         if not exact_ppo and policy is not None:  # a prefill of another batch rounds floats differently from PPO's
-            if extras.turns is None:  # the decoder prefills its own rows
-                warm_prefills(policy, env)
+            warm_prefills(policy, env)
             extras.batched_bootstrap = True  # likewise, the truncated episodes' values in one batch
         return extras
 

@@ -3,6 +3,7 @@
 - :mod:`.causal_lm`: the policy (actor = the LM's next-token distribution, critic = a value head).
 - :mod:`.sampling`: logit processing (temperature, top-k, top-p) and categorical sampling.
 - :mod:`.critics`: the separate critic (``separate_critic=True``).
+- :mod:`.decoder`: the built-in decoder of the ``"hf"`` rollout engine (:class:`LiveBatch`).
 - :mod:`.kv_cache`: the rollout KV cache; :mod:`.windows` its window math (pure functions), :mod:`.prefill_memo`
   its memo of prefilled windows.
 - :mod:`.models`: loading and describing the Hugging Face model, LoRA adapters, :class:`PortableModel`.
@@ -12,6 +13,7 @@ A new model adapter (a model family that needs special handling) goes in :mod:`.
 """
 
 from sb3_grpo.policies.causal_lm import CausalLMPolicy
+from sb3_grpo.policies.decoder import LiveBatch
 from sb3_grpo.policies.kv_cache import RolloutCache
 from sb3_grpo.policies.models import PortableModel, export_pretrained, lora_spec, model_spec
 from sb3_grpo.policies.prefill_memo import PrefillMemo
@@ -27,6 +29,7 @@ from sb3_grpo.policies.windows import (
 
 __all__ = [
     "CausalLMPolicy",
+    "LiveBatch",
     "PortableModel",
     "PrefillMemo",
     "RolloutCache",

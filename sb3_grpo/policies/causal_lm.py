@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from sb3_grpo.policies.critics import EmbeddingCritic
-from sb3_grpo.policies.decoder import DecodedTurns, decode_turns
+from sb3_grpo.policies.decoder import LiveBatch
 from sb3_grpo.policies.kv_cache import RolloutCache
 from sb3_grpo.policies.models import (
     LoRAReferenceMixin,
@@ -578,15 +578,10 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
             self._look_ahead(ids, mask, actions)
         return actions, values.unsqueeze(-1), log_prob
 
-    def decode_turns(self, ids: th.Tensor, mask: th.Tensor, **draws: th.Tensor) -> DecodedTurns:
-        """A whole turn of tokens per row, decoded over the LM's own KV cache (the ``"hf"`` rollout engine;
-        :func:`~sb3_grpo.policies.decoder.decode_turns` documents ``draws``).
-
-        :param ids: ``[R, W]`` windows, as :meth:`_parse_obs` gives them.
-        :param mask: ``[R, W]`` their masks.
-        """
-        with th.no_grad():
-            return decode_turns(self, ids, mask, **draws)
+    def turn_decoder(self, *args: Any) -> LiveBatch:
+        """A live batch of the built-in decoder over the LM's own KV cache, for the ``"hf"`` rollout engine
+        (:class:`~sb3_grpo.policies.decoder.LiveBatch` documents the arguments). It runs under ``torch.no_grad``."""
+        return LiveBatch(self, *args)
 
     def evaluate_actions(self, obs: PyTorchObs, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """Values, log-probs and entropies for given transitions: full recompute, never the cache.
