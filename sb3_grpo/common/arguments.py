@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sb3_grpo.common.buffers import PolicyLogProbMixin, SequenceRolloutBuffer
+from sb3_grpo.common.engines import check_engine
 from textrl_envs.validation import (
     check_bool,
     check_choice,
@@ -135,6 +136,7 @@ GRPO_CHECKS: dict[str, Check] = {
         n, v, NONFINITE, hint="'raise' stops with an error (the default), 'skip' drops bad episodes and minibatches"
     ),
     "carry_over": check_bool,
+    "engine": lambda _n, v: check_engine(v),
 }
 
 

@@ -282,7 +282,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         return self.current_explore_alpha()
 
     def _computes_as_ppo(self) -> bool:
-        return self.extras.computes_as_ppo and getattr(self, "engine", "step") == "step"
+        return self.extras.computes_as_ppo
 
     # ------------------------------------------------------------------------------------------------------
     # Update
