@@ -483,15 +483,18 @@ def test_every_extra_off_is_defined_once_and_covers_every_own_argument():
         "explore_alpha": 0.0,
         "advantage": "gae",
         "kl_coef": 0.0,
+        "engine": "step",
     }
     own = set(inspect.signature(GRPO.__init__).parameters) - set(inspect.signature(PPO.__init__).parameters)
-    assert own - set(GRPOExtras.names()) == {"grad_norm_warn", "nonfinite"}  # a warning threshold, an error policy
+    # a warning threshold, an error policy, and how the same update is laid out (micro-batches, sharding)
+    assert own - set(GRPOExtras.names()) == {"grad_norm_warn", "nonfinite", "micro_batch_size", "data_parallel"}
     assert EXTRAS_OFF.computes_as_ppo and not GRPOExtras().computes_as_ppo
     # a field its switch leaves unused does not matter; any switch on does
     assert GRPOExtras(**{**EXTRAS_OFF.kwargs(), "grad_var_slices": 8, "explore_fraction": 0.1}).computes_as_ppo
     for name, value in [("grad_var_coef", 0.01), ("adaptive_clip", (1.1, 0.9)), ("explore_alpha", 0.05)]:
         assert not GRPOExtras(**{**EXTRAS_OFF.kwargs(), name: value}).computes_as_ppo, name
     assert not GRPOExtras(**{**EXTRAS_OFF.kwargs(), "advantage": "group", "carry_over": True}).computes_as_ppo
+    assert not GRPOExtras(**{**EXTRAS_OFF.kwargs(), "engine": "hf"}).computes_as_ppo
     model = GRPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, device="cpu", **EXTRAS_OFF.switches())
     assert model.extras == EXTRAS_OFF and model._computes_as_ppo()
     assert not GRPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, device="cpu")._computes_as_ppo()

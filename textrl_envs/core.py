@@ -31,6 +31,7 @@ import numpy as np
 
 from textrl_envs.chat import end_of_turn_id, render, render_items, resolve_chat_template
 from textrl_envs.data import load_prompts
+from textrl_envs.hf_loading import load_from_hub, looks_like_hub_id
 from textrl_envs.rewards.base import call_reward, check_reward_timeout
 from textrl_envs.rewards.registry import resolve_reward
 from textrl_envs.tasks import PromptItem, Task, all_tasks, get_task
@@ -213,8 +214,12 @@ class TextSpecAccess:
         self.text_spec.set_budget(n)
 
 
-def load_tokenizer(tokenizer: Any = None):
-    """Resolve ``tokenizer``: ``None`` (the bundled one), a local path, or a tokenizer object.
+def load_tokenizer(tokenizer: Any = None, revision: str | None = None):
+    """Resolve ``tokenizer``: ``None`` (the bundled one), a local path, a Hugging Face Hub id, or a tokenizer object.
+
+    A Hub id (``"org/name"``, a string that names no local directory) loads as ``AutoTokenizer.from_pretrained``
+    loads it, at ``revision``: downloaded online, from the Hugging Face cache with ``HF_HUB_OFFLINE=1``
+    (:func:`~textrl_envs.hf_loading.load_from_hub`).
 
     Fallbacks (Hugging Face conventions): a tokenizer without a pad token uses its EOS token as pad;
     one without EOS gets a warning and episodes then end only by truncation (pad falls back to 0).
@@ -227,11 +232,16 @@ def load_tokenizer(tokenizer: Any = None):
         tokenizer = tokenizer_path()
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)
-        if not os.path.isdir(path):
+        if not os.path.isdir(path) and looks_like_hub_id(path):
+            tokenizer = load_from_hub(AutoTokenizer.from_pretrained, path, "tokenizer", revision)
+        elif not os.path.isdir(path):
             raise ValueError(
-                f"tokenizer path {path!r} is not a directory; pass a local Hugging Face tokenizer directory "
-                "(nothing is downloaded) or a PreTrainedTokenizerBase object"
+                f"tokenizer path {path!r} is not a directory; pass a local Hugging Face tokenizer directory, a Hub "
+                "id such as 'org/name' (from the Hugging Face cache, or downloaded when online) or a "
+                "PreTrainedTokenizerBase object"
             )
+    if isinstance(tokenizer, (str, os.PathLike)):
+        path = os.fspath(tokenizer)
         todo = "pass a directory written by tokenizer.save_pretrained(dir), or a PreTrainedTokenizerBase object"
         if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
             held = sorted(os.listdir(path))[:8]
@@ -247,7 +257,8 @@ def load_tokenizer(tokenizer: Any = None):
             ) from err
     if not isinstance(tokenizer, PreTrainedTokenizerBase):
         raise TypeError(
-            f"tokenizer must be None, a local directory or a PreTrainedTokenizerBase; got {type(tokenizer).__name__}"
+            "tokenizer must be None, a local directory, a Hub id or a PreTrainedTokenizerBase; got "
+            f"{type(tokenizer).__name__}"
         )
     return tokenizer
 

@@ -8,6 +8,8 @@ they measure:
   ``"cpu"``, random actions with special tokens against word tokens;
 - :mod:`.rollout`: GRPO's ``collect_rollouts`` against ``generate`` (no EOS, EOS on, a large batch, GPT-2-small
   size), against the cache-off loop, and the default reward's cost in a rollout;
+- :mod:`.engine`: the rollout with ``engine="hf"`` (the built-in decoder) against ``generate`` (EOS on, no EOS,
+  GPT-2-small size) and against ``engine="step"``;
 - :mod:`.update`: the sequence update against stock ``PPO.train``, the gradient-variance penalty's cost (bundled LM,
   GPT-2-small size, MLP), and CartPole against stock PPO;
 - :mod:`.interactive`: rollout tokens/s on an interactive env (``GuessNumber-v0``) with the KV cache extended by each
@@ -90,7 +92,7 @@ def measurements(
     :param trl_seeds: Seeds of the loops against TRL.
     :param smoke: The smallest sizes (:data:`SIZES`), to check that every row runs; wins over ``quick``.
     """
-    from benchmarks.perf import envs, interactive, memory, rollout, trl, update
+    from benchmarks.perf import engine, envs, interactive, memory, rollout, trl, update
 
     mode = "smoke" if smoke else "quick" if quick else "full"
     z = SIZES[mode]
@@ -127,6 +129,7 @@ def measurements(
                          *envs.vector_env_special_tokens(n_env, steps, r + 2, device=device)]),
         ("rollout", lambda: rollout.rollout_vs_generate(small, tok, 2 * tok, r, device, z["large"])),
         ("reward", lambda: [rollout.reward_cost(small, tok, z["reward_rollouts"], 2 * r + 1, device)]),
+        ("engine", lambda: engine.engine_vs_generate(small, tok, r, device, gpt2=z["gpt2"], gpt2_config=gpt2)),
         ("rollout-gpt2", lambda: [rollout.rollout_gpt2_small(*z["gpt2"], r, device, config=gpt2)]),
         ("interactive", lambda: interactive.interactive_rollout(*z["interactive"], r)),
         ("update", lambda: update.update_seq_vs_stock(small, tok, z["update_steps"], r, device)),

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sb3_grpo.common.buffers import PolicyLogProbMixin, SequenceRolloutBuffer
+from sb3_grpo.common.engines import check_engine
 from textrl_envs.validation import (
     check_bool,
     check_choice,
@@ -137,6 +138,7 @@ GRPO_CHECKS: dict[str, Check] = {
     "carry_over": check_bool,
     "micro_batch_size": _optional(lambda n, v: check_int(n, v, low=1, example=8)),
     "data_parallel": lambda n, v: check_choice(n, v, ("ddp", "fsdp")),
+    "engine": lambda _n, v: check_engine(v),
 }
 
 

@@ -54,6 +54,7 @@ from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_clas
 from sb3_grpo.common.carry_over import CarryOver
 from sb3_grpo.common.checkpoints import existing_checkpoint
 from sb3_grpo.common.data_parallel import DATA_PARALLEL, make_data_parallel
+from sb3_grpo.common.engines import check_engine, check_engine_policy
 from sb3_grpo.common.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
 from sb3_grpo.common.host_memory import release_free_heap
 from sb3_grpo.common.nonfinite import raise_non_finite
@@ -91,6 +92,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     :param data_parallel: under ``torchrun``: ``"ddp"`` (every rank holds the whole policy, gradients averaged by
         one all-reduce) or ``"fsdp"`` (parameters, gradients and optimizer state sharded over the ranks with FSDP2,
         :class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`); no effect on one process
+    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.common.engines`): ``"step"`` (SB3's loop, one
+        token per policy call; the reference) or ``"hf"`` (the policy's built-in decoder, a whole turn per row at a
+        time, the env still stepped token by token: the same tokens from the same draws)
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -135,6 +139,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         carry_over: bool = False,
         micro_batch_size: int | None = None,
         data_parallel: str = "ddp",
+        engine: str = "step",
     ):
         # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed); outside
         # torchrun this is the single-process seam and torch.distributed is never touched. load() builds with
@@ -193,6 +198,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         if micro_batch_size is not None:
             check_int("micro_batch_size", micro_batch_size, low=1, example=8)
         self.micro_batch_size = micro_batch_size
+        self.engine = check_engine(engine)
         if self.advantage != "gae" and self.env is not None:
             # warns when n_steps < the episodes' length (unless carry_over trains those steps later)
             check_grouped_env(self.env, self.advantage, None if carry_over else self.n_steps)
@@ -266,6 +272,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         data_parallel = self._data_parallel
         self.seed = data_parallel.seed(self.seed)
         super()._setup_model()
+        check_engine_policy(getattr(self, "engine", "step"), self.policy, self.action_space)
         # a model object in policy_kwargs is saved as its config (the weights are in the state dict), not pickled
         self.policy_kwargs = portable_policy_kwargs(self.policy_kwargs, getattr(self.policy, "lm_spec", None))
         if not data_parallel.is_main:
@@ -416,6 +423,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             carry=self._carry,
             on_accelerator=self.device.type != "cpu",
             exact_ppo=self._computes_as_ppo(),
+            engine=getattr(self, "engine", "step"),
         )
 
         callback.on_rollout_start()

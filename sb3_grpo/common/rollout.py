@@ -22,6 +22,7 @@ from sb3_grpo.common.buffers import PolicyLogProbMixin
 from sb3_grpo.common.carry_over import CarryOver
 from sb3_grpo.common.deferred_rewards import DeferredRewards
 from sb3_grpo.common.draws import sample_actions
+from sb3_grpo.common.engines import TurnQueues
 from sb3_grpo.common.groups import EpisodeGroupTracker
 from sb3_grpo.common.nonfinite import NonFiniteEpisodes, check_advantages, check_log_probs
 
@@ -75,6 +76,7 @@ class RolloutExtras:
         # on an accelerator the draws' log-probs are checked at the rollout's end (:meth:`sample`)
         self.defer_draw_checks = False
         self.unchecked_log_probs: list[tuple[int, int, th.Tensor]] = []  # (row, timestep, log-probs)
+        self.turns: TurnQueues | None = None  # engine="hf": the tokens decoded a turn ahead (sb3_grpo.common.engines)
 
     @classmethod
     def start(
@@ -93,6 +95,7 @@ class RolloutExtras:
         carry: CarryOver | None = None,
         on_accelerator: bool = False,
         exact_ppo: bool = False,
+        engine: str = "step",
     ) -> RolloutExtras:
         """The state of a rollout of ``env`` about to start (the first arguments are the constructor's, with the env
         for its number of envs), with the env's background rewards turned on where it offers them.
@@ -104,6 +107,8 @@ class RolloutExtras:
         :param exact_ppo: The model must compute what SB3's PPO computes bit for bit: no batched prefill of the
             prompts and no batched bootstrap values, which round floats differently (``GRPO`` with every extra off,
             :attr:`sb3_grpo.grpo.extras.GRPOExtras.computes_as_ppo`).
+        :param engine: The rollout engine (:mod:`sb3_grpo.common.engines`): ``"step"`` draws each step's tokens in
+            its policy call, ``"hf"`` hands out tokens the policy's decoder computed a turn ahead.
         """
         extras = cls(
             action_space, alpha, tracker, self_critical, nonfinite, rollout_buffer, env.num_envs, n_rollout_steps, rng
@@ -111,6 +116,11 @@ class RolloutExtras:
         extras.deferred = DeferredRewards.start(env)
         extras.carry = carry
         extras.defer_draw_checks = on_accelerator
+        if engine != "step" and policy is not None:
+            greedy = extras.greedy_envs
+            extras.turns = TurnQueues(
+                policy, env, n_rollout_steps, alpha, greedy, rng, action_space, needs_values=extras.needs_values
+            )
         if not exact_ppo and policy is not None:  # a prefill of another batch rounds floats differently from PPO's
             warm_prefills(policy, env)
             extras.batched_bootstrap = True  # likewise, the truncated episodes' values in one batch
@@ -126,9 +136,12 @@ class RolloutExtras:
         # parameters, so the cache is rebuilt anyway); a cache that survives extends by the token at the next call
         look_ahead = self.needs_values or row != self.n_rollout_steps - 1
         try:
-            drawn = sample_actions(
-                policy, obs_tensor, self.action_space, self.alpha, self.greedy_envs, self.rng, look_ahead=look_ahead
-            )
+            if self.turns is not None:
+                drawn = self.turns.sample(policy, obs_tensor, row)
+            else:
+                drawn = sample_actions(
+                    policy, obs_tensor, self.action_space, self.alpha, self.greedy_envs, self.rng, look_ahead=look_ahead
+                )
         except RuntimeError as err:  # e.g. torch.multinomial on NaN probabilities (torch's own checks are off)
             raise RuntimeError(
                 f"the policy's draw failed at rollout step {row} (timestep {timestep}, update {n_updates}): "
@@ -166,6 +179,8 @@ class RolloutExtras:
     def record_step(self, row: int, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]) -> None:
         """Record one step (buffer row ``row``): completion lengths, the raw rewards (before the timeout bootstrap
         adds ``gamma * V(terminal obs)``) for the group advantages, and where rewards still being scored go."""
+        if self.turns is not None:
+            self.turns.note_dones(dones)
         if self.deferred is not None:
             self.deferred.note(row, dones, infos, self.nonfinite.ended_first_row)
         if dones.any():

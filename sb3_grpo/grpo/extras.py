@@ -36,6 +36,9 @@ class GRPOExtras:
     kl_coef: float = 0.0
     kl_target: float | None = None
     carry_over: bool = False
+    #: the rollout engine (``"step"``: SB3's loop, PPO's numbers; ``"hf"``: the built-in decoder, the same tokens with
+    #: log-probs and values equal to float rounding), see :mod:`sb3_grpo.common.engines`
+    engine: str = "step"
 
     def __post_init__(self) -> None:
         # lists (from a user, or a saved model's JSON) become tuples, so that the value is hashable and compares equal

@@ -148,6 +148,10 @@ class GRPO(GroupOnPolicyAlgorithm):
     :param data_parallel: under ``torchrun``: ``"ddp"`` (default; every rank holds the whole policy) or ``"fsdp"``
         (parameters, gradients and optimizer state sharded over the ranks with FSDP2: an LM's blocks, an MLP policy's
         layers; :class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`); no effect on one process
+    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.common.engines`): ``"step"`` (default, SB3's
+        loop: one token per policy call, the reference; with every extra off, bit for bit PPO's) or ``"hf"`` (the
+        policy's built-in decoder computes a whole turn per row, and the env is stepped from per-row queues: the same
+        tokens from the same draws, log-probs and values equal to float rounding)
     """
 
     # Over 80 lines: PPO's signature plus GRPO's own arguments, kept in SB3's form so that the two read side by side
@@ -195,6 +199,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         carry_over: bool = False,
         micro_batch_size: int | None = None,
         data_parallel: str = "ddp",
+        engine: str = "step",
     ):
         # every argument (PPO's and GRPO's: type, finiteness, range) is checked first, before any model is built
         adaptive_clip = check_grpo_args(locals())
@@ -231,6 +236,7 @@ class GRPO(GroupOnPolicyAlgorithm):
             carry_over=carry_over,
             micro_batch_size=micro_batch_size,
             data_parallel=data_parallel,
+            engine=engine,
         )
         self.grad_var_coef = float(grad_var_coef)
         self.grad_var_slices = int(grad_var_slices)

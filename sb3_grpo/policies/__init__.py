@@ -3,6 +3,7 @@
 - :mod:`.causal_lm`: the policy (actor = the LM's next-token distribution, critic = a value head).
 - :mod:`.sampling`: logit processing (temperature, top-k, top-p) and categorical sampling.
 - :mod:`.critics`: the separate critic (``separate_critic=True``).
+- :mod:`.decoder`: the built-in decoder of the ``"hf"`` rollout engine (:class:`LiveBatch`).
 - :mod:`.kv_cache`: the rollout KV cache; :mod:`.windows` its window math (pure functions), :mod:`.prefill_memo`
   its memo of prefilled windows.
 - :mod:`.models`: loading and describing the Hugging Face model, LoRA adapters, :class:`PortableModel`.
@@ -12,8 +13,9 @@ A new model adapter (a model family that needs special handling) goes in :mod:`.
 """
 
 from sb3_grpo.policies.causal_lm import CausalLMPolicy
+from sb3_grpo.policies.decoder import LiveBatch
 from sb3_grpo.policies.kv_cache import RolloutCache
-from sb3_grpo.policies.models import PortableModel, lora_spec, model_spec
+from sb3_grpo.policies.models import PortableModel, export_pretrained, lora_spec, model_spec
 from sb3_grpo.policies.prefill_memo import PrefillMemo
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
 from sb3_grpo.policies.windows import (
@@ -27,10 +29,12 @@ from sb3_grpo.policies.windows import (
 
 __all__ = [
     "CausalLMPolicy",
+    "LiveBatch",
     "PortableModel",
     "PrefillMemo",
     "RolloutCache",
     "extends_by_one",
+    "export_pretrained",
     "extension_lengths",
     "left_pad_columns",
     "lora_spec",

@@ -28,12 +28,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from sb3_grpo.policies.critics import EmbeddingCritic
+from sb3_grpo.policies.decoder import LiveBatch
 from sb3_grpo.policies.kv_cache import RolloutCache
 from sb3_grpo.policies.models import (
     LoRAReferenceMixin,
     apply_lora,
     as_dtype,
     check_autocast_dtype,
+    export_pretrained,
     load_lm,
     lora_spec,
     model_spec,
@@ -131,10 +133,13 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
     :param observation_space: the env's ``Dict`` observation space.
     :param action_space: the env's ``Discrete(V)`` action space.
     :param lr_schedule: learning-rate schedule (SB3 passes it).
-    :param model: a local model directory, a ``transformers.PreTrainedModel`` (used in place, not copied), a
-        :class:`~sb3_grpo.policies.models.PortableModel` (its model, in place), a :func:`model_spec` dict (config
-        only: random weights until a state dict is loaded), or ``None`` for the bundled LM at
-        ``textrl_envs.assets.lm_path()``.
+    :param model: a local model directory, a Hugging Face Hub id such as ``"org/name"`` (downloaded into the Hugging
+        Face cache when online, read from it with ``HF_HUB_OFFLINE=1``), a ``transformers.PreTrainedModel`` (used in
+        place, not copied), a :class:`~sb3_grpo.policies.models.PortableModel` (its model, in place), a
+        :func:`model_spec` dict (config only: random weights until a state dict is loaded), or ``None`` for the
+        bundled LM at ``textrl_envs.assets.lm_path()``.
+    :param revision: the Hub revision (branch, tag or commit hash) of a ``model`` given by Hub id (``None``: ``main``);
+        saved with the model's spec.
     :param dtype: dtype to load / cast the LM to (``th.dtype`` or a name such as ``"bfloat16"``); heads stay float32.
     :param temperature: sampling temperature (> 0).
     :param top_k: keep only the ``top_k`` most likely tokens (``None`` or 0: all), an int.
@@ -172,6 +177,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         action_space: spaces.Space,
         lr_schedule: Schedule,
         model: Any = None,
+        revision: str | None = None,
         dtype: th.dtype | str | None = None,
         temperature: float = 1.0,
         top_k: int | None = None,
@@ -229,6 +235,9 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         self.value_head_init_std = value_head_init_std
         self.ortho_init = ortho_init
         self.critic_hidden = critic_hidden
+        if revision is not None and not isinstance(revision, str):
+            raise TypeError(f"revision must be a str (a branch, tag or commit hash) or None, got {revision!r}")
+        self.revision = revision
 
         self._load_lm(model, resolved_dtype, lora, observation_space, action_space)
         self._build_critic(int(self.lm.get_input_embeddings().weight.shape[1]))
@@ -251,9 +260,11 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
     ) -> None:
         """Load the LM (``self.lm``), inject the LoRA adapters if asked, and check that the env's windows fit its
         context and its vocabulary covers the env's action space."""
-        self.lm = load_lm(model, dtype)
+        self.lm = load_lm(model, dtype, self.revision)
         check_window_fits(observation_space, self.lm.config)  # before a window fails mid-rollout
-        self._spec = model_spec(self.lm)
+        # a saved spec keeps the Hub revision it recorded
+        revision = self.revision or (model.get("revision") if isinstance(model, dict) else None)
+        self._spec = model_spec(self.lm, revision)
         self.lora = None if lora is None else lora_spec(lora)
         if self.lora is not None:
             # adapters injected into self.lm in place (self.lm stays the transformers model); the PeftModel wrapper
@@ -331,6 +342,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
             {
                 "lr_schedule": self._dummy_schedule,
                 "model": self._spec,
+                "revision": self.revision,
                 "dtype": self.dtype_name,
                 "temperature": self.temperature,
                 "top_k": self.top_k,
@@ -350,6 +362,17 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
             }
         )
         return data
+
+    def save_pretrained(self, path: Any, merge_lora: bool = True) -> str:
+        """Export the LM as a Hugging Face model directory that ``AutoModelForCausalLM.from_pretrained`` loads, with
+        logits equal to this policy's LM logits; a LoRA policy's adapters merged (``merge_lora=True``) or kept as a
+        peft adapter (:func:`~sb3_grpo.policies.models.export_pretrained`).
+
+        :param path: The directory to write.
+        :param merge_lora: LoRA only: merge the adapters into the weights, or write them as an adapter.
+        :return: ``path`` as a string.
+        """
+        return export_pretrained(self, path, merge_lora=merge_lora)
 
     @property
     def lm_spec(self) -> dict[str, Any]:
@@ -554,6 +577,11 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         if look_ahead and self._caching():
             self._look_ahead(ids, mask, actions)
         return actions, values.unsqueeze(-1), log_prob
+
+    def turn_decoder(self, *args: Any) -> LiveBatch:
+        """A live batch of the built-in decoder over the LM's own KV cache, for the ``"hf"`` rollout engine
+        (:class:`~sb3_grpo.policies.decoder.LiveBatch` documents the arguments). It runs under ``torch.no_grad``."""
+        return LiveBatch(self, *args)
 
     def evaluate_actions(self, obs: PyTorchObs, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """Values, log-probs and entropies for given transitions: full recompute, never the cache.

@@ -267,6 +267,18 @@ class RolloutCache:
         self.memo.remember([windows[i] for i in missing], *computed)
         return len(missing)
 
+    def prefill(self, ids: th.Tensor, mask: th.Tensor) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
+        """``(cache, kv_mask, logits, values)`` of these windows, right-aligned in a new ``DynamicCache``: copied from
+        the prefill memo where it holds them under the current parameters, else one batched forward (remembered).
+        For the built-in decoder (:mod:`sb3_grpo.policies.decoder`); call under ``no_grad``."""
+        version = self._param_version()
+        if self.memo.version != version:
+            self.memo.clear()
+            self.memo.version = version
+        if not self.supported:
+            return self._compute_prefill(ids, mask)
+        return self._prefill(ids, mask)
+
     def _param_version(self) -> int:
         # In-place updates (optimizer.step, load_state_dict, copy_) bump each tensor's version counter.
         params = self._param_list

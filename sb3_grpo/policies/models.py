@@ -1,7 +1,9 @@
 """Loading and describing the Hugging Face causal LM behind :class:`~sb3_grpo.policies.CausalLMPolicy`.
 
 :func:`model_spec` is the JSON-able description SB3 saves instead of the model object; :func:`load_lm` builds the
-LM from a local path, a ``PreTrainedModel``, a spec, a :class:`PortableModel` or ``None`` (the bundled LM).
+LM from a local path, a Hugging Face Hub id (downloaded, or read from the local Hugging Face cache with
+``HF_HUB_OFFLINE=1``), a ``PreTrainedModel``, a spec, a :class:`PortableModel` or ``None`` (the bundled LM);
+:func:`export_pretrained` writes a trained policy's LM back out as a Hugging Face model directory.
 :class:`PortableModel` is the spec that carries its live model: what to pass a stock SB3 algorithm so that its
 saved ``policy_kwargs`` stay plain JSON (``GRPO`` makes the swap itself). The optional LoRA adapters (``peft``)
 are described by :func:`lora_spec` and injected by :func:`apply_lora`; :func:`check_autocast_dtype` validates the
@@ -20,7 +22,7 @@ from stable_baselines3.common.type_aliases import PyTorchObs
 from torch import nn
 
 from sb3_grpo.common.io import to_jsonable
-from textrl_envs.hf_loading import no_progress_bars
+from textrl_envs.hf_loading import cached_commit, load_from_hub, looks_like_hub_id, no_progress_bars
 
 __all__ = [
     "AUTOCAST_DTYPES",
@@ -31,24 +33,33 @@ __all__ = [
     "apply_lora",
     "as_dtype",
     "check_autocast_dtype",
+    "export_pretrained",
     "load_lm",
     "lora_spec",
     "model_spec",
 ]
 
 
-def model_spec(lm: nn.Module) -> dict[str, Any]:
+def model_spec(lm: nn.Module, revision: str | None = None) -> dict[str, Any]:
     """A JSON-serialisable description of a Hugging Face model: its full config, no weights.
 
     SB3 stores this instead of the model object; the weights come back from the state dict SB3 saves.
 
     :param lm: a ``PreTrainedModel``.
-    :return: ``{"config": dict, "name_or_path": str}``.
+    :param revision: the Hub revision it was loaded at (``None``: ``main``).
+    :return: ``{"config": dict, "name_or_path": str}``, plus ``"revision"`` for a model loaded by Hub id: the commit
+        hash the Hugging Face cache resolved ``revision`` to (``revision`` itself where the cache does not say).
     """
-    return {
+    spec: dict[str, Any] = {
         "config": json.loads(lm.config.to_json_string(use_diff=False)),
         "name_or_path": str(getattr(lm.config, "_name_or_path", "") or getattr(lm, "name_or_path", "")),
     }
+    name = spec["name_or_path"]
+    if name and not os.path.isdir(name) and looks_like_hub_id(name):
+        revision = cached_commit(name, revision) or revision  # the exact commit, where the cache knows it
+    if revision:
+        spec["revision"] = str(revision)
+    return spec
 
 
 class PortableModel(dict):
@@ -82,14 +93,20 @@ class PortableModel(dict):
 
 def portable_policy_kwargs(policy_kwargs: Any, lm_spec: dict[str, Any] | None) -> Any:
     """``policy_kwargs`` with a model *object* in ``"model"`` replaced by ``lm_spec`` (a new dict; the given one is left
-    alone), so that SB3 saves JSON rather than a pickled Hugging Face model; paths, specs and ``None`` stay as they are.
+    alone), so that SB3 saves JSON rather than a pickled Hugging Face model; and likewise a Hub id, so that loading the
+    saved model needs neither the network nor the Hugging Face cache (the spec records the id and its revision; the
+    weights are in the saved state dict). Local paths, specs and ``None`` stay as they are.
 
     :param policy_kwargs: An algorithm's ``policy_kwargs``.
     :param lm_spec: The built policy's :func:`model_spec` (``None``: not an LM policy, nothing changes).
     """
     model = policy_kwargs.get("model") if isinstance(policy_kwargs, dict) else None
-    if model is None or lm_spec is None or isinstance(model, (str, os.PathLike, dict)):
+    if model is None or lm_spec is None or isinstance(model, dict):
         return policy_kwargs
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if os.path.isdir(path) or not looks_like_hub_id(path):
+            return policy_kwargs
     return {**policy_kwargs, "model": lm_spec}
 
 
@@ -126,8 +143,13 @@ def as_dtype(dtype: th.dtype | str | None) -> th.dtype | None:
     return value
 
 
-def load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
-    """Build the causal LM from a path, a model instance, a :func:`model_spec` dict, or ``None``."""
+def load_lm(model: Any, dtype: th.dtype | None, revision: str | None = None) -> nn.Module:
+    """Build the causal LM from a local path, a Hub id, a model instance, a :func:`model_spec` dict, or ``None``.
+
+    A string that names no local directory but has a Hub id's shape (``"org/name"``) loads as
+    ``AutoModelForCausalLM.from_pretrained`` loads it: downloaded online, from the Hugging Face cache with
+    ``HF_HUB_OFFLINE=1``, at ``revision`` (a branch, tag or commit; ``None``: ``main``).
+    """
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
     if model is None:
@@ -146,18 +168,58 @@ def load_lm(model: Any, dtype: th.dtype | None) -> nn.Module:
         return AutoModelForCausalLM.from_config(config, **kwargs)
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
+        kwargs = {"dtype": dtype} if dtype is not None else {}
+        if not os.path.isdir(path) and looks_like_hub_id(path):
+            return load_from_hub(AutoModelForCausalLM.from_pretrained, path, "CausalLMPolicy model", revision, **kwargs)
         if not os.path.isdir(path):
             raise FileNotFoundError(
                 f"CausalLMPolicy model directory {path!r} does not exist (or is not a directory); pass an existing "
-                "local model directory, a PreTrainedModel, or a model_spec dict (config only; weights then come "
-                "from the SB3 checkpoint)"
+                "local model directory, a Hugging Face Hub id such as 'org/name', a PreTrainedModel, or a model_spec "
+                "dict (config only; weights then come from the SB3 checkpoint)"
             )
-        kwargs = {"dtype": dtype} if dtype is not None else {}
         with no_progress_bars():
             return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
     raise TypeError(
-        f"model must be None, a local path, a transformers PreTrainedModel or a model_spec dict; got {type(model)}"
+        "model must be None, a local path, a Hub id, a transformers PreTrainedModel or a model_spec dict; got "
+        f"{type(model)}"
     )
+
+
+def export_pretrained(policy: Any, path: str | os.PathLike, merge_lora: bool = True) -> str:
+    """Write ``policy``'s LM (a :class:`~sb3_grpo.policies.CausalLMPolicy`) as a Hugging Face model directory.
+
+    ``transformers.AutoModelForCausalLM.from_pretrained(path)`` loads it, and its logits are the policy's LM
+    logits (the value head, the sampling settings and the optimizer are not part of it). A LoRA policy writes its
+    adapters merged into the base weights (``merge_lora=True``: a plain model, the policy itself left as it was) or
+    as a peft adapter directory (``merge_lora=False``: ``adapter_config.json`` and the adapter weights, whose base is
+    the model the policy was built from, by its name or path; peft loads it, and ``transformers`` does when peft is
+    installed). Without LoRA ``merge_lora`` does nothing.
+
+    :param policy: The trained policy.
+    :param path: The directory to write (created if missing).
+    :param merge_lora: LoRA only: merge the adapters into the weights (``True``) or keep them as an adapter.
+    :return: ``path`` as a string.
+    """
+    import copy
+
+    out = os.fspath(path)
+    peft_model = policy.__dict__.get("_peft_model")
+    if peft_model is None:
+        policy.lm.save_pretrained(out)
+        return out
+    if not merge_lora:
+        base = str(getattr(peft_model.peft_config["default"], "base_model_name_or_path", "") or "")
+        if not base:
+            raise ValueError(
+                "export_pretrained(merge_lora=False) writes the LoRA adapters only, but the policy's base model has "
+                "no name or path to load it from (it was built from a config or an object); use merge_lora=True "
+                "for a self-contained model directory"
+            )
+        peft_model.save_pretrained(out)
+        return out
+    merged = copy.deepcopy(peft_model).merge_and_unload()  # a copy: the policy keeps its adapters
+    merged.save_pretrained(out)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ def process_logits(
     return logits
 
 
-def sample_categorical(probs: th.Tensor) -> th.Tensor:
+def sample_categorical(probs: th.Tensor, u: th.Tensor | None = None) -> th.Tensor:
     """One draw per row from categorical distributions, by inverse transform sampling.
 
     The index ``i`` with ``cdf[i - 1] <= u < cdf[i]`` for ``u`` uniform on ``[0, cdf[-1])``: the same distribution as
@@ -54,10 +54,14 @@ def sample_categorical(probs: th.Tensor) -> th.Tensor:
     top-k / top-p) are never drawn.
 
     :param probs: ``[..., V]`` non-negative weights (need not sum to 1), at least one positive per row.
+    :param u: ``[..., 1]`` uniform draws on ``[0, 1)`` to use (``None``: drawn here with ``torch.rand``, one per row);
+        a rollout engine that computes tokens ahead passes the draws the step-by-step rollout would have made.
     :return: ``[...]`` long tensor of indices.
     """
     cdf = probs.cumsum(dim=-1)
-    u = th.rand(probs.shape[:-1] + (1,), device=probs.device, dtype=cdf.dtype) * cdf[..., -1:]
+    if u is None:
+        u = th.rand(probs.shape[:-1] + (1,), device=probs.device, dtype=cdf.dtype)
+    u = u * cdf[..., -1:]
     index = th.searchsorted(cdf, u, right=True).squeeze(-1)
     # float rounding could put u at cdf[-1]: never go past the last token that has probability
     last = probs.shape[-1] - 1 - (probs > 0).flip(-1).to(th.uint8).argmax(dim=-1)

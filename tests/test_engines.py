@@ -1,0 +1,157 @@
+"""The rollout engines: ``engine="hf"`` (the policy's decoder computes a whole turn per row, the env is stepped from
+per-row queues) gives the same rollouts as ``engine="step"`` (one token per policy call) for the same seed: the same
+tokens, episode starts and rewards, and log-probs, values, advantages and returns equal to float rounding, over
+several rollouts and their updates; with EOS and auto-resets, groups, interactive replies, exploration and
+carry-over."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import warnings
+
+import numpy as np
+import pytest
+import torch as th
+from helpers import quiet
+from stable_baselines3.common.callbacks import BaseCallback
+
+from sb3_grpo import GRPO
+from sb3_grpo.common.engines import TurnQueues
+from textrl_envs.sb3 import make_vec_env
+
+N_ENVS, N_STEPS, ROLLOUTS = 4, 12, 2
+FIELDS_EXACT = ("actions", "episode_starts", "token_ids", "token_mask")
+# rewards: with GAE, truncated episodes add the discounted value of their last state
+FIELDS_CLOSE = ("rewards", "log_probs", "policy_log_probs", "values", "advantages", "returns")
+
+
+class BufferLog(BaseCallback):
+    """A copy of the rollout buffer's fields at each rollout's end."""
+
+    def __init__(self):
+        super().__init__()
+        self.rollouts = []
+
+    def _on_rollout_end(self):
+        buf = self.model.rollout_buffer
+        names = [n for n in FIELDS_EXACT + FIELDS_CLOSE if getattr(buf, n, None) is not None]
+        self.rollouts.append({n: np.array(getattr(buf, n), copy=True) for n in names})
+
+    def _on_step(self):
+        return True
+
+
+def _text_env():
+    return make_vec_env("TextGen-v0", n_envs=N_ENVS, group_size=2, seed=7, device="cpu", max_new_tokens=8)
+
+
+def _guess_env():
+    return make_vec_env("GuessNumber-v0", n_envs=N_ENVS, group_size=2, seed=7, device="cpu")
+
+
+def _learn(engine, env_fn=_text_env, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = quiet(GRPO("CausalLMPolicy", env_fn(), n_steps=N_STEPS, batch_size=N_STEPS * N_ENVS // 2,
+                           n_epochs=1, seed=3, device="cpu", engine=engine, **kwargs))  # fmt: skip
+    log = BufferLog()
+    model.learn(N_STEPS * N_ENVS * ROLLOUTS, callback=log)
+    model.torch_rng_after = th.get_rng_state()
+    return model, log.rollouts
+
+
+def _assert_same_rollouts(fast, slow):
+    assert len(fast) == len(slow) == ROLLOUTS
+    for i, (a, b) in enumerate(zip(fast, slow, strict=True)):
+        assert a.keys() == b.keys()
+        for name in a:
+            if name in FIELDS_EXACT:
+                np.testing.assert_array_equal(a[name], b[name], err_msg=f"rollout {i}: {name}")
+            else:
+                np.testing.assert_allclose(a[name], b[name], atol=1e-5, rtol=1e-4, err_msg=f"rollout {i}: {name}")
+
+
+CASES = {
+    "eos-gae": {"explore_alpha": 0.0},
+    "self-critical": {"explore_alpha": 0.0, "advantage": "self_critical"},
+    "exploration": {"explore_alpha": 0.3, "explore_fraction": 1.0, "advantage": "group"},
+    "carry-over": {"advantage": "group", "carry_over": True},
+}
+
+
+@pytest.mark.parametrize("kwargs", list(CASES.values()), ids=list(CASES))
+def test_hf_engine_rollouts_equal_the_step_engine(kwargs):
+    step_model, step = _learn("step", **kwargs)
+    hf_model, hf = _learn("hf", **kwargs)
+    _assert_same_rollouts(hf, step)
+    assert sum(int(r["episode_starts"].sum()) for r in step) > 2 * N_ENVS  # episodes end (EOS) and auto-reset
+    # the same random streams were drawn, in the same amounts
+    assert th.equal(step_model.torch_rng_after, hf_model.torch_rng_after)
+    assert step_model._explore_rng.bit_generator.state == hf_model._explore_rng.bit_generator.state
+    for key, value in step_model.policy.state_dict().items():
+        th.testing.assert_close(hf_model.policy.state_dict()[key], value, atol=1e-5, rtol=1e-4)
+
+
+def test_hf_engine_with_interactive_replies_equals_the_step_engine():
+    _, step = _learn("step", _guess_env, explore_alpha=0.0, advantage="group")
+    _, hf = _learn("hf", _guess_env, explore_alpha=0.0, advantage="group")
+    _assert_same_rollouts(hf, step)
+
+
+def test_the_comparison_sees_the_draws(monkeypatch):
+    """The equality rests on the decoder using the step path's draws: shifted by one step, the tokens differ."""
+    real_init = TurnQueues.__init__
+
+    def shifted(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.live.uniforms = self.live.uniforms.roll(1, dims=0)
+
+    monkeypatch.setattr(TurnQueues, "__init__", shifted)
+    _, step = _learn("step", explore_alpha=0.0)
+    _, hf = _learn("hf", explore_alpha=0.0)
+    assert not np.array_equal(hf[0]["actions"], step[0]["actions"])
+
+
+def _no_eos_env():
+    from transformers import AutoTokenizer
+
+    from textrl_envs.assets import tokenizer_path
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path())
+    tokenizer.eos_token = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return make_vec_env("TextGen-v0", n_envs=N_ENVS, seed=7, device="cpu", max_new_tokens=4, tokenizer=tokenizer)
+
+
+def test_hf_engine_decodes_whole_turns_in_one_call(monkeypatch):
+    """Without EOS every episode runs its 4-token budget: each decoding call decodes a whole turn of every row, and the
+    3 steps after it are served from the queues; the tokens are still the step engine's."""
+    calls = []
+    real_sample = TurnQueues.sample
+
+    def counting(self, policy, obs_tensor, t):
+        before = self.live.forwards
+        out = real_sample(self, policy, obs_tensor, t)
+        calls.append(self.live.forwards - before)
+        return out
+
+    monkeypatch.setattr(TurnQueues, "sample", counting)
+    _, hf = _learn("hf", _no_eos_env, explore_alpha=0.0)
+    assert len(calls) == N_STEPS * ROLLOUTS
+    # a call that decodes runs the turn's 4 tokens: 4 forwards after the prefill (the last one gives the value of
+    # the state the episode is truncated in, which GAE bootstraps from)
+    assert calls[:4] == [4, 0, 0, 0] and sum(c > 0 for c in calls) == len(calls) // 4
+    _, step = _learn("step", _no_eos_env, explore_alpha=0.0)
+    _assert_same_rollouts(hf, step)
+
+
+def test_engine_is_checked_and_saved(tmp_path):
+    with pytest.raises(ValueError, match=r"engine must be one of 'step', 'hf', got 'vllm'"):
+        GRPO("CausalLMPolicy", _text_env(), engine="vllm")
+    with pytest.raises(ValueError, match=r"engine='hf' decodes tokens with the policy's built-in decoder.*'step'"):
+        GRPO("MlpPolicy", "CartPole-v1", engine="hf")
+    model = GRPO("CausalLMPolicy", _text_env(), engine="hf", n_steps=8, batch_size=32)
+    model.save(tmp_path / "m.zip")
+    assert GRPO.load(tmp_path / "m.zip", env=_text_env()).engine == "hf"
