@@ -50,7 +50,9 @@ CASES = [
         "cli-policy-kwargs-model-missing",
         lambda: cli_main(["compare", "--algos", "ppo", "--set", 'ppo.policy_kwargs={"model": "no/lm"}', "--out", "o"]),
         SystemExit,
-        r"policy_kwargs\['model'\] = 'no/lm' is not a directory; pass a local model directory",
+        r"policy_kwargs\['model'\] = 'no/lm' is not a directory, and not in the Hugging Face cache at .* "
+        r"\(HF_HUB_OFFLINE=1 forbids downloading it\); pass a local model directory, fetch it once online with "
+        r"`hf download no/lm`",
     ),
     (
         "cli-policy-kwargs-unknown",

@@ -14,6 +14,7 @@ from typing import Any
 
 from sb3_grpo.common.io import to_jsonable
 from sb3_grpo.compare.algos import ALGOS, DEFAULT_GROUP_SIZE, AlgoSpec, constructor_defaults, constructor_parameters
+from textrl_envs.hf_loading import cached_commit, hub_cache_dir, hub_offline, looks_like_hub_id
 from textrl_envs.validation import check_float
 
 __all__ = [
@@ -233,10 +234,17 @@ def check_policy_kwargs(policy_kwargs: dict[str, Any]) -> None:
     args.update(policy_kwargs)
     model = args["model"]
     if isinstance(model, (str, os.PathLike)) and not os.path.isdir(model):
-        raise ValueError(
-            f"policy_kwargs['model'] = {model!r} is not a directory; pass a local model directory (nothing is "
-            "downloaded), or leave it out for the bundled LM"
-        )
+        if not looks_like_hub_id(str(model)):
+            raise ValueError(
+                f"policy_kwargs['model'] = {model!r} is neither a directory nor a Hub id; pass a local model "
+                "directory, a Hugging Face Hub id such as 'org/name', or leave it out for the bundled LM"
+            )
+        if hub_offline() and cached_commit(str(model), args.get("revision")) is None:  # refused before any run
+            raise ValueError(
+                f"policy_kwargs['model'] = {model!r} is not a directory, and not in the Hugging Face cache at "
+                f"{hub_cache_dir()} (HF_HUB_OFFLINE=1 forbids downloading it); pass a local model directory, fetch "
+                f"it once online with `hf download {model}`, or leave it out for the bundled LM"
+            )
     names = ("separate_critic", "use_cache", "pack_sequences", "share_prefixes", "gradient_checkpointing", "ortho_init")
     flags = {n: args[n] for n in names}
     check_policy_args(
