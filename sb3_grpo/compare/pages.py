@@ -13,39 +13,14 @@ leaves the previous page as it was.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from sb3_grpo.common.io import atomic_write
+from sb3_grpo.compare.results import git_commit
 
 __all__ = ["git_commit", "hardware_summary", "results_stamp", "write_results_page"]
-
-#: The checkout the library runs from (its parent folder); :func:`git_commit` asks git about it by default.
-_SOURCE_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _git(root: Path, *args: str) -> str | None:
-    try:
-        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.SubprocessError):  # no git executable, or it hung
-        return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
-
-
-def git_commit(root: str | os.PathLike | None = None) -> str:
-    """The short hash of the commit checked out at ``root``, with ``+dirty`` when tracked files have changes.
-
-    :param root: A folder in the checkout (default: the one the library runs from).
-    :return: E.g. ``"a1b2c3d"`` or ``"a1b2c3d+dirty"``; ``"unknown"`` outside a git checkout (or without git).
-    """
-    path = Path(root) if root is not None else _SOURCE_ROOT
-    commit = _git(path, "rev-parse", "--short", "HEAD")
-    if not commit:
-        return "unknown"
-    changes = _git(path, "status", "--porcelain", "--untracked-files=no")
-    return commit + ("+dirty" if changes else "")
 
 
 def hardware_summary(info: dict[str, Any] | None = None) -> str:

@@ -11,6 +11,7 @@ import os
 import platform
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 from dataclasses import asdict
@@ -23,8 +24,9 @@ from sb3_grpo.compare.config import CompareConfig, CompareError
 __all__ = [
     "OUTPUT_NAMES",
     "RESULTS_FILE",
-    "environment_info",
     "discard_failed_out_dir",
+    "environment_info",
+    "git_commit",
     "load_results",
     "new_results",
     "prepare_out_dir",
@@ -172,6 +174,32 @@ def load_results(out: Path) -> dict[str, Any]:
     return data
 
 
+#: The checkout the library runs from (its parent folder); :func:`git_commit` asks git about it by default.
+_SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):  # no git executable, or it hung
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def git_commit(root: str | os.PathLike | None = None) -> str:
+    """The short hash of the commit checked out at ``root``, with ``+dirty`` when tracked files have changes.
+
+    :param root: A folder in the checkout (default: the one the library runs from).
+    :return: E.g. ``"a1b2c3d"`` or ``"a1b2c3d+dirty"``; ``"unknown"`` outside a git checkout (or without git).
+    """
+    path = Path(root) if root is not None else _SOURCE_ROOT
+    commit = _git(path, "rev-parse", "--short", "HEAD")
+    if not commit:
+        return "unknown"
+    changes = _git(path, "status", "--porcelain", "--untracked-files=no")
+    return commit + ("+dirty" if changes else "")
+
+
 def environment_info(device: str = "cpu") -> dict[str, Any]:
     """Versions, hardware and the git commit of the library's checkout, for the report and the results page.
 
@@ -218,8 +246,6 @@ def environment_info(device: str = "cpu") -> dict[str, Any]:
         hardware["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         pass
-    from sb3_grpo.compare.pages import git_commit
-
     # the code that runs, recorded when the run starts (a results page written later stamps this one)
     return {"versions": versions, "hardware": hardware, "commit": git_commit()}
 
