@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.timing import make_row
+from sb3_grpo.common.io import write_text_atomic
 
 __all__ = ["SIZES", "make_row", "markdown_table", "measurements", "perf_page_body", "run_perf", "smoke_check"]
 
@@ -268,7 +269,7 @@ def _write_markdown(out: Path, result: dict) -> None:
     )
     if result["errors"]:
         text += "\nFailed: " + "; ".join(f"{e['measurement']}: {e['error']}" for e in result["errors"]) + "\n"
-    (out / "perf.md").write_text(text)
+    write_text_atomic(out / "perf.md", text)
 
 
 def _finite(value: Any) -> bool:

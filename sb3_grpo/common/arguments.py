@@ -30,6 +30,7 @@ __all__ = [
     "GRPO_CHECKS",
     "NONFINITE",
     "PPO_CHECKS",
+    "check_argument_values",
     "check_buffer_for_kl",
     "check_carry_over",
     "check_grpo_args",
@@ -148,6 +149,20 @@ def check_ppo_args(args: Mapping[str, Any]) -> None:
     for name, check in PPO_CHECKS.items():
         if name in args:
             check(name, args[name])
+
+
+def check_argument_values(args: Mapping[str, Any]) -> None:
+    """Check each of ``args`` that PPO or GRPO takes on its own (:data:`PPO_CHECKS`, :data:`GRPO_CHECKS`; other keys
+    are ignored), without the checks of how they go together: what ``load(path, **kwargs)`` and ``custom_objects``
+    set over a saved model.
+
+    :raises TypeError: naming the first argument of a wrong type.
+    :raises ValueError: naming the first argument with a wrong value (NaN and infinities included).
+    """
+    for name, value in args.items():
+        check = PPO_CHECKS.get(name) or GRPO_CHECKS.get(name)
+        if check is not None:
+            check(name, value)
 
 
 def check_grpo_args(args: Mapping[str, Any]) -> tuple[float, float] | None:

@@ -20,9 +20,12 @@ arguments, and calls ``self._setup_model()`` when ``_init_setup_model``; it writ
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import warnings
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -44,13 +47,14 @@ from stable_baselines3.common.utils import FloatSchedule, explained_variance, ob
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo import distributed
-from sb3_grpo.common.arguments import check_carry_over, check_ppo_batching
+from sb3_grpo.common.arguments import check_argument_values, check_carry_over, check_ppo_batching
 from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_class_for
 from sb3_grpo.common.carry_over import CarryOver
 from sb3_grpo.common.checkpoints import existing_checkpoint
 from sb3_grpo.common.data_parallel import make_data_parallel
 from sb3_grpo.common.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
 from sb3_grpo.common.host_memory import release_free_heap
+from sb3_grpo.common.io import atomic_write
 from sb3_grpo.common.nonfinite import raise_non_finite
 from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
 from sb3_grpo.common.type_aliases import Minibatch
@@ -281,11 +285,40 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             return float(self.ent_coef(self._current_progress_remaining))
         return self.ent_coef
 
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        """SB3's ``save``; under ``torch.distributed`` only rank 0 writes (the weights are the same everywhere)."""
+    def save(
+        self,
+        path: str | os.PathLike | io.BufferedIOBase,
+        exclude: Iterable[str] | None = None,
+        include: Iterable[str] | None = None,
+    ) -> None:
+        """SB3's ``save`` (same signature), written atomically: to a temporary file in the same folder, flushed to
+        disk, then renamed over ``path`` (:func:`~sb3_grpo.common.io.atomic_write`), so a save that fails (a full
+        disk, Ctrl-C, a killed process) leaves the previous file at ``path`` intact. As in SB3, ``.zip`` is appended
+        to a name without a suffix; a file object is written directly. Under ``torch.distributed`` only rank 0
+        writes (the weights are the same everywhere).
+
+        :param path: The file (or a writable binary file object).
+        :param exclude: Names of parameters not to save (SB3's).
+        :param include: Names of parameters to save that are excluded by default (SB3's).
+        :raises ValueError: for an empty path or a folder.
+        :raises OSError: naming ``path`` when the file cannot be written (the previous one is kept).
+        """
         if not self._data_parallel.is_main:
             return
-        super().save(*args, **kwargs)
+        if not isinstance(path, (str, os.PathLike)):
+            super().save(path, exclude=exclude, include=include)
+            return
+        target = Path(os.path.expanduser(os.fspath(path)))
+        if os.fspath(path) == "" or target.is_dir():
+            raise ValueError(
+                f"save: path {os.fspath(path)!r} is {'empty' if os.fspath(path) == '' else 'a folder'}; give a file "
+                "path, e.g. model.save('runs/model.zip')"
+            )
+        if target.suffix == "":
+            target = target.with_suffix(".zip")
+        atomic_write(
+            target, lambda tmp: super(GroupOnPolicyAlgorithm, self).save(tmp, exclude=exclude, include=include)
+        )
 
     def set_random_seed(self, seed: int | None = None) -> None:
         """SB3's ``set_random_seed`` (Python, NumPy, torch, action space, env), plus the exploration RNG.
@@ -572,7 +605,17 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         """
         SB3's ``load``, with clear errors for a path that does not exist or a file that is not a complete saved
         model (a torn write); see :func:`sb3_grpo.callbacks.latest_checkpoint` to find the newest complete one.
+
+        The arguments set on load (``kwargs`` and the values of ``custom_objects``, e.g. ``kl_coef=0.1``) run the same
+        checks as the constructor's (:meth:`_check_load_arguments`): a NaN or an out-of-range value is refused, naming
+        it. As in
+        SB3, ``device="cuda"`` on a machine without CUDA loads on the CPU (with a warning).
         """
+        # callables in custom_objects stand in for schedules that cannot be unpickled (rl-zoo's
+        # {"clip_range": lambda _: 0.0}): placeholders, not settings, so only the other values are checked
+        placed = {k: v for k, v in (custom_objects or {}).items() if not callable(v)}
+        cls._check_load_arguments({**placed, **kwargs})
+        device = _available_device(device)
         if isinstance(path, (str, os.PathLike)):
             path = existing_checkpoint(path)
         if isinstance(env, str):  # an env id, as the constructor takes it (SB3's load wants an env object)
@@ -586,6 +629,16 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             force_reset=force_reset,
             **kwargs,
         )
+
+    @classmethod
+    def _check_load_arguments(cls, args: dict[str, Any]) -> None:
+        """Check the arguments ``load`` sets (``kwargs``, ``custom_objects``) one by one, with the constructor's checks
+        (:func:`~sb3_grpo.common.arguments.check_argument_values`); a subclass with arguments of its own extends it.
+
+        :raises TypeError: naming an argument of a wrong type.
+        :raises ValueError: naming an argument with a wrong value.
+        """
+        check_argument_values(args)
 
     def learn(  # noqa: PYI019 (SB3's convention; typing.Self needs Python 3.11)
         self: SelfGroupOnPolicy,
@@ -605,3 +658,19 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             reset_num_timesteps=reset_num_timesteps,
             progress_bar=progress_bar,
         )
+
+
+def _available_device(device: th.device | str) -> th.device | str:
+    """``device``, or the CPU (with a warning) for a CUDA device on a machine without CUDA, as SB3's ``load`` does."""
+    try:
+        wanted = th.device(device)
+    except (RuntimeError, TypeError):
+        return device  # the constructor's check names it
+    if wanted.type == "cuda" and not th.cuda.is_available():
+        warnings.warn(
+            f"load(device={str(device)!r}): CUDA is not available here, loading on the CPU (as SB3 does); pass "
+            "device='cpu' to silence this",
+            stacklevel=3,
+        )
+        return "cpu"
+    return device

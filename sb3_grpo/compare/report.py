@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from sb3_grpo.common.io import save_figure_atomic, write_text_atomic
 from sb3_grpo.compare import stats
 from sb3_grpo.compare.algos import ALGOS
 
@@ -289,7 +290,7 @@ def plot_curves(results: dict[str, Any], path: Path) -> bool:
     if plotted:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure_atomic(fig, path)
     plt.close(fig)
     return plotted
 
@@ -472,4 +473,4 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     """
     out = Path(out)
     plot_curves(results, out / "curves.png")
-    (out / "report.md").write_text(render_report(results))
+    write_text_atomic(out / "report.md", render_report(results))
