@@ -421,7 +421,11 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"{out} is an out dir of the claims study; rewrite its claims.md with: textrl-bench report {out}")
     from sb3_grpo.compare.report import write_report
 
-    write_report(results, out)
+    try:
+        write_report(results, out)
+    except OSError as err:  # e.g. a full disk: the previous report.md and curves.png are kept
+        print(f"sb3-grpo report: error: {err}", file=sys.stderr)
+        return 1
     print(f"wrote {out}/report.md and {out}/curves.png")
     return 0
 

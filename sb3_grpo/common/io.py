@@ -25,6 +25,7 @@ import numpy as np
 __all__ = [
     "LOCK_FILE",
     "TMP_SUFFIX",
+    "DiskWriteError",
     "FolderBusyError",
     "FolderLock",
     "atomic_folder",
@@ -93,6 +94,17 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], Any]) -> Path |
     return path
 
 
+class DiskWriteError(OSError):
+    """An ``OSError`` (same ``errno``) whose message names the file that could not be written and what to do."""
+
+    def __init__(self, code: int | None, message: str, path: Path) -> None:
+        super().__init__(code, message, str(path))
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 #: Errors of a full disk (or quota) and of a folder one may not write: :func:`atomic_write` names the path in them.
 _FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 _DENIED_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
@@ -107,9 +119,7 @@ def _disk_error(path: Path, err: OSError) -> OSError:
         todo = "make the folder writable (or write to another folder) and run the command again"
     else:
         todo = "check the folder and run the command again"
-    new = OSError(err.errno, f"could not write {path}: {reason}; nothing was replaced there ({todo})")
-    new.filename = str(path)
-    return new
+    return DiskWriteError(err.errno, f"could not write {path}: {reason}; nothing was replaced there ({todo})", path)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
