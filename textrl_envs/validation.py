@@ -38,6 +38,7 @@ __all__ = [
     "range_text",
 ]
 
+
 class ArgumentValueError(ValueError, AssertionError):
     """A wrong value for an argument (out of range, not a choice, non-finite).
 

@@ -79,16 +79,29 @@ def latest_checkpoint(
     :param save_path: The checkpoint folder.
     :param name_prefix: The callback's ``name_prefix``.
     :param max_steps: Only checkpoints of at most this many timesteps (``None``: any).
-    :return: The path, or ``None`` if there is none.
+    :return: The path, or ``None`` if there is none (no folder, or no checkpoint file in it at all).
+    :raises ValueError: when the folder holds checkpoints of other prefixes only (a resume would otherwise start from
+        scratch, and ``keep_last`` prune the old ones): it names the prefixes found.
     """
     folder = Path(save_path)
     if not folder.is_dir():
         return None
-    found = []
+    found, others, own = [], set(), False
     for entry in folder.iterdir():
         steps = _checkpoint_steps(entry.name, name_prefix)
+        own = own or steps is not None
         if steps is not None and (max_steps is None or steps <= max_steps):
             found.append((steps, entry))
+        elif steps is None:
+            other = re.fullmatch(r"(.+)_\d+_steps\.zip", entry.name)
+            if other is not None and not entry.name.startswith("."):
+                others.add(other.group(1))
+    if not own and others:
+        raise ValueError(
+            f"latest_checkpoint: {str(folder)!r} has no {name_prefix}_<steps>_steps.zip but checkpoints with the "
+            f"prefix(es) {', '.join(map(repr, sorted(others)))}; pass name_prefix= one of them (the checkpoint "
+            "callback's name_prefix), or another folder"
+        )
     for _, entry in sorted(found, reverse=True):
         if is_complete_checkpoint(entry):
             return entry

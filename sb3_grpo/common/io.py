@@ -30,6 +30,7 @@ __all__ = [
     "FolderLock",
     "atomic_folder",
     "atomic_write",
+    "is_atomic_temp",
     "save_figure_atomic",
     "to_jsonable",
     "write_json_atomic",
@@ -76,6 +77,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], Any]) -> Path |
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}{TMP_SUFFIX}"
+    _IN_PROGRESS.add(str(tmp))
     try:
         write(str(tmp))
         if not tmp.exists():
@@ -90,8 +92,20 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], Any]) -> Path |
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        _IN_PROGRESS.discard(str(tmp))
     _fsync_path(path.parent, directory=True)
     return path
+
+
+#: The temporary files :func:`atomic_write` is writing now (a writer that is atomic itself writes them directly).
+_IN_PROGRESS: set[str] = set()
+
+
+def is_atomic_temp(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is the temporary file an :func:`atomic_write` is writing now: a writer that writes
+    atomically itself (``GRPO.save``) then writes it directly instead of through a second temporary file."""
+    return os.fspath(path) in _IN_PROGRESS
 
 
 class DiskWriteError(OSError):

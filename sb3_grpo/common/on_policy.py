@@ -54,7 +54,7 @@ from sb3_grpo.common.checkpoints import existing_checkpoint
 from sb3_grpo.common.data_parallel import make_data_parallel
 from sb3_grpo.common.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
 from sb3_grpo.common.host_memory import release_free_heap
-from sb3_grpo.common.io import atomic_write
+from sb3_grpo.common.io import atomic_write, is_atomic_temp
 from sb3_grpo.common.nonfinite import raise_non_finite
 from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
 from sb3_grpo.common.type_aliases import Minibatch
@@ -305,7 +305,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         """
         if not self._data_parallel.is_main:
             return
-        if not isinstance(path, (str, os.PathLike)):
+        if not isinstance(path, (str, os.PathLike)) or is_atomic_temp(path):  # a file object, or atomic_save's temp
             super().save(path, exclude=exclude, include=include)
             return
         target = Path(os.path.expanduser(os.fspath(path)))

@@ -157,8 +157,13 @@ def check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
         gym.make(env_id, **env_kwargs).close()
     except Exception as err:  # noqa: BLE001  (whatever the env raises, say it before the out dir is touched)
         raise CompareError(
-            f"--env-kwargs {env_kwargs}: {env_id} cannot be made with them: {type(err).__name__}: {err}"
+            f"--env-kwargs {env_kwargs}: {env_id} cannot be made with them: {_kind(err)}: {err}"
         ) from err
+
+
+def _kind(err: BaseException) -> str:
+    """The name of ``err``'s first built-in class (``ValueError`` for the checks' ``ArgumentValueError``)."""
+    return next(c.__name__ for c in type(err).__mro__ if c.__module__ == "builtins")
 
 
 def resolve_hyperparameters(
