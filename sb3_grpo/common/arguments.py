@@ -8,6 +8,7 @@ comparison (:mod:`sb3_grpo.compare.config`) runs the same checks on its hyperpar
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -34,6 +35,7 @@ __all__ = [
     "check_buffer_for_kl",
     "check_carry_over",
     "check_grpo_args",
+    "check_learn_args",
     "check_ppo_args",
     "check_ppo_batching",
     "warn_if_exploration_clips",
@@ -198,6 +200,41 @@ def check_grpo_args(args: Mapping[str, Any]) -> tuple[float, float] | None:
         )
     adaptive_clip = args.get("adaptive_clip")
     return None if adaptive_clip is None else _check_adaptive_clip("adaptive_clip", adaptive_clip)
+
+
+def check_learn_args(total_timesteps: Any, callback: Any, log_interval: Any, tb_log_name: Any) -> int:
+    """Check ``learn``'s arguments (SB3's take them unchecked).
+
+    :return: ``total_timesteps`` as an int (an integral float such as ``1e5`` is accepted, as SB3 users write it).
+    :raises TypeError: for a value of a wrong type (a callback that is not a ``BaseCallback``, a callable or a list
+        of them).
+    :raises ValueError: for NaN, a negative or fractional ``total_timesteps``, or ``log_interval < 1``.
+    """
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    todo = "pass the number of env steps to train for, e.g. total_timesteps=100_000"
+    if (
+        isinstance(total_timesteps, float)
+        and math.isfinite(total_timesteps)
+        and total_timesteps == int(total_timesteps)
+    ):
+        total_timesteps = int(total_timesteps)
+    if isinstance(total_timesteps, float):
+        check_float("total_timesteps", total_timesteps, low=0, hint=todo)
+        raise ValueError(f"total_timesteps must be a whole number of env steps, got {total_timesteps}; {todo}")
+    total_timesteps = check_int("total_timesteps", total_timesteps, low=0, hint=todo)
+    if log_interval is not None:
+        check_int("log_interval", log_interval, low=1, hint="pass the iterations between log dumps, e.g. 1, or None")
+    if tb_log_name is not None and not isinstance(tb_log_name, str):
+        raise TypeError(f"tb_log_name must be a str or None, got {given(tb_log_name)}; e.g. tb_log_name='run'")
+    items = callback if isinstance(callback, list) else [callback]
+    for item in items:
+        if item is not None and not isinstance(item, BaseCallback) and not callable(item):
+            raise TypeError(
+                f"callback must be None, an SB3 BaseCallback, a callable f(locals, globals) -> bool, or a list of "
+                f"them, got {given(item)}; e.g. callback=CheckpointCallback(1000, 'ckpt')"
+            )
+    return total_timesteps
 
 
 def warn_if_exploration_clips(explore_alpha: float, clip_range: Any, adaptive_clip: tuple[float, float] | None) -> None:

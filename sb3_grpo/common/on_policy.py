@@ -47,7 +47,12 @@ from stable_baselines3.common.utils import FloatSchedule, explained_variance, ob
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo import distributed
-from sb3_grpo.common.arguments import check_argument_values, check_carry_over, check_ppo_batching
+from sb3_grpo.common.arguments import (
+    check_argument_values,
+    check_carry_over,
+    check_learn_args,
+    check_ppo_batching,
+)
 from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_class_for
 from sb3_grpo.common.carry_over import CarryOver
 from sb3_grpo.common.checkpoints import existing_checkpoint
@@ -649,7 +654,13 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         reset_num_timesteps: bool = True,
         progress_bar: bool = False,
     ) -> SelfGroupOnPolicy:
-        """SB3's ``learn``; ``tb_log_name`` defaults to the class's name (``"GRPO"``, ``"DrGRPO"``)."""
+        """SB3's ``learn``; ``tb_log_name`` defaults to the class's name (``"GRPO"``, ``"DrGRPO"``).
+
+        Its arguments are checked first (:func:`~sb3_grpo.common.arguments.check_learn_args`): a NaN or negative
+        ``total_timesteps``, ``log_interval=0`` or a callback of the wrong type is refused, naming it, instead of
+        training nothing or failing mid-run.
+        """
+        total_timesteps = check_learn_args(total_timesteps, callback, log_interval, tb_log_name)
         return super().learn(
             total_timesteps=total_timesteps,
             callback=callback,
