@@ -206,3 +206,58 @@ def test_no_warning_for_good_callbacks(tmp_path):
         from stable_baselines3.common.callbacks import CallbackList
 
         _tiny().learn(32, callback=CallbackList([ckpt, rollback]))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Constructor arguments SB3 leaves unchecked, and saved files that are not models
+# ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"rollout_buffer_class": int}, TypeError, r"rollout_buffer_class must be None .* subclass of SB3's Rollout"),
+        ({"device": "meta"}, ValueError, r"device='meta' holds no data.*pass 'auto', 'cpu' or 'cuda'"),
+        ({"policy_kwargs": {"net_arch": "big"}}, TypeError, r"policy_kwargs\['net_arch'\] must be a list of layer"),
+        ({"policy_kwargs": {"optimizer_class": "adam"}}, TypeError, r"\['optimizer_class'\] must be a torch optim"),
+        ({"env": None}, ValueError, r"env is None: pass an env to train on.*set_env"),
+    ],
+)
+def test_constructor_refuses_what_sb3_would_fail_on_deep_inside(kwargs, error, message):
+    kwargs = {"env": "CartPole-v1", **kwargs}
+    with pytest.raises(error, match=message):
+        GRPO("MlpPolicy", n_steps=32, batch_size=32, **kwargs)
+
+
+def test_a_zip_whose_data_is_not_json_is_named(tmp_path, saved):
+    import zipfile
+
+    bad = tmp_path / "bad.zip"
+    with zipfile.ZipFile(saved) as src, zipfile.ZipFile(bad, "w") as dst:
+        for item in src.namelist():
+            dst.writestr(item, b"{not json" if item == "data" else src.read(item))
+    with pytest.raises(ValueError, match=r"bad.zip' is not a saved model: its 'data' entry is not JSON"):
+        GRPO.load(bad, device="cpu")
+
+
+def test_the_report_says_how_many_steps_each_run_took():
+    from sb3_grpo.compare.report import render_report
+
+    run = {
+        "algo": "ppo",
+        "seed": 0,
+        "status": "complete",
+        "curve": {"steps": [64, 128], "reward": [0.0, 1.0]},
+        "final": {"reward_mean": 1.0, "deterministic": True},
+        "env_steps": 128,
+        "wall_time_s": 1.0,
+        "steps_per_s": 128.0,
+        "peak_rss_mb": 1.0,
+        "cuda_peak_mb": None,
+        "kl_to_init": None,
+        "kl_ref": None,
+    }
+    config = {"env_id": "CartPole-v1", "algos": ["ppo"], "seeds": [0], "timesteps": 64, "n_envs": 1}
+    config.update(eval_episodes=1, text=False, threshold=None, hyperparameters={}, group_sizes={})
+    text = render_report({"config": config, "untrained": None, "runs": {"ppo/seed0": run}, "status": "complete"})
+    assert "x 64 env steps (steps) (each run took 128 env steps: learn() runs whole rollouts" in text

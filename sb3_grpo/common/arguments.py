@@ -67,10 +67,52 @@ def _check_device(name: str, value: Any) -> Any:
     if isinstance(value, str) and value == "auto":
         return value
     try:
-        resolve_device(value)
+        resolved = resolve_device(value)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
+    if getattr(resolved, "type", None) == "meta":
+        raise ValueError(f"{name}='meta' holds no data (nothing can be trained on it); pass 'auto', 'cpu' or 'cuda'")
     return value
+
+
+def _check_buffer_class(name: str, value: Any) -> type:
+    from stable_baselines3.common.buffers import RolloutBuffer
+
+    if not (isinstance(value, type) and issubclass(value, RolloutBuffer)):
+        raise TypeError(
+            f"{name} must be None (the default buffer) or a subclass of SB3's RolloutBuffer, got {given(value)}; "
+            f"e.g. {name}=None"
+        )
+    return value
+
+
+def _check_policy_kwargs(name: str, value: Any) -> dict[str, Any] | None:
+    """A dict, whose SB3 keys ``net_arch``, ``optimizer_class`` and ``activation_fn`` (when present) have the types
+    SB3's policies take (they would fail deep inside torch otherwise)."""
+    import torch as th
+
+    kwargs = check_mapping(name, value, hint="e.g. policy_kwargs={'net_arch': [64, 64]}")
+    if not kwargs:
+        return kwargs
+    arch = kwargs.get("net_arch")
+    sizes = "a list of layer sizes, e.g. net_arch=[64, 64], or dict(pi=[64, 64], vf=[64, 64])"
+
+    def layers(v: Any) -> bool:
+        return isinstance(v, (list, tuple)) and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in v)
+
+    if arch is not None and not (layers(arch) or (isinstance(arch, dict) and all(layers(v) for v in arch.values()))):
+        raise TypeError(f"{name}['net_arch'] must be {sizes}; got {given(arch)}")
+    optimizer = kwargs.get("optimizer_class")
+    if optimizer is not None and not (isinstance(optimizer, type) and issubclass(optimizer, th.optim.Optimizer)):
+        raise TypeError(
+            f"{name}['optimizer_class'] must be a torch optimizer class, e.g. torch.optim.Adam, got {given(optimizer)}"
+        )
+    activation = kwargs.get("activation_fn")
+    if activation is not None and not (isinstance(activation, type) and issubclass(activation, th.nn.Module)):
+        raise TypeError(
+            f"{name}['activation_fn'] must be a torch.nn module class, e.g. torch.nn.Tanh, got {given(activation)}"
+        )
+    return kwargs
 
 
 def _check_param_names(name: str, value: Any) -> list[str]:
@@ -114,7 +156,8 @@ PPO_CHECKS: dict[str, Check] = {
     "target_kl": _optional(lambda n, v: check_float(n, v, low=0, low_open=True, example=0.01)),
     "stats_window_size": lambda n, v: check_int(n, v, low=1, example=100),
     "tensorboard_log": _optional(_check_path),
-    "policy_kwargs": lambda n, v: check_mapping(n, v, hint="e.g. policy_kwargs={'net_arch': [64, 64]}"),
+    "policy_kwargs": _check_policy_kwargs,
+    "rollout_buffer_class": _optional(_check_buffer_class),
     "rollout_buffer_kwargs": lambda n, v: check_mapping(n, v),
     "verbose": lambda n, v: check_int(n, v, low=0, high=2, example=1),
     "seed": check_seed,
@@ -151,6 +194,11 @@ def check_ppo_args(args: Mapping[str, Any]) -> None:
     for name, check in PPO_CHECKS.items():
         if name in args:
             check(name, args[name])
+    if "env" in args and args["env"] is None and args.get("_init_setup_model", False):
+        raise ValueError(
+            "env is None: pass an env to train on (a gymnasium Env, an SB3 VecEnv or an env id such as "
+            "'CartPole-v1'); to use a saved model without an env, GRPO.load(path) and later model.set_env(env)"
+        )
 
 
 def check_argument_values(args: Mapping[str, Any]) -> None:

@@ -8,6 +8,7 @@ with a clear error when there is none. :mod:`sb3_grpo.callbacks` re-exports the 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import zipfile
@@ -129,4 +130,24 @@ def existing_checkpoint(path: str | os.PathLike) -> str:
             "mid-save without AtomicCheckpointCallback); load the newest complete checkpoint instead: "
             "sb3_grpo.callbacks.latest_checkpoint(folder)"
         )
+    problem = _data_problem(found)
+    if problem:
+        raise ValueError(
+            f"{found!r} is not a saved model: its 'data' entry {problem}; load a file written by model.save() or a "
+            "checkpoint callback (the newest complete one: sb3_grpo.callbacks.latest_checkpoint(folder))"
+        )
     return found
+
+
+def _data_problem(path: str) -> str | None:
+    """What is wrong with the ``data`` entry (SB3's JSON of the model's attributes) of a model zip, or ``None``."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            data = json.loads(archive.read("data").decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"is not JSON ({type(err).__name__}: {err})"
+    except (OSError, zipfile.BadZipFile, KeyError) as err:
+        return f"cannot be read ({err})"
+    if not isinstance(data, dict) or "policy_class" not in data:
+        return "holds no model attributes (no 'policy_class')"
+    return None

@@ -335,8 +335,13 @@ def _status_lines(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -
             "",
         ]
     unit = "tokens" if cfg.get("text") else "steps"
+    took = sorted({r["env_steps"] for r in results["runs"].values() if isinstance(r.get("env_steps"), int)})
+    ran = ""
+    if took and took != [cfg["timesteps"]]:  # learn() runs whole rollouts, so a run may take more than asked
+        span = f"{took[0]:,}" if len(took) == 1 else f"{took[0]:,} to {took[-1]:,}"
+        ran = f" (each run took {span} env steps: learn() runs whole rollouts of n_steps x n_envs)"
     lines += [
-        f"{len(cfg['algos'])} algorithms x {len(cfg['seeds'])} seeds x {cfg['timesteps']:,} env steps ({unit}), "
+        f"{len(cfg['algos'])} algorithms x {len(cfg['seeds'])} seeds x {cfg['timesteps']:,} env steps ({unit}){ran}, "
         f"{cfg['n_envs']} envs.",
         "",
     ]
