@@ -261,3 +261,22 @@ def test_the_report_says_how_many_steps_each_run_took():
     config.update(eval_episodes=1, text=False, threshold=None, hyperparameters={}, group_sizes={})
     text = render_report({"config": config, "untrained": None, "runs": {"ppo/seed0": run}, "status": "complete"})
     assert "x 64 env steps (steps) (each run took 128 env steps: learn() runs whole rollouts" in text
+
+
+def test_a_saved_text_model_loads_after_its_model_folder_moved(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from textrl_envs.assets import lm_path
+
+    folder = tmp_path / "my_lm"
+    AutoModelForCausalLM.from_pretrained(lm_path(), local_files_only=True).save_pretrained(folder)
+    env = gym.make("TextGen-v0")
+    model = GRPO("CausalLMPolicy", env, policy_kwargs={"model": str(folder)}, n_steps=8, batch_size=8, seed=0)
+    model.save(tmp_path / "text.zip")
+    obs, _ = env.reset(seed=0)
+    before = model.policy.get_distribution(model.policy.obs_to_tensor(obs)[0]).distribution.logits
+    folder.rename(tmp_path / "moved")
+    with pytest.warns(UserWarning, match=r"my_lm' this model was built from no longer exists; building the LM from"):
+        loaded = GRPO.load(tmp_path / "text.zip", env=env, device="cpu")
+    after = loaded.policy.get_distribution(loaded.policy.obs_to_tensor(obs)[0]).distribution.logits
+    th.testing.assert_close(after, before)

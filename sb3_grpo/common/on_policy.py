@@ -248,9 +248,11 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         # torch.distributed: rank r seeds with seed + 1000 * r; rank 0's weights are broadcast below
         data_parallel = self._data_parallel
         self.seed = data_parallel.seed(self.seed)
+        self.policy_kwargs = _moved_model_folder(self.policy_kwargs, self.__dict__.get("_lm_spec"))
         super()._setup_model()
         # a model object in policy_kwargs is saved as its config (the weights are in the state dict), not pickled
-        self.policy_kwargs = portable_policy_kwargs(self.policy_kwargs, getattr(self.policy, "lm_spec", None))
+        self._lm_spec = getattr(self.policy, "lm_spec", None)
+        self.policy_kwargs = portable_policy_kwargs(self.policy_kwargs, self._lm_spec)
         if not data_parallel.is_main:
             self.set_logger(distributed.null_logger())
         if getattr(self, "_sync_ranks_at_setup", False):
@@ -669,6 +671,22 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             reset_num_timesteps=reset_num_timesteps,
             progress_bar=progress_bar,
         )
+
+
+def _moved_model_folder(policy_kwargs: Any, lm_spec: Any) -> Any:
+    """On ``load``: a ``policy_kwargs["model"]`` folder that no longer exists (moved, deleted) is replaced by the LM's
+    config saved with the model (``_lm_spec``), with a warning; the weights come from the checkpoint, so the model
+    loads the same."""
+    model = policy_kwargs.get("model") if isinstance(policy_kwargs, dict) else None
+    if not isinstance(model, (str, os.PathLike)) or os.path.isdir(model) or not isinstance(lm_spec, dict):
+        return policy_kwargs
+    warnings.warn(
+        f"the model folder {os.fspath(model)!r} this model was built from no longer exists; building the LM from the "
+        "config saved in the checkpoint (the weights are the checkpoint's, so the model is the same)",
+        UserWarning,
+        stacklevel=4,
+    )
+    return {**policy_kwargs, "model": lm_spec}
 
 
 def _available_device(device: th.device | str) -> th.device | str:

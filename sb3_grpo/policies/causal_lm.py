@@ -126,7 +126,8 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
     building the policy. Stock SB3 algorithms save ``policy_kwargs`` as they were given: pass them a local path or
     ``PortableModel.of(lm)`` (:class:`~sb3_grpo.policies.models.PortableModel`, a spec that carries the model) rather
     than the bare model object, which they would pickle into the file. A model given as a path stays a path: loading
-    then needs that directory and says so clearly when it is gone.
+    reads that directory, and when it is gone ``GRPO.load`` builds the LM from the config it saved beside the weights
+    (with a warning).
 
     :param observation_space: the env's ``Dict`` observation space.
     :param action_space: the env's ``Discrete(V)`` action space.
