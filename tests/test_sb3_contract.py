@@ -135,3 +135,16 @@ def test_learn_checks_its_arguments(kwargs, error, message):
     with pytest.raises(error, match=message):
         model.learn(**kwargs)
     assert model.num_timesteps == 0
+
+
+def test_stock_ppo_loads_a_saved_grpo_text_model_and_trains(tmp_path):
+    from stable_baselines3 import PPO as StockPPO
+
+    env = gym.make("TextGen-v0")
+    model = PPO("CausalLMPolicy", env, n_steps=16, batch_size=16, n_epochs=1, seed=0, device="cpu")
+    model.save(tmp_path / "text.zip")
+    stock = StockPPO.load(tmp_path / "text.zip", env=env, device="cpu")
+    stock.learn(32)
+    assert stock.num_timesteps == 32
+    again = PPO.load(tmp_path / "text.zip", env=env, device="cpu")
+    assert again.rollout_buffer_class is model.rollout_buffer_class  # GRPO picks its sequence buffer again

@@ -239,6 +239,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         return super()._get_policy_from_name(policy_name)
 
     def _setup_model(self) -> None:
+        # what the user gave (None: chosen here) is what save() stores, so stock PPO can load the file too
+        self._given_buffer_class = self.rollout_buffer_class
         self.rollout_buffer_class = rollout_buffer_class_for(
             self.rollout_buffer_class, self.policy_class, self.observation_space, self.action_space
         )
@@ -302,7 +304,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         disk, then renamed over ``path`` (:func:`~sb3_grpo.common.io.atomic_write`), so a save that fails (a full
         disk, Ctrl-C, a killed process) leaves the previous file at ``path`` intact. As in SB3, ``.zip`` is appended
         to a name without a suffix; a file object is written directly. Under ``torch.distributed`` only rank 0
-        writes (the weights are the same everywhere).
+        writes (the weights are the same everywhere). ``rollout_buffer_class`` is saved as given (``None`` when the
+        algorithm chose it), so SB3's stock ``PPO`` can load the file and train on.
 
         :param path: The file (or a writable binary file object).
         :param exclude: Names of parameters not to save (SB3's).
@@ -312,6 +315,16 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         """
         if not self._data_parallel.is_main:
             return
+        resolved = self.rollout_buffer_class
+        self.rollout_buffer_class = self.__dict__.get("_given_buffer_class", resolved)
+        try:
+            self._save_atomically(path, exclude, include)
+        finally:
+            self.rollout_buffer_class = resolved
+
+    def _save_atomically(
+        self, path: str | os.PathLike | io.BufferedIOBase, exclude: Iterable[str] | None, include: Iterable[str] | None
+    ) -> None:
         if not isinstance(path, (str, os.PathLike)) or is_atomic_temp(path):  # a file object, or atomic_save's temp
             super().save(path, exclude=exclude, include=include)
             return
@@ -338,6 +351,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
 
     def _excluded_save_params(self) -> list[str]:
         own = ["ref_policy", "batch_source", "_data_parallel", "_group_tracker", "_sync_ranks_at_setup", "_carry"]
+        own.append("_given_buffer_class")
         return [*super()._excluded_save_params(), *own]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
