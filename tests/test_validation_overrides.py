@@ -280,3 +280,11 @@ def test_a_saved_text_model_loads_after_its_model_folder_moved(tmp_path):
         loaded = GRPO.load(tmp_path / "text.zip", env=env, device="cpu")
     after = loaded.policy.get_distribution(loaded.policy.obs_to_tensor(obs)[0]).distribution.logits
     th.testing.assert_close(after, before)
+
+
+def test_gradient_checkpointing_with_the_penalty_is_refused_up_front():
+    env = gym.make("TextGen-v0")
+    kwargs = {"policy_kwargs": {"gradient_checkpointing": True}, "n_steps": 8, "batch_size": 8, "device": "cpu"}
+    with pytest.raises(ValueError, match=r"grad_var_coef=0.01 with .*gradient_checkpointing.*pass grad_var_coef=0"):
+        GRPO("CausalLMPolicy", env, **kwargs)
+    GRPO("CausalLMPolicy", env, grad_var_coef=0.0, **kwargs).learn(16)  # without the penalty it trains
