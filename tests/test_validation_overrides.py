@@ -288,3 +288,17 @@ def test_gradient_checkpointing_with_the_penalty_is_refused_up_front():
     with pytest.raises(ValueError, match=r"grad_var_coef=0.01 with .*gradient_checkpointing.*pass grad_var_coef=0"):
         GRPO("CausalLMPolicy", env, **kwargs)
     GRPO("CausalLMPolicy", env, grad_var_coef=0.0, **kwargs).learn(16)  # without the penalty it trains
+
+
+def test_predict_names_token_ids_outside_the_vocabulary_and_empty_masks():
+    env = gym.make("TextGen-v0")
+    model = GRPO("CausalLMPolicy", env, n_steps=8, batch_size=8, device="cpu")
+    obs, _ = env.reset(seed=0)
+    bad = {k: v.copy() for k, v in obs.items()}
+    bad["input_ids"][-1] = 10**7
+    with pytest.raises(ValueError, match=r"token id 10000000, outside the model's vocabulary \[0, \d+\].*tokenizer"):
+        model.predict(bad)
+    empty = {k: np.zeros_like(v) for k, v in obs.items()}
+    with pytest.raises(ValueError, match=r"attention_mask row 0 is all zeros") as err:
+        model.predict(empty)
+    assert "VecFrameStack" not in str(err.value)

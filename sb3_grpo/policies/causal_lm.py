@@ -41,7 +41,7 @@ from sb3_grpo.policies.models import (
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
 from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
-from sb3_grpo.policies.validation import check_layout, check_policy_args, check_window_fits
+from sb3_grpo.policies.validation import check_layout, check_policy_args, check_token_range, check_window_fits
 from sb3_grpo.policies.windows import positions_from_mask, shared_prefixes, trim_padding
 
 __all__ = ["CausalLMPolicy"]
@@ -418,7 +418,9 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         # copies: SB3's obs_as_tensor shares memory with the env's numpy arrays, which an env may reuse in place
         ids, mask = ids.to(th.long, copy=True), mask.to(th.long, copy=True)
         # padding ids may be anything (even out of the LM's range): they are masked, so make them 0
-        return ids.masked_fill(mask == 0, 0), mask
+        ids = ids.masked_fill(mask == 0, 0)
+        check_token_range(ids, self.lm.get_input_embeddings().num_embeddings)
+        return ids, mask
 
     # ---------------------------------------------------------------------------------------------------------
     # Model pieces
