@@ -302,3 +302,13 @@ def test_predict_names_token_ids_outside_the_vocabulary_and_empty_masks():
     with pytest.raises(ValueError, match=r"attention_mask row 0 is all zeros") as err:
         model.predict(empty)
     assert "VecFrameStack" not in str(err.value)
+
+
+def test_compare_groups_the_envs_of_an_algorithm_set_to_a_group_advantage():
+    from sb3_grpo.compare.config import CompareError, make_config
+
+    overrides = {"grpo": {"advantage": "group"}}
+    cfg = make_config("TextGen-v0", ["ppo", "grpo"], seeds=1, timesteps=64, n_envs=4, group_size=2, overrides=overrides)
+    assert cfg.group_sizes == {"ppo": 1, "grpo": 2}
+    with pytest.raises(CompareError, match=r"--n-envs \(3\) must be a multiple of the group size \(2\) for grpo"):
+        make_config("TextGen-v0", ["grpo"], seeds=1, timesteps=64, n_envs=3, group_size=2, overrides=overrides)
