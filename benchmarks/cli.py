@@ -148,10 +148,14 @@ def _page_path(args: argparse.Namespace, name: str, smoke: bool) -> Path | None:
 
 
 def _perf(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
-    from benchmarks.perf import perf_page_body, run_perf
+    from benchmarks.perf import check_only, perf_page_body, run_perf
     from sb3_grpo.compare.pages import write_results_page
 
     out = Path(args.out) if args.out else Path("runs") / time.strftime("perf-%Y%m%d-%H%M%S")
+    try:
+        check_only(args.only)  # before the folder exists: a typo leaves nothing behind
+    except ValueError as err:
+        parser.error(str(err))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:

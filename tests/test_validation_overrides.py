@@ -312,3 +312,13 @@ def test_compare_groups_the_envs_of_an_algorithm_set_to_a_group_advantage():
     assert cfg.group_sizes == {"ppo": 1, "grpo": 2}
     with pytest.raises(CompareError, match=r"--n-envs \(3\) must be a multiple of the group size \(2\) for grpo"):
         make_config("TextGen-v0", ["grpo"], seeds=1, timesteps=64, n_envs=3, group_size=2, overrides=overrides)
+
+
+def test_perf_with_an_unknown_measurement_leaves_no_folder(tmp_path, capsys):
+    from benchmarks.cli import main as bench_main
+
+    out = tmp_path / "perf"
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["perf", "--only", "bogus", "--out", str(out)])
+    assert exc.value.code == 2 and "unknown measurement(s) ['bogus']" in capsys.readouterr().err
+    assert not out.exists()
