@@ -322,3 +322,27 @@ def test_perf_with_an_unknown_measurement_leaves_no_folder(tmp_path, capsys):
         bench_main(["perf", "--only", "bogus", "--out", str(out)])
     assert exc.value.code == 2 and "unknown measurement(s) ['bogus']" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_truncated_weights_file_is_named(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from textrl_envs.assets import lm_path
+
+    folder = tmp_path / "lm"
+    AutoModelForCausalLM.from_pretrained(lm_path(), local_files_only=True).save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(
+        ValueError, match=r"could not load the model in .*lm'.*model.safetensors \(1,000 bytes\).*trunc"
+    ):
+        GRPO("CausalLMPolicy", gym.make("TextGen-v0"), policy_kwargs={"model": str(folder)}, device="cpu")
+
+
+def test_prompt_sources_that_are_not_text_are_named(tmp_path):
+    with pytest.raises(ValueError, match=r"prompt #1 holds '\\ud83d' at character 2, a lone UTF-16 surrogate"):
+        gym.make("TextGen-v0", prompts=["fine", "ok\ud83d"])
+    folder = tmp_path / "prompts.jsonl"
+    folder.mkdir()
+    with pytest.raises(ValueError, match=r"prompts.jsonl' is a folder, not a file"):
+        gym.make("TextGen-v0", prompts=str(folder))

@@ -327,6 +327,14 @@ def on_character_boundary(tokenizer, ids: list[int], side: str) -> list[int]:
 
 def _encode(spec_tokenizer, text: str, max_prompt_tokens: int, truncation: str, where: str) -> tuple[np.ndarray, int]:
     """``(ids, length before the cut)`` of one prompt (see :func:`encode_prompt`)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate (e.g. half of an emoji cut from a UTF-16 source)
+        raise ValueError(
+            f"{where} holds {text[err.start]!r} at character {err.start}, a lone UTF-16 surrogate that is not text "
+            "(no tokenizer can encode it); fix the source text, e.g. text.encode('utf-16', 'surrogatepass')"
+            ".decode('utf-16'), or drop it with text.encode('utf-8', 'ignore').decode()"
+        ) from None
     ids = spec_tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # we truncate below
     if len(ids) == 0:
         raise ValueError(f"{where} {_quote(text)} tokenizes to no tokens; every prompt needs at least one token")
