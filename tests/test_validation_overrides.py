@@ -346,3 +346,13 @@ def test_prompt_sources_that_are_not_text_are_named(tmp_path):
     folder.mkdir()
     with pytest.raises(ValueError, match=r"prompts.jsonl' is a folder, not a file"):
         gym.make("TextGen-v0", prompts=str(folder))
+
+
+def test_textarena_games_that_cannot_start_are_named():
+    pytest.importorskip("textarena")
+    with pytest.raises(ValueError, match=r"'GuessTheNumber-v0' failed to start with game_kwargs .*check the values"):
+        gym.make("TextArena-v0", game="GuessTheNumber-v0", game_kwargs={"min_number": 10, "max_number": 1})
+    try:
+        gym.make("TextArena-v0", game="Chess-v0")
+    except ValueError as err:  # the installed textarena's Chess may not even import: then say so, naming the game
+        assert "'Chess-v0'" in str(err)
