@@ -62,6 +62,14 @@ def test_load_with_good_arguments_sets_them(saved):
     assert model.grad_var_coef == 0.02 and model.n_epochs == 2
 
 
+def test_load_can_turn_the_kl_term_on_with_the_loaded_policy_as_reference(saved):
+    model = GRPO.load(saved, env=gym.make("CartPole-v1"), device="cpu", kl_coef=0.1)
+    assert model.kl_coef == 0.1 and model.ref_policy is not None
+    for name, value in model.ref_policy.state_dict().items():
+        th.testing.assert_close(value, model.policy.state_dict()[name])
+    model.learn(32)
+
+
 @pytest.mark.skipif(th.cuda.is_available(), reason="needs a machine without CUDA")
 def test_load_on_cuda_without_cuda_falls_back_to_the_cpu_as_sb3_does(saved):
     with pytest.warns(UserWarning, match=r"CUDA is not available here, loading on the CPU"):

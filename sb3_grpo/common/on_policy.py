@@ -340,6 +340,23 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             target, lambda tmp: super(GroupOnPolicyAlgorithm, self).save(tmp, exclude=exclude, include=include)
         )
 
+    def set_parameters(
+        self, load_path_or_dict: str | dict[str, Any], exact_match: bool = True, device: th.device | str = "auto"
+    ) -> None:
+        """SB3's ``set_parameters``; parameters saved without a KL reference (the model was trained with
+        ``kl_coef=0``) load into a model that has one (``load(path, kl_coef=0.1)``): the reference then starts as the
+        loaded policy, as a fresh model's starts as its initial policy."""
+        ref = getattr(self, "ref_policy", None)
+        if isinstance(load_path_or_dict, dict) and ref is not None and "ref_policy" not in load_path_or_dict:
+            if exact_match:
+                missing = set(self._get_torch_save_params()[0]) - set(load_path_or_dict) - {"ref_policy"}
+                if missing:
+                    raise ValueError(f"the parameters to load lack {sorted(missing)}; give a complete saved model")
+            super().set_parameters(load_path_or_dict, exact_match=False, device=device)
+            ref.load_state_dict(self.policy.state_dict())
+            return
+        super().set_parameters(load_path_or_dict, exact_match=exact_match, device=device)
+
     def set_random_seed(self, seed: int | None = None) -> None:
         """SB3's ``set_random_seed`` (Python, NumPy, torch, action space, env), plus the exploration RNG.
 
