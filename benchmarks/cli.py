@@ -150,10 +150,14 @@ def _page_path(args: argparse.Namespace, name: str, smoke: bool) -> Path | None:
 
 
 def _perf(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
-    from benchmarks.perf import perf_page_body, run_perf
+    from benchmarks.perf import check_only, perf_page_body, run_perf
     from sb3_grpo.compare.pages import write_results_page
 
     out = Path(args.out) if args.out else Path("runs") / time.strftime("perf-%Y%m%d-%H%M%S")
+    try:
+        check_only(args.only)  # before the folder exists: a typo leaves nothing behind
+    except ValueError as err:
+        parser.error(str(err))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -189,7 +193,8 @@ def _perf(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Seque
 
 def _claims(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
     from benchmarks.claims.experiments import EXPERIMENTS
-    from benchmarks.claims.study import CLAIMS_OUTPUTS, check_claims_extra, run_claims
+    from benchmarks.claims.study import CLAIMS_OUTPUTS, check_claims_extra
+    from sb3_grpo.common.io import FolderLock
     from sb3_grpo.compare.config import CompareError
     from sb3_grpo.compare.results import prepare_out_dir
 
@@ -198,11 +203,24 @@ def _claims(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Seq
     except ImportError as err:
         parser.error(str(err))
     out = Path(args.out) if args.out else Path("runs") / time.strftime(f"claims-{args.budget}-%Y%m%d-%H%M%S")
+    lock = FolderLock(out, what="--out")  # held until the process ends: one study per out dir at a time
     try:
-        prepare_out_dir(out, overwrite=args.overwrite, resume=args.resume, outputs=(*CLAIMS_OUTPUTS, *EXPERIMENTS))
+        prepare_out_dir(
+            out, overwrite=args.overwrite, resume=args.resume, outputs=(*CLAIMS_OUTPUTS, *EXPERIMENTS), lock=lock
+        )
     except CompareError as err:
         parser.error(str(err))
+    try:
+        return _run_claims(args, argv, out)
+    finally:
+        lock.release()
+
+
+def _run_claims(args: argparse.Namespace, argv: Sequence[str], out: Path) -> int:
+    """The claims study itself, once ``out`` is prepared and locked."""
     import torch as th
+
+    from benchmarks.claims.study import run_claims
 
     th.set_num_threads(args.threads)
     command = shlex.join(["textrl-bench", *argv])

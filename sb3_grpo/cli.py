@@ -272,6 +272,7 @@ def _add_warm_start(sub: Any) -> None:
     w.add_argument("--env", required=True, help="registered text env id")
     w.add_argument("--env-kwargs", default=None, metavar="JSON", help="keyword arguments of gym.make (JSON object)")
     w.add_argument("--out", required=True, help="folder for the model, its tokenizer and warm_start.json")
+    w.add_argument("--overwrite", action="store_true", help="replace an existing --out (once the new model is saved)")
     w.add_argument("--model", default=None, help="local model folder to start from (default: the bundled LM)")
     w.add_argument("--steps", type=positive_int, default=200, help="optimizer steps (default %(default)s)")
     w.add_argument("--batch-size", type=positive_int, default=32, help="examples per step (default %(default)s)")
@@ -406,10 +407,11 @@ def _check_device(device: str) -> None:
 
 
 def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
+    from sb3_grpo.common.io import FolderLock
     from sb3_grpo.compare.algos import parse_algos
     from sb3_grpo.compare.config import CompareError, make_config
-    from sb3_grpo.compare.results import discard_failed_out_dir, prepare_out_dir
-    from sb3_grpo.compare.runner import run_compare
+    from sb3_grpo.compare.results import load_results, prepare_out_dir
+    from sb3_grpo.compare.runner import check_resume_keeps_runs
 
     try:
         import_gym_packages(args.gym_packages)
@@ -441,9 +443,27 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
             threshold=args.threshold,
         )
         out = Path(args.out) if args.out else Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
-        created = prepare_out_dir(out, overwrite=args.overwrite, resume=args.resume)
     except (CompareError, ValueError) as err:
         parser.error(str(err))  # exits 2
+    lock = FolderLock(out, what="--out")  # held until the command ends: one compare per out dir at a time
+    try:
+        try:
+            created = prepare_out_dir(out, overwrite=args.overwrite, resume=args.resume, lock=lock)
+            if args.resume:  # never drop completed runs: refuse a plan that leaves some out
+                check_resume_keeps_runs(load_results(out), cfg)
+        except (CompareError, ValueError) as err:
+            lock.release()
+            parser.error(str(err))  # exits 2
+        return _run_compare(args, argv, cfg, out, created)
+    finally:
+        lock.release()
+
+
+def _run_compare(args: argparse.Namespace, argv: Sequence[str], cfg: Any, out: Path, created: list[Path]) -> int:
+    """The comparison itself, once ``out`` is prepared and locked."""
+    from sb3_grpo.compare.results import discard_failed_out_dir
+    from sb3_grpo.compare.runner import run_compare
+
     if args.threads:
         import torch as th
 
@@ -467,13 +487,28 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
             progress=False if args.no_progress else None,
             track=tuple(dict.fromkeys(args.track)),
         )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        if getattr(err, "report_written", False):
+            report = "report.md marks the missing ones"
+        else:
+            report = f"report.md was not written (rewrite it with: sb3-grpo report {out})"
         print(
-            f"\ninterrupted: completed runs are kept in {out}/results.json and report.md marks the missing ones; "
+            f"\ninterrupted: completed runs are kept in {out}/results.json and {report}; "
             f"continue with: {shlex.join(['sb3-grpo', *resume_argv(argv, out)])}",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
+    except OSError as err:  # e.g. a full disk: results.json holds every run that completed (written atomically)
+        if discard_failed_out_dir(created):
+            print(f"sb3-grpo compare: error: {err}; no run had completed, removed {out}/", file=sys.stderr)
+        else:
+            print(
+                f"sb3-grpo compare: error: {err}; the completed runs are kept in {out}/results.json: free some space "
+                f"and continue with: {shlex.join(['sb3-grpo', *resume_argv(argv, out)])} (or rewrite the report "
+                f"with: sb3-grpo report {out})",
+                file=sys.stderr,
+            )
+        return 1
     except Exception:
         if discard_failed_out_dir(created):  # no run completed: leave nothing half-written behind
             print(f"sb3-grpo compare failed before any run completed; removed {out}/", file=sys.stderr)
@@ -547,7 +582,11 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"{out} is an out dir of the claims study; rewrite its claims.md with: textrl-bench report {out}")
     from sb3_grpo.compare.report import write_report
 
-    write_report(results, out)
+    try:
+        write_report(results, out)
+    except OSError as err:  # e.g. a full disk: the previous report.md and curves.png are kept
+        print(f"sb3-grpo report: error: {err}", file=sys.stderr)
+        return 1
     print(f"wrote {out}/report.md and {out}/curves.png")
     if args.results_page:
         _write_compare_page(out, Path(args.results_page), results.get("command") or f"sb3-grpo report {out}")
@@ -556,9 +595,10 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _warm_start(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
     from sb3_grpo.compare.config import CompareError, check_env_id, check_env_kwargs
-    from sb3_grpo.warmstart import run_warm_start
+    from sb3_grpo.warmstart import check_warm_start_out, run_warm_start
 
     try:
+        check_warm_start_out(Path(args.out), args.overwrite)
         env_kwargs = parse_env_kwargs(args.env_kwargs)
         check_env_id(args.env)
         check_env_kwargs(args.env, env_kwargs)
@@ -582,9 +622,13 @@ def _warm_start(args: argparse.Namespace, parser: argparse.ArgumentParser, argv:
             seed=args.seed,
             model=args.model,
             command=shlex.join(["sb3-grpo", *argv]),
+            overwrite=args.overwrite,
         )
-    except ValueError as err:  # e.g. prompts without an 'answer' column
+    except ValueError as err:  # e.g. prompts without an 'answer' column, an env that is not a text env
         parser.error(str(err))
+    except OSError as err:  # e.g. a full disk: nothing was left at --out
+        print(f"sb3-grpo warm-start: error: {err}; nothing was written to {args.out}", file=sys.stderr)
+        return 1
     print(
         f"warm start: {record['examples']} examples, {record['steps']} steps, loss {record['loss_first']:.3f} -> "
         f"{record['loss_last']:.3f} in {record['time_s']} s; model in {args.out}/ "

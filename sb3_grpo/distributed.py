@@ -46,6 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from textrl_envs.devices import resolve_device
+from textrl_envs.validation import check_int, check_seed
 
 __all__ = [
     "SEED_STRIDE",
@@ -131,8 +132,59 @@ def setup(backend: str | None = None) -> bool:
             backend = "nccl" if th.cuda.is_available() else "gloo"
         if backend == "nccl":
             th.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend=backend)
+        store = _rendezvous(rendezvous_timeout())
+        dist.init_process_group(
+            backend=backend, store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])
+        )
     return is_active()
+
+
+#: Seconds every rank waits for the others to join at start-up (``SB3_GRPO_RENDEZVOUS_TIMEOUT`` overrides it).
+RENDEZVOUS_TIMEOUT_S = 300.0
+
+
+def rendezvous_timeout() -> float:
+    """The start-up wait, in seconds: ``SB3_GRPO_RENDEZVOUS_TIMEOUT`` or :data:`RENDEZVOUS_TIMEOUT_S`.
+
+    :raises ValueError: for a value that is not a positive number.
+    """
+    text = os.environ.get("SB3_GRPO_RENDEZVOUS_TIMEOUT")
+    if text is None:
+        return RENDEZVOUS_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"SB3_GRPO_RENDEZVOUS_TIMEOUT must be a number of seconds > 0, got {text!r}; e.g. 300")
+    return value
+
+
+def _rendezvous(timeout_s: float) -> Any:
+    """The process group's store, once every rank has joined (or a clear error after ``timeout_s`` seconds, not
+    torch's default 30 minutes of silence). Under torchrun's agent (``TORCHELASTIC_USE_AGENT_STORE``) the agent
+    hosts the store and every rank is a client; otherwise rank 0 hosts it and waits for the others."""
+    from datetime import timedelta
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    try:
+        return dist.TCPStore(
+            host,
+            port,
+            world_size,
+            is_master=rank == 0 and not agent,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=not agent,
+        )
+    except (RuntimeError, OSError) as err:  # torch's DistStoreError is a RuntimeError
+        raise RuntimeError(
+            f"torch.distributed start-up: rank {rank} of WORLD_SIZE={world_size} found no peers at "
+            f"MASTER_ADDR={host}:MASTER_PORT={port} within {timeout_s:g} s ({type(err).__name__}: {err}). Start every "
+            "rank (e.g. with torchrun --nproc_per_node N), check MASTER_ADDR/MASTER_PORT, or unset RANK, WORLD_SIZE, "
+            "MASTER_ADDR and MASTER_PORT to train in one process; SB3_GRPO_RENDEZVOUS_TIMEOUT sets the wait"
+        ) from err
 
 
 def local_device(device: th.device | str = "auto") -> th.device:
@@ -160,10 +212,14 @@ def rank_seed(seed: int | None, rank: int | None = None) -> int | None:
     :param seed: the run's seed (what rank 0 uses).
     :param rank: the rank (default: this process's).
     :return: the rank's seed.
+    :raises TypeError: for a seed or rank that is not an int.
+    :raises ValueError: for a negative (or too large) seed or a negative rank.
     """
     if seed is None:
         return None
-    return int(seed) + SEED_STRIDE * (get_rank() if rank is None else int(rank))
+    seed = check_seed("rank_seed: seed", seed)
+    rank = get_rank() if rank is None else check_int("rank_seed: rank", rank, low=0, example=0)
+    return seed + SEED_STRIDE * rank
 
 
 def shard(items: Sequence[T], rank: int | None = None, world_size: int | None = None) -> list[T]:
@@ -173,10 +229,16 @@ def shard(items: Sequence[T], rank: int | None = None, world_size: int | None = 
     :param rank: the rank (default: this process's).
     :param world_size: the number of ranks (default: the process group's).
     :return: ``items[rank::world_size]``.
-    :raises ValueError: when some rank would get no item.
+    :raises ValueError: when some rank would get no item, or ``rank`` is not in ``[0, world_size - 1]``.
     """
-    rank = get_rank() if rank is None else int(rank)
-    world_size = get_world_size() if world_size is None else int(world_size)
+    world_size = (
+        get_world_size() if world_size is None else check_int("shard: world_size", world_size, low=1, example=2)
+    )
+    rank = (
+        get_rank()
+        if rank is None
+        else check_int("shard: rank", rank, low=0, high=world_size - 1, hint=f"ranks are 0 to {world_size - 1}")
+    )
     if len(items) < world_size:
         raise ValueError(
             f"cannot shard {len(items)} items over {world_size} ranks (every rank needs at least one); "

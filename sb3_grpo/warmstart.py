@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from sb3_grpo.common.io import write_json_atomic
+from sb3_grpo.common.io import atomic_folder, write_json_atomic
 
 #: File of the warm start's record (command, settings, losses) in its out dir.
 RECORD_FILE = "warm_start.json"
@@ -123,11 +123,17 @@ def run_warm_start(
     seed: int,
     model: str | None = None,
     command: str = "",
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Warm-start ``model`` (default: the bundled LM) on ``env_id``'s answers and save it, with its tokenizer and
     :data:`RECORD_FILE`, to ``out`` (a folder ``CausalLMPolicy(model=out)`` loads).
 
+    The folder appears only once it is complete (:func:`~sb3_grpo.common.io.atomic_folder`): a failure (a full disk,
+    Ctrl-C) leaves no folder with a config and no weights, and an existing ``out`` is kept until the new one is whole.
+
+    :param overwrite: Replace an existing ``out`` (else it is refused before anything is trained).
     :return: The record (also written to ``out / RECORD_FILE``).
+    :raises ValueError: ``out`` exists (without ``overwrite``) or is a file, or the env is not a text env.
     """
     import gymnasium as gym
     import torch as th
@@ -136,17 +142,20 @@ def run_warm_start(
     import textrl_envs  # noqa: F401  (registers the ids)
     from textrl_envs.assets import lm_path
 
+    check_warm_start_out(out, overwrite)
     env = gym.make(env_id, **env_kwargs)
-    spec = env.unwrapped.text_spec
+    spec = getattr(env.unwrapped, "text_spec", None)
+    if spec is None:
+        raise ValueError(
+            f"--env {env_id} is not a text env (it has no prompts and answers to learn from); give a text env id, "
+            "e.g. ReasoningGym-v0 or Arithmetic-v0"
+        )
     examples = answer_examples(spec)
     th.manual_seed(seed)
     source = model or lm_path()
     lm = AutoModelForCausalLM.from_pretrained(os.fspath(source), local_files_only=True)
     start = time.perf_counter()
     losses = supervised_warm_start(lm, examples, spec.pad_token_id, steps, batch_size, learning_rate, seed)
-    out.mkdir(parents=True, exist_ok=True)
-    lm.save_pretrained(out)
-    spec.tokenizer.save_pretrained(out)
     record = {
         "command": command,
         "env_id": env_id,
@@ -162,5 +171,20 @@ def run_warm_start(
         "time_s": round(time.perf_counter() - start, 1),
         "losses": losses,
     }
-    write_json_atomic(out / RECORD_FILE, record)
+    with atomic_folder(out, overwrite=overwrite) as tmp:
+        lm.save_pretrained(tmp)
+        spec.tokenizer.save_pretrained(tmp)
+        write_json_atomic(tmp / RECORD_FILE, record)
     return record
+
+
+def check_warm_start_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``--out`` that is a file, or an existing folder without ``--overwrite``.
+
+    :raises ValueError: naming ``--out`` and what to do.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder path for the model (it is created)")
+    if out.exists() and not overwrite:
+        raise ValueError(f"--out {out} already exists; pass --overwrite to replace it, or choose another --out")

@@ -274,9 +274,15 @@ def test_sigkill_while_a_checkpoint_is_half_written(tmp_path):
         "rl_model_64_steps.zip",
     ]
 
-    # SB3's plain CheckpointCallback, same kill: a torn file under the checkpoint name, which does not load
+    # SB3's plain CheckpointCallback, same kill: model.save is atomic itself, so here too every checkpoint name holds a
+    # complete model and the half-written zip is a temp file
+    half = plain / "ckpt" / f".rl_model_192_steps.zip.{procs[plain].pid}.tmp"
+    assert sorted(p.name for p in (plain / "ckpt").iterdir()) == [half.name, *names[1:]]
+    _check_all_load(plain / "ckpt", env)
+    # a torn file under a checkpoint name (written by another tool) does not load, with a clear error
     torn = plain / "ckpt" / "rl_model_192_steps.zip"
-    assert torn.exists() and not is_complete_checkpoint(torn)
+    torn.write_bytes(half.read_bytes())
+    assert not is_complete_checkpoint(torn)
     with pytest.raises(ValueError, match="is not a complete saved model .*latest_checkpoint"):
         GRPO.load(torn, env=env, device="cpu")
     assert latest_checkpoint(plain / "ckpt").name == "rl_model_128_steps.zip"  # and latest_checkpoint skips it

@@ -336,22 +336,89 @@ def on_character_boundary(tokenizer, ids: list[int], side: str) -> list[int]:
     return ids
 
 
-def encode_prompt(spec_tokenizer, text: str, max_prompt_tokens: int, truncation: str, where: str) -> np.ndarray:
-    """Token ids of one prompt, truncated to ``max_prompt_tokens`` (or an error, by option), cut on a character
-    boundary where the tokenizer allows it (:func:`on_character_boundary`)."""
+def _encode(spec_tokenizer, text: str, max_prompt_tokens: int, truncation: str, where: str) -> tuple[np.ndarray, int]:
+    """``(ids, length before the cut)`` of one prompt (see :func:`encode_prompt`)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate (e.g. half of an emoji cut from a UTF-16 source)
+        raise ValueError(
+            f"{where} holds {text[err.start]!r} at character {err.start}, a lone UTF-16 surrogate that is not text "
+            "(no tokenizer can encode it); fix the source text, e.g. text.encode('utf-16', 'surrogatepass')"
+            ".decode('utf-16'), or drop it with text.encode('utf-8', 'ignore').decode()"
+        ) from None
     ids = spec_tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # we truncate below
     if len(ids) == 0:
-        raise ValueError(f"{where} {text!r} tokenizes to no tokens; every prompt needs at least one token")
-    if len(ids) > max_prompt_tokens:
+        raise ValueError(f"{where} {_quote(text)} tokenizes to no tokens; every prompt needs at least one token")
+    full = len(ids)
+    if full > max_prompt_tokens:
         if truncation == "error":
             raise ValueError(
-                f"{where} {text!r} has {len(ids)} tokens, over max_prompt_tokens={max_prompt_tokens}; raise "
+                f"{where} {_quote(text)} has {full} tokens, over max_prompt_tokens={max_prompt_tokens}; raise "
                 "max_prompt_tokens, shorten the prompt, or pass prompt_truncation='left' or 'right'"
             )
         ids = ids[-max_prompt_tokens:] if truncation == "left" else ids[:max_prompt_tokens]
         if "\ufffd" not in text:
             ids = on_character_boundary(spec_tokenizer, list(ids), truncation)
-    return np.asarray(ids, dtype=np.int64)
+    return np.asarray(ids, dtype=np.int64), full
+
+
+def _quote(text: str, limit: int = 200) -> str:
+    """``repr(text)``, shortened in the middle for a message (a 1 MB prompt is not quoted whole)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[: limit // 2]!r}...{text[-limit // 2 :]!r} ({len(text):,} characters)"
+
+
+def encode_prompt(
+    spec_tokenizer, text: str, max_prompt_tokens: int, truncation: str, where: str, warn: bool = True
+) -> np.ndarray:
+    """Token ids of one prompt, truncated to ``max_prompt_tokens`` (or an error, by option), cut on a character
+    boundary where the tokenizer allows it (:func:`on_character_boundary`).
+
+    :param warn: Warn when the prompt is cut (:func:`encode_prompts` warns once for a whole list instead).
+    """
+    ids, full = _encode(spec_tokenizer, text, max_prompt_tokens, truncation, where)
+    if warn and full > max_prompt_tokens:
+        warnings.warn(
+            f"{where} is longer than max_prompt_tokens={max_prompt_tokens} and was cut on the {truncation}; raise "
+            "max_prompt_tokens to keep such prompts whole, or pass prompt_truncation='error' to refuse them",
+            UserWarning,
+            stacklevel=3,
+        )
+    return ids
+
+
+def encode_prompts(
+    spec_tokenizer, texts: Sequence[str], max_prompt_tokens: int, truncation: str, chat_template: str | None = None
+) -> list[np.ndarray]:
+    """Token ids of every prompt (:func:`encode_prompt`), with one warning when any was cut: the share of prompts cut,
+    the budget that keeps them all whole, and, with a chat template, that its role markers count in the budget.
+
+    :param chat_template: The template the prompts were rendered with (``None``: none).
+    """
+    encoded = [_encode(spec_tokenizer, t, max_prompt_tokens, truncation, f"prompt #{i}") for i, t in enumerate(texts)]
+    lengths = [full for _, full in encoded]
+    cut = sum(n > max_prompt_tokens for n in lengths)
+    if cut:
+        message = (
+            f"{cut} of {len(lengths)} prompts ({cut / len(lengths):.0%}) are longer than max_prompt_tokens="
+            f"{max_prompt_tokens} and were cut on the {truncation} (the longest has {max(lengths)} tokens): the "
+            f"policy sees only part of them. Pass max_prompt_tokens={max(lengths)} to keep every prompt whole, or "
+            "prompt_truncation='error' to refuse over-long prompts"
+        )
+        if chat_template is not None:
+            message += (
+                f". The chat template adds its role markers to every prompt, which count in the budget: the rendered "
+                f"prompts have {min(lengths)} to {max(lengths)} tokens"
+                + (
+                    ", so every prompt was cut and the policy may see only the template's end (e.g. the assistant "
+                    "header), not the question"
+                    if cut == len(lengths)
+                    else ""
+                )
+            )
+        warnings.warn(message, UserWarning, stacklevel=4)
+    return [ids for ids, _ in encoded]
 
 
 def check_budgets(max_new_tokens: Any, max_prompt_tokens: Any) -> tuple[int, int]:
@@ -544,7 +611,7 @@ def build_spec(
     texts, metadata = _split_prompts(prompts)
     reward_fn = _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_given)
     eos, pad, turn_end_ids = _end_ids(tok, template, defaults, interaction, turn_end)
-    ids = [encode_prompt(tok, t, max_prompt_tokens, prompt_truncation, f"prompt #{i}") for i, t in enumerate(texts)]
+    ids = encode_prompts(tok, texts, max_prompt_tokens, prompt_truncation, template)
     return EpisodeSpec(
         tokenizer=tok,
         prompt_texts=texts,

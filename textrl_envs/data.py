@@ -55,6 +55,8 @@ def load_prompts(source: Any) -> Any:
         path = Path(source)
         suffix = path.suffix.lower()
         if suffix in FILE_KINDS:
+            if path.is_dir():
+                raise PromptFileError(f"prompt file {str(path)!r} is a folder, not a file; give the file's path")
             if not path.is_file():
                 raise FileNotFoundError(f"prompt file {str(path)!r} does not exist")
             return _READERS[suffix](path)
@@ -205,7 +207,10 @@ def dataset_prompts(dataset: Any) -> list[Any]:
         raise TypeError(f"prompts is a {name} with splits {list(dataset)}; pass one split, e.g. dataset['train']")
     columns: Sequence[str] | None = getattr(dataset, "column_names", None)
     if not hasattr(dataset, "__len__") or columns is None:
-        raise TypeError(f"prompts is a datasets.{name}; pass a datasets.Dataset (an IterableDataset: take(n) first)")
+        raise TypeError(
+            f"prompts is a datasets.{name}, which has no length; pass a datasets.Dataset (from an IterableDataset "
+            "`ds`: datasets.Dataset.from_list(list(ds.take(n))))"
+        )
     if "prompt" not in columns:
         raise PromptFileError(f"the dataset has the columns {list(columns)}, no 'prompt' column (TRL's convention)")
     if len(dataset) == 0:

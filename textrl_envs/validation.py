@@ -7,7 +7,8 @@ Python form or raises:
 
 - ``TypeError`` when the value has the wrong type (a string where a number belongs, ``True`` for a count);
 - ``ValueError`` when it has the right type but a wrong value: out of range, not one of the choices, and for
-  numbers NaN or infinite (a non-finite number never silently enters training).
+  numbers NaN or infinite (a non-finite number never silently enters training). The class raised,
+  :class:`ArgumentValueError`, is also an ``AssertionError``, as SB3's own checks of the same values are.
 
 Every message names the argument, shows what was given (value and type), says what is expected and what to do::
 
@@ -25,6 +26,7 @@ from typing import Any
 
 __all__ = [
     "SEED_MAX",
+    "ArgumentValueError",
     "check_bool",
     "check_choice",
     "check_float",
@@ -35,6 +37,15 @@ __all__ = [
     "given",
     "range_text",
 ]
+
+
+class ArgumentValueError(ValueError, AssertionError):
+    """A wrong value for an argument (out of range, not a choice, non-finite).
+
+    A ``ValueError``, and also an ``AssertionError`` because SB3 refuses some of the same values with ``assert``
+    (e.g. a negative ``clip_range_vf``): code written against SB3 that catches ``AssertionError`` keeps working.
+    """
+
 
 #: Largest seed every seeded generator here accepts (NumPy's legacy ``np.random.seed`` takes ``< 2**32``).
 SEED_MAX = 2**32 - 1
@@ -103,7 +114,7 @@ def check_int(
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be {expected}, got {given(value)}{_todo(name, example, hint)}")
     if not _in_range(int(value), low, high, False, False):
-        raise ValueError(f"{name} must be {expected}, got {int(value)}{_todo(name, example, hint)}")
+        raise ArgumentValueError(f"{name} must be {expected}, got {int(value)}{_todo(name, example, hint)}")
     return int(value)
 
 
@@ -143,9 +154,9 @@ def check_float(
     except OverflowError:  # an int too large for a float
         x = math.copysign(math.inf, value)
     if math.isnan(x) or (math.isinf(x) and not (allow_inf and x > 0)):
-        raise ValueError(f"{name} must be {expected}, got {x}: non-finite numbers never enter training{todo}")
+        raise ArgumentValueError(f"{name} must be {expected}, got {x}: non-finite numbers never enter training{todo}")
     if not _in_range(x, low, high, low_open, high_open):
-        raise ValueError(f"{name} must be {expected}, got {value!r}{todo}")
+        raise ArgumentValueError(f"{name} must be {expected}, got {value!r}{todo}")
     return x
 
 
@@ -188,7 +199,7 @@ def check_choice(name: str, value: Any, choices: Iterable[Any], hint: str = "") 
 
         close = difflib.get_close_matches(value, [str(c) for c in options], n=1)
         suggestion = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"{name} must be one of {options}, got {value!r}{suggestion}{'; ' + hint if hint else ''}")
+    raise ArgumentValueError(f"{name} must be one of {options}, got {value!r}{suggestion}{'; ' + hint if hint else ''}")
 
 
 def check_bool(name: str, value: Any) -> bool:

@@ -10,6 +10,7 @@ import numpy as np
 
 from benchmarks.claims import verdicts as V
 from benchmarks.claims.experiments import ABLATION_ARMS, BASELINE_ARMS, COLLAPSE_ARMS
+from sb3_grpo.common.io import save_figure_atomic, write_text_atomic
 
 __all__ = ["CLAIMS", "evaluate_claims", "render_claims", "write_claims_report"]
 
@@ -240,7 +241,7 @@ def write_claims_report(results: dict[str, Any], out: Path) -> None:
     out = Path(out)
     _plot_curves(results, out / "curves.png")
     _plot_profiles(results, out / "profiles.png")
-    (out / "claims.md").write_text(render_claims(results))
+    write_text_atomic(out / "claims.md", render_claims(results))
 
 
 def _plot_curves(results: dict[str, Any], path: Path) -> None:
@@ -269,7 +270,7 @@ def _plot_curves(results: dict[str, Any], path: Path) -> None:
             ax.legend(fontsize=6)
     axes[0].set_ylabel("mean training reward (mean over seeds)", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure_atomic(fig, path)
     plt.close(fig)
 
 
@@ -301,5 +302,5 @@ def _plot_profiles(results: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("fraction of runs with final reward > tau")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure_atomic(fig, path)
     plt.close(fig)

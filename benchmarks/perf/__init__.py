@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.timing import make_row
+from sb3_grpo.common.io import write_text_atomic
 
 __all__ = ["SIZES", "make_row", "markdown_table", "measurements", "perf_page_body", "run_perf", "smoke_check"]
 
@@ -194,6 +195,20 @@ def _trl_row(cfg: Any, name: str, quick: bool, device: str, seeds: int, **grpo_k
     return make_row(title, t["ours"], t["TRL"], unit, notes, False, target=(">=", 1.0))
 
 
+def check_only(only: list[str] | None, names: list[str] | None = None) -> None:
+    """Refuse names in ``--only`` that are not measurements (before any folder is made).
+
+    :param only: The names asked for (``None``: all).
+    :param names: The measurements (default: :func:`measurements`'s).
+    :raises ValueError: naming the unknown ones and listing the known ones.
+    """
+    if names is None:
+        names = [name for name, _ in measurements()]
+    unknown = sorted(set(only or []) - set(names))
+    if unknown:
+        raise ValueError(f"unknown measurement(s) {unknown}; known: {', '.join(names)}")
+
+
 def run_perf(
     out: Path,
     quick: bool = False,
@@ -217,10 +232,7 @@ def run_perf(
     from sb3_grpo.compare.results import environment_info, write_json_atomic
 
     steps = measurements(quick=quick, device=device, smoke=smoke)
-    names = [name for name, _ in steps]
-    unknown = sorted(set(only or []) - set(names))
-    if unknown:
-        raise ValueError(f"unknown measurement(s) {unknown}; known: {', '.join(names)}")
+    check_only(only, [name for name, _ in steps])
     result: dict[str, Any] = {
         "quick": quick,
         **({"smoke": True} if smoke else {}),
@@ -271,7 +283,7 @@ def _write_markdown(out: Path, result: dict) -> None:
     )
     if result["errors"]:
         text += "\nFailed: " + "; ".join(f"{e['measurement']}: {e['error']}" for e in result["errors"]) + "\n"
-    (out / "perf.md").write_text(text)
+    write_text_atomic(out / "perf.md", text)
 
 
 def _finite(value: Any) -> bool:

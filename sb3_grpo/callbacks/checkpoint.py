@@ -58,6 +58,13 @@ class AtomicCheckpointCallback(CheckpointCallback):
             raise ValueError(
                 f"name_prefix must be a non-empty file name prefix without {os.sep!r}, got {name_prefix!r}"
             )
+        if not isinstance(save_path, (str, os.PathLike)) or not os.fspath(save_path):
+            raise TypeError(f"save_path must be a folder path (str), got {save_path!r}; e.g. save_path='runs/ckpt'")
+        if os.path.exists(save_path) and not os.path.isdir(save_path):
+            raise ValueError(
+                f"save_path {os.fspath(save_path)!r} is a file, not a folder; give the folder the checkpoints go to "
+                "(it is created), e.g. save_path='runs/ckpt'"
+            )
         super().__init__(
             save_freq,
             os.fspath(save_path),

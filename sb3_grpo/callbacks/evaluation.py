@@ -51,6 +51,21 @@ class _PeriodicEvaluation(BaseCallback):
 
     def _init_callback(self) -> None:
         self._next_eval = self.num_timesteps + self.eval_freq
+        self._check_eval_env()
+
+    def _check_eval_env(self) -> None:
+        """Refuse, when training starts, an eval env whose spaces are not the model's (it would fail only at the
+        first evaluation, mid-training)."""
+        if self.eval_env is None:
+            return
+        model_spaces = (self.model.observation_space, self.model.action_space)
+        env_spaces = (self.eval_env.observation_space, self.eval_env.action_space)
+        if not _same_spaces(model_spaces, env_spaces):
+            raise ValueError(
+                f"{type(self).__name__}: eval_env's spaces (observation {env_spaces[0]}, action {env_spaces[1]}) are "
+                f"not the model's (observation {model_spaces[0]}, action {model_spaces[1]}); pass an eval env made "
+                "like the training env (same id and settings)"
+            )
 
     def _evaluate(self) -> float:
         """Mean episode reward of the current policy on ``eval_env`` (logged as ``eval/mean_reward``)."""
@@ -78,6 +93,26 @@ class _PeriodicEvaluation(BaseCallback):
 
     def _on_step(self) -> bool:
         return not self._stop
+
+
+def _same_spaces(a: tuple[Any, Any], b: tuple[Any, Any]) -> bool:
+    """Whether two (observation, action) space pairs are equal, as SB3's ``check_for_correct_spaces`` compares them
+    (a text env's window width must match too)."""
+    try:
+        return all(x == y for x, y in zip(a, b))
+    except Exception:  # noqa: BLE001  (spaces that cannot be compared: let the evaluation say what is wrong)
+        return True
+
+
+def _check_file_target(what: str, path: Path) -> None:
+    """Refuse a file path that is a folder or whose folder is a file, before training starts."""
+    if path.is_dir():
+        raise ValueError(f"{what} {str(path)!r} is a folder; give a file path, e.g. {what}='runs/best_model.zip'")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise ValueError(f"{what} {str(path)!r}: {str(parent)!r} is a file, not a folder; choose another path")
 
 
 def _snapshot(model: BaseAlgorithm) -> dict[str, Any]:
@@ -143,6 +178,11 @@ class EarlyStoppingCallback(_PeriodicEvaluation):
         self.n_no_improvement = 0
         self.stopped_early = False
         self._best: dict[str, Any] | None = None
+
+    def _init_callback(self) -> None:
+        super()._init_callback()
+        if self.best_model_path is not None:
+            _check_file_target("best_model_path", self.best_model_path)
 
     def _on_rollout_start(self) -> None:
         if not self._due():
@@ -237,6 +277,14 @@ class RollbackCallback(_PeriodicEvaluation):
 
     def _init_callback(self) -> None:
         super()._init_callback()
+        if self.checkpoint_dir is not None and not self.checkpoint_dir.is_dir():
+            raise ValueError(
+                f"RollbackCallback: checkpoint_dir {str(self.checkpoint_dir)!r} "
+                f"{'is not a folder' if self.checkpoint_dir.exists() else 'does not exist'}, so every rollback would "
+                "silently use the in-memory state; give the save_path of your AtomicCheckpointCallback (placed "
+                "before this callback in the CallbackList, so it creates the folder first), or checkpoint_dir=None "
+                "to roll back in memory"
+            )
         if not nonfinite_parameters(self.model.policy):
             self._good = _snapshot(self.model)
 

@@ -8,6 +8,7 @@ comparison (:mod:`sb3_grpo.compare.config`) runs the same checks on its hyperpar
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -31,9 +32,11 @@ __all__ = [
     "GRPO_CHECKS",
     "NONFINITE",
     "PPO_CHECKS",
+    "check_argument_values",
     "check_buffer_for_kl",
     "check_carry_over",
     "check_grpo_args",
+    "check_learn_args",
     "check_ppo_args",
     "check_ppo_batching",
     "warn_if_exploration_clips",
@@ -65,10 +68,52 @@ def _check_device(name: str, value: Any) -> Any:
     if isinstance(value, str) and value == "auto":
         return value
     try:
-        resolve_device(value)
+        resolved = resolve_device(value)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
+    if getattr(resolved, "type", None) == "meta":
+        raise ValueError(f"{name}='meta' holds no data (nothing can be trained on it); pass 'auto', 'cpu' or 'cuda'")
     return value
+
+
+def _check_buffer_class(name: str, value: Any) -> type:
+    from stable_baselines3.common.buffers import RolloutBuffer
+
+    if not (isinstance(value, type) and issubclass(value, RolloutBuffer)):
+        raise TypeError(
+            f"{name} must be None (the default buffer) or a subclass of SB3's RolloutBuffer, got {given(value)}; "
+            f"e.g. {name}=None"
+        )
+    return value
+
+
+def _check_policy_kwargs(name: str, value: Any) -> dict[str, Any] | None:
+    """A dict, whose SB3 keys ``net_arch``, ``optimizer_class`` and ``activation_fn`` (when present) have the types
+    SB3's policies take (they would fail deep inside torch otherwise)."""
+    import torch as th
+
+    kwargs = check_mapping(name, value, hint="e.g. policy_kwargs={'net_arch': [64, 64]}")
+    if not kwargs:
+        return kwargs
+    arch = kwargs.get("net_arch")
+    sizes = "a list of layer sizes, e.g. net_arch=[64, 64], or dict(pi=[64, 64], vf=[64, 64])"
+
+    def layers(v: Any) -> bool:
+        return isinstance(v, (list, tuple)) and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in v)
+
+    if arch is not None and not (layers(arch) or (isinstance(arch, dict) and all(layers(v) for v in arch.values()))):
+        raise TypeError(f"{name}['net_arch'] must be {sizes}; got {given(arch)}")
+    optimizer = kwargs.get("optimizer_class")
+    if optimizer is not None and not (isinstance(optimizer, type) and issubclass(optimizer, th.optim.Optimizer)):
+        raise TypeError(
+            f"{name}['optimizer_class'] must be a torch optimizer class, e.g. torch.optim.Adam, got {given(optimizer)}"
+        )
+    activation = kwargs.get("activation_fn")
+    if activation is not None and not (isinstance(activation, type) and issubclass(activation, th.nn.Module)):
+        raise TypeError(
+            f"{name}['activation_fn'] must be a torch.nn module class, e.g. torch.nn.Tanh, got {given(activation)}"
+        )
+    return kwargs
 
 
 def _check_param_names(name: str, value: Any) -> list[str]:
@@ -112,7 +157,8 @@ PPO_CHECKS: dict[str, Check] = {
     "target_kl": _optional(lambda n, v: check_float(n, v, low=0, low_open=True, example=0.01)),
     "stats_window_size": lambda n, v: check_int(n, v, low=1, example=100),
     "tensorboard_log": _optional(_check_path),
-    "policy_kwargs": lambda n, v: check_mapping(n, v, hint="e.g. policy_kwargs={'net_arch': [64, 64]}"),
+    "policy_kwargs": _check_policy_kwargs,
+    "rollout_buffer_class": _optional(_check_buffer_class),
     "rollout_buffer_kwargs": lambda n, v: check_mapping(n, v),
     "verbose": lambda n, v: check_int(n, v, low=0, high=2, example=1),
     "seed": check_seed,
@@ -152,6 +198,25 @@ def check_ppo_args(args: Mapping[str, Any]) -> None:
     for name, check in PPO_CHECKS.items():
         if name in args:
             check(name, args[name])
+    if "env" in args and args["env"] is None and args.get("_init_setup_model", False):
+        raise ValueError(
+            "env is None: pass an env to train on (a gymnasium Env, an SB3 VecEnv or an env id such as "
+            "'CartPole-v1'); to use a saved model without an env, GRPO.load(path) and later model.set_env(env)"
+        )
+
+
+def check_argument_values(args: Mapping[str, Any]) -> None:
+    """Check each of ``args`` that PPO or GRPO takes on its own (:data:`PPO_CHECKS`, :data:`GRPO_CHECKS`; other keys
+    are ignored), without the checks of how they go together: what ``load(path, **kwargs)`` and ``custom_objects``
+    set over a saved model.
+
+    :raises TypeError: naming the first argument of a wrong type.
+    :raises ValueError: naming the first argument with a wrong value (NaN and infinities included).
+    """
+    for name, value in args.items():
+        check = PPO_CHECKS.get(name) or GRPO_CHECKS.get(name)
+        if check is not None:
+            check(name, value)
 
 
 def check_grpo_args(args: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -194,6 +259,41 @@ def check_grpo_args(args: Mapping[str, Any]) -> tuple[float, float] | None:
         )
     adaptive_clip = args.get("adaptive_clip")
     return None if adaptive_clip is None else _check_adaptive_clip("adaptive_clip", adaptive_clip)
+
+
+def check_learn_args(total_timesteps: Any, callback: Any, log_interval: Any, tb_log_name: Any) -> int:
+    """Check ``learn``'s arguments (SB3's take them unchecked).
+
+    :return: ``total_timesteps`` as an int (an integral float such as ``1e5`` is accepted, as SB3 users write it).
+    :raises TypeError: for a value of a wrong type (a callback that is not a ``BaseCallback``, a callable or a list
+        of them).
+    :raises ValueError: for NaN, a negative or fractional ``total_timesteps``, or ``log_interval < 1``.
+    """
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    todo = "pass the number of env steps to train for, e.g. total_timesteps=100_000"
+    if (
+        isinstance(total_timesteps, float)
+        and math.isfinite(total_timesteps)
+        and total_timesteps == int(total_timesteps)
+    ):
+        total_timesteps = int(total_timesteps)
+    if isinstance(total_timesteps, float):
+        check_float("total_timesteps", total_timesteps, low=0, hint=todo)
+        raise ValueError(f"total_timesteps must be a whole number of env steps, got {total_timesteps}; {todo}")
+    total_timesteps = check_int("total_timesteps", total_timesteps, low=0, hint=todo)
+    if log_interval is not None:
+        check_int("log_interval", log_interval, low=1, hint="pass the iterations between log dumps, e.g. 1, or None")
+    if tb_log_name is not None and not isinstance(tb_log_name, str):
+        raise TypeError(f"tb_log_name must be a str or None, got {given(tb_log_name)}; e.g. tb_log_name='run'")
+    items = callback if isinstance(callback, list) else [callback]
+    for item in items:
+        if item is not None and not isinstance(item, BaseCallback) and not callable(item):
+            raise TypeError(
+                f"callback must be None, an SB3 BaseCallback, a callable f(locals, globals) -> bool, or a list of "
+                f"them, got {given(item)}; e.g. callback=CheckpointCallback(1000, 'ckpt')"
+            )
+    return total_timesteps
 
 
 def warn_if_exploration_clips(explore_alpha: float, clip_range: Any, adaptive_clip: tuple[float, float] | None) -> None:

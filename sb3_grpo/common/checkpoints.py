@@ -8,6 +8,7 @@ with a clear error when there is none. :mod:`sb3_grpo.callbacks` re-exports the 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import zipfile
@@ -98,16 +99,29 @@ def latest_checkpoint(
     :param save_path: The checkpoint folder.
     :param name_prefix: The callback's ``name_prefix``.
     :param max_steps: Only checkpoints of at most this many timesteps (``None``: any).
-    :return: The path, or ``None`` if there is none.
+    :return: The path, or ``None`` if there is none (no folder, or no checkpoint file in it at all).
+    :raises ValueError: when the folder holds checkpoints of other prefixes only (a resume would otherwise start from
+        scratch, and ``keep_last`` prune the old ones): it names the prefixes found.
     """
     folder = Path(save_path)
     if not folder.is_dir():
         return None
-    found = []
+    found, others, own = [], set(), False
     for entry in folder.iterdir():
         steps = _checkpoint_steps(entry.name, name_prefix)
+        own = own or steps is not None
         if steps is not None and (max_steps is None or steps <= max_steps):
             found.append((steps, entry))
+        elif steps is None:
+            other = re.fullmatch(r"(.+)_\d+_steps\.zip", entry.name)
+            if other is not None and not entry.name.startswith("."):
+                others.add(other.group(1))
+    if not own and others:
+        raise ValueError(
+            f"latest_checkpoint: {str(folder)!r} has no {name_prefix}_<steps>_steps.zip but checkpoints with the "
+            f"prefix(es) {', '.join(map(repr, sorted(others)))}; pass name_prefix= one of them (the checkpoint "
+            "callback's name_prefix), or another folder"
+        )
     for _, entry in sorted(found, reverse=True):
         if is_complete_checkpoint(entry):
             return entry
@@ -134,6 +148,12 @@ def existing_checkpoint(path: str | os.PathLike) -> str:
             f"{found!r} is not a complete saved model (truncated or corrupt, e.g. written by a process killed "
             "mid-save without AtomicCheckpointCallback); load the newest complete checkpoint instead: "
             "sb3_grpo.callbacks.latest_checkpoint(folder)"
+        )
+    problem = _data_problem(found)
+    if problem:
+        raise ValueError(
+            f"{found!r} is not a saved model: its 'data' entry {problem}; load a file written by model.save() or a "
+            "checkpoint callback (the newest complete one: sb3_grpo.callbacks.latest_checkpoint(folder))"
         )
     return found
 
@@ -168,3 +188,17 @@ def resume_in_place(model: BaseAlgorithm, save_path: str | os.PathLike, name_pre
             setattr(model, key, data[key])
     model._num_timesteps_at_start = model.num_timesteps
     return path
+
+
+def _data_problem(path: str) -> str | None:
+    """What is wrong with the ``data`` entry (SB3's JSON of the model's attributes) of a model zip, or ``None``."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            data = json.loads(archive.read("data").decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"is not JSON ({type(err).__name__}: {err})"
+    except (OSError, zipfile.BadZipFile, KeyError) as err:
+        return f"cannot be read ({err})"
+    if not isinstance(data, dict) or "policy_class" not in data:
+        return "holds no model attributes (no 'policy_class')"
+    return None

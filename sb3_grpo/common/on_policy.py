@@ -25,9 +25,12 @@ in the package.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import warnings
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -49,7 +52,12 @@ from stable_baselines3.common.utils import FloatSchedule, explained_variance, ob
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo import distributed
-from sb3_grpo.common.arguments import check_carry_over, check_ppo_batching
+from sb3_grpo.common.arguments import (
+    check_argument_values,
+    check_carry_over,
+    check_learn_args,
+    check_ppo_batching,
+)
 from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_class_for
 from sb3_grpo.common.carry_over import CarryOver
 from sb3_grpo.common.checkpoints import existing_checkpoint
@@ -57,6 +65,7 @@ from sb3_grpo.common.data_parallel import DATA_PARALLEL, make_data_parallel
 from sb3_grpo.common.engines import check_engine, check_engine_policy
 from sb3_grpo.common.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
 from sb3_grpo.common.host_memory import release_free_heap
+from sb3_grpo.common.io import atomic_write, is_atomic_temp
 from sb3_grpo.common.nonfinite import raise_non_finite
 from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
 from sb3_grpo.common.type_aliases import Minibatch
@@ -262,6 +271,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         return super()._get_policy_from_name(policy_name)
 
     def _setup_model(self) -> None:
+        # what the user gave (None: chosen here) is what save() stores, so stock PPO can load the file too
+        self._given_buffer_class = self.rollout_buffer_class
         self.rollout_buffer_class = rollout_buffer_class_for(
             self.rollout_buffer_class, self.policy_class, self.observation_space, self.action_space
         )
@@ -271,10 +282,12 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         # torch.distributed: rank r seeds with seed + 1000 * r; rank 0's weights are broadcast below
         data_parallel = self._data_parallel
         self.seed = data_parallel.seed(self.seed)
+        self.policy_kwargs = _moved_model_folder(self.policy_kwargs, self.__dict__.get("_lm_spec"))
         super()._setup_model()
         check_engine_policy(getattr(self, "engine", "step"), self.policy, self.action_space)
         # a model object in policy_kwargs is saved as its config (the weights are in the state dict), not pickled
-        self.policy_kwargs = portable_policy_kwargs(self.policy_kwargs, getattr(self.policy, "lm_spec", None))
+        self._lm_spec = getattr(self.policy, "lm_spec", None)
+        self.policy_kwargs = portable_policy_kwargs(self.policy_kwargs, self._lm_spec)
         if not data_parallel.is_main:
             self.set_logger(distributed.null_logger())
         if getattr(self, "_sync_ranks_at_setup", False):
@@ -325,21 +338,79 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             return float(self.ent_coef(self._current_progress_remaining))
         return self.ent_coef
 
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        """SB3's ``save``; under ``torch.distributed`` only rank 0 writes (the weights are the same everywhere; under
-        ``data_parallel="fsdp"`` every rank must call it: the full state is gathered to rank 0 first)."""
-        self._full_state = self._data_parallel.full_state(self)
+    def save(
+        self,
+        path: str | os.PathLike | io.BufferedIOBase,
+        exclude: Iterable[str] | None = None,
+        include: Iterable[str] | None = None,
+    ) -> None:
+        """SB3's ``save`` (same signature), written atomically: to a temporary file in the same folder, flushed to
+        disk, then renamed over ``path`` (:func:`~sb3_grpo.common.io.atomic_write`), so a save that fails (a full
+        disk, Ctrl-C, a killed process) leaves the previous file at ``path`` intact. As in SB3, ``.zip`` is appended
+        to a name without a suffix; a file object is written directly. Under ``torch.distributed`` only rank 0
+        writes (the weights are the same everywhere; under ``data_parallel="fsdp"`` every rank must call it: the full
+        state is gathered to rank 0 first). ``rollout_buffer_class`` is saved as given (``None`` when the
+        algorithm chose it), so SB3's stock ``PPO`` can load the file and train on.
+
+        :param path: The file (or a writable binary file object).
+        :param exclude: Names of parameters not to save (SB3's).
+        :param include: Names of parameters to save that are excluded by default (SB3's).
+        :raises ValueError: for an empty path or a folder.
+        :raises OSError: naming ``path`` when the file cannot be written (the previous one is kept).
+        """
+        self._full_state = self._data_parallel.full_state(self)  # FSDP: gathered from every rank's shards
         try:
-            if self._data_parallel.is_main:
-                super().save(*args, **kwargs)
+            if not self._data_parallel.is_main:
+                return
+            resolved = self.rollout_buffer_class
+            self.rollout_buffer_class = self.__dict__.get("_given_buffer_class", resolved)
+            try:
+                self._save_atomically(path, exclude, include)
+            finally:
+                self.rollout_buffer_class = resolved
         finally:
             self._full_state = None
+
+    def _save_atomically(
+        self, path: str | os.PathLike | io.BufferedIOBase, exclude: Iterable[str] | None, include: Iterable[str] | None
+    ) -> None:
+        if not isinstance(path, (str, os.PathLike)) or is_atomic_temp(path):  # a file object, or atomic_save's temp
+            super().save(path, exclude=exclude, include=include)
+            return
+        target = Path(os.path.expanduser(os.fspath(path)))
+        if os.fspath(path) == "" or target.is_dir():
+            raise ValueError(
+                f"save: path {os.fspath(path)!r} is {'empty' if os.fspath(path) == '' else 'a folder'}; give a file "
+                "path, e.g. model.save('runs/model.zip')"
+            )
+        if target.suffix == "":
+            target = target.with_suffix(".zip")
+        atomic_write(
+            target, lambda tmp: super(GroupOnPolicyAlgorithm, self).save(tmp, exclude=exclude, include=include)
+        )
 
     def get_parameters(self) -> dict[str, dict]:
         """SB3's ``get_parameters`` (the state dicts ``save`` writes); under ``data_parallel="fsdp"``, while saving,
         the full state gathered from the shards."""
         full = self.__dict__.get("_full_state")
         return super().get_parameters() if full is None else full
+
+    def set_parameters(
+        self, load_path_or_dict: str | dict[str, Any], exact_match: bool = True, device: th.device | str = "auto"
+    ) -> None:
+        """SB3's ``set_parameters``; parameters saved without a KL reference (the model was trained with
+        ``kl_coef=0``) load into a model that has one (``load(path, kl_coef=0.1)``): the reference then starts as the
+        loaded policy, as a fresh model's starts as its initial policy."""
+        ref = getattr(self, "ref_policy", None)
+        if isinstance(load_path_or_dict, dict) and ref is not None and "ref_policy" not in load_path_or_dict:
+            if exact_match:
+                missing = set(self._get_torch_save_params()[0]) - set(load_path_or_dict) - {"ref_policy"}
+                if missing:
+                    raise ValueError(f"the parameters to load lack {sorted(missing)}; give a complete saved model")
+            super().set_parameters(load_path_or_dict, exact_match=False, device=device)
+            ref.load_state_dict(self.policy.state_dict())
+            return
+        super().set_parameters(load_path_or_dict, exact_match=exact_match, device=device)
 
     def set_random_seed(self, seed: int | None = None) -> None:
         """SB3's ``set_random_seed`` (Python, NumPy, torch, action space, env), plus the exploration RNG.
@@ -353,7 +424,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     def _excluded_save_params(self) -> list[str]:
         # (the loss scaler is rebuilt by _setup_model: a loaded model starts again from the initial scale)
         own = ["ref_policy", "batch_source", "_data_parallel", "_group_tracker", "_sync_ranks_at_setup", "_carry"]
-        own += ["_grad_scaler", "_full_state"]
+        own += ["_grad_scaler", "_full_state", "_given_buffer_class"]
         return [*super()._excluded_save_params(), *own]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
@@ -697,7 +768,17 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         """
         SB3's ``load``, with clear errors for a path that does not exist or a file that is not a complete saved
         model (a torn write); see :func:`sb3_grpo.callbacks.latest_checkpoint` to find the newest complete one.
+
+        The arguments set on load (``kwargs`` and the values of ``custom_objects``, e.g. ``kl_coef=0.1``) run the same
+        checks as the constructor's (:meth:`_check_load_arguments`): a NaN or an out-of-range value is refused, naming
+        it. As in
+        SB3, ``device="cuda"`` on a machine without CUDA loads on the CPU (with a warning).
         """
+        # callables in custom_objects stand in for schedules that cannot be unpickled (rl-zoo's
+        # {"clip_range": lambda _: 0.0}): placeholders, not settings, so only the other values are checked
+        placed = {k: v for k, v in (custom_objects or {}).items() if not callable(v)}
+        cls._check_load_arguments({**placed, **kwargs})
+        device = _available_device(device)
         if isinstance(path, (str, os.PathLike)):
             path = existing_checkpoint(path)
         if isinstance(env, str):  # an env id, as the constructor takes it (SB3's load wants an env object)
@@ -712,6 +793,16 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             **kwargs,
         )
 
+    @classmethod
+    def _check_load_arguments(cls, args: dict[str, Any]) -> None:
+        """Check the arguments ``load`` sets (``kwargs``, ``custom_objects``) one by one, with the constructor's checks
+        (:func:`~sb3_grpo.common.arguments.check_argument_values`); a subclass with arguments of its own extends it.
+
+        :raises TypeError: naming an argument of a wrong type.
+        :raises ValueError: naming an argument with a wrong value.
+        """
+        check_argument_values(args)
+
     def learn(  # noqa: PYI019 (SB3's convention; typing.Self needs Python 3.11)
         self: SelfGroupOnPolicy,
         total_timesteps: int,
@@ -721,7 +812,13 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         reset_num_timesteps: bool = True,
         progress_bar: bool = False,
     ) -> SelfGroupOnPolicy:
-        """SB3's ``learn``; ``tb_log_name`` defaults to the class's name (``"GRPO"``, ``"DrGRPO"``)."""
+        """SB3's ``learn``; ``tb_log_name`` defaults to the class's name (``"GRPO"``, ``"DrGRPO"``).
+
+        Its arguments are checked first (:func:`~sb3_grpo.common.arguments.check_learn_args`): a NaN or negative
+        ``total_timesteps``, ``log_interval=0`` or a callback of the wrong type is refused, naming it, instead of
+        training nothing or failing mid-run.
+        """
+        total_timesteps = check_learn_args(total_timesteps, callback, log_interval, tb_log_name)
         return super().learn(
             total_timesteps=total_timesteps,
             callback=callback,
@@ -730,3 +827,35 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             reset_num_timesteps=reset_num_timesteps,
             progress_bar=progress_bar,
         )
+
+
+def _moved_model_folder(policy_kwargs: Any, lm_spec: Any) -> Any:
+    """On ``load``: a ``policy_kwargs["model"]`` folder that no longer exists (moved, deleted) is replaced by the LM's
+    config saved with the model (``_lm_spec``), with a warning; the weights come from the checkpoint, so the model
+    loads the same."""
+    model = policy_kwargs.get("model") if isinstance(policy_kwargs, dict) else None
+    if not isinstance(model, (str, os.PathLike)) or os.path.isdir(model) or not isinstance(lm_spec, dict):
+        return policy_kwargs
+    warnings.warn(
+        f"the model folder {os.fspath(model)!r} this model was built from no longer exists; building the LM from the "
+        "config saved in the checkpoint (the weights are the checkpoint's, so the model is the same)",
+        UserWarning,
+        stacklevel=4,
+    )
+    return {**policy_kwargs, "model": lm_spec}
+
+
+def _available_device(device: th.device | str) -> th.device | str:
+    """``device``, or the CPU (with a warning) for a CUDA device on a machine without CUDA, as SB3's ``load`` does."""
+    try:
+        wanted = th.device(device)
+    except (RuntimeError, TypeError):
+        return device  # the constructor's check names it
+    if wanted.type == "cuda" and not th.cuda.is_available():
+        warnings.warn(
+            f"load(device={str(device)!r}): CUDA is not available here, loading on the CPU (as SB3 does); pass "
+            "device='cpu' to silence this",
+            stacklevel=3,
+        )
+        return "cpu"
+    return device

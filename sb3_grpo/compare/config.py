@@ -158,8 +158,13 @@ def check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
         gym.make(env_id, **env_kwargs).close()
     except Exception as err:  # noqa: BLE001  (whatever the env raises, say it before the out dir is touched)
         raise CompareError(
-            f"--env-kwargs {env_kwargs}: {env_id} cannot be made with them: {type(err).__name__}: {err}"
+            f"--env-kwargs {env_kwargs}: {env_id} cannot be made with them: {_kind(err)}: {err}"
         ) from err
+
+
+def _kind(err: BaseException) -> str:
+    """The name of ``err``'s first built-in class (``ValueError`` for the checks' ``ArgumentValueError``)."""
+    return next(c.__name__ for c in type(err).__mro__ if c.__module__ == "builtins")
 
 
 def resolve_hyperparameters(
@@ -303,7 +308,11 @@ def make_config(
     env_kwargs = dict(env_kwargs or {})
     check_env_kwargs(env_id, env_kwargs)
     n_envs = n_envs if n_envs is not None else (TEXT_N_ENVS if text else CLASSIC_N_ENVS)
-    group = _check_groups(algos, env_id, text, n_envs, group_size)
+    unique = list(dict.fromkeys(algos))
+    resolved = {a: resolve_hyperparameters(ALGOS[a], text, n_envs, timesteps, overrides) for a in unique}
+    # grouped: a group advantage, the algorithm's own or one set with --set / --config (e.g. grpo.advantage="group")
+    grouped = [a for a in unique if resolved[a].get("advantage", ALGOS[a].kwargs.get("advantage", "gae")) != "gae"]
+    group = _check_groups(grouped, env_id, text, n_envs, group_size)
     cfg = CompareConfig(
         env_id=env_id,
         algos=list(dict.fromkeys(algos)),
@@ -323,8 +332,8 @@ def make_config(
     )
     for algo in cfg.algos:
         spec = ALGOS[algo]
-        cfg.hyperparameters[algo] = resolve_hyperparameters(spec, text, n_envs, timesteps, overrides)
-        cfg.group_sizes[algo] = group if spec.grouped else 1
+        cfg.hyperparameters[algo] = resolved[algo]
+        cfg.group_sizes[algo] = group if algo in grouped else 1
         check_hyperparameters(spec, cfg.hyperparameters[algo], text)
     return cfg
 
@@ -354,9 +363,9 @@ def _check_overrides(overrides: dict[str, dict[str, Any]], algos: Sequence[str])
                 )
 
 
-def _check_groups(algos: Sequence[str], env_id: str, text: bool, n_envs: int, group_size: int | None) -> int:
-    """The group size of the group-advantage algorithms, after checking that the env and ``n_envs`` allow it."""
-    grouped = [a for a in algos if ALGOS[a].grouped]
+def _check_groups(grouped: Sequence[str], env_id: str, text: bool, n_envs: int, group_size: int | None) -> int:
+    """The group size of the group-advantage algorithms ``grouped``, after checking that the env and ``n_envs``
+    allow it."""
     if group_size is not None and group_size < 2 and grouped:
         raise CompareError(f"--group-size must be >= 2 for group-advantage algorithms ({', '.join(grouped)})")
     group = group_size if group_size is not None else DEFAULT_GROUP_SIZE

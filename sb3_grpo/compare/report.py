@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from sb3_grpo.common.io import save_figure_atomic, write_text_atomic
 from sb3_grpo.compare import stats
 from sb3_grpo.compare.algos import ALGOS
 
@@ -289,7 +290,7 @@ def plot_curves(results: dict[str, Any], path: Path) -> bool:
     if plotted:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure_atomic(fig, path)
     plt.close(fig)
     return plotted
 
@@ -334,8 +335,13 @@ def _status_lines(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -
             "",
         ]
     unit = "tokens" if cfg.get("text") else "steps"
+    took = sorted({r["env_steps"] for r in results["runs"].values() if isinstance(r.get("env_steps"), int)})
+    ran = ""
+    if took and took != [cfg["timesteps"]]:  # learn() runs whole rollouts, so a run may take more than asked
+        span = f"{took[0]:,}" if len(took) == 1 else f"{took[0]:,} to {took[-1]:,}"
+        ran = f" (each run took {span} env steps: learn() runs whole rollouts of n_steps x n_envs)"
     lines += [
-        f"{len(cfg['algos'])} algorithms x {len(cfg['seeds'])} seeds x {cfg['timesteps']:,} env steps ({unit}), "
+        f"{len(cfg['algos'])} algorithms x {len(cfg['seeds'])} seeds x {cfg['timesteps']:,} env steps ({unit}){ran}, "
         f"{cfg['n_envs']} envs.",
         "",
     ]
@@ -472,4 +478,4 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     """
     out = Path(out)
     plot_curves(results, out / "curves.png")
-    (out / "report.md").write_text(render_report(results))
+    write_text_atomic(out / "report.md", render_report(results))

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sb3_grpo.common.io import write_json_atomic
+from sb3_grpo.common.io import LOCK_FILE, FolderBusyError, FolderLock, write_json_atomic
 from sb3_grpo.compare.config import CompareConfig, CompareError
 
 __all__ = [
@@ -48,7 +48,13 @@ SCHEMA_VERSION = 1
 # ------------------------------------------------------------------------------------------------------------
 
 
-def prepare_out_dir(out: Path, overwrite: bool, resume: bool, outputs: tuple[str, ...] = OUTPUT_NAMES) -> list[Path]:
+def prepare_out_dir(
+    out: Path,
+    overwrite: bool,
+    resume: bool,
+    outputs: tuple[str, ...] = OUTPUT_NAMES,
+    lock: FolderLock | None = None,
+) -> list[Path]:
     """Create (or check) the out dir; on any failure nothing is left behind.
 
     :param out: The folder.
@@ -56,16 +62,19 @@ def prepare_out_dir(out: Path, overwrite: bool, resume: bool, outputs: tuple[str
         curves.png, tensorboard/) and start afresh; other files are left alone.
     :param resume: Keep previous results and skip the runs they hold (a damaged results.json is refused now).
     :param outputs: The names ``overwrite`` removes.
+    :param lock: A :class:`~sb3_grpo.common.io.FolderLock` of ``out`` to take once the folder exists and before
+        anything in it is removed (the caller releases it when the command ends); ``None``: no lock.
     :return: The folders created now, innermost first (empty when ``out`` existed): what
         :func:`discard_failed_out_dir` removes when the comparison then fails before any run completes.
-    :raises CompareError: exists without --overwrite/--resume, is not a folder, or is not writable.
+    :raises CompareError: exists without --overwrite/--resume, is not a folder, is not writable, or another
+        command holds ``lock``.
     """
     if overwrite and resume:
         raise CompareError("--overwrite and --resume exclude each other: pick one")
     existed = out.exists()
     if existed and not out.is_dir():
         raise CompareError(f"--out {out} exists and is not a folder")
-    if existed and any(out.iterdir()) and not (overwrite or resume):
+    if existed and any(p.name != LOCK_FILE for p in out.iterdir()) and not (overwrite or resume):
         raise CompareError(
             f"--out {out} already exists; pass --resume to continue it (completed runs are skipped), "
             "--overwrite to replace its results, or another --out"
@@ -88,6 +97,8 @@ def prepare_out_dir(out: Path, overwrite: bool, resume: bool, outputs: tuple[str
             except OSError:
                 pass
         raise CompareError(f"cannot write to --out {out}: {err.strerror or err}; choose a writable folder") from None
+    if lock is not None:
+        _take_lock(lock, created)
     if overwrite:
         for name in outputs:
             path = out / name
@@ -96,6 +107,19 @@ def prepare_out_dir(out: Path, overwrite: bool, resume: bool, outputs: tuple[str
             elif path.exists():
                 path.unlink()
     return created
+
+
+def _take_lock(lock: FolderLock, created: list[Path]) -> None:
+    """Take ``lock``; when another command holds it, remove the (empty) folders made now and refuse."""
+    try:
+        lock.acquire()
+    except FolderBusyError as err:
+        for path in created:  # innermost first; the other command's lock file keeps a folder it uses
+            try:
+                path.rmdir()
+            except OSError:
+                break
+        raise CompareError(str(err)) from None
 
 
 def discard_failed_out_dir(created: list[Path]) -> bool:

@@ -28,7 +28,7 @@ import numpy as np
 
 from sb3_grpo.common.io import to_jsonable, write_json_atomic
 from sb3_grpo.compare.algos import ALGOS, AlgoSpec
-from sb3_grpo.compare.config import TEXT_N_ENVS, CompareConfig
+from sb3_grpo.compare.config import TEXT_N_ENVS, CompareConfig, CompareError
 from sb3_grpo.compare.results import (
     RESULTS_FILE,
     TENSORBOARD_DIR,
@@ -377,6 +377,52 @@ def planned_runs(cfg: CompareConfig) -> list[tuple[str, int]]:
     return [(algo, seed) for seed in cfg.seeds for algo in cfg.algos]
 
 
+class CompareInterrupted(KeyboardInterrupt):
+    """The ``KeyboardInterrupt`` :func:`run_compare` re-raises, saying whether the report of the completed runs was
+    written (a second Ctrl-C, or a full disk, may stop that too).
+
+    :param report_written: Whether ``report.md`` (and ``curves.png``) now show the completed runs.
+    """
+
+    def __init__(self, report_written: bool) -> None:
+        super().__init__()
+        self.report_written = report_written
+
+
+def completed_runs_left_out(old: dict[str, Any], cfg: CompareConfig) -> list[str]:
+    """The keys of the completed runs of ``old`` (a stored ``results.json``) that ``cfg`` does not plan (another
+    ``--algos`` or fewer ``--seeds``): what a ``--resume`` with ``cfg`` would drop."""
+    planned = set(planned_runs(cfg))
+    return [
+        key
+        for key, run in old.get("runs", {}).items()
+        if isinstance(run, dict)
+        and run.get("status") == "complete"
+        and (run.get("algo"), run.get("seed")) not in planned
+    ]
+
+
+def check_resume_keeps_runs(old: dict[str, Any], cfg: CompareConfig) -> None:
+    """Refuse a ``--resume`` whose ``--algos`` / ``--seeds`` leave out completed runs of the out dir (they would
+    vanish from ``results.json`` and the report).
+
+    :raises CompareError: naming the runs and the settings that keep them.
+    """
+    dropped = completed_runs_left_out(old, cfg)
+    if not dropped:
+        return
+    config = old.get("config", {})
+    algos = sorted({*cfg.algos, *(old["runs"][k].get("algo") for k in dropped)}, key=str)
+    seeds = max([*cfg.seeds, *(old["runs"][k].get("seed", 0) for k in dropped)]) + 1
+    raise CompareError(
+        f"--resume: {len(dropped)} completed run(s) of this --out are not in --algos {','.join(cfg.algos)} "
+        f"--seeds {len(cfg.seeds)} ({', '.join(dropped[:6])}{' ...' if len(dropped) > 6 else ''}) and would be "
+        f"dropped from results.json and the report; resume with --algos {','.join(algos)} --seeds {seeds} (the "
+        f"out dir was run with --algos {','.join(map(str, config.get('algos', [])))} --seeds "
+        f"{len(config.get('seeds', []))}), or write the smaller comparison to another --out"
+    )
+
+
 def run_compare(
     cfg: CompareConfig,
     out: Path,
@@ -390,12 +436,14 @@ def run_compare(
     """Run the comparison, writing ``results.json`` after every run; report and curves at the end.
 
     On ``KeyboardInterrupt`` the completed runs are kept, ``status`` becomes ``"interrupted"``, the report
-    is written with the missing runs marked, and the ``KeyboardInterrupt`` is re-raised.
+    is written with the missing runs marked, and a :class:`CompareInterrupted` (a ``KeyboardInterrupt`` that says
+    whether the report was written: a second Ctrl-C may stop that too) is raised.
 
     :param cfg: The comparison (from :func:`make_config`).
     :param out: The prepared out dir (:func:`prepare_out_dir`).
     :param command: The exact command line, for the report.
-    :param resume: Keep the runs in ``out/results.json`` whose fingerprint matches, skip them.
+    :param resume: Keep the runs in ``out/results.json`` whose fingerprint matches, skip them; refused
+        (:func:`check_resume_keeps_runs`) when ``cfg`` leaves out completed runs.
     :param progress: Show progress (``None``: a live bar on a terminal, plain lines otherwise; ``False``: nothing).
     :param callbacks_for: ``f(algo, seed) -> extra SB3 callbacks`` (tests simulate Ctrl-C with it).
     :param log: Where one-line messages go.
@@ -437,9 +485,14 @@ def run_compare(
             )
     except KeyboardInterrupt:
         bar.close()
-        _finish(results, path, "interrupted", None)
-        write_report(results, out)
-        raise
+        written = False
+        try:  # a second Ctrl-C (or a full disk) may stop this too: then say so instead of claiming a report
+            _finish(results, path, "interrupted", None)
+            write_report(results, out)
+            written = True
+        except (KeyboardInterrupt, OSError):
+            pass
+        raise CompareInterrupted(written) from None
     bar.close()
     _finish(results, path, "complete", time.perf_counter() - started)
     write_report(results, out)
@@ -457,7 +510,9 @@ def quiet_hf_loading(text: bool) -> None:
 def _keep_finished_runs(
     results: dict[str, Any], old: dict[str, Any], cfg: CompareConfig, out: Path, log: Callable[[str], None]
 ) -> None:
-    """``--resume``: copy the completed runs of ``old`` whose fingerprint matches ``cfg`` into ``results``."""
+    """``--resume``: copy the completed runs of ``old`` whose fingerprint matches ``cfg`` into ``results`` (refusing
+    first, with :func:`check_resume_keeps_runs`, when ``cfg`` leaves out completed runs)."""
+    check_resume_keeps_runs(old, cfg)
     kept = 0
     for key, run in old.get("runs", {}).items():
         algo = run.get("algo")

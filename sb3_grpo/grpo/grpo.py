@@ -278,6 +278,13 @@ class GRPO(GroupOnPolicyAlgorithm):
         super()._setup_model()
         if self.adaptive_clip is not None:  # saved as a JSON list
             self.adaptive_clip = (float(self.adaptive_clip[0]), float(self.adaptive_clip[1]))
+        if self.grad_var_coef > 0 and getattr(self.policy, "gradient_checkpointing", False):
+            raise ValueError(
+                f"grad_var_coef={self.grad_var_coef:g} with policy_kwargs={{'gradient_checkpointing': True}}: the "
+                "gradient-variance penalty differentiates the gradients themselves (a double backward), which "
+                "torch.utils.checkpoint cannot do; pass grad_var_coef=0 to keep gradient checkpointing, or drop "
+                "gradient_checkpointing to keep the penalty"
+            )
         params = select_parameters(self.policy, self.grad_var_params) if self.grad_var_coef > 0 else []
         self._grad_var = GradVarPenalty(params, normalize=getattr(self, "grad_var_normalize", False))
 

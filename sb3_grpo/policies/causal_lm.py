@@ -43,7 +43,7 @@ from sb3_grpo.policies.models import (
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
 from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
-from sb3_grpo.policies.validation import check_layout, check_policy_args, check_window_fits
+from sb3_grpo.policies.validation import check_layout, check_policy_args, check_token_range, check_window_fits
 from sb3_grpo.policies.windows import positions_from_mask, shared_prefixes, trim_padding
 
 __all__ = ["CausalLMPolicy"]
@@ -128,7 +128,8 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
     building the policy. Stock SB3 algorithms save ``policy_kwargs`` as they were given: pass them a local path or
     ``PortableModel.of(lm)`` (:class:`~sb3_grpo.policies.models.PortableModel`, a spec that carries the model) rather
     than the bare model object, which they would pickle into the file. A model given as a path stays a path: loading
-    then needs that directory and says so clearly when it is gone.
+    reads that directory, and when it is gone ``GRPO.load`` builds the LM from the config it saved beside the weights
+    (with a warning).
 
     :param observation_space: the env's ``Dict`` observation space.
     :param action_space: the env's ``Discrete(V)`` action space.
@@ -440,7 +441,9 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         # copies: SB3's obs_as_tensor shares memory with the env's numpy arrays, which an env may reuse in place
         ids, mask = ids.to(th.long, copy=True), mask.to(th.long, copy=True)
         # padding ids may be anything (even out of the LM's range): they are masked, so make them 0
-        return ids.masked_fill(mask == 0, 0), mask
+        ids = ids.masked_fill(mask == 0, 0)
+        check_token_range(ids, self.lm.get_input_embeddings().num_embeddings)
+        return ids, mask
 
     # ---------------------------------------------------------------------------------------------------------
     # Model pieces

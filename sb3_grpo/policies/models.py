@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import torch as th
@@ -177,8 +178,18 @@ def load_lm(model: Any, dtype: th.dtype | None, revision: str | None = None) -> 
                 "local model directory, a Hugging Face Hub id such as 'org/name', a PreTrainedModel, or a model_spec "
                 "dict (config only; weights then come from the SB3 checkpoint)"
             )
-        with no_progress_bars():
-            return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+        try:
+            with no_progress_bars():
+                return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+        except Exception as err:  # noqa: BLE001  (safetensors, torch and transformers raise many kinds; name the folder)
+            files = ", ".join(
+                f"{p.name} ({p.stat().st_size:,} bytes)" for p in sorted(Path(path).iterdir()) if p.is_file()
+            )
+            raise ValueError(
+                f"CausalLMPolicy could not load the model in {path!r} ({type(err).__name__}: {err}); its files: "
+                f"{files or 'none'}. A weights file may be truncated or corrupt (an interrupted copy or download): "
+                "copy the folder again, or write it with model.save_pretrained(folder)"
+            ) from err
     raise TypeError(
         "model must be None, a local path, a Hub id, a transformers PreTrainedModel or a model_spec dict; got "
         f"{type(model)}"

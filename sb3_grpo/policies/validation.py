@@ -26,6 +26,7 @@ __all__ = [
     "CONTEXT_KEYS",
     "check_layout",
     "check_policy_args",
+    "check_token_range",
     "check_window_fits",
     "model_context",
 ]
@@ -108,6 +109,13 @@ def _layout_error(ids: th.Tensor, mask: th.Tensor) -> str:
             "attention_mask holds values other than 0 and 1 (a VecNormalize wrapper with norm_obs=True normalizes "
             "the observations); use VecNormalize(venv, norm_obs=False) or no VecNormalize"
         )
+    empty = (mask == 0).all(dim=1)
+    if bool(empty.any()):
+        row = int(empty.nonzero()[0, 0])
+        return (
+            f"attention_mask row {row} is all zeros: every observation holds at least its prompt's tokens. Pass the "
+            "env's observations unchanged (a zero-filled array, e.g. a buffer never written, is not an observation)"
+        )
     row = int(((mask[:, :-1] > mask[:, 1:]).any(dim=1) | (mask[:, -1] != 1)).nonzero()[0, 0])
     shown = "".join(str(int(v)) for v in mask[row].tolist())
     return (
@@ -116,6 +124,23 @@ def _layout_error(ids: th.Tensor, mask: th.Tensor) -> str:
         "concatenates windows and puts padding in the middle; remove it (the window already holds the whole "
         "sequence so far)"
     )
+
+
+def check_token_range(ids: th.Tensor, n_embeddings: int) -> None:
+    """Refuse token ids outside the model's embedding table (they would fail deep inside the model's forward).
+
+    :param ids: ``[B, W]`` integer token ids (padding already set to 0).
+    :param n_embeddings: Rows of the model's input embedding table.
+    :raises ValueError: naming the first bad id and what to check.
+    """
+    bad = (ids < 0) | (ids >= n_embeddings)
+    if bool(bad.any()):
+        value = int(ids[bad][0])
+        raise ValueError(
+            f"input_ids hold token id {value}, outside the model's vocabulary [0, {n_embeddings - 1}]: the env's "
+            "tokenizer and the policy's model do not match (build the env with the model's tokenizer), or the "
+            "observation was not made by the env"
+        )
 
 
 def check_layout(ids: th.Tensor, mask: th.Tensor) -> None:

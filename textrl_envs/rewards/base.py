@@ -17,6 +17,7 @@ import inspect
 import math
 import numbers
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -174,10 +175,29 @@ def _is_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "detach")
 
 
+_GRAD_WARNED: set[str] = set()
+
+
+def _warn_if_grad(tensor: Any, name: str) -> bool:
+    """Warn (once per reward name) when a reward returns a tensor that requires grad; it is detached. Returns
+    ``False``, so that it can sit in a comprehension's condition."""
+    if getattr(tensor, "requires_grad", False) and name not in _GRAD_WARNED:
+        _GRAD_WARNED.add(name)
+        warnings.warn(
+            f"reward {name!r} returned a tensor that requires grad: it is detached (no gradient flows through a "
+            "reward); compute the reward under torch.no_grad() (or return reward.detach()) to save the graph's time "
+            "and memory",
+            UserWarning,
+            stacklevel=4,
+        )
+    return False
+
+
 def reward_values(out: Any, name: str) -> np.ndarray:
     """What a reward returned, as ``float64``: numbers only (ints, floats, NumPy or torch numbers and arrays).
 
-    A torch tensor is detached and brought to the CPU (a reward that forgot ``torch.no_grad`` still works).
+    A torch tensor is detached and brought to the CPU (a reward that forgot ``torch.no_grad`` still works, with a
+    warning, once per reward: no gradient flows through a reward, and the graph it built cost time and memory).
     Strings (``"0.5"``), bools (``True``) and ``None`` are refused, not converted: they are bugs in the reward.
 
     :param out: The reward's return value.
@@ -188,6 +208,7 @@ def reward_values(out: Any, name: str) -> np.ndarray:
         return np.array(out, dtype=np.float64)
     todo = "rewards are numbers only (not str, bool or None): convert them in the reward, e.g. [float(s) for s in ...]"
     if _is_tensor(out):
+        _warn_if_grad(out, name)
         out = out.detach().cpu().numpy()
     if isinstance(out, numbers.Real) and not isinstance(out, (bool, np.bool_)):
         return np.asarray(float(out))  # a scalar: the caller says it needs one value per completion
@@ -202,7 +223,7 @@ def reward_values(out: Any, name: str) -> np.ndarray:
         raise ValueError(
             f"reward {name!r} must return a sequence of floats, one per completion; got {type(out).__name__}"
         )
-    items = [v.detach().cpu().numpy() if _is_tensor(v) else v for v in out]
+    items = [v.detach().cpu().numpy() if _is_tensor(v) and not _warn_if_grad(v, name) else v for v in out]
     for i, v in enumerate(items):
         number = isinstance(v, numbers.Real) or (isinstance(v, np.ndarray) and v.size == 1 and v.dtype.kind in "iuf")
         if not number or isinstance(v, (bool, np.bool_)):
@@ -219,6 +240,10 @@ def reward_values(out: Any, name: str) -> np.ndarray:
             f"reward {name!r} returned {shown}, too large for a float; rewards must be finite floats: scale or clip "
             "them in the reward"
         ) from exc
+
+
+#: The largest reward magnitude kept: SB3's rollout buffers and ``VecEnv`` rewards are float32.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def call_reward(
@@ -278,6 +303,17 @@ def call_reward(
             f"reward {name!r} returned {values.size if values.ndim else 'a scalar'} value(s) of shape "
             f"{values.shape} for {len(completions)} completions; it must return exactly one float per completion"
         )
+    too_big = np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)
+    if too_big.any():  # finite here, but inf in SB3's float32 buffers: refuse it as the non-finite value it becomes
+        i = int(np.flatnonzero(too_big)[0])
+        if on_nonfinite == "raise":
+            raise ValueError(
+                f"reward {name!r} returned {values[i]:g} for prompt {_shorten(prompts[i])!r} and completion "
+                f"{_shorten(completions[i])!r}, beyond float32's range (+-{FLOAT32_MAX:.4g}) that SB3's rollout "
+                "buffers hold (it would become inf there); scale the reward down (e.g. divide it by a constant or "
+                "clip it)"
+            )
+        values = np.where(too_big, np.nan, values)
     bad = ~np.isfinite(values)
     if bad.any() and on_nonfinite == "raise":
         i = int(np.flatnonzero(bad)[0])

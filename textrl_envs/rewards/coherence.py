@@ -12,6 +12,7 @@ from textrl_envs.hf_loading import no_progress_bars
 from textrl_envs.rewards.base import RewardModel
 from textrl_envs.rewards.metrics import row_nll, scored_rows
 from textrl_envs.rewards.registry import register_reward
+from textrl_envs.validation import check_float, check_int
 
 
 @register_reward("coherence")
@@ -48,8 +49,8 @@ class Coherence(RewardModel):
         name: str | None = None,
     ) -> None:
         super().__init__(name or "coherence")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        batch_size = check_int("batch_size", batch_size, low=1, example=32)
+        empty_score = check_float("empty_score", empty_score, example=0.0)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from textrl_envs.assets import lm_path, tokenizer_path

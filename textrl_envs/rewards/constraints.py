@@ -9,6 +9,7 @@ from typing import Any
 from textrl_envs.rewards.base import RewardModel
 from textrl_envs.rewards.metrics import distinct_ratio
 from textrl_envs.rewards.registry import register_reward
+from textrl_envs.validation import check_float, check_int
 
 _VOWELS = set("aeiou")
 
@@ -118,7 +119,12 @@ class LengthPenalty(RewardModel):
         name: str | None = None,
     ) -> None:
         super().__init__(name or "length")
-        if min_words < 0 or (max_words is not None and max_words < min_words):
+        min_words = check_int("min_words", min_words, low=0, example=5)
+        if max_words is not None:
+            max_words = check_int("max_words", max_words, low=0, example=20)
+        per_word = check_float("per_word", per_word, low=0, example=0.1)
+        cap = check_float("cap", cap, low=0, example=1.0)
+        if max_words is not None and max_words < min_words:
             raise ValueError(f"need 0 <= min_words <= max_words; got min_words={min_words}, max_words={max_words}")
         if per_word < 0 or cap < 0:
             raise ValueError(f"per_word and cap must be >= 0; got {per_word} and {cap}")
@@ -151,9 +157,7 @@ class RepetitionPenalty(RewardModel):
 
     def __init__(self, n: int = 2, name: str | None = None) -> None:
         super().__init__(name or "repetition")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be an int >= 1, got {n!r}")
-        self.n = n
+        self.n = check_int("n", n, low=1, example=2)
 
     def score(self, prompts: list[str], completions: list[str], **_metadata: Any) -> list[float]:  # noqa: ARG002  (RewardModel.score signature)
         return [0.0 - (1.0 - distinct_ratio(c, self.n)) for c in completions]

@@ -8,6 +8,7 @@ from typing import Any
 
 from textrl_envs.rewards.base import RewardModel
 from textrl_envs.rewards.registry import register_reward
+from textrl_envs.validation import check_float, check_int
 
 _INT = re.compile(r"[-+]?\d+")
 _WHOLE_INT = re.compile(r"[-+]?\d+\Z")
@@ -118,6 +119,8 @@ class ArithmeticReward(RewardModel):
 
     def __init__(self, partial_weight: float = 0.5, format_weight: float = 0.1, name: str | None = None) -> None:
         super().__init__(name or "arithmetic")
+        partial_weight = check_float("partial_weight", partial_weight, low=0, example=0.5)
+        format_weight = check_float("format_weight", format_weight, low=0, example=0.1)
         if partial_weight < 0 or format_weight < 0 or partial_weight + format_weight >= 1:
             raise ValueError(
                 "partial_weight and format_weight must be >= 0 with partial_weight + format_weight < 1 "
@@ -192,9 +195,7 @@ class IncreasingNumbersReward(RewardModel):
 
     def __init__(self, target: int = 8, continue_prompt: bool = True, name: str | None = None) -> None:
         super().__init__(name or "increasing-numbers")
-        if isinstance(target, bool) or not isinstance(target, int) or target < 1:
-            raise ValueError(f"target must be an int >= 1, got {target!r}")
-        self.target = target
+        self.target = check_int("target", target, low=1, example=8)
         self.continue_prompt = continue_prompt
 
     def score_one(self, prompt: str, completion: str) -> float:

@@ -16,6 +16,7 @@ import numpy as np
 from textrl_envs.hf_loading import no_progress_bars
 from textrl_envs.rewards.base import RewardModel
 from textrl_envs.rewards.registry import register_reward
+from textrl_envs.validation import check_float, check_int
 
 SENTIMENT_SCALES = ("compound", "prob")
 CLASSIFIER_OUTPUTS = ("prob", "logit")
@@ -101,11 +102,14 @@ class HFClassifierReward(RewardModel):
         name: str | None = None,
     ) -> None:
         super().__init__(name or "classifier")
-        self.empty_score = None if empty_score is None else float(empty_score)
+        self.empty_score = None if empty_score is None else check_float("empty_score", empty_score, example=0.0)
         if output not in CLASSIFIER_OUTPUTS:
             raise ValueError(f"output must be one of {CLASSIFIER_OUTPUTS}, got {output!r}")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        batch_size = check_int("batch_size", batch_size, low=1, example=32)
+        if max_length is not None:
+            max_length = check_int(
+                "max_length", max_length, low=1, hint="pass None (the model's limit) or a token count, e.g. 512"
+            )
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if path is None:

@@ -229,9 +229,23 @@ class TextArenaGame(Interaction):
             env = ta.make(self.game, **self.game_kwargs)
         except TypeError as err:
             raise ValueError(f"TextArena game {self.game!r} rejected game_kwargs {self.game_kwargs}: {err}") from err
+        except (SyntaxError, ImportError, AttributeError) as err:  # TextArena's own code for that game is broken here
+            raise ValueError(
+                f"TextArena game {self.game!r} cannot be made with the installed textarena ({type(err).__name__} in "
+                f"textarena's own code: {err}); pick another game, e.g. {', '.join(OFFLINE_GAMES[:4])}, or another "
+                "textarena version"
+            ) from err
         while isinstance(env, ta.Wrapper):  # the game itself: the env keeps the conversation, we add the brackets
             env = env.env
         return env
+
+    def _reset_error(self, err: BaseException) -> ValueError:
+        """The game's own error at ``reset``, naming the game and its ``game_kwargs`` (usually a bad value there)."""
+        given = f"game_kwargs {self.game_kwargs}" if self.game_kwargs else "its default settings"
+        return ValueError(
+            f"TextArena game {self.game!r} failed to start with {given} ({type(err).__name__}: {err}); check the "
+            "values in game_kwargs against the game class's arguments"
+        )
 
     def start(self, prompt: str, metadata: Mapping[str, Any], rng: np.random.Generator) -> dict[str, Any]:  # noqa: ARG002  (the protocol's signature)
         """A fresh game, reset with a seed from the episode's generator; its first messages wait in the state."""
@@ -243,11 +257,13 @@ class TextArenaGame(Interaction):
                 env.reset(num_players=1, seed=seed)
             except (AssertionError, ValueError) as err:
                 if "player" not in str(err).lower():  # not about the number of players: the game's own error
-                    raise
+                    raise self._reset_error(err) from err
                 raise ValueError(
                     f"TextArena game {self.game!r} is not a single-player game (reset(num_players=1) said: {err}); "
                     f"{TEXTARENA.env_id} plays single-player games, e.g. {', '.join(OFFLINE_GAMES[:6])}, ..."
                 ) from err
+            except (TypeError, KeyError, IndexError, ZeroDivisionError) as err:  # e.g. a bad value in game_kwargs
+                raise self._reset_error(err) from err
             state["opening"] = render_messages(env.get_observation()[1])
         from textarena.state import SinglePlayerState
 
