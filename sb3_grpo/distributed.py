@@ -170,7 +170,7 @@ def _rendezvous(timeout_s: float) -> Any:
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     try:
-        return dist.TCPStore(
+        store = dist.TCPStore(
             host,
             port,
             world_size,
@@ -185,6 +185,11 @@ def _rendezvous(timeout_s: float) -> Any:
             "rank (e.g. with torchrun --nproc_per_node N), check MASTER_ADDR/MASTER_PORT, or unset RANK, WORLD_SIZE, "
             "MASTER_ADDR and MASTER_PORT to train in one process; SB3_GRPO_RENDEZVOUS_TIMEOUT sets the wait"
         ) from err
+    if agent:
+        # the agent's store outlives a restart (torchrun --max-restarts): each attempt keeps its keys apart, as
+        # torch's own env:// rendezvous does, or the restarted ranks would read the dead attempt's addresses
+        return dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    return store
 
 
 def local_device(device: th.device | str = "auto") -> th.device:
