@@ -70,7 +70,8 @@ def parse_set(items: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 
 def load_config_file(path: str) -> dict[str, dict[str, Any]]:
-    """Read ``--config``: a JSON object ``{"<algo>" or "*": {"<parameter>": value, ...}, ...}``.
+    """Read ``--config``: a JSON object ``{"<algo>" or "*": {"<parameter>": value, ...}, ...}`` (and ``"lm_eval"``:
+    the evaluation settings, see ``--eval-every``).
 
     :param path: The file.
     :return: The overrides.
@@ -239,8 +240,55 @@ def _add_compare(sub: Any) -> None:
         "(offline: runs in OUT/wandb); mlflow logs to MLFLOW_TRACKING_URI or else OUT/mlruns. Needs the extra: "
         "pip install 'textrl[wandb]' or 'textrl[mlflow]'",
     )
+    ev = c.add_argument_group(
+        "evaluation on held-out prompts (text envs)",
+        "LMEvalCallback in every run: greedy and sampled reward, pass@k, length, distinct-n, repetition, perplexity; "
+        'the report shows them per algorithm. In --config: {"lm_eval": {"every": N, "prompts": "heldout", "k": '
+        '[1, 4], "success_threshold": 1.0, "reference_model": "bundled"}} (these options win over it)',
+    )
+    ev.add_argument("--eval-every", type=positive_int, default=None, metavar="N", help="env steps between evaluations")
+    ev.add_argument(
+        "--eval-prompts",
+        default=None,
+        metavar="FILE|heldout",
+        help="'heldout' (default: 20%% of the env's prompts, at most 16, kept out of training; reasoning-gym: another "
+        "generator seed) or a prompt file (.jsonl/.json/.csv/.txt)",
+    )
+    ev.add_argument("--eval-k", default=None, metavar="K,K", help="the k of pass@k, comma-separated (default 1,4)")
+    ev.add_argument("--eval-success", type=float, default=None, metavar="R", help="reward of a correct sample (1.0)")
+    ev.add_argument(
+        "--eval-reference",
+        default=None,
+        metavar="DIR|bundled",
+        help="causal LM for the perplexity of the samples (default: no perplexity)",
+    )
     add_run_options(c)
     c.set_defaults(subparser=c)
+
+
+def parse_lm_eval(args: argparse.Namespace, from_config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The evaluation settings of ``compare``: the ``--config`` file's ``lm_eval`` object, then the ``--eval-*``
+    options (``None``: no evaluation).
+
+    :raises ValueError: for options without ``--eval-every`` or a bad ``--eval-k``.
+    """
+    spec = dict(from_config or {})
+    if args.eval_every is not None:
+        spec["every"] = args.eval_every
+    if args.eval_prompts is not None:
+        spec["prompts"] = args.eval_prompts
+    if args.eval_k is not None:
+        try:
+            spec["k"] = [int(v) for v in args.eval_k.split(",")]
+        except ValueError:
+            raise ValueError(f"--eval-k {args.eval_k!r}: expected integers >= 1, comma-separated, e.g. 1,4") from None
+    if args.eval_success is not None:
+        spec["success_threshold"] = args.eval_success
+    if args.eval_reference is not None:
+        spec["reference_model"] = args.eval_reference
+    if spec and "every" not in spec:
+        raise ValueError("--eval-prompts, --eval-k, --eval-success and --eval-reference need --eval-every N")
+    return spec or None
 
 
 def check_trackers(names: Sequence[str]) -> None:
@@ -417,8 +465,11 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
         import_gym_packages(args.gym_packages)
         algos = parse_algos(args.algos)
         overrides: dict[str, dict[str, Any]] = {}
+        lm_eval_file = None
         if args.config:
-            for key, values in load_config_file(args.config).items():
+            loaded = load_config_file(args.config)
+            lm_eval_file = loaded.pop("lm_eval", None)
+            for key, values in loaded.items():
                 overrides.setdefault(key, {}).update(values)
         for key, values in parse_set(args.set).items():
             overrides.setdefault(key, {}).update(values)
@@ -441,6 +492,7 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
             device=args.device,
             overrides=overrides,
             threshold=args.threshold,
+            lm_eval=parse_lm_eval(args, lm_eval_file),
         )
         out = Path(args.out) if args.out else Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
     except (CompareError, ValueError) as err:
