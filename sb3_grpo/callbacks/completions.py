@@ -58,8 +58,8 @@ def completion_row(info: Mapping[str, Any], env_index: int, timestep: int, rollo
     """One finished episode's row, from what the env already put in its final ``info`` (no decoding here).
 
     :param info: The info of the step that ended the episode (``prompt``, ``completion``, ``completion_ids``,
-        ``reward``; ``reward_components`` for a composite reward; ``turns`` and ``transcript`` for interactive episodes; ``group_id``, ``episode_id`` from the
-        SB3 adapter).
+        ``reward``; ``reward_components`` for a composite reward; ``turns`` and ``transcript`` for interactive
+        episodes; ``group_id``, ``episode_id`` from the SB3 adapter).
     :param env_index: The env that played it.
     :param timestep: The training timestep of the sample.
     :param rollout: The rollout's number (0 for the first).
