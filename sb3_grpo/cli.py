@@ -390,7 +390,22 @@ def _add_human_eval(sub: Any) -> None:
     h = sub.add_parser("human-eval", help="rate completions by hand: export a blind set, serve the page, report")
     hs = h.add_subparsers(dest="human_command", metavar="{export,serve,report}")
     e = hs.add_parser("export", help="draw completions of one run (or two, mixed blind) into a rating folder")
-    e.add_argument("completions", nargs="+", help="one or two JSONL files (CompletionLogger, `sb3-grpo sample --out`)")
+    e.add_argument(
+        "completions",
+        nargs="+",
+        help="one or two JSONL files (CompletionLogger, `sb3-grpo sample --out`); with --env, two checkpoints (.zip)",
+    )
+    e.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="two runs on the same prompts, shown as A and B (order drawn per item); raters choose A, B or tie",
+    )
+    e.add_argument(
+        "--env",
+        default=None,
+        help="sample the two checkpoints given (side by side) on this env's prompts, --n episodes each, greedy",
+    )
+    e.add_argument("--env-kwargs", default=None, metavar="JSON", help="with --env: the env's arguments (JSON object)")
     e.add_argument("--out", required=True, help="the rating folder")
     e.add_argument("--n", type=positive_int, default=50, help="items from each file (default %(default)s)")
     e.add_argument("--labels", default=None, help="comma-separated names of the files' runs (default: file names)")
@@ -408,6 +423,36 @@ def _add_human_eval(sub: Any) -> None:
         p.set_defaults(subparser=p)
 
 
+def _sample_checkpoints(checkpoints: Sequence[str], labels: Sequence[str], args: argparse.Namespace) -> list[str]:
+    """``human-eval export --env``: play ``--n`` greedy episodes of each checkpoint on the same env seed (so on the
+    same prompts), written to ``<out>/samples_<label>.jsonl``; returns those files."""
+    from sb3_grpo.sampling import checkpoint_algo, load_checkpoint, make_sample_env, sample_episodes
+
+    if len(checkpoints) != 2:
+        raise ValueError(f"--env samples two checkpoints for a side-by-side folder, got {len(checkpoints)}")
+    for path in checkpoints:
+        if not os.path.isfile(path):
+            raise ValueError(f"checkpoint {path!r} is not a file; give the .zip that model.save wrote")
+    import torch as th
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for path, label in zip(checkpoints, labels):
+        env = make_sample_env(args.env, parse_env_kwargs(args.env_kwargs), seed=args.seed)
+        th.manual_seed(args.seed)
+        model = load_checkpoint(path, algo=checkpoint_algo(path))
+        target = out / f"samples_{label}.jsonl"
+        try:
+            with open(target, "w", encoding="utf-8") as f:
+                for row in sample_episodes(model, env, args.n, deterministic=True):
+                    f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        finally:
+            env.close()
+        files.append(str(target))
+    return files
+
+
 def _human_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from sb3_grpo import human_eval
 
@@ -418,7 +463,15 @@ def _human_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             labels = args.labels.split(",") if args.labels else [Path(f).stem for f in files]
             if len(labels) != len(files):
                 raise ValueError(f"--labels has {len(labels)} names for {len(files)} files")
-            out = human_eval.export_items(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration)
+            if args.env is not None:
+                args.side_by_side = True
+                files = _sample_checkpoints(files, labels, args)
+            if args.side_by_side:
+                if args.calibration:
+                    raise ValueError("--calibration items are scored 1-5; a --side-by-side folder has none")
+                out = human_eval.export_pairs(list(zip(labels, files)), args.out, args.n, args.seed)
+            else:
+                out = human_eval.export_items(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration)
             print(f"rating folder {out}/: serve it with: sb3-grpo human-eval serve {out}")
             return 0
         if command in ("serve", "report") and not (Path(args.folder) / human_eval.KEY_FILE).is_file():
