@@ -370,12 +370,13 @@ if (named) { document.getElementById("rater").value = named; start(); }
 
 
 def make_server(folder: str | os.PathLike, port: int = 8765, addr: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """The rating page's server over a folder written by :func:`export_items` (``serve_forever()`` runs it).
+    """The rating page's server over a folder written by :func:`export_items` or :func:`export_pairs`
+    (``serve_forever()`` runs it).
 
-    ``GET /``: the page (``/?rater=NAME`` opens it for that rater); ``GET /api/items?rater=NAME``: the items, the dimensions and their anchors, and that rater's
-    scores so far; ``POST /api/rate`` ``{"rater", "item", "scores": {dimension: 1..5}}`` (side by side: ``"prefer":
-    {dimension: "A" | "B" | "tie"}``): saves them (400 with the reason when they are not valid). Nothing else of the
-    folder is served (not ``key.json``).
+    ``GET /``: the page (``/?rater=NAME`` opens it for that rater); ``GET /api/items?rater=NAME``: the items, the
+    dimensions and their anchors, and that rater's scores so far; ``POST /api/rate`` ``{"rater", "item", "scores":
+    {dimension: 1..5}}`` (side by side: ``"prefer": {dimension: "A" | "B" | "tie"}``): saves them (400 with the reason
+    when they are not valid). Nothing else of the folder is served (not ``key.json``).
     """
     store = _Store(Path(folder))
 
