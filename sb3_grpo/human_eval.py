@@ -449,13 +449,13 @@ def _interval(values: Sequence[float]) -> tuple[float, float, float]:
 def report(folder: str | os.PathLike, level: str = "interval", tolerance: int = 1, max_miss_rate: float = 0.2) -> dict:
     """Reliability and scores of a rated folder; also written to ``report.json`` and ``report.md`` there.
 
-    :param level: Krippendorff's level of measurement (``"interval"``, or ``"ordinal"`` for ranks only).
-    :param tolerance: A calibration score is missed when it is more than this far from the known one.
-    :param max_miss_rate: A rater who misses more than this fraction of their calibration scores is flagged.
-    A side-by-side folder (:func:`export_pairs`) gets :func:`preference_outcomes` instead: ``alpha`` of the un-blinded
+    A side-by-side folder (:func:`export_pairs`) gets, from :func:`preference_outcomes`: ``alpha`` of the un-blinded
     choices, ``unreliable``, and ``win_rate`` (per run and dimension: the share of items the run won among the items
     not tied, with a 95% Wilson interval; ``wins``, ``losses``, ``ties``, ``items``).
 
+    :param level: Krippendorff's level of measurement (``"interval"``, or ``"ordinal"`` for ranks only).
+    :param tolerance: A calibration score is missed when it is more than this far from the known one.
+    :param max_miss_rate: A rater who misses more than this fraction of their calibration scores is flagged.
     :return: ``alpha`` (per dimension), ``unreliable`` (dimensions with alpha < :data:`ALPHA_MIN`),
         ``calibration`` (per rater: scored, missed, flagged), ``scores`` (per source and dimension: mean over items of
         the raters' mean, with a 95% t-interval, and the number of items).

@@ -349,7 +349,10 @@ def make_config(
         unknown = sorted(set(lm_eval) - known)
         if unknown:
             raise CompareError(f"unknown evaluation setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        cfg.lm_eval = to_jsonable(make_lm_eval(env_id, cfg.env_kwargs, **lm_eval))
+        try:
+            cfg.lm_eval = to_jsonable(make_lm_eval(env_id, cfg.env_kwargs, **lm_eval))
+        except ValueError as err:
+            raise CompareError(str(err)) from None
     for algo in cfg.algos:
         spec = ALGOS[algo]
         cfg.hyperparameters[algo] = resolved[algo]

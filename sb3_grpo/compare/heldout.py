@@ -22,8 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from sb3_grpo.compare.config import CompareConfig, CompareError
-
 __all__ = [
     "HELDOUT",
     "HELDOUT_FRACTION",
@@ -47,7 +45,7 @@ HELDOUT_MAX = 16
 HELDOUT_DRAW_SEED = 0
 #: reasoning-gym: the held-out items are generated with ``seed + HELDOUT_SEED_OFFSET``.
 HELDOUT_SEED_OFFSET = 1_000_003
-#: Keys of a run's final evaluation that the report shows (``pass@<k>`` and ``mean@<n>`` are added per config).
+#: Keys of a run's final evaluation that the report shows (``pass@<k>`` is added for each configured ``k``).
 REPORTED_METRICS = (
     "greedy_reward_mean",
     "sampled_reward_mean",
@@ -90,7 +88,7 @@ def _prompt_items(env_id: str, env_kwargs: dict[str, Any]) -> list[Any] | None:
 def _check_k(k: Any) -> list[int]:
     ks = [k] if isinstance(k, int) and not isinstance(k, bool) else k
     if not isinstance(ks, (list, tuple)) or not ks or not all(isinstance(v, int) and v >= 1 for v in ks):
-        raise CompareError(f"--eval-k must be integers >= 1, comma-separated (e.g. --eval-k 1,4), got {k!r}")
+        raise ValueError(f"--eval-k must be integers >= 1, comma-separated (e.g. --eval-k 1,4), got {k!r}")
     return sorted(set(ks))
 
 
@@ -103,7 +101,8 @@ def make_lm_eval(
     success_threshold: float = 1.0,
     reference_model: str | None = None,
 ) -> dict[str, Any]:
-    """The ``lm_eval`` entry of a :class:`~sb3_grpo.compare.config.CompareConfig`, checked before anything runs.
+    """The ``lm_eval`` entry of a :class:`~sb3_grpo.compare.config.CompareConfig`, checked before anything runs
+    (:func:`~sb3_grpo.compare.config.make_config` calls it and raises its errors as ``CompareError``).
 
     :param env_id: The comparison's (text) env id.
     :param env_kwargs: Its ``--env-kwargs``.
@@ -115,31 +114,28 @@ def make_lm_eval(
         (``--eval-reference``; ``None``: no perplexity).
     :return: ``{"every", "prompts", "k", "n_samples", "success_threshold", "reference_model", "heldout"}`` with
         ``heldout`` the held-out prompt indices (``None`` unless ``prompts`` is ``"heldout"`` on a prompt list).
-    :raises CompareError: naming the option and what to pass.
+    :raises ValueError: naming the option and what to pass.
     """
     import textrl_envs
     from textrl_envs.validation import check_float
 
     if env_id not in textrl_envs.ENV_IDS:
-        raise CompareError(
+        raise ValueError(
             f"--eval-every evaluates a language model on held-out prompts; {env_id!r} is not a text env "
             f"({', '.join(textrl_envs.ENV_IDS)}): drop --eval-every"
         )
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise CompareError(f"--eval-every must be an integer >= 1 (timesteps between evaluations), got {every!r}")
+        raise ValueError(f"--eval-every must be an integer >= 1 (timesteps between evaluations), got {every!r}")
     ks = _check_k(k)
-    try:
-        threshold = check_float("--eval-success", success_threshold, hint="the reward of a correct sample, e.g. 1.0")
-    except ValueError as err:
-        raise CompareError(str(err)) from None
+    threshold = check_float("--eval-success", success_threshold, hint="the reward of a correct sample, e.g. 1.0")
     if reference_model is not None and reference_model != "bundled" and not os.path.isdir(reference_model):
-        raise CompareError(
+        raise ValueError(
             f"--eval-reference {reference_model!r} is not a folder; give a local causal-LM folder, or 'bundled' for "
             "the bundled LM"
         )
     heldout: list[int] | None = None
     if not isinstance(prompts, str) or not prompts:
-        raise CompareError(f"--eval-prompts must be 'heldout' or a prompt file, got {prompts!r}")
+        raise ValueError(f"--eval-prompts must be 'heldout' or a prompt file, got {prompts!r}")
     if prompts == HELDOUT:
         if env_id == "ReasoningGym-v0":
             pass  # another generator seed: see eval_env_kwargs
@@ -148,7 +144,7 @@ def make_lm_eval(
             n = heldout_count(len(items)) if items is not None else 0
             if n == 0:
                 what = "an external suite" if items is None else f"{len(items)} prompt(s)"
-                raise CompareError(
+                raise ValueError(
                     f"--eval-prompts heldout: {env_id} has {what}, none of which can be held out; give the held-out "
                     "prompts as a file: --eval-prompts FILE.jsonl"
                 )
@@ -159,9 +155,9 @@ def make_lm_eval(
         try:
             items = load_prompts(prompts)
         except (OSError, TypeError, ValueError) as err:
-            raise CompareError(f"--eval-prompts {prompts}: {err} (or pass 'heldout')") from None
+            raise ValueError(f"--eval-prompts {prompts}: {err} (or pass 'heldout')") from None
         if not items:
-            raise CompareError(f"--eval-prompts {prompts}: the file holds no prompts")
+            raise ValueError(f"--eval-prompts {prompts}: the file holds no prompts")
     return {
         "every": every,
         "prompts": prompts,
@@ -173,7 +169,7 @@ def make_lm_eval(
     }
 
 
-def train_env_kwargs(cfg: CompareConfig) -> dict[str, Any]:
+def train_env_kwargs(cfg: Any) -> dict[str, Any]:
     """The env arguments of a run's training env and its final evaluation: ``cfg.env_kwargs``, minus the held-out
     prompts when some of the env's prompts are held out."""
     kwargs = dict(cfg.env_kwargs)
@@ -185,7 +181,7 @@ def train_env_kwargs(cfg: CompareConfig) -> dict[str, Any]:
     return kwargs
 
 
-def eval_env_kwargs(cfg: CompareConfig) -> dict[str, Any]:
+def eval_env_kwargs(cfg: Any) -> dict[str, Any]:
     """The env arguments of the evaluation env of :class:`LMEvalCallback` (held-out prompts only)."""
     spec = cfg.lm_eval or {}
     kwargs = dict(cfg.env_kwargs)
@@ -200,10 +196,10 @@ def eval_env_kwargs(cfg: CompareConfig) -> dict[str, Any]:
     return kwargs
 
 
-def make_eval_callback(cfg: CompareConfig, seed: int) -> Any:
-    """The :class:`~sb3_grpo.callbacks.LMEvalCallback` of one run (``None`` when ``cfg`` has no ``lm_eval``)."""
+def make_eval_callback(cfg: Any, env_seed: int) -> Any:
+    """The :class:`~sb3_grpo.callbacks.LMEvalCallback` of one run (``None`` when ``cfg`` has no ``lm_eval``), its env
+    seeded ``env_seed``."""
     from sb3_grpo.callbacks import LMEvalCallback
-    from sb3_grpo.compare.runner import EVAL_SEED_OFFSET
     from textrl_envs.sb3 import make_vec_env
 
     spec = cfg.lm_eval
@@ -214,9 +210,7 @@ def make_eval_callback(cfg: CompareConfig, seed: int) -> Any:
         from textrl_envs.assets import lm_path
 
         reference = lm_path()
-    env = make_vec_env(
-        cfg.env_id, n_envs=spec["n_samples"], device=cfg.device, seed=EVAL_SEED_OFFSET + seed, **eval_env_kwargs(cfg)
-    )
+    env = make_vec_env(cfg.env_id, n_envs=spec["n_samples"], device=cfg.device, seed=env_seed, **eval_env_kwargs(cfg))
     return LMEvalCallback(
         env,
         eval_freq=spec["every"],

@@ -327,7 +327,7 @@ def run_one(
     model = build_model(cfg, algo, seed, tb_dir, track=track)
     initial = copy.deepcopy(model.policy)
     initial.set_training_mode(False)
-    lm_eval = make_eval_callback(cfg, seed)
+    lm_eval = make_eval_callback(cfg, EVAL_SEED_OFFSET + seed)  # the final evaluation's seed
     callback, curve = _make_callback(report, [*callbacks, *([lm_eval] if lm_eval is not None else [])])
     start = time.perf_counter()
     model.learn(cfg.timesteps, callback=callback)
