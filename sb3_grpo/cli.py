@@ -70,7 +70,8 @@ def parse_set(items: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 
 def load_config_file(path: str) -> dict[str, dict[str, Any]]:
-    """Read ``--config``: a JSON object ``{"<algo>" or "*": {"<parameter>": value, ...}, ...}``.
+    """Read ``--config``: a JSON object ``{"<algo>" or "*": {"<parameter>": value, ...}, ...}`` (and ``"lm_eval"``:
+    the evaluation settings, see ``--eval-every``).
 
     :param path: The file.
     :return: The overrides.
@@ -239,8 +240,55 @@ def _add_compare(sub: Any) -> None:
         "(offline: runs in OUT/wandb); mlflow logs to MLFLOW_TRACKING_URI or else OUT/mlruns. Needs the extra: "
         "pip install 'textrl[wandb]' or 'textrl[mlflow]'",
     )
+    ev = c.add_argument_group(
+        "evaluation on held-out prompts (text envs)",
+        "LMEvalCallback in every run: greedy and sampled reward, pass@k, length, distinct-n, repetition, perplexity; "
+        'the report shows them per algorithm. In --config: {"lm_eval": {"every": N, "prompts": "heldout", "k": '
+        '[1, 4], "success_threshold": 1.0, "reference_model": "bundled"}} (these options win over it)',
+    )
+    ev.add_argument("--eval-every", type=positive_int, default=None, metavar="N", help="env steps between evaluations")
+    ev.add_argument(
+        "--eval-prompts",
+        default=None,
+        metavar="FILE|heldout",
+        help="'heldout' (default: 20%% of the env's prompts, at most 16, kept out of training; reasoning-gym: another "
+        "generator seed) or a prompt file (.jsonl/.json/.csv/.txt)",
+    )
+    ev.add_argument("--eval-k", default=None, metavar="K,K", help="the k of pass@k, comma-separated (default 1,4)")
+    ev.add_argument("--eval-success", type=float, default=None, metavar="R", help="reward of a correct sample (1.0)")
+    ev.add_argument(
+        "--eval-reference",
+        default=None,
+        metavar="DIR|bundled",
+        help="causal LM for the perplexity of the samples (default: no perplexity)",
+    )
     add_run_options(c)
     c.set_defaults(subparser=c)
+
+
+def parse_lm_eval(args: argparse.Namespace, from_config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The evaluation settings of ``compare``: the ``--config`` file's ``lm_eval`` object, then the ``--eval-*``
+    options (``None``: no evaluation).
+
+    :raises ValueError: for options without ``--eval-every`` or a bad ``--eval-k``.
+    """
+    spec = dict(from_config or {})
+    if args.eval_every is not None:
+        spec["every"] = args.eval_every
+    if args.eval_prompts is not None:
+        spec["prompts"] = args.eval_prompts
+    if args.eval_k is not None:
+        try:
+            spec["k"] = [int(v) for v in args.eval_k.split(",")]
+        except ValueError:
+            raise ValueError(f"--eval-k {args.eval_k!r}: expected integers >= 1, comma-separated, e.g. 1,4") from None
+    if args.eval_success is not None:
+        spec["success_threshold"] = args.eval_success
+    if args.eval_reference is not None:
+        spec["reference_model"] = args.eval_reference
+    if spec and "every" not in spec:
+        raise ValueError("--eval-prompts, --eval-k, --eval-success and --eval-reference need --eval-every N")
+    return spec or None
 
 
 def check_trackers(names: Sequence[str]) -> None:
@@ -342,7 +390,22 @@ def _add_human_eval(sub: Any) -> None:
     h = sub.add_parser("human-eval", help="rate completions by hand: export a blind set, serve the page, report")
     hs = h.add_subparsers(dest="human_command", metavar="{export,serve,report}")
     e = hs.add_parser("export", help="draw completions of one run (or two, mixed blind) into a rating folder")
-    e.add_argument("completions", nargs="+", help="one or two JSONL files (CompletionLogger, `sb3-grpo sample --out`)")
+    e.add_argument(
+        "completions",
+        nargs="+",
+        help="one or two JSONL files (CompletionLogger, `sb3-grpo sample --out`); with --env, two checkpoints (.zip)",
+    )
+    e.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="two runs on the same prompts, shown as A and B (order drawn per item); raters choose A, B or tie",
+    )
+    e.add_argument(
+        "--env",
+        default=None,
+        help="sample the two checkpoints given (side by side) on this env's prompts, --n episodes each, greedy",
+    )
+    e.add_argument("--env-kwargs", default=None, metavar="JSON", help="with --env: the env's arguments (JSON object)")
     e.add_argument("--out", required=True, help="the rating folder")
     e.add_argument("--n", type=positive_int, default=50, help="items from each file (default %(default)s)")
     e.add_argument("--labels", default=None, help="comma-separated names of the files' runs (default: file names)")
@@ -360,6 +423,36 @@ def _add_human_eval(sub: Any) -> None:
         p.set_defaults(subparser=p)
 
 
+def _sample_checkpoints(checkpoints: Sequence[str], labels: Sequence[str], args: argparse.Namespace) -> list[str]:
+    """``human-eval export --env``: play ``--n`` greedy episodes of each checkpoint on the same env seed (so on the
+    same prompts), written to ``<out>/samples_<label>.jsonl``; returns those files."""
+    from sb3_grpo.sampling import checkpoint_algo, load_checkpoint, make_sample_env, sample_episodes
+
+    if len(checkpoints) != 2:
+        raise ValueError(f"--env samples two checkpoints for a side-by-side folder, got {len(checkpoints)}")
+    for path in checkpoints:
+        if not os.path.isfile(path):
+            raise ValueError(f"checkpoint {path!r} is not a file; give the .zip that model.save wrote")
+    import torch as th
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for path, label in zip(checkpoints, labels):
+        env = make_sample_env(args.env, parse_env_kwargs(args.env_kwargs), seed=args.seed)
+        th.manual_seed(args.seed)
+        model = load_checkpoint(path, algo=checkpoint_algo(path))
+        target = out / f"samples_{label}.jsonl"
+        try:
+            with open(target, "w", encoding="utf-8") as f:
+                for row in sample_episodes(model, env, args.n, deterministic=True):
+                    f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        finally:
+            env.close()
+        files.append(str(target))
+    return files
+
+
 def _human_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from sb3_grpo import human_eval
 
@@ -370,7 +463,15 @@ def _human_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             labels = args.labels.split(",") if args.labels else [Path(f).stem for f in files]
             if len(labels) != len(files):
                 raise ValueError(f"--labels has {len(labels)} names for {len(files)} files")
-            out = human_eval.export_items(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration)
+            if args.env is not None:
+                args.side_by_side = True
+                files = _sample_checkpoints(files, labels, args)
+            if args.side_by_side:
+                if args.calibration:
+                    raise ValueError("--calibration items are scored 1-5; a --side-by-side folder has none")
+                out = human_eval.export_pairs(list(zip(labels, files)), args.out, args.n, args.seed)
+            else:
+                out = human_eval.export_items(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration)
             print(f"rating folder {out}/: serve it with: sb3-grpo human-eval serve {out}")
             return 0
         if command in ("serve", "report") and not (Path(args.folder) / human_eval.KEY_FILE).is_file():
@@ -417,8 +518,11 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
         import_gym_packages(args.gym_packages)
         algos = parse_algos(args.algos)
         overrides: dict[str, dict[str, Any]] = {}
+        lm_eval_file = None
         if args.config:
-            for key, values in load_config_file(args.config).items():
+            loaded = load_config_file(args.config)
+            lm_eval_file = loaded.pop("lm_eval", None)
+            for key, values in loaded.items():
                 overrides.setdefault(key, {}).update(values)
         for key, values in parse_set(args.set).items():
             overrides.setdefault(key, {}).update(values)
@@ -441,6 +545,7 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
             device=args.device,
             overrides=overrides,
             threshold=args.threshold,
+            lm_eval=parse_lm_eval(args, lm_eval_file),
         )
         out = Path(args.out) if args.out else Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
     except (CompareError, ValueError) as err:

@@ -9,6 +9,12 @@ nothing is lost when the page or the server closes, and a rater who comes back c
 ``human-eval report`` computes Krippendorff's alpha per dimension (the ``krippendorff`` package, extra
 ``textrl[human-eval]``), flags a dimension whose alpha is below 0.7 and raters who miss the calibration items, and
 writes the scores per run with 95% intervals.
+
+Side by side (:func:`export_pairs`, ``human-eval export --side-by-side``): the completions of two runs on the same
+prompts are paired, and which run is shown as A and which as B is drawn per item (``key.json`` holds it; the server
+never serves that file). On the page a rater picks, per dimension, A, B or tie. ``human-eval report`` then un-blinds
+the choices and writes each run's win rate per dimension with a Wilson interval, over items (the raters' choices on
+an item are averaged first), and the raters' agreement (Krippendorff's alpha of the un-blinded choices).
 """
 
 from __future__ import annotations
@@ -28,7 +34,11 @@ __all__ = [
     "ALPHA_MIN",
     "ANCHORS",
     "DIMENSIONS",
+    "PREFERENCES",
     "export_items",
+    "export_pairs",
+    "load_preferences",
+    "preference_outcomes",
     "krippendorff_alpha",
     "load_ratings",
     "make_server",
@@ -47,6 +57,9 @@ ANCHORS = {
 #: Krippendorff's alpha below this flags a dimension as unreliable.
 ALPHA_MIN = 0.7
 ITEMS_FILE, KEY_FILE, RATINGS_FILE = "items.json", "key.json", "ratings.jsonl"
+#: A rater's choices in a side-by-side folder.
+PREFERENCES = ("A", "B", "tie")
+SIDE_BY_SIDE = "side_by_side"
 
 
 def _read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -134,16 +147,87 @@ def export_items(
     return out
 
 
+def _first_by_prompt(rows: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    out: dict[str, Mapping[str, Any]] = {}
+    for row in rows:
+        out.setdefault(str(row["prompt"]), row)
+    return out
+
+
+def export_pairs(
+    sources: Sequence[tuple[str, str | os.PathLike]], out: str | os.PathLike, n: int, seed: int = 0
+) -> Path:
+    """Write a blind side-by-side rating set to ``out``: ``n`` prompts that both runs answered (the first completion
+    of each run on each prompt), each item showing the two completions as A and B in an order drawn per item.
+
+    ``items.json`` holds ``{"mode": "side_by_side", "dimensions", "anchors", "items": [{"id", "prompt", "a",
+    "b"}]}``; ``key.json`` holds, per item, which run is A and which is B (never served).
+
+    :param sources: ``(label, completions.jsonl)`` of the two runs (sampled on the same prompts, e.g. with
+        ``sb3-grpo sample --env-kwargs '{"prompts": ...}'``).
+    :param n: Prompts to draw (all shared ones when fewer).
+    :param seed: Seed of the draw, of the A/B order and of the item order.
+    """
+    if len(sources) != 2:
+        raise ValueError(f"a side-by-side comparison takes the completions of exactly two runs, got {len(sources)}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    (label_1, path_1), (label_2, path_2) = sources
+    if label_1 == label_2:
+        raise ValueError(f"the two runs need different labels, got {label_1!r} twice")
+    first, second = _first_by_prompt(_read_rows(path_1)), _first_by_prompt(_read_rows(path_2))
+    shared = [p for p in first if p in second]
+    if not shared:
+        raise ValueError(
+            f"{os.fspath(path_1)} and {os.fspath(path_2)} share no prompt; sample both runs on the same prompts "
+            '(sb3-grpo sample --env-kwargs \'{"prompts": "prompts.jsonl"}\', or human-eval export --env with '
+            "two checkpoints)"
+        )
+    rng = np.random.default_rng(seed)
+    chosen = [shared[i] for i in sorted(rng.permutation(len(shared))[:n])]
+    swaps = rng.integers(0, 2, size=len(chosen)).astype(bool)  # True: the second run is shown as A
+    order = rng.permutation(len(chosen))
+    items, key = [], {}
+    for pos, k in enumerate(order):
+        prompt = chosen[k]
+        sides = [(label_1, first[prompt]), (label_2, second[prompt])]
+        if swaps[k]:
+            sides.reverse()
+        (label_a, row_a), (label_b, row_b) = sides
+        item_id = f"pair{pos + 1:04d}"
+        items.append({"id": item_id, "prompt": prompt, "a": _text(row_a), "b": _text(row_b)})
+        key[item_id] = {"source": SIDE_BY_SIDE, "A": label_a, "B": label_b}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    shown = {"mode": SIDE_BY_SIDE, "dimensions": list(DIMENSIONS), "anchors": ANCHORS, "items": items}
+    (out / ITEMS_FILE).write_text(json.dumps(shown, indent=1), encoding="utf-8")
+    (out / KEY_FILE).write_text(json.dumps({"models": [label_1, label_2], **key}, indent=1), encoding="utf-8")
+    return out
+
+
+def _ratings_lines(folder: str | os.PathLike) -> list[dict[str, Any]]:
+    path = Path(folder) / RATINGS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def load_ratings(folder: str | os.PathLike) -> dict[tuple[str, str], dict[str, int]]:
     """``(rater, item) -> {dimension: score}`` from ``ratings.jsonl``; a later entry for the same dimension wins."""
-    path = Path(folder) / RATINGS_FILE
     out: dict[tuple[str, str], dict[str, int]] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            entry = json.loads(line)
+    for entry in _ratings_lines(folder):
+        if "scores" in entry:
             out.setdefault((entry["rater"], entry["item"]), {}).update(entry["scores"])
+    return out
+
+
+def load_preferences(folder: str | os.PathLike) -> dict[tuple[str, str], dict[str, str]]:
+    """``(rater, item) -> {dimension: "A" | "B" | "tie"}`` of a side-by-side folder (still blind: positions, not runs);
+    a later entry for the same dimension wins."""
+    out: dict[tuple[str, str], dict[str, str]] = {}
+    for entry in _ratings_lines(folder):
+        if "prefer" in entry:
+            out.setdefault((entry["rater"], entry["item"]), {}).update(entry["prefer"])
     return out
 
 
@@ -155,16 +239,20 @@ class _Store:
         data = json.loads((folder / ITEMS_FILE).read_text(encoding="utf-8"))
         self.items = data
         self.ids = {item["id"] for item in data["items"]}
+        self.side_by_side = data.get("mode") == SIDE_BY_SIDE
         self.lock = threading.Lock()
 
     def add(self, entry: Any) -> dict[str, Any]:
+        what = "{rater, item, prefer}" if self.side_by_side else "{rater, item, scores}"
         if not isinstance(entry, dict):
-            raise ValueError("expected a JSON object {rater, item, scores}")
+            raise ValueError(f"expected a JSON object {what}")
         rater, item, scores = entry.get("rater"), entry.get("item"), entry.get("scores")
         if not isinstance(rater, str) or not rater.strip():
             raise ValueError("rater must be a non-empty name")
         if item not in self.ids:
             raise ValueError(f"unknown item {item!r}")
+        if self.side_by_side:
+            return self._save({"rater": rater.strip(), "item": item, "prefer": self._checked_preferences(entry)})
         if not isinstance(scores, dict) or not scores:
             raise ValueError("scores must map dimensions to 1..5")
         for dim, score in scores.items():
@@ -172,7 +260,22 @@ class _Store:
                 raise ValueError(f"unknown dimension {dim!r}; dimensions: {', '.join(DIMENSIONS)}")
             if isinstance(score, bool) or score not in (1, 2, 3, 4, 5):
                 raise ValueError(f"{dim}: a score is an integer from 1 to 5, got {score!r}")
-        line = json.dumps({"rater": rater.strip(), "item": item, "scores": scores}) + "\n"
+        return self._save({"rater": rater.strip(), "item": item, "scores": scores})
+
+    @staticmethod
+    def _checked_preferences(entry: dict[str, Any]) -> dict[str, str]:
+        prefer = entry.get("prefer")
+        if not isinstance(prefer, dict) or not prefer:
+            raise ValueError("prefer must map dimensions to 'A', 'B' or 'tie' (a side-by-side folder)")
+        for dim, choice in prefer.items():
+            if dim not in DIMENSIONS:
+                raise ValueError(f"unknown dimension {dim!r}; dimensions: {', '.join(DIMENSIONS)}")
+            if choice not in PREFERENCES:
+                raise ValueError(f"{dim}: a preference is 'A', 'B' or 'tie', got {choice!r}")
+        return prefer
+
+    def _save(self, entry: dict[str, Any]) -> dict[str, Any]:
+        line = json.dumps(entry) + "\n"
         with self.lock, open(self.folder / RATINGS_FILE, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
@@ -185,10 +288,11 @@ _PAGE = """<!doctype html>
 <style>body{font-family:sans-serif;max-width:52em;margin:auto;padding:1em}
 .item{border:1px solid #ccc;border-radius:6px;padding:1em;margin:1em 0}
 pre{white-space:pre-wrap;background:#f6f6f6;padding:.5em}.dim{margin:.4em 0}
-.saved{color:#080;font-size:.9em}.anchors{color:#555;font-size:.85em}</style></head>
+.saved{color:#080;font-size:.9em}.anchors{color:#555;font-size:.85em}
+.pair{display:flex;gap:1em}.pair>div{flex:1}</style></head>
 <body><h1>Rate the completions</h1>
-<p>Score each completion from 1 to 5 on every dimension. Every score is saved the moment you click it; you can close
-the page and come back with the same name.</p>
+<p id="how">Score each completion from 1 to 5 on every dimension. Every score is saved the moment you click it; you
+can close the page and come back with the same name.</p>
 <p><label>Your name: <input id="rater"></label> <button id="start">Start</button></p>
 <div id="items"></div>
 <script>
@@ -199,6 +303,7 @@ async function start() {
   if (!rater) { alert("Enter your name first."); return; }
   const data = await (await fetch("/api/items?rater=" + encodeURIComponent(rater))).json();
   const box = document.getElementById("items"); box.innerHTML = "";
+  if (data.mode === "side_by_side") { sideBySide(data, rater, box); return; }
   for (const item of data.items) {
     const done = data.ratings[item.id] || {};
     const card = el("div", {className: "item", id: item.id}, [el("b", {textContent: item.id}),
@@ -224,17 +329,54 @@ async function start() {
     box.append(card);
   }
 }
+function sideBySide(data, rater, box) {
+  document.getElementById("how").textContent = "For each prompt, two completions, A and B, in no particular order. " +
+    "On every dimension choose the better one, or tie. Every choice is saved the moment you click it; you can " +
+    "close the page and come back with the same name.";
+  const labels = {A: "A is better", tie: "tie", B: "B is better"};
+  for (const item of data.items) {
+    const done = data.ratings[item.id] || {};
+    const card = el("div", {className: "item", id: item.id}, [el("b", {textContent: item.id}),
+      el("div", {textContent: "Prompt:"}), el("pre", {textContent: item.prompt}),
+      el("div", {className: "pair"}, [
+        el("div", {}, [el("div", {textContent: "A:"}), el("pre", {className: "a", textContent: item.a})]),
+        el("div", {}, [el("div", {textContent: "B:"}), el("pre", {className: "b", textContent: item.b})])])]);
+    for (const dim of data.dimensions) {
+      const a = data.anchors[dim];
+      const row = el("div", {className: "dim"}, [el("span", {textContent: dim.replace("_", " ") + ": "})]);
+      for (const choice of ["A", "tie", "B"]) {
+        const input = el("input", {type: "radio", name: item.id + "/" + dim, value: choice,
+                                   checked: done[dim] === choice});
+        input.dataset.item = item.id; input.dataset.dim = dim;
+        input.addEventListener("change", async () => {
+          const r = await fetch("/api/rate", {method: "POST", headers: {"Content-Type": "application/json"},
+            body: JSON.stringify({rater, item: item.id, prefer: {[dim]: choice}})});
+          row.querySelector(".saved").textContent = r.ok ? "saved" : "not saved: " + (await r.text());
+        });
+        row.append(el("label", {}, [input, " " + labels[choice] + " "]));
+      }
+      row.append(el("span", {className: "saved"}));
+      row.append(el("div", {className: "anchors", textContent: "1: " + a[1] + " / 3: " + a[3] + " / 5: " + a[5]}));
+      card.append(row);
+    }
+    box.append(card);
+  }
+}
 document.getElementById("start").addEventListener("click", start);
+const named = new URLSearchParams(location.search).get("rater");  // a link per rater: /?rater=NAME starts at once
+if (named) { document.getElementById("rater").value = named; start(); }
 </script></body></html>
 """
 
 
 def make_server(folder: str | os.PathLike, port: int = 8765, addr: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """The rating page's server over a folder written by :func:`export_items` (``serve_forever()`` runs it).
+    """The rating page's server over a folder written by :func:`export_items` or :func:`export_pairs`
+    (``serve_forever()`` runs it).
 
-    ``GET /``: the page; ``GET /api/items?rater=NAME``: the items, the dimensions and their anchors, and that rater's
-    scores so far; ``POST /api/rate`` ``{"rater", "item", "scores": {dimension: 1..5}}``: saves them (400 with the
-    reason when they are not valid).
+    ``GET /``: the page (``/?rater=NAME`` opens it for that rater); ``GET /api/items?rater=NAME``: the items, the
+    dimensions and their anchors, and that rater's scores so far; ``POST /api/rate`` ``{"rater", "item", "scores":
+    {dimension: 1..5}}`` (side by side: ``"prefer": {dimension: "A" | "B" | "tie"}``): saves them (400 with the reason
+    when they are not valid). Nothing else of the folder is served (not ``key.json``).
     """
     store = _Store(Path(folder))
 
@@ -258,7 +400,8 @@ def make_server(folder: str | os.PathLike, port: int = 8765, addr: str = "127.0.
                 self._send(200, _PAGE, "text/html")
             elif url.path == "/api/items":
                 rater = (parse_qs(url.query).get("rater") or [""])[0].strip()
-                mine = {item: s for (r, item), s in load_ratings(store.folder).items() if r == rater}
+                given = load_preferences(store.folder) if store.side_by_side else load_ratings(store.folder)
+                mine = {item: s for (r, item), s in given.items() if r == rater}
                 self._send(200, json.dumps({**store.items, "ratings": mine}))
             else:
                 self._send(404, json.dumps({"error": "not found"}))
@@ -306,6 +449,10 @@ def _interval(values: Sequence[float]) -> tuple[float, float, float]:
 def report(folder: str | os.PathLike, level: str = "interval", tolerance: int = 1, max_miss_rate: float = 0.2) -> dict:
     """Reliability and scores of a rated folder; also written to ``report.json`` and ``report.md`` there.
 
+    A side-by-side folder (:func:`export_pairs`) gets, from :func:`preference_outcomes`: ``alpha`` of the un-blinded
+    choices, ``unreliable``, and ``win_rate`` (per run and dimension: the share of items the run won among the items
+    not tied, with a 95% Wilson interval; ``wins``, ``losses``, ``ties``, ``items``).
+
     :param level: Krippendorff's level of measurement (``"interval"``, or ``"ordinal"`` for ranks only).
     :param tolerance: A calibration score is missed when it is more than this far from the known one.
     :param max_miss_rate: A rater who misses more than this fraction of their calibration scores is flagged.
@@ -315,6 +462,13 @@ def report(folder: str | os.PathLike, level: str = "interval", tolerance: int = 
     """
     folder = Path(folder)
     key = json.loads((folder / KEY_FILE).read_text(encoding="utf-8"))
+    if "models" in key:
+        return _report_pairs(folder, key, level)
+    return _report_scores(folder, key, level, tolerance, max_miss_rate)
+
+
+def _report_scores(folder: Path, key: dict[str, Any], level: str, tolerance: int, max_miss_rate: float) -> dict:
+    """:func:`report` of a folder of 1-5 scores."""
     ratings = load_ratings(folder)
     raters = sorted({r for r, _ in ratings})
     items = sorted(i for i, k in key.items() if k["source"] != "calibration")
@@ -364,6 +518,57 @@ def report(folder: str | os.PathLike, level: str = "interval", tolerance: int = 
     return result
 
 
+def preference_outcomes(
+    key: Mapping[str, Any], preferences: Mapping[tuple[str, str], Mapping[str, str]], dim: str
+) -> dict[str, dict[str, float]]:
+    """Un-blind the choices on one dimension: ``item -> {rater: outcome}`` with the outcome for the first run of
+    ``key["models"]``: 1 when the rater preferred it, 0 when they preferred the other, 0.5 for a tie."""
+    first = key["models"][0]
+    out: dict[str, dict[str, float]] = {}
+    for (rater, item), given in preferences.items():
+        choice = given.get(dim)
+        if choice is None or item not in key:
+            continue
+        out.setdefault(item, {})[rater] = 0.5 if choice == "tie" else float(key[item][choice] == first)
+    return out
+
+
+def _report_pairs(folder: Path, key: dict[str, Any], level: str) -> dict[str, Any]:
+    """:func:`report` of a side-by-side folder."""
+    from sb3_grpo.compare.stats import wilson_interval
+
+    models = key["models"]
+    preferences = load_preferences(folder)
+    raters = sorted({r for r, _ in preferences})
+    items = sorted(i for i in key if i != "models")
+    alpha, win_rate = {}, {m: {} for m in models}
+    for dim in DIMENSIONS:
+        outcomes = preference_outcomes(key, preferences, dim)
+        matrix = np.array([[outcomes.get(i, {}).get(r, np.nan) for i in items] for r in raters], dtype=float)
+        alpha[dim] = krippendorff_alpha(matrix.reshape(len(raters), len(items)), level) if raters else float("nan")
+        per_item = [float(np.mean(list(v.values()))) for v in outcomes.values() if v]
+        wins = sum(u > 0.5 for u in per_item)
+        losses = sum(u < 0.5 for u in per_item)
+        ties = len(per_item) - wins - losses
+        for model, k in ((models[0], wins), (models[1], losses)):
+            low, high = wilson_interval(k, wins + losses)
+            win_rate[model][dim] = {
+                "rate": k / (wins + losses) if wins + losses else float("nan"),
+                "low": low,
+                "high": high,
+                "wins": k,
+                "losses": wins + losses - k,
+                "ties": ties,
+                "items": len(per_item),
+            }
+    unreliable = [d for d, a in alpha.items() if not (a >= ALPHA_MIN)]
+    result = {"mode": SIDE_BY_SIDE, "models": models, "raters": raters, "alpha": alpha, "alpha_min": ALPHA_MIN,
+              "unreliable": unreliable, "win_rate": win_rate}  # fmt: skip
+    (folder / "report.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    (folder / "report.md").write_text(_markdown(result), encoding="utf-8")
+    return result
+
+
 def _markdown(result: Mapping[str, Any]) -> str:
     def num(x: float) -> str:
         return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
@@ -372,6 +577,16 @@ def _markdown(result: Mapping[str, Any]) -> str:
              "| dimension | Krippendorff's alpha | reliable (>= 0.7) |", "|---|---|---|"]  # fmt: skip
     for dim, a in result["alpha"].items():
         lines.append(f"| {dim} | {num(a)} | {'no' if dim in result['unreliable'] else 'yes'} |")
+    if result.get("mode") == SIDE_BY_SIDE:
+        lines += ["", "Win rate: the share of the items not tied on which the raters (on average) preferred the run, "
+                  "with a 95% Wilson interval; alpha is that of the un-blinded choices (1 / 0.5 / 0 for the first run: "
+                  "preferred / tie / the other).", "",
+                  "| run | " + " | ".join(DIMENSIONS) + " |", "|---|" + "---|" * len(DIMENSIONS)]  # fmt: skip
+        for model, dims in result["win_rate"].items():
+            cells = [f"{num(v['rate'])} [{num(v['low'])}, {num(v['high'])}] ({v['wins']}-{v['losses']}, "
+                     f"{v['ties']} tied)" for v in dims.values()]  # fmt: skip
+            lines.append(f"| {model} | " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n"
     lines += ["", "| rater | calibration scores | missed | flagged |", "|---|---|---|---|"]
     for rater, c in result["calibration"].items():
         lines.append(f"| {rater} | {c['scored']} | {c['missed']} | {'yes' if c['flagged'] else 'no'} |")

@@ -92,6 +92,40 @@ def test_composite_components_are_logged_each_rollout(tmp_path):
             assert r["reward"] == pytest.approx(w + 0.1 * c, rel=1e-5)
 
 
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])  # PPO: scored in step; GRPO: scored in the background worker
+def test_each_episode_carries_its_reward_components(tmp_path, algo):
+    from sb3_grpo.callbacks.completions import table_rows
+
+    reward = CompositeReward([(_count, 1.0), (_chars, 0.1)])
+    env = make_vec_env("TextGen-v0", n_envs=4, group_size=2, seed=0, device="cpu", max_new_tokens=3, reward=reward)
+    if algo == "ppo":
+        model = PPO("MultiInputPolicy", env, n_steps=8, batch_size=16, n_epochs=1, seed=0, device="cpu")
+    else:
+        model = GRPO("CausalLMPolicy", env, advantage="group", **{**SMALL, "batch_size": 32})
+    model.set_logger(configure_logger(tmp_path, ["tensorboard"]))
+    cb = CompletionLogger(every_n_rollouts=1, n_samples=100, path=tmp_path / "c.jsonl")
+    model.learn(32 * 2, callback=cb)
+    model.logger.close()
+    rows = [json.loads(line) for line in open(tmp_path / "c.jsonl")]
+    assert len(rows) >= 8
+    for row in rows:  # recomputed by hand from the completion read back
+        words, chars = float(len(row["completion"].split())), float(len(row["completion"]))
+        assert row["reward_components"] == {"_count": words, "_chars": chars}
+        assert row["reward"] == pytest.approx(words + 0.1 * chars, rel=1e-5)
+    texts = _tensorboard_texts(tmp_path)
+    last = texts[max(texts)].splitlines()
+    header = [c.strip() for c in last[0].strip("|").split("|")]
+    assert header[header.index("reward") + 1 : header.index("reward") + 3] == ["reward._count", "reward._chars"]
+    shown = [r for r in rows if r["timestep"] == max(texts)]
+    for line, row in zip(last[2:], shown, strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert float(cells[header.index("reward._count")]) == row["reward_components"]["_count"]
+        assert float(cells[header.index("reward._chars")]) == pytest.approx(row["reward_components"]["_chars"])
+    columns, flat = table_rows(shown)  # what the trackers' tables get
+    assert "reward._chars" in columns and "reward_components" not in columns
+    assert [f["reward._count"] for f in flat] == [r["reward_components"]["_count"] for r in shown]
+
+
 def test_interactive_episodes_give_their_transcript(tmp_path):
     env = make_vec_env("GuessNumber-v0", n_envs=2, seed=0, device="cpu")
     model = GRPO("CausalLMPolicy", env, **SMALL)
@@ -134,7 +168,8 @@ def test_row_and_markdown_by_hand():
     row = completion_row(info, env_index=1, timestep=40, rollout=2)
     assert row == {
         "timestep": 40, "rollout": 2, "env": 1, "group_id": 3, "episode_id": None, "prompt": "a|b",
-        "completion": "x\ny", "reward": 0.5, "length": 2, "turns": None, "transcript": None,
+        "completion": "x\ny", "reward": 0.5, "reward_components": None, "length": 2, "turns": None,
+        "transcript": None,
     }  # fmt: skip
     assert markdown_table([row], ["prompt", "completion", "reward"]).splitlines() == [
         "| prompt | completion | reward |",

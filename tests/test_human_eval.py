@@ -224,3 +224,114 @@ def test_three_raters_in_a_real_browser(tmp_path):
     matrix = np.array([SCORES[r] for r in sorted(SCORES)], dtype=float)
     for dim in DIMENSIONS:
         assert result["alpha"][dim] == pytest.approx(hand_alpha_interval(matrix), abs=1e-9)
+
+
+# side by side: each rater's choice per item, in terms of the runs ("good" is better, "bad" is better, or a tie)
+CHOICES = {
+    "ana": ["good", "good", "tie", "bad", "good"],
+    "bo": ["good", "good", "good", "bad", "tie"],
+    "cy": ["good", "tie", "good", "good", "bad"],
+}
+
+
+def _wilson_by_hand(k, n, z=1.959963984540054):
+    """Wilson's score interval from its formula: (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)."""
+    p = k / n
+    centre, half = p + z * z / (2 * n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+
+
+def test_side_by_side_in_a_real_browser(tmp_path):
+    import shutil
+
+    from sb3_grpo.human_eval import export_pairs, load_preferences
+
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        pytest.skip("Chromium is not installed (Debian package chromium)")
+    pytest.importorskip("websockets", reason="websockets drives the browser over the DevTools protocol")
+    prompts = [f"prompt {i}" for i in range(6)]
+    good = _write(tmp_path / "good.jsonl", [{"prompt": p, "completion": f"good answer to {p}"} for p in prompts])
+    bad = _write(tmp_path / "bad.jsonl", [{"prompt": p, "completion": f"bad answer to {p}"} for p in prompts[::-1]])
+    folder = export_pairs([("good", good), ("bad", bad)], tmp_path / "pairs", n=5, seed=3)
+    shown = json.loads((folder / "items.json").read_text())
+    key = json.loads((folder / "key.json").read_text())
+    items = sorted(i for i in key if i != "models")
+    assert shown["mode"] == "side_by_side" and len(shown["items"]) == 5 and key["models"] == ["good", "bad"]
+    assert "good" not in json.dumps([{k: v for k, v in it.items() if k in ("id", "prompt")} for it in shown["items"]])
+    for item in shown["items"]:  # the same prompt on both sides, each side's text from the run the key names
+        assert item["a"] == f"{key[item['id']]['A']} answer to {item['prompt']}"
+        assert item["b"] == f"{key[item['id']]['B']} answer to {item['prompt']}"
+    assert {key[i]["A"] for i in items} == {"good", "bad"}  # shuffled: each run shown as A somewhere
+
+    server = make_server(folder, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    browser = Browser(tmp_path)
+    try:
+        for path in ("/key.json", "/items.json", "/ratings.jsonl"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(base + path, timeout=10)
+            assert err.value.code == 404
+        for rater, choices in CHOICES.items():
+            browser.call("Page.navigate", url=f"{base}/?rater={rater}")  # the link opens the page for the rater
+            browser.wait_for(f"document.querySelectorAll('.item').length === {len(items)}")
+            for item, choice in zip(items, choices):
+                side = "tie" if choice == "tie" else ("A" if key[item]["A"] == choice else "B")
+                assert browser.js(f"document.querySelector('#{item} pre.{side.lower()}') === null || "
+                                  f"document.querySelector('#{item} pre.{side.lower()}').textContent"
+                                  f".startsWith('{choice}')")  # fmt: skip
+                for dim in DIMENSIONS:
+                    browser.js(f'document.querySelector(\'input[name="{item}/{dim}"][value="{side}"]\').click(); true')
+            n_rows = len(items) * len(DIMENSIONS)
+            browser.wait_for(
+                f"[...document.querySelectorAll('.saved')].filter(s => s.textContent === 'saved').length === {n_rows}"
+            )
+        # saved as entered, and served back: a rater who comes back sees their choices checked
+        browser.call("Page.navigate", url=f"{base}/?rater=bo")
+        browser.wait_for(f"document.querySelectorAll('.item').length === {len(items)}")
+        assert browser.js("document.querySelectorAll('input:checked').length") == len(items) * len(DIMENSIONS)
+    finally:
+        browser.close()
+        server.shutdown()
+        server.server_close()
+    lines = (folder / "ratings.jsonl").read_text().splitlines()
+    assert len(lines) == 3 * len(items) * len(DIMENSIONS)  # one line per click, as entered
+    assert len(load_preferences(folder)) == 3 * len(items)
+
+    result = report(folder)
+    value = {"good": 1.0, "tie": 0.5, "bad": 0.0}  # the outcome for the first run, "good"
+    per_item = [np.mean([value[CHOICES[r][j]] for r in CHOICES]) for j in range(len(items))]
+    wins, losses = sum(u > 0.5 for u in per_item), sum(u < 0.5 for u in per_item)
+    assert (wins, losses) == (3, 1)  # items 0, 1, 2 for good; item 3 for bad; item 4 tied (1, 0.5, 0)
+    matrix = np.array([[value[c] for c in CHOICES[r]] for r in sorted(CHOICES)])
+    for dim in DIMENSIONS:
+        good_rate, bad_rate = result["win_rate"]["good"][dim], result["win_rate"]["bad"][dim]
+        assert good_rate["rate"] == wins / (wins + losses) and bad_rate["rate"] == losses / (wins + losses)
+        assert (good_rate["low"], good_rate["high"]) == pytest.approx(_wilson_by_hand(wins, wins + losses), abs=1e-9)
+        assert (bad_rate["low"], bad_rate["high"]) == pytest.approx(_wilson_by_hand(losses, wins + losses), abs=1e-9)
+        assert good_rate["ties"] == 1 and good_rate["items"] == len(items)
+        assert result["alpha"][dim] == pytest.approx(hand_alpha_interval(matrix), abs=1e-9)
+    text = (folder / "report.md").read_text()
+    assert "| good | 0.750 [" in text and "(3-1, 1 tied)" in text
+
+
+def test_side_by_side_export_checks_its_input(tmp_path):
+    from sb3_grpo.human_eval import export_pairs
+
+    a = _write(tmp_path / "a.jsonl", [{"prompt": "p", "completion": "x"}])
+    b = _write(tmp_path / "b.jsonl", [{"prompt": "q", "completion": "y"}])
+    with pytest.raises(ValueError, match="share no prompt"):
+        export_pairs([("a", a), ("b", b)], tmp_path / "o", n=2)
+    with pytest.raises(ValueError, match="exactly two runs"):
+        export_pairs([("a", a)], tmp_path / "o", n=2)
+    folder = export_pairs([("a", a), ("b", a)], tmp_path / "o2", n=2)
+    server = make_server(folder, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            _post(f"http://127.0.0.1:{server.server_port}/api/rate", {"rater": "x", "item": "pair0001",
+                                                                       "prefer": {"coherence": "C"}})  # fmt: skip
+        assert err.value.code == 400 and "'A', 'B' or 'tie'" in err.value.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -32,7 +32,7 @@ import numpy as np
 from textrl_envs.chat import end_of_turn_id, render, render_items, resolve_chat_template
 from textrl_envs.data import load_prompts
 from textrl_envs.hf_loading import load_from_hub, looks_like_hub_id
-from textrl_envs.rewards.base import call_reward, check_reward_timeout
+from textrl_envs.rewards.base import RewardModel, call_reward, check_reward_timeout
 from textrl_envs.rewards.registry import resolve_reward
 from textrl_envs.tasks import PromptItem, Task, all_tasks, get_task
 from textrl_envs.validation import check_choice, check_int, check_mapping
@@ -166,6 +166,12 @@ class EpisodeSpec:
     def score_flagged(
         self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None
     ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`score_detailed` without the components: ``(rewards, nonfinite)``."""
+        return self.score_detailed(prompt_indices, completions, prompt_texts)[:2]
+
+    def score_detailed(
+        self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None
+    ) -> tuple[np.ndarray, np.ndarray, list[dict[str, float]] | None]:
         """Rewards of finished episodes and which of them were non-finite.
 
         With ``nonfinite_reward="raise"`` a NaN/inf reward raises (naming the reward, prompt and
@@ -173,18 +179,44 @@ class EpisodeSpec:
         so that the env can set ``info["reward_nonfinite"] = True`` and the algorithm drop the episode.
         ``reward_timeout`` bounds the call (see :func:`~textrl_envs.rewards.base.call_reward`).
 
-        :return: ``(rewards, nonfinite)``: ``float64`` and ``bool`` arrays, one entry per episode.
+        A reward with components (a :class:`~textrl_envs.rewards.CompositeReward`: its ``score_components``) also
+        gives each episode's components, ``{label: unweighted score}``.
+
+        :return: ``(rewards, nonfinite, components)``: ``float64`` and ``bool`` arrays, one entry per episode, and
+            one dict per episode (``None`` for a reward without components).
         """
         texts = list(prompt_texts) if prompt_texts is not None else [self.prompt_texts[i] for i in prompt_indices]
         meta = {k: [v[i] if i >= 0 else None for i in prompt_indices] for k, v in self.metadata.items()}
         on_nonfinite = "nan" if self.nonfinite_reward == "skip" else "raise"
-        values = call_reward(
-            self.reward, texts, completions, meta, on_nonfinite=on_nonfinite, timeout=self.reward_timeout
-        )
+        reward, parts = self.reward, None
+        if callable(getattr(reward, "score_components", None)):
+            parts = {}
+            reward = _RecordComponents(reward, parts)
+        values = call_reward(reward, texts, completions, meta, on_nonfinite=on_nonfinite, timeout=self.reward_timeout)
         bad = ~np.isfinite(values)
         if bad.any():
             values = np.where(bad, 0.0, values)
-        return values, bad
+        components = None
+        if parts:
+            components = [{label: float(v[j]) for label, v in parts.items()} for j in range(len(values))]
+        return values, bad, components
+
+
+class _RecordComponents(RewardModel):
+    """A reward with components, called as the reward itself (same name in errors), that keeps the components of its
+    call in ``parts`` (a dict of the caller's: the call may run in another thread, with a timeout)."""
+
+    def __init__(self, reward: Any, parts: dict[str, np.ndarray]) -> None:
+        super().__init__(getattr(reward, "name", type(reward).__name__))
+        self.reward, self.parts = reward, parts
+
+    def __call__(self, prompts: list[str], completions: list[str], **kwargs: Any) -> np.ndarray:
+        return self.score(list(prompts), list(completions), **kwargs)
+
+    def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> np.ndarray:
+        total, parts = self.reward.score_components(prompts, completions, **kwargs)
+        self.parts.update({label: np.asarray(v, dtype=np.float64) for label, v in parts.items()})
+        return total
 
 
 class TextSpecAccess:

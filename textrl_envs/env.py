@@ -254,7 +254,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             self._done = True
             ids = self._generated[:-1] if terminated else self._generated
             completion = spec.decode(ids)
-            rewards, nonfinite = spec.score_flagged(
+            rewards, nonfinite, parts = spec.score_detailed(
                 [self._prompt_index], [completion], prompt_texts=[self._prompt_text]
             )
             reward = float(rewards[0])
@@ -265,6 +265,8 @@ class TextGenEnv(TextSpecAccess, gym.Env):
                 "prompt_index": self._prompt_index,
                 "reward": reward,
             }
+            if parts is not None:
+                info["reward_components"] = parts[0]
             if spec.nonfinite_reward == "skip":
                 info["reward_nonfinite"] = bool(nonfinite[0])
         if self.render_mode == "human":
@@ -310,9 +312,9 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         """The last step's reward (plus the end-of-episode reward, if any) and the final info."""
         spec = self.text_spec
         completion = spec.decode(self._generated)
-        nonfinite = self._nonfinite
+        nonfinite, parts = self._nonfinite, None
         if spec.reward is not None:
-            end, bad = spec.score_flagged([self._prompt_index], [completion], prompt_texts=[self._prompt_text])
+            end, bad, parts = spec.score_detailed([self._prompt_index], [completion], prompt_texts=[self._prompt_text])
             reward, nonfinite = reward + float(end[0]), nonfinite or bool(bad[0])
         info = {
             "prompt": self._prompt_text,
@@ -323,6 +325,8 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             "turns": self._turns,
             "transcript": [dict(m) for m in self._transcript],
         }
+        if parts is not None:  # the end-of-episode reward's components
+            info["reward_components"] = parts[0]
         if spec.nonfinite_reward == "skip":
             info["reward_nonfinite"] = nonfinite
         return reward, info

@@ -40,6 +40,7 @@ class RewardResult:
     :param episode_ids: The episode ids.
     :param rewards: The rewards (``float64``; 0 where ``nonfinite``).
     :param nonfinite: Which rewards were NaN/inf and were scored 0 (``nonfinite_reward="skip"``).
+    :param components: Each episode's reward components (``{label: score}``; ``None`` for a reward without any).
     """
 
     ticket: int
@@ -47,6 +48,7 @@ class RewardResult:
     episode_ids: np.ndarray
     rewards: np.ndarray
     nonfinite: np.ndarray
+    components: list[dict[str, float]] | None = None
 
 
 class RewardWorker:
@@ -64,11 +66,12 @@ class RewardWorker:
     def submit(
         self, envs: np.ndarray, episode_ids: np.ndarray, score: Callable[..., Any], *args: Any, **kw: Any
     ) -> int:
-        """Score a batch in the background: ``score(*args, **kw)`` must return ``(rewards, nonfinite)`` arrays.
+        """Score a batch in the background: ``score(*args, **kw)`` must return ``(rewards, nonfinite)`` arrays, or
+        ``(rewards, nonfinite, components)``.
 
         :param envs: The env index of each episode of the batch.
         :param episode_ids: Their episode ids.
-        :param score: The scoring call (the env's ``score_flagged``).
+        :param score: The scoring call (the env's ``score_detailed``).
         :return: The batch's ticket.
         """
         if self._pool is None:
@@ -96,15 +99,12 @@ class RewardWorker:
                 break
             del self._jobs[ticket]
             try:
-                rewards, nonfinite = future.result()
+                rewards, nonfinite, *parts = future.result()
             except BaseException:
                 self.cancel()
                 raise
-            out.append(
-                RewardResult(
-                    ticket, envs, episode_ids, np.asarray(rewards, dtype=np.float64), np.asarray(nonfinite, dtype=bool)
-                )
-            )
+            rewards, nonfinite = np.asarray(rewards, dtype=np.float64), np.asarray(nonfinite, dtype=bool)
+            out.append(RewardResult(ticket, envs, episode_ids, rewards, nonfinite, parts[0] if parts else None))
         return out
 
     def cancel(self) -> None:
@@ -177,15 +177,16 @@ class RewardDeferral:
         prompt_index: list[int],
         completions: list[str],
         texts: list[str],
-    ) -> tuple[np.ndarray, np.ndarray, int | None]:
-        """Rewards and non-finite flags of the episodes ``done`` ended, now, or zeros and a ticket when deferred."""
+    ) -> tuple[np.ndarray, np.ndarray, int | None, list[dict[str, float]] | None]:
+        """Rewards, non-finite flags and reward components of the episodes ``done`` ended, now; or zeros, a ticket and
+        ``None`` when deferred."""
         spec = self.text_spec
         if not self._deferred:
-            rewards, nonfinite = spec.score_flagged(prompt_index, completions, prompt_texts=texts)
-            return rewards, nonfinite, None
-        ticket = self._worker.submit(done, episode_ids[done], spec.score_flagged, prompt_index, completions,
+            rewards, nonfinite, parts = spec.score_detailed(prompt_index, completions, prompt_texts=texts)
+            return rewards, nonfinite, None, parts
+        ticket = self._worker.submit(done, episode_ids[done], spec.score_detailed, prompt_index, completions,
                                      prompt_texts=texts)  # fmt: skip
-        return np.zeros(len(done)), np.zeros(len(done), dtype=bool), ticket
+        return np.zeros(len(done)), np.zeros(len(done), dtype=bool), ticket, None
 
     def close_extras(self, **kwargs: Any) -> None:  # noqa: ARG002  (gymnasium's signature)
         """Stop the reward worker's thread (pending rewards are dropped)."""

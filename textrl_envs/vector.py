@@ -360,9 +360,11 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
         rows = self._row[done].tolist()
         prompt_index = [self._row_index[r] for r in rows]
         prompt_text = [self._row_text[r] for r in rows]
-        nonfinite, ticket = np.zeros(len(done), dtype=bool), None
+        nonfinite, ticket, parts = np.zeros(len(done), dtype=bool), None, None
         if spec.reward is not None:  # an interactive episode without an end-of-episode reward has none
-            scores, nonfinite, ticket = self._score(done, step_episode_ids, prompt_index, completions, prompt_text)
+            scores, nonfinite, ticket, parts = self._score(
+                done, step_episode_ids, prompt_index, completions, prompt_text
+            )
             rewards[done] += scores
         done_mask = flag_array(n, done)
         final_info = {
@@ -380,7 +382,9 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
             nonfinite = nonfinite | self._turn_book.nonfinite[done]
         if spec.nonfinite_reward == "skip":  # the flag of episodes whose NaN/inf reward was scored 0
             final_info["reward_nonfinite"] = flag_array(n, done[nonfinite])
-        if ticket is not None:  # scored in the background: the reward comes from collect_rewards()
+        if parts is not None:  # a composite reward's components, per episode
+            final_info["reward_components"] = object_array(n, done, parts)
+        if ticket is not None:  # scored in the background: the reward (and its components) from collect_rewards()
             final_info["reward_ticket"] = int_array(n, done, [ticket] * len(done))
         for key in list(final_info):
             final_info[f"_{key}"] = done_mask.copy()

@@ -15,7 +15,14 @@ from stable_baselines3.common.callbacks import BaseCallback
 from sb3_grpo.callbacks._common import check_positive_int, env_chain
 from sb3_grpo.callbacks.trackers import SB3_FORMATS, Table
 
-__all__ = ["COMPLETION_COLUMNS", "CompletionLogger", "completion_row", "composite_rewards", "markdown_table"]
+__all__ = [
+    "COMPLETION_COLUMNS",
+    "CompletionLogger",
+    "completion_row",
+    "composite_rewards",
+    "markdown_table",
+    "table_rows",
+]
 
 #: The columns of a completion row, in the order of the tables.
 COMPLETION_COLUMNS = (
@@ -27,6 +34,7 @@ COMPLETION_COLUMNS = (
     "prompt",
     "completion",
     "reward",
+    "reward_components",
     "length",
     "turns",
     "transcript",
@@ -50,8 +58,8 @@ def completion_row(info: Mapping[str, Any], env_index: int, timestep: int, rollo
     """One finished episode's row, from what the env already put in its final ``info`` (no decoding here).
 
     :param info: The info of the step that ended the episode (``prompt``, ``completion``, ``completion_ids``,
-        ``reward``; ``turns`` and ``transcript`` for interactive episodes; ``group_id``, ``episode_id`` from the
-        SB3 adapter).
+        ``reward``; ``reward_components`` for a composite reward; ``turns`` and ``transcript`` for interactive
+        episodes; ``group_id``, ``episode_id`` from the SB3 adapter).
     :param env_index: The env that played it.
     :param timestep: The training timestep of the sample.
     :param rollout: The rollout's number (0 for the first).
@@ -62,6 +70,7 @@ def completion_row(info: Mapping[str, Any], env_index: int, timestep: int, rollo
         reward = info["episode"].get("r")
     ids = info.get("completion_ids")
     transcript = info.get("transcript")
+    parts = info.get("reward_components")
     return {
         "timestep": int(timestep),
         "rollout": int(rollout),
@@ -71,10 +80,30 @@ def completion_row(info: Mapping[str, Any], env_index: int, timestep: int, rollo
         "prompt": info.get("prompt"),
         "completion": info.get("completion"),
         "reward": None if reward is None else float(reward),
+        "reward_components": None if parts is None else {str(k): float(v) for k, v in parts.items()},
         "length": None if ids is None else len(ids),
         "turns": _plain(info.get("turns")),
         "transcript": None if transcript is None else [dict(m) for m in transcript],
     }
+
+
+def table_rows(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The columns and rows of the tables (tensorboard, trackers): :data:`COMPLETION_COLUMNS` that some row fills, a
+    transcript as lines, and each reward component as its own column ``reward.<label>`` after ``reward``."""
+    labels = list(dict.fromkeys(k for row in rows for k in (row.get("reward_components") or {})))
+    columns: list[str] = []
+    for c in COMPLETION_COLUMNS:
+        if c == "reward_components":
+            columns += [f"reward.{label}" for label in labels]
+        elif any(row.get(c) is not None for row in rows):
+            columns.append(c)
+    shown = []
+    for row in rows:
+        flat = {**row, "transcript": transcript_text(row.get("transcript"))}
+        for label, value in (row.get("reward_components") or {}).items():
+            flat[f"reward.{label}"] = value
+        shown.append(flat)
+    return columns, shown
 
 
 def _cell(value: Any) -> str:
@@ -106,13 +135,15 @@ def composite_rewards(env: Any) -> list[Any]:
 
 class CompletionLogger(BaseCallback):
     """Every ``every_n_rollouts`` rollouts, log a sample of the episodes that finished in it: prompt, completion (or
-    an interactive episode's transcript), reward, length in tokens, turns, group and episode id.
+    an interactive episode's transcript), reward, its components (a composite reward's unweighted score of each
+    component for that episode), length in tokens, turns, group and episode id.
 
     The text is what the env already decoded for its reward (the final ``info`` of each episode), so logging costs no
     decoding. Rewards scored in the background have landed in the infos by the end of the rollout, when the sample is
     written. The sample goes to
 
-    * a JSONL file, one object per episode (``path``; default ``completions.jsonl`` in the logger's folder);
+    * a JSONL file, one object per episode (``path``; default ``completions.jsonl`` in the logger's folder), the
+      components as ``"reward_components": {label: score}``;
     * tensorboard's text tab as a Markdown table (``completions/samples``), through SB3's own tensorboard format;
     * the trackers of :func:`~sb3_grpo.callbacks.configure_logger` as a table (``completions/table``: a
       ``wandb.Table``, an MLflow ``log_table`` artifact).
@@ -210,8 +241,7 @@ class CompletionLogger(BaseCallback):
             with open(self.path, "a", encoding="utf-8") as f:
                 for row in rows:
                     f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-        columns = [c for c in COMPLETION_COLUMNS if any(row.get(c) is not None for row in rows)]
-        shown = [{**row, "transcript": transcript_text(row["transcript"])} for row in rows]
+        columns, shown = table_rows(rows)
         not_tensorboard = tuple(f for f in SB3_FORMATS if f != "tensorboard") + ("wandb", "mlflow")
         self.logger.record(f"{self.key}/samples", markdown_table(shown, columns), exclude=not_tensorboard)
         table = Table(columns=tuple(columns), rows=[tuple(row.get(c) for c in columns) for row in shown])

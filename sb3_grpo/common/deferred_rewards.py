@@ -92,8 +92,13 @@ class DeferredRewards:
         finally:
             self.target.defer_rewards(False)
         for result in results:
-            for env, reward, flagged in zip(result.envs.tolist(), result.rewards, result.nonfinite, strict=True):
+            parts = result.components or [None] * len(result.rewards)
+            for env, reward, flagged, part in zip(
+                result.envs.tolist(), result.rewards, result.nonfinite, parts, strict=True
+            ):
                 row, first_row, info = self.pending.pop((result.ticket, env))
+                if part is not None:
+                    info["reward_components"] = part
                 value = np.float32(reward)  # what the SB3 adapter returns
                 rollout_buffer.rewards[row, env] += value
                 if tracker is not None:

@@ -76,6 +76,8 @@ class CompareConfig:
     :param text: Whether ``env_id`` is a text env (set by :func:`make_config`).
     :param hyperparameters: The resolved constructor arguments per algorithm (set by :func:`make_config`).
     :param group_sizes: The group size each algorithm's envs use (set by :func:`make_config`).
+    :param lm_eval: Evaluation on held-out prompts during every run (``--eval-every``; ``None``: none), as
+        :func:`sb3_grpo.compare.heldout.make_lm_eval` returns it.
     """
 
     env_id: str
@@ -93,6 +95,7 @@ class CompareConfig:
     hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
     group_sizes: dict[str, int] = field(default_factory=dict)
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    lm_eval: dict[str, Any] | None = None
 
     def run_key(self, algo: str, seed: int) -> str:
         """Key of one run in ``results.json["runs"]``."""
@@ -100,7 +103,7 @@ class CompareConfig:
 
     def fingerprint(self, algo: str) -> dict[str, Any]:
         """What must be equal for a stored run of ``algo`` to count as done under this config."""
-        return {
+        out = {
             "env_id": self.env_id,
             "env_kwargs": self.env_kwargs,
             "timesteps": self.timesteps,
@@ -110,6 +113,9 @@ class CompareConfig:
             "eval_deterministic": self.eval_deterministic,
             "hyperparameters": self.hyperparameters.get(algo),
         }
+        if self.lm_eval:  # only then: runs stored before evaluation existed keep their fingerprint
+            out["lm_eval"] = self.lm_eval
+        return out
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -270,6 +276,7 @@ def make_config(
     overrides: dict[str, dict[str, Any]] | None = None,
     threshold: float | None = None,
     env_kwargs: dict[str, Any] | None = None,
+    lm_eval: dict[str, Any] | None = None,
 ) -> CompareConfig:
     """Check every input and resolve the defaults; raises :class:`CompareError` with what to do.
 
@@ -285,6 +292,9 @@ def make_config(
     :param device: Torch device for model and text env.
     :param overrides: Per-algorithm constructor overrides (``"*"`` for all).
     :param threshold: See :class:`CompareConfig`.
+    :param lm_eval: Evaluation during training: the keyword arguments of
+        :func:`~sb3_grpo.compare.heldout.make_lm_eval` besides the env (``every``, ``prompts``, ``k``,
+        ``success_threshold``, ``reference_model``); ``None``: none.
     :return: The config.
     """
 
@@ -330,6 +340,19 @@ def make_config(
         text=text,
         env_kwargs=to_jsonable(env_kwargs),
     )
+    if lm_eval is not None:
+        from sb3_grpo.compare.heldout import make_lm_eval
+
+        if not isinstance(lm_eval, dict) or "every" not in lm_eval:
+            raise CompareError(f'the evaluation settings need "every" (--eval-every N), got {lm_eval!r}')
+        known = {"every", "prompts", "k", "success_threshold", "reference_model"}
+        unknown = sorted(set(lm_eval) - known)
+        if unknown:
+            raise CompareError(f"unknown evaluation setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        try:
+            cfg.lm_eval = to_jsonable(make_lm_eval(env_id, cfg.env_kwargs, **lm_eval))
+        except ValueError as err:
+            raise CompareError(str(err)) from None
     for algo in cfg.algos:
         spec = ALGOS[algo]
         cfg.hyperparameters[algo] = resolved[algo]

@@ -164,6 +164,7 @@ def summarize(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "cuda_peak_mb": max([r["cuda_peak_mb"] for r in runs if r.get("cuda_peak_mb") is not None], default=None),
             "kl_to_init": _mean([r.get("kl_to_init") for r in runs]),
             "kl_ref": _mean(kl_refs) if kl_refs else None,
+            "lm_eval": lm_eval_summary(runs, cfg.get("lm_eval")),
         }
     base = out.get("ppo")
     for algo, s in out.items():
@@ -172,6 +173,25 @@ def summarize(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
             s["vs_ppo_pct"] = 100.0 * (s["final_mean"] - base["final_mean"]) / abs(base["final_mean"])
             s["vs_ppo"] = stats.relative_difference(s["finals"], base["finals"], seed=1).as_dict()
             s["p_over_ppo"] = stats.probability_of_improvement(s["finals"], base["finals"], seed=2).as_dict()
+    return out
+
+
+def lm_eval_summary(runs: list[dict[str, Any]], lm_eval: dict[str, Any] | None) -> dict[str, dict[str, Any]] | None:
+    """Per metric of the evaluation on held-out prompts: each run's final value (seed order) and their IQM with its
+    95% bootstrap interval, as for the final reward.
+
+    :param runs: One algorithm's completed runs, in seed order.
+    :param lm_eval: The config's ``lm_eval`` (``None``: no evaluation, returns ``None``).
+    :return: ``{metric: {"values": [...], "iqm": {"value", "low", "high", "n"}}}``.
+    """
+    if not lm_eval:
+        return None
+    from sb3_grpo.compare.heldout import reported_metrics
+
+    out: dict[str, dict[str, Any]] = {}
+    for key in reported_metrics(lm_eval):
+        values = [float(r["lm_eval"]["final"][key]) for r in runs if key in r.get("lm_eval", {}).get("final", {})]
+        out[key] = {"values": values, "iqm": stats.iqm_estimate(values, seed=0).as_dict()}
     return out
 
 
@@ -315,7 +335,7 @@ def render_report(results: dict[str, Any]) -> str:
     cfg = results["config"]
     summary = summarize(results)
     lines = [f"# sb3-grpo compare: {env_label(cfg)}", ""] + _status_lines(results, summary)
-    lines += _results_table(results, summary) + _column_notes(results)
+    lines += _results_table(results, summary) + _column_notes(results) + _lm_eval_lines(results, summary)
     lines += claim_check(results, summary) + _algorithm_lines(cfg) + _reproduce_lines(results)
     return "\n".join(lines)
 
@@ -409,7 +429,9 @@ def _column_notes(results: dict[str, Any]) -> list[str]:
         "- *volatility*: std of the rollout-to-rollout change of the training reward over the second half of "
         "training, mean over seeds: within-run stability (lower is steadier; it includes sampling noise of the "
         "episodes of each rollout).",
-        f"- *wall time*: `learn()` only (evaluation excluded); *{unit}*: env steps / wall time.",
+        "- *wall time*: `learn()` only (the final evaluation excluded"
+        + ("; the evaluations on held-out prompts during training included" if cfg.get("lm_eval") else "")
+        + f"); *{unit}*: env steps / wall time.",
         "- *peak RSS*: "
         + (
             "peak resident memory of the process during the run (reset before each run)"
@@ -423,6 +445,55 @@ def _column_notes(results: dict[str, Any]) -> list[str]:
         "![reward curves](curves.png)",
         "",
     ]
+
+
+#: How the report names the metrics of the evaluation on held-out prompts.
+LM_EVAL_LABELS = {
+    "greedy_reward_mean": "greedy reward",
+    "sampled_reward_mean": "sampled reward (mean@{n})",
+    "greedy_pass": "greedy pass rate",
+    "completion_length": "completion length (tokens, sampled)",
+    "greedy_completion_length": "completion length (tokens, greedy)",
+    "distinct_1": "distinct-1",
+    "distinct_2": "distinct-2",
+    "repetition": "repetition (2-grams)",
+    "perplexity": "perplexity under the reference LM",
+}
+
+
+def _lm_eval_lines(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -> list[str]:
+    """The section on the evaluation on held-out prompts (``--eval-every``): one row per metric, one column per
+    algorithm, each cell the IQM over seeds of the runs' final values with its 95% interval."""
+    spec = results["config"].get("lm_eval")
+    if not spec:
+        return []
+    if spec.get("heldout"):
+        where = f"{len(spec['heldout'])} prompts of the env held out from training (a seeded draw)"
+    elif spec.get("prompts") == "heldout":
+        where = "items of another reasoning-gym generator seed than the training items"
+    else:
+        where = f"the prompts of `{spec['prompts']}`"
+    n = spec["n_samples"]
+    algos = list(summary)
+    lines = [
+        "## Evaluation on held-out prompts",
+        "",
+        f"Every {spec['every']:,} env steps during training and once more after it, each run played on {where} one "
+        f"greedy episode and {n} sampled ones per prompt (`LMEvalCallback`; logged under `eval/` in tensorboard). "
+        f"A sample is correct with a reward of at least {spec['success_threshold']:g}; pass@k is the unbiased "
+        "estimator of Chen et al. (2021). Each cell: the IQM over seeds of the runs' evaluation after training, with "
+        "its 95% bootstrap interval (as the final reward above).",
+        "",
+        "| metric | " + " | ".join(algos) + " |",
+        "|---|" + "---|" * len(algos),
+    ]
+    first = summary[algos[0]]["lm_eval"] or {}
+    for key in first:
+        label = LM_EVAL_LABELS.get(key, key).format(n=n)
+        cells = [_ci((summary[a]["lm_eval"] or {}).get(key, {}).get("iqm")) for a in algos]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += [""]
+    return lines
 
 
 def _algorithm_lines(cfg: dict[str, Any]) -> list[str]:

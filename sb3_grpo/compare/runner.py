@@ -10,7 +10,9 @@ finished and ``--resume`` can skip them. A run records:
 - ``wall_time_s`` (``learn()`` only), ``steps_per_s``, ``peak_rss_mb`` (this process's peak resident memory
   during the run; Linux resets the peak before each run), ``cuda_peak_mb``;
 - ``kl_to_init``: mean ``KL(pi_final || pi_initial)`` over the evaluation's states, for every algorithm,
-  and ``kl_ref``: the last ``train/kl_ref`` the algorithm logged, when it has a reference term.
+  and ``kl_ref``: the last ``train/kl_ref`` the algorithm logged, when it has a reference term;
+- ``lm_eval`` (with ``--eval-every``): the metrics of :class:`~sb3_grpo.callbacks.LMEvalCallback` on held-out
+  prompts (:mod:`sb3_grpo.compare.heldout`), ``during`` training and ``final`` (once more after training).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 from sb3_grpo.common.io import to_jsonable, write_json_atomic
 from sb3_grpo.compare.algos import ALGOS, AlgoSpec
 from sb3_grpo.compare.config import TEXT_N_ENVS, CompareConfig, CompareError
+from sb3_grpo.compare.heldout import make_eval_callback
 from sb3_grpo.compare.results import (
     RESULTS_FILE,
     TENSORBOARD_DIR,
@@ -149,10 +152,11 @@ def make_env(cfg: CompareConfig, algo: str, seed: int, n_envs: int | None = None
     """
     n = cfg.n_envs if n_envs is None else n_envs
     if cfg.text:
+        from sb3_grpo.compare.heldout import train_env_kwargs
         from textrl_envs.sb3 import make_vec_env
 
         g = cfg.group_sizes.get(algo, 1) if group_size is None else group_size
-        return make_vec_env(cfg.env_id, n_envs=n, group_size=g, device=cfg.device, seed=seed, **cfg.env_kwargs)
+        return make_vec_env(cfg.env_id, n_envs=n, group_size=g, device=cfg.device, seed=seed, **train_env_kwargs(cfg))
     from stable_baselines3.common.env_util import make_vec_env
 
     return make_vec_env(cfg.env_id, n_envs=n, seed=seed, env_kwargs=cfg.env_kwargs or None)
@@ -323,12 +327,19 @@ def run_one(
     model = build_model(cfg, algo, seed, tb_dir, track=track)
     initial = copy.deepcopy(model.policy)
     initial.set_training_mode(False)
-    callback, curve = _make_callback(report, callbacks)
+    lm_eval = make_eval_callback(cfg, EVAL_SEED_OFFSET + seed)  # the final evaluation's seed
+    callback, curve = _make_callback(report, [*callbacks, *([lm_eval] if lm_eval is not None else [])])
     start = time.perf_counter()
     model.learn(cfg.timesteps, callback=callback)
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - start  # evaluations during training included
     steps = int(model.num_timesteps)
     rss, cuda = memory.rss_mb(), memory.cuda_mb()
+    evaluations = None
+    if lm_eval is not None:  # once more on the trained policy: the run's final figures
+        lm_eval.evaluate()
+        model.logger.dump(steps)
+        lm_eval.eval_env.close()
+        evaluations = {"final": lm_eval.evaluations[-1], "during": lm_eval.evaluations[:-1]}
     kl_ref = model.logger.name_to_value.get("train/kl_ref") if getattr(model, "kl_coef", 0) else None
     final = evaluate(model, cfg, algo, seed, initial=initial)
     if track:
@@ -353,6 +364,7 @@ def run_one(
         "cuda_peak_mb": cuda,
         "kl_to_init": final.pop("kl_to_init"),
         "kl_ref": None if kl_ref is None else float(kl_ref),
+        **({"lm_eval": to_jsonable(evaluations)} if evaluations is not None else {}),
     }
 
 

@@ -102,8 +102,10 @@ class CompositeReward(RewardModel):
 
     Each component is called through :func:`~textrl_envs.rewards.base.call_reward`, so its output is
     checked and its errors name it; a plain callable component receives only the metadata keys it
-    accepts. The range is the weighted sum of the components' ranges. After each call,
-    :attr:`last_components` maps each component's label to its scores (unweighted) for logging, and
+    accepts. The range is the weighted sum of the components' ranges. :meth:`score_components` returns the sum
+    and each component's scores of the batch (an env puts them in each episode's ``info["reward_components"]``, and
+    :class:`~sb3_grpo.callbacks.CompletionLogger` logs them per episode). After each call, :attr:`last_components`
+    maps each component's label to its scores (unweighted) for logging, and
     :meth:`pop_component_means` gives each component's mean score since it was last called (what
     :class:`~sb3_grpo.callbacks.CompletionLogger` logs as ``reward/<label>``).
 
@@ -151,6 +153,17 @@ class CompositeReward(RewardModel):
         return {label: w for label, _, w in self.components}
 
     def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> np.ndarray:
+        return self.score_components(prompts, completions, **kwargs)[0]
+
+    def score_components(
+        self, prompts: list[str], completions: list[str], **kwargs: Any
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The weighted sum (what :meth:`score` returns) and each component's unweighted, unnormalised scores of this
+        batch, by label: what an env puts in each episode's ``info["reward_components"]``.
+
+        Unlike :attr:`last_components`, the scores come back with the call, so a reward scored in a background
+        thread gives each batch its own.
+        """
         total = np.zeros(len(completions), dtype=np.float64)
         last: dict[str, np.ndarray] = {}
         for label, model, weight in self.components:
@@ -163,7 +176,7 @@ class CompositeReward(RewardModel):
                 self._sums[label][0] += float(finite.sum())
                 self._sums[label][1] += int(finite.size)
         self.last_components = last
-        return total
+        return total, last
 
     def _scaled(self, label: str, values: np.ndarray) -> np.ndarray:
         if self.normalize is None:

@@ -1,0 +1,168 @@
+"""The screenshots of the guides, taken with headless Chromium from the real pages.
+
+    python -m benchmarks.screenshots [--out docs/guides/img]
+
+- ``completion_logs_tensorboard.png``: tensorboard's Text tab with a completion table (a short GRPO run on
+  ``TextGen-v0`` with a composite reward and :class:`~sb3_grpo.callbacks.CompletionLogger`);
+- ``human_eval_page.png``: the rating page of ``sb3-grpo human-eval serve`` (1-5 scores), a few scores entered;
+- ``human_eval_side_by_side.png``: the side-by-side page (A / tie / B), a few choices entered.
+
+Needs ``chromium`` (Debian's package) on the PATH and, for the first, tensorboard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def chromium() -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        raise SystemExit("chromium is not on the PATH; apt-get install chromium")
+    return exe
+
+
+def screenshot(url: str, path: Path, size: tuple[int, int] = (1100, 900), budget_ms: int = 8000) -> None:
+    """``chromium --headless --screenshot`` of ``url`` once its scripts ran for ``budget_ms`` of virtual time."""
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run(
+            [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+             f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
+             f"--virtual-time-budget={budget_ms}", f"--screenshot={path}", url],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120,
+        )  # fmt: skip
+    print(f"wrote {path}")
+
+
+def _post(url: str, body: dict) -> None:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=10).read()
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _serve(folder: Path):
+    from sb3_grpo.human_eval import make_server
+
+    server = make_server(folder, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}"
+
+
+def _samples(work: Path) -> tuple[Path, Path]:
+    """Greedy and sampled completions of the bundled LM on the same prompts (two "runs")."""
+    from sb3_grpo import GRPO
+    from sb3_grpo.sampling import sample_episodes
+    from textrl_envs.sb3 import make_vec_env
+
+    prompts = ["The film", "My friend said the movie", "Honestly, the ending", "The actors"]
+    files = []
+    for name, deterministic in (("greedy", True), ("sampled", False)):
+        env = make_vec_env("TextGen-v0", n_envs=1, seed=0, device="cpu", max_new_tokens=16, prompts=prompts)
+        model = GRPO("CausalLMPolicy", env, seed=0, device="cpu")
+        rows = list(sample_episodes(model, env, len(prompts) * 2, deterministic=deterministic))
+        env.close()
+        files.append(_write_jsonl(work / f"{name}.jsonl", rows))
+    return files[0], files[1]
+
+
+def rating_pages(out: Path, work: Path) -> None:
+    from sb3_grpo.human_eval import DIMENSIONS, export_items, export_pairs
+
+    greedy, sampled = _samples(work)
+    folder = export_items([("greedy", greedy), ("sampled", sampled)], work / "rate", n=3, seed=0)
+    server, base = _serve(folder)
+    try:
+        first = json.loads((folder / "items.json").read_text())["items"][0]["id"]
+        _post(base + "/api/rate", {"rater": "ana", "item": first, "scores": dict(zip(DIMENSIONS, (4, 3, 4, 2)))})
+        screenshot(f"{base}/?rater=ana", out / "human_eval_page.png", size=(1000, 1000))
+    finally:
+        server.shutdown()
+        server.server_close()
+    folder = export_pairs([("greedy", greedy), ("sampled", sampled)], work / "pairs", n=3, seed=0)
+    server, base = _serve(folder)
+    try:
+        first = json.loads((folder / "items.json").read_text())["items"][0]["id"]
+        _post(base + "/api/rate", {"rater": "ana", "item": first, "prefer": dict(zip(DIMENSIONS, "A A tie B".split()))})
+        _post(base + "/api/rate", {"rater": "ana", "item": first, "prefer": {"creativity": "B"}})
+        screenshot(f"{base}/?rater=ana", out / "human_eval_side_by_side.png", size=(1100, 1000))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tensorboard_page(out: Path, work: Path) -> None:
+    from sb3_grpo import GRPO
+    from sb3_grpo.callbacks import CompletionLogger, configure_logger
+    from textrl_envs.rewards import CompositeReward
+    from textrl_envs.sb3 import make_vec_env
+
+    reward = CompositeReward({"sentiment": 1.0, "length": (0.5, {"min_words": 2, "max_words": 4})})
+    env = make_vec_env("TextGen-v0", n_envs=4, group_size=2, seed=0, device="cpu", max_new_tokens=8, reward=reward)
+    model = GRPO("CausalLMPolicy", env, advantage="group", n_steps=8, batch_size=32, n_epochs=1, seed=0, device="cpu")
+    logs = work / "tb"
+    model.set_logger(configure_logger(str(logs), ["tensorboard"]))
+    model.learn(4 * 8 * 2, callback=CompletionLogger(every_n_rollouts=1, n_samples=4))
+    model.logger.close()
+    env.close()
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(logs), "--port", str(port), "--host", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/data/logdir", timeout=2).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        screenshot(f"http://127.0.0.1:{port}/#text", out / "completion_logs_tensorboard.png", size=(1400, 900),
+                   budget_ms=15000)  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="docs/guides/img", help="folder of the images (default %(default)s)")
+    parser.add_argument("--only", choices=("rating", "tensorboard"), default=None, help="one kind of screenshot")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.only in (None, "rating"):
+            rating_pages(out, Path(tmp))
+        if args.only in (None, "tensorboard"):
+            tensorboard_page(out, Path(tmp))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
