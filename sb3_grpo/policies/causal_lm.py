@@ -44,7 +44,7 @@ from sb3_grpo.policies.models import (
     lora_spec,
     model_spec,
 )
-from sb3_grpo.policies.quantization import quantization_spec
+from sb3_grpo.policies.quantization import keep_training_layout, quantization_spec
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
 from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
@@ -303,6 +303,8 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         self.lm = load_lm(model, dtype, self.revision, self.quantization)
         if self.quantization is None and is_quantized(self.lm):  # a model object loaded quantized by the user
             self.quantization = quantization_spec(self.lm.config.quantization_config)
+        if self.quantization is not None:
+            keep_training_layout(self.lm)
         check_window_fits(observation_space, self.lm.config)  # before a window fails mid-rollout
         # a saved spec keeps the Hub revision it recorded
         revision = self.revision or (model.get("revision") if isinstance(model, dict) else None)

@@ -387,9 +387,14 @@ def lora_spec(lora: Any) -> dict[str, Any]:
 
 def apply_lora(lm: nn.Module, spec: dict[str, Any]) -> Any:
     """Inject LoRA adapters into ``lm`` in place (its other weights are frozen); returns the ``PeftModel``."""
+    import warnings
+
     peft = import_peft()
     try:
-        return peft.get_peft_model(lm, peft.LoraConfig(**spec))
+        with warnings.catch_warnings():
+            # peft reads a quantized model's `is_gradient_checkpointing`, which transformers 5 renamed (peft's call)
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            return peft.get_peft_model(lm, peft.LoraConfig(**spec))
     except ValueError as err:
         raise ValueError(
             f"peft could not add LoRA adapters to this {type(lm).__name__} ({err}); name the layers to adapt, "

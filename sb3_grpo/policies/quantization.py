@@ -109,3 +109,21 @@ def quantized_device() -> str:
     """Where a quantized base is loaded: the first CUDA device when there is one, else the CPU (bitsandbytes
     quantizes while loading, so the weights are placed there at once rather than moved afterwards)."""
     return "cuda:0" if th.cuda.is_available() else "cpu"
+
+
+def keep_training_layout(lm: th.nn.Module) -> int:
+    """Switch off bitsandbytes' CPU inference repacking of 4-bit weights in ``lm``'s layers.
+
+    On a CPU with AVX512-BF16, a ``Linear4bit`` in eval mode repacks its weights for faster inference the first time it
+    runs without gradients, and its backward then fails. The policy runs the LM in eval mode in rollout (no gradients)
+    and update alike, so the repacking would break the update that follows the first rollout.
+
+    :param lm: the quantized model.
+    :return: how many layers were changed.
+    """
+    changed = 0
+    for module in lm.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
+            changed += 1
+    return changed
