@@ -12,7 +12,8 @@
     textrl-bench gpu-check --out runs/gpu-check        # the perf rows a GPU changes, on CUDA
 
 and the studies behind the README's figures, each also ``python -m benchmarks.<module>``: ``cartpole``,
-``identity``, ``layout-check``, ``learn-interactive``, ``penalty-vs-surrogate``, ``selfplay``, ``micro-batch-memory``.
+``identity``, ``layout-check``, ``learn-interactive``, ``penalty-vs-surrogate``, ``selfplay``, ``micro-batch-memory``,
+``memory-recipes``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "layout-check": ("benchmarks.layout_check", "what CausalLMPolicy's observation-layout check costs a rollout"),
     "learn-interactive": ("benchmarks.learn_interactive", "learning on GuessNumber-v0: GRPO and stock PPO"),
     "micro-batch-memory": ("benchmarks.micro_batch_memory", "peak memory of one update with micro-batches"),
+    "memory-recipes": ("benchmarks.memory_recipes", "peak memory of one update per option, beside the estimate"),
     "selfplay": ("benchmarks.selfplay", "self-play on the two-player games: win rates against held-out opponents"),
     "penalty-vs-surrogate": (
         "benchmarks.penalty_vs_surrogate",

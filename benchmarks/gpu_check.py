@@ -13,7 +13,11 @@ For whenever a GPU machine is at hand. It prints:
    ``PPO.train``, the penalty's cost (bundled LM and GPT-2-small size) and the peak GPU memory of one update (against
    TRL's when TRL is importable); the CPU-only rows (CartPole, the MLP penalty) and the loops against TRL are left to
    ``textrl-bench perf`` on a CPU;
-4. ``perf.json`` / ``perf.md`` in ``--out``, and "OK" when every measurement ran.
+4. the scaling checks on the device: one update with ``micro_batch_size`` against the unsplit one (the parameters
+   after it equal to float rounding, and the peak memory of each), and LoRA on a 4-bit (NF4) bitsandbytes base (only
+   the adapters move, the loss is finite, a reloaded checkpoint predicts the same; skipped, saying why, without
+   bitsandbytes); FSDP over 2 ranks is not part of it yet (``tests/test_fsdp.py`` runs it on gloo);
+5. ``perf.json`` / ``perf.md`` in ``--out``, and "OK" when every measurement ran.
 
 Without CUDA it says which parts it skips and exits with status 0; ``--device cpu`` runs the same code on the CPU
 with the smallest sizes as a dry run::
@@ -67,6 +71,87 @@ def sync_check(device: th.device, n_envs: int = 64, tokens: int = 32) -> dict:
     return {"syncs": len(syncs), "steps": tokens, "per_step": len(syncs) / tokens, "sites": sites.most_common(12)}
 
 
+def _grpo(device: th.device, **kwargs):
+    from sb3_grpo import GRPO
+    from textrl_envs.sb3 import make_vec_env
+
+    env = make_vec_env("TextGen-v0", n_envs=8, group_size=4, seed=0, device=str(device), max_new_tokens=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return GRPO("CausalLMPolicy", env, n_steps=8, batch_size=64, n_epochs=1, seed=0, advantage="group",
+                    grad_var_coef=0.0, device=str(device), **kwargs)  # fmt: skip
+
+
+def _peak_mb(device: th.device) -> float:
+    return th.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else float("nan")
+
+
+def micro_batch_check(device: th.device) -> dict:
+    """One ``learn`` unsplit and with ``micro_batch_size=2``: the largest parameter difference and the peaks."""
+    results = {}
+    for micro in (None, 2):
+        if device.type == "cuda":
+            th.cuda.reset_peak_memory_stats(device)
+        model = _grpo(device, micro_batch_size=micro)
+        model.learn(64)
+        results[micro] = ({n: p.detach().cpu() for n, p in model.policy.named_parameters()}, _peak_mb(device))
+    diff = max((results[None][0][n] - results[2][0][n]).abs().max().item() for n in results[None][0])
+    return {"max_param_diff": diff, "peak_mb_unsplit": results[None][1], "peak_mb_micro2": results[2][1]}
+
+
+def quantized_lora_check(device: th.device, folder: Path) -> dict:
+    """LoRA on a 4-bit NF4 base (bitsandbytes): base unchanged, adapters moved, finite loss, exact reload."""
+    import shutil
+
+    from sb3_grpo import GRPO
+    from textrl_envs.assets import lm_path
+
+    base_dir = shutil.copytree(lm_path(), folder / "base", dirs_exist_ok=True)
+    if device.type == "cuda":
+        th.cuda.reset_peak_memory_stats(device)
+    lora = {"r": 8, "target_modules": ["c_attn"]}
+    model = _grpo(device, kl_coef=0.05, policy_kwargs={"model": str(base_dir), "quantization": "4bit", "lora": lora})
+    base = [t.detach().clone() for t in model.policy._base_tensors()]
+    adapters = {n: p.detach().clone() for n, p in model.policy.named_parameters() if p.requires_grad}
+    model.learn(64)
+    unchanged = all(th.equal(a, b) for a, b in zip(base, model.policy._base_tensors()))
+    moved = sum(not th.equal(p, adapters[n]) for n, p in model.policy.named_parameters() if p.requires_grad)
+    model.save(folder / "qlora.zip")
+    loaded = GRPO.load(folder / "qlora.zip", env=model.env, device=str(device))
+    ids = th.randint(4, 1000, (2, 12), device=device)
+    mask, act = th.ones_like(ids), th.ones_like(ids, dtype=th.bool)
+    act[:, 0] = False  # an action needs a token before it
+    with th.no_grad():
+        same = th.equal(
+            model.policy.evaluate_sequences(ids, mask, act)[0], loaded.policy.evaluate_sequences(ids, mask, act)[0]
+        )
+    return {"base_unchanged": unchanged, "adapters_moved": moved, "loss": model.logger.name_to_value["train/loss"],
+            "reload_equal": same, "peak_mb": _peak_mb(device)}  # fmt: skip
+
+
+def scaling_checks(device: th.device, out: Path) -> bool:
+    """The micro-batch and 4-bit LoRA checks, printed; False when one failed."""
+    import importlib.util
+
+    ok = True
+    micro = micro_batch_check(device)
+    good = micro["max_param_diff"] < 1e-4
+    ok &= good
+    print(f"\nmicro-batches: max |param(micro 2) - param(unsplit)| = {micro['max_param_diff']:.2e} "
+          f"({'ok' if good else 'TOO LARGE'}); peak MB unsplit {micro['peak_mb_unsplit']:.0f}, "
+          f"micro 2 {micro['peak_mb_micro2']:.0f}")  # fmt: skip
+    if importlib.util.find_spec("bitsandbytes") is None:
+        print("4-bit LoRA: skipped, bitsandbytes is not installed (pip install 'textrl[quant]')")
+        return ok
+    q = quantized_lora_check(device, out)
+    good = q["base_unchanged"] and q["adapters_moved"] > 0 and q["reload_equal"] and q["loss"] == q["loss"]
+    ok &= bool(good)
+    print(f"4-bit LoRA: base unchanged {q['base_unchanged']}, {q['adapters_moved']} adapter tensors moved, loss "
+          f"{q['loss']:.4g}, reload equal {q['reload_equal']}, peak MB {q['peak_mb']:.0f} "
+          f"({'ok' if good else 'FAILED'})")  # fmt: skip
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu for a dry run")
@@ -78,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         print("CUDA is not available on this machine (torch.cuda.is_available() is False).")
         print("skipped: the sync check of the rollout loop on CUDA")
         print(f"skipped: the perf rows on CUDA ({', '.join(GPU_ROWS)})")
+        print("skipped: the micro-batch and 4-bit LoRA checks on CUDA")
         print("Run it on a GPU machine, or pass --device cpu for a dry run of the same code on the CPU.")
         return 0
     th.set_num_threads(args.threads)
@@ -107,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run_perf(out, quick=dry_run, device=str(device), only=GPU_ROWS)
     if result["errors"]:
         ok = False
+    ok &= scaling_checks(device, out)
     print(f"\nall in {time.perf_counter() - start:.0f} s")
     print("OK" if ok else "FAILED: " + "; ".join(f"{e['measurement']}: {e['error']}" for e in result["errors"]))
     return 0 if ok else 1

@@ -125,10 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compare PPO and GRPO variants on Gymnasium / text envs over seeds, with interval estimates.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", metavar="{compare,warm-start,report,sample,human-eval}")
+    sub = parser.add_subparsers(dest="command", metavar="{compare,warm-start,report,sample,human-eval,estimate-memory}")
     _add_compare(sub)
     _add_warm_start(sub)
     _add_sample(sub)
+    _add_estimate_memory(sub)
     _add_human_eval(sub)
     r = sub.add_parser("report", help="rewrite the report of an out dir of compare from its results.json")
     r.add_argument("dir", help="an out dir of `sb3-grpo compare`")
@@ -328,6 +329,88 @@ def _add_warm_start(sub: Any) -> None:
     w.add_argument("--seed", type=int, default=0, help="seed of torch and the batch draws (default %(default)s)")
     w.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
     w.set_defaults(subparser=w)
+
+
+def _add_estimate_memory(sub: Any) -> None:
+    p = sub.add_parser(
+        "estimate-memory",
+        help="estimate one update's memory (weights, gradients, Adam state, activations) for a model and settings",
+        description=(
+            "Estimate the memory one update of CausalLMPolicy holds per rank, from the model's config alone (built on "
+            "the meta device: no weights are downloaded or allocated): weights, gradients, Adam state, a frozen KL "
+            "reference, activations of one micro-batch, FSDP's gathered block. Allocator overhead, the rollout's KV "
+            "cache and the process itself are not counted (sb3_grpo.policies.memory_estimate documents each term)."
+        ),
+    )
+    p.add_argument("--model", required=True, help="a shape (gpt2-small, qwen2-0.5b, qwen2-1.5b), a config.json, "
+                   "a model directory or a Hub id (its config.json only; HF_HUB_OFFLINE=1: the HF cache)")  # fmt: skip
+    p.add_argument("--revision", default=None, help="Hub revision of --model")
+    p.add_argument("--lora", type=positive_int, nargs="?", const=8, default=None, metavar="R",
+                   help="LoRA adapters of rank R (8 without a value) instead of a full fine-tune")  # fmt: skip
+    p.add_argument("--lora-targets", nargs="+", default=None, metavar="NAME",
+                   help="module names LoRA adapts (default: peft's for the model type)")  # fmt: skip
+    p.add_argument("--quant", choices=("8bit", "4bit"), default=None, help="a quantized base (needs --lora)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="weights' dtype")
+    p.add_argument("--autocast", choices=("bfloat16", "float16"), default=None, help="activations' dtype")
+    p.add_argument("--micro-batch-size", type=positive_int, nargs="+", default=[8], metavar="N",
+                   help="sequences per forward and backward (several: one row each; default 8)")  # fmt: skip
+    p.add_argument("--seq-len", type=positive_int, default=256, help="tokens per sequence (default 256)")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="keep only each block's input")
+    p.add_argument("--fsdp", type=positive_int, default=1, metavar="RANKS", help="FSDP ranks (default 1: none)")
+    p.add_argument("--kl", action="store_true", help="a KL term (kl_coef > 0): a frozen copy in a full fine-tune")
+    p.add_argument("--actions", type=positive_int, default=None, help="len(tokenizer) of the env (default: vocab)")
+    p.add_argument("--compare", action="store_true", help="rows for full, LoRA, LoRA + 8-bit and LoRA + 4-bit")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the figures (MiB) as JSON")
+    p.set_defaults(subparser=p)
+
+
+def _estimate_memory(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from sb3_grpo.policies.memory_estimate import COMPARED, estimate_memory, format_estimates, load_config, model_counts
+
+    if args.quant is not None and args.lora is None and not args.compare:
+        parser.error("--quant needs --lora: a quantized base is trained through LoRA adapters")
+    try:
+        config = load_config(args.model, args.revision)
+    except ValueError as err:
+        parser.error(str(err))
+    counts = model_counts(config, args.lora_targets)
+    if (args.lora is not None or args.compare) and counts.lora_per_rank == 0:
+        parser.error(f"LoRA would adapt no layer of this {config.model_type} model; name them with --lora-targets")
+    configs = [(name, lora, quant) for name, lora, quant in COMPARED] if args.compare else None
+    if configs is None:
+        name = "full" if args.lora is None else f"LoRA r={args.lora}" + (f" + {args.quant}" if args.quant else "")
+        configs = [(name, args.lora is not None, args.quant)]
+    rank = args.lora or 8
+    rows = []
+    for label, lora, quant in configs:
+        if quant is not None and args.fsdp > 1:
+            continue  # not combined (estimate_memory says why)
+        for micro in args.micro_batch_size:
+            estimate = estimate_memory(
+                counts,
+                lora_rank=rank if lora else None,
+                quantization=quant,
+                dtype=args.dtype,
+                autocast_dtype=args.autocast,
+                micro_batch_size=micro,
+                seq_len=args.seq_len,
+                gradient_checkpointing=args.gradient_checkpointing,
+                fsdp=args.fsdp,
+                kl_reference=args.kl,
+                n_actions=args.actions,
+            )
+            rows.append((f"{label}, micro {micro}", estimate))
+    settings = f"{args.seq_len} tokens per sequence, weights in {args.dtype}"
+    settings += f", autocast {args.autocast}" if args.autocast else ""
+    settings += ", gradient checkpointing" if args.gradient_checkpointing else ""
+    settings += f", FSDP over {args.fsdp} ranks (per rank)" if args.fsdp > 1 else ""
+    settings += ", KL reference" if args.kl else ""
+    print(f"{args.model}: {counts.total / 1e6:.1f}M parameters, {counts.layers} blocks; {settings}")
+    print(format_estimates(rows))
+    print("MiB per rank; not counted: allocator overhead, the rollout's KV cache, CUDA's context, the process")
+    if args.json:
+        Path(args.json).write_text(json.dumps({name: est.as_mb() for name, est in rows}, indent=2) + "\n")
+    return 0
 
 
 def _add_sample(sub: Any) -> None:
@@ -762,6 +845,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _sample(args, args.subparser)
     if args.command == "human-eval":
         return _human_eval(args, args.subparser)
+    if args.command == "estimate-memory":
+        return _estimate_memory(args, args.subparser)
     parser.print_help()
     return EXIT_USAGE
 

@@ -71,7 +71,7 @@ from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_acti
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
 from sb3_grpo.objectives import pearson_corr
-from sb3_grpo.policies.models import portable_policy_kwargs
+from sb3_grpo.policies.models import BASE_WEIGHTS, base_missing_message, portable_policy_kwargs
 from textrl_envs.validation import check_choice, check_int
 
 __all__ = ["GroupOnPolicyAlgorithm"]
@@ -282,12 +282,16 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         # torch.distributed: rank r seeds with seed + 1000 * r; rank 0's weights are broadcast below
         data_parallel = self._data_parallel
         self.seed = data_parallel.seed(self.seed)
+        # load(path, base_model=...): a LoRA checkpoint's base model, found at a new place
+        self.policy_kwargs = _relocated_base(self.policy_kwargs, self.__dict__.pop("base_model", None))
         self.policy_kwargs = _moved_model_folder(self.policy_kwargs, self.__dict__.get("_lm_spec"))
         super()._setup_model()
         check_engine_policy(getattr(self, "engine", "step"), self.policy, self.action_space)
         # a model object in policy_kwargs is saved as its config (the weights are in the state dict), not pickled
         self._lm_spec = getattr(self.policy, "lm_spec", None)
-        self.policy_kwargs = portable_policy_kwargs(self.policy_kwargs, self._lm_spec)
+        self.policy_kwargs = portable_policy_kwargs(
+            self.policy_kwargs, self._lm_spec, getattr(self.policy, "quantization", None)
+        )
         if not data_parallel.is_main:
             self.set_logger(distributed.null_logger())
         if getattr(self, "_sync_ranks_at_setup", False):
@@ -773,6 +777,12 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         checks as the constructor's (:meth:`_check_load_arguments`): a NaN or an out-of-range value is refused, naming
         it. As in
         SB3, ``device="cuda"`` on a machine without CUDA loads on the CPU (with a warning).
+
+        A LoRA model's checkpoint holds its adapters, not its base model, which loads again by its name or path (Hub
+        ids at the saved revision, from the Hugging Face cache with ``HF_HUB_OFFLINE=1``). A base that has moved is
+        given with ``base_model="<directory or Hub id>"`` (one more keyword argument); a base that cannot be found
+        is an error naming it and these ways out, and one whose weights differ from those the adapters were trained on
+        is refused.
         """
         # callables in custom_objects stand in for schedules that cannot be unpickled (rl-zoo's
         # {"clip_range": lambda _: 0.0}): placeholders, not settings, so only the other values are checked
@@ -829,13 +839,33 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         )
 
 
+def _relocated_base(policy_kwargs: Any, base_model: Any) -> Any:
+    """On ``load(path, base_model=...)``: ``policy_kwargs["model"]`` pointed at ``base_model`` (a directory or Hub id),
+    where a LoRA checkpoint's base model is now; the checkpoint's fingerprint of the base checks it is the same."""
+    if base_model is None:
+        return policy_kwargs
+    if not isinstance(base_model, (str, os.PathLike)) or not os.fspath(base_model):
+        raise TypeError(f"load(base_model=...) must be a model directory or a Hub id (str), got {base_model!r}")
+    model = policy_kwargs.get("model") if isinstance(policy_kwargs, dict) else None
+    if isinstance(model, dict) and model.get("weights") == BASE_WEIGHTS:
+        return {**policy_kwargs, "model": {**model, "name_or_path": os.fspath(base_model)}}
+    if isinstance(model, (str, os.PathLike)):
+        return {**policy_kwargs, "model": os.fspath(base_model)}
+    raise ValueError(
+        "load(base_model=...) names where a LoRA checkpoint's base model is, but this checkpoint holds its full model "
+        "weights (it needs no base); load it without base_model"
+    )
+
+
 def _moved_model_folder(policy_kwargs: Any, lm_spec: Any) -> Any:
     """On ``load``: a ``policy_kwargs["model"]`` folder that no longer exists (moved, deleted) is replaced by the LM's
     config saved with the model (``_lm_spec``), with a warning; the weights come from the checkpoint, so the model
-    loads the same."""
+    loads the same. A LoRA checkpoint without its base weights cannot: that is an error naming the base."""
     model = policy_kwargs.get("model") if isinstance(policy_kwargs, dict) else None
     if not isinstance(model, (str, os.PathLike)) or os.path.isdir(model) or not isinstance(lm_spec, dict):
         return policy_kwargs
+    if lm_spec.get("weights") == BASE_WEIGHTS:
+        raise FileNotFoundError(base_missing_message(os.fspath(model), lm_spec.get("revision")))
     warnings.warn(
         f"the model folder {os.fspath(model)!r} this model was built from no longer exists; building the LM from the "
         "config saved in the checkpoint (the weights are the checkpoint's, so the model is the same)",

@@ -31,15 +31,20 @@ from sb3_grpo.policies.critics import EmbeddingCritic
 from sb3_grpo.policies.decoder import LiveBatch
 from sb3_grpo.policies.kv_cache import RolloutCache
 from sb3_grpo.policies.models import (
+    BASE_WEIGHTS,
     LoRAReferenceMixin,
+    adapters_only_checkpoint,
     apply_lora,
     as_dtype,
+    base_fingerprint,
     check_autocast_dtype,
     export_pretrained,
+    is_quantized,
     load_lm,
     lora_spec,
     model_spec,
 )
+from sb3_grpo.policies.quantization import keep_training_layout, quantization_spec
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
 from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
@@ -131,6 +136,18 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
     reads that directory, and when it is gone ``GRPO.load`` builds the LM from the config it saved beside the weights
     (with a warning).
 
+    **LoRA checkpoints hold the adapters, not the base.** With ``lora`` and a base that has a name to load it from (a
+    local directory or a Hub id, given as such or as the ``name_or_path`` of a model object), :meth:`state_dict` leaves
+    the frozen base weights out: a checkpoint holds the adapters, the value head (or separate critic), any other
+    trainable weights and ``base_fingerprint`` (a cheap checksum of the base, :func:`~.models.base_fingerprint`), and
+    the spec records the base by name and revision (``"weights": "name_or_path"``). Loading rebuilds the base from
+    that name (a Hub id at the saved commit, from the Hugging Face cache with ``HF_HUB_OFFLINE=1``; quantized again
+    with the saved ``quantization``) and applies the adapters, so predictions are the saved model's exactly. A base
+    that cannot be found is an error naming it and what to do (``GRPO.load(path, base_model=...)`` names its new
+    place); a base whose fingerprint differs (another revision, a changed folder) is refused. A base with no name (a
+    model built in memory from a config, a config-only spec, a :class:`~.models.PortableModel`) stays in the
+    checkpoint, as a full fine-tune's weights do.
+
     :param observation_space: the env's ``Dict`` observation space.
     :param action_space: the env's ``Discrete(V)`` action space.
     :param lr_schedule: learning-rate schedule (SB3 passes it).
@@ -159,6 +176,13 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         model with the adapters switched off (peft's ``disable_adapter()``), which ``GRPO(kl_coef > 0)`` uses as the
         KL reference instead of a frozen copy. Stored as a JSON-able :func:`lora_spec`; the adapter weights are in the
         state dict.
+    :param quantization: load the frozen base with bitsandbytes-quantized weights under the LoRA adapters (needs
+        ``lora`` and ``pip install "textrl[quant]"``): ``"8bit"`` (LLM.int8()), ``"4bit"`` (NF4 with double
+        quantization, computing in ``dtype`` or float32: QLoRA's recipe), a dict of ``transformers.BitsAndBytesConfig``
+        arguments, or a ``BitsAndBytesConfig``. The adapters train in float32; the KL reference is the quantized base
+        with the adapters off. The model must be a path or Hub id (the weights are quantized while they load, on the
+        first CUDA device, else the CPU) or a model object already loaded quantized. Stored as a JSON-able
+        :func:`~sb3_grpo.policies.quantization.quantization_spec`.
     :param autocast_dtype: ``"bfloat16"`` or ``"float16"``: run the LM (trunk and output layer) under
         ``torch.autocast`` in rollout and update; logits are cast to float32 before the softmax, so log-probs,
         entropies, values (the value head runs outside autocast) and advantages stay float32. ``None``: no autocast.
@@ -189,6 +213,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         share_prefixes: bool = True,
         gradient_checkpointing: bool = False,
         lora: Any = None,
+        quantization: Any = None,
         autocast_dtype: th.dtype | str | None = None,
         value_head_init_std: float | None = None,
         ortho_init: bool = True,
@@ -240,7 +265,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
             raise TypeError(f"revision must be a str (a branch, tag or commit hash) or None, got {revision!r}")
         self.revision = revision
 
-        self._load_lm(model, resolved_dtype, lora, observation_space, action_space)
+        self._load_lm(model, resolved_dtype, lora, quantization, observation_space, action_space)
         self._build_critic(int(self.lm.get_input_embeddings().weight.shape[1]))
         if gradient_checkpointing:
             self._enable_gradient_checkpointing()
@@ -257,20 +282,56 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         self._build_optimizer(lr_schedule)
 
     def _load_lm(
-        self, model: Any, dtype: th.dtype | None, lora: Any, observation_space: spaces.Space, action_space: spaces.Space
+        self,
+        model: Any,
+        dtype: th.dtype | None,
+        lora: Any,
+        quantization: Any,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
     ) -> None:
-        """Load the LM (``self.lm``), inject the LoRA adapters if asked, and check that the env's windows fit its
-        context and its vocabulary covers the env's action space."""
-        self.lm = load_lm(model, dtype, self.revision)
+        """Load the LM (``self.lm``), quantized if asked, inject the LoRA adapters if asked, and check that the env's
+        windows fit its context and its vocabulary covers the env's action space."""
+        self.lora = None if lora is None else lora_spec(lora)
+        self.quantization = None if quantization is None else quantization_spec(quantization, dtype)
+        if self.quantization is not None and self.lora is None:
+            raise ValueError(
+                "policy_kwargs['quantization'] freezes the base weights in 8 or 4 bits, which cannot be trained "
+                "directly; add LoRA adapters to train on top of them, e.g. policy_kwargs={'quantization': '4bit', "
+                "'lora': {'r': 8, 'target_modules': ['q_proj', 'v_proj']}}, or drop 'quantization'"
+            )
+        self.lm = load_lm(model, dtype, self.revision, self.quantization)
+        if self.quantization is None and is_quantized(self.lm):  # a model object loaded quantized by the user
+            self.quantization = quantization_spec(self.lm.config.quantization_config)
+        if self.quantization is not None:
+            keep_training_layout(self.lm)
         check_window_fits(observation_space, self.lm.config)  # before a window fails mid-rollout
         # a saved spec keeps the Hub revision it recorded
         revision = self.revision or (model.get("revision") if isinstance(model, dict) else None)
         self._spec = model_spec(self.lm, revision)
-        self.lora = None if lora is None else lora_spec(lora)
+        #: LoRA only: whether checkpoints hold the adapters and the value head without the base weights, which load
+        #: from the base's name or path; a base without one (built from a config, or a spec that carries no name to
+        #: load from) stays in the checkpoint
+        self._adapters_only = self.lora is not None and adapters_only_checkpoint(model, self._spec["name_or_path"])
+        if self.quantization is not None and not self._adapters_only:
+            raise ValueError(
+                "policy_kwargs['quantization'] needs a base model that can be loaded again by its name (a local "
+                f"directory or a Hub id), but this one's name_or_path is {self._spec['name_or_path']!r}; pass the "
+                "model as a path or Hub id in policy_kwargs['model']"
+            )
+        if self._adapters_only:
+            self._spec["weights"] = BASE_WEIGHTS
         if self.lora is not None:
             # adapters injected into self.lm in place (self.lm stays the transformers model); the PeftModel wrapper
             # is kept unregistered, only for disable_adapter(), so the state dict has no duplicate keys
             self.__dict__["_peft_model"] = apply_lora(self.lm, self.lora)
+        if self._adapters_only:
+            trainable = {name for name, p in self.lm.named_parameters() if p.requires_grad}
+            #: the state-dict keys of the frozen base weights, which a LoRA checkpoint leaves out (in the order of
+            #: the rows of ``base_fingerprint``)
+            self.base_keys = tuple("lm." + name for name in self.lm.state_dict() if name not in trainable)
+            self._base_keys = frozenset(self.base_keys)
+            self.register_buffer("base_fingerprint", base_fingerprint(self._base_tensors()))
 
         self.n_actions = int(action_space.n)
         self.lm_vocab = int(self.lm.get_output_embeddings().weight.shape[0])
@@ -354,6 +415,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
                 "share_prefixes": self.share_prefixes,
                 "gradient_checkpointing": self.gradient_checkpointing,
                 "lora": self.lora,
+                "quantization": self.quantization,
                 "autocast_dtype": self.autocast_dtype,
                 "value_head_init_std": self.value_head_init_std,
                 "ortho_init": self.ortho_init,
@@ -379,6 +441,66 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
     def lm_spec(self) -> dict[str, Any]:
         """The LM's :func:`model_spec` (its config, no weights): what saving stores in place of the model."""
         return self._spec
+
+    def state_dict(self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Any:
+        """``nn.Module.state_dict``; a LoRA policy whose base loads by name (see "Saving" above) leaves the frozen
+        base weights out: it holds the adapters, the value head (or separate critic), any other trainable weights and
+        ``base_fingerprint``."""
+        state = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if not self.__dict__.get("_adapters_only"):
+            return state
+        for key in [k for k in state if k.startswith(prefix) and k[len(prefix) :] in self._base_keys]:
+            del state[key]
+        return state
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``; for a LoRA checkpoint without its base weights (:meth:`state_dict`), the
+        base is the one this policy was built with, loaded by name: its ``base_fingerprint`` must equal the
+        checkpoint's, else the adapters would sit on another base (another revision, a changed folder), and that is
+        refused naming the base and the first tensor that differs. A checkpoint that holds the base weights loads
+        them as before."""
+        if not self.__dict__.get("_adapters_only"):
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        if any(k in state_dict for k in self._base_keys):  # a checkpoint with its base weights (saved before LoRA
+            # checkpoints left them out): they load, and the fingerprint is that of the weights loaded
+            state_dict = {"base_fingerprint": self.base_fingerprint, **state_dict}
+            result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+            self.base_fingerprint.copy_(base_fingerprint(self._base_tensors()))
+            return result
+        saved = state_dict.get("base_fingerprint")
+        if saved is not None:
+            self._check_base_fingerprint(th.as_tensor(saved))
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        missing = [k for k in result.missing_keys if k not in self._base_keys]
+        if strict and (missing or result.unexpected_keys):
+            raise RuntimeError(
+                f"Error(s) in loading state_dict for {type(self).__name__}: missing keys {missing}, unexpected keys "
+                f"{result.unexpected_keys}"
+            )
+        return type(result)(missing, result.unexpected_keys)
+
+    def _check_base_fingerprint(self, saved: th.Tensor) -> None:
+        ours = self.base_fingerprint
+        if saved.shape == ours.shape and th.allclose(saved.to(ours), ours, rtol=1e-6, atol=1e-6):
+            return
+        name, revision = self._spec.get("name_or_path"), self._spec.get("revision")
+        at = "" if revision is None else f" at revision {revision!r}"
+        if saved.shape != ours.shape:
+            what = f"it has {saved.shape[0]} base tensors, the base loaded here {ours.shape[0]}"
+        else:
+            rows = (~th.isclose(saved.to(ours), ours, rtol=1e-6, atol=1e-6)).any(dim=1).nonzero()
+            what = f"first differing tensor: {self.base_keys[int(rows[0])]}"
+        raise ValueError(
+            f"the LoRA adapters being loaded were trained on a base model whose weights differ from those of "
+            f"{name!r}{at} loaded here ({what}); the base at that name has changed since the checkpoint was saved "
+            "(another revision, a changed folder, other quantization settings). Load the base the adapters were "
+            "trained on: restore its folder or revision, or pass it with GRPO.load(path, base_model=...)"
+        )
+
+    def _base_tensors(self) -> list[th.Tensor]:
+        """The frozen base weights, in the order of :attr:`base_keys`."""
+        state = self.lm.state_dict(keep_vars=True)
+        return [state[key[len("lm.") :]] for key in self.base_keys]
 
     def train(self, mode: bool = True) -> CausalLMPolicy:
         """Set the module's mode; the LM and critic stay in eval mode (no dropout) in both modes.

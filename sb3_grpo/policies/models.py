@@ -27,18 +27,27 @@ from textrl_envs.hf_loading import cached_commit, load_from_hub, looks_like_hub_
 
 __all__ = [
     "AUTOCAST_DTYPES",
+    "BASE_WEIGHTS",
     "LORA_INSTALL_HINT",
     "LoRAReferenceMixin",
     "PortableModel",
     "portable_policy_kwargs",
     "apply_lora",
     "as_dtype",
+    "base_fingerprint",
+    "base_missing_message",
     "check_autocast_dtype",
     "export_pretrained",
     "load_lm",
     "lora_spec",
     "model_spec",
+    "reloadable_base",
 ]
+
+#: The value of a :func:`model_spec`'s ``"weights"`` key when the LM's weights are not in the checkpoint but those
+#: of the model named by its ``"name_or_path"`` (at its ``"revision"``): a LoRA policy's spec, whose checkpoint keeps
+#: the adapters and the value head only.
+BASE_WEIGHTS = "name_or_path"
 
 
 def model_spec(lm: nn.Module, revision: str | None = None) -> dict[str, Any]:
@@ -92,15 +101,23 @@ class PortableModel(dict):
         return (dict, (dict(self),))
 
 
-def portable_policy_kwargs(policy_kwargs: Any, lm_spec: dict[str, Any] | None) -> Any:
+def portable_policy_kwargs(
+    policy_kwargs: Any, lm_spec: dict[str, Any] | None, quantization: dict[str, Any] | None = None
+) -> Any:
     """``policy_kwargs`` with a model *object* in ``"model"`` replaced by ``lm_spec`` (a new dict; the given one is left
     alone), so that SB3 saves JSON rather than a pickled Hugging Face model; and likewise a Hub id, so that loading the
     saved model needs neither the network nor the Hugging Face cache (the spec records the id and its revision; the
-    weights are in the saved state dict). Local paths, specs and ``None`` stay as they are.
+    weights are in the saved state dict, except a LoRA model's base weights, which load by the id). Local paths, specs
+    and ``None`` stay as they are. A ``quantization`` given as an object (a ``BitsAndBytesConfig``) becomes its
+    JSON spec.
 
     :param policy_kwargs: An algorithm's ``policy_kwargs``.
     :param lm_spec: The built policy's :func:`model_spec` (``None``: not an LM policy, nothing changes).
+    :param quantization: The built policy's quantization spec (``None``: none).
     """
+    if isinstance(policy_kwargs, dict) and quantization is not None:
+        if not isinstance(policy_kwargs.get("quantization"), str):
+            policy_kwargs = {**policy_kwargs, "quantization": quantization}
     model = policy_kwargs.get("model") if isinstance(policy_kwargs, dict) else None
     if model is None or lm_spec is None or isinstance(model, dict):
         return policy_kwargs
@@ -144,12 +161,18 @@ def as_dtype(dtype: th.dtype | str | None) -> th.dtype | None:
     return value
 
 
-def load_lm(model: Any, dtype: th.dtype | None, revision: str | None = None) -> nn.Module:
+def load_lm(
+    model: Any, dtype: th.dtype | None, revision: str | None = None, quantization: dict[str, Any] | None = None
+) -> nn.Module:
     """Build the causal LM from a local path, a Hub id, a model instance, a :func:`model_spec` dict, or ``None``.
 
     A string that names no local directory but has a Hub id's shape (``"org/name"``) loads as
     ``AutoModelForCausalLM.from_pretrained`` loads it: downloaded online, from the Hugging Face cache with
-    ``HF_HUB_OFFLINE=1``, at ``revision`` (a branch, tag or commit; ``None``: ``main``).
+    ``HF_HUB_OFFLINE=1``, at ``revision`` (a branch, tag or commit; ``None``: ``main``). A spec whose ``"weights"`` is
+    :data:`BASE_WEIGHTS` loads the model its ``"name_or_path"`` names, at its ``"revision"`` (a LoRA checkpoint's
+    base); any other spec builds the model from its config, with random weights (the checkpoint's state dict then
+    holds them). ``quantization`` (a :func:`~sb3_grpo.policies.quantization.quantization_spec`) loads a path or Hub id
+    with bitsandbytes quantized weights, on :func:`~sb3_grpo.policies.quantization.quantized_device`.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
@@ -158,18 +181,36 @@ def load_lm(model: Any, dtype: th.dtype | None, revision: str | None = None) -> 
     if isinstance(model, PortableModel) and model.model is not None:
         model = model.model
     if isinstance(model, PreTrainedModel):
-        return model.to(dtype) if dtype is not None else model
+        if quantization is not None and not is_quantized(model):
+            raise ValueError(
+                "policy_kwargs['quantization'] is applied while the weights load, but the model was given as an "
+                "object; pass its local directory or Hub id as policy_kwargs['model'], or a model already loaded "
+                "with from_pretrained(..., quantization_config=BitsAndBytesConfig(...)) without 'quantization'"
+            )
+        return model.to(dtype) if dtype is not None and not is_quantized(model) else model
     if isinstance(model, dict):
         if "config" not in model:
             raise ValueError(f"model dict must be a model_spec with a 'config' key, got keys {sorted(model)}")
         cfg = dict(model["config"])
-        config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
         dtype = dtype or as_dtype(cfg.get("dtype") or cfg.get("torch_dtype"))  # the saved model's own dtype
+        if model.get("weights") == BASE_WEIGHTS:
+            return _load_base(model, dtype, revision or model.get("revision"), quantization)
+        if quantization is not None:
+            raise ValueError(
+                "policy_kwargs['quantization'] needs pretrained weights to quantize, but the model was given as a "
+                "config-only model_spec; pass the model's local directory or Hub id as policy_kwargs['model']"
+            )
+        cfg.pop("quantization_config", None)
+        config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
         kwargs = {"dtype": dtype} if dtype is not None else {}
         return AutoModelForCausalLM.from_config(config, **kwargs)
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
-        kwargs = {"dtype": dtype} if dtype is not None else {}
+        kwargs: dict[str, Any] = {"dtype": dtype} if dtype is not None else {}
+        if quantization is not None:
+            from sb3_grpo.policies.quantization import bnb_config, quantized_device
+
+            kwargs.update(quantization_config=bnb_config(quantization), device_map={"": quantized_device()})
         if not os.path.isdir(path) and looks_like_hub_id(path):
             return load_from_hub(AutoModelForCausalLM.from_pretrained, path, "CausalLMPolicy model", revision, **kwargs)
         if not os.path.isdir(path):
@@ -194,6 +235,69 @@ def load_lm(model: Any, dtype: th.dtype | None, revision: str | None = None) -> 
         "model must be None, a local path, a Hub id, a transformers PreTrainedModel or a model_spec dict; got "
         f"{type(model)}"
     )
+
+
+def is_quantized(lm: nn.Module) -> bool:
+    """Whether ``lm`` holds bitsandbytes-quantized (8-bit or 4-bit) weights."""
+    return bool(getattr(lm, "is_loaded_in_8bit", False) or getattr(lm, "is_loaded_in_4bit", False))
+
+
+def reloadable_base(name: str) -> bool:
+    """Whether a model's ``name_or_path`` can be loaded again by that name: an existing local directory, or a
+    string with a Hugging Face Hub id's shape (the Hub or its local cache is asked when it is loaded)."""
+    return bool(name) and (os.path.isdir(name) or looks_like_hub_id(name))
+
+
+def adapters_only_checkpoint(model: Any, name_or_path: str) -> bool:
+    """Whether a LoRA policy built from ``model`` (its ``policy_kwargs["model"]``) saves its adapters without the base
+    weights: when the base loads again by its ``name_or_path`` (:func:`reloadable_base`) and what is saved in place
+    of the model says to load it so: a path or Hub id, a model object (``GRPO`` saves its :func:`model_spec`), or a
+    spec with ``"weights": BASE_WEIGHTS``. A config-only spec or a :class:`PortableModel` (whose saved spec builds
+    random weights) keeps the base weights in the checkpoint."""
+    if isinstance(model, dict) and model.get("weights") != BASE_WEIGHTS:
+        return False
+    return reloadable_base(name_or_path)
+
+
+def base_missing_message(name: str, revision: str | None, cause: BaseException | None = None) -> str:
+    """What to say when a LoRA checkpoint's base model cannot be loaded: which base, why, and the ways out."""
+    at = "" if revision is None else f" at revision {revision!r}"
+    why = "" if cause is None else f" ({type(cause).__name__}: {cause})"
+    if os.path.isabs(name) or not looks_like_hub_id(name):
+        where = f"put the base model's directory back at {name!r}"
+    else:
+        flag = "" if revision is None else f" --revision {revision}"
+        where = (
+            f"make the Hub model {name!r}{at} available (online, or fetched once into the Hugging Face cache with "
+            f"`hf download {name}{flag}`; HF_HUB_OFFLINE=1 reads only the cache)"
+        )
+    return (
+        f"this LoRA checkpoint holds the adapters and the value head only, not its base model, which it names: "
+        f"{name!r}{at}; that base could not be loaded{why}. To load the checkpoint, {where}, or pass where the same "
+        "base model is now: GRPO.load(path, base_model='<directory or Hub id>')"
+    )
+
+
+def _load_base(spec: dict[str, Any], dtype: th.dtype | None, revision: str | None, quantization: Any) -> nn.Module:
+    """The base model a LoRA spec names (``"weights": BASE_WEIGHTS``), or an error that names it and what to do."""
+    name = str(spec.get("name_or_path") or "")
+    if not reloadable_base(name):
+        raise FileNotFoundError(base_missing_message(name, revision))
+    try:
+        return load_lm(name, dtype, revision, quantization)  # (a local directory has no revisions: ignored there)
+    except (OSError, ValueError) as err:
+        raise FileNotFoundError(base_missing_message(name, revision, err)) from err
+
+
+def base_fingerprint(tensors: list[th.Tensor]) -> th.Tensor:
+    """A cheap fingerprint of a model's frozen base weights: per tensor, the float64 sum of all its entries and of
+    every 97th (``[n, 2]``, on the CPU). A LoRA checkpoint stores it beside the adapters; on load it tells whether
+    the base rebuilt from its name is the one the adapters were trained on (another revision, a changed folder)."""
+    rows = []
+    for tensor in tensors:
+        flat = tensor.detach().reshape(-1)
+        rows.append(th.stack([flat.sum(dtype=th.float64), flat[::97].sum(dtype=th.float64)]).cpu())
+    return th.stack(rows) if rows else th.zeros(0, 2, dtype=th.float64)
 
 
 def export_pretrained(policy: Any, path: str | os.PathLike, merge_lora: bool = True) -> str:
@@ -283,9 +387,14 @@ def lora_spec(lora: Any) -> dict[str, Any]:
 
 def apply_lora(lm: nn.Module, spec: dict[str, Any]) -> Any:
     """Inject LoRA adapters into ``lm`` in place (its other weights are frozen); returns the ``PeftModel``."""
+    import warnings
+
     peft = import_peft()
     try:
-        return peft.get_peft_model(lm, peft.LoraConfig(**spec))
+        with warnings.catch_warnings():
+            # peft reads a quantized model's `is_gradient_checkpointing`, which transformers 5 renamed (peft's call)
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            return peft.get_peft_model(lm, peft.LoraConfig(**spec))
     except ValueError as err:
         raise ValueError(
             f"peft could not add LoRA adapters to this {type(lm).__name__} ({err}); name the layers to adapt, "
