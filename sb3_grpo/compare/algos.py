@@ -118,6 +118,25 @@ ALGOS: dict[str, AlgoSpec] = {
             "GRPO defaults with leave-one-out (RLOO) group advantages; grouped envs",
         ),
         AlgoSpec(
+            "grpo-turn",
+            "GRPO",
+            {"advantage": "group_turn"},
+            "GRPO defaults with turn-level leave-one-out credit (each turn's return-to-go minus the mean of the "
+            "group's other members at that turn); interactive envs, grouped",
+        ),
+        AlgoSpec(
+            "ppo-rloo",
+            "GRPO",
+            {**OFF, "advantage": "rloo"},
+            "episode-level leave-one-out (RLOO) group advantages, no other extra, no critic; grouped envs",
+        ),
+        AlgoSpec(
+            "ppo-turn",
+            "GRPO",
+            {**OFF, "advantage": "group_turn"},
+            "turn-level leave-one-out credit (ppo-rloo per turn), no other extra, no critic; interactive envs, grouped",
+        ),
+        AlgoSpec(
             "ppo-group",
             "GRPO",
             {**OFF, "advantage": "group"},
