@@ -185,6 +185,9 @@ GRPO_CHECKS: dict[str, Check] = {
     "micro_batch_size": _optional(lambda n, v: check_int(n, v, low=1, example=8)),
     "data_parallel": lambda n, v: check_choice(n, v, ("ddp", "fsdp")),
     "engine": lambda _n, v: check_engine(v),
+    "reward_redistribution": _optional(
+        lambda n, v: check_choice(n, v, ("attention", "uniform"), hint="None turns it off")
+    ),
 }
 
 

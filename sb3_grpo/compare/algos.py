@@ -137,6 +137,19 @@ ALGOS: dict[str, AlgoSpec] = {
             "turn-level leave-one-out credit (ppo-rloo per turn), no other extra, no critic; interactive envs, grouped",
         ),
         AlgoSpec(
+            "ppo-redistribute",
+            "GRPO",
+            {**OFF, "reward_redistribution": "attention"},
+            "PPO (GAE) with the episode's reward spread over its tokens by the policy LM's last-layer attention "
+            "from the final token (total kept); single-turn text envs",
+        ),
+        AlgoSpec(
+            "ppo-redistribute-uniform",
+            "GRPO",
+            {**OFF, "reward_redistribution": "uniform"},
+            "PPO (GAE) with the episode's reward spread evenly over its tokens (total kept)",
+        ),
+        AlgoSpec(
             "ppo-group",
             "GRPO",
             {**OFF, "advantage": "group"},

@@ -154,6 +154,10 @@ class GRPO(GroupOnPolicyAlgorithm):
         loop: one token per policy call, the reference; with every extra off, bit for bit PPO's) or ``"hf"`` (the
         policy's built-in decoder computes a whole turn per row, and the env is stepped from per-row queues: the same
         tokens from the same draws, log-probs and values equal to float rounding)
+    :param reward_redistribution: ``None`` (default: off), ``"attention"`` (the policy LM's last-layer attention from
+        the episode's final token over its completion) or ``"uniform"``: spread each episode's reward over its steps
+        before returns and advantages, the episode's total kept (:mod:`sb3_grpo.common.redistribution`); it changes
+        what a critic and GAE see, not a group advantage
     """
 
     # Over 80 lines: PPO's signature plus GRPO's own arguments, kept in SB3's form so that the two read side by side
@@ -202,6 +206,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         micro_batch_size: int | None = None,
         data_parallel: str = "ddp",
         engine: str = "step",
+        reward_redistribution: str | None = None,
     ):
         # every argument (PPO's and GRPO's: type, finiteness, range) is checked first, before any model is built
         adaptive_clip = check_grpo_args(locals())
@@ -239,6 +244,7 @@ class GRPO(GroupOnPolicyAlgorithm):
             micro_batch_size=micro_batch_size,
             data_parallel=data_parallel,
             engine=engine,
+            reward_redistribution=reward_redistribution,
         )
         self.grad_var_coef = float(grad_var_coef)
         self.grad_var_slices = int(grad_var_slices)
