@@ -103,8 +103,15 @@ def _ci(e: dict[str, float], pct: bool = False) -> str:
     )
 
 
-def verdict(diff: stats.Estimate, candidate: str, baseline: str) -> str:
-    """ "resolved" only when the interval of the relative difference excludes 0."""
+def verdict(diff: stats.Estimate, candidate: str, baseline: str, finals: list[float]) -> str:
+    """The pair's verdict: "resolved" only when the interval of the relative difference excludes 0.
+
+    :param finals: Both algorithms' final rewards (to say why there is no interval).
+    """
+    if len(set(finals)) == 1:
+        return f"nothing to tell apart: every run of both scored {finals[0]:.3f} (no learning at this budget)"
+    if math.isnan(diff.value):
+        return "not resolved: the baseline's IQM is 0, so the relative difference is undefined"
     if math.isnan(diff.low):
         return "not resolved (no interval: too few seeds)"
     if diff.excludes(0.0):
@@ -145,7 +152,7 @@ def study_section(study: Study, results: dict, command: str) -> str:
         p_text = "–" if math.isnan(p.value) else f"{p.value:.2f} [{p.low:.2f}, {p.high:.2f}]"
         lines.append(
             f"| `{candidate}` vs `{baseline}` | {_ci(diff.as_dict(), pct=True)} | {p_text} | "
-            f"{verdict(diff, candidate, baseline)} |"
+            f"{verdict(diff, candidate, baseline, [*x, *y])} |"
         )
     return "\n".join(lines) + "\n"
 
