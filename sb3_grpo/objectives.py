@@ -20,6 +20,9 @@ Sources, one per mechanism:
 - group-relative advantage: Shao et al. 2024, "DeepSeekMath", arXiv 2402.03300, section 4.1.2.
 - leave-one-out (RLOO) baseline: Kool et al. 2019 "Buy 4 REINFORCE samples, get a baseline for free!";
   Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740, eq. 6.
+- turn-level leave-one-out baseline for interactive episodes: RLOO's baseline (above) taken per turn over the
+  members that reached the turn, on the turns' returns-to-go (REINFORCE's causality: Williams 1992; Sutton et al.
+  2000); this project's estimator, its bias stated in :func:`turn_rloo_advantages`.
 - role-conditioned advantages: Liu et al. 2025, "SPIRAL: Self-Play on Zero-Sum Games Incentivizes Reasoning via
   Multi-Agent Multi-Turn Reinforcement Learning", arXiv 2506.24119, section 3 (role-conditioned advantage
   estimation: a baseline per game and role).
@@ -71,6 +74,8 @@ __all__ = [
     "sequence_ratio",
     "slice_gradients",
     "stacked_variance",
+    "turn_returns_to_go",
+    "turn_rloo_advantages",
     "uniform_log_prob",
     "uniform_sample",
 ]
@@ -651,6 +656,73 @@ def rloo_advantages(returns: th.Tensor, group_ids: th.Tensor) -> tuple[th.Tensor
     sums = th.zeros(n_groups, dtype=returns.dtype).index_add_(0, index, returns)
     n = counts[index].to(returns.dtype)
     valid = counts[index] >= 2
+    baseline = (sums[index] - returns) / (n - 1).clamp(min=1)
+    adv = returns - baseline
+    return th.where(valid, adv, th.zeros_like(adv)).float(), valid
+
+
+def turn_returns_to_go(turn_rewards: th.Tensor, turn_mask: th.Tensor) -> th.Tensor:
+    """
+    Undiscounted return-to-go of every turn: ``G_{i,k} = sum_{k' >= k} r_{i,k'}`` over the turns episode ``i``
+    took (0 where it took no turn ``k``).
+
+    :param turn_rewards: ``(E, K)`` the reward each episode earned in each turn (the sum of its steps' rewards)
+    :param turn_mask: ``(E, K)`` bool, ``True`` where the episode took turn ``k``
+    :return: ``(E, K)`` float64
+    """
+    rewards = th.where(turn_mask, turn_rewards.double(), th.zeros((), dtype=th.float64))
+    return th.where(turn_mask, rewards.flip(1).cumsum(1).flip(1), th.zeros((), dtype=th.float64))
+
+
+def turn_rloo_advantages(
+    turn_rewards: th.Tensor, turn_mask: th.Tensor, group_ids: th.Tensor
+) -> tuple[th.Tensor, th.Tensor]:
+    """
+    Turn-level leave-one-out group advantage for interactive (multi-turn) episodes whose group members start from
+    the same state (same prompt, same task seed). For turn ``k`` of member ``i`` of group ``g``:
+
+    ``A_{i,k} = G_{i,k} - (1 / (n_{g,k} - 1)) * sum_{j in g, j != i, T_j > k} G_{j,k}``
+
+    with ``G_{i,k}`` the undiscounted return-to-go from turn ``k`` (:func:`turn_returns_to_go`), ``T_j`` the
+    number of turns member ``j`` took and ``n_{g,k}`` the members of ``g`` that reached turn ``k``. Every token of
+    turn ``k`` gets ``A_{i,k}``. At turn 0 every member reaches the turn and ``G_{i,0}`` is the episode's return,
+    so turn 0 is exactly RLOO (:func:`rloo_advantages`).
+
+    Where it is unbiased. The baseline of ``(i, k)`` is built from the *other* members only, which are sampled
+    independently of member ``i`` given the shared start; it is therefore independent of member ``i``'s actions,
+    and ``E[grad log pi(a_t | s_t) * b] = 0`` for every token ``t`` of member ``i``: the policy-gradient estimate
+    ``sum_t grad log pi(a_t | s_t) * A_{i,k(t)}`` is unbiased at every turn (with rewards paid at turn ends,
+    ``G_{i,k}`` is each token's own reward-to-go). What the baseline is *not* at ``k > 0``: the value of member
+    ``i``'s own state. Members share the state only at turn 0; at turn ``k`` they stand in different
+    conversations, and the baseline estimates ``E[G_k | the turn is reached]`` averaged over the other members'
+    turn-``k`` states, not ``V(s_{i,k})``. As an estimate of member ``i``'s advantage ``Q(s_{i,k}, .) -
+    V(s_{i,k})`` it is biased by ``V(s_{i,k}) - E_j[V(s_{j,k}) | T_j > k]`` (a baseline that conditions on "reached
+    turn k", not on the state), which costs variance, not gradient bias. The one biased place: a turn that no
+    other member reached (``n_{g,k} = 1``) has no baseline; it gets ``A = 0`` and ``valid = False``, which drops
+    that term and so weights the gradient of turn-``k`` states by the chance that another member reaches turn ``k``
+    too. Groups of one member: ``A = 0``, not valid, as in RLOO.
+
+    :param turn_rewards: ``(E, K)`` per episode and turn, the sum of the rewards of the turn's steps (a reply's
+        reward and, on the last turn, the end-of-episode reward)
+    :param turn_mask: ``(E, K)`` bool: episode ``e`` took turns ``0 .. T_e - 1`` (each row a prefix of ``True``)
+    :param group_ids: ``(E,)`` the group of each episode
+    :return: ``(advantages, valid)``, both ``(E, K)``: float32 advantages (0 where not valid) and bool
+    :raises ValueError: for mismatched shapes or a mask row that is not a prefix (a turn after a missing one)
+    """
+    if turn_rewards.shape != turn_mask.shape or turn_rewards.dim() != 2 or group_ids.shape != turn_rewards.shape[:1]:
+        raise ValueError(
+            f"turn_rewards and turn_mask must both be (episodes, turns) and group_ids (episodes,); got shapes "
+            f"{tuple(turn_rewards.shape)}, {tuple(turn_mask.shape)} and {tuple(group_ids.shape)}"
+        )
+    mask = turn_mask.bool()
+    if bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+        raise ValueError("turn_mask: every row must be a prefix of True (an episode takes turns 0 .. T - 1 in order)")
+    returns = turn_returns_to_go(turn_rewards, mask)
+    index, _, n_groups = _group_index(group_ids)
+    sums = th.zeros((n_groups, mask.shape[1]), dtype=th.float64).index_add_(0, index, returns)
+    reached = th.zeros((n_groups, mask.shape[1]), dtype=th.float64).index_add_(0, index, mask.double())
+    n = reached[index]
+    valid = mask & (n >= 2)
     baseline = (sums[index] - returns) / (n - 1).clamp(min=1)
     adv = returns - baseline
     return th.where(valid, adv, th.zeros_like(adv)).float(), valid

@@ -366,7 +366,8 @@ def test_group_advantage_learns_toy_task():
     [
         (
             {"advantage": "grpo"},
-            r"advantage must be one of \('gae', 'group', 'group_mean', 'rloo', 'self_critical'\), got 'grpo'",
+            r"advantage must be one of \('gae', 'group', 'group_mean', 'rloo', 'self_critical', 'group_turn'\), "
+            r"got 'grpo'",
         ),
         ({"grad_var_coef": -0.1}, "grad_var_coef must be a finite number >= 0"),
         ({"kl_coef": -1.0}, "kl_coef must be a finite number >= 0"),
@@ -484,6 +485,7 @@ def test_every_extra_off_is_defined_once_and_covers_every_own_argument():
         "advantage": "gae",
         "kl_coef": 0.0,
         "engine": "step",
+        "reward_redistribution": None,
     }
     own = set(inspect.signature(GRPO.__init__).parameters) - set(inspect.signature(PPO.__init__).parameters)
     # a warning threshold, an error policy, and how the same update is laid out (micro-batches, sharding)
@@ -495,6 +497,7 @@ def test_every_extra_off_is_defined_once_and_covers_every_own_argument():
         assert not GRPOExtras(**{**EXTRAS_OFF.kwargs(), name: value}).computes_as_ppo, name
     assert not GRPOExtras(**{**EXTRAS_OFF.kwargs(), "advantage": "group", "carry_over": True}).computes_as_ppo
     assert not GRPOExtras(**{**EXTRAS_OFF.kwargs(), "engine": "hf"}).computes_as_ppo
+    assert not GRPOExtras(**{**EXTRAS_OFF.kwargs(), "reward_redistribution": "uniform"}).computes_as_ppo
     model = GRPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, device="cpu", **EXTRAS_OFF.switches())
     assert model.extras == EXTRAS_OFF and model._computes_as_ppo()
     assert not GRPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, device="cpu")._computes_as_ppo()

@@ -126,7 +126,8 @@ class TextGenEnv(TextSpecAccess, gym.Env):
     its prompt and a generator seeded by one draw of ``np_random`` (after the prompt's). The final ``info``
     adds ``turns`` (agent turns taken) and ``transcript`` (``[{"role": "env" | "agent", "text": str}, ...]``,
     from the prompt on); ``completion_ids`` are every token after the prompt (agent's and env's) and
-    ``completion`` their text.
+    ``completion`` their text. Every step's ``info`` holds ``turn``: the index of the agent turn the action
+    belonged to (0 for the first), which turn-level credit (``advantage="group_turn"``) reads.
 
     ## Arguments
     ``gym.make(id, prompts=..., reward=..., tokenizer=..., max_new_tokens=..., max_prompt_tokens=...,
@@ -276,6 +277,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
     def _step_turn(self, token: int):
         """One agent token of an interactive episode; answers the turn it ends (the reference semantics)."""
         spec = self.text_spec
+        turn_index = self._turns  # the agent turn this token belongs to (0 for the first)
         self._append([token])
         self._generated.append(token)
         self._turn.append(token)
@@ -304,6 +306,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         if terminated or truncated:
             self._done = True
             reward, info = self._final_turn_info(reward)
+        info["turn"] = turn_index
         if self.render_mode == "human":
             self.render()
         return self._obs(), reward, terminated, truncated, info

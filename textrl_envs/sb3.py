@@ -68,7 +68,8 @@ class TextGenSB3VecEnv(VecEnv):
       in SB3.
     * ``step_wait()`` returns ``(obs, rewards (float32), dones, infos)`` with same-step autoreset.
       ``infos[i]`` always has ``group_id``, ``episode_id`` (of the episode the action belonged to)
-      and ``TimeLimit.truncated`` (truncated and not terminated); when env ``i``'s episode ended it
+      and ``TimeLimit.truncated`` (truncated and not terminated), interactive envs also ``turn`` (the agent turn
+      of the action, from 0); when env ``i``'s episode ended it
       also has ``terminal_observation`` (the last observation, a dict of arrays) and the episode's
       ``prompt``, ``completion``, ``completion_ids``, ``prompt_index`` and ``reward``, while
       ``reset_infos[i]`` is updated with the new episode's reset info (ids included).
@@ -128,6 +129,9 @@ class TextGenSB3VecEnv(VecEnv):
             {"group_id": int(group_id[i]), "episode_id": int(episode_id[i]), "TimeLimit.truncated": bool(time_limit[i])}
             for i in range(self.num_envs)
         ]
+        if "turn" in infos:  # interactive episodes: the agent turn each action belongs to
+            for i, turn in enumerate(infos["turn"].tolist()):
+                out[i]["turn"] = int(turn)
         if dones.any():
             final_info, final_obs = infos["final_info"], infos["final_obs"]
             new_group, new_episode = self.venv.unwrapped.group_ids(), self.venv.unwrapped.episode_ids()

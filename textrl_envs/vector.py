@@ -116,6 +116,8 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
       ``reset`` info they are the ids of the episodes just begun; in a ``step`` info they are the ids
       of the episode each env's action belonged to, so on a same-step autoreset the *finished*
       episode's ids (the new episode's ids appear from the next step on, and in :meth:`episode_ids`).
+    * every step of an interactive env: ``turn`` (``int64``, all envs), the index of the agent turn each env's
+      action belonged to (0 for the first turn), as in the single env's step info.
     * ``final_info`` (envs whose episode ended this step): ``prompt`` (str), ``completion`` (str),
       ``completion_ids`` (tuple of ints, without EOS, as :class:`~textrl_envs.env.TextGenEnv`),
       ``prompt_index`` (``-1`` for a prompt given as text), ``reward`` (float), ``group_id``,
@@ -325,6 +327,7 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
             terminated, truncated = episode_ends(host_tokens, self._generated, spec.eos_token_id, spec.budget)
             rewards = np.zeros(self.num_envs, dtype=np.float64)
         else:  # interactive: answer the turns that ended (one batched call) and write the replies in
+            turn_index = self._turn_book.turns.copy()  # the agent turn each action belongs to (0 for the first)
             turn = self._turn_book.step(host_tokens, self._generated)
             inject_tokens_(self._ids, self._mask, turn.inject_rows, turn.inject_ids)
             rewards, terminated, truncated = turn.rewards, turn.terminated, turn.truncated
@@ -336,6 +339,8 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
             "episode_id": step_episode_ids.copy(),
             "_episode_id": self._everyone.copy(),
         }
+        if self._turn_book is not None:
+            infos["turn"], infos["_turn"] = turn_index, self._everyone.copy()
         done = np.flatnonzero(terminated | truncated)
         if done.size:
             self._end_episodes(done, terminated, rewards, infos)

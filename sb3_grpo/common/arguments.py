@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: The advantage forms (``advantage=``).
-ADVANTAGES = ("gae", "group", "group_mean", "rloo", "self_critical")
+ADVANTAGES = ("gae", "group", "group_mean", "rloo", "self_critical", "group_turn")
 #: What GRPO does with NaN/inf rewards, advantages, losses or gradients (``nonfinite=``).
 NONFINITE = ("raise", "skip")
 
@@ -185,6 +185,9 @@ GRPO_CHECKS: dict[str, Check] = {
     "micro_batch_size": _optional(lambda n, v: check_int(n, v, low=1, example=8)),
     "data_parallel": lambda n, v: check_choice(n, v, ("ddp", "fsdp")),
     "engine": lambda _n, v: check_engine(v),
+    "reward_redistribution": _optional(
+        lambda n, v: check_choice(n, v, ("attention", "uniform"), hint="None turns it off")
+    ),
 }
 
 
@@ -249,6 +252,11 @@ def check_grpo_args(args: Mapping[str, Any]) -> tuple[float, float] | None:
         raise ValueError(
             "carry_over=True holds the steps of episodes whose group advantage is not known yet, so it needs a group "
             "advantage: pass advantage='group' (or 'rloo', 'self_critical'), or carry_over=False"
+        )
+    if args.get("carry_over") and args.get("advantage") == "group_turn":
+        raise ValueError(
+            "carry_over=True trains a held sequence with one advantage, but advantage='group_turn' gives each turn its "
+            "own; pass carry_over=False (and n_steps of a few episode lengths, so few episodes straddle two rollouts)"
         )
     if args.get("micro_batch_size") is not None and grad_var_coef > 0:
         raise ValueError(

@@ -80,10 +80,17 @@ class DeferredRewards:
         self.pending.clear()
 
     def land(
-        self, rollout_buffer: RolloutBuffer, tracker: EpisodeGroupTracker | None, nonfinite: NonFiniteEpisodes
+        self,
+        rollout_buffer: RolloutBuffer,
+        tracker: EpisodeGroupTracker | None,
+        nonfinite: NonFiniteEpisodes,
+        raw_rewards: np.ndarray | None = None,
     ) -> None:
         """Wait for every pending reward and put it where a reward scored in ``step`` would have been; turn deferral
         off (the env scores in ``step`` again outside GRPO's rollouts).
+
+        :param raw_rewards: ``(n_steps, n_envs)`` raw rewards kept beside the buffer's (reward redistribution), or
+            ``None``.
 
         :raises Exception: a reward's error (raised, timed out, or NaN/inf under the env's ``"raise"``).
         """
@@ -103,6 +110,8 @@ class DeferredRewards:
                 rollout_buffer.rewards[row, env] += value
                 if tracker is not None:
                     tracker.rewards[row, env] += float(value)
+                if raw_rewards is not None:
+                    raw_rewards[row, env] += float(value)
                 info["reward"] = float(info.get("reward", 0.0)) + float(reward)  # 0 or an interactive turn's
                 if "episode" in info:  # VecMonitor's record (float32, as it sums the step rewards)
                     info["episode"]["r"] = np.float32(info["episode"]["r"]) + value

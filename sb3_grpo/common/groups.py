@@ -1,7 +1,7 @@
 """
-Group advantages (``advantage="group" | "rloo" | "self_critical"``): the per-step bookkeeping that turns a
-grouped env's stream of steps into one return per finished episode, and the group advantages of
-:mod:`sb3_grpo.objectives` back into one advantage per stored step.
+Group advantages (``advantage="group" | "rloo" | "self_critical" | "group_turn"``): the per-step bookkeeping that
+turns a grouped env's stream of steps into one return per finished episode (per turn, for ``"group_turn"``), and
+the group advantages of :mod:`sb3_grpo.objectives` back into one advantage per stored step.
 
 :class:`EpisodeGroupTracker` keeps what it needs across rollouts (running returns of unfinished episodes,
 returns of group members that finished earlier), so a group whose members finish in different rollouts still
@@ -19,9 +19,22 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_grpo.objectives import group_advantages, group_mean_advantages, rloo_advantages, self_critical_advantages
+from sb3_grpo.objectives import (
+    group_advantages,
+    group_mean_advantages,
+    rloo_advantages,
+    self_critical_advantages,
+    turn_rloo_advantages,
+)
 
-__all__ = ["GROUPED_ENV_HINT", "EpisodeGroupTracker", "check_grouped_env", "env_group_size", "make_group_tracker"]
+__all__ = [
+    "GROUPED_ENV_HINT",
+    "EpisodeGroupTracker",
+    "TurnGroupTracker",
+    "check_grouped_env",
+    "env_group_size",
+    "make_group_tracker",
+]
 
 GroupAdvantageFn = Callable[[th.Tensor, th.Tensor, th.Tensor], tuple[th.Tensor, th.Tensor]]
 
@@ -205,6 +218,142 @@ class EpisodeGroupTracker:
         return {int(k) for k in self.running_keys} | {m[2] for group in self.pending.values() for m in group}
 
 
+class TurnGroupTracker(EpisodeGroupTracker):
+    """
+    Per-step bookkeeping for turn-level group credit (``advantage="group_turn"``) on interactive episodes.
+
+    As :class:`EpisodeGroupTracker` (the same ``group_id`` convention, the same rule that a group is credited once
+    all its ``group_size`` members have finished, members of earlier rollouts serving as baseline), but each step
+    also carries ``info["turn"]``, the index of the agent turn its action belongs to (the interactive envs put it
+    in every step's info). An episode's rewards are summed per turn, its returns-to-go per turn compared with those
+    of the group's members that reached the same turn (:func:`~sb3_grpo.objectives.turn_rloo_advantages`), and
+    every step of turn ``k`` gets ``A_{i,k}``. Turn rewards earned in earlier rollouts are remembered per env.
+
+    ``carry_over`` is not offered with it (a held sequence gets one advantage); :attr:`resolved` stays empty.
+
+    :param n_envs: number of envs of the VecEnv
+    :param group_size: number of episodes per group round (``G``)
+    :param max_pending_groups: how many incomplete groups to remember across rollouts (oldest dropped)
+    """
+
+    def __init__(self, n_envs: int, group_size: int, max_pending_groups: int = 100_000):
+        super().__init__(n_envs, group_size, _no_episode_advantage, None, max_pending_groups)
+        # env -> rewards per turn of its running episode earned in earlier rollouts
+        self.running_turns: list[dict[int, float]] = [{} for _ in range(n_envs)]
+        # group id -> per-turn rewards of members that finished in earlier rollouts
+        self.pending_turns: OrderedDict[int, list[dict[int, float]]] = OrderedDict()
+
+    def reset_rollout(self, n_steps: int) -> None:
+        super().reset_rollout(n_steps)
+        self.turns = np.full((n_steps, self.n_envs), -1, dtype=np.int64)
+
+    def add(self, rewards: np.ndarray, dones: np.ndarray, infos: Sequence[dict[str, Any]]) -> None:
+        """Record one step (see :meth:`EpisodeGroupTracker.add`), with each env's ``info["turn"]``.
+
+        :raises ValueError: when a step's info has no ``turn`` (not an interactive env).
+        """
+        for idx, info in enumerate(infos):
+            turn = info.get("turn")
+            if turn is None:
+                raise ValueError(
+                    f"advantage='group_turn' needs info['turn'] (the agent turn of the action) on every step; env "
+                    f"{idx} has none. Use an interactive env (e.g. GuessNumber-v0, ToolArithmetic-v0) with "
+                    f"group_size > 1, or a per-episode group advantage (advantage='rloo' or 'group')"
+                )
+            self.turns[self.pos, idx] = int(turn)
+        super().add(rewards, dones, infos)
+
+    def _turn_rewards(self, env: int, start: int, stop: int, carried: dict[int, float]) -> dict[int, float]:
+        """Rewards per turn of env ``env``'s steps ``start .. stop - 1``, on top of ``carried``."""
+        out = dict(carried)
+        for turn, reward in zip(self.turns[start:stop, env].tolist(), self.rewards[start:stop, env].tolist()):
+            out[turn] = out.get(turn, 0.0) + reward
+        return out
+
+    def compute(self) -> tuple[np.ndarray, dict[str, float]]:
+        """
+        Advantages per stored step for the recorded rollout: step ``t`` of turn ``k`` of a credited episode gets
+        ``A_{i,k}``; steps of episodes without a complete group, and of turns no other member reached, get 0.
+
+        :return: ``(advantages, stats)`` as :meth:`EpisodeGroupTracker.compute`
+        """
+        n_steps = self.pos
+        episodes = []  # (env, start, stop, group id, turn rewards)
+        self.segments, self.resolved = [], {}
+        for env in range(self.n_envs):
+            start = 0
+            for t in np.flatnonzero(self.dones[:n_steps, env]).tolist():
+                turns = self._turn_rewards(env, start, t + 1, self.running_turns[env])
+                episodes.append((env, start, t + 1, int(self.group_ids[t, env]), turns))
+                key = int(self.running_keys[env])
+                self.segments.append((env, start, t + 1, key))
+                self.running_turns[env] = {}
+                self.running_keys[env], self._next_key = self._next_key, self._next_key + 1
+                start = t + 1
+            self.running_turns[env] = self._turn_rewards(env, start, n_steps, self.running_turns[env])
+            if start < n_steps:
+                self.segments.append((env, start, n_steps, int(self.running_keys[env])))
+
+        members: dict[int, list[tuple[dict[int, float], int]]] = {}  # group -> (turn rewards, episode or -1)
+        for i, (_, _, _, gid, turns) in enumerate(episodes):
+            if gid not in members:
+                members[gid] = [(m, -1) for m in self.pending_turns.get(gid, [])]
+            members[gid].append((turns, i))
+        complete = []
+        for gid, group in members.items():
+            if len(group) >= self.group_size:
+                self.pending_turns.pop(gid, None)
+                complete.extend((gid, turns, owner) for turns, owner in group)
+            else:
+                self.pending_turns[gid] = [turns for turns, _ in group]
+                self.pending_turns.move_to_end(gid)
+        while len(self.pending_turns) > self.max_pending_groups:
+            self.pending_turns.popitem(last=False)
+
+        advantages = np.zeros((n_steps, self.n_envs), dtype=np.float32)
+        group_means, group_stds = [], []
+        if complete:
+            n_turns = 1 + max(max(turns, default=0) for _, turns, _ in complete)
+            rewards = th.zeros((len(complete), n_turns), dtype=th.float64)
+            mask = th.zeros((len(complete), n_turns), dtype=th.bool)
+            for row, (_, turns, _) in enumerate(complete):
+                taken = 1 + max(turns, default=0)  # turns 0 .. taken - 1 (a turn without a reward counts)
+                mask[row, :taken] = True
+                for turn, reward in turns.items():
+                    rewards[row, turn] = reward
+            gids = th.as_tensor([gid for gid, _, _ in complete])
+            adv, _ = turn_rloo_advantages(rewards, mask, gids)
+            adv_np = adv.numpy()
+            for row, (_, _, owner) in enumerate(complete):
+                if owner < 0:
+                    continue
+                env, start, stop = episodes[owner][:3]
+                step_turns = self.turns[start:stop, env]
+                advantages[start:stop, env] = adv_np[row, step_turns]
+            totals = rewards.sum(1).numpy()
+            for gid in dict.fromkeys(gid for gid, _, _ in complete):
+                rets = totals[(gids == gid).numpy()]
+                group_means.append(rets.mean())
+                group_stds.append(rets.std(ddof=1) if len(rets) > 1 else 0.0)
+
+        stats = {
+            "group_reward_mean": float(np.mean(group_means)) if group_means else float("nan"),
+            "group_reward_std": float(np.mean(group_stds)) if group_stds else float("nan"),
+            "n_groups": float(len(group_means)),
+            "frac_steps_nonzero_advantage": float(np.mean(advantages != 0)) if advantages.size else 0.0,
+        }
+        return advantages, stats
+
+    def live_keys(self) -> set[int]:
+        """Keys of the running episodes (finished members of pending groups are not tracked by key here)."""
+        return {int(k) for k in self.running_keys}
+
+
+def _no_episode_advantage(_returns: th.Tensor, _group_ids: th.Tensor, _is_greedy: th.Tensor):
+    """Placeholder of :class:`TurnGroupTracker`'s base: it computes per turn, never per episode."""
+    raise RuntimeError("TurnGroupTracker computes advantages per turn (turn_rloo_advantages), not per episode")
+
+
 def _ignore_greedy(fn: Callable[[th.Tensor, th.Tensor], tuple[th.Tensor, th.Tensor]]) -> GroupAdvantageFn:
     """Adapt ``f(returns, group_ids)`` to the tracker's ``f(returns, group_ids, is_greedy)``."""
 
@@ -259,11 +408,12 @@ def check_grouped_env(env: VecEnv, advantage: str, n_steps: int | None = None) -
     """The env's ``group_size``, after checking that it suits the group advantage form ``advantage``.
 
     :param env: The VecEnv.
-    :param advantage: ``"group"``, ``"group_mean"``, ``"rloo"`` or ``"self_critical"``.
+    :param advantage: ``"group"``, ``"group_mean"``, ``"rloo"``, ``"self_critical"`` or ``"group_turn"``.
     :param n_steps: Steps per env per rollout; warns when shorter than the env's episodes
         (:func:`warn_if_episodes_straddle`). ``None``: no such check.
     :return: ``group_size`` (> 1).
-    :raises ValueError: for an env without groups, or (self-critical) ``n_envs`` not a multiple of the group size.
+    :raises ValueError: for an env without groups, (self-critical) ``n_envs`` not a multiple of the group size, or
+        (``"group_turn"``) a text env without interaction.
     """
     group_size = env_group_size(env)
     if group_size is None or group_size <= 1:
@@ -276,9 +426,26 @@ def check_grouped_env(env: VecEnv, advantage: str, n_steps: int | None = None) -
             f"advantage='self_critical' makes env i with i % group_size == 0 act greedily, so n_envs "
             f"({env.num_envs}) must be a multiple of group_size ({group_size})"
         )
+    if advantage == "group_turn" and env_is_interactive(env) is False:
+        raise ValueError(
+            "advantage='group_turn' credits each turn of an interactive episode, but this text env has no "
+            "interaction (its episodes are one turn). Use an interactive env (GuessNumber-v0, ToolArithmetic-v0, or "
+            "interaction=...), or advantage='rloo', which is what 'group_turn' computes for one-turn episodes"
+        )
     if n_steps is not None:
         warn_if_episodes_straddle(env, advantage, n_steps)
     return group_size
+
+
+def env_is_interactive(env: VecEnv) -> bool | None:
+    """Whether a text env's episodes are interactive (it has an interaction), or ``None`` for an env that does not
+    say (not a text env)."""
+    try:
+        specs = env.get_attr("text_spec")
+    except (AttributeError, NotImplementedError, KeyError):
+        return None
+    kinds = {getattr(s, "interaction", None) is not None for s in specs}
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def make_group_tracker(env: VecEnv, advantage: str) -> EpisodeGroupTracker:
@@ -286,12 +453,15 @@ def make_group_tracker(env: VecEnv, advantage: str) -> EpisodeGroupTracker:
 
     ``"group"``: DeepSeekMath's ``(r - mean_g) / (std_g + eps)``; ``"group_mean"``: Dr. GRPO's ``r - mean_g``;
     ``"rloo"``: the leave-one-out baseline;
-    ``"self_critical"``: env ``i`` with ``i % group_size == 0`` acts greedily and its reward is its group's baseline.
+    ``"self_critical"``: env ``i`` with ``i % group_size == 0`` acts greedily and its reward is its group's baseline;
+    ``"group_turn"``: turn-level leave-one-out credit of interactive episodes (:class:`TurnGroupTracker`).
 
     :param env: The grouped VecEnv.
-    :param advantage: ``"group"``, ``"group_mean"``, ``"rloo"`` or ``"self_critical"``.
+    :param advantage: ``"group"``, ``"group_mean"``, ``"rloo"``, ``"self_critical"`` or ``"group_turn"``.
     """
     group_size = check_grouped_env(env, advantage)
+    if advantage == "group_turn":
+        return TurnGroupTracker(env.num_envs, group_size)
     greedy = None
     if advantage == "group":
         advantage_fn = _ignore_greedy(group_advantages)

@@ -4,7 +4,8 @@ The on-policy skeleton that every algorithm of the package shares: SB3's PPO loo
 :class:`GroupOnPolicyAlgorithm` is SB3's :class:`~stable_baselines3.common.on_policy_algorithm.OnPolicyAlgorithm`
 with PPO's arguments and ``collect_rollouts`` step for step, plus what any algorithm here reuses:
 
-- group advantages (``advantage="group" | "group_mean" | "rloo" | "self_critical"``, :mod:`sb3_grpo.common.groups`),
+- group advantages (``advantage="group" | "group_mean" | "rloo" | "self_critical" | "group_turn"``,
+  :mod:`sb3_grpo.common.groups`),
   ``carry_over`` (:mod:`sb3_grpo.common.carry_over`) and rewards scored in the background
   (:mod:`sb3_grpo.common.deferred_rewards`), all through the rollout's state (:mod:`sb3_grpo.common.rollout`);
 - the two update paths (:mod:`sb3_grpo.common.batch_sources`), whose minibatches know their sequences, and
@@ -67,6 +68,7 @@ from sb3_grpo.common.groups import EpisodeGroupTracker, check_grouped_env, make_
 from sb3_grpo.common.host_memory import release_free_heap
 from sb3_grpo.common.io import atomic_write, is_atomic_temp
 from sb3_grpo.common.nonfinite import raise_non_finite
+from sb3_grpo.common.redistribution import RewardRedistribution, check_redistribution_env
 from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
@@ -90,8 +92,11 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         remaining as ``clip_range`` takes (e.g. ``lambda p: 0.01 * p``); evaluated once per update, logged as
         ``train/ent_coef``. A number is used as it is, so the loss is computed exactly as SB3's PPO computes it
     :param advantage: ``"gae"`` (PPO's), or a group form: ``"group"`` (DeepSeekMath), ``"group_mean"`` (the group
-        mean as baseline, no std division: Dr.GRPO), ``"rloo"`` or ``"self_critical"`` (:mod:`sb3_grpo.common.groups`)
+        mean as baseline, no std division: Dr.GRPO), ``"rloo"``, ``"self_critical"`` or ``"group_turn"`` (interactive
+        episodes, credit per turn) (:mod:`sb3_grpo.common.groups`)
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
+    :param reward_redistribution: ``None`` (off), ``"attention"`` or ``"uniform"``: spread each episode's reward over
+        its steps before returns and advantages, its total kept (:mod:`sb3_grpo.common.redistribution`)
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: group forms on the text fast path: train the steps of an episode whose group has not finished
         when the rollout ends in the first update after it has (:mod:`sb3_grpo.common.carry_over`)
@@ -149,6 +154,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         micro_batch_size: int | None = None,
         data_parallel: str = "ddp",
         engine: str = "step",
+        reward_redistribution: str | None = None,
     ):
         # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed); outside
         # torchrun this is the single-process seam and torch.distributed is never touched. load() builds with
@@ -208,6 +214,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             check_int("micro_batch_size", micro_batch_size, low=1, example=8)
         self.micro_batch_size = micro_batch_size
         self.engine = check_engine(engine)
+        self.reward_redistribution = reward_redistribution
+        if reward_redistribution is not None and self.env is not None:
+            check_redistribution_env(self.env, reward_redistribution)
         if self.advantage != "gae" and self.env is not None:
             # warns when n_steps < the episodes' length (unless carry_over trains those steps later)
             check_grouped_env(self.env, self.advantage, None if carry_over else self.n_steps)
@@ -322,6 +331,12 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self._rollout_explore_alpha = 0.0
         self._group_tracker: EpisodeGroupTracker | None = None
         self._carry = CarryOver() if getattr(self, "carry_over", False) else None
+        self._redistribution_steps: np.ndarray | None = None  # per env: steps of its running episode so far
+        if getattr(self, "reward_redistribution", None) == "attention" and not hasattr(self.policy, "lm"):
+            raise ValueError(
+                f"reward_redistribution='attention' reads the attention of the policy's language model, but "
+                f"{type(self.policy).__name__} has none; use a CausalLMPolicy, or reward_redistribution='uniform'"
+            )
         self._grad_norm_warned = False
         self._skipped_nonfinite = 0
         # fp16 autocast: scale the loss so that small gradients do not underflow (bf16 has fp32's range: no scaler)
@@ -428,6 +443,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     def _excluded_save_params(self) -> list[str]:
         # (the loss scaler is rebuilt by _setup_model: a loaded model starts again from the initial scale)
         own = ["ref_policy", "batch_source", "_data_parallel", "_group_tracker", "_sync_ranks_at_setup", "_carry"]
+        own += ["_redistribution_steps"]
         own += ["_grad_scaler", "_full_state", "_given_buffer_class"]
         return [*super()._excluded_save_params(), *own]
 
@@ -447,6 +463,17 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         if self._group_tracker is None or self._group_tracker.n_envs != env.num_envs:
             self._group_tracker = make_group_tracker(env, self.advantage)
         return self._group_tracker
+
+    def _rollout_redistribution(self, env: VecEnv, n_rollout_steps: int) -> RewardRedistribution | None:
+        """``reward_redistribution``'s bookkeeping for a rollout of ``env`` (``None``: off); each env's running episode
+        length is kept across rollouts."""
+        rule = getattr(self, "reward_redistribution", None)
+        if rule is None:
+            return None
+        steps = getattr(self, "_redistribution_steps", None)
+        if steps is None or len(steps) != env.num_envs:
+            steps = self._redistribution_steps = np.zeros(env.num_envs, dtype=np.int64)
+        return RewardRedistribution(rule, env.num_envs, n_rollout_steps, steps)
 
     def _computes_as_ppo(self) -> bool:
         """Whether this model must compute exactly what SB3's PPO computes, bit for bit (no shortcut that rounds
@@ -499,6 +526,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             on_accelerator=self.device.type != "cpu",
             exact_ppo=self._computes_as_ppo(),
             engine=getattr(self, "engine", "step"),
+            redistribution=self._rollout_redistribution(env, n_rollout_steps),
         )
 
         callback.on_rollout_start()

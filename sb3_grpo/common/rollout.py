@@ -25,6 +25,7 @@ from sb3_grpo.common.draws import sample_actions
 from sb3_grpo.common.engines import TurnQueues
 from sb3_grpo.common.groups import EpisodeGroupTracker
 from sb3_grpo.common.nonfinite import NonFiniteEpisodes, check_advantages, check_log_probs
+from sb3_grpo.common.redistribution import RewardRedistribution
 
 __all__ = ["RolloutExtras", "bootstrap_truncated", "env_actions"]
 
@@ -77,6 +78,8 @@ class RolloutExtras:
         self.defer_draw_checks = False
         self.unchecked_log_probs: list[tuple[int, int, th.Tensor]] = []  # (row, timestep, log-probs)
         self.turns: TurnQueues | None = None  # engine="hf": the tokens decoded a turn ahead (sb3_grpo.common.engines)
+        self.redistribution: RewardRedistribution | None = None  # reward_redistribution (common.redistribution)
+        self.policy: BasePolicy | None = None
 
     @classmethod
     def start(
@@ -96,6 +99,7 @@ class RolloutExtras:
         on_accelerator: bool = False,
         exact_ppo: bool = False,
         engine: str = "step",
+        redistribution: RewardRedistribution | None = None,
     ) -> RolloutExtras:
         """The state of a rollout of ``env`` about to start (the first arguments are the constructor's, with the env
         for its number of envs), with the env's background rewards turned on where it offers them.
@@ -109,12 +113,15 @@ class RolloutExtras:
             :attr:`sb3_grpo.grpo.extras.GRPOExtras.computes_as_ppo`).
         :param engine: The rollout engine (:mod:`sb3_grpo.common.engines`): ``"step"`` draws each step's tokens in
             its policy call, ``"hf"`` hands out tokens the policy's decoder computed a turn ahead.
+        :param redistribution: ``reward_redistribution``'s bookkeeping for this rollout (``None``: off).
         """
         extras = cls(
             action_space, alpha, tracker, self_critical, nonfinite, rollout_buffer, env.num_envs, n_rollout_steps, rng
         )
         extras.deferred = DeferredRewards.start(env)
         extras.carry = carry
+        extras.redistribution = redistribution
+        extras.policy = policy
         extras.defer_draw_checks = on_accelerator
         if engine != "step" and policy is not None:
             greedy = extras.greedy_envs
@@ -189,6 +196,8 @@ class RolloutExtras:
             )
         if self.tracker is not None:
             self.tracker.add(rewards, dones, infos)
+        if self.redistribution is not None:
+            self.redistribution.record(row, rewards, dones, infos)
 
     def buffer_extra(self, policy_log_probs: th.Tensor) -> dict[str, Any]:
         """Keyword arguments of ``rollout_buffer.add`` beyond SB3's (the policy's own log-probs, where stored)."""
@@ -197,9 +206,15 @@ class RolloutExtras:
 
     def land_rewards(self, rollout_buffer: RolloutBuffer) -> None:
         """Before returns and advantages: the rewards scored in the background, where ``step`` would have put them
-        (:class:`~sb3_grpo.common.deferred_rewards.DeferredRewards`)."""
+        (:class:`~sb3_grpo.common.deferred_rewards.DeferredRewards`), then, with ``reward_redistribution``, each
+        ended episode's reward spread over its steps (:class:`~sb3_grpo.common.redistribution.RewardRedistribution`).
+        """
+        redistribution = self.redistribution
         if self.deferred is not None:
-            self.deferred.land(rollout_buffer, self.tracker, self.nonfinite)
+            raw = redistribution.raw_rewards if redistribution is not None else None
+            self.deferred.land(rollout_buffer, self.tracker, self.nonfinite, raw)
+        if redistribution is not None:  # the end-of-episode rewards spread over the episodes' steps
+            redistribution.apply(rollout_buffer.rewards, self.policy)
 
     def stop(self) -> bool:
         """A callback stopped the rollout: nothing more lands in this buffer. Returns ``False`` (for SB3's loop)."""

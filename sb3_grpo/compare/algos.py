@@ -118,6 +118,38 @@ ALGOS: dict[str, AlgoSpec] = {
             "GRPO defaults with leave-one-out (RLOO) group advantages; grouped envs",
         ),
         AlgoSpec(
+            "grpo-turn",
+            "GRPO",
+            {"advantage": "group_turn"},
+            "GRPO defaults with turn-level leave-one-out credit (each turn's return-to-go minus the mean of the "
+            "group's other members at that turn); interactive envs, grouped",
+        ),
+        AlgoSpec(
+            "ppo-rloo",
+            "GRPO",
+            {**OFF, "advantage": "rloo"},
+            "episode-level leave-one-out (RLOO) group advantages, no other extra, no critic; grouped envs",
+        ),
+        AlgoSpec(
+            "ppo-turn",
+            "GRPO",
+            {**OFF, "advantage": "group_turn"},
+            "turn-level leave-one-out credit (ppo-rloo per turn), no other extra, no critic; interactive envs, grouped",
+        ),
+        AlgoSpec(
+            "ppo-redistribute",
+            "GRPO",
+            {**OFF, "reward_redistribution": "attention"},
+            "PPO (GAE) with the episode's reward spread over its tokens by the policy LM's last-layer attention "
+            "from the final token (total kept); single-turn text envs",
+        ),
+        AlgoSpec(
+            "ppo-redistribute-uniform",
+            "GRPO",
+            {**OFF, "reward_redistribution": "uniform"},
+            "PPO (GAE) with the episode's reward spread evenly over its tokens (total kept)",
+        ),
+        AlgoSpec(
             "ppo-group",
             "GRPO",
             {**OFF, "advantage": "group"},

@@ -39,6 +39,9 @@ class GRPOExtras:
     #: the rollout engine (``"step"``: SB3's loop, PPO's numbers; ``"hf"``: the built-in decoder, the same tokens with
     #: log-probs and values equal to float rounding), see :mod:`sb3_grpo.common.engines`
     engine: str = "step"
+    #: spread each episode's reward over its steps (``"attention"``, ``"uniform"``; ``None``: off), see
+    #: :mod:`sb3_grpo.common.redistribution`
+    reward_redistribution: str | None = None
 
     def __post_init__(self) -> None:
         # lists (from a user, or a saved model's JSON) become tuples, so that the value is hashable and compares equal

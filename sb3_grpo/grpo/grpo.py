@@ -58,7 +58,9 @@ class GRPO(GroupOnPolicyAlgorithm):
     - **Advantage** (``advantage``): ``"gae"`` (PPO), or per completed group of episodes ``"group"``
       (DeepSeekMath, arXiv 2402.03300: ``(r - mean_g) / (std_g + eps)``), ``"rloo"`` (Ahmadian et al. 2024,
       arXiv 2402.14740) or ``"self_critical"`` (Rennie et al. 2017: the greedy member's reward is the baseline;
-      env ``i`` with ``i % group_size == 0`` acts greedily and is not trained on). Group forms train no critic,
+      env ``i`` with ``i % group_size == 0`` acts greedily and is not trained on), or, for interactive episodes,
+      ``"group_turn"`` (turn-level credit: each turn's return-to-go minus the leave-one-out mean of the group's
+      members at the same turn, :func:`~sb3_grpo.objectives.turn_rloo_advantages`). Group forms train no critic,
       skip minibatch advantage normalization, and need an env that reports ``group_size > 1`` and puts
       ``info["group_id"]`` in every step's info (:mod:`sb3_grpo.common.groups`).
     - **KL to a reference** (``kl_coef``, ``kl_target``): ``kl_coef * KL`` is added to the loss, the k3 estimate
@@ -127,8 +129,8 @@ class GRPO(GroupOnPolicyAlgorithm):
     :param adaptive_clip: ``(scale for A > 0, scale for A <= 0)``, both positive; ``None`` turns it off
     :param explore_alpha: initial uniform-mixture weight in ``[0, 1]`` (0 turns it off)
     :param explore_fraction: fraction of ``total_timesteps`` over which ``alpha`` decays to 0, in ``(0, 1]``
-    :param advantage: ``"gae"``, ``"group"``, ``"group_mean"`` (Dr. GRPO's: no std division), ``"rloo"`` or
-        ``"self_critical"``
+    :param advantage: ``"gae"``, ``"group"``, ``"group_mean"`` (Dr. GRPO's: no std division), ``"rloo"``,
+        ``"self_critical"`` or ``"group_turn"`` (interactive envs: per-turn leave-one-out credit)
     :param kl_coef: weight of the k3 KL to the frozen reference policy (0 turns it off)
     :param kl_target: target KL for the adaptive controller of ``kl_coef`` (None: fixed ``kl_coef``)
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this
@@ -152,6 +154,10 @@ class GRPO(GroupOnPolicyAlgorithm):
         loop: one token per policy call, the reference; with every extra off, bit for bit PPO's) or ``"hf"`` (the
         policy's built-in decoder computes a whole turn per row, and the env is stepped from per-row queues: the same
         tokens from the same draws, log-probs and values equal to float rounding)
+    :param reward_redistribution: ``None`` (default: off), ``"attention"`` (the policy LM's last-layer attention from
+        the episode's final token over its completion) or ``"uniform"``: spread each episode's reward over its steps
+        before returns and advantages, the episode's total kept (:mod:`sb3_grpo.common.redistribution`); it changes
+        what a critic and GAE see, not a group advantage
     """
 
     # Over 80 lines: PPO's signature plus GRPO's own arguments, kept in SB3's form so that the two read side by side
@@ -200,6 +206,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         micro_batch_size: int | None = None,
         data_parallel: str = "ddp",
         engine: str = "step",
+        reward_redistribution: str | None = None,
     ):
         # every argument (PPO's and GRPO's: type, finiteness, range) is checked first, before any model is built
         adaptive_clip = check_grpo_args(locals())
@@ -237,6 +244,7 @@ class GRPO(GroupOnPolicyAlgorithm):
             micro_batch_size=micro_batch_size,
             data_parallel=data_parallel,
             engine=engine,
+            reward_redistribution=reward_redistribution,
         )
         self.grad_var_coef = float(grad_var_coef)
         self.grad_var_slices = int(grad_var_slices)
