@@ -15,7 +15,6 @@ import numpy as np
 __all__ = [
     "ALGO_CLASSES",
     "VIDEO_SUFFIXES",
-    "FinalFrame",
     "check_render_mode",
     "check_video_path",
     "env_render_modes",
@@ -90,7 +89,7 @@ def check_render_mode(env_id: str, render_mode: str) -> None:
         )
 
 
-class FinalFrame(gym.Wrapper):
+class _FinalFrame(gym.Wrapper):
     """Put the frame of an episode's last state in the info of its last step, as ``info["frame"]``.
 
     SB3's ``DummyVecEnv`` resets a finished env within the same ``step``, so ``render()`` afterwards shows the next
@@ -127,7 +126,7 @@ def make_sample_env(
         return make_vec_env(env_id, n_envs=1, seed=seed, **env_kwargs)
     from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
 
-    wrapper = FinalFrame if render_mode == "rgb_array" else None
+    wrapper = _FinalFrame if render_mode == "rgb_array" else None
     return sb3_make_vec_env(env_id, n_envs=1, seed=seed, env_kwargs=env_kwargs, wrapper_class=wrapper)
 
 
