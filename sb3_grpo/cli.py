@@ -356,7 +356,7 @@ def _add_sample(sub: Any) -> None:
         default=None,
         metavar="FILE.gif|FILE.mp4",
         help="also record the episodes (render_mode='rgb_array'; one frame per step, a text env's per token): "
-        "a GIF (Pillow) or an mp4 (needs imageio imageio-ffmpeg)",
+        "a GIF (Pillow) or an mp4 (needs imageio-ffmpeg)",
     )
     p.add_argument("--fps", type=float, default=None, help="frames per second of --video (default: the env's)")
     p.set_defaults(subparser=p)

@@ -28,7 +28,7 @@ __all__ = [
 
 #: Video formats of ``sb3-grpo sample --video``, by file suffix.
 VIDEO_SUFFIXES = (".gif", ".mp4")
-_MP4_INSTALL = "pip install imageio imageio-ffmpeg"
+_MP4_INSTALL = "pip install imageio-ffmpeg (the video extra)"
 
 #: ``--algo`` name -> the algorithm class's import path.
 ALGO_CLASSES = {
@@ -67,8 +67,9 @@ def load_checkpoint(path: str | os.PathLike, algo: str = "auto", device: str = "
 
 def env_render_modes(env_id: str) -> list[str]:
     """The render modes a registered env declares (its class's ``metadata["render_modes"]``)."""
-    import gymnasium as gym
     from gymnasium.envs.registration import load_env_creator
+
+    import textrl_envs  # noqa: F401  (registers the text env ids)
 
     try:
         spec = gym.spec(env_id)
@@ -113,7 +114,7 @@ def make_sample_env(
     :param render_mode: ``"rgb_array"`` to record a video with :func:`sample_episodes` (``frames=``); the env must
         declare it (:func:`check_render_mode`), and the last step of each episode then carries ``info["frame"]``.
     """
-    import textrl_envs
+    import textrl_envs  # registers the text env ids
 
     env_kwargs = dict(env_kwargs or {})
     if render_mode is not None:
@@ -195,18 +196,16 @@ def check_video_path(path: str | os.PathLike) -> str:
         raise ValueError(f"--video {os.fspath(path)!r}: give a file ending in {' or '.join(VIDEO_SUFFIXES)}")
     if suffix == ".mp4":
         try:
-            import imageio  # noqa: F401
             import imageio_ffmpeg  # noqa: F401
         except ImportError:
-            raise ValueError(
-                f"--video .mp4 needs imageio and imageio-ffmpeg: {_MP4_INSTALL} (or write a .gif)"
-            ) from None
+            msg = f"--video .mp4 needs imageio-ffmpeg (its bundled ffmpeg): {_MP4_INSTALL} (or write a .gif)"
+            raise ValueError(msg) from None
     return suffix[1:]
 
 
 def write_video(path: str | os.PathLike, frames: list[np.ndarray], fps: float) -> Path:
-    """Write ``frames`` (``uint8`` arrays ``(H, W, 3)`` of one size) as a GIF (Pillow) or an mp4 (imageio-ffmpeg),
-    by ``path``'s suffix, atomically (:func:`~sb3_grpo.common.io.atomic_write`).
+    """Write ``frames`` (``uint8`` arrays ``(H, W, 3)`` of one size) as a GIF (Pillow) or an mp4 (H.264, the ffmpeg
+    of imageio-ffmpeg), by ``path``'s suffix, atomically (:func:`~sb3_grpo.common.io.atomic_write`).
 
     A GIF shows each frame for ``1000 / fps`` ms rounded to 10 ms (the format's unit); Pillow merges a frame equal
     to the one before into it (one longer frame), so the total duration stays ``len(frames) / fps``.
@@ -229,11 +228,19 @@ def write_video(path: str | os.PathLike, frames: list[np.ndarray], fps: float) -
         images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=duration, loop=0)
 
     def write_mp4(tmp: str) -> None:
-        import imageio
+        import imageio_ffmpeg
 
-        with imageio.get_writer(tmp, format="FFMPEG", mode="I", fps=fps, macro_block_size=1) as writer:
+        height, width = frames[0].shape[:2]
+        # H.264 in yuv420p needs even sides (macro_block_size=2 resizes odd ones); -f mp4: the temp name has no .mp4
+        writer = imageio_ffmpeg.write_frames(
+            tmp, (width, height), fps=fps, macro_block_size=2, output_params=["-f", "mp4"], ffmpeg_log_level="error"
+        )
+        writer.send(None)  # start ffmpeg
+        try:
             for f in frames:
-                writer.append_data(f)
+                writer.send(np.ascontiguousarray(f))
+        finally:
+            writer.close()
 
     return atomic_write(path, write_gif if kind == "gif" else write_mp4)
 

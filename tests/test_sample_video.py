@@ -153,12 +153,15 @@ def test_video_bad_input(tmp_path, capsys):
     assert "--fps must be positive" in capsys.readouterr().err
     assert not (tmp_path / "a.gif").exists()
     try:
-        import imageio  # noqa: F401
-        import imageio_ffmpeg  # noqa: F401
+        import imageio_ffmpeg
     except ImportError:
         with pytest.raises(SystemExit):
             main([*base, "--env", WALK_ID, "--video", str(tmp_path / "a.mp4")])
-        assert "pip install imageio imageio-ffmpeg" in capsys.readouterr().err
-    else:
-        assert main([*base, "--env", WALK_ID, "--video", str(tmp_path / "a.mp4"), "--quiet"]) == 0
-        assert (tmp_path / "a.mp4").stat().st_size > 0
+        assert "pip install imageio-ffmpeg" in capsys.readouterr().err
+    else:  # the mp4 read back with ffmpeg: one frame per step and reset, at the frames' size
+        out = tmp_path / "a.jsonl"
+        assert main([*base, "--env", WALK_ID, "--video", str(tmp_path / "a.mp4"), "--out", str(out), "--quiet"]) == 0
+        (row,) = [json.loads(line) for line in open(out)]
+        reader = imageio_ffmpeg.read_frames(str(tmp_path / "a.mp4"))
+        meta = next(reader)
+        assert meta["size"] == (4 * WALK_CELLS, 4) and sum(1 for _ in reader) == row["steps"] + 1
