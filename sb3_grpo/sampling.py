@@ -208,7 +208,7 @@ def write_video(path: str | os.PathLike, frames: list[np.ndarray], fps: float) -
     of imageio-ffmpeg), by ``path``'s suffix, atomically (:func:`~sb3_grpo.common.io.atomic_write`).
 
     A GIF shows each frame for ``1000 / fps`` ms rounded to 10 ms (the format's unit); Pillow merges a frame equal
-    to the one before into it (one longer frame), so the total duration stays ``len(frames) / fps``.
+    to the one before into it (one longer frame), so the total duration stays ``len(frames)`` times that.
     """
     from sb3_grpo.common.io import atomic_write
 
