@@ -419,8 +419,8 @@ def _add_sample(sub: Any) -> None:
         help="load a checkpoint and play episodes with it on an env, printing or saving the transcripts",
         description=(
             "Load an SB3 checkpoint (.zip saved by model.save, a checkpoint callback or compare) and play --n "
-            "episodes on --env; print each episode's prompt and completion (or transcript) and reward, and with --out "
-            "write them as JSON lines."
+            "episodes on --env; print each episode's prompt and completion (or transcript) and reward, with --out "
+            "write them as JSON lines, and with --video record them (GIF or mp4)."
         ),
     )
     p.add_argument("checkpoint", help="the checkpoint (.zip)")
@@ -434,11 +434,29 @@ def _add_sample(sub: Any) -> None:
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--gym-packages", nargs="+", default=[], metavar="PKG", help="modules that register env ids")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors (with --out)")
+    p.add_argument(
+        "--video",
+        default=None,
+        metavar="FILE.gif|FILE.mp4",
+        help="also record the episodes (render_mode='rgb_array'; one frame per step, a text env's per token): "
+        "a GIF (Pillow) or an mp4 (needs imageio-ffmpeg)",
+    )
+    p.add_argument("--fps", type=float, default=None, help="frames per second of --video (default: the env's)")
     p.set_defaults(subparser=p)
 
 
 def _sample(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from sb3_grpo.sampling import checkpoint_algo, format_row, load_checkpoint, make_sample_env, sample_episodes
+    import gymnasium as gym
+
+    from sb3_grpo.sampling import (
+        check_video_path,
+        checkpoint_algo,
+        format_row,
+        load_checkpoint,
+        make_sample_env,
+        sample_episodes,
+        write_video,
+    )
 
     try:
         import_gym_packages(args.gym_packages)
@@ -446,7 +464,12 @@ def _sample(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             raise ValueError(f"checkpoint {args.checkpoint!r} is not a file; give the .zip that model.save wrote")
         algo = checkpoint_algo(args.checkpoint) if args.algo == "auto" else args.algo
         _check_device(args.device)
-        env = make_sample_env(args.env, parse_env_kwargs(args.env_kwargs), seed=args.seed)
+        if args.video is not None:
+            check_video_path(args.video)
+            if args.fps is not None and not args.fps > 0:
+                raise ValueError(f"--fps must be positive, got {args.fps}")
+        render_mode = "rgb_array" if args.video is not None else None
+        env = make_sample_env(args.env, parse_env_kwargs(args.env_kwargs), seed=args.seed, render_mode=render_mode)
     except ValueError as err:
         parser.error(str(err))
     import torch as th
@@ -454,18 +477,26 @@ def _sample(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     th.manual_seed(args.seed)
     model = load_checkpoint(args.checkpoint, algo=algo, device=args.device)
     out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115  (closed below)
+    frames: list | None = [] if args.video is not None else None
     try:
-        for row in sample_episodes(model, env, args.n, deterministic=args.deterministic):
+        for row in sample_episodes(model, env, args.n, deterministic=args.deterministic, frames=frames):
             if not args.quiet:
                 print(format_row(row))
             if out is not None:
                 out.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        fps = args.fps or env.metadata.get("render_fps") or 30
+    except gym.error.DependencyNotInstalled as err:  # e.g. CartPole's rgb_array needs pygame
+        parser.error(f"--video: {err}")
     finally:
         if out is not None:
             out.close()
         env.close()
     if args.out and not args.quiet:
         print(f"{args.n} episodes in {args.out}")
+    if frames is not None:
+        write_video(args.video, frames, fps=fps)
+        if not args.quiet:
+            print(f"{len(frames)} frames at {fps:g} fps in {args.video}")
     return 0
 
 

@@ -122,7 +122,9 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
       ``completion_ids`` (tuple of ints, without EOS, as :class:`~textrl_envs.env.TextGenEnv`),
       ``prompt_index`` (``-1`` for a prompt given as text), ``reward`` (float), ``group_id``,
       ``episode_id``; object arrays for str and arrays; with ``nonfinite_reward="skip"`` also
-      ``reward_nonfinite`` (bool: the reward was NaN/inf and is scored 0).
+      ``reward_nonfinite`` (bool: the reward was NaN/inf and is scored 0); with ``render_mode="rgb_array"``
+      also ``frame``, the episode's last frame as :meth:`render` draws it (the returned observation, and
+      ``render()`` after the step, are already the next episode's).
     * top level on ``reset`` and for envs autoreset this step: ``prompt`` and ``prompt_index`` of
       the episode begun.
 
@@ -391,6 +393,11 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
             final_info["reward_components"] = object_array(n, done, parts)
         if ticket is not None:  # scored in the background: the reward (and its components) from collect_rewards()
             final_info["reward_ticket"] = int_array(n, done, [ticket] * len(done))
+        if self.render_mode == "rgb_array":  # the finished episodes' last frames, drawn before they reset
+            shown = self._prompts_and_completions()
+            final_info["frame"] = object_array(
+                n, done, [transcript_frame([("prompt", shown[e][0]), ("agent", shown[e][1])]) for e in done.tolist()]
+            )
         for key in list(final_info):
             final_info[f"_{key}"] = done_mask.copy()
         infos["final_obs"] = object_array(
