@@ -148,3 +148,14 @@ def test_stock_ppo_loads_a_saved_grpo_text_model_and_trains(tmp_path):
     assert stock.num_timesteps == 32
     again = PPO.load(tmp_path / "text.zip", env=env, device="cpu")
     assert again.rollout_buffer_class is model.rollout_buffer_class  # GRPO picks its sequence buffer again
+
+
+@pytest.mark.skipif(th.cuda.is_available(), reason="this machine has CUDA, so device='cuda' does not fall back")
+def test_device_cuda_without_cuda_falls_back_to_the_cpu_as_sb3_does():
+    from stable_baselines3 import PPO as StockPPO
+
+    stock = StockPPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, device="cuda")
+    with pytest.warns(UserWarning, match=r"device='cuda': CUDA is not available here, running on the CPU"):
+        ours = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, device="cuda")
+    assert ours.device == stock.device == th.device("cpu")
+    assert next(ours.policy.parameters()).device.type == "cpu"
