@@ -120,7 +120,12 @@ def _check_policy_kwargs(name: str, value: Any) -> dict[str, Any] | None:
     def layers(v: Any) -> bool:
         return isinstance(v, (list, tuple)) and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in v)
 
-    if arch is not None and not (layers(arch) or (isinstance(arch, dict) and all(layers(v) for v in arch.values()))):
+    def per_net(v: Any) -> bool:
+        return isinstance(v, dict) and all(layers(net) for net in v.values())
+
+    # SB3 still takes the pre-1.8 form, one dict in a list ([dict(pi=[8], vf=[8])]), with a deprecation warning
+    old_form = isinstance(arch, list) and len(arch) == 1 and per_net(arch[0])
+    if arch is not None and not (layers(arch) or per_net(arch) or old_form):
         raise TypeError(f"{name}['net_arch'] must be {sizes}; got {given(arch)}")
     optimizer = kwargs.get("optimizer_class")
     if optimizer is not None and not (isinstance(optimizer, type) and issubclass(optimizer, th.optim.Optimizer)):
