@@ -13,7 +13,7 @@
 
 and the studies behind the README's figures, each also ``python -m benchmarks.<module>``: ``cartpole``,
 ``identity``, ``layout-check``, ``learn-interactive``, ``penalty-vs-surrogate``, ``selfplay``, ``micro-batch-memory``,
-``memory-recipes``.
+``memory-recipes``, ``sb3-suite``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "gpu-check": ("benchmarks.gpu_check", "the perf rows a GPU changes, on CUDA, with its sync-debug mode"),
     "cartpole": ("benchmarks.cartpole", "stock PPO against GRPO on CartPole-v1 (or another id) over seeds"),
     "identity": ("benchmarks.identity", "GRPO's defaults against stock PPO on SB3's identity checks"),
+    "sb3-suite": ("benchmarks.sb3_suite", "SB3's own PPO tests, as is and with GRPO under PPO's name"),
     "layout-check": ("benchmarks.layout_check", "what CausalLMPolicy's observation-layout check costs a rollout"),
     "learn-interactive": ("benchmarks.learn_interactive", "learning on GuessNumber-v0: GRPO and stock PPO"),
     "micro-batch-memory": ("benchmarks.micro_batch_memory", "peak memory of one update with micro-batches"),

@@ -119,3 +119,21 @@ def test_which_results_page_perf_writes(argv, smoke, expected):
     args = build_parser().parse_args(["perf", *argv])
     page = _page_path(args, "perf.md", smoke)
     assert page == expected
+
+
+def test_sb3_suite_ports_the_ppo_import_and_reports_what_fails():
+    from benchmarks.sb3_suite import INTENDED, port_source, suite_page
+
+    ported = port_source("import x\nfrom stable_baselines3 import A2C, PPO, SAC\nfrom stable_baselines3 import DQN\n")
+    assert ported == (
+        "import x\nfrom stable_baselines3 import A2C, SAC\nfrom sb3_grpo import GRPO as PPO\n"
+        "from stable_baselines3 import DQN\n"
+    )
+    assert port_source("from stable_baselines3 import PPO\n") == "from sb3_grpo import GRPO as PPO\n"
+    known = next(iter(INTENDED))
+    stock = {"a.py::t[PPO]": "passed", "a.py::u[PPO]": "passed", "a.py::v[PPO]": "skipped", known: "passed"}
+    ours = {"a.py::t[GRPO]": "passed", "a.py::u[GRPO]": "failed", "a.py::v[GRPO]": "skipped", known: "failed"}
+    body, unexplained = suite_page(stock, ours)
+    assert unexplained == ["a.py::u[PPO]"]
+    assert "| stock `PPO` | 3 | 0 | 1 |" in body and "| `GRPO` as `PPO` | 1 | 2 | 1 |" in body
+    assert "`a.py::u[PPO]` | **not explained: a defect**" in body and INTENDED[known] in body

@@ -496,11 +496,15 @@ def test_opening_that_fills_the_budget_is_an_error():
         def opening(self, state):
             return " " + " ".join(["word"] * 40)
 
-    env = TextGenEnv(prompts=["Talk:"], interaction=Chatty(), max_new_tokens=10)
-    with warnings.catch_warnings():  # it is also longer than the window (a warning): the error is what counts
-        warnings.simplefilter("ignore")
-        with pytest.raises(ValueError, match=r"the opening has \d+ tokens, which leaves the agent none"):
-            env.reset(seed=0)
+    single = TextGenEnv(prompts=["Talk:"], interaction=Chatty(), max_new_tokens=10)
+    whole = len(encode(single.text_spec.tokenizer, Chatty().opening(None)))
+    vector = TextGenVectorEnv(num_envs=2, prompts=["Talk:"], interaction=Chatty(), max_new_tokens=10)
+    assert whole > single.observation_space["input_ids"].shape[-1]  # longer than the window, too
+    for env in (single, vector):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # refused with its whole length, not cut to the window with a warning
+            with pytest.raises(ValueError, match=rf"the opening has {whole} tokens, which leaves the agent none"):
+                env.reset(seed=0)
 
 
 def test_compare_runs_as_is_on_an_interactive_id(tmp_path):

@@ -148,3 +148,33 @@ def test_stock_ppo_loads_a_saved_grpo_text_model_and_trains(tmp_path):
     assert stock.num_timesteps == 32
     again = PPO.load(tmp_path / "text.zip", env=env, device="cpu")
     assert again.rollout_buffer_class is model.rollout_buffer_class  # GRPO picks its sequence buffer again
+
+
+@pytest.mark.skipif(th.cuda.is_available(), reason="this machine has CUDA, so device='cuda' does not fall back")
+def test_device_cuda_without_cuda_falls_back_to_the_cpu_as_sb3_does():
+    from stable_baselines3 import PPO as StockPPO
+
+    stock = StockPPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, device="cuda")
+    with pytest.warns(UserWarning, match=r"device='cuda': CUDA is not available here, running on the CPU"):
+        ours = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, device="cuda")
+    assert ours.device == stock.device == th.device("cpu")
+    assert next(ours.policy.parameters()).device.type == "cpu"
+
+
+@pytest.mark.parametrize("net_arch", [[{"vf": [8]}], [{"vf": [8], "pi": [4]}]])
+def test_the_pre_1_8_net_arch_form_builds_as_in_sb3(net_arch):
+    """SB3 still takes one dict in a list (the form from before shared layers were removed), with a warning."""
+    from stable_baselines3 import PPO as StockPPO
+
+    kwargs = {"policy_kwargs": {"net_arch": net_arch}, "n_steps": 64, "device": "cpu"}
+    with pytest.warns(UserWarning, match="shared layers in the mlp_extractor are removed"):
+        stock = StockPPO("MlpPolicy", "CartPole-v1", **kwargs)
+    with pytest.warns(UserWarning, match="shared layers in the mlp_extractor are removed"):
+        ours = PPO("MlpPolicy", "CartPole-v1", **kwargs).learn(128)
+    shapes = [p.shape for p in stock.policy.parameters()]
+    assert [p.shape for p in ours.policy.parameters()] == shapes
+
+
+def test_a_net_arch_sb3_cannot_build_is_still_refused():
+    with pytest.raises(TypeError, match=r"policy_kwargs\['net_arch'\] must be a list of layer sizes"):
+        PPO("MlpPolicy", "CartPole-v1", policy_kwargs={"net_arch": [{"vf": [8]}, {"pi": [4]}]})

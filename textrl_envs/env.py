@@ -217,8 +217,8 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         self._transcript = [{"role": "env", "text": text}]
         self._turn, self._turns, self._nonfinite = [], 0, False
         if opening:
-            ids = self._replies(opening)
-            check_opening(spec, len(ids))
+            ids = self._replies.whole(opening)
+            check_opening(spec, len(ids))  # its whole length: one past the window is refused, never cut
             self._append(ids)
             self._generated.extend(ids)
             self._opened = len(ids)

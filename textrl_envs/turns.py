@@ -84,13 +84,18 @@ class ReplyEncoder:
         self._ids: dict[str, tuple[int, ...]] = {}
         self.warned = False
 
-    def __call__(self, text: str) -> tuple[int, ...]:
+    def whole(self, text: str) -> tuple[int, ...]:
+        """All of ``text``'s token ids, uncut."""
         ids = self._ids.get(text)
         if ids is None:
             ids = tuple(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
             if len(self._ids) >= REPLY_CACHE:
                 self._ids.clear()
             self._ids[text] = ids
+        return ids
+
+    def __call__(self, text: str) -> tuple[int, ...]:
+        ids = self.whole(text)
         if len(ids) > self.width:
             if not self.warned:
                 self.warned = True
@@ -154,8 +159,8 @@ class TurnBook:
         openings = []
         for env, prompt, meta, seed in zip(envs, prompts, metadata, seeds):
             state, opening = start_episode(self.spec.interaction, prompt, meta, int(seed), self.spec.task_id)
-            ids = self.encode(opening) if opening else ()
-            check_opening(self.spec, len(ids))
+            ids = self.encode.whole(opening) if opening else ()
+            check_opening(self.spec, len(ids))  # its whole length: one past the window is refused, never cut
             self.states[env] = state
             self.conversation[env] = list(ids)
             self.turn_start[env] = len(ids)

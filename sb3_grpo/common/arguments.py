@@ -67,6 +67,15 @@ def _check_device(name: str, value: Any) -> Any:
 
     if isinstance(value, str) and value == "auto":
         return value
+    if _is_missing_cuda(value):
+        # SB3's get_device falls back to the CPU here; code written against SB3 relies on it, so warn, do not refuse
+        warnings.warn(
+            f"{name}={str(value)!r}: CUDA is not available here, running on the CPU (as SB3 does); pass "
+            f"{name}='auto' or {name}='cpu' to silence this",
+            UserWarning,
+            stacklevel=4,
+        )
+        return "cpu"
     try:
         resolved = resolve_device(value)
     except ValueError as err:
@@ -74,6 +83,16 @@ def _check_device(name: str, value: Any) -> Any:
     if getattr(resolved, "type", None) == "meta":
         raise ValueError(f"{name}='meta' holds no data (nothing can be trained on it); pass 'auto', 'cpu' or 'cuda'")
     return value
+
+
+def _is_missing_cuda(value: Any) -> bool:
+    """Whether ``value`` names a CUDA device on a machine without CUDA."""
+    import torch
+
+    try:
+        return torch.device(value).type == "cuda" and not torch.cuda.is_available()
+    except (RuntimeError, TypeError):
+        return False
 
 
 def _check_buffer_class(name: str, value: Any) -> type:
@@ -101,7 +120,12 @@ def _check_policy_kwargs(name: str, value: Any) -> dict[str, Any] | None:
     def layers(v: Any) -> bool:
         return isinstance(v, (list, tuple)) and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in v)
 
-    if arch is not None and not (layers(arch) or (isinstance(arch, dict) and all(layers(v) for v in arch.values()))):
+    def per_net(v: Any) -> bool:
+        return isinstance(v, dict) and all(layers(net) for net in v.values())
+
+    # SB3 still takes the pre-1.8 form, one dict in a list ([dict(pi=[8], vf=[8])]), with a deprecation warning
+    old_form = isinstance(arch, list) and len(arch) == 1 and per_net(arch[0])
+    if arch is not None and not (layers(arch) or per_net(arch) or old_form):
         raise TypeError(f"{name}['net_arch'] must be {sizes}; got {given(arch)}")
     optimizer = kwargs.get("optimizer_class")
     if optimizer is not None and not (isinstance(optimizer, type) and issubclass(optimizer, th.optim.Optimizer)):

@@ -15,6 +15,7 @@ packed by :mod:`sb3_grpo.common.packing`), and loading and describing the Huggin
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +49,13 @@ from sb3_grpo.policies.quantization import keep_training_layout, quantization_sp
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
 from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
-from sb3_grpo.policies.validation import check_layout, check_policy_args, check_token_range, check_window_fits
+from sb3_grpo.policies.validation import (
+    check_building_algorithm,
+    check_layout,
+    check_policy_args,
+    check_token_range,
+    check_window_fits,
+)
 from sb3_grpo.policies.windows import positions_from_mask, shared_prefixes, trim_padding
 
 __all__ = ["CausalLMPolicy"]
@@ -241,6 +248,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         flags.update(share_prefixes=share_prefixes, gradient_checkpointing=gradient_checkpointing)
         flags.update(ortho_init=ortho_init)
         check_policy_args(temperature, top_k, top_p, critic_hidden, value_head_init_std, flags)
+        check_building_algorithm(inspect.currentframe())  # stock PPO's own arguments, which SB3 does not check
         cpu_thread_setting()  # a bad SB3_GRPO_CPU_THREADS is refused here, not at the first forward
         #: whether the CPU thread default (see "CPU threads" above) is still to be applied, at the first forward
         self._threads_pending = True
