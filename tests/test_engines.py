@@ -155,3 +155,79 @@ def test_engine_is_checked_and_saved(tmp_path):
     model = GRPO("CausalLMPolicy", _text_env(), engine="hf", n_steps=8, batch_size=32)
     model.save(tmp_path / "m.zip")
     assert GRPO.load(tmp_path / "m.zip", env=_text_env()).engine == "hf"
+
+
+def _count_turn_queues(monkeypatch):
+    made = []
+    real_init = TurnQueues.__init__
+
+    def counting(self, *args, **kwargs):
+        made.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(TurnQueues, "__init__", counting)
+    return made
+
+
+ALGO_CLASSES = ["GRPO", "DrGRPO", "DAPO", "GSPO", "CISPO"]
+
+
+@pytest.mark.parametrize("cls_name", ALGO_CLASSES)
+def test_every_algorithm_takes_the_engine_to_its_rollout(monkeypatch, cls_name):
+    import sb3_grpo
+
+    made = _count_turn_queues(monkeypatch)
+    cls = getattr(sb3_grpo, cls_name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = quiet(cls("CausalLMPolicy", _text_env(), n_steps=4, batch_size=16, n_epochs=1, seed=0, engine="hf"))
+    assert model.engine == "hf"
+    model.learn(4 * N_ENVS)
+    assert made == [1]  # one rollout, its tokens from the built-in decoder's queues
+    with pytest.raises(ValueError, match="engine must be one of"):
+        cls("CausalLMPolicy", _text_env(), engine="nope")
+
+
+@pytest.mark.parametrize("name", ["deepseek-grpo", "dr-grpo", "dapo", "gspo", "cispo"])
+def test_presets_take_the_engine(name):
+    from sb3_grpo.presets import make_preset
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = make_preset(name, "CausalLMPolicy", _text_env(), n_steps=4, batch_size=16, engine="hf")
+    assert model.engine == "hf"
+
+
+def test_compare_engine_flag_reaches_the_algorithms(tmp_path, monkeypatch):
+    import json
+
+    from sb3_grpo.cli import main
+
+    made = _count_turn_queues(monkeypatch)
+    argv = ["compare", "--env", "TextGen-v0", "--algos", "ppo,grpo-group,dr-grpo", "--seeds", "1", "--timesteps",
+            "32", "--n-envs", "4", "--group-size", "2", "--eval-episodes", "2", "--no-progress", "--set",
+            "*.n_steps=8", "--set", "*.batch_size=16", "--set", "*.n_epochs=1", "--engine", "hf"]  # fmt: skip
+    out = tmp_path / "out"
+    assert main([*argv, "--out", str(out)]) == 0
+    hyper = json.loads((out / "results.json").read_text())["config"]["hyperparameters"]
+    assert hyper["grpo-group"]["engine"] == hyper["dr-grpo"]["engine"] == "hf"
+    assert "engine" not in hyper["ppo"]  # stock PPO keeps SB3's loop
+    assert len(made) == 2  # one rollout each for grpo-group and dr-grpo, none for ppo
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--engine", "nope"], "--engine: engine must be one of"),
+        (["--env", "CartPole-v1", "--algos", "ppo,grpo", "--engine", "hf"], "is not a text env"),
+        (["--algos", "ppo", "--engine", "hf"], "none of --algos (ppo) takes an engine"),
+    ],
+)
+def test_compare_engine_flag_refuses_bad_input(tmp_path, capsys, extra, message):
+    from sb3_grpo.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", *extra, "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
