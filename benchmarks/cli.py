@@ -105,9 +105,10 @@ def _add_perf(sub: Any) -> None:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="run only these measurements: env, rollout, reward, engine, rollout-gpt2, update, update-long, "
-        "penalty-gpt2, grad-var-mlp, interactive, cartpole, memory, trl-bundled, trl-bundled-carry, trl-bundled-equal, "
-        "trl-tiny (the TRL ones need TRL importable: the trl extra, or TRL on PYTHONPATH)",
+        help="run only these measurements: env, rollout, reward, engine, engine-vllm (needs vLLM), rollout-gpt2, "
+        "update, update-long, penalty-gpt2, grad-var-mlp, interactive, cartpole, memory, trl-bundled, "
+        "trl-bundled-carry, trl-bundled-equal, trl-tiny (the TRL ones need TRL importable: the trl extra, or TRL on "
+        "PYTHONPATH)",
     )
     p.add_argument(
         "--threads",

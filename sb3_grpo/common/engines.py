@@ -37,25 +37,38 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo.objectives import mixture_log_prob, uniform_log_prob, uniform_sample
 
-__all__ = ["ENGINES", "TurnQueues", "check_engine", "check_engine_policy"]
+__all__ = ["ENGINES", "TurnQueues", "check_engine", "check_engine_policy", "engine_name"]
 
-#: The rollout engines: ``"step"`` (SB3's loop, one token per policy call) and ``"hf"`` (the built-in decoder).
-ENGINES = ("step", "hf")
+#: The rollout engines: ``"step"`` (SB3's loop, one token per policy call), ``"hf"`` (the built-in decoder) and
+#: ``"vllm"`` (vLLM in the training process, an optional extra: :mod:`sb3_grpo.common.vllm_engine`).
+ENGINES = ("step", "hf", "vllm")
 
 
-def check_engine(engine: Any) -> str:
-    """``engine`` if it names a rollout engine, else a ``ValueError`` that lists them."""
+def check_engine(engine: Any) -> Any:
+    """``engine`` if it names a rollout engine (or is a :class:`~sb3_grpo.common.vllm_engine.VLLMOptions`), else a
+    ``ValueError`` that lists them."""
+    from sb3_grpo.common.vllm_engine import VLLMOptions
+
+    if isinstance(engine, VLLMOptions):
+        return engine
     if not isinstance(engine, str) or engine not in ENGINES:
         raise ValueError(
             f"engine must be one of {', '.join(repr(e) for e in ENGINES)}, got {engine!r}; 'step' computes one token "
-            "per env step (SB3's loop), 'hf' decodes a whole turn per row with the policy's built-in decoder"
+            "per env step (SB3's loop), 'hf' decodes a whole turn per row with the policy's built-in decoder, 'vllm' "
+            "with vLLM (an optional extra; VLLMOptions(...) sets its options)"
         )
     return engine
 
 
+def engine_name(engine: Any) -> str:
+    """The engine's name: ``"vllm"`` for :class:`~sb3_grpo.common.vllm_engine.VLLMOptions`, else the string."""
+    return engine if isinstance(engine, str) else "vllm"
+
+
 def check_engine_policy(engine: str, policy: BasePolicy, action_space: spaces.Space) -> None:
-    """Refuse an engine the policy cannot run, when the model is built."""
-    if engine == "step":
+    """Refuse an engine the policy cannot run, when the model is built (``"vllm"``:
+    :func:`~sb3_grpo.common.vllm_engine.check_vllm_model`)."""
+    if engine_name(engine) in ("step", "vllm"):
         return
     if not callable(getattr(policy, "turn_decoder", None)) or not isinstance(action_space, spaces.Discrete):
         raise ValueError(
@@ -69,7 +82,8 @@ def check_engine_policy(engine: str, policy: BasePolicy, action_space: spaces.Sp
         )
 
 
-def _text_spec(env: VecEnv) -> Any:
+def text_spec(env: VecEnv) -> Any:
+    """The text env's spec (stop tokens, budgets), or ``None``."""
     try:
         return env.get_attr("text_spec", [0])[0]
     except (AttributeError, IndexError, TypeError):
@@ -125,7 +139,7 @@ class TurnQueues:
                 explore[t] = explored
                 if explored.any():
                     explore_tokens[t, explored] = uniform_sample(action_space, int(explored.sum()), rng)
-        spec = _text_spec(env)
+        spec = text_spec(env)
         stops = [] if spec is None else [spec.eos_token_id, *getattr(spec, "turn_end_ids", ())]
         stop_ids = th.as_tensor(sorted({int(s) for s in stops if s is not None}), dtype=th.long, device=device)
         width = int(policy.observation_space["input_ids"].shape[-1])  # type: ignore[index]

@@ -72,6 +72,7 @@ from sb3_grpo.common.redistribution import RewardRedistribution, check_redistrib
 from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
+from sb3_grpo.common.vllm_engine import VLLMEngine, check_vllm_model, vllm_options
 from sb3_grpo.objectives import pearson_corr
 from sb3_grpo.policies.models import BASE_WEIGHTS, base_missing_message, portable_policy_kwargs
 from textrl_envs.validation import check_choice, check_int
@@ -296,6 +297,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self.policy_kwargs = _moved_model_folder(self.policy_kwargs, self.__dict__.get("_lm_spec"))
         super()._setup_model()
         check_engine_policy(getattr(self, "engine", "step"), self.policy, self.action_space)
+        self._vllm = None  # engine="vllm": the in-process vLLM engine, built once the model is complete (below)
         # a model object in policy_kwargs is saved as its config (the weights are in the state dict), not pickled
         self._lm_spec = getattr(self.policy, "lm_spec", None)
         self.policy_kwargs = portable_policy_kwargs(
@@ -349,6 +351,11 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self._grad_scaler = th.amp.GradScaler(self.device.type) if fp16 else None
         self._skipped_overflow = 0
         self._current_ent_coef = self.current_ent_coef()
+        options = vllm_options(getattr(self, "engine", "step"))
+        if options is not None:
+            check_vllm_model(self)
+            n_envs = self.env.num_envs if self.env is not None else 1
+            self._vllm = VLLMEngine(self.policy, options, n_envs, seed=self.seed)
 
     def current_ent_coef(self) -> float:
         """The entropy coefficient now: ``ent_coef`` itself when it is a number, else its schedule at the current
@@ -428,8 +435,10 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
                     raise ValueError(f"the parameters to load lack {sorted(missing)}; give a complete saved model")
             super().set_parameters(load_path_or_dict, exact_match=False, device=device)
             ref.load_state_dict(self.policy.state_dict())
-            return
-        super().set_parameters(load_path_or_dict, exact_match=exact_match, device=device)
+        else:
+            super().set_parameters(load_path_or_dict, exact_match=exact_match, device=device)
+        if getattr(self, "_vllm", None) is not None:
+            self._vllm.pushed_at = None  # new weights: pushed to vLLM before the next rollout
 
     def set_random_seed(self, seed: int | None = None) -> None:
         """SB3's ``set_random_seed`` (Python, NumPy, torch, action space, env), plus the exploration RNG.
@@ -444,7 +453,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         # (the loss scaler is rebuilt by _setup_model: a loaded model starts again from the initial scale)
         own = ["ref_policy", "batch_source", "_data_parallel", "_group_tracker", "_sync_ranks_at_setup", "_carry"]
         own += ["_redistribution_steps"]
-        own += ["_grad_scaler", "_full_state", "_given_buffer_class"]
+        own += ["_grad_scaler", "_full_state", "_given_buffer_class", "_vllm"]
         return [*super()._excluded_save_params(), *own]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
@@ -511,6 +520,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             self.policy.reset_noise(env.num_envs)
         # the mixture's weight is fixed for the whole rollout (and kept for the update's log)
         self._rollout_explore_alpha = self._rollout_alpha()
+        turn_engine = getattr(self, "_vllm", None)
+        if turn_engine is not None and turn_engine.pushed_at != self._n_updates:
+            turn_engine.push(self.policy, self._n_updates)  # the weights of the last update (or a load)
         extras = RolloutExtras.start(
             self.action_space,
             self._rollout_explore_alpha,
@@ -527,6 +539,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             exact_ppo=self._computes_as_ppo(),
             engine=getattr(self, "engine", "step"),
             redistribution=self._rollout_redistribution(env, n_rollout_steps),
+            turn_engine=turn_engine,
         )
 
         callback.on_rollout_start()

@@ -22,10 +22,11 @@ from sb3_grpo.common.buffers import PolicyLogProbMixin
 from sb3_grpo.common.carry_over import CarryOver
 from sb3_grpo.common.deferred_rewards import DeferredRewards
 from sb3_grpo.common.draws import sample_actions
-from sb3_grpo.common.engines import TurnQueues
+from sb3_grpo.common.engines import TurnQueues, engine_name, text_spec
 from sb3_grpo.common.groups import EpisodeGroupTracker
 from sb3_grpo.common.nonfinite import NonFiniteEpisodes, check_advantages, check_log_probs
 from sb3_grpo.common.redistribution import RewardRedistribution
+from sb3_grpo.common.vllm_engine import VLLMTurnQueues, logprob_gap, vllm_options
 
 __all__ = ["RolloutExtras", "bootstrap_truncated", "env_actions"]
 
@@ -77,7 +78,9 @@ class RolloutExtras:
         # on an accelerator the draws' log-probs are checked at the rollout's end (:meth:`sample`)
         self.defer_draw_checks = False
         self.unchecked_log_probs: list[tuple[int, int, th.Tensor]] = []  # (row, timestep, log-probs)
-        self.turns: TurnQueues | None = None  # engine="hf": the tokens decoded a turn ahead (sb3_grpo.common.engines)
+        # engine="hf" / "vllm": the tokens decoded a turn ahead (sb3_grpo.common.engines, .vllm_engine)
+        self.turns: TurnQueues | VLLMTurnQueues | None = None
+        self.importance_cap: float | None = None  # "vllm": the truncated importance weights' cap (None: off)
         self.redistribution: RewardRedistribution | None = None  # reward_redistribution (common.redistribution)
         self.policy: BasePolicy | None = None
 
@@ -98,7 +101,8 @@ class RolloutExtras:
         carry: CarryOver | None = None,
         on_accelerator: bool = False,
         exact_ppo: bool = False,
-        engine: str = "step",
+        engine: Any = "step",
+        turn_engine: Any = None,
         redistribution: RewardRedistribution | None = None,
     ) -> RolloutExtras:
         """The state of a rollout of ``env`` about to start (the first arguments are the constructor's, with the env
@@ -112,7 +116,9 @@ class RolloutExtras:
             prompts and no batched bootstrap values, which round floats differently (``GRPO`` with every extra off,
             :attr:`sb3_grpo.grpo.extras.GRPOExtras.computes_as_ppo`).
         :param engine: The rollout engine (:mod:`sb3_grpo.common.engines`): ``"step"`` draws each step's tokens in
-            its policy call, ``"hf"`` hands out tokens the policy's decoder computed a turn ahead.
+            its policy call, ``"hf"`` hands out tokens the policy's decoder computed a turn ahead, ``"vllm"`` (or
+            :class:`~sb3_grpo.common.vllm_engine.VLLMOptions`) the tokens ``turn_engine`` generated a turn ahead.
+        :param turn_engine: The ``"vllm"`` engine's :class:`~sb3_grpo.common.vllm_engine.VLLMEngine`.
         :param redistribution: ``reward_redistribution``'s bookkeeping for this rollout (``None``: off).
         """
         extras = cls(
@@ -123,7 +129,10 @@ class RolloutExtras:
         extras.redistribution = redistribution
         extras.policy = policy
         extras.defer_draw_checks = on_accelerator
-        if engine != "step" and policy is not None:
+        if engine_name(engine) == "vllm" and policy is not None:
+            extras.turns = vllm_turn_queues(turn_engine, policy, env, n_rollout_steps)
+            extras.importance_cap = vllm_options(engine).importance_cap
+        elif engine != "step" and policy is not None:
             greedy = extras.greedy_envs
             extras.turns = TurnQueues(
                 policy, env, n_rollout_steps, alpha, greedy, rng, action_space, needs_values=extras.needs_values
@@ -238,6 +247,8 @@ class RolloutExtras:
             logger.record("rollout/group_reward_std", stats["group_reward_std"])
             logger.record("rollout/n_complete_groups", stats["n_groups"])
             logger.record("rollout/frac_steps_nonzero_advantage", stats["frac_steps_nonzero_advantage"])
+        if isinstance(self.turns, VLLMTurnQueues):
+            self._engine_mismatch(rollout_buffer, logger)
         self.nonfinite.drop(rollout_buffer)
         if self.nonfinite.nonfinite == "skip":
             logger.record("rollout/skipped_episodes", self.nonfinite.dropped_episodes)
@@ -246,6 +257,29 @@ class RolloutExtras:
             for name, value in self.carry.settle(rollout_buffer, self.tracker, dropped).items():
                 logger.record(f"rollout/{name}", value)
         check_advantages(rollout_buffer, timestep, n_updates, advantage)
+
+    def _engine_mismatch(self, rollout_buffer: RolloutBuffer, logger: Logger) -> None:
+        """The ``"vllm"`` engine: the gap between its log-probs and the policy's, and, with an ``importance_cap``,
+        each token's advantage weighted by ``min(pi_policy / pi_engine, cap)``."""
+        assert isinstance(self.turns, VLLMTurnQueues)
+        mean, worst = logprob_gap(*self.turns.consumed_log_probs())
+        logger.record("rollout/engine_logprob_gap", mean)
+        logger.record("rollout/engine_logprob_gap_max", worst)
+        if self.importance_cap is not None:
+            weights = self.turns.importance_weights(self.importance_cap)
+            rollout_buffer.advantages *= weights.astype(rollout_buffer.advantages.dtype)
+            logger.record("rollout/engine_importance_weight_mean", float(weights.mean()))
+            logger.record("rollout/engine_importance_weight_min", float(weights.min()))
+
+
+def vllm_turn_queues(engine: Any, policy: BasePolicy, env: VecEnv, n_steps: int) -> VLLMTurnQueues:
+    """The ``"vllm"`` engine's queues for a rollout of ``env`` (its text spec gives the stop tokens and the budget)."""
+    spec = text_spec(env)
+    stops = [] if spec is None else [spec.eos_token_id, *getattr(spec, "turn_end_ids", ())]
+    stop_ids = sorted({int(s) for s in stops if s is not None})
+    width = int(policy.observation_space["input_ids"].shape[-1])  # type: ignore[index]
+    budget = n_steps if spec is None else int(spec.max_agent_steps)
+    return VLLMTurnQueues(engine, policy, n_steps, env.num_envs, stop_ids, budget, width)
 
 
 def warm_prefills(policy: BasePolicy, env: VecEnv, max_rows_per_env: int = 4) -> int:

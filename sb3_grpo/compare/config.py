@@ -174,7 +174,12 @@ def _kind(err: BaseException) -> str:
 
 
 def resolve_hyperparameters(
-    spec: AlgoSpec, text: bool, n_envs: int, timesteps: int, overrides: dict[str, dict[str, Any]]
+    spec: AlgoSpec,
+    text: bool,
+    n_envs: int,
+    timesteps: int,
+    overrides: dict[str, dict[str, Any]],
+    engine: str | None = None,
 ) -> dict[str, Any]:
     """Constructor arguments of one algorithm: env-kind defaults, the algorithm's own, then the overrides.
 
@@ -186,6 +191,7 @@ def resolve_hyperparameters(
     :param n_envs: Number of envs.
     :param timesteps: Env steps of the run.
     :param overrides: ``{"*": {...}, name: {...}}``.
+    :param engine: The rollout engine (``--engine``), set before the overrides (``None``: the class's default).
     :return: The keyword arguments (JSON-able) passed to the class besides policy, env, seed, device.
     """
     kwargs: dict[str, Any] = dict(TEXT_DEFAULTS) if text else {}
@@ -196,6 +202,8 @@ def resolve_hyperparameters(
             kwargs["n_steps"] = n_steps
             kwargs["batch_size"] = min(64, n_steps * n_envs)
     kwargs.update(spec.kwargs)
+    if engine is not None:
+        kwargs["engine"] = engine
     kwargs.update(overrides.get("*", {}))
     kwargs.update(overrides.get(spec.name, {}))
     return to_jsonable(kwargs)
@@ -277,6 +285,7 @@ def make_config(
     threshold: float | None = None,
     env_kwargs: dict[str, Any] | None = None,
     lm_eval: dict[str, Any] | None = None,
+    engine: str | None = None,
 ) -> CompareConfig:
     """Check every input and resolve the defaults; raises :class:`CompareError` with what to do.
 
@@ -295,6 +304,8 @@ def make_config(
     :param lm_eval: Evaluation during training: the keyword arguments of
         :func:`~sb3_grpo.compare.heldout.make_lm_eval` besides the env (``every``, ``prompts``, ``k``,
         ``success_threshold``, ``reference_model``); ``None``: none.
+    :param engine: The rollout engine (:mod:`sb3_grpo.common.engines`) of every algorithm that takes ``engine=``
+        (all but stock ``ppo``, which keeps SB3's loop); a per-algorithm override wins. ``None``: each class's default.
     :return: The config.
     """
 
@@ -315,11 +326,14 @@ def make_config(
     text = is_text_env(env_id)
     overrides = dict(overrides or {})
     _check_overrides(overrides, algos)
+    engines = engine_overrides(engine, algos, text, env_id)
     env_kwargs = dict(env_kwargs or {})
     check_env_kwargs(env_id, env_kwargs)
     n_envs = n_envs if n_envs is not None else (TEXT_N_ENVS if text else CLASSIC_N_ENVS)
     unique = list(dict.fromkeys(algos))
-    resolved = {a: resolve_hyperparameters(ALGOS[a], text, n_envs, timesteps, overrides) for a in unique}
+    resolved = {
+        a: resolve_hyperparameters(ALGOS[a], text, n_envs, timesteps, overrides, engines.get(a)) for a in unique
+    }
     # grouped: a group advantage, the algorithm's own or one set with --set / --config (e.g. grpo.advantage="group")
     grouped = [a for a in unique if resolved[a].get("advantage", ALGOS[a].kwargs.get("advantage", "gae")) != "gae"]
     group = _check_groups(grouped, env_id, text, n_envs, group_size)
@@ -359,6 +373,34 @@ def make_config(
         cfg.group_sizes[algo] = group if algo in grouped else 1
         check_hyperparameters(spec, cfg.hyperparameters[algo], text)
     return cfg
+
+
+def engine_overrides(engine: str | None, algos: Sequence[str], text: bool, env_id: str) -> dict[str, str]:
+    """``--engine``: the algorithms it applies to (those whose class takes ``engine=``) and the engine, checked.
+
+    :raises CompareError: for an unknown engine, an engine other than ``"step"`` on a non-text env, or ``--algos``
+        with no algorithm that takes it.
+    """
+    from sb3_grpo.common.engines import check_engine
+
+    if engine is None:
+        return {}
+    try:
+        check_engine(engine)
+    except ValueError as err:
+        raise CompareError(f"--engine: {err}") from None
+    if engine != "step" and not text:
+        raise CompareError(
+            f"--engine {engine} computes the tokens of a text rollout, and {env_id!r} is not a text env; drop --engine "
+            "(or pass --engine step)"
+        )
+    takers = {a: engine for a in dict.fromkeys(algos) if "engine" in constructor_parameters(ALGOS[a])}
+    if not takers:
+        raise CompareError(
+            f"--engine {engine}: none of --algos ({', '.join(algos)}) takes an engine (stock ppo keeps SB3's own "
+            "loop); add one of the package's algorithms, e.g. grpo-group"
+        )
+    return takers
 
 
 def _check_overrides(overrides: dict[str, dict[str, Any]], algos: Sequence[str]) -> None:

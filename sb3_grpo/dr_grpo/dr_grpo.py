@@ -63,6 +63,8 @@ class DrGRPO(GroupOnPolicyAlgorithm):
         (whole sequences on the text fast path), one optimizer step per minibatch; the normaliser's ``S`` stays the
         whole minibatch's sequence count, so the update equals the unsplit one to float rounding (``None``: no split)
     :param data_parallel: under ``torchrun``: ``"ddp"`` (default) or ``"fsdp"`` (see :class:`~sb3_grpo.GRPO`)
+    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.common.engines`): ``"step"`` (default, SB3's
+        loop), ``"hf"`` (the policy's built-in decoder) or ``"vllm"`` (the vLLM extra); see :class:`~sb3_grpo.GRPO`
     """
 
     # Over 80 lines: PPO's signature plus Dr. GRPO's own arguments, kept in SB3's form
@@ -102,6 +104,7 @@ class DrGRPO(GroupOnPolicyAlgorithm):
         carry_over: bool = False,
         micro_batch_size: int | None = None,
         data_parallel: str = "ddp",
+        engine: str = "step",
     ):
         check_grpo_args(locals())  # PPO's arguments and the shared ones, before any model is built
         if advantage not in DR_GRPO_ADVANTAGES:
@@ -144,6 +147,7 @@ class DrGRPO(GroupOnPolicyAlgorithm):
             carry_over=carry_over,
             micro_batch_size=micro_batch_size,
             data_parallel=data_parallel,
+            engine=engine,
         )
         if max_completion_tokens is None and self.env is not None:
             max_completion_tokens = env_episode_limit(self.env)

@@ -58,6 +58,8 @@ class GSPO(GroupOnPolicyAlgorithm):
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: train the steps of an episode whose group has not finished when the rollout ends in the first
         update after it has (:mod:`sb3_grpo.common.carry_over`; the text fast path)
+    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.common.engines`): ``"step"`` (default, SB3's
+        loop), ``"hf"`` (the policy's built-in decoder) or ``"vllm"`` (the vLLM extra); see :class:`~sb3_grpo.GRPO`
     """
 
     # Over 80 lines: PPO's signature plus GSPO's own arguments, kept in SB3's form
@@ -96,6 +98,7 @@ class GSPO(GroupOnPolicyAlgorithm):
         grad_norm_warn: float | None = 1000.0,
         nonfinite: str = "raise",
         carry_over: bool = False,
+        engine: str = "step",
     ):
         check_grpo_args(locals())  # PPO's arguments and the shared ones, before any model is built
         if advantage not in DAPO_ADVANTAGES:
@@ -137,6 +140,7 @@ class GSPO(GroupOnPolicyAlgorithm):
             grad_norm_warn=grad_norm_warn,
             nonfinite=nonfinite,
             carry_over=carry_over,
+            engine=engine,
         )
         self.clip_range_low = clip_range_low
         self.clip_range_high = clip_range_high

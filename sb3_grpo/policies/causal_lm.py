@@ -596,8 +596,8 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
                 input_ids=ids,
                 attention_mask=mask,
                 position_ids=position_ids,
-                cache=cache,
                 use_cache=cache is not None,
+                **{cache_argument(self.lm.base_model): cache},
             )
         return out.last_hidden_state
 
@@ -749,3 +749,17 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
 
     def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
         return self.forward(observation, deterministic=deterministic)[0]
+
+
+def cache_argument(model: Any) -> str:
+    """The name under which ``model.forward`` takes its KV cache: ``cache`` (recent transformers 5.x releases) or
+    ``past_key_values`` (earlier 5.x releases, e.g. those vLLM pins)."""
+    name = _CACHE_ARGUMENT.get(type(model))
+    if name is None:
+        params = inspect.signature(model.forward).parameters
+        name = "cache" if "cache" in params or "past_key_values" not in params else "past_key_values"
+        _CACHE_ARGUMENT[type(model)] = name
+    return name
+
+
+_CACHE_ARGUMENT: dict[type, str] = {}
