@@ -50,7 +50,6 @@ from sb3_grpo.policies.sampling import process_logits, sample_categorical
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
 from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
 from sb3_grpo.policies.validation import (
-    check_building_algorithm,
     check_layout,
     check_policy_args,
     check_token_range,
@@ -248,7 +247,6 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         flags.update(share_prefixes=share_prefixes, gradient_checkpointing=gradient_checkpointing)
         flags.update(ortho_init=ortho_init)
         check_policy_args(temperature, top_k, top_p, critic_hidden, value_head_init_std, flags)
-        check_building_algorithm(inspect.currentframe())  # stock PPO's own arguments, which SB3 does not check
         cpu_thread_setting()  # a bad SB3_GRPO_CPU_THREADS is refused here, not at the first forward
         #: whether the CPU thread default (see "CPU threads" above) is still to be applied, at the first forward
         self._threads_pending = True

@@ -3,9 +3,6 @@ layout of every observation it reads.
 
 - :func:`check_policy_args`: the sampling controls and sizes (type, finiteness, range), with the shared checks of
   :mod:`textrl_envs.validation`, at construction.
-- :func:`check_building_algorithm`: the arguments of stock SB3's ``PPO`` (or another on-policy algorithm that does
-  not check its own) that builds the policy, at construction: SB3 takes ``gamma=2.0`` or ``ent_coef=nan`` and
-  trains on them; GRPO and its subclasses check theirs before the policy is built, so this is for stock ``PPO``.
 - :func:`check_window_fits`: the env's window ``W`` against the model's context (``n_positions`` /
   ``max_position_embeddings``), at construction: a longer window would fail mid-rollout inside the position
   embedding.
@@ -27,7 +24,6 @@ from textrl_envs.validation import check_bool, check_float, check_int
 
 __all__ = [
     "CONTEXT_KEYS",
-    "check_building_algorithm",
     "check_layout",
     "check_policy_args",
     "check_token_range",
@@ -68,65 +64,6 @@ def check_policy_args(
         check_float("value_head_init_std", value_head_init_std, low=0, low_open=True, example=0.01)
     for name, value in flags.items():
         check_bool(name, value)
-
-
-#: The on-policy arguments checked on the algorithm that builds the policy (PPO's names; an algorithm without one of
-#: them, A2C has no ``clip_range``, skips it).
-ALGORITHM_ARGS = (
-    "learning_rate",
-    "n_steps",
-    "batch_size",
-    "n_epochs",
-    "gamma",
-    "gae_lambda",
-    "clip_range",
-    "clip_range_vf",
-    "normalize_advantage",
-    "ent_coef",
-    "vf_coef",
-    "max_grad_norm",
-    "target_kl",
-)
-
-
-def building_algorithm(frame: Any, depth: int = 6) -> Any:
-    """The SB3 algorithm whose ``_setup_model`` is building a policy, found among the ``self`` of the frames above
-    ``frame`` (at most ``depth``), or ``None`` (a policy built by hand).
-
-    SB3 passes a policy only the spaces, the learning-rate schedule and ``policy_kwargs``, so this is the one way
-    a policy sees the algorithm's other arguments while they can still be refused.
-    """
-    from stable_baselines3.common.base_class import BaseAlgorithm
-
-    for _ in range(depth):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, BaseAlgorithm):
-            return owner
-        frame = frame.f_back
-    return None
-
-
-def check_building_algorithm(frame: Any) -> None:
-    """Check the arguments of the algorithm building the policy (:func:`building_algorithm`) with GRPO's checks of
-    PPO's arguments (:func:`sb3_grpo.common.arguments.check_ppo_args`), unless it checks them itself.
-
-    :raises TypeError: naming an argument of a wrong type.
-    :raises ValueError: naming an argument with a wrong value (``gamma=2.0``, ``ent_coef=nan``, ``clip_range=-0.2``).
-    """
-    from sb3_grpo.common.arguments import check_ppo_args
-    from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
-
-    algorithm = building_algorithm(frame)
-    if algorithm is None or isinstance(algorithm, GroupOnPolicyAlgorithm):
-        return
-    # SB3 keeps these as given until the policy is built (clip_range becomes a schedule after it)
-    args = {name: getattr(algorithm, name) for name in ALGORITHM_ARGS if hasattr(algorithm, name)}
-    try:
-        check_ppo_args(args)
-    except (TypeError, ValueError) as err:
-        raise type(err)(f"{type(algorithm).__name__}(CausalLMPolicy, ...): {err}") from None
 
 
 def model_context(config: Any) -> tuple[str, int] | None:
