@@ -15,8 +15,8 @@ from helpers import PROMPTS, length_reward, register_test_id, word_tokenizer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
 
-from sb3_grpo.callbacks import PassRateCurriculum
-from sb3_grpo.callbacks.curriculum import curriculum_weights, update_pass_rates
+from sb3_grpo.callbacks import PassRateCurriculum, StagedCurriculum
+from sb3_grpo.callbacks.curriculum import curriculum_weights, stage_mask, update_pass_rates
 from textrl_envs.env import TextGenEnv
 from textrl_envs.groups import draw_weighted, prompt_draw_cdf
 from textrl_envs.vector import TextGenVectorEnv
@@ -52,6 +52,13 @@ def test_weights_filter_only_after_min_episodes_and_fall_back_to_uniform():
     assert not fell_back
     w, fell_back = curriculum_weights(rates[:3], counts[:3], low=0.1, high=0.8, min_episodes=1, skip_weight=0.0)
     np.testing.assert_array_equal(w, [1.0, 1.0, 1.0])
+    assert fell_back
+    args = dict(low=0.1, high=0.8, min_episodes=1)
+    w, fell_back = curriculum_weights(rates, counts, **args, skip_weight=0.5, mask=[0, 1, 1, 1])
+    np.testing.assert_array_equal(w, [0.0, 0.5, 0.5, 1.0])  # within the mask
+    assert not fell_back
+    w, fell_back = curriculum_weights(rates, counts, **args, skip_weight=0.0, mask=[1, 1, 1, 0])
+    np.testing.assert_array_equal(w, [1.0, 1.0, 1.0, 0.0])  # every prompt of the mask filtered: the mask
     assert fell_back
 
 
@@ -171,8 +178,8 @@ def test_vector_env_without_weights_draws_as_before_after_unsetting(kw):
 # -- the callback --------------------------------------------------------------------------------------------------
 
 
-def _callback_on(env, **kwargs):
-    cb = PassRateCurriculum(**kwargs)
+def _callback_on(env, cls=PassRateCurriculum, **kwargs):
+    cb = cls(**kwargs)
     model = SimpleNamespace(get_env=lambda: env, logger=configure(None, []), num_timesteps=0)
     cb.init_callback(model)
     cb.on_training_start({}, {})
@@ -207,7 +214,7 @@ def test_callback_weights_equal_a_hand_computation(kw):
     _rollout(cb, [(0, 0.0)])
     np.testing.assert_array_equal(cb.weights, [1, 0, 1, 1, 1])
     # every prompt out of range -> uniform, with a warning
-    with pytest.warns(UserWarning, match="drawing all prompts uniformly"):
+    with pytest.warns(UserWarning, match="drawing those prompts uniformly"):
         _rollout(cb, [(p, 5.0) for p in range(5) for _ in range(4)])
     np.testing.assert_array_equal(cb.weights, [1, 1, 1, 1, 1])
     cb.on_training_end()
@@ -254,3 +261,74 @@ def test_callback_in_a_grpo_run_counts_every_ended_episode():
     np.testing.assert_allclose(cb.rates, rates)
     expected, _ = curriculum_weights(rates, counts, cb.low, cb.high, 1, 0.0)
     np.testing.assert_array_equal(env.get_attr("prompt_weights")[0], expected)
+
+
+# -- stages --------------------------------------------------------------------------------------------------------
+
+
+def test_stage_mask_by_indices_and_by_metadata():
+    items = [{"prompt": "a", "task": "short"}, {"prompt": "b", "task": "long"}, {"prompt": "c", "task": "short"}]
+    np.testing.assert_array_equal(stage_mask(items, [1]), [0, 1, 0])
+    np.testing.assert_array_equal(stage_mask(items, lambda item: item["task"] == "short"), [1, 0, 1])
+    with pytest.raises(ValueError, match=r"ints in \[0, 2\]"):
+        stage_mask(items, [3])
+    with pytest.raises(ValueError, match="takes no prompt"):
+        stage_mask(items, lambda item: False)
+    with pytest.raises(ValueError, match="start at timestep 0"):
+        StagedCurriculum([(10, [0])])
+    with pytest.raises(ValueError, match="timestep, prompts"):
+        StagedCurriculum("short")
+
+
+def _tagged_env(kw):
+    from textrl_envs.sb3 import TextGenSB3VecEnv
+
+    tasks = ["short", "medium", "short", "long", "medium"]
+    prompts = [{"prompt": p, "task": t} for p, t in zip(PROMPTS, tasks)]
+
+    def reward(prompts, completions, task, **_):
+        return [float(t == "short") for t in task]
+
+    vec = TextGenVectorEnv(num_envs=4, group_size=2, device="cpu", **dict(kw, prompts=prompts, reward=reward))
+    return TextGenSB3VecEnv(vec)
+
+
+def test_staged_curriculum_sets_each_stages_prompts(kw):
+    env = _tagged_env(kw)
+    stages = [
+        (0, lambda item: item["task"] == "short"),
+        (100, lambda item: item["task"] in ("short", "medium")),
+        (200, [3]),
+    ]
+    cb = _callback_on(env, StagedCurriculum, stages=stages)
+    np.testing.assert_array_equal(env.venv.prompt_weights, [1, 0, 1, 0, 0])
+    for t, expected in ((99, [1, 0, 1, 0, 0]), (100, [1, 1, 1, 0, 1]), (250, [0, 0, 0, 1, 0])):
+        cb.model.num_timesteps = t
+        cb.on_rollout_start()
+        np.testing.assert_array_equal(env.venv.prompt_weights, expected)
+        assert cb.logger.name_to_value["curriculum/active_prompts"] == sum(expected)
+    assert cb.stage == 2
+    env.reset()
+    drawn = set()
+    for _ in range(30):  # stage 2: every group round draws prompt 3
+        _, _, dones, infos = env.step(np.full(4, 5))
+        drawn |= {info["prompt_index"] for info, d in zip(infos, dones) if d}
+    assert drawn == {3}
+    cb.on_training_end()
+    assert env.venv.prompt_weights is None
+
+
+def test_pass_rate_filter_within_stages(kw):
+    env = _tagged_env(kw)
+    stages = [(0, [0, 1, 2]), (50, [2, 3, 4])]
+    cb = _callback_on(env, stages=stages, threshold=1.0, low=0.2, high=0.8, min_episodes=1, alpha=1.0)
+    np.testing.assert_array_equal(env.venv.prompt_weights, [1, 1, 1, 0, 0])  # stage 0, nothing seen yet
+    _rollout(cb, [(0, 1.0), (2, 0.0), (3, 1.0)])  # 0 too easy, 2 too hard, 3 too easy (outside the stage)
+    np.testing.assert_array_equal(cb.weights, [0, 1, 0, 0, 0])
+    cb.model.num_timesteps = 50
+    cb.on_rollout_start()  # stage 1: 2 and 3 filtered, 4 not seen
+    np.testing.assert_array_equal(env.venv.prompt_weights, [0, 0, 0, 0, 1])
+    assert cb.logger.name_to_value["curriculum/stage"] == 1
+    with pytest.warns(UserWarning, match="every prompt of stage 1"):
+        _rollout(cb, [(4, 1.0)])  # every prompt of the stage filtered: all of the stage's prompts
+    np.testing.assert_array_equal(cb.weights, [0, 0, 1, 1, 1])
