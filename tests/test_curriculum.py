@@ -332,3 +332,31 @@ def test_pass_rate_filter_within_stages(kw):
     with pytest.warns(UserWarning, match="every prompt of stage 1"):
         _rollout(cb, [(4, 1.0)])  # every prompt of the stage filtered: all of the stage's prompts
     np.testing.assert_array_equal(cb.weights, [0, 0, 1, 1, 1])
+
+
+def test_weighted_draws_of_an_interactive_env_match_single_envs():
+    """Interactive tasks draw a task seed right after the prompt: the weighted draw keeps the two interleaved."""
+    env_id, n, seed = "ToolArithmetic-v0", 4, 5
+    weights = np.zeros(len(gym.make(env_id).unwrapped.text_spec.prompt_texts))
+    weights[[3, 10, 200]] = [1.0, 2.0, 0.5]
+    sync = gym.vector.SyncVectorEnv(
+        [lambda: gym.make(env_id, max_new_tokens=8) for _ in range(n)], autoreset_mode=AutoresetMode.SAME_STEP
+    )
+    vec = gym.make_vec(env_id, num_envs=n, device="cpu", max_new_tokens=8)
+    sync.call("set_prompt_weights", weights)
+    vec.set_prompt_weights(weights)
+    s, v = sync.reset(seed=seed), vec.reset(seed=seed)
+    np.testing.assert_array_equal(v[0]["input_ids"], s[0]["input_ids"])
+    rng = np.random.default_rng(0)
+    eos, vocab = vec.text_spec.eos_token_id, vec.single_action_space.n
+    seen = set()
+    for _ in range(120):
+        actions = rng.integers(0, vocab, n)
+        actions[rng.random(n) < 0.3] = eos
+        s, v = sync.step(actions), vec.step(actions)
+        np.testing.assert_array_equal(v[0]["input_ids"], s[0]["input_ids"])
+        np.testing.assert_array_equal(v[1], s[1])
+        for i in np.flatnonzero(s[2] | s[3]):
+            assert v[4]["final_info"]["prompt_index"][i] == s[4]["final_info"]["prompt_index"][i]
+            seen.add(int(v[4]["final_info"]["prompt_index"][i]))
+    assert seen == {3, 10, 200}
