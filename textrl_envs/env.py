@@ -11,6 +11,7 @@ import numpy as np
 from gymnasium import spaces
 
 from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwargs, encode_prompt
+from textrl_envs.groups import draw_weighted, prompt_draw_cdf
 from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, start_episode
 from textrl_envs.rendering import transcript_frame
 from textrl_envs.turns import ReplyEncoder, check_opening, turn_episode_ends, turns_over, who
@@ -47,8 +48,15 @@ def make_spaces(spec: EpisodeSpec) -> tuple[spaces.Dict, spaces.Discrete]:
     return obs, spaces.Discrete(spec.vocab_size)
 
 
-def resolve_prompt(spec: EpisodeSpec, options: dict[str, Any] | None, rng: np.random.Generator, truncation: str):
-    """Pick the episode's prompt: ``options["prompt"]`` (a text), ``options["prompt_index"]``, or a random one.
+def resolve_prompt(
+    spec: EpisodeSpec,
+    options: dict[str, Any] | None,
+    rng: np.random.Generator,
+    truncation: str,
+    cdf: np.ndarray | None = None,
+):
+    """Pick the episode's prompt: ``options["prompt"]`` (a text), ``options["prompt_index"]``, or a random one
+    (uniform, or by the prompt-draw weights whose cumulative sums are ``cdf``).
 
     :return: ``(index, text, ids)``; ``index`` is ``-1`` for a prompt given as text.
     """
@@ -74,7 +82,7 @@ def resolve_prompt(spec: EpisodeSpec, options: dict[str, Any] | None, rng: np.ra
             "options['prompt_index']", options["prompt_index"], low=0, high=n - 1, hint=f"the env has {n} prompt(s)"
         )
         return i, spec.prompt_texts[i], spec.prompt_ids[i]
-    i = int(rng.integers(len(spec.prompt_texts)))
+    i = int(rng.integers(len(spec.prompt_texts))) if cdf is None else draw_weighted(rng, cdf)
     return i, spec.prompt_texts[i], spec.prompt_ids[i]
 
 
@@ -167,6 +175,8 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         self._opened = 0  # tokens of the episode's opening at the start of _generated
         self._prompt_index = -1
         self._prompt_text = ""
+        self._prompt_weights: np.ndarray | None = None
+        self._prompt_cdf: np.ndarray | None = None
         self._done = True
         self._started = False
         if self.text_spec.interactive:
@@ -184,7 +194,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         spec = self.text_spec
-        index, text, ids = resolve_prompt(spec, options, self.np_random, self.prompt_truncation)
+        index, text, ids = resolve_prompt(spec, options, self.np_random, self.prompt_truncation, self._prompt_cdf)
         acted = len(self._generated) > self._opened  # the agent wrote a token (an opening is not its doing)
         if self._started and not self._done and acted and not self._warned_cut:
             self._warned_cut = True
@@ -368,3 +378,20 @@ class TextGenEnv(TextSpecAccess, gym.Env):
     def decode(self, ids: Sequence[int]) -> str:
         """Decode token ids with the env's tokenizer (special tokens removed)."""
         return self.text_spec.decode(ids)
+
+    @property
+    def prompt_weights(self) -> np.ndarray | None:
+        """The prompt-draw weights :meth:`set_prompt_weights` set (``None``: uniform draws)."""
+        return None if self._prompt_weights is None else self._prompt_weights.copy()
+
+    def set_prompt_weights(self, weights: Sequence[float] | np.ndarray | None) -> None:
+        """Draw later episodes' prompts with probabilities proportional to ``weights`` (``None``: uniform, as built).
+
+        For a curriculum (:class:`sb3_grpo.callbacks.PassRateCurriculum`); a prompt of weight 0 is never drawn. A
+        weighted draw takes one ``np_random.random()`` (:func:`textrl_envs.groups.draw_weighted`) where a uniform one
+        takes ``np_random.integers(len(prompts))``. Through SB3: ``venv.env_method("set_prompt_weights", w)``.
+
+        :param weights: One finite weight ``>= 0`` per prompt, not all 0; or ``None``.
+        """
+        self._prompt_cdf = prompt_draw_cdf(weights, len(self.text_spec.prompt_texts))
+        self._prompt_weights = None if weights is None else np.asarray(weights, dtype=np.float64).copy()

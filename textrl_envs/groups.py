@@ -17,6 +17,12 @@ Interactive tasks also give every group round a *task seed* (``task_seeds=True``
 its ``np_random`` right after the prompt (``rng.integers(TASK_SEED_BOUND)``, also when the prompt was given to
 ``reset``), so the draws interleave and are taken one at a time; the seeds live in a second ring beside the
 prompts', and every member of a group round gets the same one (the same initial task state).
+
+Prompt-draw weights (:func:`prompt_draw_cdf`, set by a curriculum through ``set_prompt_weights``) change only which
+prompt a group round draws: :func:`draw_weighted` takes one uniform ``rng.random()`` per round and maps it through the
+weights' cumulative sums (as ``rng.choice(n, p=weights / weights.sum())`` does), one round at a time, the same in the
+single env and the vector env. Every member of the round still reads back the round's prompt. Without weights the
+draws are ``rng.integers(num_prompts)`` as above.
 """
 
 from __future__ import annotations
@@ -30,6 +36,36 @@ from textrl_envs.interaction import TASK_SEED_BOUND
 DRAW_BLOCK = 64
 #: Initial number of rounds the ring keeps per group (it grows when members drift further apart).
 RING_ROUNDS = 4
+
+
+def prompt_draw_cdf(weights, num_prompts: int) -> np.ndarray | None:
+    """The normalised cumulative sums of prompt-draw weights (``None`` for ``None``: uniform draws).
+
+    :param weights: ``num_prompts`` finite weights ``>= 0``, at least one ``> 0`` (a prompt of weight 0 is never
+        drawn), or ``None``.
+    :raises ValueError: for the wrong length, a negative or non-finite weight, or all weights zero.
+    """
+    if weights is None:
+        return None
+    try:
+        w = np.asarray(weights, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"prompt weights must be numbers, one per prompt; got {weights!r}") from None
+    if w.shape != (num_prompts,):
+        raise ValueError(f"prompt weights must have one entry per prompt ({num_prompts}); got shape {w.shape}")
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise ValueError("prompt weights must be finite and >= 0 (0 never draws the prompt)")
+    total = float(w.sum())
+    if total <= 0.0:
+        raise ValueError("prompt weights are all 0; give at least one prompt a weight > 0 (or None for uniform draws)")
+    cdf = np.cumsum(w)
+    return cdf / cdf[-1]
+
+
+def draw_weighted(rng: np.random.Generator, cdf: np.ndarray) -> int:
+    """One prompt index drawn with the probabilities whose normalised cumulative sums are ``cdf``: the first index
+    whose cumulative sum exceeds one ``rng.random()``."""
+    return min(int(np.searchsorted(cdf, rng.random(), side="right")), len(cdf) - 1)
 
 
 class GroupPrompts:
@@ -50,6 +86,14 @@ class GroupPrompts:
         self._next_draw = np.full(num_groups, DRAW_BLOCK, dtype=np.int64)  # DRAW_BLOCK: none left
         self._ring = np.zeros((num_groups, RING_ROUNDS), dtype=np.int64)
         self._newest = np.full(num_groups, -1, dtype=np.int64)  # newest round begun in each group
+        self.cdf: np.ndarray | None = None  # prompt-draw weights' cumulative sums (None: uniform)
+
+    def set_cdf(self, cdf: np.ndarray | None) -> None:
+        """Draw the prompts of later rounds with these cumulative weights (:func:`prompt_draw_cdf`; ``None``:
+        uniform). Rounds already begun keep their prompt; uniform draws taken ahead are discarded."""
+        if cdf is not None:
+            self._next_draw[:] = DRAW_BLOCK
+        self.cdf = cdf
 
     def seed(self, seeds: list[int | None]) -> None:
         """Seed group ``k`` with ``seeds[k]``; ``None`` keeps its stream (a random one if it has none yet).
@@ -120,12 +164,14 @@ class GroupPrompts:
         seeds = np.empty(len(groups), dtype=np.int64)
         for i, k in enumerate(groups.tolist()):
             rng = self._rng(k)
-            rows[i] = rng.integers(self.num_prompts)
+            rows[i] = rng.integers(self.num_prompts) if self.cdf is None else draw_weighted(rng, self.cdf)
             seeds[i] = rng.integers(TASK_SEED_BOUND)
         return rows, seeds
 
     def _draw(self, groups: np.ndarray) -> np.ndarray:
         """The next draw of each of ``groups`` (distinct), refilling the buffers that ran out."""
+        if self.cdf is not None:  # weighted: one round at a time, as the single env draws
+            return np.array([draw_weighted(self._rng(k), self.cdf) for k in groups.tolist()], dtype=np.int64)
         for k in groups[self._next_draw[groups] >= DRAW_BLOCK].tolist():
             if self.rngs[k] is None:
                 self.rngs[k], _ = seeding.np_random()

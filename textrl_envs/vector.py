@@ -41,7 +41,7 @@ from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwar
 from textrl_envs.decoding import fast_decoder
 from textrl_envs.devices import resolve_device
 from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
-from textrl_envs.groups import GroupPrompts
+from textrl_envs.groups import GroupPrompts, prompt_draw_cdf
 from textrl_envs.rendering import transcript_frame
 from textrl_envs.reward_worker import RewardDeferral, RewardWorker
 from textrl_envs.turns import TurnBook
@@ -219,6 +219,7 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
             self.num_groups, self.group_size, len(spec.prompt_texts), task_seeds=spec.interactive
         )
         self._num_prompts = len(spec.prompt_texts)
+        self._prompt_weights: np.ndarray | None = None
         self._decoder = fast_decoder(spec.tokenizer)
         # interactive tasks: each episode's Python-side state (the interaction's, the conversation, the transcript)
         self._turn_book = TurnBook(spec, n, w, self._decoder or spec.decode) if spec.interactive else None
@@ -274,6 +275,28 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
     def prompt_indices(self) -> np.ndarray:
         """Prompt index of each env's current episode (``-1`` for a prompt given as text)."""
         return self._prompt_index_of(np.arange(self.num_envs))
+
+    @property
+    def prompt_weights(self) -> np.ndarray | None:
+        """The prompt-draw weights :meth:`set_prompt_weights` set (``None``: uniform draws)."""
+        return None if self._prompt_weights is None else self._prompt_weights.copy()
+
+    def set_prompt_weights(self, weights: Sequence[float] | np.ndarray | None) -> None:
+        """Draw the prompts of later group rounds with probabilities proportional to ``weights`` (``None``: uniform).
+
+        For a curriculum (:class:`sb3_grpo.callbacks.PassRateCurriculum`); call it between rollouts. The weights
+        choose which prompt a group round draws; every member of the round still gets that round's prompt, and rounds
+        already begun keep theirs. Each group draws as the single env does with the same weights (one
+        ``rng.random()`` per round, :func:`textrl_envs.groups.draw_weighted`). Weights set before the first
+        ``reset`` keep a group's draws equal to its single env's; set later, the uniform draws the group took ahead
+        are discarded, so its stream moves on from there (the distribution is the same). Through SB3:
+        ``venv.env_method("set_prompt_weights", w)``.
+
+        :param weights: One finite weight ``>= 0`` per prompt, not all 0; or ``None``.
+        """
+        cdf = prompt_draw_cdf(weights, self._num_prompts)
+        self._prompt_weights = None if weights is None else np.asarray(weights, dtype=np.float64).copy()
+        self._prompts.set_cdf(cdf)
 
     def state_nbytes(self) -> int:
         """Bytes of per-env state (ids and mask on the device, generated counts on the host), all envs."""

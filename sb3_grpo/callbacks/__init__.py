@@ -29,6 +29,9 @@ Every class here is a plain :class:`~stable_baselines3.common.callbacks.BaseCall
 * :class:`LMEvalCallback`: evaluate a language model on held-out prompts during training (greedy and sampled
   reward, pass@k, mean@k, length, distinct-n, repetition, perplexity); keep the best.
 * :class:`MaxNewTokensCurriculum`: short completions first, longer later (text envs).
+* :class:`PassRateCurriculum`: stop drawing (or down-weight) prompts the policy now always or never solves, by
+  each prompt's recent pass rate (text envs).
+* :class:`StagedCurriculum`: stages of tasks: from each stage's timestep on, only that stage's prompts are drawn.
 * :class:`GammaSchedule`: ``gamma_t = gamma_min + (gamma_max - gamma_min) * t / T``.
 * :class:`TrainingMonitor`: warn when the gradient norm or the KL (to the reference, or between
   iterations) passes a threshold, or the value-return correlation falls below one.
@@ -47,6 +50,7 @@ rollout, so an on-policy update never mixes data from two policies.
 from sb3_grpo.callbacks._common import TrainingAlertWarning
 from sb3_grpo.callbacks.checkpoint import AtomicCheckpointCallback, ElasticCheckpointCallback
 from sb3_grpo.callbacks.completions import CompletionLogger
+from sb3_grpo.callbacks.curriculum import PassRateCurriculum, StagedCurriculum
 from sb3_grpo.callbacks.evaluation import EarlyStoppingCallback, RollbackCallback
 from sb3_grpo.callbacks.lm_eval import LMEvalCallback
 from sb3_grpo.callbacks.monitor import TrainingMonitor
@@ -75,8 +79,10 @@ __all__ = [
     "LMEvalCallback",
     "MLflowOutputFormat",
     "MaxNewTokensCurriculum",
+    "PassRateCurriculum",
     "PrometheusOutputFormat",
     "RollbackCallback",
+    "StagedCurriculum",
     "Table",
     "TrainingAlertWarning",
     "TrainingMonitor",
