@@ -366,7 +366,7 @@ def test_group_advantage_learns_toy_task():
     [
         (
             {"advantage": "grpo"},
-            r"advantage must be one of \('gae', 'group', 'group_mean', 'rloo', 'self_critical'\), got 'grpo'",
+            r"advantage must be one of \('gae', 'group', 'group_mean', 'rloo', 'self_critical', 'role'\), got 'grpo'",
         ),
         ({"grad_var_coef": -0.1}, "grad_var_coef must be a finite number >= 0"),
         ({"kl_coef": -1.0}, "kl_coef must be a finite number >= 0"),

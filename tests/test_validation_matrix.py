@@ -321,7 +321,7 @@ CASES = [
         "grpo-advantage",
         lambda: grpo("MlpPolicy", "CartPole-v1", advantage="grpo"),
         ValueError,
-        r"advantage must be one of \('gae', 'group', 'group_mean', 'rloo', 'self_critical'\), got 'grpo' "
+        r"advantage must be one of \('gae', 'group', 'group_mean', 'rloo', 'self_critical', 'role'\), got 'grpo' "
         r"\(did you mean 'group'\?\)",
     ),
     (

@@ -11,7 +11,7 @@ import numpy as np
 from gymnasium import spaces
 
 from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwargs, encode_prompt
-from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, start_episode
+from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, episode_infos, start_episode
 from textrl_envs.rendering import transcript_frame
 from textrl_envs.turns import ReplyEncoder, check_opening, turn_episode_ends, turns_over, who
 from textrl_envs.validation import check_choice, check_int, check_mapping
@@ -323,6 +323,8 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             "turns": self._turns,
             "transcript": [dict(m) for m in self._transcript],
         }
+        if spec.interaction is not None:  # the task's own entries (a game: the side the learner played)
+            info.update(episode_infos(spec.interaction, [self._task_state])[0])
         if spec.nonfinite_reward == "skip":
             info["reward_nonfinite"] = nonfinite
         return reward, info

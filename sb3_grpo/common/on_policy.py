@@ -4,7 +4,8 @@ The on-policy skeleton that every algorithm of the package shares: SB3's PPO loo
 :class:`GroupOnPolicyAlgorithm` is SB3's :class:`~stable_baselines3.common.on_policy_algorithm.OnPolicyAlgorithm`
 with PPO's arguments and ``collect_rollouts`` step for step, plus what any algorithm here reuses:
 
-- group advantages (``advantage="group" | "group_mean" | "rloo" | "self_critical"``, :mod:`sb3_grpo.common.groups`),
+- group advantages (``advantage="group" | "group_mean" | "rloo" | "self_critical"``) and role-conditioned ones
+  (``"role"``), :mod:`sb3_grpo.common.groups`,
   ``carry_over`` (:mod:`sb3_grpo.common.carry_over`) and rewards scored in the background
   (:mod:`sb3_grpo.common.deferred_rewards`), all through the rollout's state (:mod:`sb3_grpo.common.rollout`);
 - the two update paths (:mod:`sb3_grpo.common.batch_sources`), whose minibatches know their sequences, and
@@ -90,7 +91,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         remaining as ``clip_range`` takes (e.g. ``lambda p: 0.01 * p``); evaluated once per update, logged as
         ``train/ent_coef``. A number is used as it is, so the loss is computed exactly as SB3's PPO computes it
     :param advantage: ``"gae"`` (PPO's), or a group form: ``"group"`` (DeepSeekMath), ``"group_mean"`` (the group
-        mean as baseline, no std division: Dr.GRPO), ``"rloo"`` or ``"self_critical"`` (:mod:`sb3_grpo.common.groups`)
+        mean as baseline, no std division: Dr.GRPO), ``"rloo"`` or ``"self_critical"``, or ``"role"`` (two-player
+        games: SPIRAL's running baseline per game and the side the learner played, no group needed)
+        (:mod:`sb3_grpo.common.groups`)
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: group forms on the text fast path: train the steps of an episode whose group has not finished
@@ -208,7 +211,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             check_int("micro_batch_size", micro_batch_size, low=1, example=8)
         self.micro_batch_size = micro_batch_size
         self.engine = check_engine(engine)
-        if self.advantage != "gae" and self.env is not None:
+        if self.advantage not in ("gae", "role") and self.env is not None:
             # warns when n_steps < the episodes' length (unless carry_over trains those steps later)
             check_grouped_env(self.env, self.advantage, None if carry_over else self.n_steps)
 

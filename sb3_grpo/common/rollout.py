@@ -223,6 +223,9 @@ class RolloutExtras:
             logger.record("rollout/group_reward_std", stats["group_reward_std"])
             logger.record("rollout/n_complete_groups", stats["n_groups"])
             logger.record("rollout/frac_steps_nonzero_advantage", stats["frac_steps_nonzero_advantage"])
+            for name, value in stats.items():  # the tracker's own figures (advantage="role": each baseline)
+                if name.startswith("role_baseline_"):
+                    logger.record(f"rollout/{name}", value)
         self.nonfinite.drop(rollout_buffer)
         if self.nonfinite.nonfinite == "skip":
             logger.record("rollout/skipped_episodes", self.nonfinite.dropped_episodes)
