@@ -1,4 +1,4 @@
-"""Role-conditioned advantages (``advantage="role"``, SPIRAL's RAE): the tracker and the buffer against a brute force."""
+"""Role-conditioned advantages (``advantage="role"``, SPIRAL's): the tracker and the buffer against a brute force."""
 
 from __future__ import annotations
 
