@@ -69,10 +69,12 @@ def run_one(game_name: str, seed: int, args) -> dict:
 
     game_id, game = GAME_IDS[game_name], make_game(game_name)
     league = League(sampling="uniform", fixed={"random": "random"})
-    env = make_vec_env(game_id, n_envs=args.n_envs, group_size=args.group_size, seed=seed, device="cpu",
+    group_size = args.group_size if args.advantage != "role" else 1
+    env = make_vec_env(game_id, n_envs=args.n_envs, group_size=group_size, seed=seed, device="cpu",
                        interaction=SelfPlay(game, league))  # fmt: skip
     model = GRPO("CausalLMPolicy", env, n_steps=args.n_steps, batch_size=args.n_steps * args.n_envs // 2,
-                 advantage="group", seed=seed, device="cpu", verbose=0, **HP, **FAST)  # fmt: skip
+                 advantage=args.advantage, seed=seed, device="cpu", verbose=0,
+                 **{**HP, "learning_rate": args.learning_rate}, **FAST)  # fmt: skip
     untrained = PolicyOpponent.snapshot(model.policy, name="untrained")
     opponents = {"random": "random", "heuristic": "heuristic", "untrained": untrained}
     eval_seed = 10_000 + seed
@@ -94,6 +96,11 @@ def run_one(game_name: str, seed: int, args) -> dict:
     model.learn(args.timesteps, callback=[LeagueCallback(league, snapshot_every=args.snapshot_every), ratings])
     seconds = time.perf_counter() - t0
     after = {k: evaluate(model, game_id, game, o, args.eval_episodes, eval_seed) for k, o in opponents.items()}
+    # an earlier snapshot of this run (the one taken halfway through training), met in training as a league member
+    snaps = [m for m in league.members if m.snapshot]
+    earlier = snaps[len(snaps) // 2]
+    after["earlier"] = evaluate(model, game_id, game, earlier.opponent, args.eval_episodes, eval_seed)
+    after["earlier"]["name"] = earlier.name
     return {"before": before, "after": after, "curve": ratings.curve, "seconds": seconds,
             "members": {m.name: round(m.rating) for m in league.members}}  # fmt: skip
 
@@ -160,8 +167,10 @@ def timing_section(timings: dict[str, dict[str, float]]) -> list[str]:
 
 def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, float]] | None = None) -> str:
     """The results page's body (the stamp and title are :func:`~sb3_grpo.compare.pages.write_results_page`'s)."""
+    how = ("role-conditioned advantages (SPIRAL's running baseline per game and role, no groups)"
+           if args.advantage == "role" else f"{args.advantage} advantages, groups of {args.group_size}")  # fmt: skip
     lines = [
-        f"GRPO (group advantages, groups of {args.group_size}) on the bundled LM, {args.timesteps} steps (tokens) "
+        f"GRPO ({how}, learning rate {args.learning_rate:g}) on the bundled LM, {args.timesteps} steps (tokens) "
         f"per run, {args.n_envs} envs, against a league of its own frozen snapshots (one every "
         f"{args.snapshot_every} updates) and a random opponent, drawn uniformly. Evaluated before and after "
         f"training on {args.eval_episodes} games per opponent (sides alternate, moves sampled), over "
@@ -186,6 +195,13 @@ def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, floa
                 f"| {game} | {opp} | {c['win', 'before']} | {c['win', 'after']} | {c['payoff', 'before']} | "
                 f"{c['payoff', 'after']} | {c['illegal', 'before']} | {c['illegal', 'after']} |"
             )
+    lines += ["", "Against an earlier snapshot of the same run (the one taken halfway through training, a league "
+              "member it met in training), after training:", "",
+              "| game | snapshot | win rate | payoff | illegal |", "|---|---|---|---|---|"]  # fmt: skip
+    for game, runs in results.items():
+        cells = [interval([r["after"]["earlier"][key] for r in runs]) for key in ("win", "payoff", "illegal")]
+        names = sorted({r["after"]["earlier"]["name"] for r in runs})
+        lines.append(f"| {game} | {', '.join(names)} | " + " | ".join(f"{m:.2f} ± {h:.2f}" for m, h in cells) + " |")
     lines += ["", "## The league's ratings", "",
               "The learner's Elo rating after each rollout (start 1000, K = 32), and every member's final rating.",
               ""]  # fmt: skip
@@ -210,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-steps", type=int, default=32)
     p.add_argument("--snapshot-every", type=int, default=1)
     p.add_argument("--eval-episodes", type=int, default=96)
+    p.add_argument("--advantage", default="group", choices=["group", "group_mean", "rloo", "role"])
+    p.add_argument("--learning-rate", type=float, default=3e-4)
+    p.add_argument("--timing", action="store_true", help="also time the LM opponent's two engines")
     p.add_argument("--out", default="docs/results/selfplay.md")
     args = p.parse_args(argv)
     games = [g.strip() for g in args.games.split(",") if g.strip()]
@@ -224,8 +243,9 @@ def main(argv: list[str] | None = None) -> int:
             r = run_one(game, seed, args)
             print(game, seed, {k: v["win"] for k, v in r["after"].items()}, f"{r['seconds']:.0f}s", flush=True)
             results[game].append(r)
+    timings = {game: opponent_timing(game) for game in games} if args.timing else None
     command = shlex.join(["textrl-bench", "selfplay", *argv])
-    out = write_results_page(args.out, "Self-play on the two-player text games", page(results, args), command)
+    out = write_results_page(args.out, "Self-play on the two-player text games", page(results, args, timings), command)
     print(f"wrote {out}")
     return 0
 
