@@ -1,14 +1,16 @@
 """Self-play on the two-player text games: does a short GRPO run with a league beat the untrained LM?
 
-For each game and seed: the bundled LM trains with GRPO (group advantages, groups of 4 playing the same side,
-deal and opponent) against a :class:`~sb3_grpo.callbacks.league.League` of its own frozen snapshots and a
+For each game and seed: the bundled LM trains with GRPO (by default group advantages, groups of 4 playing the same
+side, deal and opponent) against a :class:`~sb3_grpo.callbacks.league.League` of its own frozen snapshots and a
 random opponent, a snapshot every ``--snapshot-every`` updates, opponents drawn uniformly. Before and after
 training it plays ``--eval-episodes`` games (both sides equally often, sampled moves) against held-out and seen
 opponents: ``random``, ``heuristic`` (never met in training) and ``untrained`` (a frozen copy of the starting
-LM). The page reports the win rate and mean payoff, mean and 95% t-interval over seeds, the share of illegal
-moves, and the league's Elo curve::
+LM), and after training against an earlier snapshot of the same run (the one taken halfway). ``--advantage role``
+trains with SPIRAL's role-conditioned advantage instead (no groups: every env plays its own game). The page reports
+the win rate and mean payoff, mean and 95% t-interval over seeds, the share of illegal moves, the league's Elo
+curve and (``--timing``) the LM opponent's two engines timed::
 
-    python -m benchmarks.selfplay --games tictactoe,nim,kuhn --seeds 3 --timesteps 3072 \\
+    python -m benchmarks.selfplay --games nim,kuhn --seeds 3 --timesteps 6144 --advantage role --timing \\
         --out docs/results/selfplay.md
 """
 
