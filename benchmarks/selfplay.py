@@ -1,14 +1,16 @@
 """Self-play on the two-player text games: does a short GRPO run with a league beat the untrained LM?
 
-For each game and seed: the bundled LM trains with GRPO (group advantages, groups of 4 playing the same side,
-deal and opponent) against a :class:`~sb3_grpo.callbacks.league.League` of its own frozen snapshots and a
+For each game and seed: the bundled LM trains with GRPO (by default group advantages, groups of 4 playing the same
+side, deal and opponent) against a :class:`~sb3_grpo.callbacks.league.League` of its own frozen snapshots and a
 random opponent, a snapshot every ``--snapshot-every`` updates, opponents drawn uniformly. Before and after
 training it plays ``--eval-episodes`` games (both sides equally often, sampled moves) against held-out and seen
 opponents: ``random``, ``heuristic`` (never met in training) and ``untrained`` (a frozen copy of the starting
-LM). The page reports the win rate and mean payoff, mean and 95% t-interval over seeds, the share of illegal
-moves, and the league's Elo curve::
+LM), and after training against an earlier snapshot of the same run (the one taken halfway). ``--advantage role``
+trains with SPIRAL's role-conditioned advantage instead (no groups: every env plays its own game). The page reports
+the win rate and mean payoff, mean and 95% t-interval over seeds, the share of illegal moves, the league's Elo
+curve and (``--timing``) the LM opponent's two engines timed::
 
-    python -m benchmarks.selfplay --games tictactoe,nim,kuhn --seeds 3 --timesteps 3072 \\
+    python -m benchmarks.selfplay --games nim,kuhn --seeds 3 --timesteps 6144 --advantage role --timing \\
         --out docs/results/selfplay.md
 """
 
@@ -69,10 +71,12 @@ def run_one(game_name: str, seed: int, args) -> dict:
 
     game_id, game = GAME_IDS[game_name], make_game(game_name)
     league = League(sampling="uniform", fixed={"random": "random"})
-    env = make_vec_env(game_id, n_envs=args.n_envs, group_size=args.group_size, seed=seed, device="cpu",
+    group_size = args.group_size if args.advantage != "role" else 1
+    env = make_vec_env(game_id, n_envs=args.n_envs, group_size=group_size, seed=seed, device="cpu",
                        interaction=SelfPlay(game, league))  # fmt: skip
     model = GRPO("CausalLMPolicy", env, n_steps=args.n_steps, batch_size=args.n_steps * args.n_envs // 2,
-                 advantage="group", seed=seed, device="cpu", verbose=0, **HP, **FAST)  # fmt: skip
+                 advantage=args.advantage, seed=seed, device="cpu", verbose=0,
+                 **{**HP, "learning_rate": args.learning_rate}, **FAST)  # fmt: skip
     untrained = PolicyOpponent.snapshot(model.policy, name="untrained")
     opponents = {"random": "random", "heuristic": "heuristic", "untrained": untrained}
     eval_seed = 10_000 + seed
@@ -94,14 +98,81 @@ def run_one(game_name: str, seed: int, args) -> dict:
     model.learn(args.timesteps, callback=[LeagueCallback(league, snapshot_every=args.snapshot_every), ratings])
     seconds = time.perf_counter() - t0
     after = {k: evaluate(model, game_id, game, o, args.eval_episodes, eval_seed) for k, o in opponents.items()}
+    # an earlier snapshot of this run (the one taken halfway through training), met in training as a league member
+    snaps = [m for m in league.members if m.snapshot]
+    earlier = snaps[len(snaps) // 2]
+    after["earlier"] = evaluate(model, game_id, game, earlier.opponent, args.eval_episodes, eval_seed)
+    after["earlier"]["name"] = earlier.name
     return {"before": before, "after": after, "curve": ratings.curve, "seconds": seconds,
             "members": {m.name: round(m.rating) for m in league.members}}  # fmt: skip
 
 
-def page(results: dict[str, list[dict]], args) -> str:
+def opponent_timing(game_name: str, batch: int = 16, batches: int = 4, repeats: int = 7) -> dict[str, float]:
+    """The frozen LM opponent's two engines on the same turns: milliseconds per batched call of ``batch`` moves
+    (the median over ``repeats`` passes of ``batches`` calls), and whether they wrote the same moves.
+
+    The turns are the opponent's side of real games: the untrained LM (the learner) against an opponent that
+    records what it reads and answers with the game's heuristic."""
+    import torch as th
+
+    from sb3_grpo import GRPO
+    from textrl_envs.games import FunctionOpponent, OpponentTurn, PolicyOpponent, SelfPlay, make_game
+    from textrl_envs.sb3 import make_vec_env
+
+    game, seen = make_game(game_name), []
+
+    def recording(turn):
+        seen.append((turn.state, turn.player, turn.text))
+        return game.move_text(game.heuristic(turn.state, turn.rng))
+
+    env = make_vec_env(GAME_IDS[game_name], n_envs=batch, seed=0, device="cpu",
+                       interaction=SelfPlay(game, FunctionOpponent(recording)))  # fmt: skip
+    model = GRPO("CausalLMPolicy", env, n_steps=16, batch_size=16 * batch, seed=0, device="cpu")
+    obs = env.reset()
+    while len(seen) < batch * batches:
+        obs, *_ = env.step(model.predict(obs)[0])
+    seen = seen[: batch * batches]
+    frozen = PolicyOpponent.snapshot(model.policy)
+    out: dict[str, float] = {}
+    moves = {}
+    for engine in ("recompute", "cache"):
+        opponent = PolicyOpponent(frozen.policy, engine=engine)
+        times, written = [], []
+        for rep in range(repeats + 1):  # the first pass warms up
+            turns = [OpponentTurn(game, s, p, t, np.random.default_rng(i)) for i, (s, p, t) in enumerate(seen)]
+            t0 = time.perf_counter()
+            with th.no_grad():
+                written = [m for k in range(0, len(turns), batch) for m in opponent.moves(turns[k : k + batch])]
+            if rep:
+                times.append((time.perf_counter() - t0) / batches * 1000)
+        out[engine], moves[engine] = float(np.median(times)), written
+    tok = frozen.tokenizer
+    out["tokens"] = float(np.mean([len(tok(t, add_special_tokens=False)["input_ids"]) for _, _, t in seen]))
+    out["same"] = float(moves["cache"] == moves["recompute"])
+    return out
+
+
+def timing_section(timings: dict[str, dict[str, float]]) -> list[str]:
+    lines = ["", "## The LM opponent's moves: recomputed windows or the KV cache", "",
+             "A frozen snapshot answers every game whose opponent is to move in one batched call (16 moves per call "
+             "here, at most 2 tokens each). `recompute` runs one forward of every whole window per token; `cache` "
+             "prefills the windows once and decodes the next token on the LM's KV cache (the built-in decoder). "
+             "Milliseconds per call, the median of 7 passes over the same 64 turns taken from real games (the "
+             "opponent's side of the conversation, `tokens` long on average), one thread.", "",
+             "| game | tokens read | recompute (ms) | cache (ms) | speed-up | same moves |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for game, t in timings.items():
+        lines.append(f"| {game} | {t['tokens']:.0f} | {t['recompute']:.1f} | {t['cache']:.1f} | "
+                     f"{t['recompute'] / t['cache']:.2f}x | {'yes' if t['same'] else 'no'} |")  # fmt: skip
+    return lines
+
+
+def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, float]] | None = None) -> str:
     """The results page's body (the stamp and title are :func:`~sb3_grpo.compare.pages.write_results_page`'s)."""
+    how = ("role-conditioned advantages (SPIRAL's running baseline per game and role, no groups)"
+           if args.advantage == "role" else f"{args.advantage} advantages, groups of {args.group_size}")  # fmt: skip
     lines = [
-        f"GRPO (group advantages, groups of {args.group_size}) on the bundled LM, {args.timesteps} steps (tokens) "
+        f"GRPO ({how}, learning rate {args.learning_rate:g}) on the bundled LM, {args.timesteps} steps (tokens) "
         f"per run, {args.n_envs} envs, against a league of its own frozen snapshots (one every "
         f"{args.snapshot_every} updates) and a random opponent, drawn uniformly. Evaluated before and after "
         f"training on {args.eval_episodes} games per opponent (sides alternate, moves sampled), over "
@@ -126,6 +197,13 @@ def page(results: dict[str, list[dict]], args) -> str:
                 f"| {game} | {opp} | {c['win', 'before']} | {c['win', 'after']} | {c['payoff', 'before']} | "
                 f"{c['payoff', 'after']} | {c['illegal', 'before']} | {c['illegal', 'after']} |"
             )
+    lines += ["", "Against an earlier snapshot of the same run (the one taken halfway through training, a league "
+              "member it met in training), after training:", "",
+              "| game | snapshot | win rate | payoff | illegal |", "|---|---|---|---|---|"]  # fmt: skip
+    for game, runs in results.items():
+        cells = [interval([r["after"]["earlier"][key] for r in runs]) for key in ("win", "payoff", "illegal")]
+        names = sorted({r["after"]["earlier"]["name"] for r in runs})
+        lines.append(f"| {game} | {', '.join(names)} | " + " | ".join(f"{m:.2f} ± {h:.2f}" for m, h in cells) + " |")
     lines += ["", "## The league's ratings", "",
               "The learner's Elo rating after each rollout (start 1000, K = 32), and every member's final rating.",
               ""]  # fmt: skip
@@ -133,6 +211,8 @@ def page(results: dict[str, list[dict]], args) -> str:
         for seed, r in enumerate(runs):
             curve = ", ".join(f"{x:.0f}" for x in r["curve"])
             lines.append(f"- {game}, seed {seed} ({r['seconds']:.0f} s of training): {curve}; members {r['members']}")
+    if timings:
+        lines += timing_section(timings)
     lines.append("")
     return "\n".join(lines)
 
@@ -148,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-steps", type=int, default=32)
     p.add_argument("--snapshot-every", type=int, default=1)
     p.add_argument("--eval-episodes", type=int, default=96)
+    p.add_argument("--advantage", default="group", choices=["group", "group_mean", "rloo", "role"])
+    p.add_argument("--learning-rate", type=float, default=3e-4)
+    p.add_argument("--timing", action="store_true", help="also time the LM opponent's two engines")
     p.add_argument("--out", default="docs/results/selfplay.md")
     args = p.parse_args(argv)
     games = [g.strip() for g in args.games.split(",") if g.strip()]
@@ -162,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
             r = run_one(game, seed, args)
             print(game, seed, {k: v["win"] for k, v in r["after"].items()}, f"{r['seconds']:.0f}s", flush=True)
             results[game].append(r)
+    timings = {game: opponent_timing(game) for game in games} if args.timing else None
     command = shlex.join(["textrl-bench", "selfplay", *argv])
-    out = write_results_page(args.out, "Self-play on the two-player text games", page(results, args), command)
+    out = write_results_page(args.out, "Self-play on the two-player text games", page(results, args, timings), command)
     print(f"wrote {out}")
     return 0
 

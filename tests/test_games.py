@@ -311,6 +311,7 @@ def test_vector_env_equals_sync_vector_env_in_groups(env_id):
     from gymnasium.vector import AutoresetMode
 
     n, g = 4, 2
+    game = game_of(env_id).name
     kw = {"interaction": SelfPlay(game_of(env_id), "heuristic")}
     vec = gym.make_vec(env_id, num_envs=n, device="cpu", group_size=g, **kw)
     sync = gym.vector.SyncVectorEnv(
@@ -332,6 +333,9 @@ def test_vector_env_equals_sync_vector_env_in_groups(env_id):
         np.testing.assert_array_equal(tv[live], ts[live])
         for i in np.flatnonzero(live & tv):
             assert iv["final_info"]["transcript"][i] == is_["final_info"]["transcript"][i]
+            for key in ("learner_player", "game", "opponent"):  # the side played, for role-conditioned advantages
+                assert iv["final_info"][key][i] == is_["final_info"][key][i]
+            assert iv["final_info"]["learner_player"][i] == books[i]["learner"] and iv["final_info"]["game"][i] == game
             ended += 1
         live &= ~(tv | uv)
         if not live.any():

@@ -366,8 +366,8 @@ def test_group_advantage_learns_toy_task():
     [
         (
             {"advantage": "grpo"},
-            r"advantage must be one of \('gae', 'group', 'group_mean', 'rloo', 'self_critical', 'group_turn'\), "
-            r"got 'grpo'",
+            r"advantage must be one of \('gae', 'group', 'group_mean', 'rloo', 'self_critical', 'group_turn', "
+            r"'role'\), got 'grpo'",
         ),
         ({"grad_var_coef": -0.1}, "grad_var_coef must be a finite number >= 0"),
         ({"kl_coef": -1.0}, "kl_coef must be a finite number >= 0"),

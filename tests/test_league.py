@@ -190,3 +190,36 @@ def test_lm_opponent_reads_the_tokens_a_learner_in_its_seat_sees():
     assert " left, x=1<|endoftext|> " in text and text.endswith(" left, x=")
     assert second.count(eos) == 1
     assert policy.calls == 4  # one forward pass per token: two moves of "1" and EOS
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_policy_opponent_on_the_kv_cache_writes_the_moves_of_the_recompute_path(deterministic):
+    """The same games (same seeds, same learner actions) against the opponent decoding on its KV cache and against
+    the one recomputing every window: the same transcripts, move for move; windows long enough to slide mid-move
+    take the recompute path on the cache engine too."""
+    model = _model(League(fixed={"random": "random"}))
+    frozen = PolicyOpponent.snapshot(model.policy, max_turn_tokens=3, deterministic=deterministic)
+    assert frozen.engine == "cache"
+    played = {}
+    for engine in ("cache", "recompute"):
+        opp = PolicyOpponent(frozen.policy, max_turn_tokens=3, deterministic=deterministic, engine=engine)
+        vec = gym.make_vec("TicTacToe-v0", num_envs=6, device="cpu", interaction=SelfPlay(TicTacToe(), opp))
+        vec.reset(seed=3)
+        tok, rng, games = vec.tokenizer, np.random.default_rng(0), []
+        digits = tok(" 1 2 3 4 5 6 7 8 9", add_special_tokens=False)["input_ids"] + [tok.eos_token_id] * 3
+        for _ in range(60):
+            *_, term, trunc, infos = vec.step(rng.choice(digits, size=6))
+            games += [infos["final_info"]["transcript"][i] for i in np.flatnonzero(term | trunc)]
+        played[engine] = games
+    assert len(played["cache"]) > 10 and played["cache"] == played["recompute"]
+    # a conversation too long for the window to hold the move without sliding: recomputed, as the reference does
+    game = TicTacToe()
+    long_text = "Tic-tac-toe, you are x." + " ......... x= 5 o...x.... x=" * 8
+    turn = [OpponentTurn(game, game.initial(None), 0, long_text, np.random.default_rng(1))]
+    cached = PolicyOpponent(frozen.policy, max_turn_tokens=3, engine="cache").moves(turn)
+    turn = [OpponentTurn(game, game.initial(None), 0, long_text, np.random.default_rng(1))]
+    assert cached == PolicyOpponent(frozen.policy, max_turn_tokens=3, engine="recompute").moves(turn)
+    with pytest.raises(ValueError, match="engine='cache' needs a policy with the built-in decoder"):
+        PolicyOpponent(ScriptedPolicy([0], 10), engine="cache")
+    with pytest.raises(ValueError, match="engine must be one of auto, cache, recompute"):
+        PolicyOpponent(frozen.policy, engine="kv")

@@ -321,7 +321,8 @@ CASES = [
         "grpo-advantage",
         lambda: grpo("MlpPolicy", "CartPole-v1", advantage="grpo"),
         ValueError,
-        r"advantage must be one of \('gae', 'group', 'group_mean', 'rloo', 'self_critical', 'group_turn'\), got 'grpo' "
+        r"advantage must be one of \('gae', 'group', 'group_mean', 'rloo', 'self_critical', 'group_turn', 'role'\), "
+        r"got 'grpo' "
         r"\(did you mean 'group'\?\)",
     ),
     (

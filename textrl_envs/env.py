@@ -12,7 +12,7 @@ from gymnasium import spaces
 
 from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwargs, encode_prompt
 from textrl_envs.groups import draw_weighted, prompt_draw_cdf
-from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, start_episode
+from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, episode_infos, start_episode
 from textrl_envs.rendering import transcript_frame
 from textrl_envs.turns import ReplyEncoder, check_opening, turn_episode_ends, turns_over, who
 from textrl_envs.validation import check_choice, check_int, check_mapping
@@ -340,6 +340,8 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         }
         if parts is not None:  # the end-of-episode reward's components
             info["reward_components"] = parts[0]
+        if spec.interaction is not None:  # the task's own entries (a game: the side the learner played)
+            info.update(episode_infos(spec.interaction, [self._task_state])[0])
         if spec.nonfinite_reward == "skip":
             info["reward_nonfinite"] = nonfinite
         return reward, info

@@ -50,6 +50,7 @@ __all__ = [
     "Reply",
     "answer_turns",
     "check_interaction",
+    "episode_infos",
     "start_episode",
 ]
 
@@ -104,6 +105,12 @@ class Interaction:
         """
         raise NotImplementedError(f"{type(self).__name__} must implement reply(state, text, turn) -> Reply")
 
+    def episode_info(self, state: Any) -> dict[str, Any]:  # noqa: ARG002  (the protocol's signature)
+        """Entries the env adds to the final info of the episode whose state is ``state`` (none by default), such
+        as the side a game's learner played (``learner_player``), which role-conditioned advantages read. Values
+        are ints or strings, the same keys for every episode of the task."""
+        return {}
+
     def replies(self, states: Sequence[Any], texts: Sequence[str], turns: Sequence[int]) -> list[Reply]:
         """Answer a batch of finished turns (one per episode that ended a turn this step); calls :meth:`reply`.
 
@@ -127,6 +134,25 @@ def check_interaction(interaction: Any) -> Any:
             f"and replies); got {type(interaction).__name__}, without {', '.join(missing)}"
         )
     return interaction
+
+
+def episode_infos(interaction: Any, states: Sequence[Any]) -> list[dict[str, Any]]:
+    """The extra final-info entries of the episodes ``states`` (:meth:`Interaction.episode_info`; none for an
+    interaction without the method).
+
+    :raises TypeError: if it returns something other than a dict.
+    """
+    info = getattr(interaction, "episode_info", None)
+    if info is None:
+        return [{} for _ in states]
+    out = [info(s) for s in states]
+    for extra in out:
+        if not isinstance(extra, dict):
+            raise TypeError(
+                f"{type(interaction).__name__}.episode_info returned {_short(extra)}; it must return a dict of "
+                "final-info entries"
+            )
+    return out
 
 
 def _who(interaction: Any, task: str | None) -> str:

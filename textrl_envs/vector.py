@@ -42,6 +42,7 @@ from textrl_envs.decoding import fast_decoder
 from textrl_envs.devices import resolve_device
 from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
 from textrl_envs.groups import GroupPrompts, prompt_draw_cdf
+from textrl_envs.interaction import episode_infos
 from textrl_envs.rendering import transcript_frame
 from textrl_envs.reward_worker import RewardDeferral, RewardWorker
 from textrl_envs.turns import TurnBook
@@ -409,6 +410,11 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
         if self._turn_book is not None:
             final_info["turns"] = int_array(n, done, self._turn_book.turns[done])
             final_info["transcript"] = object_array(n, done, [self._turn_book.transcripts[e] for e in done.tolist()])
+            extras = episode_infos(spec.interaction, [self._turn_book.states[e] for e in done.tolist()])
+            for key in extras[0] if extras else ():
+                values = [extra[key] for extra in extras]
+                ints = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values)
+                final_info[key] = int_array(n, done, values) if ints else object_array(n, done, values)
             nonfinite = nonfinite | self._turn_book.nonfinite[done]
         if spec.nonfinite_reward == "skip":  # the flag of episodes whose NaN/inf reward was scored 0
             final_info["reward_nonfinite"] = flag_array(n, done[nonfinite])

@@ -21,11 +21,10 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import GymEnv, Schedule
 
-from sb3_grpo.common.arguments import check_grpo_args
+from sb3_grpo.common.arguments import CRITIC_FREE_ADVANTAGES, check_grpo_args
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.common.update_stats import LossTerms, TrainStats
-from sb3_grpo.dapo.dapo import DAPO_ADVANTAGES
 from sb3_grpo.objectives import cispo_objective
 from textrl_envs.validation import check_float
 
@@ -52,7 +51,8 @@ class CISPO(GroupOnPolicyAlgorithm):
 
     :param clip_range_low: ``eps_low``, the weight's floor is ``1 - eps_low`` (``None``: no floor, the paper's)
     :param clip_range_high: ``eps_high``, the weight's cap is ``1 + eps_high``
-    :param advantage: ``"group"`` (the paper's, the default), ``"group_mean"``, ``"rloo"`` or ``"self_critical"``
+    :param advantage: ``"group"`` (the paper's, the default), ``"group_mean"``, ``"rloo"``, ``"self_critical"`` or
+        ``"role"`` (two-player games: a running baseline per game and role)
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: train the steps of an episode whose group has not finished when the rollout ends in the first
@@ -100,9 +100,10 @@ class CISPO(GroupOnPolicyAlgorithm):
         engine: str = "step",
     ):
         check_grpo_args(locals())  # PPO's arguments and the shared ones, before any model is built
-        if advantage not in DAPO_ADVANTAGES:
+        if advantage not in CRITIC_FREE_ADVANTAGES:
             raise ValueError(
-                f"CISPO trains no critic, so its advantage is a group form: one of {DAPO_ADVANTAGES}, got "
+                f"CISPO trains no critic, so its advantage is a group or role form: "
+                f"one of {CRITIC_FREE_ADVANTAGES}, got "
                 f"{advantage!r}; use GRPO(advantage='gae') or SB3's PPO for GAE"
             )
         if clip_range_low is not None:

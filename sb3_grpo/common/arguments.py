@@ -29,6 +29,7 @@ from textrl_envs.validation import (
 
 __all__ = [
     "ADVANTAGES",
+    "CRITIC_FREE_ADVANTAGES",
     "GRPO_CHECKS",
     "NONFINITE",
     "PPO_CHECKS",
@@ -43,7 +44,9 @@ __all__ = [
 ]
 
 #: The advantage forms (``advantage=``).
-ADVANTAGES = ("gae", "group", "group_mean", "rloo", "self_critical", "group_turn")
+ADVANTAGES = ("gae", "group", "group_mean", "rloo", "self_critical", "group_turn", "role")
+#: The advantage forms that train no critic (every one but GAE).
+CRITIC_FREE_ADVANTAGES = tuple(a for a in ADVANTAGES if a != "gae")
 #: What GRPO does with NaN/inf rewards, advantages, losses or gradients (``nonfinite=``).
 NONFINITE = ("raise", "skip")
 
@@ -275,7 +278,7 @@ def check_grpo_args(args: Mapping[str, Any]) -> tuple[float, float] | None:
     if args.get("carry_over") and args.get("advantage", "gae") == "gae":
         raise ValueError(
             "carry_over=True holds the steps of episodes whose group advantage is not known yet, so it needs a group "
-            "advantage: pass advantage='group' (or 'rloo', 'self_critical'), or carry_over=False"
+            "advantage: pass advantage='group' (or 'rloo', 'self_critical', 'role'), or carry_over=False"
         )
     if args.get("carry_over") and args.get("advantage") == "group_turn":
         raise ValueError(

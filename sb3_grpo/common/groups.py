@@ -1,11 +1,13 @@
 """
-Group advantages (``advantage="group" | "rloo" | "self_critical" | "group_turn"``): the per-step bookkeeping that
-turns a grouped env's stream of steps into one return per finished episode (per turn, for ``"group_turn"``), and
-the group advantages of :mod:`sb3_grpo.objectives` back into one advantage per stored step.
+Group advantages (``advantage="group" | "rloo" | "self_critical" | "group_turn"``) and role-conditioned ones
+(``"role"``): the per-step bookkeeping that turns an env's stream of steps into one return per finished episode (per
+turn, for ``"group_turn"``), and the advantages of :mod:`sb3_grpo.objectives` back into one advantage per stored
+step.
 
 :class:`EpisodeGroupTracker` keeps what it needs across rollouts (running returns of unfinished episodes,
 returns of group members that finished earlier), so a group whose members finish in different rollouts still
-gets its baseline. :func:`make_group_tracker` builds the tracker an advantage form needs for a VecEnv.
+gets its baseline. :class:`RoleBaselineTracker` keeps a running baseline per game and role instead (SPIRAL).
+:func:`make_group_tracker` builds the tracker an advantage form needs for a VecEnv.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ from sb3_grpo.objectives import (
     group_advantages,
     group_mean_advantages,
     rloo_advantages,
+    role_ema_advantages,
     self_critical_advantages,
     turn_rloo_advantages,
 )
 
 __all__ = [
     "GROUPED_ENV_HINT",
+    "ROLE_ENV_HINT",
     "EpisodeGroupTracker",
+    "RoleBaselineTracker",
     "TurnGroupTracker",
     "check_grouped_env",
     "env_group_size",
@@ -39,6 +44,10 @@ __all__ = [
 GroupAdvantageFn = Callable[[th.Tensor, th.Tensor, th.Tensor], tuple[th.Tensor, th.Tensor]]
 
 GROUPED_ENV_HINT = "e.g. textrl_envs.sb3.make_vec_env(..., group_size=4)"
+ROLE_ENV_HINT = "a two-player game env, e.g. textrl_envs.sb3.make_vec_env('TicTacToe-v0', n_envs=8)"
+
+#: SPIRAL's decay of the running baseline per game and role (Liu et al. 2025, arXiv 2506.24119, alpha = 0.95).
+ROLE_BASELINE_DECAY = 0.95
 
 
 class EpisodeGroupTracker:
@@ -135,18 +144,12 @@ class EpisodeGroupTracker:
             self.group_ids[self.pos, idx] = int(group_id)
         self.pos += 1
 
-    def compute(self) -> tuple[np.ndarray, dict[str, float]]:
-        """
-        Advantages per stored step for the recorded rollout.
-
-        :return: ``(advantages, stats)``: ``advantages`` of shape ``(n_steps, n_envs)`` (float32, zeros for
-            steps without a complete group), and logging statistics ``group_reward_mean`` (mean of the
-            complete groups' mean returns), ``group_reward_std`` (mean within-group std), ``n_groups``,
-            ``frac_steps_nonzero_advantage``
-        """
+    def _segment_episodes(self) -> list[tuple[int, int, int, float, int, bool, int]]:
+        """The episodes that ended in the recorded rollout, ``(env, start, end_inclusive, return, group_id,
+        is_greedy, key)`` env by env, their returns including the steps of earlier rollouts; fills
+        :attr:`segments` and moves the running returns and keys on."""
         n_steps = self.pos
-        # 1. segment each env's stream into episodes using dones
-        episodes = []  # (env, start, end_inclusive, return, group_id, is_greedy, key)
+        episodes = []
         self.segments = []
         for env in range(self.n_envs):
             start = 0
@@ -162,6 +165,20 @@ class EpisodeGroupTracker:
             self.running_returns[env] += self.rewards[start:n_steps, env].sum()
             if start < n_steps:
                 self.segments.append((env, start, n_steps, int(self.running_keys[env])))
+        return episodes
+
+    def compute(self) -> tuple[np.ndarray, dict[str, float]]:
+        """
+        Advantages per stored step for the recorded rollout.
+
+        :return: ``(advantages, stats)``: ``advantages`` of shape ``(n_steps, n_envs)`` (float32, zeros for
+            steps without a complete group), and logging statistics ``group_reward_mean`` (mean of the
+            complete groups' mean returns), ``group_reward_std`` (mean within-group std), ``n_groups``,
+            ``frac_steps_nonzero_advantage``
+        """
+        n_steps = self.pos
+        # 1. segment each env's stream into episodes using dones
+        episodes = self._segment_episodes()
 
         # 2. gather members per group: earlier rollouts (baseline only) + this rollout
         members: dict[int, list[tuple[float, bool, int, int]]] = {}  # group -> (return, greedy, episode index, key)
@@ -354,6 +371,106 @@ def _no_episode_advantage(_returns: th.Tensor, _group_ids: th.Tensor, _is_greedy
     raise RuntimeError("TurnGroupTracker computes advantages per turn (turn_rloo_advantages), not per episode")
 
 
+class RoleBaselineTracker(EpisodeGroupTracker):
+    """
+    Per-step bookkeeping for role-conditioned advantages (``advantage="role"``): SPIRAL's role-conditioned
+    advantage estimation (Liu et al. 2025, arXiv 2506.24119, section 3), a running baseline per game and role.
+
+    In a zero-sum game the roles have different expected returns (tic-tac-toe's first mover wins more often), so
+    one baseline for both would credit the first mover's tokens with the role's advantage. Each episode that ends
+    is compared with the baseline of its game and the side the learner played, an exponential moving average of
+    the returns of those episodes so far (:func:`~sb3_grpo.objectives.role_ema_advantages`, decay
+    :data:`ROLE_BASELINE_DECAY`), updated in the order the episodes end (step by step, env by env within a
+    step), and every step of the episode gets ``A = r - b``. No group is needed: an episode's advantage is known
+    when it ends, so :meth:`compute` resolves every episode that ended in the rollout; episodes still running at
+    its end get advantage 0 in it (or, with ``carry_over``, their advantage in the update after they end).
+
+    The env's side of the contract: the info of an episode's last step holds ``learner_player`` (the side the
+    learner played) and ``game`` (its name), as the two-player game envs of :mod:`textrl_envs.games` write them
+    (:meth:`~textrl_envs.games.SelfPlay.episode_info`). The baselines live in :attr:`baselines` (``(game id,
+    role) -> float``, game ids numbered in the order games are first seen, named by :attr:`game_ids`); a
+    model saved and loaded starts them again from 0.
+
+    :param n_envs: number of envs of the VecEnv
+    :param decay: the running baseline's decay, in ``[0, 1)``
+    """
+
+    def __init__(self, n_envs: int, decay: float = ROLE_BASELINE_DECAY) -> None:
+        super().__init__(n_envs, 1, _no_group_fn)
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay!r}")
+        self.decay = decay
+        self.baselines: dict[tuple[int, int], float] = {}
+        self.game_ids: dict[str, int] = {}
+
+    def reset_rollout(self, n_steps: int) -> None:
+        super().reset_rollout(n_steps)
+        self.roles = np.full((n_steps, self.n_envs), -1, dtype=np.int64)
+        self.games = np.full((n_steps, self.n_envs), -1, dtype=np.int64)
+
+    def add(self, rewards: np.ndarray, dones: np.ndarray, infos: Sequence[dict[str, Any]]) -> None:
+        """Record one step of the VecEnv; the info of every episode that ends must name its role and game.
+
+        :raises ValueError: for an episode whose last info has no ``learner_player``.
+        """
+        self.rewards[self.pos] = rewards
+        self.dones[self.pos] = dones
+        for idx in np.flatnonzero(dones):
+            info = infos[idx]
+            if "learner_player" not in info:
+                raise ValueError(
+                    f"advantage='role' needs the side the learner played in the final info of every episode "
+                    f"(info['learner_player']); env {idx} finished an episode without one. Use {ROLE_ENV_HINT}, "
+                    "or an Interaction whose episode_info(state) returns learner_player and game"
+                )
+            game = str(info.get("game", ""))
+            self.roles[self.pos, idx] = int(info["learner_player"])
+            self.games[self.pos, idx] = self.game_ids.setdefault(game, len(self.game_ids))
+        self.pos += 1
+
+    def compute(self) -> tuple[np.ndarray, dict[str, float]]:
+        """
+        Advantages per stored step for the recorded rollout: ``r - b(game, role)`` for the steps of every episode
+        that ended in it, 0 elsewhere.
+
+        :return: ``(advantages, stats)``: ``advantages`` of shape ``(n_steps, n_envs)`` (float32), and the
+            statistics of :meth:`EpisodeGroupTracker.compute` (``n_groups`` counts the episodes resolved) plus
+            ``role_baseline_<game>_<role>`` for every baseline.
+        """
+        n_steps = self.pos
+        episodes = sorted(self._segment_episodes(), key=lambda e: (e[2], e[0]))  # the order they ended in
+        advantages = np.zeros((n_steps, self.n_envs), dtype=np.float32)
+        self.resolved = {}
+        returns = np.array([e[3] for e in episodes], dtype=np.float64)
+        if episodes:
+            games = th.as_tensor(np.array([self.games[e[2], e[0]] for e in episodes]))
+            roles = th.as_tensor(np.array([self.roles[e[2], e[0]] for e in episodes]))
+            adv, self.baselines = role_ema_advantages(
+                th.as_tensor(returns), games, roles, self.baselines, decay=self.decay
+            )
+            for (env, start, end, _, _, _, key), a in zip(episodes, adv.tolist()):
+                advantages[start : end + 1, env] = a
+                self.resolved[key] = float(a)
+        names = {v: k for k, v in self.game_ids.items()}
+        stats = {
+            "group_reward_mean": float(returns.mean()) if episodes else float("nan"),
+            "group_reward_std": float(returns.std(ddof=1)) if len(episodes) > 1 else float("nan"),
+            "n_groups": float(len(episodes)),
+            "frac_steps_nonzero_advantage": float(np.mean(advantages != 0)) if advantages.size else 0.0,
+        }
+        for (game, role), b in sorted(self.baselines.items()):
+            stats[f"role_baseline_{names.get(game, game) or 'game'}_{role}"] = float(b)
+        return advantages, stats
+
+    def live_keys(self) -> set[int]:
+        """Keys of the episodes whose advantage may still come: the running ones (no group waits)."""
+        return {int(k) for k in self.running_keys}
+
+
+def _no_group_fn(returns: th.Tensor, group_ids: th.Tensor, is_greedy: th.Tensor):  # noqa: ARG001
+    raise AssertionError("RoleBaselineTracker computes its own advantages")
+
+
 def _ignore_greedy(fn: Callable[[th.Tensor, th.Tensor], tuple[th.Tensor, th.Tensor]]) -> GroupAdvantageFn:
     """Adapt ``f(returns, group_ids)`` to the tracker's ``f(returns, group_ids, is_greedy)``."""
 
@@ -454,11 +571,14 @@ def make_group_tracker(env: VecEnv, advantage: str) -> EpisodeGroupTracker:
     ``"group"``: DeepSeekMath's ``(r - mean_g) / (std_g + eps)``; ``"group_mean"``: Dr. GRPO's ``r - mean_g``;
     ``"rloo"``: the leave-one-out baseline;
     ``"self_critical"``: env ``i`` with ``i % group_size == 0`` acts greedily and its reward is its group's baseline;
-    ``"group_turn"``: turn-level leave-one-out credit of interactive episodes (:class:`TurnGroupTracker`).
+    ``"group_turn"``: turn-level leave-one-out credit of interactive episodes (:class:`TurnGroupTracker`);
+    ``"role"``: SPIRAL's running baseline per game and role (:class:`RoleBaselineTracker`; no group needed).
 
-    :param env: The grouped VecEnv.
-    :param advantage: ``"group"``, ``"group_mean"``, ``"rloo"``, ``"self_critical"`` or ``"group_turn"``.
+    :param env: The VecEnv (grouped, for every form but ``"role"``).
+    :param advantage: ``"group"``, ``"group_mean"``, ``"rloo"``, ``"self_critical"``, ``"group_turn"`` or ``"role"``.
     """
+    if advantage == "role":
+        return RoleBaselineTracker(env.num_envs)
     group_size = check_grouped_env(env, advantage)
     if advantage == "group_turn":
         return TurnGroupTracker(env.num_envs, group_size)

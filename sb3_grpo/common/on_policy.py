@@ -4,8 +4,8 @@ The on-policy skeleton that every algorithm of the package shares: SB3's PPO loo
 :class:`GroupOnPolicyAlgorithm` is SB3's :class:`~stable_baselines3.common.on_policy_algorithm.OnPolicyAlgorithm`
 with PPO's arguments and ``collect_rollouts`` step for step, plus what any algorithm here reuses:
 
-- group advantages (``advantage="group" | "group_mean" | "rloo" | "self_critical" | "group_turn"``,
-  :mod:`sb3_grpo.common.groups`),
+- group advantages (``advantage="group" | "group_mean" | "rloo" | "self_critical" | "group_turn"``) and
+  role-conditioned ones (``"role"``), :mod:`sb3_grpo.common.groups`,
   ``carry_over`` (:mod:`sb3_grpo.common.carry_over`) and rewards scored in the background
   (:mod:`sb3_grpo.common.deferred_rewards`), all through the rollout's state (:mod:`sb3_grpo.common.rollout`);
 - the two update paths (:mod:`sb3_grpo.common.batch_sources`), whose minibatches know their sequences, and
@@ -93,8 +93,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         remaining as ``clip_range`` takes (e.g. ``lambda p: 0.01 * p``); evaluated once per update, logged as
         ``train/ent_coef``. A number is used as it is, so the loss is computed exactly as SB3's PPO computes it
     :param advantage: ``"gae"`` (PPO's), or a group form: ``"group"`` (DeepSeekMath), ``"group_mean"`` (the group
-        mean as baseline, no std division: Dr.GRPO), ``"rloo"``, ``"self_critical"`` or ``"group_turn"`` (interactive
-        episodes, credit per turn) (:mod:`sb3_grpo.common.groups`)
+        mean as baseline, no std division: Dr.GRPO), ``"rloo"``, ``"self_critical"``, ``"group_turn"`` (interactive
+        episodes, credit per turn) or ``"role"`` (two-player games: SPIRAL's running baseline per game and the side
+        the learner played, no group needed) (:mod:`sb3_grpo.common.groups`)
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
     :param reward_redistribution: ``None`` (off), ``"attention"`` or ``"uniform"``: spread each episode's reward over
         its steps before returns and advantages, its total kept (:mod:`sb3_grpo.common.redistribution`)
@@ -218,7 +219,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self.reward_redistribution = reward_redistribution
         if reward_redistribution is not None and self.env is not None:
             check_redistribution_env(self.env, reward_redistribution)
-        if self.advantage != "gae" and self.env is not None:
+        if self.advantage not in ("gae", "role") and self.env is not None:
             # warns when n_steps < the episodes' length (unless carry_over trains those steps later)
             check_grouped_env(self.env, self.advantage, None if carry_over else self.n_steps)
 

@@ -247,6 +247,9 @@ class RolloutExtras:
             logger.record("rollout/group_reward_std", stats["group_reward_std"])
             logger.record("rollout/n_complete_groups", stats["n_groups"])
             logger.record("rollout/frac_steps_nonzero_advantage", stats["frac_steps_nonzero_advantage"])
+            for name, value in stats.items():  # the tracker's own figures (advantage="role": each baseline)
+                if name.startswith("role_baseline_"):
+                    logger.record(f"rollout/{name}", value)
         if isinstance(self.turns, VLLMTurnQueues):
             self._engine_mismatch(rollout_buffer, logger)
         self.nonfinite.drop(rollout_buffer)

@@ -19,6 +19,9 @@ from sb3_grpo.grpo.extras import EXTRAS_OFF
 #: Group size the comparison gives the envs of group-advantage algorithms when none is given.
 DEFAULT_GROUP_SIZE = 4
 
+#: The advantage forms that need no prompt groups: PPO's GAE and the role-conditioned baseline of two-player games.
+UNGROUPED_ADVANTAGES = ("gae", "role")
+
 #: GRPO with every extra switched off (:data:`sb3_grpo.grpo.extras.EXTRAS_OFF`'s switches): computes what SB3's
 #: ``PPO`` computes.
 OFF: dict[str, Any] = EXTRAS_OFF.switches()
@@ -43,7 +46,7 @@ class AlgoSpec:
     @property
     def grouped(self) -> bool:
         """Whether it needs envs in prompt groups (a group-relative advantage)."""
-        return self.kwargs.get("advantage", "gae") != "gae"
+        return self.kwargs.get("advantage", "gae") not in UNGROUPED_ADVANTAGES
 
     def algo_class(self) -> type:
         """The SB3 algorithm class (imported on demand): stock ``PPO``, or the package's class of that name."""
@@ -154,6 +157,19 @@ ALGOS: dict[str, AlgoSpec] = {
             "GRPO",
             {**OFF, "advantage": "group"},
             "group-relative advantages (DeepSeekMath), no other extra, no critic; grouped envs",
+        ),
+        AlgoSpec(
+            "grpo-role",
+            "GRPO",
+            {"advantage": "role"},
+            "GRPO defaults with role-conditioned advantages (SPIRAL, Liu et al. 2025: a running baseline per game "
+            "and role), no critic; two-player game envs (TicTacToe-v0, Nim-v0, KuhnPoker-v0), no groups needed",
+        ),
+        AlgoSpec(
+            "ppo-role",
+            "GRPO",
+            {**OFF, "advantage": "role"},
+            "role-conditioned advantages (SPIRAL), no other extra, no critic; two-player game envs",
         ),
         AlgoSpec(
             "ppo-selfcritical",

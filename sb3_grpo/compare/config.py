@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sb3_grpo.common.io import to_jsonable
-from sb3_grpo.compare.algos import ALGOS, DEFAULT_GROUP_SIZE, AlgoSpec, constructor_defaults, constructor_parameters
+from sb3_grpo.compare.algos import (
+    ALGOS,
+    DEFAULT_GROUP_SIZE,
+    UNGROUPED_ADVANTAGES,
+    AlgoSpec,
+    constructor_defaults,
+    constructor_parameters,
+)
 from textrl_envs.hf_loading import cached_commit, hub_cache_dir, hub_offline, looks_like_hub_id
 from textrl_envs.validation import check_float
 
@@ -335,7 +342,11 @@ def make_config(
         a: resolve_hyperparameters(ALGOS[a], text, n_envs, timesteps, overrides, engines.get(a)) for a in unique
     }
     # grouped: a group advantage, the algorithm's own or one set with --set / --config (e.g. grpo.advantage="group")
-    grouped = [a for a in unique if resolved[a].get("advantage", ALGOS[a].kwargs.get("advantage", "gae")) != "gae"]
+    grouped = [
+        a
+        for a in unique
+        if resolved[a].get("advantage", ALGOS[a].kwargs.get("advantage", "gae")) not in UNGROUPED_ADVANTAGES
+    ]
     group = _check_groups(grouped, env_id, text, n_envs, group_size)
     cfg = CompareConfig(
         env_id=env_id,

@@ -69,6 +69,7 @@ class DAPO(GroupOnPolicyAlgorithm):
     :param clip_range_low: ``eps_low``, the ratio's floor is ``1 - eps_low`` (``None``: ``clip_range``'s value)
     :param clip_range_high: ``eps_high``, the ratio's ceiling is ``1 + eps_high`` (the paper's 0.28)
     :param advantage: ``"group"`` (the paper's, the default), ``"group_mean"``, ``"rloo"`` or ``"self_critical"``
+        (group forms only: the overlong penalty and dynamic sampling work on groups)
     :param max_completion_tokens: ``L_max`` of the overlong penalty; ``None``: the env's episode budget
     :param overlong_buffer: ``L_cache``, the tokens before ``L_max`` over which the penalty grows linearly to
         ``-overlong_penalty_factor``; ``None``: a fifth of ``L_max`` (the paper's 4096 of 20480); ``0``: off

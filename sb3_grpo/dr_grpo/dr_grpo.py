@@ -34,7 +34,7 @@ from textrl_envs.validation import check_int
 __all__ = ["DrGRPO"]
 
 #: The advantage forms Dr. GRPO takes: the group forms (it trains no critic).
-DR_GRPO_ADVANTAGES = ("group_mean", "group", "rloo", "self_critical")
+DR_GRPO_ADVANTAGES = ("group_mean", "group", "rloo", "self_critical", "role")
 
 
 class DrGRPO(GroupOnPolicyAlgorithm):
@@ -52,7 +52,8 @@ class DrGRPO(GroupOnPolicyAlgorithm):
     PPO's arguments mean what they mean for SB3's ``PPO`` (``vf_coef``, ``clip_range_vf`` and
     ``normalize_advantage`` have no effect: there is no critic, and group advantages are not renormalised).
 
-    :param advantage: ``"group_mean"`` (Dr. GRPO's, the default), or ``"group"``, ``"rloo"``, ``"self_critical"``
+    :param advantage: ``"group_mean"`` (Dr. GRPO's, the default), or ``"group"``, ``"rloo"``, ``"self_critical"``,
+        ``"role"`` (two-player games: a running baseline per game and role)
     :param max_completion_tokens: ``L_max``, the constant normaliser; ``None``: the env's episode budget (a text env's
         ``max_new_tokens``, an interactive env's agent steps)
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
@@ -109,7 +110,7 @@ class DrGRPO(GroupOnPolicyAlgorithm):
         check_grpo_args(locals())  # PPO's arguments and the shared ones, before any model is built
         if advantage not in DR_GRPO_ADVANTAGES:
             raise ValueError(
-                f"DrGRPO trains no critic, so its advantage is a group form: one of {DR_GRPO_ADVANTAGES}, got "
+                f"DrGRPO trains no critic, so its advantage is a group or role form: one of {DR_GRPO_ADVANTAGES}, got "
                 f"{advantage!r}; use GRPO(advantage='gae') or SB3's PPO for GAE"
             )
         if max_completion_tokens is not None:

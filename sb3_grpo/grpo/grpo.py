@@ -62,7 +62,10 @@ class GRPO(GroupOnPolicyAlgorithm):
       ``"group_turn"`` (turn-level credit: each turn's return-to-go minus the leave-one-out mean of the group's
       members at the same turn, :func:`~sb3_grpo.objectives.turn_rloo_advantages`). Group forms train no critic,
       skip minibatch advantage normalization, and need an env that reports ``group_size > 1`` and puts
-      ``info["group_id"]`` in every step's info (:mod:`sb3_grpo.common.groups`).
+      ``info["group_id"]`` in every step's info (:mod:`sb3_grpo.common.groups`). ``"role"`` (two-player games:
+      SPIRAL's role-conditioned advantage, Liu et al. 2025, arXiv 2506.24119) compares each episode's return with a
+      running baseline of its game and the side the learner played (the final info's ``learner_player``); it trains
+      no critic either and needs no group.
     - **KL to a reference** (``kl_coef``, ``kl_target``): ``kl_coef * KL`` is added to the loss, the k3 estimate
       importance-weighted by ``pi_old / mu`` under mixed exploration, with Ziegler et al.'s controller of
       ``kl_coef`` when ``kl_target`` is set (:mod:`sb3_grpo.grpo.kl`). The reference is a frozen copy of the initial
@@ -130,7 +133,8 @@ class GRPO(GroupOnPolicyAlgorithm):
     :param explore_alpha: initial uniform-mixture weight in ``[0, 1]`` (0 turns it off)
     :param explore_fraction: fraction of ``total_timesteps`` over which ``alpha`` decays to 0, in ``(0, 1]``
     :param advantage: ``"gae"``, ``"group"``, ``"group_mean"`` (Dr. GRPO's: no std division), ``"rloo"``,
-        ``"self_critical"`` or ``"group_turn"`` (interactive envs: per-turn leave-one-out credit)
+        ``"self_critical"``, ``"group_turn"`` (interactive envs: per-turn leave-one-out credit) or ``"role"`` (a
+        running baseline per game and role, SPIRAL's)
     :param kl_coef: weight of the k3 KL to the frozen reference policy (0 turns it off)
     :param kl_target: target KL for the adaptive controller of ``kl_coef`` (None: fixed ``kl_coef``)
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this

@@ -75,6 +75,12 @@ class _GameAgents:
     ) -> None:
         super().__init__()
         self.game = make_game(game)
+        self._setup_tokens(tokenizer, window, max_turn_tokens, turn_end, render_mode)
+
+    def _setup_tokens(
+        self, tokenizer: Any, window: int, max_turn_tokens: int, turn_end: Sequence[int] | None, render_mode: str | None
+    ) -> None:
+        """The token mechanics both players share: tokenizer, window, turn end, spaces."""
         self.tokenizer = load_tokenizer(tokenizer)
         self.window = check_int("window", window, low=1)
         self.max_turn_tokens = check_int("max_turn_tokens", max_turn_tokens, low=1)
@@ -156,21 +162,29 @@ class _GameAgents:
         if token in self.turn_end or len(self._turn) >= self.max_turn_tokens:
             text = self.tokenizer.decode(self._turn, skip_special_tokens=True)
             self._turn = []
-            self.game_state, _ = self.game.step_text(self.game_state, text)
             self.infos[agent] = {"move": text}
-            if self.game.over(self.game_state):
-                payoffs = self.game.payoffs(self.game_state)
-                for p, a in enumerate(self.possible_agents):
-                    self._write(p, self._encode(self.game.result_text(self.game_state, p)))
-                    self.rewards[a] = float(payoffs[p])
-                    self.terminations[a] = True
-            else:
-                mover = self.game.to_move(self.game_state)
-                self._write(mover, self._encode(self.game.render(self.game_state, mover)))
-                self.agent_selection = self.possible_agents[mover]
+            self._end_turn(player, text)
         self._accumulate_rewards()
         if self.render_mode == "ansi":
             self.render()
+
+    def _end_turn(self, player: int, text: str) -> None:  # noqa: ARG002  (the player to move is the game's; a subclass reads it)
+        """Play the move ``player`` wrote (``text``); write the next player's board, or both players' results."""
+        self.game_state, _ = self.game.step_text(self.game_state, text)
+        if self.game.over(self.game_state):
+            self._finish(list(self.game.payoffs(self.game_state)),
+                         [self.game.result_text(self.game_state, p) for p in range(2)])  # fmt: skip
+        else:
+            mover = self.game.to_move(self.game_state)
+            self._write(mover, self._encode(self.game.render(self.game_state, mover)))
+            self.agent_selection = self.possible_agents[mover]
+
+    def _finish(self, payoffs: Sequence[float], texts: Sequence[str]) -> None:
+        """End the game: each player's window gets its text, its reward is its payoff."""
+        for p, a in enumerate(self.possible_agents):
+            self._write(p, self._encode(texts[p]))
+            self.rewards[a] = float(payoffs[p])
+            self.terminations[a] = True
 
     def render(self) -> str | None:
         if self.render_mode is None:

@@ -10,14 +10,29 @@ import numpy as np
 
 from textrl_envs.games.opponents import Opponent, OpponentTurn
 
-__all__ = ["PolicyOpponent", "copy_policy"]
+__all__ = ["ENGINES", "PolicyOpponent", "copy_policy"]
+
+#: How a :class:`PolicyOpponent` computes its moves.
+ENGINES = ("auto", "cache", "recompute")
 
 
 class PolicyOpponent(Opponent):
     """An LM policy as the opponent: it reads its side of the conversation and writes tokens until its turn ends.
 
-    One batched forward pass per token for every game whose opponent is to move (no gradients, the policy in
-    eval mode, on its own device; the whole window each time, no KV cache: a move is a token or two). A move's
+    Every game whose opponent is to move is answered in one batched call (no gradients, the policy in eval mode,
+    on its own device). Two engines compute the same moves, chosen once here (``engine``):
+
+    * ``"cache"``: the policy's built-in decoder (``policy.turn_decoder``, a
+      :class:`~sb3_grpo.policies.LiveBatch` of ``sb3_grpo``'s ``CausalLMPolicy``): one prefill of every window,
+      then one single-token forward of the rows still writing per token, on the LM's own KV cache. A row whose
+      window would slide within the move (its conversation is longer than the window allows) takes the
+      recompute path instead.
+    * ``"recompute"``: the reference, one forward of every whole window per token (``get_distribution``), for any
+      SB3 policy.
+
+    ``"auto"`` (the default) takes ``"cache"`` where the policy has a ``turn_decoder``. Both draw one uniform per
+    token from the episode's generator, only for the rows still writing, and pick the token by inverse transform
+    sampling, so they write the same moves for the same seeds (tested). A move's
     text keeps its turn-end token (EOS: ``"3<|endoftext|>"``), so the opponent's side of the conversation is
     tokenized back to the tokens a learner in its seat would see. Tokens are sampled from the policy's
     distribution with each episode's own generator (``deterministic=True``: the most likely token), so seeded
@@ -31,6 +46,7 @@ class PolicyOpponent(Opponent):
     :param turn_end: Token ids that end a move (``None``: the tokenizer's EOS).
     :param deterministic: Greedy moves instead of sampled ones.
     :param name: How the opponent is named in logs.
+    :param engine: ``"auto"``, ``"cache"`` or ``"recompute"`` (see above).
     """
 
     def __init__(
@@ -41,6 +57,7 @@ class PolicyOpponent(Opponent):
         turn_end: Sequence[int] | None = None,
         deterministic: bool = False,
         name: str = "policy",
+        engine: str = "auto",
     ) -> None:
         from textrl_envs.core import load_tokenizer
 
@@ -54,6 +71,15 @@ class PolicyOpponent(Opponent):
         self.turn_end = tuple(turn_end) if turn_end is not None else (() if eos is None else (int(eos),))
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos or 0)
         self.width = int(policy.observation_space["input_ids"].shape[0])
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
+        has_decoder = callable(getattr(policy, "turn_decoder", None))
+        if engine == "cache" and not has_decoder:
+            raise ValueError(
+                f"engine='cache' needs a policy with the built-in decoder (turn_decoder, as sb3_grpo's CausalLMPolicy "
+                f"has); {type(policy).__name__} has none: use engine='recompute' (or 'auto')"
+            )
+        self.engine = "cache" if engine == "cache" or (engine == "auto" and has_decoder) else "recompute"
 
     @classmethod
     def snapshot(cls, policy: Any, **kwargs: Any) -> PolicyOpponent:
@@ -78,13 +104,36 @@ class PolicyOpponent(Opponent):
         return out, mask
 
     def moves(self, turns: Sequence[OpponentTurn]) -> list[str]:
-        import torch
-
         if not turns:
             return []
         convs = [list(self.tokenizer(t.text, add_special_tokens=False, verbose=False)["input_ids"]) for t in turns]
         written: list[list[int]] = [[] for _ in turns]
-        live = list(range(len(turns)))
+        rows = list(range(len(turns)))
+        if self.engine == "cache":
+            # a row whose window would slide within the move cannot extend its cache: it is recomputed
+            fits = [i for i in rows if len(convs[i]) + self.max_turn_tokens - 1 <= self.width]
+            self._decode_on_cache(convs, turns, fits, written)
+            rows = [i for i in rows if len(convs[i]) + self.max_turn_tokens - 1 > self.width]
+        self._decode_recomputing(convs, turns, rows, written)
+        # the turn-end token stays in the text (the tokenizer reads it back as that token), so the opponent's side of
+        # the conversation holds the same tokens a learner's window would; games read past it
+        return [self.tokenizer.decode(w, skip_special_tokens=False) for w in written]
+
+    def _draw(self, probs: np.ndarray, turn: OpponentTurn) -> int:
+        """The reference path's token: the mode, or inverse transform sampling with one draw of the episode's
+        generator."""
+        if self.deterministic:
+            return int(np.argmax(probs))
+        cdf = np.cumsum(probs)
+        return min(int(np.searchsorted(cdf, turn.rng.random() * cdf[-1], side="right")), len(probs) - 1)
+
+    def _decode_recomputing(
+        self, convs: list[list[int]], turns: Sequence[OpponentTurn], rows: list[int], written: list[list[int]]
+    ) -> None:
+        """The reference: one forward of every whole window per token."""
+        import torch
+
+        live = list(rows)
         device = getattr(self.policy, "device", torch.device("cpu"))
         for _ in range(self.max_turn_tokens):
             if not live:
@@ -98,19 +147,43 @@ class PolicyOpponent(Opponent):
                 probs = self.policy.get_distribution(obs).distribution.probs.double().cpu().numpy()
             still = []
             for row, i in enumerate(live):
-                p = probs[row]
-                if self.deterministic:
-                    token = int(np.argmax(p))
-                else:
-                    cdf = np.cumsum(p)
-                    token = min(int(np.searchsorted(cdf, turns[i].rng.random() * cdf[-1], side="right")), len(p) - 1)
+                token = self._draw(probs[row], turns[i])
                 written[i].append(token)
                 if token not in self.turn_end:
                     still.append(i)
             live = still
-        # the turn-end token stays in the text (the tokenizer reads it back as that token), so the opponent's side of
-        # the conversation holds the same tokens a learner's window would; games read past it
-        return [self.tokenizer.decode(w, skip_special_tokens=False) for w in written]
+
+    def _decode_on_cache(
+        self, convs: list[list[int]], turns: Sequence[OpponentTurn], rows: list[int], written: list[list[int]]
+    ) -> None:
+        """The policy's built-in decoder: one prefill, then one single-token forward per token on its KV cache, each
+        live row's uniform drawn from its episode's generator just before its token (as the reference draws it)."""
+        import torch
+
+        if not rows:
+            return
+        n, k, device = len(rows), self.max_turn_tokens, self.policy.device
+        windows = [self._window(convs[i]) for i in rows]
+        ids = torch.as_tensor(np.stack([w[0] for w in windows]), device=device)
+        mask = torch.as_tensor(np.stack([w[1] for w in windows]), device=device)
+        uniforms = torch.zeros((k, n, 1), dtype=torch.float32, device=device)
+        no_explore = torch.zeros((k, n), dtype=torch.bool, device=device)
+        stop = torch.as_tensor(self.turn_end, dtype=torch.long, device=device)
+
+        def write(batch_rows, _steps, tokens, _log_probs, _values):
+            for r, token in zip(batch_rows.tolist(), tokens.tolist()):
+                written[rows[r]].append(int(token))
+
+        with torch.no_grad():
+            batch = self.policy.turn_decoder(uniforms, no_explore, no_explore.long(), stop, k, self.width)
+            greedy = torch.full((n,), self.deterministic, dtype=torch.bool, device=device)
+            batch.add(torch.arange(n, device=device), ids, mask, 0, greedy)
+            while len(batch):
+                if not self.deterministic:
+                    live, steps = batch.rows.tolist(), batch.steps.tolist()
+                    draws = [turns[rows[r]].rng.random() for r in live]
+                    uniforms[steps, live, 0] = torch.as_tensor(draws, dtype=torch.float32, device=device)
+                batch.advance(write)
 
     def __repr__(self) -> str:
         return f"PolicyOpponent({self.name!r}, deterministic={self.deterministic})"

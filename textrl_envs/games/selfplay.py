@@ -5,7 +5,8 @@
 :mod:`textrl_envs.sb3`): the prompt is the game's intro, the opening is the board the learner moves on (after
 the opponent's first move when the learner plays second), each learner turn is a move, and the reply is the
 board after the opponent's answer, or the result. The game's payoff to the learner is the reward of the turn
-that ends it; an unreadable or illegal move loses at once (-1 to its player). When an opponent moving first
+that ends it; an unreadable or illegal move loses at once (-1 to its player). The episode's final info says which
+side the learner played, the game and the opponent (:meth:`SelfPlay.episode_info`). When an opponent moving first
 loses so, the opening is the result and the learner's first turn ends the episode (reward +1).
 
 The episode's generator (seeded from the env's ``np_random``) draws, in this order, the learner's side (unless
@@ -99,6 +100,16 @@ class SelfPlay(Interaction):
                 self.opponent.record(state["opponent"], reward, state["learner"])
             out.append(Reply(text, reward=reward, done=done))
         return out
+
+    def episode_info(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The final info's ``learner_player`` (the side the learner played: 0 first, 1 second), ``game`` (the
+        game's name) and ``opponent`` (the name of the opponent it met): what role-conditioned advantages
+        (``advantage="role"``) and per-opponent win rates read."""
+        return {
+            "learner_player": int(state["learner"]),
+            "game": self.game.name,
+            "opponent": str(getattr(state["opponent"], "name", type(state["opponent"]).__name__)),
+        }
 
     # -- helpers --------------------------------------------------------------------------------------------------
 
