@@ -11,6 +11,9 @@ its densities are in :mod:`sb3_grpo.objectives` (:func:`~sb3_grpo.objectives.uni
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -21,6 +24,34 @@ from stable_baselines3.common.policies import BasePolicy
 from sb3_grpo.objectives import mixture_log_prob, uniform_log_prob, uniform_sample
 
 __all__ = ["sample_actions"]
+
+
+_UNCHECKED_LOCK = threading.Lock()
+_unchecked_depth = 0
+_checked_before = True
+
+
+@contextlib.contextmanager
+def unchecked_distributions() -> Iterator[None]:
+    """Run the block without ``torch.distributions``' argument checks, restoring the setting after it.
+
+    Re-entrant and thread-safe: the setting is a class attribute shared by every thread, so the first block to
+    enter saves it and the last to leave restores it (two rollouts drawing in two threads, an opponent drawing inside
+    a rollout); a plain save-and-restore per block could leave the checks off for good.
+    """
+    global _unchecked_depth, _checked_before
+    with _UNCHECKED_LOCK:
+        if _unchecked_depth == 0:
+            _checked_before = th.distributions.Distribution._validate_args
+            th.distributions.Distribution.set_default_validate_args(False)
+        _unchecked_depth += 1
+    try:
+        yield
+    finally:
+        with _UNCHECKED_LOCK:
+            _unchecked_depth -= 1
+            if _unchecked_depth == 0:
+                th.distributions.Distribution.set_default_validate_args(_checked_before)
 
 
 def sample_actions(
@@ -59,9 +90,7 @@ def sample_actions(
         does not extend its rollout cache by the tokens drawn (the rollout's last step, when nothing reads the next
         outputs).
     """
-    previous = th.distributions.Distribution._validate_args
-    th.distributions.Distribution.set_default_validate_args(False)
-    try:
+    with unchecked_distributions():
         call = {} if look_ahead or not getattr(policy, "accepts_look_ahead", False) else {"look_ahead": False}
         if alpha <= 0 and greedy_envs is None:
             actions, values, log_probs = policy(obs_tensor, **call)
@@ -72,8 +101,6 @@ def sample_actions(
             actions, values, log_probs = _filtered(policy, obs_tensor, action_space, alpha, greedy, rng, squashed, call)
         else:
             actions, values, log_probs = _replaced(policy, obs_tensor, action_space, alpha, greedy, rng, squashed)
-    finally:
-        th.distributions.Distribution.set_default_validate_args(previous)
     if alpha <= 0:
         return actions, values, log_probs, log_probs
     log_u = uniform_log_prob(action_space, actions, squashed)
