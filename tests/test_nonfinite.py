@@ -139,14 +139,19 @@ def test_nan_policy_raises_at_the_draw_and_restores_torch_checks(env_id, message
     model = quiet(GRPO("MlpPolicy", env_id, **SMALL))
     with th.no_grad():
         model.policy.action_net.bias.fill_(math.nan)
-    assert th.distributions.Distribution._validate_args  # torch's default under `python` (not `-O`)
-    with pytest.raises(RuntimeError, match=message):
-        model.learn(32)
-    assert th.distributions.Distribution._validate_args
-    assert model.num_timesteps == 0  # nothing reached the env
-    # outside the draw torch checks as before: the same policy's distribution refuses its NaN parameters
-    with pytest.raises(ValueError, match="Expected parameter"):
-        model.policy.get_distribution(th.zeros((1, *model.observation_space.shape)))
+    # torch's default under `python` (not `-O`); importing bitsandbytes (peft does) turns it off for the process
+    previous = th.distributions.Distribution._validate_args
+    th.distributions.Distribution.set_default_validate_args(True)
+    try:
+        with pytest.raises(RuntimeError, match=message):
+            model.learn(32)
+        assert th.distributions.Distribution._validate_args
+        assert model.num_timesteps == 0  # nothing reached the env
+        # outside the draw torch checks as before: the same policy's distribution refuses its NaN parameters
+        with pytest.raises(ValueError, match="Expected parameter"):
+            model.policy.get_distribution(th.zeros((1, *model.observation_space.shape)))
+    finally:
+        th.distributions.Distribution.set_default_validate_args(previous)
 
 
 def test_nan_policy_raises_at_the_rollout_end_where_draw_checks_wait(monkeypatch):
