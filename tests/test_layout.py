@@ -270,7 +270,6 @@ def code_strings(package: str, root: Path = REPO) -> dict[str, set[str]]:
 
 def test_env_ids_are_written_only_in_the_list_of_tasks():
     import textrl_envs
-
     from textrl_envs.suites.textarena_aec import OFFLINE_TWO_PLAYER_GAMES
 
     strings = code_strings("textrl_envs")
