@@ -28,6 +28,7 @@ import time
 import warnings
 from pathlib import Path
 
+from benchmarks.micro_batch_memory import collect_one_rollout, one_update_model
 from sb3_grpo.compare.pages import write_results_page
 
 PAGE = Path("docs/results/memory_recipes.md")
@@ -69,11 +70,8 @@ def child(cfg: dict) -> dict:
     import torch as th
 
     th.set_num_threads(cfg["threads"])
-    from stable_baselines3.common.callbacks import CallbackList
-    from stable_baselines3.common.logger import configure
     from transformers import AutoTokenizer
 
-    from sb3_grpo import GRPO
     from textrl_envs.assets import tokenizer_path
     from textrl_envs.sb3 import make_vec_env
 
@@ -101,30 +99,11 @@ def child(cfg: dict) -> dict:
         policy_kwargs.update(model=cfg["folder"], quantization=cfg["quant"])
     else:
         policy_kwargs["model"] = _shape_model(cfg["shape"], len(tokenizer))
-    n_steps = cfg["tokens"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = GRPO(
-            "CausalLMPolicy",
-            env,
-            n_steps=n_steps,
-            batch_size=n_steps * cfg["n_envs"],
-            n_epochs=1,
-            learning_rate=1e-5,
-            seed=0,
-            advantage="group",
-            grad_var_coef=0.0,
-            explore_alpha=0.0,
-            device="cpu",
-            micro_batch_size=cfg["micro"],
-            policy_kwargs=policy_kwargs,
-        )
+        model = one_update_model(env, cfg, policy_kwargs)
         policy_kwargs.pop("model")
-        model.set_logger(configure(None, []))
-        model._setup_learn(n_steps * cfg["n_envs"], None)
-        callback = CallbackList([])
-        callback.init_callback(model)
-        model.collect_rollouts(model.env, callback, model.rollout_buffer, n_steps)
+        collect_one_rollout(model)
         built = _rss_mb("VmRSS")
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")  # reset VmHWM to the RSS now

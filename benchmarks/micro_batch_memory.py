@@ -40,16 +40,48 @@ def _rss_mb(field: str = "VmHWM") -> float:
     raise RuntimeError(f"/proc/self/status has no {field}: this benchmark needs Linux")
 
 
+def one_update_model(env, cfg: dict, policy_kwargs: dict):
+    """The GRPO whose one update is measured: one rollout of ``cfg["tokens"]`` steps as one minibatch, one epoch,
+    group advantages, no penalty, no exploration, ``micro_batch_size=cfg["micro"]``."""
+    from sb3_grpo import GRPO
+
+    n_steps = cfg["tokens"]
+    return GRPO(
+        "CausalLMPolicy",
+        env,
+        n_steps=n_steps,
+        batch_size=n_steps * cfg["n_envs"],
+        n_epochs=1,
+        learning_rate=1e-5,
+        seed=0,
+        advantage="group",
+        grad_var_coef=0.0,
+        explore_alpha=0.0,
+        device="cpu",
+        micro_batch_size=cfg["micro"],
+        policy_kwargs=policy_kwargs,
+    )
+
+
+def collect_one_rollout(model) -> None:
+    """Set ``model`` up to learn (a silent logger) and fill its buffer with one rollout, as ``learn`` would."""
+    from stable_baselines3.common.callbacks import CallbackList
+    from stable_baselines3.common.logger import configure
+
+    model.set_logger(configure(None, []))
+    model._setup_learn(model.n_steps * model.n_envs, None)
+    callback = CallbackList([])
+    callback.init_callback(model)
+    model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
+
+
 def child(cfg: dict) -> dict:
     """One setting: build, roll out, reset the peak, update; return the figures."""
     import torch as th
 
     th.set_num_threads(cfg["threads"])
-    from stable_baselines3.common.callbacks import CallbackList
-    from stable_baselines3.common.logger import configure
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-    from sb3_grpo import GRPO
     from textrl_envs.assets import tokenizer_path
     from textrl_envs.sb3 import make_vec_env
 
@@ -68,27 +100,8 @@ def child(cfg: dict) -> dict:
         )
     th.manual_seed(0)
     lm = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), **GPT2_SMALL_SHAPE)).eval()
-    n_steps = cfg["tokens"]
-    model = GRPO(
-        "CausalLMPolicy",
-        env,
-        n_steps=n_steps,
-        batch_size=n_steps * cfg["n_envs"],
-        n_epochs=1,
-        learning_rate=1e-5,
-        seed=0,
-        advantage="group",
-        grad_var_coef=0.0,
-        explore_alpha=0.0,
-        device="cpu",
-        micro_batch_size=cfg["micro"],
-        policy_kwargs={"model": lm},
-    )
-    model.set_logger(configure(None, []))
-    model._setup_learn(n_steps * cfg["n_envs"], None)
-    callback = CallbackList([])
-    callback.init_callback(model)
-    model.collect_rollouts(model.env, callback, model.rollout_buffer, n_steps)
+    model = one_update_model(env, cfg, {"model": lm})
+    collect_one_rollout(model)
     model.train()  # a first update allocates Adam's state; the one measured is a steady-state update
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # reset VmHWM to the RSS now
