@@ -1,6 +1,6 @@
-"""Pass-rate curriculum: the pass-rate and weight functions against hand computations, weighted prompt draws in the
+"""Curricula: the pass-rate, weight and level functions against hand computations, weighted prompt draws in the
 single and the vector env (exactly equal to each other, only allowed prompts, groups still sharing), draws unchanged
-without weights, and the callback on hand-made episode outcomes and in a short GRPO run."""
+without weights, and the callbacks on hand-made episode outcomes and in short GRPO runs."""
 
 from __future__ import annotations
 
@@ -15,8 +15,14 @@ from helpers import PROMPTS, length_reward, register_test_id, word_tokenizer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
 
-from sb3_grpo.callbacks import PassRateCurriculum, StagedCurriculum
-from sb3_grpo.callbacks.curriculum import curriculum_weights, stage_mask, update_pass_rates
+from sb3_grpo.callbacks import LevelCurriculum, PassRateCurriculum, StagedCurriculum
+from sb3_grpo.callbacks.curriculum import (
+    curriculum_weights,
+    level_weights,
+    next_level,
+    stage_mask,
+    update_pass_rates,
+)
 from textrl_envs.env import TextGenEnv
 from textrl_envs.groups import draw_weighted, prompt_draw_cdf
 from textrl_envs.vector import TextGenVectorEnv
@@ -360,3 +366,96 @@ def test_weighted_draws_of_an_interactive_env_match_single_envs():
             assert v[4]["final_info"]["prompt_index"][i] == s[4]["final_info"]["prompt_index"][i]
             seen.add(int(v[4]["final_info"]["prompt_index"][i]))
     assert seen == {3, 10, 200}
+
+
+# -- difficulty levels ---------------------------------------------------------------------------------------------
+
+
+def test_next_level_and_level_weights_by_hand():
+    levels = [0, 2, 5]
+    assert next_level(0, 0.8, levels, promote=0.8, demote=None) == 2  # at promote: up to the next listed level
+    assert next_level(2, 0.79, levels, promote=0.8, demote=None) == 2
+    assert next_level(5, 1.0, levels, promote=0.8, demote=None) == 5  # the top stays
+    assert next_level(2, 0.19, levels, promote=0.8, demote=0.2) == 0
+    assert next_level(2, 0.2, levels, promote=0.8, demote=0.2) == 2
+    assert next_level(0, 0.0, levels, promote=0.8, demote=0.2) == 0  # the bottom stays
+    np.testing.assert_array_equal(level_weights(np.array([0, 2, 5, 2, 0]), 2, 0.0), [0, 1, 0, 1, 0])
+    np.testing.assert_array_equal(level_weights(np.array([0, 2, 5, 2, 0]), 2, 0.25), [0.25, 1, 0, 1, 0.25])
+
+
+def _leveled_env(kw, levels=(0, 1, 0, 2, 1)):
+    from textrl_envs.sb3 import TextGenSB3VecEnv
+
+    prompts = [{"prompt": p, "level": level} for p, level in zip(PROMPTS, levels)]
+    vec = TextGenVectorEnv(num_envs=2, device="cpu", **dict(kw, prompts=prompts))
+    return TextGenSB3VecEnv(vec)
+
+
+def test_level_curriculum_moves_as_a_hand_computation(kw):
+    env = _leveled_env(kw)
+    cb = _callback_on(env, LevelCurriculum, threshold=1.0, promote=0.75, demote=0.3, window=4, review_weight=0.5)
+    assert cb.level == 0 and cb.levels == [0, 1, 2]
+    np.testing.assert_array_equal(env.venv.prompt_weights, [1, 0, 1, 0, 0])
+    # level 0 (prompts 0 and 2): 3 of 4 pass (0.75 >= promote); an episode of prompt 1 (level 1) does not count
+    _rollout(cb, [(0, 1.0), (2, 1.0), (1, 0.0), (0, 0.0)])
+    assert cb.level == 0 and cb.outcomes == [True, True, False]  # 3 < window: no decision yet
+    _rollout(cb, [(2, 5.0)])
+    assert cb.level == 1 and cb.outcomes == []
+    np.testing.assert_array_equal(env.venv.prompt_weights, [0.5, 1, 0.5, 0, 1])
+    assert cb.logger.name_to_value["curriculum/level"] == 1
+    # level 1 (prompts 1 and 4): 1 of 5 pass (0.2 < demote): back to level 0
+    _rollout(cb, [(1, 1.0), (4, 0.0), (4, 0.0), (1, 0.0), (1, 0.0)])
+    assert cb.level == 0
+    # level 0 again: 2 of 4 (in [demote, promote)): stays, a new window starts
+    _rollout(cb, [(0, 1.0), (0, 0.0), (2, 1.0), (2, 0.0)])
+    assert cb.level == 0 and cb.outcomes == []
+    assert [level for _, level in cb.history] == [0, 1, 0]
+    cb.on_training_end()
+    assert env.venv.prompt_weights is None
+
+
+def test_level_curriculum_checks_its_arguments_and_the_env(kw):
+    for kwargs, match in (
+        ({"promote": 1.5}, "promote"),
+        ({"demote": 0.9, "promote": 0.8}, "demote"),
+        ({"window": 0}, "window"),
+        ({"review_weight": -0.1}, "review_weight"),
+        ({"start_level": 1.5}, "start_level"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            LevelCurriculum(**kwargs)
+    from textrl_envs.sb3 import TextGenSB3VecEnv
+
+    plain = TextGenSB3VecEnv(TextGenVectorEnv(num_envs=2, device="cpu", **kw))
+    with pytest.raises(ValueError, match="needs a 'level' column"):
+        _callback_on(plain, LevelCurriculum)
+    with pytest.raises(ValueError, match="start_level 7 is not a level"):
+        _callback_on(_leveled_env(kw), LevelCurriculum, start_level=7)
+
+
+def test_level_curriculum_in_a_grpo_run_draws_only_its_levels():
+    """A GRPO run on reasoning-gym levels: every episode passes (threshold below every reward), so the level goes up
+    once per window of its episodes, and every episode's item is of the level in force when it was drawn."""
+    pytest.importorskip("reasoning_gym", reason="LevelCurriculum on reasoning-gym levels needs the reasoning extra")
+    from sb3_grpo import GRPO
+    from textrl_envs.sb3 import make_vec_env
+
+    env = make_vec_env("ReasoningGym-v0", n_envs=4, seed=0, device="cpu", task="chain_sum", levels=[0, 1, 2], size=4)
+    model = GRPO("CausalLMPolicy", env, n_steps=8, batch_size=32, n_epochs=1, seed=0, device="cpu", verbose=0)
+    seen = []
+
+    class Levels(BaseCallback):
+        def _on_step(self):
+            for row in np.flatnonzero(self.locals["dones"]):
+                seen.append((int(row), cb.level, self.locals["infos"][row]["metadata"]["level"]))
+            return True
+
+    cb = LevelCurriculum(threshold=-1.0, window=4, restore_at_end=False)
+    model.learn(96, callback=[cb, Levels()])
+    assert [level for _, level in cb.history] == [0, 1, 2]
+    assert [t for t, _ in cb.history] == [0, 32, 64]  # one rollout (8 steps x 4 envs) holds >= 4 episodes
+    # SB3's learn() resets the env before callbacks start, so each row's first episode was drawn before the
+    # curriculum; after it, an episode is of the level in force, or of the one before when it began before the change
+    later = [(now, drawn) for k, (row, now, drawn) in enumerate(seen) if any(r == row for r, _, _ in seen[:k])]
+    assert later and all(drawn in (now, now - 1) for now, drawn in later)
+    assert any(drawn == now == 2 for now, drawn in later)

@@ -186,6 +186,53 @@ def test_group_members_share_the_item_and_vector_matches_sync():
     assert 1.0 in rewards and min(rewards) < 1.0  # both right and spoiled answers were scored
 
 
+def test_levels_are_reasoning_gyms_curriculum_levels():
+    """``levels=`` makes each level's items with the config reasoning-gym's curriculum gives at that level (its
+    ranges from the first level's value up to the level's, written out by hand here), seeded ``seed + level``."""
+    env = gym.make(RG, task="chain_sum", task_kwargs={"allow_negation": True}, levels=[0, 3], size=4, seed=5)
+    env = env.unwrapped
+    suite = env.suite
+    assert env.text_spec.metadata["level"] == [0, 0, 0, 0, 3, 3, 3, 3]
+    by_hand = {  # chain_sum's curriculum: num_terms levels 2, 3, 4, 5, ...; num_digits 1, 2, 3, 4, ...
+        0: {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+        3: {"min_terms": 2, "max_terms": 5, "min_digits": 1, "max_digits": 4},
+    }
+    for level, config in by_hand.items():
+        direct = rg.create_dataset("chain_sum", size=4, seed=5 + level, allow_negation=True, **config)
+        items = [item for item in suite.items if item["metadata"]["level"] == level]
+        assert [item["question"] for item in items] == [direct[i]["question"] for i in range(4)]
+        for item in items:
+            difficulty = item["metadata"]["difficulty"]
+            assert difficulty["num_terms"] == (config["min_terms"], config["max_terms"])
+            assert difficulty["num_digits"] == (config["min_digits"], config["max_digits"])
+    for i in (0, 5):  # an item of each level scores 1.0 with its answer, by its own level's dataset
+        env.reset(options={"prompt_index": i})
+        assert run_answer(env, suite.items[i]["answer"])[0] == 1.0
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*longer than max_prompt_tokens")  # the top levels' long sums
+        every = gym.make(RG, task="chain_sum", levels="all", size=1).unwrapped
+    assert every.text_spec.metadata["level"] == list(range(11))  # num_terms has 11 levels, num_digits 10
+    mix = gym.make(RG, task=["chain_sum", "gcd"], levels=[1], size=6).unwrapped.suite
+    assert {item["metadata"]["source_dataset"] for item in mix.items} == {"chain_sum", "gcd"}
+    assert {item["metadata"]["level"] for item in mix.items} == {1}
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"task": "acre", "levels": [0]}, "'acre' has no curriculum"),
+        ({"task": "chain_sum", "levels": [11]}, r"ints in \[0, 10\]"),
+        ({"task": "chain_sum", "levels": []}, "non-empty list"),
+        ({"task": "chain_sum", "levels": "hard"}, "levels must be 'all'"),
+        ({"task": "chain_sum", "levels": [1, 1]}, "lists a level twice"),
+        ({"task": "chain_sum", "levels": [0], "task_kwargs": {"max_terms": 3}}, r"sets \['max_terms'\]"),
+    ],
+)
+def test_bad_levels(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        gym.make(RG, **{"size": 2, **kwargs})
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [

@@ -32,6 +32,8 @@ Every class here is a plain :class:`~stable_baselines3.common.callbacks.BaseCall
 * :class:`PassRateCurriculum`: stop drawing (or down-weight) prompts the policy now always or never solves, by
   each prompt's recent pass rate (text envs).
 * :class:`StagedCurriculum`: stages of tasks: from each stage's timestep on, only that stage's prompts are drawn.
+* :class:`LevelCurriculum`: difficulty levels (reasoning-gym's own knobs): the next level once the current one is
+  passed.
 * :class:`GammaSchedule`: ``gamma_t = gamma_min + (gamma_max - gamma_min) * t / T``.
 * :class:`TrainingMonitor`: warn when the gradient norm or the KL (to the reference, or between
   iterations) passes a threshold, or the value-return correlation falls below one.
@@ -50,7 +52,7 @@ rollout, so an on-policy update never mixes data from two policies.
 from sb3_grpo.callbacks._common import TrainingAlertWarning
 from sb3_grpo.callbacks.checkpoint import AtomicCheckpointCallback, ElasticCheckpointCallback
 from sb3_grpo.callbacks.completions import CompletionLogger
-from sb3_grpo.callbacks.curriculum import PassRateCurriculum, StagedCurriculum
+from sb3_grpo.callbacks.curriculum import LevelCurriculum, PassRateCurriculum, StagedCurriculum
 from sb3_grpo.callbacks.evaluation import EarlyStoppingCallback, RollbackCallback
 from sb3_grpo.callbacks.lm_eval import LMEvalCallback
 from sb3_grpo.callbacks.monitor import TrainingMonitor
@@ -78,6 +80,7 @@ __all__ = [
     "GammaSchedule",
     "LMEvalCallback",
     "MLflowOutputFormat",
+    "LevelCurriculum",
     "MaxNewTokensCurriculum",
     "PassRateCurriculum",
     "PrometheusOutputFormat",

@@ -1,9 +1,12 @@
-"""Difficulty curriculum by pass rate: :class:`PassRateCurriculum` and its pure functions.
+"""Difficulty curricula: :class:`PassRateCurriculum`, :class:`StagedCurriculum`, :class:`LevelCurriculum` and their
+pure functions.
 
 A prompt every episode solves (or none does) gives a group of episodes equal rewards and so no group-advantage
-signal; DAPO (Yu et al. 2025, arXiv 2503.14476) drops such groups after sampling them. This curriculum instead stops
-drawing those prompts: it keeps each prompt's recent pass rate from the episodes it ends and sets the env's
-prompt-draw weights (``set_prompt_weights``) at rollout boundaries.
+signal; DAPO (Yu et al. 2025, arXiv 2503.14476) drops such groups after sampling them. :class:`PassRateCurriculum`
+instead stops drawing those prompts: it keeps each prompt's recent pass rate from the episodes it ends and sets the
+env's prompt-draw weights (``set_prompt_weights``) at rollout boundaries. :class:`StagedCurriculum` chooses the
+prompts by timestep; :class:`LevelCurriculum` by difficulty level (reasoning-gym's own knobs,
+``ReasoningGym-v0(levels=...)``), one level up when the current one is passed.
 """
 
 from __future__ import annotations
@@ -17,7 +20,16 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_grpo.callbacks._common import check_positive_int
 
-__all__ = ["PassRateCurriculum", "StagedCurriculum", "curriculum_weights", "stage_mask", "update_pass_rates"]
+__all__ = [
+    "LevelCurriculum",
+    "PassRateCurriculum",
+    "StagedCurriculum",
+    "curriculum_weights",
+    "level_weights",
+    "next_level",
+    "stage_mask",
+    "update_pass_rates",
+]
 
 #: A stage's prompts: their indices in the env's prompt list, or a test ``item -> bool`` of each prompt as a dict
 #: ``{"prompt": text, **metadata}`` (the text as the env shows it, after any chat template).
@@ -321,6 +333,149 @@ class StagedCurriculum(BaseCallback):
 
     def _on_step(self) -> bool:
         return True
+
+    def _on_training_end(self) -> None:
+        if self.restore_at_end:
+            _set_prompt_weights(self.training_env, None, type(self).__name__)
+
+
+# -- difficulty levels ---------------------------------------------------------------------------------------------
+
+
+def next_level(level: int, pass_rate: float, levels: Sequence[int], promote: float, demote: float | None) -> int:
+    """The level after a window of episodes at ``level`` passed at ``pass_rate``: the next of ``levels`` (sorted)
+    when ``pass_rate >= promote``, the previous one when ``demote`` is given and ``pass_rate < demote``, else the
+    same (never past either end)."""
+    k = list(levels).index(level)
+    if pass_rate >= promote and k + 1 < len(levels):
+        return levels[k + 1]
+    if demote is not None and pass_rate < demote and k > 0:
+        return levels[k - 1]
+    return level
+
+
+def level_weights(item_levels: np.ndarray, level: int, review_weight: float) -> np.ndarray:
+    """Prompt-draw weights at ``level``: 1 for its prompts, ``review_weight`` for those of lower levels, 0 above."""
+    item_levels = np.asarray(item_levels)
+    return np.where(item_levels == level, 1.0, np.where(item_levels < level, float(review_weight), 0.0))
+
+
+class LevelCurriculum(BaseCallback):
+    """Difficulty levels, one at a time: draw the current level's prompts until the policy passes them, then the next.
+
+    The env's prompts need a ``level`` column (an int per prompt): ``ReasoningGym-v0`` with ``levels=[...]`` makes
+    one from reasoning-gym's own curricula (each level a config of the task's difficulty knobs), and a prompt list
+    may carry its own (``{"prompt": ..., "level": 2}``). Every episode that ends on a prompt of the current level
+    counts as a success when its reward (``info["reward"]``, or the monitor's ``info["episode"]["r"]``) is at least
+    ``threshold``. At the end of each rollout, once at least ``window`` episodes of the current level have ended since
+    its window began, their pass rate decides (:func:`next_level`): up a level at ``promote`` or above, down one below
+    ``demote`` (when given); a change starts a new window. This is reasoning-gym's own way to train with its
+    curricula (raise a task's level when the model's accuracy at it passes a threshold).
+
+    The env draws the current level's prompts (weight 1), lower levels' at ``review_weight`` (0: never; a little
+    keeps earlier levels from being forgotten), higher ones never (:func:`level_weights`). Groups share their
+    round's prompt as always. Logged every rollout: ``curriculum/level`` and ``curriculum/level_pass_rate`` (of the
+    window so far). The level persists across ``learn`` calls; at the end of training the env draws uniformly again
+    (``restore_at_end``). SB3's ``learn`` resets the env before callbacks start, so each row's first episode is
+    drawn before the curriculum (uniformly); it counts only if it is of the current level.
+
+    :param threshold: Reward at or above which an episode succeeded.
+    :param promote: Pass rate of a window at or above which the next level starts.
+    :param demote: Pass rate below which the previous level comes back (``None``: never down).
+    :param window: Episodes of the current level that decide.
+    :param review_weight: Draw weight of lower levels' prompts, in [0, 1].
+    :param start_level: The first level (default: the lowest).
+    :param restore_at_end: Give the env uniform draws back when training ends.
+    """
+
+    def __init__(
+        self,
+        threshold: float = 1.0,
+        promote: float = 0.8,
+        demote: float | None = None,
+        window: int = 64,
+        review_weight: float = 0.0,
+        start_level: int | None = None,
+        restore_at_end: bool = True,
+        verbose: int = 0,
+    ):
+        super().__init__(verbose)
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not np.isfinite(threshold):
+            raise ValueError(f"threshold must be a finite reward value, got {threshold!r}")
+        self.threshold = float(threshold)
+        self.promote = _check_unit("promote", promote)
+        self.demote = None if demote is None else _check_unit("demote", demote)
+        if self.demote is not None and self.demote >= self.promote:
+            raise ValueError(f"demote ({demote}) must be below promote ({promote}), or None")
+        self.window = check_positive_int("window", window)
+        self.review_weight = _check_unit("review_weight", review_weight)
+        bad_start = isinstance(start_level, bool) or not isinstance(start_level, (int, np.integer))
+        if start_level is not None and bad_start:
+            raise ValueError(f"start_level must be an int level of the env's prompts (or None), got {start_level!r}")
+        self.start_level = start_level
+        self.restore_at_end = restore_at_end
+        self.level: int | None = None
+        self.levels: list[int] = []
+        self.item_levels: np.ndarray | None = None
+        self.outcomes: list[bool] = []  # the current window's outcomes, in order
+        self.history: list[tuple[int, int]] = []  # (timestep, level) at every change, the start included
+        self._ended: list[dict[str, Any]] = []
+
+    def _on_training_start(self) -> None:
+        items = _prompt_items(self.training_env, type(self).__name__)
+        levels = [item.get("level") for item in items]
+        if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in levels):
+            raise ValueError(
+                f"{type(self).__name__} needs a 'level' column (an int) on every prompt of the env: build it with "
+                "gym.make('ReasoningGym-v0', task=..., levels=[0, 1, 2]) or give prompt dicts {'prompt': ..., "
+                "'level': 0}"
+            )
+        self.item_levels = np.asarray(levels, dtype=np.int64)
+        self.levels = sorted({int(v) for v in levels})
+        if self.level is None:  # a later learn() call keeps the level
+            start = self.levels[0] if self.start_level is None else int(self.start_level)
+            if start not in self.levels:
+                raise ValueError(f"start_level {start} is not a level of the env's prompts {self.levels}")
+            self._change(start)
+        self._apply()
+
+    def _change(self, level: int) -> None:
+        self.level, self.outcomes = level, []
+        self.history.append((int(self.model.num_timesteps), level))
+
+    def _apply(self) -> None:
+        _set_prompt_weights(
+            self.training_env, level_weights(self.item_levels, self.level, self.review_weight), type(self).__name__
+        )
+        self.logger.record("curriculum/level", self.level)
+        rate = float(np.mean(self.outcomes)) if self.outcomes else 0.0
+        self.logger.record("curriculum/level_pass_rate", rate)
+
+    def _on_step(self) -> bool:
+        dones, infos = self.locals.get("dones"), self.locals.get("infos")
+        if dones is not None and infos is not None:
+            self._ended.extend(infos[i] for i in np.flatnonzero(np.asarray(dones)))
+        return True
+
+    def _on_rollout_end(self) -> None:
+        for info in self._ended:
+            index = info.get("prompt_index", -1)
+            reward = info.get("reward")
+            if reward is None and isinstance(info.get("episode"), dict):
+                reward = info["episode"].get("r")
+            if index is None or index < 0 or reward is None or not np.isfinite(reward):
+                continue
+            if self.item_levels[int(index)] == self.level:
+                self.outcomes.append(float(reward) >= self.threshold)
+        self._ended = []
+        if len(self.outcomes) >= self.window:
+            rate = float(np.mean(self.outcomes))
+            level = next_level(self.level, rate, self.levels, self.promote, self.demote)
+            if level != self.level:
+                self._change(level)
+            else:
+                self.outcomes = []  # a new window at the same level
+        self._apply()
 
     def _on_training_end(self) -> None:
         if self.restore_at_end:

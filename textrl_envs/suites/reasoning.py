@@ -131,14 +131,23 @@ def check_config(rg, name: str, config: Mapping[str, Any]) -> None:
         ) from err
 
 
-def make_dataset(task: Any = DEFAULT_TASK, task_kwargs=None, size: int = DEFAULT_SIZE, seed: int | None = 0):
-    """The reasoning-gym dataset of an env: one task's, or a weighted composite of several.
+def make_dataset(
+    task: Any = DEFAULT_TASK,
+    task_kwargs=None,
+    size: int = DEFAULT_SIZE,
+    seed: int | None = 0,
+    levels: Any = None,
+):
+    """The reasoning-gym dataset of an env: one task's, or a weighted composite of several; with ``levels``, one
+    such dataset per difficulty level of reasoning-gym's own curricula (:class:`LeveledDataset`).
 
     :param task: See :func:`resolve_mix`.
     :param task_kwargs: See :func:`resolve_mix`.
-    :param size: Items in the dataset (>= 1).
-    :param seed: Seed of the generator (``None``: a random one, as in reasoning-gym).
-    :return: A ``reasoning_gym`` ``ProceduralDataset``.
+    :param size: Items in the dataset (>= 1); with ``levels``, items per level.
+    :param seed: Seed of the generator (``None``: a random one, as in reasoning-gym); level ``l`` uses ``seed + l``.
+    :param levels: ``None`` (the task's config as given), a list of curriculum levels, or ``"all"`` (see
+        :func:`check_levels`).
+    :return: A ``reasoning_gym`` ``ProceduralDataset``, or a :class:`LeveledDataset` of them.
     """
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
         raise ValueError(f"size (items generated) must be an int >= 1, got {size!r}")
@@ -149,8 +158,20 @@ def make_dataset(task: Any = DEFAULT_TASK, task_kwargs=None, size: int = DEFAULT
     known = task_names()
     for name, _, config in mix:
         check_task_name(name, known)
-        check_config(rg, name, config)
+        if levels is None:
+            check_config(rg, name, config)
     size, seed = int(size), None if seed is None else int(seed)
+    if levels is None:
+        return _mix_dataset(rg, mix, size, seed)
+    chosen = check_levels(levels, level_count(rg, [name for name, _, _ in mix]))
+    by_level = {}
+    for level in chosen:
+        at_level = [(name, weight, level_config(rg, name, level, config)) for name, weight, config in mix]
+        by_level[level] = _mix_dataset(rg, at_level, size, None if seed is None else seed + level)
+    return LeveledDataset(by_level)
+
+
+def _mix_dataset(rg, mix: list[tuple[str, float, dict[str, Any]]], size: int, seed: int | None):
     if len(mix) == 1:
         name, _, config = mix[0]
         return rg.create_dataset(name, size=size, seed=seed, **config)
@@ -158,6 +179,106 @@ def make_dataset(task: Any = DEFAULT_TASK, task_kwargs=None, size: int = DEFAULT
 
     specs = [DatasetSpec(name=name, weight=weight, config=config) for name, weight, config in mix]
     return rg.create_dataset("composite", size=size, seed=seed, datasets=specs)
+
+
+# -- difficulty levels (reasoning-gym's curricula) --------------------------------------------------------------
+
+#: The metadata key that holds an item's difficulty level, in the item's ``metadata`` and as a prompt column.
+LEVEL_KEY = "level"
+
+
+def _curriculum(rg, name: str):
+    if not rg.factory.has_curriculum(name):
+        with_levels = sorted(n for n in rg.factory.CURRICULA if n != "composite")
+        raise ValueError(
+            f"reasoning-gym task {name!r} has no curriculum, so it has no difficulty levels; leave levels=None and "
+            f"set its difficulty with task_kwargs, or pick a task with levels (e.g. {', '.join(with_levels[:6])}, "
+            f"... {len(with_levels)} in all)"
+        )
+    return rg.factory.create_curriculum(name)
+
+
+def _curriculum_fields(curriculum) -> set[str]:
+    """The config fields a reasoning-gym curriculum sets from its levels."""
+    fields = set()
+    for attr in curriculum.attributes.values():
+        for key in ("lower_field_name", "upper_field_name", "field_name"):
+            if getattr(attr, key, None):
+                fields.add(getattr(attr, key))
+    return fields
+
+
+def level_count(rg, names: Sequence[str]) -> int:
+    """The levels an env of these tasks has: the most levels any of their curricula's attributes has (an attribute
+    with fewer stays at its top level above them, as reasoning-gym's ``set_global_level`` does)."""
+    return max(max(len(a.levels) for a in _curriculum(rg, name).attributes.values()) for name in names)
+
+
+def check_levels(levels: Any, count: int) -> list[int]:
+    """``levels`` as a sorted list of distinct levels in ``[0, count)``: ``"all"`` is every level, else a list of
+    ints (a ``range`` too)."""
+    if isinstance(levels, str) and levels == "all":
+        return list(range(count))
+    bad = isinstance(levels, (str, bytes)) or not isinstance(levels, (Sequence, range)) or len(levels) == 0
+    if not bad:
+        bad = any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < count for v in levels)
+    if bad:
+        raise ValueError(
+            f"levels must be 'all' or a non-empty list of ints in [0, {count - 1}] (the curriculum levels of these "
+            f"tasks), got {levels!r}"
+        )
+    if len(set(levels)) != len(levels):
+        raise ValueError(f"levels lists a level twice: {list(levels)}")
+    return sorted(int(v) for v in levels)
+
+
+def level_config(rg, name: str, level: int, config: Mapping[str, Any]) -> dict[str, Any]:
+    """Task ``name``'s config at curriculum level ``level``: reasoning-gym's
+    ``curriculum.set_global_level(level)`` and ``generate_configuration``, with ``config`` for the fields the
+    curriculum does not set.
+
+    :raises ValueError: when ``config`` sets a field the curriculum sets (the level decides it).
+    """
+    import dataclasses
+
+    curriculum = _curriculum(rg, name)
+    taken = sorted(set(config) & _curriculum_fields(curriculum))
+    if taken:
+        raise ValueError(
+            f"with levels=, reasoning-gym's curriculum of {name!r} sets {taken} at each level; leave them out of "
+            "task_kwargs (or leave levels=None and set them yourself)"
+        )
+    check_config(rg, name, config)
+    curriculum.set_global_level(level)
+    generated = curriculum.generate_configuration(dict(config))
+    out = {k: v for k, v in dataclasses.asdict(generated).items() if k not in _ENV_OWNED}
+    check_config(rg, name, out)
+    return out
+
+
+class LeveledDataset:
+    """Items of one dataset per difficulty level, in order of level, each item's ``metadata`` with its ``level``;
+    an answer is scored by its own level's dataset.
+
+    :param datasets: ``{level: reasoning-gym dataset}``.
+    """
+
+    def __init__(self, datasets: Mapping[int, Any]) -> None:
+        self.datasets = dict(sorted(datasets.items()))
+        self.levels = [level for level, ds in self.datasets.items() for _ in range(len(ds))]
+        self._index = [(level, i) for level, ds in self.datasets.items() for i in range(len(ds))]
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        level, i = self._index[index]
+        item = dict(self.datasets[level][i])
+        item["metadata"] = {**item["metadata"], LEVEL_KEY: level}
+        return item
+
+    def score_answer(self, answer: str | None, entry: dict[str, Any]) -> float:
+        return self.datasets[entry["metadata"][LEVEL_KEY]].score_answer(answer, entry)
 
 
 def check_template(template: Any) -> str:
@@ -262,6 +383,8 @@ class ReasoningGymSuite:
     :param seed: Seed of the item generator (not of the episodes: that is ``reset(seed=...)``).
     :param template: The prompt, a str with ``{question}``.
     :param answer_format: How the answer is read from a completion (:func:`extract_answer`).
+    :param levels: Difficulty levels of reasoning-gym's curricula (:func:`make_dataset`): ``size`` items at each,
+        and a ``level`` prompt column.
     """
 
     def __init__(
@@ -272,15 +395,17 @@ class ReasoningGymSuite:
         seed: int | None = 0,
         template: str = DEFAULT_TEMPLATE,
         answer_format: str | Callable[[str], str | None] = "plain",
+        levels: Any = None,
     ) -> None:
         self.template = check_template(template)
-        self.dataset = make_dataset(task, task_kwargs, size, seed)
+        self.dataset = make_dataset(task, task_kwargs, size, seed, levels)
         self.reward = ReasoningGymReward(self.dataset, answer_format)
         self.items: list[dict[str, Any]] = [self.dataset[i] for i in range(len(self.dataset))]
 
     def prompts(self) -> list[dict[str, Any]]:
-        """One prompt dict per item: ``{"prompt": template(question), "question", "answer", "metadata"}``."""
-        return [
+        """One prompt dict per item: ``{"prompt": template(question), "question", "answer", "metadata"}``, and
+        ``"level"`` with difficulty levels."""
+        prompts = [
             {
                 "prompt": self.template.format(question=item["question"]),
                 "question": item["question"],
@@ -289,6 +414,10 @@ class ReasoningGymSuite:
             }
             for item in self.items
         ]
+        if isinstance(self.dataset, LeveledDataset):
+            for prompt, level in zip(prompts, self.dataset.levels, strict=True):
+                prompt[LEVEL_KEY] = level
+        return prompts
 
     def spec_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The text env's keyword arguments: the user's, with this suite's prompts and (unless given) reward."""
@@ -311,7 +440,7 @@ class ReasoningGymSuite:
         return {"answer": item["answer"], "metadata": item["metadata"]}
 
 
-_SUITE_ARGS = ("task", "task_kwargs", "size", "seed", "template", "answer_format")
+_SUITE_ARGS = ("task", "task_kwargs", "size", "seed", "template", "answer_format", "levels")
 
 
 def _split_suite_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -334,6 +463,13 @@ class ReasoningGymEnv(TextGenEnv):
     ``textrl_envs.suites.reasoning.task_names()`` lists the tasks (about 100; an unknown name gets the close
     matches). Some generators are slow (``sudoku`` about 45 ms an item, ``countdown`` 30 ms): keep ``size``
     small for those.
+
+    ``levels=[0, 1, 2]`` (or ``"all"``) uses reasoning-gym's own difficulty knobs: for each level ``l``, the task's
+    curriculum at global level ``l`` (``curriculum.set_global_level(l)``, ``generate_configuration``) gives the
+    config of ``size`` items, generated with seed ``seed + l``; the prompt list holds every level's items, in order
+    of level, each with a ``level`` prompt column (and ``metadata["level"]``). A curriculum callback then chooses
+    which levels are drawn (:class:`sb3_grpo.callbacks.LevelCurriculum`). ``task_kwargs`` may set the fields the
+    curriculum leaves alone; tasks without a curriculum refuse ``levels``.
 
     ## Action Space
     ``Discrete(len(tokenizer))``: the id of the next token.
@@ -362,7 +498,7 @@ class ReasoningGymEnv(TextGenEnv):
 
     ## Arguments
     ``gym.make("ReasoningGym-v0", task="leg_counting", task_kwargs=None, size=500, seed=0,
-    template="{question}", answer_format="plain", reward=None, tokenizer=None, max_new_tokens=16,
+    template="{question}", answer_format="plain", levels=None, reward=None, tokenizer=None, max_new_tokens=16,
     max_prompt_tokens=96, prompt_truncation="left", ...)``. ``task_kwargs`` is the task's reasoning-gym config
     (``{"min_animals": 2, "max_animals": 3}``), or ``{name: config}`` for several tasks; ``size`` and ``seed``
     are the env's own arguments. ``prompts=`` is not accepted (the items are the prompts).
