@@ -31,7 +31,7 @@ Sources, one per mechanism:
 - decoupled clip ("clip-higher"), token-level loss, soft overlong punishment, dynamic sampling: Yu et al. 2025,
   "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", arXiv 2503.14476, sections 3.1-3.4, eqs. 8-13.
 - sequence-level importance ratio and clip: Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv
-  2507.18071, section 4.1, eqs. 5-7.
+  2507.18071, section 4.1, eqs. 5-7; its token-level variant GSPO-token, section 4.3.
 - clipped, detached importance weight: MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with
   Lightning Attention", arXiv 2506.13585, section 3.1, eqs. 4-5 (CISPO).
 - uniform-mixture exploration: this project's design, ``(1 - alpha) * pi + alpha * uniform``; the mixture
@@ -57,6 +57,7 @@ __all__ = [
     "constant_normalized_sum",
     "decoupled_clipped_surrogate",
     "gspo_objective",
+    "gspo_token_objective",
     "informative_groups",
     "gradient_variance",
     "group_advantages",
@@ -294,6 +295,41 @@ def gspo_objective(
     :return: ``J``, a scalar
     """
     return decoupled_clipped_surrogate(sequence_ratios, sequence_advantages, clip_range_low, clip_range_high).mean()
+
+
+def gspo_token_objective(
+    log_prob: th.Tensor,
+    old_log_prob: th.Tensor,
+    advantages: th.Tensor,
+    sequence_index: th.Tensor,
+    n_sequences: int,
+    clip_range_low: float,
+    clip_range_high: float,
+) -> th.Tensor:
+    """
+    GSPO-token's objective (Zheng et al. 2025, arXiv 2507.18071, section 4.3), to be maximised: GSPO with
+    an advantage per token,
+
+    ``J = (1 / S) sum_i (1 / |y_i|) sum_t min(s_i,t * A_i,t, clip(s_i,t, 1 - eps_low, 1 + eps_high) * A_i,t)``,
+    ``s_i,t = sg[s_i] * pi(y_i,t) / sg[pi(y_i,t)]``
+
+    so ``s_i,t`` has the value of the sequence ratio ``s_i`` (:func:`sequence_ratio`) and the gradient
+    ``s_i * grad log pi(y_i,t)``. With every ``A_i,t = A_i`` it equals :func:`gspo_objective` in value and gradient
+    (the paper's remark, tested); per-turn advantages (``advantage="group_turn"``) need this form.
+
+    :param log_prob: ``log pi(a_t|s_t)`` per token, shape ``(B,)``
+    :param old_log_prob: ``log pi_old(a_t|s_t)`` per token, shape ``(B,)``
+    :param advantages: ``A_i,t``, shape ``(B,)``
+    :param sequence_index: each token's sequence, ``0 .. S - 1``, shape ``(B,)``
+    :param n_sequences: ``S``
+    :param clip_range_low: ``eps_low``
+    :param clip_range_high: ``eps_high``
+    :return: ``J``, a scalar
+    """
+    sequence = sequence_ratio(log_prob, old_log_prob, sequence_index, n_sequences).detach()
+    token_ratio = sequence[sequence_index] * th.exp(log_prob - log_prob.detach())
+    surrogate = decoupled_clipped_surrogate(token_ratio, advantages, clip_range_low, clip_range_high)
+    return sequence_mean(surrogate, sequence_index, n_sequences).mean()
 
 
 def cispo_objective(

@@ -16,7 +16,7 @@ from sb3_grpo import CISPO, GSPO
 from sb3_grpo.common.buffers import GRPODictRolloutBuffer, SequenceRolloutBuffer
 from sb3_grpo.common.type_aliases import sequence_index
 from sb3_grpo.common.update_stats import TrainStats
-from sb3_grpo.objectives import cispo_objective, gspo_objective, sequence_ratio
+from sb3_grpo.objectives import cispo_objective, gspo_objective, gspo_token_objective, sequence_ratio
 from textrl_envs.sb3 import make_vec_env
 
 N_ENVS, GROUP, N_STEPS, MAX_NEW = 4, 2, 16, 6
@@ -47,6 +47,51 @@ def test_sequence_ratio_and_gspo_objective_by_hand():
     assert got.item() == pytest.approx(sum(terms) / len(terms))
 
 
+def test_gspo_token_objective_by_hand_and_equal_to_gspo_with_one_advantage_per_sequence():
+    """GSPO-token: value and gradient against the hand formula (each token's term uses its own advantage and the
+    sequence's ratio, its gradient s_i * A_t * grad log pi_t where unclipped); and equal to GSPO when a sequence's
+    advantages are all the same."""
+    logits = th.tensor([[0.3, -0.2, 0.9], [0.1, 0.4, -0.5], [1.0, 0.0, 0.2], [-0.3, 0.8, 0.1], [0.5, 0.5, -1.0]])
+    actions = th.tensor([2, 1, 0, 1, 2])
+    old = th.tensor([-0.9, -0.8, -0.6, -1.0, -2.5])
+    seq = th.tensor([0, 0, 1, 1, 1])
+    index, n = sequence_index(seq)
+    low, high = 0.05, 0.08
+
+    def log_probs(theta):
+        return th.log_softmax(theta, dim=-1)[th.arange(5), actions]
+
+    per_token = th.tensor([1.0, -2.0, 0.5, 0.5, -1.5])  # e.g. per-turn advantages
+    theta = logits.clone().requires_grad_(True)
+    got = gspo_token_objective(log_probs(theta), old, per_token, index, n, low, high)
+    got.backward()
+    with th.no_grad():
+        lp = log_probs(logits)
+        s = [math.exp(float((lp[seq == i] - old[seq == i]).mean())) for i in range(n)]
+        value, grad = 0.0, th.zeros_like(logits)
+        for t in range(5):
+            i, a = int(seq[t]), float(per_token[t])
+            size = int((seq == i).sum())
+            clipped = min(max(s[i], 1 - low), 1 + high)
+            value += min(s[i] * a, clipped * a) / size / n
+            if s[i] * a <= clipped * a:  # the unclipped term is the min: its gradient flows
+                onehot = th.zeros(3)
+                onehot[actions[t]] = 1.0
+                grad[t] += s[i] * a * (onehot - th.softmax(logits[t], dim=-1)) / size / n
+    assert got.item() == pytest.approx(value)
+    np.testing.assert_allclose(theta.grad.numpy(), grad.numpy(), rtol=1e-5, atol=1e-7)
+    assert any(abs(x - 1) > high for x in s)  # one sequence was clipped: the check covered both cases
+
+    constant = th.tensor([2.0, 2.0, -1.0, -1.0, -1.0])
+    a, b = logits.clone().requires_grad_(True), logits.clone().requires_grad_(True)
+    token_form = gspo_token_objective(log_probs(a), old, constant, index, n, 0.5, 0.5)
+    sequence_form = gspo_objective(sequence_ratio(log_probs(b), old, index, n), th.tensor([2.0, -1.0]), 0.5, 0.5)
+    token_form.backward()
+    sequence_form.backward()
+    assert token_form.item() == pytest.approx(sequence_form.item())
+    np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
 def test_cispo_weights_are_clipped_detached_and_every_token_keeps_a_gradient():
     log_prob = th.tensor([-1.0, -0.2, -3.0, -0.5], requires_grad=True)
     old = th.tensor([-1.0, -1.0, -1.0, -0.5])
@@ -70,20 +115,21 @@ def test_cispo_weights_are_clipped_detached_and_every_token_keeps_a_gradient():
 def _episodes(buffer):
     """The rollout's sequences by hand: runs of each env's steps between episode starts, as flat buffer indices."""
     starts = buffer.episode_starts
+    n_steps, n_envs = starts.shape
     runs = []
-    for env in range(N_ENVS):
+    for env in range(n_envs):
         run = [0]
-        for step in range(1, N_STEPS):
+        for step in range(1, n_steps):
             if starts[step, env] > 0.5:
-                runs.append([env * N_STEPS + t for t in run])
+                runs.append([env * n_steps + t for t in run])
                 run = []
             run.append(step)
-        runs.append([env * N_STEPS + t for t in run])
+        runs.append([env * n_steps + t for t in run])
     return runs
 
 
-def _moved_rollout(model):
-    buffer = collect_rollout(model, N_STEPS)
+def _moved_rollout(model, n_steps=N_STEPS):
+    buffer = collect_rollout(model, n_steps)
     assert (buffer.advantages != 0).any(), "some group must finish in the rollout"
     with th.no_grad():  # move the policy off pi_old, so the ratios are not all 1 and the clip matters
         for p in model.policy.parameters():
@@ -133,6 +179,42 @@ def test_gspo_loss_equals_a_brute_force_mean_over_sequences():
     assert clipped > 0, "the clip must act for the test to check it"
     expected = -objective / len(runs) - 0.01 * entropies / n_tokens
     assert terms.value == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+def test_gspo_with_turn_credit_uses_gspo_tokens_loss():
+    """advantage="group_turn" on an interactive env: each token's term has its own turn's advantage, with the
+    sequence's ratio (GSPO-token), by hand over the rollout's sequences."""
+
+    def score(prompts, completions, **kwargs):  # noqa: ARG001  (a reward's signature)
+        return [0.1 * (len(c) % 5) for c in completions]  # on top of the turn rewards: returns differ in a group
+
+    n_steps = 32
+    env = make_vec_env("GuessNumber-v0", n_envs=8, group_size=4, seed=0, device="cpu", reward=score)
+    model = quiet(
+        GSPO(
+            "CausalLMPolicy",
+            env,
+            advantage="group_turn",
+            batch_size=n_steps * 8,
+            clip_range=0.01,
+            clip_range_high=0.02,
+            rollout_buffer_class=GRPODictRolloutBuffer,
+            **{**HP, "n_steps": n_steps},
+        )
+    )
+    buffer, minibatch = _moved_rollout(model, n_steps)
+    terms = model._minibatch_loss(minibatch, 0.01, None, TrainStats())
+    old, advantages = np.ravel(buffer.log_probs), np.ravel(buffer.advantages)
+    objective, runs, varying = 0.0, _episodes(buffer), 0
+    with th.no_grad():
+        for run in runs:
+            log_probs = [_token(model, buffer, i)[0] for i in run]
+            s = math.exp(sum(lp - float(old[i]) for lp, i in zip(log_probs, run, strict=True)) / len(run))
+            a = [float(advantages[i]) for i in run]
+            varying += len(set(a)) > 1
+            objective += sum(min(s * x, min(max(s, 0.99), 1.02) * x) for x in a) / len(run)
+    assert varying > 0, "some sequence must hold turns of different advantages for the test to check GSPO-token"
+    assert terms.value == pytest.approx(-objective / len(runs), rel=1e-4, abs=1e-6)
 
 
 def test_cispo_loss_equals_a_brute_force_token_mean():

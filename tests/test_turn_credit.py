@@ -13,7 +13,7 @@ import torch as th
 from helpers import quiet
 from stable_baselines3.common.callbacks import BaseCallback
 
-from sb3_grpo import GRPO
+from sb3_grpo import CISPO, DAPO, GRPO, GSPO, DrGRPO
 from sb3_grpo.common.groups import TurnGroupTracker
 from sb3_grpo.objectives import rloo_advantages, turn_returns_to_go, turn_rloo_advantages
 from textrl_envs.sb3 import make_vec_env
@@ -211,10 +211,11 @@ def brute_force_rollouts(rollouts):
     return expected
 
 
-def test_grpo_fills_its_buffer_with_the_brute_force_turn_credit():
+@pytest.mark.parametrize("cls", [GRPO, DrGRPO, GSPO, CISPO])
+def test_each_algorithm_fills_its_buffer_with_the_brute_force_turn_credit(cls):
     env = make_vec_env("GuessNumber-v0", n_envs=N_ENVS, group_size=GROUP, seed=0, reward=length_reward)
-    model = quiet(GRPO("CausalLMPolicy", env, advantage="group_turn", n_steps=N_STEPS, batch_size=N_STEPS * N_ENVS,
-                       n_epochs=1, seed=0))  # fmt: skip
+    model = quiet(cls("CausalLMPolicy", env, advantage="group_turn", n_steps=N_STEPS, batch_size=N_STEPS * N_ENVS,
+                      n_epochs=1, seed=0))  # fmt: skip
     log = TurnLog()
     model.learn(N_STEPS * N_ENVS * 3, callback=log)
     expected = brute_force_rollouts(log.rollouts)
@@ -227,6 +228,9 @@ def test_grpo_fills_its_buffer_with_the_brute_force_turn_credit():
 
 
 def test_group_turn_is_refused_where_it_cannot_work():
+    with pytest.raises(ValueError, match="overlong penalty and dynamic sampling act on each episode's return"):
+        DAPO("CausalLMPolicy", make_vec_env("GuessNumber-v0", n_envs=4, group_size=2), advantage="group_turn",
+             n_steps=8, batch_size=8)  # fmt: skip
     with pytest.raises(ValueError, match="interaction"):
         GRPO("CausalLMPolicy", make_vec_env("TextGen-v0", n_envs=4, group_size=2, max_new_tokens=4),
              advantage="group_turn", n_steps=8, batch_size=8)  # fmt: skip

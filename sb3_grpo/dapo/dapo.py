@@ -130,6 +130,12 @@ class DAPO(GroupOnPolicyAlgorithm):
         engine: str = "step",
     ):
         check_grpo_args(locals())  # PPO's arguments and the shared ones, before any model is built
+        if advantage in ("group_turn", "role"):
+            raise ValueError(
+                f"DAPO's overlong penalty and dynamic sampling act on each episode's return within its group, so it "
+                f"takes a group advantage, not {advantage!r}; use one of {DAPO_ADVANTAGES}, or GRPO, DrGRPO, GSPO or "
+                f"CISPO with advantage={advantage!r}"
+            )
         if advantage not in DAPO_ADVANTAGES:
             raise ValueError(
                 f"DAPO trains no critic, so its advantage is a group form: one of {DAPO_ADVANTAGES}, got "

@@ -34,7 +34,7 @@ from textrl_envs.validation import check_int
 __all__ = ["DrGRPO"]
 
 #: The advantage forms Dr. GRPO takes: the group forms (it trains no critic).
-DR_GRPO_ADVANTAGES = ("group_mean", "group", "rloo", "self_critical", "role")
+DR_GRPO_ADVANTAGES = ("group_mean", "group", "rloo", "self_critical", "group_turn", "role")
 
 
 class DrGRPO(GroupOnPolicyAlgorithm):
@@ -53,7 +53,8 @@ class DrGRPO(GroupOnPolicyAlgorithm):
     ``normalize_advantage`` have no effect: there is no critic, and group advantages are not renormalised).
 
     :param advantage: ``"group_mean"`` (Dr. GRPO's, the default), or ``"group"``, ``"rloo"``, ``"self_critical"``,
-        ``"role"`` (two-player games: a running baseline per game and role)
+        ``"group_turn"`` (interactive envs: per-turn leave-one-out credit, see :class:`~sb3_grpo.GRPO`) or ``"role"``
+        (two-player games: a running baseline per game and role)
     :param max_completion_tokens: ``L_max``, the constant normaliser; ``None``: the env's episode budget (a text env's
         ``max_new_tokens``, an interactive env's agent steps)
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)

@@ -26,7 +26,7 @@ from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
 from sb3_grpo.common.type_aliases import Minibatch, sequence_index
 from sb3_grpo.common.update_stats import LossTerms, TrainStats
 from sb3_grpo.dapo.dapo import decoupled_eps
-from sb3_grpo.objectives import gspo_objective, sequence_mean, sequence_ratio
+from sb3_grpo.objectives import gspo_objective, gspo_token_objective, sequence_mean, sequence_ratio
 from textrl_envs.validation import check_float
 
 __all__ = ["GSPO"]
@@ -41,7 +41,11 @@ class GSPO(GroupOnPolicyAlgorithm):
         s_i = exp((1 / |y_i|) * sum_{t in i} (log pi(a_t|s_t) - log pi_old(a_t|s_t)))
         L = -(1 / S) * sum_i min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i)  -  ent_coef * mean_t H_t
 
-    with ``A_i`` the group advantage of sequence ``i``'s episode. On the text fast path a minibatch holds whole
+    with ``A_i`` the group advantage of sequence ``i``'s episode. With ``advantage="group_turn"`` (an advantage per
+    turn of an interactive episode) the loss is GSPO-token's (section 4.3,
+    :func:`~sb3_grpo.objectives.gspo_token_objective`): each token's surrogate uses its own turn's advantage and the
+    ratio ``sg[s_i] * pi(a_t) / sg[pi(a_t)]`` (the value of ``s_i``), averaged within the sequence and then over
+    sequences; with one advantage per sequence the two are the same. On the text fast path a minibatch holds whole
     sequences, so ``|y_i|`` is every token of the episode in the rollout; on the per-transition path it holds sampled
     steps, so ``s_i`` is the geometric mean of the ratios of the steps of ``i`` that the minibatch drew (with one
     minibatch of the whole rollout the two paths are the same, tested). It needs an env with groups.
@@ -53,8 +57,9 @@ class GSPO(GroupOnPolicyAlgorithm):
 
     :param clip_range_low: ``eps_low`` (``None``: ``clip_range``'s value)
     :param clip_range_high: ``eps_high`` (the paper's ``4e-4``)
-    :param advantage: ``"group"`` (the paper's, the default), ``"group_mean"``, ``"rloo"``, ``"self_critical"`` or
-        ``"role"`` (two-player games: a running baseline per game and role)
+    :param advantage: ``"group"`` (the paper's, the default), ``"group_mean"``, ``"rloo"``, ``"self_critical"``,
+        ``"group_turn"`` (interactive envs: per-turn credit, with GSPO-token's loss) or ``"role"`` (two-player games:
+        a running baseline per game and role)
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: train the steps of an episode whose group has not finished when the rollout ends in the first
@@ -182,7 +187,12 @@ class GSPO(GroupOnPolicyAlgorithm):
         # s_i: the geometric mean of the sequence's token ratios (GSPO, eq. 7); A_i: its episode's advantage
         ratio = sequence_ratio(log_prob, minibatch.old_log_prob, index, n_sequences)
         advantages = sequence_mean(minibatch.advantages, index, n_sequences)
-        policy_loss = -gspo_objective(ratio, advantages, low, high)
+        if self.advantage == "group_turn":  # an advantage per turn: GSPO-token (section 4.3)
+            policy_loss = -gspo_token_objective(
+                log_prob, minibatch.old_log_prob, minibatch.advantages, index, n_sequences, low, high
+            )
+        else:
+            policy_loss = -gspo_objective(ratio, advantages, low, high)
         stats.pg_losses.append(policy_loss.item())
         stats.add_clip_fractions(ratio, decoupled_eps(ratio.detach(), low, high), advantages)
         entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
