@@ -549,6 +549,23 @@ def test_compare_runs_the_field_algorithms(tmp_path):
         assert math.isfinite(results["runs"][f"{algo}/seed0"]["final"]["reward_mean"])
 
 
+def test_every_preset_is_a_compare_row_and_runs(tmp_path):
+    """``preset-<name>`` rows build what ``make_preset(name, ...)`` builds; two of them run through compare."""
+    from sb3_grpo.presets import PRESETS
+
+    for name, preset in PRESETS.items():
+        spec = ALGOS[f"preset-{name}"]
+        assert spec.cls_name == preset.cls_name and spec.kwargs == preset.kwargs
+    algos = ["preset-ppo-lm", "preset-dapo"]
+    argv = list(TEXT)
+    argv[argv.index("ppo,grpo-group")] = ",".join(algos)
+    out = tmp_path / "presets"
+    assert main([*argv, "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["runs"]) == {f"{a}/seed0" for a in algos}
+    assert results["config"]["hyperparameters"]["preset-ppo-lm"]["kl_coef"] == PRESETS["ppo-lm"].kwargs["kl_coef"]
+
+
 def test_report_rewrites_the_results_page_with_the_runs_own_command_and_commit(tmp_path):
     """A results page written later from results.json (``sb3-grpo report --results-page``) stamps the commit recorded
     when the comparison started and the comparison's own command line, not those of the moment it is written."""

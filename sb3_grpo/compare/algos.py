@@ -45,8 +45,11 @@ class AlgoSpec:
 
     @property
     def grouped(self) -> bool:
-        """Whether it needs envs in prompt groups (a group-relative advantage)."""
-        return self.kwargs.get("advantage", "gae") not in UNGROUPED_ADVANTAGES
+        """Whether it needs envs in prompt groups (a group-relative advantage, given or the class's default)."""
+        advantage = self.kwargs.get("advantage")
+        if advantage is None:
+            advantage = constructor_defaults(self).get("advantage", "gae")
+        return advantage not in UNGROUPED_ADVANTAGES
 
     def algo_class(self) -> type:
         """The SB3 algorithm class (imported on demand): stock ``PPO``, or the package's class of that name."""
@@ -219,6 +222,29 @@ ALGOS: dict[str, AlgoSpec] = {
         ),
     ]
 }
+
+
+#: The prefix of the rows that are presets (:data:`sb3_grpo.presets.PRESETS`): ``preset-<name>``.
+PRESET_PREFIX = "preset-"
+
+
+def _preset_specs() -> dict[str, AlgoSpec]:
+    """One row per preset, ``preset-<name>``: the preset's class and arguments, so that ``compare`` runs what
+    :func:`~sb3_grpo.presets.make_preset` builds."""
+    from sb3_grpo.presets import PRESETS
+
+    return {
+        f"{PRESET_PREFIX}{preset.name}": AlgoSpec(
+            f"{PRESET_PREFIX}{preset.name}",
+            preset.cls_name,
+            dict(preset.kwargs),
+            f"the {preset.name!r} preset (sb3_grpo.presets): {preset.summary}",
+        )
+        for preset in PRESETS.values()
+    }
+
+
+ALGOS.update(_preset_specs())
 
 
 def algo_table() -> str:

@@ -345,7 +345,8 @@ def make_config(
     grouped = [
         a
         for a in unique
-        if resolved[a].get("advantage", ALGOS[a].kwargs.get("advantage", "gae")) not in UNGROUPED_ADVANTAGES
+        if ("advantage" in resolved[a] and resolved[a]["advantage"] not in UNGROUPED_ADVANTAGES)
+        or ("advantage" not in resolved[a] and ALGOS[a].grouped)
     ]
     group = _check_groups(grouped, env_id, text, n_envs, group_size)
     cfg = CompareConfig(
