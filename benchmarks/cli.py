@@ -13,7 +13,7 @@
 
 and the studies behind the README's figures, each also ``python -m benchmarks.<module>``: ``cartpole``,
 ``identity``, ``layout-check``, ``learn-interactive``, ``penalty-vs-surrogate``, ``selfplay``, ``micro-batch-memory``,
-``memory-recipes``, ``sb3-suite``.
+``memory-recipes``, ``sb3-suite``, ``tune-presets``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "micro-batch-memory": ("benchmarks.micro_batch_memory", "peak memory of one update with micro-batches"),
     "memory-recipes": ("benchmarks.memory_recipes", "peak memory of one update per option, beside the estimate"),
     "selfplay": ("benchmarks.selfplay", "self-play on the two-player games: win rates against held-out opponents"),
+    "tune-presets": ("benchmarks.preset_tuning", "the presets' own numbers checked by an Optuna search (tune extra)"),
     "turn-credit": (
         "benchmarks.turn_credit",
         "turn-level group credit vs episode-level group advantages; reward redistribution on LongReview-v0",

@@ -144,3 +144,26 @@ def test_sb3_suite_ports_the_ppo_import_and_reports_what_fails():
     assert unexplained == ["a.py::u[PPO]"]
     assert "| stock `PPO` | 3 | 0 | 1 |" in body and "| `GRPO` as `PPO` | 1 | 2 | 1 |" in body
     assert "`a.py::u[PPO]` | **not explained: a defect**" in body and INTENDED[known] in body
+
+
+def test_tune_presets_searches_the_presets_own_knobs_and_writes_its_page(tmp_path, capsys):
+    """A tiny study: trial 0 is the preset's own values, every trial trains its tuning seeds, the page ranks them, and
+    the confirmation runs train the preset and the best trial on the evaluation seeds."""
+    pytest.importorskip("optuna", reason="tune-presets needs the tune extra (Optuna)")
+    from benchmarks import preset_tuning
+    from sb3_grpo.presets import PRESETS
+
+    out, page = tmp_path / "runs", tmp_path / "page.md"
+    argv = ["tune-presets", "--presets", "dr-grpo", "--trials", "2", "--tuning-seeds", "1", "--eval-seeds", "2"]
+    assert main([*argv, "--timesteps", "64", "--out", str(out), "--page", str(page)]) == 0
+    printed = capsys.readouterr().out
+    own = {name: PRESETS["dr-grpo"].kwargs[name] for name in preset_tuning.SEARCH_SPACES["dr-grpo"]}
+    assert f"dr-grpo trial 0: {own}" in printed  # the preset's values come first
+    text = page.read_text()
+    assert "- Command: `textrl-bench tune-presets --presets dr-grpo" in text
+    assert text.count("| 0 (the preset) |") == 1 and "| 1 |" in text
+    runs = sorted(p.name for p in (out / "dr-grpo").iterdir())
+    assert runs == ["confirm-best", "confirm-preset", "trial0", "trial1"]
+    with pytest.raises(SystemExit):
+        main(["tune-presets", "--presets", "deepseek-grpo"])  # nothing of it is ours: no search space
+    assert "no search space for preset 'deepseek-grpo'" in capsys.readouterr().err
