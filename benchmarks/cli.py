@@ -44,6 +44,7 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "micro-batch-memory": ("benchmarks.micro_batch_memory", "peak memory of one update with micro-batches"),
     "memory-recipes": ("benchmarks.memory_recipes", "peak memory of one update per option, beside the estimate"),
     "selfplay": ("benchmarks.selfplay", "self-play on the two-player games: win rates against held-out opponents"),
+    "moe": ("benchmarks.moe", "a mixture of K LoRA experts against plain LoRA: cost per step and learning"),
     "turn-credit": (
         "benchmarks.turn_credit",
         "turn-level group credit vs episode-level group advantages; reward redistribution on LongReview-v0",
