@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page", type=Path, default=RESULTS_DIR / "moe.md", help="the results page to write")
     args = parser.parse_args(argv)
     th.set_num_threads(1)
-    command = "textrl-bench moe " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    given = argv if argv is not None else sys.argv[1:]
+    command = " ".join(["textrl-bench moe", *(shlex.quote(a) for a in given)])
 
     rows = ["| policy | rollout s | update s | rollout+update vs LoRA |", "|---|---|---|---|"]
     base_total = None

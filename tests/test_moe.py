@@ -116,6 +116,8 @@ def test_bad_moe_values_are_refused(value, message):
 def test_moe_needs_lora():
     with pytest.raises(ValueError, match=r"policy_kwargs\['lora'\]"):
         CausalLMPolicy(OBS, ACT, lambda _: 1e-3, model=tiny_gpt2(), moe={"experts": 2})
+    with pytest.raises(ValueError, match="gradient_checkpointing"):
+        CausalLMPolicy(OBS, ACT, lambda _: 1e-3, model=tiny_gpt2(), lora=LORA, moe=2, gradient_checkpointing=True)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -307,7 +309,7 @@ def test_rollout_log_probs_are_the_update_log_probs(engine):
 def test_learn_runs_and_a_checkpoint_holds_adapters_gate_and_value_head(tmp_path):
     model = _grpo()
     model.learn(2 * 6 * 4)
-    assert "train/kl_ref" in model.logger.name_to_value or model.num_timesteps == 48
+    assert model.num_timesteps == 48 and "train/kl_ref" in model.logger.name_to_value
     path = tmp_path / "moe.zip"
     model.save(path)
     import io

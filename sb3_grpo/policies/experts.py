@@ -46,6 +46,12 @@ class ExpertMixtureMixin:
         from peft import LoraConfig
         from peft.tuners.tuners_utils import BaseTunerLayer
 
+        if self.gradient_checkpointing and self.moe["experts"] > 1:
+            raise ValueError(
+                "policy_kwargs['moe'] with gradient_checkpointing=True: the checkpointed layers are recomputed during "
+                "the backward, when another expert's adapter is active, so the experts' gradients would be wrong; "
+                "drop gradient_checkpointing (or use micro_batch_size to bound the update's memory)"
+            )
         peft_model = self.__dict__["_peft_model"]
         for name in expert_adapter_names(self.moe["experts"])[1:]:
             peft_model.add_adapter(name, LoraConfig(**self.lora))
