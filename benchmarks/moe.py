@@ -61,25 +61,35 @@ def build(experts: int | None, seed: int) -> GRPO:
     return model
 
 
-def time_steps(experts: int | None, iterations: int) -> tuple[float, float]:
-    """Median seconds of one rollout and one update, after one warm-up iteration."""
-    model = build(experts, seed=0)
-    update_times: list[float] = []
-    train = model.train
+class TimedModel:
+    """A GRPO model whose updates (``train``) are timed, so one iteration's rollout time is its total minus that."""
 
-    def timed_train() -> None:
+    def __init__(self, experts: int | None):
+        self.model = build(experts, seed=0)
+        self.rollouts: list[float] = []
+        self.updates: list[float] = []
+        self._train = self.model.train
+        self.model.train = self._timed_train  # type: ignore[method-assign]
+
+    def _timed_train(self) -> None:
         start = time.perf_counter()
-        train()
-        update_times.append(time.perf_counter() - start)
+        self._train()
+        self.updates.append(time.perf_counter() - start)
 
-    model.train = timed_train  # type: ignore[method-assign]
-    totals = []
+    def iteration(self, first: bool) -> None:
+        start = time.perf_counter()
+        self.model.learn(N_ENVS * N_STEPS, reset_num_timesteps=first)
+        self.rollouts.append(time.perf_counter() - start - self.updates[-1])
+
+
+def time_steps(configs: tuple[int | None, ...], iterations: int) -> dict[int | None, tuple[float, float]]:
+    """Median seconds of one rollout and one update per config, after one warm-up iteration each. The configs take
+    their iterations in turn (round robin), so a change in the machine's load falls on all of them alike."""
+    timed = {experts: TimedModel(experts) for experts in configs}
     for i in range(iterations + 1):
-        start = time.perf_counter()
-        model.learn(N_ENVS * N_STEPS, reset_num_timesteps=i == 0)
-        totals.append(time.perf_counter() - start)
-    rollouts = [t - u for t, u in zip(totals[1:], update_times[1:], strict=True)]
-    return statistics.median(rollouts), statistics.median(update_times[1:])
+        for model in timed.values():
+            model.iteration(first=i == 0)
+    return {e: (statistics.median(m.rollouts[1:]), statistics.median(m.updates[1:])) for e, m in timed.items()}
 
 
 def final_reward(experts: int | None, seed: int, timesteps: int) -> float:
@@ -96,7 +106,7 @@ def _label(experts: int | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="textrl-bench moe", description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=5, help="timed rollout+update iterations per config")
+    parser.add_argument("--iterations", type=int, default=7, help="timed rollout+update iterations per config")
     parser.add_argument("--seeds", type=int, default=5, help="seeds of the learning runs")
     parser.add_argument("--timesteps", type=int, default=2048, help="env steps of each learning run")
     parser.add_argument("--page", type=Path, default=RESULTS_DIR / "moe.md", help="the results page to write")
@@ -106,12 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["textrl-bench moe", *(shlex.quote(a) for a in given)])
 
     rows = ["| policy | rollout s | update s | rollout+update vs LoRA |", "|---|---|---|---|"]
-    base_total = None
-    for experts in (None, 1, 2, 4):
-        rollout, update = time_steps(experts, args.iterations)
-        total = rollout + update
-        base_total = total if base_total is None else base_total
-        rows.append(f"| {_label(experts)} | {rollout:.2f} | {update:.2f} | {total / base_total:.2f}x |")
+    times = time_steps((None, 1, 2, 4), args.iterations)
+    base_total = sum(times[None])
+    for experts, (rollout, update) in times.items():
+        rows.append(f"| {_label(experts)} | {rollout:.2f} | {update:.2f} | {(rollout + update) / base_total:.2f}x |")
         print(rows[-1], flush=True)
 
     rewards = {e: [final_reward(e, s, args.timesteps) for s in range(args.seeds)] for e in (None, 2)}
@@ -136,8 +144,9 @@ per env per rollout, {HP["n_epochs"]} epochs, learning rate {HP["learning_rate"]
 ## Cost per iteration
 
 Median seconds of {args.iterations} iterations (one rollout of {N_ENVS * N_STEPS} env steps and its update) after a
-warm-up. The mixture runs the LM once per expert, in the rollout and in the update; K=1 is LoRA plus a gate that
-does nothing.
+warm-up, the four policies taking their iterations in turn. The mixture runs the LM once per expert, in the rollout
+and in the update; K=1 is LoRA plus a gate that does nothing. The machine is shared with other jobs, so the figures
+move by tens of percent between runs: read the ratios, not the digits.
 
 {chr(10).join(rows)}
 
