@@ -626,8 +626,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
             self._threads_pending = False
             if ids.device.type == "cpu":
                 apply_cpu_thread_default(sum(p.numel() for p in self.lm.parameters()))
-        n_layers = self.lm.config.get_text_config(decoder=True).num_hidden_layers
-        return self._expert_hidden(lambda c: self._one_trunk(ids, mask, position_ids, c), cache, n_layers)
+        return self._expert_hidden(lambda c: self._one_trunk(ids, mask, position_ids, c), cache)
 
     def _one_trunk(self, ids: th.Tensor, mask: th.Tensor, position_ids: th.Tensor, cache: Any) -> th.Tensor:
         """One forward of the LM body with its active adapter: final hidden states ``[B, L, d]``."""

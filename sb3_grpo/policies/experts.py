@@ -102,13 +102,14 @@ class ExpertMixtureMixin:
         for param in self.__dict__["_trainable_lm"]:
             param.requires_grad_(True)
 
-    def _expert_hidden(self, run: Callable[[Any], th.Tensor], cache: Any, n_layers: int) -> th.Tensor:
+    def _expert_hidden(self, run: Callable[[Any], th.Tensor], cache: Any) -> th.Tensor:
         """``run(cache) -> [B, L, d]`` once per expert (its adapter active, its layers of ``cache``), side by side:
         ``[B, L, K * d]``; one run with the adapters off (the reference) or with one expert."""
         experts = self._n_experts()
         if experts == 1 or self.__dict__.get("_adapters_off"):
             return run(cache)
         names = expert_adapter_names(experts)
+        n_layers = self.lm.config.get_text_config(decoder=True).num_hidden_layers
         hidden = []
         try:
             for k, name in enumerate(names):
