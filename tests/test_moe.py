@@ -180,12 +180,10 @@ def test_sequence_path_equals_per_token_path_and_the_rollout_cache():
     """Rollout with the KV cache (each expert's keys/values in its own layers), the per-transition update and the
     one-forward-per-sequence update give the same log-probs and values: the PPO ratio starts at 1."""
     p = moe_policy(3)
-    ids, mask = windows(4, seed=5)
     steps = 5
-    ids, mask = th.cat([ids[:, steps:], th.zeros(4, steps, dtype=th.long)], 1), mask.clone()
-    mask = th.cat([mask[:, steps:], th.zeros(4, steps, dtype=th.long)], 1)
-    # right-align the shortened prompt windows again
-    ids, mask = ids.roll(steps, 1), mask.roll(steps, 1)
+    ids, mask = windows(4, seed=5)
+    mask[:, :steps] = 0  # room for the generated tokens: each prompt is W - steps tokens or fewer
+    ids = ids.masked_fill(mask == 0, 0)
     rollout_lp, rollout_v, obs_seen = [], [], []
     th.manual_seed(0)
     with th.no_grad():
