@@ -45,6 +45,7 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "memory-recipes": ("benchmarks.memory_recipes", "peak memory of one update per option, beside the estimate"),
     "selfplay": ("benchmarks.selfplay", "self-play on the two-player games: win rates against held-out opponents"),
     "tune-presets": ("benchmarks.preset_tuning", "the presets' own numbers checked by an Optuna search (tune extra)"),
+    "moe": ("benchmarks.moe", "a mixture of K LoRA experts against plain LoRA: cost per step and learning"),
     "turn-credit": (
         "benchmarks.turn_credit",
         "turn-level group credit vs episode-level group advantages; reward redistribution on LongReview-v0",

@@ -685,7 +685,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         total, details, finite = 0.0, {}, True
         for part in self.batch_source.split(minibatch, self.micro_batch_size):
             with th.enable_grad() if finite else th.no_grad():
-                terms = self._minibatch_loss(part, clip_range, clip_range_vf, micro_stats, measure_kl)
+                terms = self._loss_with_router_aux(part, clip_range, clip_range_vf, micro_stats, measure_kl)
             total += terms.value
             for key, value in terms.details.items():
                 details[key] = details.get(key, 0.0) + value
@@ -698,6 +698,32 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             self.policy.optimizer.zero_grad()  # a partial sum must not reach the step
         approx_kl = micro_stats.merge_into(stats, total)
         return LossTerms(th.tensor(total), approx_kl, details, total)
+
+    def _loss_with_router_aux(
+        self,
+        minibatch: Minibatch,
+        clip_range: float,
+        clip_range_vf: float | None,
+        stats: TrainStats,
+        measure_kl: bool,
+    ) -> LossTerms:
+        """:meth:`_minibatch_loss`, plus ``router_aux_loss_coef * aux`` for a policy whose LM is a mixture-of-experts
+        architecture with ``policy_kwargs["router_aux_loss_coef"] > 0`` (TRL's name): ``aux`` is the mean over the
+        minibatch's forwards of their routers' load-balancing loss (Fedus et al. 2021;
+        :func:`~sb3_grpo.policies.moe.load_balancing_loss`), a micro-batch's weighted by its share; logged as
+        ``train/router_aux_loss``. With the coefficient 0 (the default) it is :meth:`_minibatch_loss` itself."""
+        coef = float(getattr(self.policy, "router_aux_loss_coef", 0.0) or 0.0)
+        if coef == 0.0:
+            return self._minibatch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
+        with self.policy.router_aux_losses() as losses:
+            terms = self._minibatch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
+        if not losses:  # e.g. evaluated without gradients (a non-finite micro-batch's log)
+            return terms
+        aux = th.stack(losses).mean()
+        self.__dict__.setdefault("_router_aux_values", []).append(float(aux.detach()))
+        term = coef * aux * (1.0 if minibatch.share is None else minibatch.share.fraction)
+        details = {**terms.details, "router_aux_loss": float(term.detach())}
+        return LossTerms(terms.loss + term, terms.approx_kl, details, terms.value + float(term.detach()))
 
     def _stop_early(self, terms: LossTerms | None, epoch: int) -> bool:
         """PPO's ``target_kl``: stop the epochs when ``approx_kl > 1.5 * target_kl``; under ``torch.distributed`` the
@@ -750,7 +776,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
                 if split:  # forward and backward micro-batch by micro-batch, the gradients accumulated
                     terms = self._micro_batch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
                 elif minibatch is not None:
-                    terms = self._minibatch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
+                    terms = self._loss_with_router_aux(minibatch, clip_range, clip_range_vf, stats, measure_kl)
                 if self._stop_early(terms, epoch):
                     if split:
                         self.policy.optimizer.zero_grad()  # the accumulated gradient takes no step
@@ -779,6 +805,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             logger.record("train/loss_scale", self._grad_scaler.get_scale())
             self._skipped_overflow = 0
         logger.record("train/explained_variance", explained_var)
+        router_aux = self.__dict__.pop("_router_aux_values", None)
+        if router_aux:
+            logger.record("train/router_aux_loss", float(np.mean(router_aux)))
         if hasattr(self.policy, "log_std"):
             logger.record("train/std", th.exp(self.policy.log_std).mean().item())
         logger.record("train/n_updates", self._n_updates, exclude="tensorboard")

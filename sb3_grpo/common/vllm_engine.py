@@ -143,6 +143,13 @@ def check_vllm_model(model: Any) -> None:
             f"engine='vllm' generates a text rollout's tokens with vLLM and scores them with the policy's LM, which "
             f"{type(policy).__name__} is not (it needs CausalLMPolicy on a text env); use engine='step'"
         )
+    experts = (getattr(policy, "moe", None) or {}).get("experts", 1)
+    if experts > 1:
+        raise ValueError(
+            f"engine='vllm' samples from one model, but the policy mixes {experts} LoRA experts with a learned gate "
+            "(policy_kwargs['moe']), which vLLM cannot express; use engine='hf' (the built-in decoder) or "
+            "engine='step', which sample from the mixture"
+        )
     if getattr(policy, "separate_critic", False):
         raise ValueError(
             "engine='vllm' values states by the value head on the LM's hidden states; a separate critic "

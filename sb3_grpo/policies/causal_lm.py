@@ -30,6 +30,7 @@ from torch.nn import functional as F
 
 from sb3_grpo.policies.critics import EmbeddingCritic
 from sb3_grpo.policies.decoder import LiveBatch
+from sb3_grpo.policies.experts import ExpertMixtureMixin
 from sb3_grpo.policies.kv_cache import RolloutCache
 from sb3_grpo.policies.models import (
     BASE_WEIGHTS,
@@ -45,6 +46,7 @@ from sb3_grpo.policies.models import (
     lora_spec,
     model_spec,
 )
+from sb3_grpo.policies.moe import moe_spec
 from sb3_grpo.policies.quantization import keep_training_layout, quantization_spec
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
@@ -67,7 +69,7 @@ OBS_KEYS = ("input_ids", "attention_mask")
 # --------------------------------------------------------------------------------------------------------------
 
 
-class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
+class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
     """A Hugging Face causal LM (+ value head) as an SB3 actor-critic policy for text-generation envs.
 
     Works unchanged with stock ``PPO``, ``A2C`` and ``sb3_grpo.GRPO``: ``PPO(CausalLMPolicy, env).learn(...)``.
@@ -189,6 +191,17 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         with the adapters off. The model must be a path or Hub id (the weights are quantized while they load, on the
         first CUDA device, else the CPU) or a model object already loaded quantized. Stored as a JSON-able
         :func:`~sb3_grpo.policies.quantization.quantization_spec`.
+    :param moe: a mixture of ``K`` LoRA experts on the one base (needs ``lora``, each expert's adapter config): ``K``
+        or ``{"experts": K, "gate_init_std": std}``. ``p(a|s) = sum_k g_k(s) p_k(a|s)`` with ``g = softmax(W h_0(s) +
+        b)``, ``h_0(s)`` expert 0's final hidden state at the state's last token; the value head reads ``h_0`` too.
+        Every path scores and samples the mixture exactly (temperature / top-k / top-p apply to the mixture's
+        distribution); the trunk runs once per expert; the KL reference is the base (all adapters off); checkpoints
+        keep the adapters, the gate and the value head (:mod:`sb3_grpo.policies.experts`, ``docs/algorithms/moe.md``).
+        Not with ``engine="vllm"`` or ``save_pretrained`` (no single model equals the mixture).
+    :param router_aux_loss_coef: for an LM that is a mixture-of-experts architecture (Mixtral, Qwen2-MoE, OLMoE, ...):
+        the weight of its routers' load-balancing loss (Switch Transformer's, :func:`~.moe.load_balancing_loss`),
+        which the package's algorithms add to the update's loss and log as ``train/router_aux_loss`` (TRL's name;
+        stock SB3 ``PPO`` does not add it). ``0``: off.
     :param autocast_dtype: ``"bfloat16"`` or ``"float16"``: run the LM (trunk and output layer) under
         ``torch.autocast`` in rollout and update; logits are cast to float32 before the softmax, so log-probs,
         entropies, values (the value head runs outside autocast) and advantages stay float32. ``None``: no autocast.
@@ -220,6 +233,8 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         gradient_checkpointing: bool = False,
         lora: Any = None,
         quantization: Any = None,
+        moe: Any = None,
+        router_aux_loss_coef: float = 0.0,
         autocast_dtype: th.dtype | str | None = None,
         value_head_init_std: float | None = None,
         ortho_init: bool = True,
@@ -271,8 +286,10 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
             raise TypeError(f"revision must be a str (a branch, tag or commit hash) or None, got {revision!r}")
         self.revision = revision
 
-        self._load_lm(model, resolved_dtype, lora, quantization, observation_space, action_space)
+        self._load_lm(model, resolved_dtype, lora, quantization, observation_space, action_space, moe)
         self._build_critic(int(self.lm.get_input_embeddings().weight.shape[1]))
+        self._build_gate()
+        self._set_router_aux(router_aux_loss_coef)
         if gradient_checkpointing:
             self._enable_gradient_checkpointing()
         self.action_dist = CategoricalDistribution(self.n_actions)
@@ -295,10 +312,18 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         quantization: Any,
         observation_space: spaces.Space,
         action_space: spaces.Space,
+        moe: Any = None,
     ) -> None:
-        """Load the LM (``self.lm``), quantized if asked, inject the LoRA adapters if asked, and check that the env's
-        windows fit its context and its vocabulary covers the env's action space."""
+        """Load the LM (``self.lm``), quantized if asked, inject the LoRA adapters if asked (one per expert with
+        ``moe``), and check that the env's windows fit its context and its vocabulary covers the env's action space."""
         self.lora = None if lora is None else lora_spec(lora)
+        self.moe = None if moe is None else moe_spec(moe)
+        if self.moe is not None and self.lora is None:
+            raise ValueError(
+                "policy_kwargs['moe'] mixes K experts that are LoRA adapters on the one base model, so it needs "
+                "policy_kwargs['lora'] (each expert's adapter config), e.g. policy_kwargs={'moe': {'experts': 4}, "
+                "'lora': {'r': 8, 'target_modules': ['q_proj', 'v_proj']}}"
+            )
         self.quantization = None if quantization is None else quantization_spec(quantization, dtype)
         if self.quantization is not None and self.lora is None:
             raise ValueError(
@@ -331,6 +356,8 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
             # adapters injected into self.lm in place (self.lm stays the transformers model); the PeftModel wrapper
             # is kept unregistered, only for disable_adapter(), so the state dict has no duplicate keys
             self.__dict__["_peft_model"] = apply_lora(self.lm, self.lora)
+        if self.moe is not None:
+            self._add_experts()
         if self._adapters_only:
             trainable = {name for name, p in self.lm.named_parameters() if p.requires_grad}
             #: the state-dict keys of the frozen base weights, which a LoRA checkpoint leaves out (in the order of
@@ -422,6 +449,8 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
                 "gradient_checkpointing": self.gradient_checkpointing,
                 "lora": self.lora,
                 "quantization": self.quantization,
+                "moe": self.moe,
+                "router_aux_loss_coef": self.router_aux_loss_coef,
                 "autocast_dtype": self.autocast_dtype,
                 "value_head_init_std": self.value_head_init_std,
                 "ortho_init": self.ortho_init,
@@ -441,6 +470,12 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         :param merge_lora: LoRA only: merge the adapters into the weights, or write them as an adapter.
         :return: ``path`` as a string.
         """
+        if self._n_experts() > 1:
+            raise ValueError(
+                f"save_pretrained writes one Hugging Face model, but this policy mixes {self._n_experts()} LoRA "
+                "experts with a learned gate (policy_kwargs['moe']), which no single model's logits equal; save the "
+                "policy with model.save(path) (adapters, gate and value head) instead"
+            )
         return export_pretrained(self, path, merge_lora=merge_lora)
 
     @property
@@ -584,11 +619,19 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         position_ids: th.Tensor,
         cache: Any = None,
     ) -> th.Tensor:
-        """Final hidden states ``[B, L, d]`` of the LM body (after its final norm)."""
+        """Final hidden states ``[B, L, d]`` of the LM body (after its final norm); with ``moe``, the K experts'
+        side by side, ``[B, L, K * d]``, each expert's keys and values in its own layers of ``cache``
+        (:mod:`sb3_grpo.policies.experts`)."""
         if self._threads_pending:
             self._threads_pending = False
             if ids.device.type == "cpu":
                 apply_cpu_thread_default(sum(p.numel() for p in self.lm.parameters()))
+        return self._expert_hidden(lambda c: self._one_trunk(ids, mask, position_ids, c), cache)
+
+    def _one_trunk(self, ids: th.Tensor, mask: th.Tensor, position_ids: th.Tensor, cache: Any) -> th.Tensor:
+        """One forward of the LM body with its active adapter: final hidden states ``[B, L, d]``."""
+        router = self._collecting_router_losses()
+        extra = {"output_router_logits": True} if router else {}
         with self._autocast_context():
             out = self.lm.base_model(
                 input_ids=ids,
@@ -596,7 +639,10 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
                 position_ids=position_ids,
                 use_cache=cache is not None,
                 **{cache_argument(self.lm.base_model): cache},
+                **extra,
             )
+        if router:
+            self._record_router_loss(out.router_logits, mask)
         return out.last_hidden_state
 
     def _autocast_context(self) -> Any:
@@ -606,6 +652,11 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         return th.autocast(device_type=self.device.type, dtype=self._autocast)
 
     def _logits(self, hidden: th.Tensor) -> th.Tensor:
+        """Next-token logits over the env's ``V`` actions (float32): the output layer's (:meth:`_head_logits`), or
+        with ``moe`` and the experts' hidden states the mixture's log-probs."""
+        return self._mixture_logits(hidden, self._head_logits)
+
+    def _head_logits(self, hidden: th.Tensor) -> th.Tensor:
         """Raw next-token logits over the env's ``V`` actions (float32).
 
         When the LM's vocabulary is larger than ``V`` and its output layer is a plain ``nn.Linear``, only the first
@@ -628,7 +679,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         """Values ``[B]`` of the states given by whole windows (``hidden_last``: trunk output at the last column)."""
         if self.separate_critic:
             return self.critic.values_per_position(ids, mask)[:, -1]
-        return self.value_head(hidden_last.float()).squeeze(-1)
+        return self.value_head(self._critic_hidden(hidden_last).float()).squeeze(-1)
 
     def _processed(self, logits: th.Tensor) -> th.Tensor:
         return process_logits(logits, self.temperature, self.top_k, self.top_p)
@@ -653,7 +704,7 @@ class CausalLMPolicy(LoRAReferenceMixin, SequenceEvaluationMixin, BasePolicy):
         if self.separate_critic:
             values = self.critic.values_per_position(ids, mask)[parent_of, column]
         else:
-            values = self.value_head(hidden.float()).squeeze(-1)
+            values = self.value_head(self._critic_hidden(hidden).float()).squeeze(-1)
         return self._logits(hidden), values
 
     def _outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:

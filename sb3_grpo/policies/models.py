@@ -433,8 +433,15 @@ class LoRAReferenceMixin:
             raise ValueError(
                 "adapters_disabled() needs a LoRA policy; pass policy_kwargs={'lora': {...}} to CausalLMPolicy"
             )
-        with peft_model.disable_adapter():
-            yield
+        self.__dict__["_adapters_off"] = True  # a mixture of LoRA experts runs the base once, not once per expert
+        try:
+            with peft_model.disable_adapter():
+                yield
+        finally:
+            self.__dict__["_adapters_off"] = False
+            restore = getattr(self, "_activate_expert", None)
+            if restore is not None and self.__dict__.get("_expert_layers") is not None:
+                restore("default")  # peft re-enabling the adapters leaves only the active one trainable
 
     @property
     def reference_evaluate_actions(self):

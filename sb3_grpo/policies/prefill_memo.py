@@ -92,6 +92,8 @@ class PrefillMemo:
 
         length = max(layers[0][0].shape[-2] for layers, _, _ in entries)
         cache = DynamicCache(config=lm_config)
+        while len(cache.layers) < len(entries[0][0]):  # a mixture of experts keeps K layers per model layer
+            cache.layers.append(type(cache.layers[0])())
         for i in range(len(entries[0][0])):
             keys = th.cat([left_pad_columns(layers[i][0], length) for layers, _, _ in entries])
             values = th.cat([left_pad_columns(layers[i][1], length) for layers, _, _ in entries])

@@ -60,14 +60,16 @@ class SequenceEvaluationMixin:
             v_all = self.critic.values_per_position(ids, mask)
             v = v_all[b_idx, j_idx - 1]
         else:
-            v = self.value_head(state_h.float()).squeeze(-1)
+            v = self.value_head(self._critic_hidden(state_h).float()).squeeze(-1)
         values = zeros.index_put((b_idx, j_idx), v)
         return log_prob, entropy, values
 
     def _hidden_at(self, ids: th.Tensor, mask: th.Tensor, rows: th.Tensor, cols: th.Tensor) -> th.Tensor:
         """Final hidden states ``[n, d]`` at window positions ``(rows[i], cols[i])``: packed when it pays, else
         padded."""
-        packed = self._packed_hidden_at(ids, mask, rows, cols) if self.pack_sequences else None
+        # (the router loss needs each token's padding flag, which a packed row's mask does not give)
+        pack = self.pack_sequences and not self._collecting_router_losses()
+        packed = self._packed_hidden_at(ids, mask, rows, cols) if pack else None
         if packed is not None:
             return packed
         return self._padded_hidden_at(ids, mask, rows, cols)
