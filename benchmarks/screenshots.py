@@ -5,7 +5,7 @@
 - ``completion_logs_tensorboard.png``: tensorboard's Text tab with a completion table (a short GRPO run on
   ``TextGen-v0`` with a composite reward and :class:`~sb3_grpo.callbacks.CompletionLogger`);
 - ``human_eval_page.png``: the rating page of ``sb3-grpo human-eval serve`` (1-5 scores), a few scores entered;
-- ``human_eval_side_by_side.png``: the side-by-side page (A / tie / B), a few choices entered.
+- ``human_eval_side_by_side.png``: the side-by-side page (1-5 scores of A and B, A / tie / B), a few entered.
 
 Needs ``chromium`` (Debian's package) on the PATH and, for the first, tensorboard.
 """
@@ -101,6 +101,9 @@ def rating_pages(out: Path, work: Path) -> None:
         first = json.loads((folder / "items.json").read_text())["items"][0]["id"]
         _post(base + "/api/rate", {"rater": "ana", "item": first, "prefer": dict(zip(DIMENSIONS, "A A tie B".split()))})
         _post(base + "/api/rate", {"rater": "ana", "item": first, "prefer": {"creativity": "B"}})
+        for side, scores in (("A", (4, 4, 5, 2)), ("B", (3, 3, 3, 4))):
+            _post(base + "/api/rate", {"rater": "ana", "item": first, "side": side,
+                                       "scores": dict(zip(DIMENSIONS, scores))})  # fmt: skip
         screenshot(f"{base}/?rater=ana", out / "human_eval_side_by_side.png", size=(1100, 1000))
     finally:
         server.shutdown()

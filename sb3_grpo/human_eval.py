@@ -407,7 +407,8 @@ _PAGE = """<!doctype html>
 .item{border:1px solid #ccc;border-radius:6px;padding:1em;margin:1em 0}
 pre{white-space:pre-wrap;background:#f6f6f6;padding:.5em}.dim{margin:.4em 0}
 .saved{color:#080;font-size:.9em}.anchors{color:#555;font-size:.85em}
-.pair{display:flex;gap:1em}.pair>div{flex:1}.score{font-size:.9em;margin:.2em 0}</style></head>
+.pair{display:flex;gap:1em}.pair>div{flex:1}.score{font-size:.9em;margin:.2em 0}
+.which{margin-top:.8em;font-weight:bold}</style></head>
 <body><h1>Rate the completions</h1>
 <p id="how">Score each completion from 1 to 5 on every dimension. Every score is saved the moment you click it; you
 can close the page and come back with the same name.</p>
@@ -473,7 +474,7 @@ function sideBySide(data, rater, box) {
     const card = el("div", {className: "item", id: item.id}, [el("b", {textContent: item.id}),
       el("div", {textContent: "Prompt:"}), el("pre", {textContent: item.prompt}),
       el("div", {className: "pair"}, [side("A"), side("B")]),
-      el("div", {textContent: "Which is better?"})]);
+      el("div", {className: "which", textContent: "Which is better? (what 1, 3 and 5 mean is under each)"})]);
     for (const dim of data.dimensions) {
       card.append(choiceRow(label(dim), item.id + "/" + dim, ["A", "tie", "B"], v => labels[v], done[dim],
         v => post({rater, item: item.id, prefer: {[dim]: v}}), anchorText(data.anchors[dim])));
