@@ -5,9 +5,13 @@
 - ``completion_logs_tensorboard.png``: tensorboard's Text tab with a completion table (a short GRPO run on
   ``TextGen-v0`` with a composite reward and :class:`~sb3_grpo.callbacks.CompletionLogger`);
 - ``human_eval_page.png``: the rating page of ``sb3-grpo human-eval serve`` (1-5 scores), a few scores entered;
-- ``human_eval_side_by_side.png``: the side-by-side page (1-5 scores of A and B, A / tie / B), a few entered.
+- ``human_eval_side_by_side.png``: the side-by-side page (1-5 scores of A and B, A / tie / B), a few entered;
+- ``prometheus_graph.png``, ``prometheus_rules.png``: Prometheus scraping a GRPO run on CartPole through
+  :class:`~sb3_grpo.callbacks.PrometheusOutputFormat`, the reward's graph and the rules page (the alert rules of
+  :func:`~sb3_grpo.callbacks.write_alert_rules` loaded, their state after the run).
 
-Needs ``chromium`` (Debian's package) on the PATH and, for the first, tensorboard.
+Needs ``chromium`` (Debian's package) on the PATH and, for the first, tensorboard; for the last, ``prometheus``
+(Debian's package) and prometheus_client.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -152,10 +157,67 @@ def tensorboard_page(out: Path, work: Path) -> None:
         proc.wait(timeout=20)
 
 
+def _wait_http(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def prometheus_pages(out: Path, work: Path) -> None:
+    """A GRPO run on CartPole served by :class:`~sb3_grpo.callbacks.PrometheusOutputFormat`, scraped every second by
+    Prometheus (Debian's ``prometheus``, its classic web UI) with the rules of
+    :func:`~sb3_grpo.callbacks.write_alert_rules` loaded."""
+    from sb3_grpo import GRPO
+    from sb3_grpo.callbacks import configure_logger, write_alert_rules
+
+    exe = shutil.which("prometheus")
+    if exe is None:
+        raise SystemExit("prometheus is not on the PATH; apt-get install prometheus")
+    logger = configure_logger(str(work / "live"), ["prometheus"], prometheus={"port": 0})
+    exporter = logger.output_formats[0]
+    rules = write_alert_rules(work / "alerts.yml")
+    port = _free_port()
+    (work / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"rule_files: [{json.dumps(str(rules))}]\n"
+        f"scrape_configs:\n  - job_name: textrl\n    static_configs:\n      - targets: ['127.0.0.1:{exporter.port}']\n",
+        encoding="utf-8",
+    )
+    proc = subprocess.Popen(
+        [exe, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_http(base + "/-/ready")
+        model = GRPO("MlpPolicy", "CartPole-v1", n_steps=256, batch_size=64, seed=0, device="cpu")
+        model.set_logger(logger)
+        start = time.monotonic()
+        model.learn(12_288)
+        time.sleep(3)  # a last scrape and rule evaluation
+        span = f"{int(time.monotonic() - start) + 5}s"
+        query = urllib.parse.urlencode({"g0.expr": "sb3_rollout_ep_rew_mean", "g0.tab": "0", "g0.range_input": span})
+        screenshot(f"{base}/classic/graph?{query}", out / "prometheus_graph.png", size=(1200, 820))
+        screenshot(f"{base}/classic/rules", out / "prometheus_rules.png", size=(1200, 1000))
+    finally:
+        logger.close()
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/guides/img", help="folder of the images (default %(default)s)")
-    parser.add_argument("--only", choices=("rating", "tensorboard"), default=None, help="one kind of screenshot")
+    parser.add_argument(
+        "--only", choices=("rating", "tensorboard", "prometheus"), default=None, help="one kind of screenshot"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -164,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             rating_pages(out, Path(tmp))
         if args.only in (None, "tensorboard"):
             tensorboard_page(out, Path(tmp))
+        if args.only in (None, "prometheus"):
+            prometheus_pages(out, Path(tmp))
     return 0
 
 
