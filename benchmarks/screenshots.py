@@ -6,6 +6,8 @@
   ``TextGen-v0`` with a composite reward and :class:`~sb3_grpo.callbacks.CompletionLogger`);
 - ``human_eval_page.png``: the rating page of ``sb3-grpo human-eval serve`` (1-5 scores), a few scores entered;
 - ``human_eval_side_by_side.png``: the side-by-side page (1-5 scores of A and B, A / tie / B), a few entered;
+- ``evaluation_tensorboard.png``: tensorboard's scalars of :class:`~sb3_grpo.callbacks.LMEvalCallback` (``eval/``,
+  held-out prompts) in a short GRPO run;
 - ``prometheus_graph.png``, ``prometheus_rules.png``: Prometheus scraping a GRPO run on CartPole through
   :class:`~sb3_grpo.callbacks.PrometheusOutputFormat`, the reward's graph and the rules page (the alert rules of
   :func:`~sb3_grpo.callbacks.write_alert_rules` loaded, their state after the run).
@@ -49,6 +51,59 @@ def screenshot(url: str, path: Path, size: tuple[int, int] = (1100, 900), budget
              f"--virtual-time-budget={budget_ms}", f"--screenshot={path}", url],
             check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120,
         )  # fmt: skip
+    print(f"wrote {path}")
+
+
+def screenshot_with_storage(
+    url: str, path: Path, storage: dict[str, str], size: tuple[int, int] = (1100, 900), wait_s: float = 10.0
+) -> None:
+    """Like :func:`screenshot`, after setting the page's ``localStorage`` (settings a page keeps there, not in its
+    URL) and reloading it; drives Chromium over the DevTools protocol (needs ``websockets``)."""
+    import base64
+
+    from websockets.sync.client import connect
+
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.Popen(
+            [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+             "--remote-debugging-port=0", f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}", url],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            port_file = Path(profile) / "DevToolsActivePort"
+            deadline = time.monotonic() + 30
+            while not port_file.exists() or len(port_file.read_text().split()) < 2:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("Chromium did not open its DevTools port")
+                time.sleep(0.1)
+            port = int(port_file.read_text().split()[0])
+            targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10).read())
+            page = next(t for t in targets if t["type"] == "page")
+            with connect(page["webSocketDebuggerUrl"], max_size=None) as ws:
+                calls = iter(range(1, 1_000_000))
+
+                def call(method: str, **params: object) -> dict:
+                    n = next(calls)
+                    ws.send(json.dumps({"id": n, "method": method, "params": params}))
+                    while True:
+                        msg = json.loads(ws.recv(timeout=60))
+                        if msg.get("id") == n:
+                            return msg.get("result", {})
+
+                time.sleep(2)
+                setters = "".join(
+                    f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});" for k, v in storage.items()
+                )
+                call("Runtime.evaluate", expression=setters + " true")
+                call("Emulation.setDeviceMetricsOverride", width=size[0], height=size[1], deviceScaleFactor=1,
+                     mobile=False)  # fmt: skip
+                call("Page.reload")
+                time.sleep(wait_s)
+                shot = call("Page.captureScreenshot", format="png")
+            path.write_bytes(base64.b64decode(shot["data"]))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
     print(f"wrote {path}")
 
 
@@ -157,6 +212,51 @@ def tensorboard_page(out: Path, work: Path) -> None:
         proc.wait(timeout=20)
 
 
+def _tensorboard_screenshot(
+    logs: Path, fragment: str, path: Path, size: tuple[int, int], storage: dict[str, str] | None = None
+) -> None:
+    """Serve ``logs`` with tensorboard and screenshot ``/<fragment>`` once it has loaded (with ``storage`` in its
+    ``localStorage``, if given)."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(logs), "--port", str(port), "--host", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/data/logdir")
+        if storage:
+            screenshot_with_storage(f"http://127.0.0.1:{port}/{fragment}", path, storage, size=size)
+        else:
+            screenshot(f"http://127.0.0.1:{port}/{fragment}", path, size=size, budget_ms=15000)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def eval_page(out: Path, work: Path) -> None:
+    """Tensorboard's scalars of :class:`~sb3_grpo.callbacks.LMEvalCallback` (``eval/``) in a short GRPO run on
+    ``TextGen-v0``, evaluated on four held-out prompts every 64 timesteps."""
+    from sb3_grpo import GRPO
+    from sb3_grpo.callbacks import LMEvalCallback, configure_logger
+    from textrl_envs.sb3 import make_vec_env
+
+    env = make_vec_env("TextGen-v0", n_envs=4, group_size=2, seed=0, device="cpu", max_new_tokens=8)
+    held_out = ["The plot of the film", "I watched it twice and", "The music in this movie", "Overall the story"]
+    eval_env = make_vec_env("TextGen-v0", n_envs=4, seed=1, device="cpu", max_new_tokens=8, prompts=held_out)
+    model = GRPO("CausalLMPolicy", env, advantage="group", n_steps=8, batch_size=32, n_epochs=1, seed=0, device="cpu")
+    logs = work / "tb_eval"
+    model.set_logger(configure_logger(str(logs), ["tensorboard"]))
+    evaluation = LMEvalCallback(eval_env, eval_freq=64, k=(1, 4), n_samples=4, success_threshold=0.6)
+    model.learn(64 * 8, callback=evaluation)
+    model.logger.close()
+    env.close()
+    eval_env.close()
+    tags = urllib.parse.quote("eval/(pass|mean@|greedy_reward|sampled_reward)")
+    fragment = f"#scalars&tagFilter={tags}&_smoothingWeight=0"
+    _tensorboard_screenshot(logs, fragment, out / "evaluation_tensorboard.png", (1600, 740),
+                            storage={"_ignoreYOutliers": "false"})  # fmt: skip
+
+
 def _wait_http(url: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -216,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/guides/img", help="folder of the images (default %(default)s)")
     parser.add_argument(
-        "--only", choices=("rating", "tensorboard", "prometheus"), default=None, help="one kind of screenshot"
+        "--only", choices=("rating", "tensorboard", "eval", "prometheus"), default=None, help="one kind of screenshot"
     )
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -226,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             rating_pages(out, Path(tmp))
         if args.only in (None, "tensorboard"):
             tensorboard_page(out, Path(tmp))
+        if args.only in (None, "eval"):
+            eval_page(out, Path(tmp))
         if args.only in (None, "prometheus"):
             prometheus_pages(out, Path(tmp))
     return 0
