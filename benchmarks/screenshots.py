@@ -8,6 +8,7 @@
 - ``human_eval_side_by_side.png``: the side-by-side page (1-5 scores of A and B, A / tie / B), a few entered;
 - ``evaluation_tensorboard.png``: tensorboard's scalars of :class:`~sb3_grpo.callbacks.LMEvalCallback` (``eval/``,
   held-out prompts) in a short GRPO run;
+- ``sample_episode.gif``: ``sb3-grpo sample --video`` of a saved GRPO model (the bundled LM) on ``TextGen-v0``;
 - ``prometheus_graph.png``, ``prometheus_rules.png``: Prometheus scraping a GRPO run on CartPole through
   :class:`~sb3_grpo.callbacks.PrometheusOutputFormat`, the reward's graph and the rules page (the alert rules of
   :func:`~sb3_grpo.callbacks.write_alert_rules` loaded, their state after the run).
@@ -257,6 +258,23 @@ def eval_page(out: Path, work: Path) -> None:
                             storage={"_ignoreYOutliers": "false"})  # fmt: skip
 
 
+def sample_video(out: Path, work: Path) -> None:
+    """``sb3-grpo sample --video``: three episodes of a saved GRPO model (the bundled LM) on ``TextGen-v0``, as a GIF."""
+    from sb3_grpo import GRPO
+    from sb3_grpo.cli import main as cli
+    from textrl_envs.sb3 import make_vec_env
+
+    env = make_vec_env("TextGen-v0", n_envs=1, seed=0, device="cpu", max_new_tokens=12)
+    GRPO("CausalLMPolicy", env, seed=0, device="cpu").save(work / "model.zip")
+    env.close()
+    args = ["sample", str(work / "model.zip"), "--env", "TextGen-v0", "--n", "3", "--seed", "0", "--quiet",
+            "--env-kwargs", '{"max_new_tokens": 12, "prompts": ["The film was"]}', "--fps", "4",
+            "--video", str(out / "sample_episode.gif")]  # fmt: skip
+    if cli(args) != 0:
+        raise SystemExit("sb3-grpo sample --video failed")
+    print(f"wrote {out / 'sample_episode.gif'}")
+
+
 def _wait_http(url: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -316,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/guides/img", help="folder of the images (default %(default)s)")
     parser.add_argument(
-        "--only", choices=("rating", "tensorboard", "eval", "prometheus"), default=None, help="one kind of screenshot"
+        "--only",
+        choices=("rating", "tensorboard", "eval", "video", "prometheus"),
+        default=None,
+        help="one kind of screenshot",
     )
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -328,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             tensorboard_page(out, Path(tmp))
         if args.only in (None, "eval"):
             eval_page(out, Path(tmp))
+        if args.only in (None, "video"):
+            sample_video(out, Path(tmp))
         if args.only in (None, "prometheus"):
             prometheus_pages(out, Path(tmp))
     return 0
