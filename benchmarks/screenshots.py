@@ -11,10 +11,14 @@
 - ``sample_episode.gif``: ``sb3-grpo sample --video`` of a saved GRPO model (the bundled LM) on ``TextGen-v0``;
 - ``prometheus_graph.png``, ``prometheus_rules.png``: Prometheus scraping a GRPO run on CartPole through
   :class:`~sb3_grpo.callbacks.PrometheusOutputFormat`, the reward's graph and the rules page (the alert rules of
-  :func:`~sb3_grpo.callbacks.write_alert_rules` loaded, their state after the run).
+  :func:`~sb3_grpo.callbacks.write_alert_rules` loaded, their state after the run);
+- ``tracking_mlflow_completions.png``: MLflow's UI with the completion table of a short GRPO run logged through
+  :class:`~sb3_grpo.callbacks.MLflowOutputFormat` to a local tracking server.
 
-Needs ``chromium`` (Debian's package) on the PATH and, for the first, tensorboard; for the last, ``prometheus``
-(Debian's package) and prometheus_client.
+Needs ``chromium`` (Debian's package) on the PATH; tensorboard for the tensorboard ones; ``prometheus`` (Debian's
+package) and prometheus_client for the Prometheus ones; the full ``mlflow`` package (its server and UI, not only the
+``mlflow`` extra's mlflow-skinny) for the MLflow one; websockets (to drive Chromium) for those two and the
+evaluation one.
 """
 
 from __future__ import annotations
@@ -56,10 +60,20 @@ def screenshot(url: str, path: Path, size: tuple[int, int] = (1100, 900), budget
 
 
 def screenshot_with_storage(
-    url: str, path: Path, storage: dict[str, str], size: tuple[int, int] = (1100, 900), wait_s: float = 10.0
+    url: str,
+    path: Path,
+    storage: dict[str, str],
+    size: tuple[int, int] = (1100, 900),
+    ready: str | None = None,
+    wait_s: float = 10.0,
+    timeout_s: float = 120.0,
 ) -> None:
     """Like :func:`screenshot`, after setting the page's ``localStorage`` (settings a page keeps there, not in its
-    URL) and reloading it; drives Chromium over the DevTools protocol (needs ``websockets``)."""
+    URL) and reloading it; drives Chromium over the DevTools protocol (needs ``websockets``).
+
+    :param ready: A JavaScript expression that is true once the page has drawn what is wanted (polled up to
+        ``timeout_s``); the screenshot is taken ``wait_s`` seconds after it (or after the reload, without one).
+    """
     import base64
 
     from websockets.sync.client import connect
@@ -99,6 +113,14 @@ def screenshot_with_storage(
                 call("Emulation.setDeviceMetricsOverride", width=size[0], height=size[1], deviceScaleFactor=1,
                      mobile=False)  # fmt: skip
                 call("Page.reload")
+                deadline = time.monotonic() + timeout_s
+                while ready is not None:
+                    value = call("Runtime.evaluate", expression=ready, returnByValue=True).get("result", {})
+                    if value.get("value"):
+                        break
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{url}: not ready after {timeout_s:g} s ({ready})")
+                    time.sleep(0.5)
                 time.sleep(wait_s)
                 shot = call("Page.captureScreenshot", format="png")
             path.write_bytes(base64.b64decode(shot["data"]))
@@ -258,8 +280,55 @@ def eval_page(out: Path, work: Path) -> None:
                             storage={"_ignoreYOutliers": "false"})  # fmt: skip
 
 
+def mlflow_page(out: Path, work: Path) -> None:
+    """A short GRPO run logged through an MLflow tracking server (sqlite store, artifacts proxied) with
+    :class:`~sb3_grpo.callbacks.CompletionLogger`; the run's completion table in MLflow's UI. Needs the full ``mlflow``
+    package (its server and UI; the ``mlflow`` extra installs only mlflow-skinny)."""
+    import importlib.util
+
+    from sb3_grpo import GRPO
+    from sb3_grpo.callbacks import CompletionLogger, configure_logger
+    from textrl_envs.rewards import CompositeReward
+    from textrl_envs.sb3 import make_vec_env
+
+    if importlib.util.find_spec("flask") is None or importlib.util.find_spec("mlflow.server") is None:
+        raise SystemExit("the MLflow screenshot needs MLflow's server and UI: pip install mlflow (the full package)")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{work / 'mlflow.db'}",
+         "--artifacts-destination", str(work / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_http(base + "/health", timeout=180)
+        reward = CompositeReward({"sentiment": 1.0, "length": (0.5, {"min_words": 2, "max_words": 4})})
+        env = make_vec_env("TextGen-v0", n_envs=4, group_size=2, seed=0, device="cpu", max_new_tokens=8, reward=reward)
+        model = GRPO(
+            "CausalLMPolicy", env, advantage="group", n_steps=8, batch_size=32, n_epochs=1, seed=0, device="cpu"
+        )
+        tracking = {"tracking_uri": base, "experiment_name": "textgen", "run_name": "grpo-seed0"}
+        logger = configure_logger(str(work / "mlflow_run"), ["mlflow"], config=model, mlflow=tracking)
+        model.set_logger(logger)
+        model.learn(4 * 8 * 2, callback=CompletionLogger(every_n_rollouts=1, n_samples=4))
+        tracker = logger.output_formats[0]
+        run = tracker.client.get_run(tracker.run_id)
+        logger.close()
+        env.close()
+        table = sorted(a.path for a in tracker.client.list_artifacts(run.info.run_id, "completions/table"))[-1]
+        url = f"{base}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}/artifacts/{table}"
+        closed = {"mlflow.assistant.panelOpen_v1": "false", "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1": "true"}
+        screenshot_with_storage(url, out / "tracking_mlflow_completions.png", closed, size=(1900, 480),
+                                ready="document.body.innerText.includes('completion')", wait_s=3)  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def sample_video(out: Path, work: Path) -> None:
-    """``sb3-grpo sample --video``: three episodes of a saved GRPO model (the bundled LM) on ``TextGen-v0``, as a GIF."""
+    """``sb3-grpo sample --video``: three episodes of a saved GRPO model (the bundled LM) on ``TextGen-v0``, a GIF."""
     from sb3_grpo import GRPO
     from sb3_grpo.cli import main as cli
     from textrl_envs.sb3 import make_vec_env
@@ -335,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="docs/guides/img", help="folder of the images (default %(default)s)")
     parser.add_argument(
         "--only",
-        choices=("rating", "tensorboard", "eval", "video", "prometheus"),
+        choices=("rating", "tensorboard", "eval", "video", "prometheus", "mlflow"),
         default=None,
         help="one kind of screenshot",
     )
@@ -353,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             sample_video(out, Path(tmp))
         if args.only in (None, "prometheus"):
             prometheus_pages(out, Path(tmp))
+        if args.only in (None, "mlflow"):
+            mlflow_page(out, Path(tmp))
     return 0
 
 
