@@ -520,7 +520,8 @@ def _add_human_eval(sub: Any) -> None:
     e.add_argument(
         "--side-by-side",
         action="store_true",
-        help="two runs on the same prompts, shown as A and B (order drawn per item); raters choose A, B or tie",
+        help="two runs on the same prompts, shown as A and B (order drawn per item); raters score both 1-5 and "
+        "choose A, B or tie",
     )
     e.add_argument(
         "--env",
@@ -531,13 +532,18 @@ def _add_human_eval(sub: Any) -> None:
     e.add_argument("--out", required=True, help="the rating folder")
     e.add_argument("--n", type=positive_int, default=50, help="items from each file (default %(default)s)")
     e.add_argument("--labels", default=None, help="comma-separated names of the files' runs (default: file names)")
-    e.add_argument("--calibration", default=None, metavar="FILE.jsonl", help="items of known scores to mix in")
+    e.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE.jsonl",
+        help="items of known scores to mix in (side by side: pairs 'a', 'b' of known 'prefer' and/or 'scores')",
+    )
     e.add_argument("--seed", type=int, default=0, help="seed of the draws and the order (default %(default)s)")
     v = hs.add_parser("serve", help="serve the rating page of a folder (ratings saved as they are entered)")
     v.add_argument("folder", help="a folder written by `human-eval export`")
     v.add_argument("--port", type=int, default=8765, help="port (default %(default)s)")
     v.add_argument("--addr", default="127.0.0.1", help="address (default 127.0.0.1: this machine only)")
-    r = hs.add_parser("report", help="Krippendorff's alpha per dimension, calibration, scores per run")
+    r = hs.add_parser("report", help="Krippendorff's alpha per dimension, calibration, scores (and win rates) per run")
     r.add_argument("folder", help="a rated folder")
     r.add_argument("--level", default="interval", choices=("interval", "ordinal"), help="alpha's level of measurement")
     h.set_defaults(subparser=h)
@@ -589,9 +595,7 @@ def _human_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
                 args.side_by_side = True
                 files = _sample_checkpoints(files, labels, args)
             if args.side_by_side:
-                if args.calibration:
-                    raise ValueError("--calibration items are scored 1-5; a --side-by-side folder has none")
-                out = human_eval.export_pairs(list(zip(labels, files)), args.out, args.n, args.seed)
+                out = human_eval.export_pairs(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration)
             else:
                 out = human_eval.export_items(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration)
             print(f"rating folder {out}/: serve it with: sb3-grpo human-eval serve {out}")
@@ -611,7 +615,7 @@ def _human_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         if command == "report":
             result = human_eval.report(args.folder, level=args.level)
             print((Path(args.folder) / "report.md").read_text(), end="")
-            return 0 if not result["unreliable"] else 1
+            return 0 if not (result["unreliable"] or result.get("unreliable_scores")) else 1
     except (ValueError, OSError) as err:
         parser.error(str(err))
     parser.print_help()
