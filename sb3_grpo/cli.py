@@ -583,6 +583,7 @@ def _sample_checkpoints(checkpoints: Sequence[str], labels: Sequence[str], args:
 
 def _human_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from sb3_grpo import human_eval
+    from sb3_grpo.human_eval.protocol import KEY_FILE
 
     command = getattr(args, "human_command", None)
     try:
@@ -600,7 +601,7 @@ def _human_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
                 out = human_eval.export_items(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration)
             print(f"rating folder {out}/: serve it with: sb3-grpo human-eval serve {out}")
             return 0
-        if command in ("serve", "report") and not (Path(args.folder) / human_eval.KEY_FILE).is_file():
+        if command in ("serve", "report") and not (Path(args.folder) / KEY_FILE).is_file():
             raise ValueError(f"{args.folder!r} is not a folder written by `sb3-grpo human-eval export`")
         if command == "serve":
             server = human_eval.make_server(args.folder, args.port, args.addr)
