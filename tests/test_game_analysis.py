@@ -176,3 +176,17 @@ def test_best_response_bad_input():
     with pytest.raises(ValueError, match="learner must be 0"):
         best_response(Nim(), 2)
     assert Nim().heuristic_policy(NimState(4)) == [(1, 1 / 3), (2, 1 / 3), (3, 1 / 3)]
+
+
+def test_a_game_without_a_heuristic_says_so():
+    from textrl_envs.games import HeuristicOpponent, OpponentTurn
+    from textrl_envs.games.base import Game
+
+    class Bare(Game):
+        name = "bare"
+
+    turn = OpponentTurn(Bare(), None, 1, "", np.random.default_rng(0))
+    with pytest.raises(TypeError, match="Bare has no heuristic.*RandomOpponent"):
+        HeuristicOpponent().moves([turn])
+    with pytest.raises(NotImplementedError, match="Bare has no heuristic"):
+        Bare().heuristic(None, np.random.default_rng(0))
