@@ -5,11 +5,11 @@ game a one-player decision problem for the learner, and its best response is the
 against it. :func:`best_response` computes it exactly by walking the whole game tree: chance
 (:meth:`~textrl_envs.games.base.Game.initial_distribution`) and the opponent's moves are averaged over, and at
 each of its decision points the learner picks the move that is best on average over every state it cannot tell
-apart from this one. The learner tells states apart by what it sees, the board :meth:`~textrl_envs.games.base.
-Game.render` writes for it (its own card and the betting in Kuhn poker; the whole position in Nim and
-tic-tac-toe), so a best response in a game of hidden cards does not peek. The games here have perfect recall
-(the board a player sees holds every move so far, or it is a game of perfect information), where this backward
-walk is exact.
+apart from this one. The learner tells states apart by what it sees, the board that
+:meth:`~textrl_envs.games.base.Game.render` writes for it (its own card and the betting in Kuhn poker; the whole
+position in Nim and tic-tac-toe), so a best response in a game of hidden cards does not peek. The games here have
+perfect recall (the board a player sees holds every move so far, or it is a game of perfect information), where
+this backward walk is exact.
 
 Only legal moves are considered: a learner that writes an illegal move forfeits, which never helps.
 """
