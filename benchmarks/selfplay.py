@@ -40,6 +40,9 @@ CHOSEN = ({"timesteps": 6144, "learning_rate": 3e-4},
           "0.33-0.39 against the random player, 1-3% illegal moves, no better at 12288), and a 24576-step run at "
           "3e-4 fell back to 18% illegal moves; 6144 steps at 3e-4 is also what the shared 2-core machine allowed "
           "for 15 runs.")  # fmt: skip
+#: Env ``i`` of a vector env seeded ``s`` gets ``s + i``: runs (and each evaluation's two sides) are seeded this
+#: far apart so that no two share an env's stream of deals and opponent moves.
+SEED_STRIDE, SIDE_SEED = 1000, 500
 HP = {"n_epochs": 2, "learning_rate": 3e-4, "gamma": 1.0, "gae_lambda": 1.0, "ent_coef": 0.0}
 FAST = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "kl_coef": 0.0}
 
@@ -60,7 +63,7 @@ def evaluate(model, game_id: str, game, opponent, episodes: int, seed: int) -> d
 
     out: dict[str, list[float]] = {"win": [], "payoff": [], "illegal": []}
     for side, name in ((0, "first"), (1, "second")):
-        env = make_vec_env(game_id, n_envs=16, seed=seed + 50_000 * side, device="cpu",
+        env = make_vec_env(game_id, n_envs=16, seed=seed + SIDE_SEED * side, device="cpu",
                            interaction=SelfPlay(game, opponent, learner_player=side))  # fmt: skip
         obs = env.reset()
         returns, illegal = [], []
@@ -100,14 +103,14 @@ def run_one(game_name: str, seed: int, args) -> dict:
     game_id, game = GAME_IDS[game_name], make_game(game_name)
     league = League(sampling=args.sampling, fixed={"random": "random"})
     group_size = args.group_size if args.advantage != "role" else 1
-    env = make_vec_env(game_id, n_envs=args.n_envs, group_size=group_size, seed=seed, device="cpu",
+    env = make_vec_env(game_id, n_envs=args.n_envs, group_size=group_size, seed=SEED_STRIDE * seed, device="cpu",
                        interaction=SelfPlay(game, league))  # fmt: skip
     model = GRPO("CausalLMPolicy", env, n_steps=args.n_steps, batch_size=args.n_steps * args.n_envs // 2,
                  advantage=args.advantage, seed=seed, device="cpu", verbose=0,
                  **{**HP, "learning_rate": args.learning_rate}, **FAST)  # fmt: skip
     untrained = PolicyOpponent.snapshot(model.policy, name="untrained")
     opponents = {"random": "random", "heuristic": "heuristic", "untrained": untrained}
-    eval_seed = 10_000 + seed
+    eval_seed = 10_000 + SEED_STRIDE * seed
     before = {k: evaluate(model, game_id, game, o, args.eval_episodes, eval_seed) for k, o in opponents.items()}
 
     class Ratings(BaseCallback):
@@ -262,7 +265,8 @@ def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, floa
         f"per run, {args.n_envs} envs, against a league of its own frozen snapshots (one every "
         f"{args.snapshot_every} updates) and a random opponent, one drawn per episode (`{args.sampling}`). "
         f"Evaluated before and after training on {args.eval_episodes} games per opponent (half moving first, "
-        f"half second, moves sampled), over {args.seeds} seeds: mean and 95% t-interval over seeds. `heuristic` is "
+        f"half second, moves sampled; every seed trains and is evaluated on streams of games of its own), over "
+        f"{args.seeds} seeds: mean and 95% t-interval over seeds. `heuristic` is "
         "never met in training; `untrained` is a frozen copy of the starting LM (the league's first snapshot). "
         "A win is a positive payoff (Kuhn poker: chips won); `illegal` is the share of games the learner lost by "
         "an unreadable or illegal move. `beats` says whether the interval of the payoff after training lies "
