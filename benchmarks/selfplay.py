@@ -1,17 +1,19 @@
-"""Self-play on the two-player text games: does a short GRPO run with a league beat the untrained LM?
+"""Self-play on the two-player text games: does GRPO with a league beat the untrained LM and a held-out heuristic?
 
 For each game and seed: the bundled LM trains with GRPO (by default group advantages, groups of 4 playing the same
 side, deal and opponent) against a :class:`~sb3_grpo.callbacks.league.League` of its own frozen snapshots and a
-random opponent, a snapshot every ``--snapshot-every`` updates, opponents drawn uniformly. Before and after
-training it plays ``--eval-episodes`` games (both sides equally often, sampled moves) against held-out and seen
-opponents: ``random``, ``heuristic`` (never met in training) and ``untrained`` (a frozen copy of the starting
-LM), and after training against an earlier snapshot of the same run (the one taken halfway). ``--advantage role``
-trains with SPIRAL's role-conditioned advantage instead (no groups: every env plays its own game). The page reports
-the win rate and mean payoff, mean and 95% t-interval over seeds, the share of illegal moves, the league's Elo
-curve and (``--timing``) the LM opponent's two engines timed::
+random opponent, a snapshot every ``--snapshot-every`` updates, opponents drawn per episode (``--sampling``).
+Before and after training it plays ``--eval-episodes`` games (half moving first, half second, sampled moves)
+against held-out and seen opponents: ``random``, ``heuristic`` (never met in training) and ``untrained`` (a frozen
+copy of the starting LM), and after training against an earlier snapshot of the same run (the one taken halfway).
+``--advantage role`` trains with SPIRAL's role-conditioned advantage instead (no groups: every env plays its own
+game). The page reports the exact score of the best response to each heuristic (the most any learner can get
+against it, :mod:`textrl_envs.games.analysis`), the win rate and mean payoff, mean and 95% t-interval over seeds,
+the share of illegal moves, the league's Elo curves (a figure beside the page) and (``--timing``) the LM
+opponent's two engines timed. ``--jobs N`` runs N seeds at a time in their own processes (each run seeds itself)::
 
-    python -m benchmarks.selfplay --games nim,kuhn --seeds 3 --timesteps 6144 --advantage role --timing \\
-        --out docs/results/selfplay.md
+    python -m benchmarks.selfplay --games tictactoe,nim,kuhn --seeds 5 --timesteps 6144 --advantage role \\
+        --eval-episodes 128 --timing --jobs 4 --out docs/results/selfplay.md
 """
 
 from __future__ import annotations
@@ -30,6 +32,17 @@ from sb3_grpo.compare.pages import write_results_page
 GAME_IDS = {"tictactoe": "TicTacToe-v0", "nim": "Nim-v0", "kuhn": "KuhnPoker-v0"}
 #: Student's t quantile t_{0.975, df} for the seed intervals.
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+#: The published run's budget and learning rate, and how they were chosen (printed when a run uses them).
+CHOSEN = ({"timesteps": 6144, "learning_rate": 3e-4},
+          "The budget and the learning rate were chosen by a quick look at one Kuhn poker seed trained in 3072-step "
+          "chunks with learning rates 1e-4 and 3e-4, judged on its payoff against the random player and its share "
+          "of illegal moves (the heuristic played no part): both rates level off from about 6144 steps (payoff "
+          "0.33-0.39 against the random player, 1-3% illegal moves, no better at 12288), and a 24576-step run at "
+          "3e-4 fell back to 18% illegal moves; 6144 steps at 3e-4 is also what the shared 2-core machine allowed "
+          "for 15 runs.")  # fmt: skip
+#: Env ``i`` of a vector env seeded ``s`` gets ``s + i``: runs (and each evaluation's two sides) are seeded this
+#: far apart so that no two share an env's stream of deals and opponent moves.
+SEED_STRIDE, SIDE_SEED = 1000, 500
 HP = {"n_epochs": 2, "learning_rate": 3e-4, "gamma": 1.0, "gae_lambda": 1.0, "ent_coef": 0.0}
 FAST = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "kl_coef": 0.0}
 
@@ -43,22 +56,40 @@ def interval(values: list[float]) -> tuple[float, float]:
 
 
 def evaluate(model, game_id: str, game, opponent, episodes: int, seed: int) -> dict[str, float]:
-    """Win rate, mean payoff and share of games lost by an illegal move, over ``episodes`` sampled games."""
+    """Win rate, mean payoff and share of games lost by an illegal move, over ``episodes`` sampled games, half
+    of them moving first and half second (``payoff_first``, ``payoff_second``: each side's mean payoff)."""
     from textrl_envs.games import SelfPlay
     from textrl_envs.sb3 import make_vec_env
 
-    env = make_vec_env(game_id, n_envs=16, seed=seed, device="cpu", interaction=SelfPlay(game, opponent))
-    obs = env.reset()
-    returns, illegal = [], 0
-    while len(returns) < episodes:
-        actions, _ = model.predict(obs, deterministic=False)
-        obs, _, dones, infos = env.step(actions)
-        for i in np.flatnonzero(dones):
-            returns.append(float(infos[i]["episode"]["r"]))
-            illegal += infos[i]["transcript"][-1]["text"].startswith(" loss (illegal)")
-    env.close()
-    r = np.asarray(returns[:episodes])
-    return {"win": float((r > 0).mean()), "payoff": float(r.mean()), "illegal": illegal / len(returns)}
+    out: dict[str, list[float]] = {"win": [], "payoff": [], "illegal": []}
+    for side, name in ((0, "first"), (1, "second")):
+        env = make_vec_env(game_id, n_envs=16, seed=seed + SIDE_SEED * side, device="cpu",
+                           interaction=SelfPlay(game, opponent, learner_player=side))  # fmt: skip
+        obs = env.reset()
+        returns, illegal = [], []
+        while len(returns) < episodes // 2:
+            actions, _ = model.predict(obs, deterministic=False)
+            obs, _, dones, infos = env.step(actions)
+            for i in np.flatnonzero(dones):
+                returns.append(float(infos[i]["episode"]["r"]))
+                illegal.append(infos[i]["transcript"][-1]["text"].startswith(" loss (illegal)"))
+        env.close()
+        r = np.asarray(returns[: episodes // 2])
+        out["win"] += list(r > 0)
+        out["payoff"] += list(r)
+        out["illegal"] += illegal[: episodes // 2]
+        out[f"payoff_{name}"] = [float(r.mean())]
+    return {k: float(np.mean(v)) for k, v in out.items()}
+
+
+def heuristic_bounds(game) -> dict[str, float]:
+    """What the best response to the game's heuristic scores (exact, :func:`~textrl_envs.games.analysis.
+    best_response`): its payoff moving first, second and on average over both, and its win rate over both."""
+    from textrl_envs.games.analysis import best_response
+
+    first, second = best_response(game, 0), best_response(game, 1)
+    return {"first": first.value, "second": second.value, "payoff": (first.value + second.value) / 2,
+            "win": (first.win + second.win) / 2}  # fmt: skip
 
 
 def run_one(game_name: str, seed: int, args) -> dict:
@@ -70,16 +101,16 @@ def run_one(game_name: str, seed: int, args) -> dict:
     from textrl_envs.sb3 import make_vec_env
 
     game_id, game = GAME_IDS[game_name], make_game(game_name)
-    league = League(sampling="uniform", fixed={"random": "random"})
+    league = League(sampling=args.sampling, fixed={"random": "random"})
     group_size = args.group_size if args.advantage != "role" else 1
-    env = make_vec_env(game_id, n_envs=args.n_envs, group_size=group_size, seed=seed, device="cpu",
+    env = make_vec_env(game_id, n_envs=args.n_envs, group_size=group_size, seed=SEED_STRIDE * seed, device="cpu",
                        interaction=SelfPlay(game, league))  # fmt: skip
     model = GRPO("CausalLMPolicy", env, n_steps=args.n_steps, batch_size=args.n_steps * args.n_envs // 2,
                  advantage=args.advantage, seed=seed, device="cpu", verbose=0,
                  **{**HP, "learning_rate": args.learning_rate}, **FAST)  # fmt: skip
     untrained = PolicyOpponent.snapshot(model.policy, name="untrained")
     opponents = {"random": "random", "heuristic": "heuristic", "untrained": untrained}
-    eval_seed = 10_000 + seed
+    eval_seed = 10_000 + SEED_STRIDE * seed
     before = {k: evaluate(model, game_id, game, o, args.eval_episodes, eval_seed) for k, o in opponents.items()}
 
     class Ratings(BaseCallback):
@@ -167,36 +198,121 @@ def timing_section(timings: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
-def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, float]] | None = None) -> str:
+def beats(values: list[float]) -> str:
+    """``yes`` when the 95% interval over seeds of a mean payoff lies above 0, ``no`` when it lies below or
+    holds 0 (``level``)."""
+    m, h = interval(values)
+    return "yes" if m - h > 0 else "no" if m + h < 0 else "level"
+
+
+def rating_figure(results: dict[str, list[dict]], path: str) -> str:
+    """The learner's Elo rating after each rollout, one line per seed and a panel per game; the figure's file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sb3_grpo.common.io import save_figure_atomic
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.2), squeeze=False)
+    for ax, (game, runs) in zip(axes[0], results.items()):
+        for seed, r in enumerate(runs):
+            ax.plot(range(1, len(r["curve"]) + 1), r["curve"], label=f"seed {seed}", lw=1.2)
+        ax.axhline(1000, color="grey", lw=0.8, ls=":")
+        ax.set_title(game)
+        ax.set_xlabel("rollout")
+        ax.set_ylabel("learner's Elo")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    save_figure_atomic(fig, path)
+    plt.close(fig)
+    return path
+
+
+def bounds_section(results: dict[str, list[dict]]) -> tuple[list[str], dict[str, dict[str, float]]]:
+    """The rows of the best responses' table and the notes under it, and the bounds by game."""
+    from textrl_envs.games import make_game
+    from textrl_envs.games.analysis import policy_value
+
+    lines: list[str] = []
+    bounds = {}
+    for game in results:
+        b = bounds[game] = heuristic_bounds(make_game(game))
+        lines.append(f"| {game} | {b['first']:.3f} | {b['second']:.3f} | {b['payoff']:.3f} | {b['win']:.3f} |")
+    if "kuhn" in results:
+        kuhn = make_game("kuhn")
+        eq = kuhn.equilibrium_policy(0.0)
+        both = round(sum(policy_value(kuhn, eq, kuhn.heuristic_policy, side)[0] for side in (0, 1)) / 2, 9) + 0.0
+        lines += ["", f"In Kuhn poker the heuristic is close to an equilibrium: an equilibrium strategy (Kuhn 1950, "
+                  f"alpha = 0) scores {both:.3f} against it over both seats, so only a learner that exploits its "
+                  f"slips gets ahead (moving second it never bluffs the Jack; moving first it bets the King every "
+                  f"time but calls a bet with the Queen only a third of the time), and by "
+                  f"{bounds['kuhn']['payoff']:.3f} chips a hand at most."]  # fmt: skip
+    if "nim" in results:
+        lines += ["", "Nim's heuristic is perfect play (leave a multiple of 4 when it can): the best response wins "
+                  "exactly the heaps that the side to move can win, so no learner gets ahead of it with sides "
+                  "alternating; matching its payoff of 0 is the most there is."]  # fmt: skip
+    return lines, bounds
+
+
+def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, float]] | None = None,
+         figure: str | None = None) -> str:  # fmt: skip
     """The results page's body (the stamp and title are :func:`~sb3_grpo.compare.pages.write_results_page`'s)."""
     how = ("role-conditioned advantages (SPIRAL's running baseline per game and role, no groups)"
            if args.advantage == "role" else f"{args.advantage} advantages, groups of {args.group_size}")  # fmt: skip
     lines = [
         f"GRPO ({how}, learning rate {args.learning_rate:g}) on the bundled LM, {args.timesteps} steps (tokens) "
         f"per run, {args.n_envs} envs, against a league of its own frozen snapshots (one every "
-        f"{args.snapshot_every} updates) and a random opponent, drawn uniformly. Evaluated before and after "
-        f"training on {args.eval_episodes} games per opponent (sides alternate, moves sampled), over "
-        f"{args.seeds} seeds: mean and 95% t-interval over seeds. `heuristic` is never met in training; "
-        "`untrained` is a frozen copy of the starting LM (the league's first snapshot). A win is a positive payoff "
-        "(Kuhn poker: chips won); `illegal` is the share of games the learner lost by an unreadable or illegal "
-        "move.",
+        f"{args.snapshot_every} updates) and a random opponent, one drawn per episode (`{args.sampling}`). "
+        f"Evaluated before and after training on {args.eval_episodes} games per opponent (half moving first, "
+        f"half second, moves sampled; every seed trains and is evaluated on streams of games of its own), over "
+        f"{args.seeds} seeds: mean and 95% t-interval over seeds. `heuristic` is "
+        "never met in training; `untrained` is a frozen copy of the starting LM (the league's first snapshot). "
+        "A win is a positive payoff (Kuhn poker: chips won); `illegal` is the share of games the learner lost by "
+        "an unreadable or illegal move. `beats` says whether the interval of the payoff after training lies "
+        "above 0 (`yes`), below it (`no`) or holds it (`level`).",
         "",
-        "| game | opponent | win rate before | win rate after | payoff before | payoff after | illegal before "
-        "| illegal after |",
-        "|---|---|---|---|---|---|---|---|",
+        *([CHOSEN[1], ""] if all(getattr(args, k) == v for k, v in CHOSEN[0].items()) else []),
+        "## What the best player could score against the heuristic",
+        "",
+        "Exact, by walking each game's tree (`textrl_envs.games.analysis.best_response`): the best response to the "
+        "heuristic, deciding on what it sees (its own card in Kuhn poker), over the start positions the game deals. "
+        "No learner scores more than this against the heuristic; the learner's payoff against it below is to be "
+        "read against it.",
+        "",
+        "| game | payoff moving first | payoff moving second | payoff, both sides | win rate, both sides |",
+        "|---|---|---|---|---|",
+    ]
+    section, bounds = bounds_section(results)
+    lines += section
+    lines += [
+        "",
+        "## Win rates against held-out opponents",
+        "",
+        "| game | opponent | win rate before | win rate after | payoff before | payoff after | beats | illegal "
+        "before | illegal after |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for game, runs in results.items():
         for opp in ("random", "heuristic", "untrained"):
-            cells = []
+            c = {}
             for key in ("win", "payoff", "illegal"):
                 for when in ("before", "after"):
                     m, h = interval([r[when][opp][key] for r in runs])
-                    cells.append((key, when, f"{m:.2f} ± {h:.2f}"))
-            c = {(k, w): v for k, w, v in cells}
+                    c[key, when] = f"{m:.2f} ± {h:.2f}"
+            verdict = beats([r["after"][opp]["payoff"] for r in runs])
             lines.append(
                 f"| {game} | {opp} | {c['win', 'before']} | {c['win', 'after']} | {c['payoff', 'before']} | "
-                f"{c['payoff', 'after']} | {c['illegal', 'before']} | {c['illegal', 'after']} |"
+                f"{c['payoff', 'after']} | {verdict} | {c['illegal', 'before']} | {c['illegal', 'after']} |"
             )
+    lines += ["", "Against the heuristic after training, by side (payoff; the best response's in brackets):", "",
+              "| game | moving first | moving second |", "|---|---|---|"]  # fmt: skip
+    for game, runs in results.items():
+        cells = []
+        for side in ("first", "second"):
+            m, h = interval([r["after"]["heuristic"][f"payoff_{side}"] for r in runs])
+            cells.append(f"{m:.2f} ± {h:.2f} ({bounds[game][side]:.2f})")
+        lines.append(f"| {game} | {cells[0]} | {cells[1]} |")
     lines += ["", "Against an earlier snapshot of the same run (the one taken halfway through training, a league "
               "member it met in training), after training:", "",
               "| game | snapshot | win rate | payoff | illegal |", "|---|---|---|---|---|"]  # fmt: skip
@@ -204,13 +320,21 @@ def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, floa
         cells = [interval([r["after"]["earlier"][key] for r in runs]) for key in ("win", "payoff", "illegal")]
         names = sorted({r["after"]["earlier"]["name"] for r in runs})
         lines.append(f"| {game} | {', '.join(names)} | " + " | ".join(f"{m:.2f} ± {h:.2f}" for m, h in cells) + " |")
+    summary = []
+    for game, runs in results.items():
+        ok = [beats([r["after"][o]["payoff"] for r in runs]) for o in ("untrained", "heuristic")]
+        summary.append(f"{game}: the untrained policy {ok[0]}, the heuristic {ok[1]}")
+    lines += ["", "Beaten on payoff after training (interval above 0): " + "; ".join(summary) + "."]
     lines += ["", "## The league's ratings", "",
-              "The learner's Elo rating after each rollout (start 1000, K = 32), and every member's final rating.",
-              ""]  # fmt: skip
+              "The learner's Elo rating after each rollout (start 1000, K = 32; a win against any member counts, "
+              "the random player included), and every member's final rating.", ""]  # fmt: skip
+    if figure:
+        lines += [f"![The learner's Elo rating after each rollout]({os.path.basename(figure)})", ""]
     for game, runs in results.items():
         for seed, r in enumerate(runs):
             curve = ", ".join(f"{x:.0f}" for x in r["curve"])
-            lines.append(f"- {game}, seed {seed} ({r['seconds']:.0f} s of training): {curve}; members {r['members']}")
+            members = ", ".join(f"{k} {v}" for k, v in r["members"].items())
+            lines.append(f"- {game}, seed {seed} ({r['seconds']:.0f} s of training): {curve}; members: {members}")
     if timings:
         lines += timing_section(timings)
     lines.append("")
@@ -230,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-episodes", type=int, default=96)
     p.add_argument("--advantage", default="group", choices=["group", "group_mean", "rloo", "role"])
     p.add_argument("--learning-rate", type=float, default=3e-4)
+    p.add_argument("--sampling", default="uniform", choices=["latest", "uniform", "rating"],
+                   help="how the league draws an opponent per episode")  # fmt: skip
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time, each in its own process")
     p.add_argument("--timing", action="store_true", help="also time the LM opponent's two engines")
     p.add_argument("--out", default="docs/results/selfplay.md")
     args = p.parse_args(argv)
@@ -238,16 +365,31 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown game(s) {unknown}; known: {', '.join(GAME_IDS)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    results = {}
-    for game in games:
-        results[game] = []
-        for seed in range(args.seeds):
-            r = run_one(game, seed, args)
-            print(game, seed, {k: v["win"] for k, v in r["after"].items()}, f"{r['seconds']:.0f}s", flush=True)
-            results[game].append(r)
-    timings = {game: opponent_timing(game) for game in games} if args.timing else None
+    jobs = [(game, seed) for game in games for seed in range(args.seeds)]
+    done: dict[tuple[str, int], dict] = {}
+
+    def report(key, r):
+        done[key] = r
+        after = {k: round(v["payoff"], 2) for k, v in r["after"].items()}
+        print(*key, "payoff after", after, f"{r['seconds']:.0f}s", flush=True)
+
+    if args.jobs > 1:  # separate processes: each run is seeded on its own, so the figures do not depend on it
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = {key: pool.submit(run_one, *key, args) for key in jobs}
+            for key, f in futures.items():
+                report(key, f.result())
+    else:
+        for key in jobs:
+            report(key, run_one(*key, args))
+    results = {game: [done[game, seed] for seed in range(args.seeds)] for game in games}
+    timings = {game: opponent_timing(game) for game in games if game != "tictactoe"} if args.timing else None
+    figure = rating_figure(results, os.path.splitext(args.out)[0] + "-ratings.png")
     command = shlex.join(["textrl-bench", "selfplay", *argv])
-    out = write_results_page(args.out, "Self-play on the two-player text games", page(results, args, timings), command)
+    body = page(results, args, timings, figure)
+    out = write_results_page(args.out, "Self-play on the two-player text games", body, command)
     print(f"wrote {out}")
     return 0
 

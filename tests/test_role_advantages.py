@@ -143,3 +143,34 @@ def test_role_advantage_bad_input():
     with pytest.raises(ValueError, match="advantage must be one of"):
         GRPO("CausalLMPolicy", games, advantage="roles", **HP)
     assert isinstance(make_group_tracker(games, "role"), RoleBaselineTracker)  # no group needed
+
+
+def test_role_tracker_state_round_trip():
+    tracker = RoleBaselineTracker(1)
+    tracker.baselines, tracker.game_ids = {(0, 0): 0.25, (0, 1): -0.5, (1, 1): 1.0}, {"nim": 0, "kuhn": 1}
+    again = RoleBaselineTracker(2)
+    again.load_state_dict(tracker.state_dict())
+    assert again.baselines == tracker.baselines and again.game_ids == tracker.game_ids
+
+
+def test_saved_model_keeps_its_role_baselines(tmp_path):
+    """A model trained with role advantages, saved and loaded, trains on from the baselines it had: the first
+    update after loading starts from them (the brute force over its steps, started there, agrees)."""
+    env = make_vec_env("Nim-v0", n_envs=4, seed=0, device="cpu", interaction=SelfPlay(Nim(), "random"))
+    model = quiet(GRPO("CausalLMPolicy", env, advantage="role", **HP))
+    model.learn(HP["n_steps"] * 4)
+    names = {v: k for k, v in model._group_tracker.game_ids.items()}
+    saved = {(names[g], r): b for (g, r), b in model._group_tracker.baselines.items()}
+    assert set(saved) == {("nim", 0), ("nim", 1)} and all(b != 0 for b in saved.values())
+    model.save(tmp_path / "model.zip")
+
+    loaded = quiet(GRPO.load(tmp_path / "model.zip", env=env, device="cpu"))  # the envs start new episodes
+    log = StepLog()
+    loaded.learn(HP["n_steps"] * 4, callback=log, reset_num_timesteps=False)
+    expected, _ = brute_force_role_advantages(log.steps, 4, baselines=saved)
+    fresh, _ = brute_force_role_advantages(log.steps, 4)  # what starting again from 0 would give
+    for e in range(4):  # steps of an episode still running at the rollout's end get 0
+        dones = np.flatnonzero([s[1][e] for s in log.steps])
+        expected[(dones[-1] + 1 if dones.size else 0) :, e] = fresh[(dones[-1] + 1 if dones.size else 0) :, e] = 0.0
+    np.testing.assert_allclose(log.advantages[0], expected, rtol=1e-5, atol=1e-7)
+    assert not np.allclose(fresh, expected)

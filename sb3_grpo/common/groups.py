@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -388,8 +388,8 @@ class RoleBaselineTracker(EpisodeGroupTracker):
     The env's side of the contract: the info of an episode's last step holds ``learner_player`` (the side the
     learner played) and ``game`` (its name), as the two-player game envs of :mod:`textrl_envs.games` write them
     (:meth:`~textrl_envs.games.SelfPlay.episode_info`). The baselines live in :attr:`baselines` (``(game id,
-    role) -> float``, game ids numbered in the order games are first seen, named by :attr:`game_ids`); a
-    model saved and loaded starts them again from 0.
+    role) -> float``, game ids numbered in the order games are first seen, named by :attr:`game_ids`); they
+    are part of a saved model (:meth:`state_dict`), so a model saved, loaded and trained on keeps them.
 
     :param n_envs: number of envs of the VecEnv
     :param decay: the running baseline's decay, in ``[0, 1)``
@@ -465,6 +465,17 @@ class RoleBaselineTracker(EpisodeGroupTracker):
     def live_keys(self) -> set[int]:
         """Keys of the episodes whose advantage may still come: the running ones (no group waits)."""
         return {int(k) for k in self.running_keys}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What outlives the rollouts: the baselines by game name and role (plain lists, for a saved model)."""
+        names = {v: k for k, v in self.game_ids.items()}
+        return {"baselines": [[names[g], int(r), float(b)] for (g, r), b in sorted(self.baselines.items())]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Start from the baselines of :meth:`state_dict` (games keep the names they had)."""
+        self.baselines, self.game_ids = {}, {}
+        for game, role, b in state.get("baselines", []):
+            self.baselines[(self.game_ids.setdefault(str(game), len(self.game_ids)), int(role))] = float(b)
 
 
 def _no_group_fn(returns: th.Tensor, group_ids: th.Tensor, is_greedy: th.Tensor):  # noqa: ARG001

@@ -386,6 +386,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         :raises OSError: naming ``path`` when the file cannot be written (the previous one is kept).
         """
         self._full_state = self._data_parallel.full_state(self)  # FSDP: gathered from every rank's shards
+        self._tracker_state = self._group_tracker_state()
         try:
             if not self._data_parallel.is_main:
                 return
@@ -471,8 +472,19 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         if self.advantage == "gae":
             return None
         if self._group_tracker is None or self._group_tracker.n_envs != env.num_envs:
+            state = self._group_tracker_state()  # the running tracker's, or a loaded model's
             self._group_tracker = make_group_tracker(env, self.advantage)
+            if state is not None and hasattr(self._group_tracker, "load_state_dict"):
+                self._group_tracker.load_state_dict(state)
         return self._group_tracker
+
+    def _group_tracker_state(self) -> dict[str, Any] | None:
+        """What the group tracker keeps across updates and a saved model holds (the role baselines of
+        ``advantage="role"``): the live tracker's, else the one this model was loaded with, else ``None``."""
+        tracker = self._group_tracker
+        if tracker is not None and hasattr(tracker, "state_dict"):
+            return tracker.state_dict()
+        return self.__dict__.get("_tracker_state")
 
     def _rollout_redistribution(self, env: VecEnv, n_rollout_steps: int) -> RewardRedistribution | None:
         """``reward_redistribution``'s bookkeeping for a rollout of ``env`` (``None``: off); each env's running episode

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MOVE_CUE", "Forfeit", "Game", "play_moves"]
+__all__ = ["MOVE_CUE", "Forfeit", "Game", "draw_move", "play_moves"]
 
 #: How every board ends: where the move goes. The bundled LM answers ``x=`` with a number (its corpus has
 #: ``x=`` before numbers), so a move written as a digit is within its reach before any training.
@@ -79,7 +79,22 @@ class Game:
         """The move written in ``text``, legal or not (``None``: none is written)."""
         raise NotImplementedError
 
+    def initial_distribution(self) -> list[tuple[Any, float]]:
+        """Every starting state :meth:`initial` can draw, with its probability (for exact analysis: see
+        :mod:`textrl_envs.games.analysis`)."""
+        raise NotImplementedError
+
+    def heuristic_policy(self, state: Any) -> list[tuple[Any, float]]:
+        """The fixed heuristic opponent's moves in ``state`` with their probabilities (a game with a heuristic
+        overrides it; :meth:`heuristic` draws from it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no heuristic")
+
     # -- shared by every game ---------------------------------------------------------------------------------
+
+    def heuristic(self, state: Any, rng: np.random.Generator) -> Any:
+        """A move of the heuristic opponent, drawn from :meth:`heuristic_policy` with ``rng``
+        (:func:`draw_move`)."""
+        return draw_move(self.heuristic_policy(state), rng)
 
     def parse(self, state: Any, text: str) -> Any:
         """The legal move written in ``text`` for the player to move, else ``None``."""
@@ -117,6 +132,25 @@ class Game:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def draw_move(policy: Sequence[tuple[Any, float]], rng: np.random.Generator) -> Any:
+    """One move drawn from ``policy`` (``(move, probability)`` pairs): a sure move draws nothing from ``rng``,
+    equally likely moves one ``rng.integers(n)``, and other odds one ``rng.random()`` against the running sum
+    of the probabilities in the order given."""
+    if not policy:
+        raise ValueError("draw_move needs at least one (move, probability) pair")
+    if len(policy) == 1:
+        return policy[0][0]
+    probs = [p for _, p in policy]
+    if all(p == probs[0] for p in probs):
+        return policy[int(rng.integers(len(policy)))][0]
+    u, total = float(rng.random()), 0.0
+    for move, p in policy:
+        total += p
+        if u < total:
+            return move
+    return policy[-1][0]
 
 
 def play_moves(game: Game, state: Any, texts: Sequence[str]) -> Any:

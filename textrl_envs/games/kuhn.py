@@ -82,12 +82,34 @@ class KuhnPoker(Game):
         m = _MOVE.search(text.lower())
         return None if m is None else _WORDS[m.group(1)]
 
-    def heuristic(self, state: KuhnState, rng: np.random.Generator) -> str:
+    def initial_distribution(self) -> list[tuple[KuhnState, float]]:
+        return [(KuhnState((a, b)), 1.0 / 6) for a in range(3) for b in range(3) if a != b]
+
+    def equilibrium_policy(self, alpha: float = 0.0):
+        """A Nash equilibrium strategy (Kuhn 1950), as ``f(state) -> [(move, probability), ...]`` for both
+        seats: first to act, bet J with ``alpha``, check Q and call a bet with ``alpha + 1/3``, bet K with
+        ``3 alpha`` and call with it; second, bet or call with K, check Q and call a bet a third of the time,
+        bluff J a third of the time after a check and fold it to a bet. The first player's value is -1/18.
+
+        :param alpha: In ``[0, 1/3]``: every such ``alpha`` is an equilibrium.
+        """
+        if not 0.0 <= alpha <= 1 / 3:
+            raise ValueError(f"alpha must be in [0, 1/3] for Kuhn's equilibrium; got {alpha!r}")
+        bets = {"": (alpha, 0.0, 3 * alpha), "pb": (0.0, alpha + 1 / 3, 1.0), "p": (1 / 3, 0.0, 1.0)}
+
+        def policy(state: KuhnState) -> list[tuple[str, float]]:
+            card = state.cards[self.to_move(state)]
+            p = bets.get(state.history, (0.0, 1 / 3, 1.0))[card]  # "b": the second player facing a bet
+            return [("b", p), ("p", 1.0 - p)] if 0.0 < p < 1.0 else [("b" if p >= 1.0 else "p", 1.0)]
+
+        return policy
+
+    def heuristic_policy(self, state: KuhnState) -> list[tuple[str, float]]:
         """Bet or call with K; with Q check, and call a bet a third of the time; with J bluff a third of the
         time when first to act, else pass."""
         card, facing_bet = state.cards[self.to_move(state)], state.history.endswith("b")
         if card == 2:
-            return "b"
-        if card == 1:
-            return "b" if facing_bet and rng.random() < 1 / 3 else "p"
-        return "b" if not state.history and rng.random() < 1 / 3 else "p"
+            return [("b", 1.0)]
+        if (card == 1 and facing_bet) or (card == 0 and not state.history):
+            return [("b", 1 / 3), ("p", 2 / 3)]
+        return [("p", 1.0)]

@@ -75,13 +75,17 @@ class Nim(Game):
         m = _INT.search(text)
         return None if m is None else int(m.group())
 
-    def heuristic(self, state: NimState, rng: np.random.Generator) -> int:
-        """Leave a multiple of ``max_take + 1`` when it can, else take a random legal number."""
+    def initial_distribution(self) -> list[tuple[NimState, float]]:
+        n = self.high - self.low + 1
+        return [(NimState(heap), 1.0 / n) for heap in range(self.low, self.high + 1)]
+
+    def heuristic_policy(self, state: NimState) -> list[tuple[int, float]]:
+        """Leave a multiple of ``max_take + 1`` when it can (perfect play), else take a random legal number."""
         best = state.heap % (self.max_take + 1)
         if best:
-            return best
+            return [(best, 1.0)]
         legal = self.legal(state)
-        return legal[int(rng.integers(len(legal)))]
+        return [(m, 1.0 / len(legal)) for m in legal]
 
     def __repr__(self) -> str:
         return f"Nim(low={self.low}, high={self.high}, max_take={self.max_take})"

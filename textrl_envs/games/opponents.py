@@ -89,10 +89,11 @@ class HeuristicOpponent(Opponent):
     name = "heuristic"
 
     def move(self, turn: OpponentTurn) -> str:
-        heuristic = getattr(turn.game, "heuristic", None)
-        if heuristic is None:
-            raise TypeError(f"{type(turn.game).__name__} has no heuristic(state, rng); use RandomOpponent")
-        return turn.game.move_text(heuristic(turn.state, turn.rng))
+        game = turn.game
+        cls = type(game)
+        if cls.heuristic is Game.heuristic and cls.heuristic_policy is Game.heuristic_policy:
+            raise TypeError(f"{cls.__name__} has no heuristic (heuristic_policy(state)); use RandomOpponent")
+        return game.move_text(game.heuristic(turn.state, turn.rng))
 
 
 class FunctionOpponent(Opponent):

@@ -79,7 +79,10 @@ class TicTacToe(Game):
         m = _CELL.search(text)
         return None if m is None else int(m.group())
 
-    def heuristic(self, state: TicTacToeState, rng: np.random.Generator) -> int:
+    def initial_distribution(self) -> list[tuple[TicTacToeState, float]]:
+        return [(TicTacToeState(), 1.0)]
+
+    def heuristic_policy(self, state: TicTacToeState) -> list[tuple[int, float]]:
         """Win if it can, else block, else the centre, else a random corner, else a random cell."""
         me, legal = self.to_move(state), self.legal(state)
         for who in (me, 1 - me):
@@ -87,9 +90,9 @@ class TicTacToe(Game):
                 cells = list(state.cells)
                 cells[move - 1] = who
                 if winner(tuple(cells)) == who:
-                    return move
+                    return [(move, 1.0)]
         if 5 in legal:
-            return 5
+            return [(5, 1.0)]
         corners = [m for m in (1, 3, 7, 9) if m in legal]
         pool = corners or legal
-        return pool[int(rng.integers(len(pool)))]
+        return [(m, 1.0 / len(pool)) for m in pool]
