@@ -138,7 +138,7 @@ def test_role_advantage_bad_input():
     with pytest.raises(ValueError, match=r"advantage='role' needs the side the learner played"):
         model.learn(16)
     games = make_vec_env("Nim-v0", n_envs=2, seed=0, device="cpu")
-    with pytest.raises(ValueError, match="DAPO trains no critic, so its advantage is a group form"):
+    with pytest.raises(ValueError, match="DAPO.s overlong penalty and dynamic sampling act on each episode.s return"):
         DAPO("CausalLMPolicy", games, advantage="role", **HP)
     with pytest.raises(ValueError, match="advantage must be one of"):
         GRPO("CausalLMPolicy", games, advantage="roles", **HP)
