@@ -389,29 +389,39 @@ def main(argv: list[str] | None = None) -> int:
     env.close()
     quant = importlib.util.find_spec("bitsandbytes") is not None
     max_mb = args.max_gb * 1024
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for shape in args.shapes:
-            folder = str(Path(tmp) / shape)
-            for cfg in configurations(shape, args.n_envs, quant):
-                if cfg["fsdp"] and args.no_fsdp:
-                    continue
+    plan = []
+    for shape in args.shapes:
+        for cfg in configurations(shape, args.n_envs, quant):
+            if not (cfg["fsdp"] and args.no_fsdp):
                 threads = 1 if cfg["fsdp"] else args.threads
-                cfg.update(n_envs=args.n_envs, tokens=args.tokens, threads=threads, folder=folder)
-                estimate_mb, build_mb = estimate_row(cfg, seq_len, n_actions)
-                need = memory_needed_mb(estimate_mb, build_mb, cfg["fsdp"] or 1)
-                reason = skip_reason(need, mem_available_mb(), max_mb)
-                print(f"{shape}: {label(cfg)}: " + (f"not run, {reason}" if reason else "running ..."),
-                      file=sys.stderr, flush=True)  # fmt: skip
-                if reason:
-                    rows.append({**cfg, "estimate_mb": estimate_mb, "skipped": reason})
-                    continue
+                cfg.update(n_envs=args.n_envs, tokens=args.tokens, threads=threads)
+                cfg["estimate_mb"], cfg["build_mb"] = estimate_row(cfg, seq_len, n_actions)
+                plan.append(cfg)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, cfg in enumerate(plan):
+            cfg["folder"] = folder = str(Path(tmp) / cfg["shape"])
+            need = memory_needed_mb(cfg["estimate_mb"], cfg["build_mb"], cfg["fsdp"] or 1)
+            reason = skip_reason(need, mem_available_mb(), max_mb)
+            print(f"{cfg['shape']}: {label(cfg)}: " + (f"not run, {reason}" if reason else "running ..."),
+                  file=sys.stderr, flush=True)  # fmt: skip
+            if reason:
+                rows.append({**cfg, "skipped": reason})
+            else:
                 if cfg["quant"] and not Path(folder).exists():
-                    cmd = [sys.executable, "-m", "benchmarks.memory_recipes", "--save-base", shape, folder]
+                    cmd = [sys.executable, "-m", "benchmarks.memory_recipes", "--save-base", cfg["shape"], folder]
                     subprocess.run(cmd, check=True, capture_output=True)
-                row = {**cfg, **run_row(cfg, args.timeout), "estimate_mb": estimate_mb}
-                rows.append(row)
-                print({k: v for k, v in row.items() if k != "ranks"}, file=sys.stderr, flush=True)
+                rows.append({**cfg, **run_row(cfg, args.timeout)})
+                print({k: v for k, v in rows[-1].items() if k != "ranks"}, file=sys.stderr, flush=True)
+            # the page after every row: a run stopped early leaves a page that says which rows it did not reach
+            pending = [{**c, "skipped": "not reached yet: the benchmark was still running"} for c in plan[i + 1 :]]
+            write_page(args, argv, [*rows, *pending], seq_len, n_actions, quant)
+    print(f"wrote {args.page}")
+    return 0
+
+
+def write_page(args, argv: list[str], rows: list[dict], seq_len: int, n_actions: int, quant: bool) -> None:
+    """Write the results page of ``rows`` (measured, failed, or not run and why)."""
     lines = [
         f'One GRPO update on CPU (the text fast path, `advantage="group"`, no penalty, no KL term): a minibatch of '
         f"{args.n_envs} sequences ({args.tokens} generated tokens each, after the prompt; {seq_len} tokens in all), "
@@ -450,8 +460,6 @@ def main(argv: list[str] | None = None) -> int:
         ]
     command = shlex.join(["textrl-bench", "memory-recipes", *argv])
     write_results_page(args.page, "Memory of one update, per option", "\n".join(lines), command)
-    print(f"wrote {args.page}")
-    return 0
 
 
 if __name__ == "__main__":

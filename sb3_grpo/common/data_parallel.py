@@ -216,8 +216,13 @@ class FullyShardedDataParallel(DataParallel):
                 f"data_parallel='fsdp' found nothing to shard in {type(policy).__name__}: no child module with "
                 "parameters (nor Hugging Face blocks named in _no_split_modules); use data_parallel='ddp'"
             )
+        # the mesh on the policy's device: FSDP2's default is the machine's accelerator, which would move the units of
+        # a policy trained on the CPU (gloo) to a GPU the machine happens to have
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(next(policy.parameters()).device.type, (self.world_size,))
         for unit in units:  # inner units first (fsdp_units lists them so)
-            fully_shard(unit)
+            fully_shard(unit, mesh=mesh)
         group = policy.optimizer.param_groups[0]
         kwargs = dict(policy.optimizer_kwargs)
         # the flags a one-process optimizer runs with, restored in the saved state (full_state)
