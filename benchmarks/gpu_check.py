@@ -22,7 +22,7 @@ For whenever a GPU machine is at hand. It prints:
    one GPU per rank. NCCL cannot put 2 ranks on one GPU, so with one GPU both ranks run on it with gloo (FSDP2's
    collectives on CUDA tensors through gloo); if gloo cannot run them there, that is printed and the check runs on
    gloo with the ranks on the CPU instead, as ``tests/test_fsdp.py`` does (so the sharded update itself is checked
-   either way);
+   either way; each mode is given at most 2 minutes);
 5. the ``"vllm"`` rollout engine against ``generate`` at batch 64 (bundled LM and GPT-2-small size, EOS on; the
    target is 3x), when vLLM is importable (``pip install vllm``), else a line saying it is skipped;
 6. ``perf.json`` / ``perf.md`` in ``--out``, and "OK" when every measurement ran.
@@ -212,7 +212,7 @@ def _run_fsdp_ranks(out: Path, mode: str, timeout: float) -> str | None:
     return lines[-1][:300]
 
 
-def fsdp_check(device: th.device, folder: Path, timeout: float = 240.0) -> dict:
+def fsdp_check(device: th.device, folder: Path, timeout: float = 120.0) -> dict:
     """FSDP over 2 ranks against DDP from the same seeds (see :func:`fsdp_worker`), in the first of
     :func:`fsdp_modes` that runs: the mode, the largest parameter difference, each rank's share of the sharded
     parameters and the peak MB of each rank and mode (GPU memory; NaN for CPU ranks); ``errors`` lists the modes that
