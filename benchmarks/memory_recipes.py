@@ -389,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     env.close()
     quant = importlib.util.find_spec("bitsandbytes") is not None
     max_mb = args.max_gb * 1024
+    from sb3_grpo.compare.results import git_commit
+
+    commit = f"`{git_commit()}`"  # at the start: the page written after every row is itself a change to the checkout
     plan = []
     for shape in args.shapes:
         for cfg in configurations(shape, args.n_envs, quant):
@@ -415,13 +418,13 @@ def main(argv: list[str] | None = None) -> int:
                 print({k: v for k, v in rows[-1].items() if k != "ranks"}, file=sys.stderr, flush=True)
             # the page after every row: a run stopped early leaves a page that says which rows it did not reach
             pending = [{**c, "skipped": "not reached yet: the benchmark was still running"} for c in plan[i + 1 :]]
-            write_page(args, argv, [*rows, *pending], seq_len, n_actions, quant)
+            write_page(args, argv, [*rows, *pending], seq_len, n_actions, quant, commit)
     print(f"wrote {args.page}")
     return 0
 
 
-def write_page(args, argv: list[str], rows: list[dict], seq_len: int, n_actions: int, quant: bool) -> None:
-    """Write the results page of ``rows`` (measured, failed, or not run and why)."""
+def write_page(args, argv: list[str], rows: list[dict], seq_len: int, n_actions: int, quant: bool, commit: str) -> None:
+    """Write the results page of ``rows`` (measured, failed, or not run and why), stamped with ``commit``."""
     lines = [
         f'One GRPO update on CPU (the text fast path, `advantage="group"`, no penalty, no KL term): a minibatch of '
         f"{args.n_envs} sequences ({args.tokens} generated tokens each, after the prompt; {seq_len} tokens in all), "
@@ -459,7 +462,7 @@ def write_page(args, argv: list[str], rows: list[dict], seq_len: int, n_actions:
             "(`sb3-grpo estimate-memory --model qwen2-1.5b --compare` prints it for other settings).",
         ]
     command = shlex.join(["textrl-bench", "memory-recipes", *argv])
-    write_results_page(args.page, "Memory of one update, per option", "\n".join(lines), command)
+    write_results_page(args.page, "Memory of one update, per option", "\n".join(lines), command, commit=commit)
 
 
 if __name__ == "__main__":
