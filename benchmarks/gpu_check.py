@@ -16,7 +16,13 @@ For whenever a GPU machine is at hand. It prints:
 4. the scaling checks on the device: one update with ``micro_batch_size`` against the unsplit one (the parameters
    after it equal to float rounding, and the peak memory of each), and LoRA on a 4-bit (NF4) bitsandbytes base (only
    the adapters move, the loss is finite, a reloaded checkpoint predicts the same; skipped, saying why, without
-   bitsandbytes); FSDP over 2 ranks is not part of it yet (``tests/test_fsdp.py`` runs it on gloo);
+   bitsandbytes); and FSDP over 2 ranks (:func:`fsdp_check`: ``data_parallel="fsdp"`` against ``"ddp"`` from the
+   same seeds under ``torchrun --nproc_per_node 2``, the parameters after ``learn()`` equal to float rounding, each
+   rank holding half of the sharded parameters, and each rank's peak memory). With 2 or more GPUs it runs on NCCL,
+   one GPU per rank. NCCL cannot put 2 ranks on one GPU, so with one GPU both ranks run on it with gloo (FSDP2's
+   collectives on CUDA tensors through gloo); if gloo cannot run them there, that is printed and the check runs on
+   gloo with the ranks on the CPU instead, as ``tests/test_fsdp.py`` does (so the sharded update itself is checked
+   either way; each mode is given at most 2 minutes);
 5. the ``"vllm"`` rollout engine against ``generate`` at batch 64 (bundled LM and GPT-2-small size, EOS on; the
    target is 3x), when vLLM is importable (``pip install vllm``), else a line saying it is skipped;
 6. ``perf.json`` / ``perf.md`` in ``--out``, and "OK" when every measurement ran.
@@ -131,8 +137,110 @@ def quantized_lora_check(device: th.device, folder: Path) -> dict:
             "reload_equal": same, "peak_mb": _peak_mb(device)}  # fmt: skip
 
 
+#: How :func:`fsdp_check` runs its 2 ranks: the backend and where each rank's tensors live.
+FSDP_MODES = {"nccl": ("nccl", "cuda"), "gloo-cuda": ("gloo", "cuda:0"), "gloo-cpu": ("gloo", "cpu")}
+
+
+def fsdp_modes(device: th.device, n_gpus: int) -> list[str]:
+    """The ways to try the 2-rank FSDP check, in order (the next one runs only when the one before could not start):
+    NCCL with 2 GPUs; gloo on the one GPU, then gloo on the CPU, with 1; gloo on the CPU in a dry run."""
+    if device.type != "cuda":
+        return ["gloo-cpu"]
+    return ["nccl"] if n_gpus >= 2 else ["gloo-cuda", "gloo-cpu"]
+
+
+def fsdp_worker(out: Path, mode: str) -> None:
+    """One rank of :func:`fsdp_check` (under ``torchrun``): GRPO on ``TextGen-v0`` (the bundled LM, SB3's
+    per-transition buffer, micro-batches, group advantages) with ``data_parallel="ddp"`` then ``"fsdp"``; writes the
+    full parameters after ``learn()``, the local and total elements of the sharded parameters and the peak memory to
+    ``out/<data_parallel>_rank<r>.pt``."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from sb3_grpo import GRPO, distributed
+    from sb3_grpo.common.buffers import GRPODictRolloutBuffer
+    from textrl_envs.sb3 import make_vec_env
+
+    backend, device = FSDP_MODES[mode]
+    th.set_num_threads(1)
+    if backend == "gloo" and device != "cpu":
+        dist.init_process_group("gloo")  # GRPO uses this group (it would start NCCL on CUDA)
+    rank = distributed.get_rank()
+    for data_parallel in ("ddp", "fsdp"):
+        env = make_vec_env("TextGen-v0", n_envs=4, group_size=2, seed=distributed.rank_seed(0, rank),
+                           device=str(distributed.local_device(device)), max_new_tokens=6)  # fmt: skip
+        if device != "cpu":
+            th.cuda.reset_peak_memory_stats()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = GRPO("CausalLMPolicy", env, n_steps=8, batch_size=16, n_epochs=2, learning_rate=1e-3, seed=0,
+                         advantage="group", grad_var_coef=0.0, micro_batch_size=4, device=device,
+                         rollout_buffer_class=GRPODictRolloutBuffer, data_parallel=data_parallel)  # fmt: skip
+            model.learn(2 * model.n_steps * model.n_envs)
+        state = model.policy.state_dict()
+        sharded = [p for p in model.policy.parameters() if isinstance(p, DTensor)]
+        record = {
+            "params": {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu() for k, v in state.items()},
+            "sharded_local": sum(p.to_local().numel() for p in sharded),
+            "sharded_total": sum(p.numel() for p in sharded),
+            "peak_mb": th.cuda.max_memory_allocated() / 2**20 if device != "cpu" else float("nan"),
+        }
+        th.save(record, out / f"{data_parallel}_rank{rank}.pt")
+
+
+def _run_fsdp_ranks(out: Path, mode: str, timeout: float) -> str | None:
+    """Run :func:`fsdp_worker` on 2 ranks; ``None`` when it finished, else the error's last line."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                "--master_port", str(port), "-m"]  # fmt: skip
+    cmd = [*launcher, "benchmarks.gpu_check", "--fsdp-worker", str(out), "--fsdp-mode", mode]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT")}  # fmt: skip
+    env.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f} s"
+    if proc.returncode == 0:
+        return None
+    lines = [line for line in proc.stderr.splitlines() if "Error" in line] or proc.stderr.splitlines() or ["?"]
+    return lines[-1][:300]
+
+
+def fsdp_check(device: th.device, folder: Path, timeout: float = 120.0) -> dict:
+    """FSDP over 2 ranks against DDP from the same seeds (see :func:`fsdp_worker`), in the first of
+    :func:`fsdp_modes` that runs: the mode, the largest parameter difference, each rank's share of the sharded
+    parameters and the peak MB of each rank and mode (GPU memory; NaN for CPU ranks); ``errors`` lists the modes that
+    failed, and ``max_param_diff`` is NaN when none ran."""
+    n_gpus = th.cuda.device_count() if device.type == "cuda" else 0
+    errors = []
+    for mode in fsdp_modes(device, n_gpus):
+        out = folder / f"fsdp-{mode}"
+        out.mkdir(parents=True, exist_ok=True)
+        error = _run_fsdp_ranks(out, mode, timeout)
+        if error is not None:
+            errors.append((mode, error))
+            continue
+        runs = {(m, r): th.load(out / f"{m}_rank{r}.pt") for m in ("ddp", "fsdp") for r in (0, 1)}
+        ddp = runs["ddp", 0]["params"]
+        diff = max((runs["fsdp", r]["params"][k] - v).abs().max().item() for r in (0, 1) for k, v in ddp.items())
+        return {
+            "mode": mode,
+            "errors": errors,
+            "max_param_diff": diff,
+            "shares": [runs["fsdp", r]["sharded_local"] / max(runs["fsdp", r]["sharded_total"], 1) for r in (0, 1)],
+            "peak_mb": {f"{m} rank {r}": runs[m, r]["peak_mb"] for m, r in runs},
+        }
+    return {"mode": None, "errors": errors, "max_param_diff": float("nan"), "shares": [], "peak_mb": {}}
+
+
 def scaling_checks(device: th.device, out: Path) -> bool:
-    """The micro-batch and 4-bit LoRA checks, printed; False when one failed."""
+    """The micro-batch, FSDP and 4-bit LoRA checks, printed; False when one failed."""
     import importlib.util
 
     ok = True
@@ -142,6 +250,7 @@ def scaling_checks(device: th.device, out: Path) -> bool:
     print(f"\nmicro-batches: max |param(micro 2) - param(unsplit)| = {micro['max_param_diff']:.2e} "
           f"({'ok' if good else 'TOO LARGE'}); peak MB unsplit {micro['peak_mb_unsplit']:.0f}, "
           f"micro 2 {micro['peak_mb_micro2']:.0f}")  # fmt: skip
+    ok &= print_fsdp_check(fsdp_check(device, out))
     if importlib.util.find_spec("bitsandbytes") is None:
         print("4-bit LoRA: skipped, bitsandbytes is not installed (pip install 'textrl[quant]')")
         return ok
@@ -152,6 +261,24 @@ def scaling_checks(device: th.device, out: Path) -> bool:
           f"{q['loss']:.4g}, reload equal {q['reload_equal']}, peak MB {q['peak_mb']:.0f} "
           f"({'ok' if good else 'FAILED'})")  # fmt: skip
     return ok
+
+
+def print_fsdp_check(result: dict) -> bool:
+    """Print :func:`fsdp_check`'s result; True when a mode ran and FSDP equals DDP with half the shards per rank."""
+    for mode, error in result["errors"]:
+        backend, where = FSDP_MODES[mode]
+        print(f"FSDP, 2 ranks on {backend} with tensors on {where}: could not run ({error})")
+    if result["mode"] is None:
+        print("FSDP over 2 ranks: FAILED (no mode ran)")
+        return False
+    backend, where = FSDP_MODES[result["mode"]]
+    good = result["max_param_diff"] < 1e-4 and all(0.45 < s < 0.55 for s in result["shares"])
+    peaks = ", ".join(f"{k} {v:.0f}" for k, v in result["peak_mb"].items())
+    print(f"FSDP, 2 ranks on {backend} with tensors on {where}: max |param(FSDP) - param(DDP)| = "
+          f"{result['max_param_diff']:.2e}, sharded parameters held per rank "
+          f"{', '.join(f'{s:.1%}' for s in result['shares'])}; peak MB {peaks} "
+          f"({'ok' if good else 'FAILED'})")  # fmt: skip
+    return good
 
 
 def vllm_check(device: th.device, dry_run: bool, out: Path) -> bool:
@@ -185,13 +312,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu for a dry run")
     parser.add_argument("--out", default=None, help="folder for perf.json / perf.md (default runs/gpu-check-<time>)")
     parser.add_argument("--threads", type=int, default=4, help="torch CPU threads (the CPU sides of the comparisons)")
+    parser.add_argument("--fsdp-worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--fsdp-mode", choices=list(FSDP_MODES), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.fsdp_worker:
+        fsdp_worker(args.fsdp_worker, args.fsdp_mode)
+        return 0
     device = th.device(args.device)
     if device.type == "cuda" and not th.cuda.is_available():
         print("CUDA is not available on this machine (torch.cuda.is_available() is False).")
         print("skipped: the sync check of the rollout loop on CUDA")
         print(f"skipped: the perf rows on CUDA ({', '.join(GPU_ROWS)})")
-        print("skipped: the micro-batch and 4-bit LoRA checks on CUDA")
+        print("skipped: the micro-batch, FSDP and 4-bit LoRA checks on CUDA")
         print("Run it on a GPU machine, or pass --device cpu for a dry run of the same code on the CPU.")
         return 0
     th.set_num_threads(args.threads)

@@ -40,9 +40,10 @@ def _rss_mb(field: str = "VmHWM") -> float:
     raise RuntimeError(f"/proc/self/status has no {field}: this benchmark needs Linux")
 
 
-def one_update_model(env, cfg: dict, policy_kwargs: dict):
+def one_update_model(env, cfg: dict, policy_kwargs: dict, data_parallel: str = "ddp"):
     """The GRPO whose one update is measured: one rollout of ``cfg["tokens"]`` steps as one minibatch, one epoch,
-    group advantages, no penalty, no exploration, ``micro_batch_size=cfg["micro"]``."""
+    group advantages, no penalty, no exploration, ``micro_batch_size=cfg["micro"]`` (``data_parallel`` under
+    ``torchrun``)."""
     from sb3_grpo import GRPO
 
     n_steps = cfg["tokens"]
@@ -59,6 +60,7 @@ def one_update_model(env, cfg: dict, policy_kwargs: dict):
         explore_alpha=0.0,
         device="cpu",
         micro_batch_size=cfg["micro"],
+        data_parallel=data_parallel,
         policy_kwargs=policy_kwargs,
     )
 

@@ -2,7 +2,9 @@
 
 Each rank trains GRPO twice from the same seeds, with ``data_parallel="ddp"`` and ``"fsdp"``, on CartPole (Discrete
 actions), Pendulum (a Gaussian policy: its ``log_std`` stays whole) and TextGen-v0 (``CausalLMPolicy``: its GPT-2
-blocks are sharded; per-transition minibatches, in micro-batches, with group advantages and the KL term), and writes
+blocks are sharded; per-transition minibatches, in micro-batches, with group advantages and the KL term) and
+TextGen-v0 with LoRA (``TextGen-v0-lora``: rank-4 adapters on ``c_attn``, the base frozen and sharded with them), and
+writes
 the final full parameters, the numbers of parameter and optimizer-state elements it holds itself, to
 ``OUT/<env>_<mode>_rank<r>.pt``; the FSDP models are saved to ``OUT/<env>_fsdp.zip`` (every rank calls ``save``,
 rank 0 writes).
@@ -39,17 +41,21 @@ def local_numel(tensors) -> int:
     return sum((t.to_local() if isinstance(t, DTensor) else t).numel() for t in tensors)
 
 
+LORA = {"lora": {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn"]}}
+
+
 def build(env_id: str, mode: str) -> GRPO:
-    if env_id == "TextGen-v0":
+    if env_id.startswith("TextGen-v0"):
         env = make_text_env(
-            env_id, n_envs=4, group_size=2, seed=distributed.rank_seed(0), device="cpu", max_new_tokens=6
+            "TextGen-v0", n_envs=4, group_size=2, seed=distributed.rank_seed(0), device="cpu", max_new_tokens=6
         )
-        return GRPO("CausalLMPolicy", env, data_parallel=mode, **TEXT_HP)
+        kwargs = {"policy_kwargs": LORA} if env_id.endswith("-lora") else {}
+        return GRPO("CausalLMPolicy", env, data_parallel=mode, **TEXT_HP, **kwargs)
     env = make_vec_env(env_id, n_envs=2, seed=distributed.rank_seed(0))
     return GRPO("MlpPolicy", env, data_parallel=mode, **HP)
 
 
-for env_id in ("CartPole-v1", "Pendulum-v1", "TextGen-v0"):
+for env_id in ("CartPole-v1", "Pendulum-v1", "TextGen-v0", "TextGen-v0-lora"):
     for mode in ("ddp", "fsdp"):
         model = build(env_id, mode)
         initial = {k: v.detach().clone() for k, v in model.policy.state_dict().items()} if mode == "ddp" else None
@@ -60,6 +66,9 @@ for env_id in ("CartPole-v1", "Pendulum-v1", "TextGen-v0"):
         record = {
             "local_params": local_numel(model.policy.parameters()),
             "whole_params": sum(p.numel() for p in model.policy.parameters() if not isinstance(p, DTensor)),
+            "whole_trainable": sum(
+                p.numel() for p in model.policy.parameters() if p.requires_grad and not isinstance(p, DTensor)
+            ),
             "total_params": sum(p.numel() for p in model.policy.parameters()),
             "local_optim": local_numel(optim_state),
             "sharded": sum(isinstance(p, DTensor) for p in model.policy.parameters()),

@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import torch as th
 from sb3_grpo import GRPO
 
 WORKER = Path(__file__).with_name("_fsdp_worker.py")
-ENVS = ["CartPole-v1", "Pendulum-v1", "TextGen-v0"]
+ENVS = ["CartPole-v1", "Pendulum-v1", "TextGen-v0", "TextGen-v0-lora"]
 
 
 def _free_port() -> int:
@@ -63,7 +64,9 @@ def test_each_rank_holds_about_half_of_the_parameters_and_optimizer_state(two_ra
         assert whole < 0.5 * total
         share = (fsdp["local_params"] - whole) / (total - whole)
         assert 0.45 < share < 0.55, f"rank {rank} holds {share:.1%} of the sharded parameters"
-        optim_share = (fsdp["local_optim"] - 2 * whole) / (ddp["local_optim"] - 2 * whole)  # Adam: 2 per parameter
+        # Adam: 2 values per trainable parameter (with LoRA: the adapters, sharded with their blocks, and the critic)
+        whole_trainable = fsdp["whole_trainable"]
+        optim_share = (fsdp["local_optim"] - 2 * whole_trainable) / (ddp["local_optim"] - 2 * whole_trainable)
         assert 0.45 < optim_share < 0.55, f"rank {rank} holds {optim_share:.1%} of Adam's sharded state"
 
 
@@ -75,6 +78,15 @@ def test_the_full_state_save_loads_on_one_process(two_ranks, env_id):
         th.testing.assert_close(value, fsdp["params"][key], atol=0, rtol=0, msg=key)
     assert loaded.policy.optimizer.state, "Adam's moments are saved too"
     assert loaded.data_parallel == "fsdp"
+
+
+def test_a_lora_checkpoint_saved_under_fsdp_holds_the_adapters_not_the_base(two_ranks):
+    def policy_bytes(name: str) -> int:
+        with zipfile.ZipFile(two_ranks / name) as archive:
+            return archive.getinfo("policy.pth").file_size
+
+    full, lora = policy_bytes("TextGen-v0_fsdp.zip"), policy_bytes("TextGen-v0-lora_fsdp.zip")
+    assert lora < 0.05 * full, f"the LoRA checkpoint's policy holds {lora} bytes, the full model's {full}"
 
 
 def test_a_bad_data_parallel_mode_is_refused_by_name():

@@ -207,21 +207,32 @@ class FullyShardedDataParallel(DataParallel):
         from torch.distributed.fsdp import fully_shard
 
         units = fsdp_units(policy)
+        # the parameters the optimizer steps (with LoRA only the adapters and the critic), by name: sharding replaces
+        # the parameter objects, and the saved optimizer state numbers these as a one-process optimizer does
+        in_optimizer = {id(p) for group in policy.optimizer.param_groups for p in group["params"]}
+        self._optimizer_names = [name for name, p in policy.named_parameters() if id(p) in in_optimizer]
         if not units:
             raise ValueError(
                 f"data_parallel='fsdp' found nothing to shard in {type(policy).__name__}: no child module with "
                 "parameters (nor Hugging Face blocks named in _no_split_modules); use data_parallel='ddp'"
             )
+        # the mesh on the policy's device: FSDP2's default is the machine's accelerator, which would move the units of
+        # a policy trained on the CPU (gloo) to a GPU the machine happens to have
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(next(policy.parameters()).device.type, (self.world_size,))
         for unit in units:  # inner units first (fsdp_units lists them so)
-            fully_shard(unit)
+            fully_shard(unit, mesh=mesh)
         group = policy.optimizer.param_groups[0]
         kwargs = dict(policy.optimizer_kwargs)
         # the flags a one-process optimizer runs with, restored in the saved state (full_state)
         self._optimizer_flags = {key: group[key] for key in ("fused", "foreach") if key in group}
-        if any(not _is_sharded(p) for p in policy.parameters()):
+        named = dict(policy.named_parameters())
+        params = [named[name] for name in self._optimizer_names]
+        if any(not _is_sharded(p) for p in params):
             # a fused or multi-tensor kernel cannot mix sharded and whole parameters: the per-parameter loop
             kwargs.update({key: False for key in self._optimizer_flags})
-        policy.optimizer = policy.optimizer_class(policy.parameters(), lr=group["lr"], **kwargs)
+        policy.optimizer = policy.optimizer_class(params, lr=group["lr"], **kwargs)
 
     def epoch(self, minibatches: Iterable[T]) -> Iterator[T | None]:
         for minibatch in distributed.pad_to_max(minibatches):
@@ -282,7 +293,7 @@ class FullyShardedDataParallel(DataParallel):
         if not self.is_main:
             return None
         # the optimizer's state keyed by parameter name -> by index, as a one-process optimizer numbers them
-        index = {name: i for i, (name, _) in enumerate(policy.named_parameters())}
+        index = {name: i for i, name in enumerate(self._optimizer_names)}
         optim = {
             "state": {index[name]: value for name, value in optim["state"].items()},
             "param_groups": [
