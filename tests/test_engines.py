@@ -36,7 +36,7 @@ class BufferLog(BaseCallback):
     def _on_rollout_end(self):
         buf = self.model.rollout_buffer
         names = [n for n in FIELDS_EXACT + FIELDS_CLOSE if getattr(buf, n, None) is not None]
-        self.rollouts.append({n: np.array(getattr(buf, n), copy=True) for n in names})
+        self.rollouts.append({n: np.asarray(getattr(buf, n)).copy() for n in names})
 
     def _on_step(self):
         return True
