@@ -91,17 +91,30 @@ def export_items(
             entries.append(
                 ({"prompt": row["prompt"], "completion": _text(row)}, {"source": CALIBRATION, "scores": scores})
             )
+    return _write_folder(out, entries, rng, "item", {}, {})
+
+
+def _write_folder(
+    out: str | os.PathLike,
+    entries: list[tuple[dict[str, Any], dict[str, Any]]],
+    rng: np.random.Generator,
+    prefix: str,
+    shown: dict[str, Any],
+    key_head: dict[str, Any],
+) -> Path:
+    """Shuffle ``(what raters see, what the key holds)`` entries with ``rng``, number them ``<prefix>0001`` on, and
+    write ``items.json`` (``shown``, the dimensions, their anchors and the items) and ``key.json`` (``key_head`` and
+    each item's key)."""
     order = rng.permutation(len(entries))
-    items, key = [], {}
+    items, key = [], dict(key_head)
     for pos, k in enumerate(order):
-        item_id = f"item{pos + 1:04d}"
+        item_id = f"{prefix}{pos + 1:04d}"
         items.append({"id": item_id, **entries[k][0]})
         key[item_id] = entries[k][1]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / ITEMS_FILE).write_text(
-        json.dumps({"dimensions": list(DIMENSIONS), "anchors": ANCHORS, "items": items}, indent=1), encoding="utf-8"
-    )
+    shown_items = {**shown, "dimensions": list(DIMENSIONS), "anchors": ANCHORS, "items": items}
+    (out / ITEMS_FILE).write_text(json.dumps(shown_items, indent=1), encoding="utf-8")
     (out / KEY_FILE).write_text(json.dumps(key, indent=1), encoding="utf-8")
     return out
 
@@ -228,15 +241,4 @@ def export_pairs(
                     {"source": CALIBRATION, "prefer": shown["prefer"], "scores": shown["scores"]},
                 )
             )
-    order = rng.permutation(len(entries))
-    items, key = [], {}
-    for pos, k in enumerate(order):
-        item_id = f"pair{pos + 1:04d}"
-        items.append({"id": item_id, **entries[k][0]})
-        key[item_id] = entries[k][1]
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    shown_items = {"mode": SIDE_BY_SIDE, "dimensions": list(DIMENSIONS), "anchors": ANCHORS, "items": items}
-    (out / ITEMS_FILE).write_text(json.dumps(shown_items, indent=1), encoding="utf-8")
-    (out / KEY_FILE).write_text(json.dumps({"models": [label_1, label_2], **key}, indent=1), encoding="utf-8")
-    return out
+    return _write_folder(out, entries, rng, "pair", {"mode": SIDE_BY_SIDE}, {"models": [label_1, label_2]})
