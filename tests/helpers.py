@@ -168,3 +168,32 @@ def collect_rollout(model, n_steps):
     callback.init_callback(model)
     assert model.collect_rollouts(model.env, callback, model.rollout_buffer, n_steps)
     return model.rollout_buffer
+
+
+# -- a tiny GPT-2 policy setting (LoRA and mixture-of-experts tests) --------------------------------------------------
+
+#: Actions and window width of :data:`TINY_OBS`.
+TINY_V, TINY_W = 60, 14
+
+
+def _tiny_obs():
+    from gymnasium import spaces
+
+    return spaces.Dict(
+        {
+            "input_ids": spaces.Box(0, TINY_V - 1, (TINY_W,), dtype="int64"),
+            "attention_mask": spaces.Box(0, 1, (TINY_W,), dtype="int64"),
+        }
+    )
+
+
+TINY_OBS = _tiny_obs()
+TINY_LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn"], "fan_in_fan_out": True}
+
+
+def tiny_gpt2():
+    """A 2-layer, 32-wide GPT-2 with a 64-token vocabulary, from torch seed 0."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    th.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_positions=64))

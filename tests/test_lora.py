@@ -14,25 +14,16 @@ from gymnasium import spaces
 
 peft = pytest.importorskip("peft")
 
-from transformers import GPT2Config, GPT2LMHeadModel
+from helpers import TINY_LORA as LORA
+from helpers import TINY_OBS as OBS
+from helpers import TINY_V as V
+from helpers import TINY_W as W
+from helpers import tiny_gpt2
 
 from sb3_grpo import GRPO
 from sb3_grpo.policies import CausalLMPolicy, lora_spec
 
-V, W = 60, 14
-OBS = spaces.Dict(
-    {
-        "input_ids": spaces.Box(0, V - 1, (W,), dtype="int64"),
-        "attention_mask": spaces.Box(0, 1, (W,), dtype="int64"),
-    }
-)
 ACT = spaces.Discrete(V)
-LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn"], "fan_in_fan_out": True}
-
-
-def tiny_gpt2() -> GPT2LMHeadModel:
-    th.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_positions=64))
 
 
 def policy(lora=LORA, model=None) -> CausalLMPolicy:

@@ -14,30 +14,20 @@ from gymnasium import spaces
 
 pytest.importorskip("peft", reason="the experts are LoRA adapters: pip install 'textrl[lora]'")
 
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from sb3_grpo import GRPO
 from sb3_grpo.policies import CausalLMPolicy
 from sb3_grpo.policies.moe import load_balancing_loss, mixture_log_probs, moe_spec, router_shape
 from sb3_grpo.policies.sampling import sample_categorical
 from sb3_grpo.policies.windows import positions_from_mask
-from tests.helpers import quiet
+from tests.helpers import TINY_LORA as LORA
+from tests.helpers import TINY_OBS as OBS
+from tests.helpers import TINY_V as V
+from tests.helpers import TINY_W as W
+from tests.helpers import quiet, tiny_gpt2
 from textrl_envs.sb3 import make_vec_env
 
-V, W = 60, 14
-OBS = spaces.Dict(
-    {
-        "input_ids": spaces.Box(0, V - 1, (W,), dtype="int64"),
-        "attention_mask": spaces.Box(0, 1, (W,), dtype="int64"),
-    }
-)
 ACT = spaces.Discrete(V)
-LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn"], "fan_in_fan_out": True}
-
-
-def tiny_gpt2() -> GPT2LMHeadModel:
-    th.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_positions=64))
 
 
 def moe_policy(experts: int = 3, perturb: bool = True, **kwargs) -> CausalLMPolicy:
