@@ -153,6 +153,37 @@ class _Stages:
         return max(k for k, (t, _) in enumerate(self.stages) if timestep >= t)
 
 
+def _check_threshold(threshold: Any) -> float:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not np.isfinite(threshold):
+        raise ValueError(f"threshold must be a finite reward value, got {threshold!r}")
+    return float(threshold)
+
+
+def _ended_infos(locals_: dict[str, Any]) -> list[dict[str, Any]]:
+    """The info dicts of the episodes a step ended (the dicts themselves: a reward scored in the background lands in
+    them by the rollout's end)."""
+    dones, infos = locals_.get("dones"), locals_.get("infos")
+    if dones is None or infos is None:
+        return []
+    return [infos[i] for i in np.flatnonzero(np.asarray(dones))]
+
+
+def _prompt_outcomes(infos: Sequence[dict[str, Any]]) -> list[tuple[int, float]]:
+    """``(prompt index, reward)`` of each ended episode that started on a prompt of the env's list
+    (``info["prompt_index"] >= 0``) and has a finite reward (``info["reward"]``, or the monitor's
+    ``info["episode"]["r"]``)."""
+    out = []
+    for info in infos:
+        index = info.get("prompt_index", -1)
+        reward = info.get("reward")
+        if reward is None and isinstance(info.get("episode"), dict):
+            reward = info["episode"].get("r")
+        if index is None or index < 0 or reward is None or not np.isfinite(reward):
+            continue
+        out.append((int(index), float(reward)))
+    return out
+
+
 def _check_unit(name: str, value: Any, low_open: bool = False) -> float:
     ok = not isinstance(value, bool) and isinstance(value, (int, float, np.floating))
     if not ok or not (0.0 < value <= 1.0 if low_open else 0.0 <= value <= 1.0):
@@ -205,9 +236,7 @@ class PassRateCurriculum(BaseCallback):
         super().__init__(verbose)
         self._stages = None if stages is None else _Stages(stages)
         self.stage: int | None = None
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not np.isfinite(threshold):
-            raise ValueError(f"threshold must be a finite reward value, got {threshold!r}")
-        self.threshold = float(threshold)
+        self.threshold = _check_threshold(threshold)
         self.low, self.high = _check_unit("low", low), _check_unit("high", high)
         if self.low > self.high:
             raise ValueError(f"low ({low}) must be <= high ({high})")
@@ -236,24 +265,14 @@ class PassRateCurriculum(BaseCallback):
             self._apply()
 
     def _on_step(self) -> bool:
-        dones, infos = self.locals.get("dones"), self.locals.get("infos")
-        if dones is not None and infos is not None:
-            # the info dicts themselves: a reward scored in the background lands in them by the rollout's end
-            self._ended.extend(infos[i] for i in np.flatnonzero(np.asarray(dones)))
+        self._ended.extend(_ended_infos(self.locals))
         return True
 
     def _on_rollout_end(self) -> None:
-        prompts, successes = [], []
-        for info in self._ended:
-            index = info.get("prompt_index", -1)
-            reward = info.get("reward")
-            if reward is None and isinstance(info.get("episode"), dict):
-                reward = info["episode"].get("r")
-            if index is None or index < 0 or reward is None or not np.isfinite(reward):
-                continue
-            prompts.append(int(index))
-            successes.append(float(reward) >= self.threshold)
+        outcomes = _prompt_outcomes(self._ended)
         self._ended = []
+        prompts = [index for index, _ in outcomes]
+        successes = [reward >= self.threshold for _, reward in outcomes]
         self.rates, self.counts = update_pass_rates(self.rates, self.counts, prompts, successes, self.alpha)
         self._apply()
 
@@ -400,9 +419,7 @@ class LevelCurriculum(BaseCallback):
         verbose: int = 0,
     ):
         super().__init__(verbose)
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not np.isfinite(threshold):
-            raise ValueError(f"threshold must be a finite reward value, got {threshold!r}")
-        self.threshold = float(threshold)
+        self.threshold = _check_threshold(threshold)
         self.promote = _check_unit("promote", promote)
         self.demote = None if demote is None else _check_unit("demote", demote)
         if self.demote is not None and self.demote >= self.promote:
@@ -452,21 +469,13 @@ class LevelCurriculum(BaseCallback):
         self.logger.record("curriculum/level_pass_rate", rate)
 
     def _on_step(self) -> bool:
-        dones, infos = self.locals.get("dones"), self.locals.get("infos")
-        if dones is not None and infos is not None:
-            self._ended.extend(infos[i] for i in np.flatnonzero(np.asarray(dones)))
+        self._ended.extend(_ended_infos(self.locals))
         return True
 
     def _on_rollout_end(self) -> None:
-        for info in self._ended:
-            index = info.get("prompt_index", -1)
-            reward = info.get("reward")
-            if reward is None and isinstance(info.get("episode"), dict):
-                reward = info["episode"].get("r")
-            if index is None or index < 0 or reward is None or not np.isfinite(reward):
-                continue
-            if self.item_levels[int(index)] == self.level:
-                self.outcomes.append(float(reward) >= self.threshold)
+        for index, reward in _prompt_outcomes(self._ended):
+            if self.item_levels[index] == self.level:
+                self.outcomes.append(reward >= self.threshold)
         self._ended = []
         if len(self.outcomes) >= self.window:
             rate = float(np.mean(self.outcomes))
