@@ -91,9 +91,9 @@ def _train_scores(
     from sb3_grpo.compare.runner import run_one
 
     algo = f"{PRESET_PREFIX}{preset}"
+    cfg = make_config(env_id, [algo], seeds=1, timesteps=timesteps, device="cpu", overrides={algo: params})
     scores = []
     for seed in seeds:
-        cfg = make_config(env_id, [algo], seeds=1, timesteps=timesteps, device="cpu", overrides={algo: params})
         run = run_one(replace(cfg, seeds=[seed]), algo, seed, out)
         scores.append(float(run["final"]["reward_mean"]))
     return scores

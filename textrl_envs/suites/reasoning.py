@@ -265,8 +265,8 @@ class LeveledDataset:
 
     def __init__(self, datasets: Mapping[int, Any]) -> None:
         self.datasets = dict(sorted(datasets.items()))
-        self.levels = [level for level, ds in self.datasets.items() for _ in range(len(ds))]
         self._index = [(level, i) for level, ds in self.datasets.items() for i in range(len(ds))]
+        self.levels = [level for level, _ in self._index]
 
     def __len__(self) -> int:
         return len(self._index)
