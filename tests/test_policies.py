@@ -88,15 +88,26 @@ def tiny_qwen2(vocab: int = LM_V) -> Qwen2ForCausalLM:
 
 @contextlib.contextmanager
 def count_lm_calls(policy: CausalLMPolicy):
-    """Collect the input shapes of every LM body forward inside the block."""
+    """Collect the input shapes of every LM body forward inside the block (the model's own forward and the rollout's
+    lean decoding step alike)."""
     calls = []
     hook = policy.lm.base_model.register_forward_pre_hook(
         lambda _m, _a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True
     )
+    lean = policy.__dict__.get("_lean_decode")
+    if lean is not None:
+
+        def counted(ids, *args):
+            calls.append(tuple(ids.shape))
+            return lean(ids, *args)
+
+        policy._lean_decode = counted
     try:
         yield calls
     finally:
         hook.remove()
+        if lean is not None:
+            policy._lean_decode = lean
 
 
 def obs_space(width: int = W) -> spaces.Dict:

@@ -32,6 +32,7 @@ from sb3_grpo.policies.critics import EmbeddingCritic
 from sb3_grpo.policies.decoder import LiveBatch
 from sb3_grpo.policies.experts import ExpertMixtureMixin
 from sb3_grpo.policies.kv_cache import RolloutCache
+from sb3_grpo.policies.lean_step import lean_step
 from sb3_grpo.policies.models import (
     BASE_WEIGHTS,
     LoRAReferenceMixin,
@@ -295,6 +296,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         self.action_dist = CategoricalDistribution(self.n_actions)
         self._rollout_cache = RolloutCache(
             trunk=self._trunk,
+            step_trunk=self._step_trunk,
             logits=self._logits,
             value=self._value,
             parameters=self.parameters,
@@ -553,6 +555,8 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         self.lm.eval()
         if self.separate_critic:
             self.critic.eval()
+        # the rollout's single-token forwards (no gradients) take the lean step where the model has one
+        self._lean_decode = None if mode or self.moe is not None else lean_step(self.lm.base_model)
         if self.gradient_checkpointing and mode:
             from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -627,6 +631,16 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
             if ids.device.type == "cpu":
                 apply_cpu_thread_default(sum(p.numel() for p in self.lm.parameters()))
         return self._expert_hidden(lambda c: self._one_trunk(ids, mask, position_ids, c), cache)
+
+    def _step_trunk(self, ids: th.Tensor, mask: th.Tensor, position_ids: th.Tensor, cache: Any) -> th.Tensor:
+        """:meth:`_trunk` of one new token per row over a KV cache (the rollout's decoding steps): the lean step of
+        :mod:`.lean_step` where the model has one (the same numbers as the model's forward, with less overhead), else
+        :meth:`_trunk`."""
+        step = self.__dict__.get("_lean_decode")
+        if step is None or self._threads_pending or th.is_grad_enabled() or ids.shape[1] != 1:
+            return self._trunk(ids, mask, position_ids, cache)
+        with self._autocast_context():
+            return step(ids, mask, position_ids, cache)
 
     def _one_trunk(self, ids: th.Tensor, mask: th.Tensor, position_ids: th.Tensor, cache: Any) -> th.Tensor:
         """One forward of the LM body with its active adapter: final hidden states ``[B, L, d]``."""

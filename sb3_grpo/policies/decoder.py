@@ -21,7 +21,7 @@ from typing import Any
 
 import torch as th
 
-from sb3_grpo.policies.sampling import sample_categorical
+from sb3_grpo.policies.sampling import categorical_tables, sample_categorical
 from sb3_grpo.policies.windows import left_pad_columns
 
 __all__ = ["LiveBatch"]
@@ -33,8 +33,8 @@ Writer = Callable[[th.Tensor, th.Tensor, th.Tensor, th.Tensor, th.Tensor], None]
 class LiveBatch:
     """The rows the built-in decoder is decoding, with their KV cache.
 
-    :param policy: The :class:`~sb3_grpo.policies.CausalLMPolicy` (its ``_trunk``, ``_logits``, ``_value`` and
-        ``_distribution``).
+    :param policy: The :class:`~sb3_grpo.policies.CausalLMPolicy` (its ``_step_trunk``, ``_logits``, ``_value`` and
+        ``_processed``).
     :param uniforms: ``[n_steps, n_envs, 1]`` the uniform draw of each (rollout step, row).
     :param explore: ``[n_steps, n_envs]`` the (step, row) draws replaced by the exploration mixture's uniform token.
     :param explore_tokens: ``[n_steps, n_envs]`` those tokens.
@@ -155,13 +155,13 @@ class LiveBatch:
         """Draw every live row's next token (``write`` stores it), drop the rows whose turn ended, and run the
         single-token forward of the others. Returns whether any row's turn ended."""
         policy = self.policy
-        dist = policy._distribution(self.logits)
+        log_probs, probs = categorical_tables(policy._processed(self.logits))
         values = self.values
         steps, rows = self.steps, self.rows
-        chosen = sample_categorical(dist.distribution.probs, self.uniforms[steps, rows])
-        chosen = th.where(self.greedy, dist.mode(), chosen)
+        chosen = sample_categorical(probs, self.uniforms[steps, rows])
+        chosen = th.where(self.greedy, probs.argmax(dim=-1), chosen)
         chosen = th.where(self.explore[steps, rows], self.explore_tokens[steps, rows], chosen)
-        write(rows, steps, chosen, dist.log_prob(chosen), values)
+        write(rows, steps, chosen, log_probs.gather(-1, chosen[:, None]).squeeze(-1), values)
         self.steps, self.decoded = steps + 1, self.decoded + 1
         ended = th.isin(chosen, self.stop_ids) | (self.steps >= self.n_steps) | (self.decoded >= self.max_turn_tokens)
         fits = self.positions < self.width  # the env's window can hold another token
@@ -204,7 +204,7 @@ class LiveBatch:
 
     def _forward(self, chosen: th.Tensor) -> None:
         self.kv_mask = th.cat([self.kv_mask, th.ones_like(self.kv_mask[:, :1])], dim=1)
-        hidden = self.policy._trunk(chosen[:, None], self.kv_mask, self.positions[:, None], cache=self.cache)[:, -1]
+        hidden = self.policy._step_trunk(chosen[:, None], self.kv_mask, self.positions[:, None], self.cache)[:, -1]
         self.logits, self.values = self.policy._logits(hidden), self.policy._value(hidden, None, None)
         self.positions = self.positions + 1
         self.forwards += 1

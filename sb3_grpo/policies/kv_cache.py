@@ -199,6 +199,8 @@ class RolloutCache:
     :param lm_config: the LM's config (for ``DynamicCache(config=...)``).
     :param model_name: the LM's class name, for the warning when its cache cannot be kept (``None``: the config's
         ``model_type``).
+    :param step_trunk: ``trunk`` for one new token per row (the decoding steps), e.g. a lean forward of the same
+        numbers (``None``: ``trunk``).
     """
 
     def __init__(
@@ -209,9 +211,11 @@ class RolloutCache:
         parameters: Callable[[], Iterable[th.Tensor]],
         lm_config: Any,
         model_name: str | None = None,
+        step_trunk: Callable[..., th.Tensor] | None = None,
     ):
         self._model_name = model_name or str(getattr(lm_config, "model_type", None) or type(lm_config).__name__)
         self._trunk = trunk
+        self._step_trunk = step_trunk or trunk
         self._logits = logits
         self._value = value
         self._parameters = parameters
@@ -475,7 +479,8 @@ class RolloutCache:
             new_tok = th.where(new_mask.bool(), ids[:, -tail:], th.zeros_like(ids[:, -tail:]))
             pos = (n_valid - tail + col).clamp(min=0)
         kv_mask = th.cat([state.kv_mask, new_mask], dim=1)
-        hidden = self._trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]
+        trunk = self._step_trunk if tail == 1 else self._trunk
+        hidden = trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]
         state.kv_mask = kv_mask
         if step is None:
             logits[:], values[:] = self._logits(hidden), self._value(hidden, ids, mask)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch as th
 
-__all__ = ["process_logits", "sample_categorical"]
+__all__ = ["categorical_tables", "process_logits", "sample_categorical"]
 
 
 def process_logits(
@@ -66,3 +66,15 @@ def sample_categorical(probs: th.Tensor, u: th.Tensor | None = None) -> th.Tenso
     # float rounding could put u at cdf[-1]: never go past the last token that has probability
     last = probs.shape[-1] - 1 - (probs > 0).flip(-1).to(th.uint8).argmax(dim=-1)
     return th.minimum(index, last)
+
+
+def categorical_tables(logits: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    """The normalised log-probs and the probs of ``torch.distributions.Categorical(logits=logits)``, computed as it
+    computes them (the same numbers), without building the distribution object (its construction and its argument
+    checks cost more than the arithmetic at a decoding step's sizes).
+
+    :param logits: ``[..., V]`` processed logits (``-inf`` for removed tokens).
+    :return: ``(log_probs, probs)``, both ``[..., V]``; a token's log-prob is ``log_probs.gather(-1, token)``.
+    """
+    log_probs = logits - logits.logsumexp(dim=-1, keepdim=True)
+    return log_probs, th.softmax(log_probs, dim=-1)

@@ -1,0 +1,183 @@
+"""The built-in decoder's single-token forward, written over a Hugging Face model's own weights.
+
+A Hugging Face model's ``forward`` does much besides the arithmetic of one decoding step: argument handling, the
+attention mask's construction, the cache's bookkeeping, output records, a module call per sub-layer. For the small
+models of a CPU run that overhead is most of the step (the bundled LM: about 3 ms of a forward's 4, measured by
+``textrl-bench perf --only engine``), and on a GPU it is the host time between kernels. :func:`lean_step` returns,
+for an architecture it knows, a function that runs the same operations in the same order on the same tensors and
+nothing else, so its hidden states equal the model's own forward to the bit (tested): the model's own activation
+and rotary-embedding modules are called where the arithmetic depends on them.
+
+It reads the weights at each call (a step after an optimizer update sees the new weights) and serves only a model
+whose modules are the stock ones: in eval mode, with no forward hooks (FSDP, user hooks), no LoRA or quantized
+layers (their classes differ) and the config options the stock attention takes. Anything else gets ``None``, and the
+decoder uses the model's forward.
+
+Architectures: GPT-2 (``GPT2Model``), and the Llama family with rotary embeddings, RMSNorm, grouped-query attention
+and a gated MLP (``LlamaModel``, ``Qwen2Model``, ``MistralModel`` without a sliding window).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch as th
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["LeanStep", "lean_step"]
+
+#: ``step(ids [B, 1], mask [B, S], positions [B, 1], cache) -> hidden [B, 1, d]``: one token per row, appended to
+#: each layer's keys and values in ``cache`` (a ``transformers.DynamicCache`` whose ``S - 1`` columns ``mask`` covers).
+LeanStep = Callable[[th.Tensor, th.Tensor, th.Tensor, Any], th.Tensor]
+
+
+def lean_step(body: nn.Module) -> LeanStep | None:
+    """The lean single-token forward of ``body`` (a causal LM's base model, e.g. ``lm.base_model``), or ``None``
+    where its architecture, its modules or its state are not the stock ones this module knows."""
+    if body.training or _has_hooks(body):
+        return None
+    name = type(body).__name__
+    if name == "GPT2Model" and _stock_gpt2(body):
+        return lambda ids, mask, positions, cache: _gpt2_step(body, ids, mask, positions, cache)
+    if name in ("LlamaModel", "Qwen2Model", "MistralModel") and _stock_llama(body):
+        return lambda ids, mask, positions, cache: _llama_step(body, ids, mask, positions, cache)
+    return None
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
+
+
+def _all_of(modules: Any, cls: type) -> bool:
+    return all(type(m) is cls for m in modules)
+
+
+def _stock_gpt2(body: nn.Module) -> bool:
+    from transformers.pytorch_utils import Conv1D
+
+    config = body.config
+    if (
+        getattr(config, "add_cross_attention", False)
+        or getattr(config, "scale_attn_by_inverse_layer_idx", False)
+        or getattr(config, "reorder_and_upcast_attn", False)
+        or not getattr(config, "scale_attn_weights", True)
+        or getattr(config, "_attn_implementation", "sdpa") != "sdpa"
+    ):
+        return False
+    blocks = list(body.h)
+    linears = [m for b in blocks for m in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
+    norms = [body.ln_f, *(n for b in blocks for n in (b.ln_1, b.ln_2))]
+    return _all_of(linears, Conv1D) and _all_of(norms, nn.LayerNorm) and type(body.wte) is nn.Embedding
+
+
+def _gpt2_step(body: Any, ids: th.Tensor, mask: th.Tensor, positions: th.Tensor, cache: Any) -> th.Tensor:
+    """``GPT2Model.forward`` of one token per row with a cache, in its own order of operations."""
+    b = ids.shape[0]
+    x = F.embedding(ids, body.wte.weight) + F.embedding(positions, body.wpe.weight)
+    attend = _attention_mask(mask)
+    heads = body.config.n_head
+    for block, layer in zip(body.h, cache.layers, strict=True):
+        attn, mlp = block.attn, block.mlp
+        h = F.layer_norm(x, x.shape[-1:], block.ln_1.weight, block.ln_1.bias, block.ln_1.eps)
+        qkv = th.addmm(attn.c_attn.bias, h.view(b, -1), attn.c_attn.weight).view(b, 1, 3, heads, -1)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        layer.keys = th.cat([layer.keys, k], dim=-2)
+        layer.values = th.cat([layer.values, v], dim=-2)
+        a = _attention(q, layer.keys, layer.values, attend, None)
+        x = th.addmm(attn.c_proj.bias, a.view(b, -1), attn.c_proj.weight).view(b, 1, -1) + x
+        h = F.layer_norm(x, x.shape[-1:], block.ln_2.weight, block.ln_2.bias, block.ln_2.eps)
+        f = mlp.act(th.addmm(mlp.c_fc.bias, h.view(b, -1), mlp.c_fc.weight))
+        x = x + th.addmm(mlp.c_proj.bias, f, mlp.c_proj.weight).view(b, 1, -1)
+    return F.layer_norm(x, x.shape[-1:], body.ln_f.weight, body.ln_f.bias, body.ln_f.eps)
+
+
+def _attention_mask(mask: th.Tensor) -> th.Tensor | None:
+    """The attention mask of one query per row over the cache's columns, as the models' sdpa path gets it: ``None``
+    where no column is masked (the mask is skipped then), else ``[B, 1, 1, S]`` booleans."""
+    return None if bool(mask.all()) else mask.bool()[:, None, None, :]
+
+
+def _attention(q: th.Tensor, k: th.Tensor, v: th.Tensor, attend: th.Tensor | None, scale: float | None) -> th.Tensor:
+    """Attention of one query per row, ``[B, 1, heads * d]`` out, as the models' sdpa path computes it; with grouped
+    query heads, by the key/value heads (each group's queries packed as a key/value head's rows) or, without a mask,
+    by sdpa's own grouped-query mode."""
+    b, heads, _, dim = q.shape
+    groups = heads // k.shape[1]
+    extra = {}
+    if groups > 1:
+        if attend is None and k.shape[-1] == v.shape[-1] <= 256:
+            extra["enable_gqa"] = True
+        else:
+            q = q.reshape(b, heads // groups, groups, dim)
+    a = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=scale, **extra)
+    return a.reshape(b, -1, 1, v.shape[-1]).transpose(1, 2).reshape(b, 1, -1)
+
+
+def _stock_llama(body: nn.Module) -> bool:
+    config = body.config
+    if getattr(config, "_attn_implementation", "sdpa") != "sdpa" or getattr(config, "sliding_window", None):
+        return False
+    if getattr(config, "layer_types", None) and any(t != "full_attention" for t in config.layer_types):
+        return False
+    layers = list(body.layers)
+    linears = [
+        m
+        for layer in layers
+        for m in (
+            layer.self_attn.q_proj,
+            layer.self_attn.k_proj,
+            layer.self_attn.v_proj,
+            layer.self_attn.o_proj,
+            layer.mlp.gate_proj,
+            layer.mlp.up_proj,
+            layer.mlp.down_proj,
+        )
+    ]
+    norms = [body.norm, *(n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm))]
+    norm_class = type(body.norm)
+    return (
+        _all_of(linears, nn.Linear)
+        and _all_of(norms, norm_class)
+        and norm_class.__name__.endswith("RMSNorm")
+        and type(body.embed_tokens) is nn.Embedding
+        and all(getattr(layer.self_attn, "q_norm", None) is None for layer in layers)
+    )
+
+
+def _rms_norm(norm: Any, x: th.Tensor) -> th.Tensor:
+    """Llama's RMSNorm, as its module computes it (float32 variance, the weight applied in the input's dtype)."""
+    dtype = x.dtype
+    x32 = x.to(th.float32)
+    x32 = x32 * th.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * x32.to(dtype)
+
+
+def _rotate_half(x: th.Tensor) -> th.Tensor:
+    half = x.shape[-1] // 2
+    return th.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _llama_step(body: Any, ids: th.Tensor, mask: th.Tensor, positions: th.Tensor, cache: Any) -> th.Tensor:
+    """``LlamaModel.forward`` (and its kin's) of one token per row with a cache, in its own order of operations."""
+    b = ids.shape[0]
+    x = F.embedding(ids, body.embed_tokens.weight)
+    cos, sin = body.rotary_emb(x, positions)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    attend = _attention_mask(mask)
+    for layer, kv in zip(body.layers, cache.layers, strict=True):
+        attn, mlp = layer.self_attn, layer.mlp
+        h = _rms_norm(layer.input_layernorm, x)
+        q = attn.q_proj(h).view(b, 1, -1, attn.head_dim).transpose(1, 2)
+        k = attn.k_proj(h).view(b, 1, -1, attn.head_dim).transpose(1, 2)
+        v = attn.v_proj(h).view(b, 1, -1, attn.head_dim).transpose(1, 2)
+        q = (q * cos) + (_rotate_half(q) * sin)
+        k = (k * cos) + (_rotate_half(k) * sin)
+        kv.keys = th.cat([kv.keys, k], dim=-2)
+        kv.values = th.cat([kv.values, v], dim=-2)
+        a = _attention(q, kv.keys, kv.values, attend, attn.scaling)
+        x = x + attn.o_proj(a.reshape(b, 1, -1))
+        h = _rms_norm(layer.post_attention_layernorm, x)
+        x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+    return _rms_norm(body.norm, x)

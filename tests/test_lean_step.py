@@ -1,0 +1,251 @@
+"""The lean single-token forward of the rollout's decoding steps (``sb3_grpo.policies.lean_step``): the same hidden
+states and KV cache as the model's own forward, to the bit, for each architecture it knows (GPT-2, Llama, Qwen2 with
+grouped-query heads), with and without padded rows; refused (``None``) wherever the model is not the stock one; and a
+rollout through it equals a rollout through the model's forward, bit for bit, on both engines."""
+
+import copy
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import warnings
+
+import numpy as np
+import pytest
+import torch as th
+from helpers import quiet
+from stable_baselines3.common.callbacks import BaseCallback
+from transformers import (
+    DynamicCache,
+    GPT2Config,
+    GPT2Model,
+    LlamaConfig,
+    LlamaModel,
+    OPTConfig,
+    OPTModel,
+    Qwen2Config,
+    Qwen2Model,
+)
+
+from sb3_grpo import GRPO
+from sb3_grpo.policies import lean_step as lean_module
+from sb3_grpo.policies.lean_step import lean_step
+from sb3_grpo.policies.sampling import categorical_tables
+from textrl_envs.sb3 import make_vec_env
+
+VOCAB = 300
+
+
+def _gpt2():
+    return GPT2Model(
+        GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)
+    )
+
+
+def _llama():
+    return LlamaModel(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=64,
+        )
+    )
+
+
+def _qwen2():  # grouped-query attention: 4 query heads over 2 key/value heads, biased projections
+    return Qwen2Model(
+        Qwen2Config(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+    )
+
+
+MODELS = {"gpt2": _gpt2, "llama": _llama, "qwen2": _qwen2}
+
+
+def _prefilled(model, padded):
+    th.manual_seed(1)
+    ids = th.randint(0, VOCAB, (5, 9))
+    mask = th.ones_like(ids)
+    if padded:  # left padding, as the rollout's windows and the decoder's spliced rows have
+        mask[1, :4] = 0
+        mask[3, :7] = 0
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), cache=cache)
+    return mask, cache
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+@pytest.mark.parametrize("name", list(MODELS))
+@th.no_grad()
+def test_lean_step_equals_the_models_forward_to_the_bit(name, padded):
+    th.manual_seed(0)
+    model = MODELS[name]().eval()
+    step = lean_step(model)
+    assert step is not None
+    mask, cache = _prefilled(model, padded)
+    lean_cache = copy.deepcopy(cache)
+    for _ in range(3):
+        token = th.randint(0, VOCAB, (5, 1))
+        mask = th.cat([mask, th.ones_like(mask[:, :1])], dim=1)
+        positions = mask.sum(-1, keepdim=True) - 1
+        ref = model(input_ids=token, attention_mask=mask, position_ids=positions, cache=cache).last_hidden_state
+        out = step(token, mask, positions, lean_cache)
+        assert th.equal(out, ref)
+        for a, b in zip(cache.layers, lean_cache.layers, strict=True):
+            assert th.equal(a.keys, b.keys) and th.equal(a.values, b.values)
+
+
+@th.no_grad()
+def test_lean_step_reads_the_weights_at_each_call():
+    model = _gpt2().eval()
+    step = lean_step(model)
+    mask, cache = _prefilled(model, True)
+    token, mask = th.zeros(5, 1, dtype=th.long), th.cat([mask, th.ones_like(mask[:, :1])], dim=1)
+    positions = mask.sum(-1, keepdim=True) - 1
+    before = step(token, mask, positions, copy.deepcopy(cache))
+    model.h[0].mlp.c_fc.weight.add_(0.5)  # an optimizer step in place
+    after = step(token, mask, positions, copy.deepcopy(cache))
+    ref = model(input_ids=token, attention_mask=mask, position_ids=positions, cache=cache).last_hidden_state
+    assert not th.equal(before, after) and th.equal(after, ref)
+
+
+def test_lean_step_refuses_what_is_not_the_stock_model():
+    model = _gpt2()
+    assert lean_step(model) is None  # training mode
+    model.eval()
+    assert lean_step(model) is not None
+    handle = model.h[1].mlp.register_forward_hook(lambda *args: None)  # e.g. FSDP's or a user's hooks
+    assert lean_step(model) is None
+    handle.remove()
+    model.h[0].attn.c_attn = th.nn.Linear(64, 192)  # a layer of another class (LoRA, quantized layers)
+    assert lean_step(model) is None
+    opt = OPTModel(
+        OPTConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=1,
+            ffn_dim=64,
+            num_attention_heads=2,
+            max_position_embeddings=64,
+            word_embed_proj_dim=32,
+        )
+    ).eval()
+    assert lean_step(opt) is None  # an architecture it does not know
+    windowed = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=4,
+    )
+    assert lean_step(Qwen2Model(windowed).eval()) is None
+
+
+def test_lean_step_is_off_for_lora_and_on_for_the_plain_policy():
+    pytest.importorskip("peft", reason="LoRA needs the lora extra (pip install peft)")
+    env = make_vec_env("TextGen-v0", n_envs=2, seed=0, device="cpu", max_new_tokens=4)
+    plain = quiet(GRPO("CausalLMPolicy", env, n_steps=4, batch_size=8, device="cpu"))
+    lora = quiet(
+        GRPO(
+            "CausalLMPolicy",
+            env,
+            n_steps=4,
+            batch_size=8,
+            device="cpu",
+            policy_kwargs={"lora": {"r": 4, "target_modules": ["c_attn"]}},
+        )
+    )
+    for model in (plain, lora):
+        model.policy.set_training_mode(False)
+    assert plain.policy._lean_decode is not None
+    assert lora.policy._lean_decode is None
+    plain.policy.set_training_mode(True)
+    assert plain.policy._lean_decode is None  # the update's forwards are the model's own
+
+
+@pytest.mark.parametrize("top_k", [None, 5])
+def test_categorical_tables_equal_torchs_categorical(top_k):
+    th.manual_seed(0)
+    logits = th.randn(6, 40)
+    if top_k:
+        logits = logits.masked_fill(logits < th.topk(logits, top_k).values[:, -1:], float("-inf"))
+    log_probs, probs = categorical_tables(logits)
+    dist = th.distributions.Categorical(logits=logits)
+    tokens = dist.sample()
+    assert th.equal(probs, dist.probs)
+    assert th.equal(log_probs.gather(-1, tokens[:, None]).squeeze(-1), dist.log_prob(tokens))
+
+
+class _Log(BaseCallback):
+    def __init__(self):
+        super().__init__()
+        self.rollouts = []
+
+    def _on_rollout_end(self):
+        buf = self.model.rollout_buffer
+        self.rollouts.append({n: np.asarray(getattr(buf, n)).copy() for n in ("actions", "log_probs", "values")})
+
+    def _on_step(self):
+        return True
+
+
+def _rollouts(engine, lean, monkeypatch):
+    calls = {"n": 0}
+    real = lean_module.lean_step
+
+    def counted(body):
+        step = real(body) if lean else None
+        if step is None:
+            return None
+
+        def run(*args):
+            calls["n"] += 1
+            return step(*args)
+
+        return run
+
+    monkeypatch.setattr("sb3_grpo.policies.causal_lm.lean_step", counted)
+    env = make_vec_env("TextGen-v0", n_envs=4, group_size=2, seed=7, device="cpu", max_new_tokens=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = quiet(
+            GRPO(
+                "CausalLMPolicy",
+                env,
+                n_steps=12,
+                batch_size=24,
+                n_epochs=1,
+                seed=3,
+                device="cpu",
+                engine=engine,
+                explore_alpha=0.2,
+                explore_fraction=1.0,
+            )
+        )
+    log = _Log()
+    model.learn(4 * 12 * 2, callback=log)
+    return log.rollouts, calls["n"]
+
+
+@pytest.mark.parametrize("engine", ["step", "hf"])
+def test_rollouts_through_the_lean_step_equal_the_models_forward_to_the_bit(engine, monkeypatch):
+    lean, used = _rollouts(engine, True, monkeypatch)
+    plain, unused = _rollouts(engine, False, monkeypatch)
+    assert used > 10 and unused == 0
+    for a, b in zip(lean, plain, strict=True):
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
