@@ -42,6 +42,8 @@ def _curve(points: list) -> str:
 def report_lines(cfg: Any, result: dict, version: str, threads: int) -> list[str]:
     """The printed report of :func:`benchmarks.perf.trl.compare_loops`'s result: per seed, then the medians."""
     lines = [f"{cfg}", f"TRL {version}, {threads} torch thread(s); curves: wall s/completions:reward"]
+    if result.get("grpo_kwargs"):
+        lines.insert(1, f"ours also with {json.dumps(result['grpo_kwargs'], sort_keys=True)}")
     for run in result["runs"]:
         lines.append(f"\nseed {run['seed']}: threshold (TRL's final reward) {run['threshold']:+.3f}")
         for name in ("ours", "TRL"):
@@ -84,6 +86,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--beta", type=float, default=None, help="KL coefficient of both")
     parser.add_argument("--ours-envs", type=int, default=None, help="envs of our loop (default: N)")
+    parser.add_argument(
+        "--ours-completions", type=int, default=None, help="completions our loop may sample (default: --completions)"
+    )
     parser.add_argument("--device", default=None, help="ours: auto (default) or a device; TRL: the CPU unless CUDA")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadiest on a shared machine)")

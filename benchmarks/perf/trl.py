@@ -61,6 +61,9 @@ class LoopConfig:
     :param ours_envs: Envs of our loop (``None``: ``N``). ``N`` envs x ``T`` steps sample more than ``N`` completions
         when episodes end early (EOS), so fewer updates for the same completions; about ``N / 2`` envs make as many
         completions per update as TRL's ``N`` at TextGen-v0's mean length.
+    :param ours_completions: Completions our loop may sample (``None``: ``completions``). The figure compared is the
+        time to TRL's final reward; more completions let a loop whose rollouts are faster run on toward it within
+        TRL's wall time instead of stopping at TRL's sample count.
     """
 
     n_envs: int = 64
@@ -73,6 +76,7 @@ class LoopConfig:
     device: str = "auto"
     window: int = 3
     ours_envs: int | None = None
+    ours_completions: int | None = None
 
 
 #: The two comparisons ``textrl-bench perf`` prints: the default one, and small batches on a tiny model with beta 0.
@@ -128,7 +132,7 @@ def _spec() -> tuple[list[str], Any]:
 
 
 def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
-    """Our GRPO: whole updates until ``cfg.completions`` completions are sampled.
+    """Our GRPO: whole updates until ``cfg.ours_completions`` (else ``cfg.completions``) completions are sampled.
 
     :param cfg: The comparison.
     :param seed: The seed.
@@ -154,7 +158,7 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
         warnings.filterwarnings("ignore", message="You have specified a mini-batch size")
         model = GRPO("CausalLMPolicy", env, **kwargs)
     model.set_logger(configure(None, []))
-    record, curve = _recorders(cfg.completions)
+    record, curve = _recorders(cfg.ours_completions or cfg.completions)
     w0, c0 = time.perf_counter(), time.process_time()
     record.start = w0
     model.learn(10**12, callback=[record, curve])
