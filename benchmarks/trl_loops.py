@@ -48,21 +48,23 @@ def report_lines(cfg: Any, result: dict, version: str, threads: int) -> list[str
         lines.append(f"\nseed {run['seed']}: threshold (TRL's final reward) {run['threshold']:+.3f}")
         for name in ("ours", "TRL"):
             r = run[name]
-            reached = run["ours_time" if name == "ours" else "trl_time"]
+            key = "ours" if name == "ours" else "trl"
+            reached, cpu = run[f"{key}_time"], run.get(f"{key}_cpu_time")
+            at = "never" if reached is None else f"{reached:.1f} s" + ("" if cpu is None else f" ({cpu:.1f} CPU s)")
             lines.append(
                 f"  {name:4s} {r['wall_s']:6.1f} s, {r['completions']} completions in {r['updates']} updates, "
-                f"reached it at {'never' if reached is None else f'{reached:.1f} s'}"
+                f"reached it at {at}"
             )
             lines.append(f"       {_curve(r['curve'])}")
     s = result["summary"]
-    t = s["time_to_trl_final"]
+    t, tc = s["time_to_trl_final"], s.get("cpu_time_to_trl_final")
     lines.append("\nmedians over the seeds:")
     for name in ("ours", "TRL"):
         r = s[name]
         lines.append(
             f"  {name:4s} wall {r['wall_s']:.1f} s, {r['completions_per_s']:.1f} completions/s "
             f"({r['completions_per_cpu_s']:.1f} per CPU s), final reward {r['final_reward']:+.3f}, "
-            f"time to TRL's final reward {t[name]:.1f} s"
+            f"time to TRL's final reward {t[name]:.1f} s" + ("" if tc is None else f" ({tc[name]:.1f} CPU s)")
         )
     lines.append(
         f"  ours trained {s['ours']['advantaged']:.0%} of the steps it sampled with an advantage (per update: its own "
@@ -70,7 +72,8 @@ def report_lines(cfg: Any, result: dict, version: str, threads: int) -> list[str
     )
     lines.append(
         f"ours / TRL: completions/s x{s['throughput_ratio']:.2f}; time to TRL's final reward: TRL / ours = "
-        f"x{t['ratio']:.2f} (above 1: ours gets there sooner)"
+        f"x{t['ratio']:.2f}" + ("" if tc is None else f" (in CPU seconds x{tc['ratio']:.2f})") + " (above 1: ours gets "
+        "there sooner)"
     )
     return lines
 

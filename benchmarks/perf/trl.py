@@ -137,7 +137,8 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
     :param cfg: The comparison.
     :param seed: The seed.
     :param grpo_kwargs: Overrides of GRPO's arguments.
-    :return: Figures and the reward curve ``[(wall s, completions so far, mean reward), ...]``.
+    :return: Figures, the reward curve ``[(wall s, completions so far, mean reward), ...]`` and ``cpu_at``, the
+        process's CPU seconds at each point of the curve.
     """
     from stable_baselines3.common.logger import configure
 
@@ -160,11 +161,12 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
     model.set_logger(configure(None, []))
     record, curve = _recorders(cfg.ours_completions or cfg.completions)
     w0, c0 = time.perf_counter(), time.process_time()
-    record.start = w0
+    record.start, record.cpu_start = w0, c0
     model.learn(10**12, callback=[record, curve])
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     if hasattr(record, "pending"):  # the last update
         record.curve.append((wall, record.count, record.pending))
+        record.cpu_at.append(cpu)
     env.close()
     return {
         "impl": "ours",
@@ -173,6 +175,7 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
         "completions": record.count,
         "updates": len(record.curve),
         "curve": record.curve,
+        "cpu_at": record.cpu_at,
         "advantaged": record.advantaged,
     }
 
@@ -220,6 +223,8 @@ def _recorders(completions: int) -> tuple[Any, Any]:
             super().__init__()
             self.rewards: list[dict] = []
             self.curve: list[tuple[float, int, float]] = []
+            self.cpu_at: list[float] = []
+            self.cpu_start = time.process_time()
             self.advantaged: list[float] = []
             self.count = 0
             self.start = time.perf_counter()
@@ -256,6 +261,7 @@ def _recorders(completions: int) -> tuple[Any, Any]:
             r = self.record
             if hasattr(r, "pending"):
                 r.curve.append((time.perf_counter() - r.start, r.count, r.pending))
+                r.cpu_at.append(time.process_time() - r.cpu_start)
                 del r.pending
 
     record = Record()
@@ -290,7 +296,7 @@ def run_trl(cfg: LoopConfig, seed: int) -> dict:
 
     prompts, env_reward = _spec()
     curve: list[tuple[float, int, float]] = []
-    start = [0.0]
+    start = [0.0, 0.0]  # wall and CPU clocks at the start
     count = [0]
 
     def sentiment(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:  # noqa: ARG001  (TRL's reward signature)
@@ -339,42 +345,65 @@ def run_trl(cfg: LoopConfig, seed: int) -> dict:
         processing_class=AutoTokenizer.from_pretrained(str(tokenizer_path())),
         train_dataset=_dataset(prompts * max(1, cfg.n_envs // cfg.group_size)),
     )
-    step_ends: list[float] = []
+    step_ends: list[tuple[float, float]] = []
     trainer.add_callback(_StepEnd(step_ends, start))
     w0, c0 = time.perf_counter(), time.process_time()
-    start[0] = w0
+    start[0], start[1] = w0, c0
     with contextlib.redirect_stdout(io.StringIO()):  # the trainer prints its end-of-training metrics
         trainer.train()
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     # each point's time: when the optimizer step that trained on it ended
-    timed = [(step_ends[i] if i < len(step_ends) else wall, n, r) for i, (_, n, r) in enumerate(curve)]
-    return {"impl": "TRL", "wall_s": wall, "cpu_s": cpu, "completions": count[0], "updates": len(curve), "curve": timed}
+    ends = [step_ends[i] if i < len(step_ends) else (wall, cpu) for i in range(len(curve))]
+    timed = [(end[0], n, r) for end, (_, n, r) in zip(ends, curve, strict=True)]
+    return {
+        "impl": "TRL",
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "completions": count[0],
+        "updates": len(curve),
+        "curve": timed,
+        "cpu_at": [end[1] for end in ends],
+    }
 
 
-def _StepEnd(times: list[float], start: list[float]) -> Any:  # noqa: N802  (builds a class: transformers is lazy)
-    """A ``TrainerCallback`` appending the wall time since ``start[0]`` at the end of every optimizer step."""
+def _StepEnd(times: list[tuple[float, float]], start: list[float]) -> Any:  # noqa: N802  (builds a class: transformers is lazy)
+    """A ``TrainerCallback`` appending the wall and CPU seconds since ``start`` at the end of every optimizer step."""
     from transformers import TrainerCallback
 
     class StepEnd(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ARG002  (TRL's callback signature)
-            times.append(time.perf_counter() - start[0])
+            times.append((time.perf_counter() - start[0], time.process_time() - start[1]))
 
     return StepEnd()
 
 
-def time_to_reward(curve: list[tuple[float, int, float]], threshold: float, window: int) -> float | None:
-    """The first wall time at which the mean reward of the last ``window`` updates reaches ``threshold``.
+def reached_at(curve: list[tuple[float, int, float]], threshold: float, window: int) -> int | None:
+    """The first point of ``curve`` at which the mean reward of the last ``window`` updates reaches ``threshold``.
 
     :param curve: ``[(wall s, completions so far, mean reward of the update), ...]``.
     :param threshold: The reward to reach.
     :param window: Updates averaged.
-    :return: Seconds, or ``None`` when the curve never reaches it.
+    :return: The point's index, or ``None`` when the curve never reaches it.
     """
     rewards = [r for _, _, r in curve]
     for i in range(window - 1, len(curve)):
         if statistics.fmean(rewards[i - window + 1 : i + 1]) >= threshold:
-            return curve[i][0]
+            return i
     return None
+
+
+def time_to_reward(curve: list[tuple[float, int, float]], threshold: float, window: int) -> float | None:
+    """The first wall time at which the mean reward of the last ``window`` updates reaches ``threshold``
+    (:func:`reached_at`), or ``None``."""
+    i = reached_at(curve, threshold, window)
+    return None if i is None else curve[i][0]
+
+
+def cpu_time_to_reward(run: dict, threshold: float, window: int) -> float | None:
+    """:func:`time_to_reward` in the process's CPU seconds (steadier than wall time on a shared machine), from a
+    run's ``cpu_at``."""
+    i = reached_at(run["curve"], threshold, window)
+    return None if i is None else run["cpu_at"][i]
 
 
 def final_reward(curve: list[tuple[float, int, float]], window: int) -> float:
@@ -414,6 +443,8 @@ def compare_loops(cfg: LoopConfig, seeds: list[int], log: Any = print, **grpo_kw
                 "threshold": threshold,
                 "ours_time": time_to_reward(results["ours"]["curve"], threshold, cfg.window),
                 "trl_time": time_to_reward(results["TRL"]["curve"], threshold, cfg.window),
+                "ours_cpu_time": cpu_time_to_reward(results["ours"], threshold, cfg.window),
+                "trl_cpu_time": cpu_time_to_reward(results["TRL"], threshold, cfg.window),
             }
         )
     return {"config": asdict(cfg), "grpo_kwargs": grpo_kwargs, "runs": runs, "summary": summarize(runs)}
@@ -437,9 +468,10 @@ def summarize(runs: list[dict]) -> dict:
     # the share of sampled steps that ours trained with an advantage: per run the mean over its updates
     out["ours"]["advantaged"] = med([statistics.fmean(r["ours"]["advantaged"]) for r in runs])
     inf = float("inf")
-    ours_t = med([r["ours_time"] if r["ours_time"] is not None else inf for r in runs])
-    trl_t = med([r["trl_time"] if r["trl_time"] is not None else inf for r in runs])
-    out["time_to_trl_final"] = {"ours": ours_t, "TRL": trl_t, "ratio": trl_t / ours_t if ours_t > 0 else None}
+    for key, suffix in (("time_to_trl_final", "time"), ("cpu_time_to_trl_final", "cpu_time")):
+        ours_t = med([r[f"ours_{suffix}"] if r.get(f"ours_{suffix}") is not None else inf for r in runs])
+        trl_t = med([r[f"trl_{suffix}"] if r.get(f"trl_{suffix}") is not None else inf for r in runs])
+        out[key] = {"ours": ours_t, "TRL": trl_t, "ratio": trl_t / ours_t if ours_t > 0 else None}
     out["throughput_ratio"] = out["ours"]["completions_per_s"] / out["TRL"]["completions_per_s"]
     return out
 

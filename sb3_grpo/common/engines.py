@@ -142,6 +142,11 @@ class TurnQueues:
         spec = text_spec(env)
         stops = [] if spec is None else [spec.eos_token_id, *getattr(spec, "turn_end_ids", ())]
         stop_ids = th.as_tensor(sorted({int(s) for s in stops if s is not None}), dtype=th.long, device=device)
+        # a single-turn episode's EOS terminates it: no value of the state after it is ever read
+        terminal = (
+            [] if spec is None or spec.interaction is not None or spec.eos_token_id is None else [spec.eos_token_id]
+        )
+        terminal_ids = th.as_tensor(terminal, dtype=th.long, device=device)
         width = int(policy.observation_space["input_ids"].shape[-1])  # type: ignore[index]
         self.live = policy.turn_decoder(  # type: ignore[operator]
             uniforms,
@@ -151,6 +156,7 @@ class TurnQueues:
             n_steps if spec is None else int(spec.max_agent_steps),
             width,
             needs_values,
+            terminal_ids,
         )
         self.alpha = alpha
         self.greedy_envs = greedy_envs

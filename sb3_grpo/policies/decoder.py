@@ -44,6 +44,8 @@ class LiveBatch:
     :param remember_ends: Run the forward of a row's last token too and put its window, keys/values, logits and value
         into the policy's prefill memo, so that the value of the state a turn ends in (GAE's bootstrap of a truncated
         episode, the rollout's last state) is a memo lookup rather than a prefill.
+    :param terminal_ids: ``[T]`` tokens that terminate the episode (a single-turn episode's EOS): no value of the state
+        after them is read, so ``remember_ends`` skips the rows they end (``None``: none).
     """
 
     def __init__(
@@ -56,9 +58,11 @@ class LiveBatch:
         max_turn_tokens: int,
         width: int,
         remember_ends: bool = False,
+        terminal_ids: th.Tensor | None = None,
     ) -> None:
         self.policy = policy
         self.remember_ends = remember_ends
+        self.terminal_ids = stop_ids[:0] if terminal_ids is None else terminal_ids
         self.windows: list[list[int]] = []  # each live row's valid token ids (the memo's key), with remember_ends
         self.uniforms = uniforms
         self.explore = explore
@@ -169,8 +173,10 @@ class LiveBatch:
         if self.remember_ends:
             for window, token in zip(self.windows, chosen.tolist(), strict=True):
                 window.append(token)
-            if bool(ended.any()):
-                return self._forward_and_remember(chosen, ended, fits)
+            # the rows whose end state's value may be read: those not terminated by their token
+            wanted = fits & ~th.isin(chosen, self.terminal_ids)
+            if bool((ended & wanted).any()):
+                return self._forward_and_remember(chosen, ended, wanted)
         keep = ~ended
         if not bool(keep.any()):
             self.cache, self.kv_mask, self.logits, self.values = None, None, None, None
@@ -188,11 +194,11 @@ class LiveBatch:
         self._forward(chosen[keep])
         return any_ended
 
-    def _forward_and_remember(self, chosen: th.Tensor, ended: th.Tensor, fits: th.Tensor) -> bool:
-        """:meth:`advance`'s forward with the rows whose turn ended kept for it, whose windows then go into the
-        policy's prefill memo before they leave."""
-        chosen, ended = chosen[fits], ended[fits]
-        self._keep(fits)
+    def _forward_and_remember(self, chosen: th.Tensor, ended: th.Tensor, kept: th.Tensor) -> bool:
+        """:meth:`advance`'s forward of the ``kept`` rows (those going on, and those whose turn ended in a state whose
+        value may be read), the latter's windows then put into the policy's prefill memo before they leave."""
+        chosen, ended = chosen[kept], ended[kept]
+        self._keep(kept)
         if len(self):
             self._forward(chosen)
             keys = [tuple(w) if e else () for w, e in zip(self.windows, ended.tolist(), strict=True)]
