@@ -132,7 +132,16 @@ def main(argv: list[str] | None = None) -> dict:
         from sb3_grpo.compare.pages import write_results_page
 
         command = shlex.join(["textrl-bench", "trl", *(sys.argv[1:] if argv is None else argv)])
-        body = "Reward against wall time of both loops, per seed, then the medians over the seeds.\n\n```\n"
+        body = (
+            "Reward against wall time of both loops, per seed, then the medians over the seeds. Both run TRL's "
+            "settings (first line of the report); `ours_envs` is our loop's number of envs (an env whose episode "
+            "ends on EOS starts its next at once, so N/2 envs sample about N completions per update at TextGen-v0's "
+            "mean length), `ours_completions` the completions our loop may sample (the figure compared is the time "
+            "to TRL's final reward, so a faster loop may run on toward it), and the line after it names our GRPO's "
+            "other arguments (`carry_over=True` trains the steps of a group that a rollout's end cut, in the next "
+            "update, instead of giving them advantage 0). CPU seconds are this process's, steadier than wall time "
+            "on a shared machine.\n\n```\n"
+        )
         write_results_page(page, "GRPO loop against TRL's GRPOTrainer", body + "\n".join(lines) + "\n```\n", command)
         print(f"results page: {page}")
     if args.json:
