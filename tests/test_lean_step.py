@@ -85,12 +85,13 @@ def _prefilled(model, padded):
     return mask, cache
 
 
+@pytest.mark.parametrize("dtype", [th.float32, th.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
 @pytest.mark.parametrize("name", list(MODELS))
 @th.no_grad()
-def test_lean_step_equals_the_models_forward_to_the_bit(name, padded):
+def test_lean_step_equals_the_models_forward_to_the_bit(name, padded, dtype):
     th.manual_seed(0)
-    model = MODELS[name]().eval()
+    model = MODELS[name]().eval().to(dtype)
     step = lean_step(model)
     assert step is not None
     mask, cache = _prefilled(model, padded)
