@@ -9,7 +9,7 @@ from helpers import RolloutLog, quiet
 from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_grpo import GRPO
-from sb3_grpo.common.arguments import check_carry_over
+from sb3_grpo.common.arguments import check_carry_over, resolve_carry_over
 from sb3_grpo.common.buffers import GRPODictRolloutBuffer, SequenceRolloutBuffer
 from sb3_grpo.common.groups import EpisodeGroupTracker, _ignore_greedy
 from sb3_grpo.objectives import group_advantages, rloo_advantages
@@ -207,7 +207,7 @@ def test_trl_loop_counts_the_steps_trained_with_an_advantage():
 
     cfg = trl.LoopConfig(n_envs=8, group_size=4, tokens=10, completions=48, lr=0.0, beta=0.0, model="tiny")
     short = {"n_steps": 6, "batch_size": 48}  # rollouts shorter than the episodes: every episode straddles one
-    plain, carried = trl.run_ours(cfg, 0, **short), trl.run_ours(cfg, 0, carry_over=True, **short)
+    plain, carried = trl.run_ours(cfg, 0, carry_over=False, **short), trl.run_ours(cfg, 0, carry_over=True, **short)
     rewards = [[r for _, _, r in run["curve"]] for run in (plain, carried)]
     np.testing.assert_array_equal(*rewards)  # the same samples
     assert len(plain["advantaged"]) == plain["updates"] and all(0 <= a <= 1 for a in plain["advantaged"])
@@ -223,3 +223,28 @@ def test_self_critical_greedy_members_are_never_trained_with_an_advantage():
     greedy -= sampled  # log-probs identify steps, except the few equal ones
     assert greedy and any(a != 0.0 for _, a in trained)
     assert all(a == 0.0 for lp, a in trained if lp in greedy)
+
+
+@pytest.mark.parametrize(
+    ("carry_over", "advantage", "buffer", "cap", "on"),
+    [
+        ("auto", "group", "sequence", None, True),
+        ("auto", "rloo", "sequence", None, True),
+        ("auto", "role", "sequence", None, True),
+        ("auto", "gae", "sequence", None, False),  # GAE knows every step's advantage
+        ("auto", "group_turn", "sequence", None, False),  # a held sequence gets one advantage
+        ("auto", "group", "dict", None, False),  # only the text fast path holds sequences
+        ("auto", "group", "sequence", 2.0, False),  # vLLM's cap weights each rollout's own steps
+        (True, "group", "sequence", None, True),
+        (False, "group", "sequence", None, False),
+    ],
+)
+def test_carry_over_auto_resolves_where_it_applies(carry_over, advantage, buffer, cap, on):
+    cls = SequenceRolloutBuffer if buffer == "sequence" else GRPODictRolloutBuffer
+    assert resolve_carry_over(carry_over, advantage, cls, cap) is on
+
+
+def test_carry_over_is_on_by_default_for_group_advantages_on_text():
+    env = make_vec_env("TextGen-v0", n_envs=2, group_size=2, seed=0, device="cpu", max_new_tokens=4)
+    assert quiet(GRPO("CausalLMPolicy", env, advantage="group", n_steps=4, batch_size=8)).carry_over_on
+    assert not quiet(GRPO("CausalLMPolicy", env, n_steps=4, batch_size=8)).carry_over_on  # GAE

@@ -182,9 +182,9 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
 
 def _grpo_kwargs(cfg: LoopConfig, n_envs: int, seed: int, grpo_kwargs: dict[str, Any]) -> dict[str, Any]:
     """GRPO's arguments in :func:`run_ours`: set as TRL's trainer runs (AdamW at its defaults, one epoch, one
-    optimizer step per update, no extras), then the caller's overrides. With ``carry_over`` an update also trains
-    steps held from earlier rollouts, so its minibatch is made large enough for all of them (four rollouts' worth:
-    one optimizer step per update, as TRL's)."""
+    optimizer step per update, no extras), then the caller's overrides. With ``carry_over`` (on unless
+    ``carry_over=False``) an update also trains steps held from earlier rollouts, so its minibatch is made large
+    enough for all of them (four rollouts' worth: one optimizer step per update, as TRL's)."""
     import torch as th
 
     rollout = grpo_kwargs.get("n_steps", cfg.tokens) * n_envs  # steps per rollout
@@ -193,7 +193,7 @@ def _grpo_kwargs(cfg: LoopConfig, n_envs: int, seed: int, grpo_kwargs: dict[str,
     kwargs = {
         "learning_rate": cfg.lr,
         "n_steps": cfg.tokens,
-        "batch_size": 4 * rollout if grpo_kwargs.get("carry_over") else rollout,
+        "batch_size": rollout if grpo_kwargs.get("carry_over", "auto") is False else 4 * rollout,
         "n_epochs": 1,
         "clip_range": 0.2,
         "max_grad_norm": 1.0,

@@ -36,6 +36,8 @@ __all__ = [
     "check_argument_values",
     "check_buffer_for_kl",
     "check_carry_over",
+    "check_carry_over_value",
+    "resolve_carry_over",
     "check_grpo_args",
     "check_learn_args",
     "check_ppo_args",
@@ -208,7 +210,7 @@ GRPO_CHECKS: dict[str, Check] = {
     "nonfinite": lambda n, v: check_choice(
         n, v, NONFINITE, hint="'raise' stops with an error (the default), 'skip' drops bad episodes and minibatches"
     ),
-    "carry_over": check_bool,
+    "carry_over": lambda _n, v: check_carry_over_value(v),
     "micro_batch_size": _optional(lambda n, v: check_int(n, v, low=1, example=8)),
     "data_parallel": lambda n, v: check_choice(n, v, ("ddp", "fsdp")),
     "engine": lambda _n, v: check_engine(v),
@@ -275,12 +277,12 @@ def check_grpo_args(args: Mapping[str, Any]) -> tuple[float, float] | None:
         )
     if args.get("kl_target") is not None and not args.get("kl_coef", 0.0) > 0:
         raise ValueError("kl_target adapts kl_coef multiplicatively; give a starting kl_coef > 0")
-    if args.get("carry_over") and args.get("advantage", "gae") == "gae":
+    if args.get("carry_over") is True and args.get("advantage", "gae") == "gae":
         raise ValueError(
             "carry_over=True holds the steps of episodes whose group advantage is not known yet, so it needs a group "
             "advantage: pass advantage='group' (or 'rloo', 'self_critical', 'role'), or carry_over=False"
         )
-    if args.get("carry_over") and args.get("advantage") == "group_turn":
+    if args.get("carry_over") is True and args.get("advantage") == "group_turn":
         raise ValueError(
             "carry_over=True trains a held sequence with one advantage, but advantage='group_turn' gives each turn its "
             "own; pass carry_over=False (and n_steps of a few episode lengths, so few episodes straddle two rollouts)"
@@ -390,13 +392,36 @@ def check_ppo_batching(batch_size: int, n_steps: int, n_envs: int | None, normal
         )
 
 
-def check_carry_over(buffer_class: type, carry_over: bool) -> None:
+def check_carry_over_value(carry_over: Any) -> None:
+    """``carry_over`` is ``True``, ``False`` or ``"auto"``."""
+    if carry_over is not True and carry_over is not False and carry_over != "auto":
+        raise TypeError(
+            f"carry_over must be True, False or 'auto' (on for group advantages on the text fast path), got "
+            f"{carry_over!r}"
+        )
+
+
+def resolve_carry_over(carry_over: bool | str, advantage: str, buffer_class: type, importance_cap: Any = None) -> bool:
+    """Whether ``carry_over`` is on: ``True`` / ``False`` as given; ``"auto"`` is on where it applies, that is with a
+    group advantage that gives a held sequence one advantage (not ``"gae"``, not ``"group_turn"``), the text fast
+    path's buffer (:class:`~sb3_grpo.common.buffers.SequenceRolloutBuffer`), and no vLLM importance cap (which
+    weights each rollout's own steps)."""
+    if carry_over != "auto":
+        return bool(carry_over)
+    return (
+        advantage not in ("gae", "group_turn")
+        and issubclass(buffer_class, SequenceRolloutBuffer)
+        and importance_cap is None
+    )
+
+
+def check_carry_over(buffer_class: type, carry_over: bool | str) -> None:
     """``carry_over`` holds whole sequences of the text fast path, so the rollout buffer must be a
     :class:`~sb3_grpo.common.buffers.SequenceRolloutBuffer` (a ``CausalLMPolicy`` on a text env, the default buffer).
 
     :raises ValueError: when it is not.
     """
-    if carry_over and not issubclass(buffer_class, SequenceRolloutBuffer):
+    if carry_over is True and not issubclass(buffer_class, SequenceRolloutBuffer):
         raise ValueError(
             f"carry_over=True holds the text fast path's sequences until their group advantage is known; the rollout "
             f"buffer here is {buffer_class.__name__}. Use a CausalLMPolicy on a text env with rollout_buffer_class="

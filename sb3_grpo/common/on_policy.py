@@ -58,6 +58,7 @@ from sb3_grpo.common.arguments import (
     check_carry_over,
     check_learn_args,
     check_ppo_batching,
+    resolve_carry_over,
 )
 from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_class_for
 from sb3_grpo.common.carry_over import CarryOver
@@ -101,7 +102,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         its steps before returns and advantages, its total kept (:mod:`sb3_grpo.common.redistribution`)
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: group forms on the text fast path: train the steps of an episode whose group has not finished
-        when the rollout ends in the first update after it has (:mod:`sb3_grpo.common.carry_over`)
+        when the rollout ends in the first update after it has (:mod:`sb3_grpo.common.carry_over`); ``"auto"``: on
+        where it applies (:func:`~sb3_grpo.common.arguments.resolve_carry_over`)
     :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
         (whole sequences on the text fast path) and accumulate their gradients: one optimizer step per minibatch, the
         same update as unsplit to float rounding, with the peak memory of a micro-batch (``None``: no split)
@@ -152,7 +154,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         advantage: str = "gae",
         grad_norm_warn: float | None = 1000.0,
         nonfinite: str = "raise",
-        carry_over: bool = False,
+        carry_over: bool | str = "auto",
         micro_batch_size: int | None = None,
         data_parallel: str = "ddp",
         engine: str = "step",
@@ -220,7 +222,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         if reward_redistribution is not None and self.env is not None:
             check_redistribution_env(self.env, reward_redistribution)
         if self.advantage not in ("gae", "role") and self.env is not None:
-            # warns when n_steps < the episodes' length (unless carry_over trains those steps later)
+            # warns when n_steps < the episodes' length (unless carry_over trains those steps later; "auto" is
+            # resolved with the rollout buffer, and warns then if it is off)
             check_grouped_env(self.env, self.advantage, None if carry_over else self.n_steps)
 
     # ------------------------------------------------------------------------------------------------------
@@ -288,6 +291,14 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             self.rollout_buffer_class, self.policy_class, self.observation_space, self.action_space
         )
         self._check_buffer_class(self.rollout_buffer_class)
+        importance_cap = getattr(vllm_options(getattr(self, "engine", "step")), "importance_cap", None)
+        #: whether carry_over is on (``"auto"`` resolved for this model's advantage, buffer and engine)
+        self.carry_over_on = resolve_carry_over(
+            getattr(self, "carry_over", False), self.advantage, self.rollout_buffer_class, importance_cap
+        )
+        if getattr(self, "carry_over", False) == "auto" and not self.carry_over_on and self.env is not None:
+            if self.advantage not in ("gae", "role"):
+                check_grouped_env(self.env, self.advantage, self.n_steps)
         # load() restores the saved exploration RNG before calling _setup_model: keep its state
         loaded_explore_rng = self.__dict__.get("_explore_rng")
         # torch.distributed: rank r seeds with seed + 1000 * r; rank 0's weights are broadcast below
@@ -333,7 +344,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             self._explore_rng = np.random.default_rng(self.seed)
         self._rollout_explore_alpha = 0.0
         self._group_tracker: EpisodeGroupTracker | None = None
-        self._carry = CarryOver() if getattr(self, "carry_over", False) else None
+        self._carry = CarryOver() if self.carry_over_on else None
         self._redistribution_steps: np.ndarray | None = None  # per env: steps of its running episode so far
         if getattr(self, "reward_redistribution", None) == "attention" and not hasattr(self.policy, "lm"):
             raise ValueError(

@@ -168,7 +168,7 @@ def check_vllm_model(model: Any) -> None:
             "change as episodes end); use engine='hf' (the built-in decoder) or engine='step', which can"
         )
     options = vllm_options(model.engine)
-    if options is not None and options.importance_cap is not None and getattr(model, "carry_over", False):
+    if options is not None and options.importance_cap is not None and getattr(model, "carry_over", False) is True:
         raise ValueError(
             "VLLMOptions(importance_cap=...) weights each rollout's own steps, and carry_over=True trains steps of "
             "an earlier rollout: turn one of them off"

@@ -60,7 +60,8 @@ class DrGRPO(GroupOnPolicyAlgorithm):
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: train the steps of an episode whose group has not finished when the rollout ends in the first
-        update after it has (:mod:`sb3_grpo.common.carry_over`; the text fast path)
+        update after it has (:mod:`sb3_grpo.common.carry_over`; the text fast path); ``"auto"`` (the default): on
+        where it applies, as :class:`~sb3_grpo.GRPO`'s
     :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
         (whole sequences on the text fast path), one optimizer step per minibatch; the normaliser's ``S`` stays the
         whole minibatch's sequence count, so the update equals the unsplit one to float rounding (``None``: no split)
@@ -103,7 +104,7 @@ class DrGRPO(GroupOnPolicyAlgorithm):
         max_completion_tokens: int | None = None,
         grad_norm_warn: float | None = 1000.0,
         nonfinite: str = "raise",
-        carry_over: bool = False,
+        carry_over: bool | str = "auto",
         micro_batch_size: int | None = None,
         data_parallel: str = "ddp",
         engine: str = "step",

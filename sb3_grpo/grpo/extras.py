@@ -35,7 +35,7 @@ class GRPOExtras:
     advantage: str = "gae"
     kl_coef: float = 0.0
     kl_target: float | None = None
-    carry_over: bool = False
+    carry_over: bool | str = "auto"
     #: the rollout engine (``"step"``: SB3's loop, PPO's numbers; ``"hf"``: the built-in decoder, the same tokens with
     #: log-probs and values equal to float rounding), see :mod:`sb3_grpo.common.engines`
     engine: str = "step"

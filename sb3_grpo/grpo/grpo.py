@@ -143,8 +143,10 @@ class GRPO(GroupOnPolicyAlgorithm):
         losses and gradients (see above)
     :param carry_over: group forms on the text fast path: train the steps of an episode whose group has not finished
         when the rollout ends in the first update after it has, with the episode's advantage, instead of with
-        advantage 0 in their own rollout's update (:mod:`sb3_grpo.common.carry_over`). Off: GRPO's updates use only
-        their own rollout, as PPO's do.
+        advantage 0 in their own rollout's update (:mod:`sb3_grpo.common.carry_over`). ``"auto"`` (the default): on
+        with a group advantage that gives a sequence one advantage (not ``"gae"``, not ``"group_turn"``) on the text
+        fast path, unless vLLM's importance cap is set (:func:`~sb3_grpo.common.arguments.resolve_carry_over`;
+        ``carry_over_on`` says what it resolved to). ``False``: every update uses only its own rollout, as PPO's do.
     :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
         (whole sequences on the text fast path), accumulating their gradients into one optimizer step per minibatch:
         the update equals the unsplit one to float rounding (advantages normalised over the whole minibatch, every
@@ -206,7 +208,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         kl_target: float | None = None,
         grad_norm_warn: float | None = 1000.0,
         nonfinite: str = "raise",
-        carry_over: bool = False,
+        carry_over: bool | str = "auto",
         micro_batch_size: int | None = None,
         data_parallel: str = "ddp",
         engine: str = "step",

@@ -63,7 +63,8 @@ class GSPO(GroupOnPolicyAlgorithm):
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: train the steps of an episode whose group has not finished when the rollout ends in the first
-        update after it has (:mod:`sb3_grpo.common.carry_over`; the text fast path)
+        update after it has (:mod:`sb3_grpo.common.carry_over`; the text fast path); ``"auto"`` (the default): on
+        where it applies, as :class:`~sb3_grpo.GRPO`'s
     :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.common.engines`): ``"step"`` (default, SB3's
         loop), ``"hf"`` (the policy's built-in decoder) or ``"vllm"`` (the vLLM extra); see :class:`~sb3_grpo.GRPO`
     """
@@ -103,7 +104,7 @@ class GSPO(GroupOnPolicyAlgorithm):
         advantage: str = "group",
         grad_norm_warn: float | None = 1000.0,
         nonfinite: str = "raise",
-        carry_over: bool = False,
+        carry_over: bool | str = "auto",
         engine: str = "step",
     ):
         check_grpo_args(locals())  # PPO's arguments and the shared ones, before any model is built
