@@ -21,6 +21,7 @@ The fixed points of an update where the ranks meet:
   shard) and the clip.
 - :meth:`~SingleProcess.full_state`: what ``save`` writes (under FSDP, the full state gathered to rank 0, so that
   the file loads on one process).
+- :meth:`~SingleProcess.release`: at the end of a rollout (under FSDP, each rank frees the blocks it gathered).
 
 And one span: :meth:`~SingleProcess.updating` wraps ``train``'s update, whose forwards and backwards every rank runs
 alike (under FSDP, the blocks are resharded after each of them there; see :class:`FullyShardedDataParallel`).
@@ -95,6 +96,9 @@ class SingleProcess:
 
     def shard(self, policy: th.nn.Module) -> None:
         """Shard the policy over the ranks (only under FSDP), after :meth:`start` and the KL reference's copy."""
+
+    def release(self, policy: th.nn.Module) -> None:
+        """Free what the rollout's forwards gathered, after its last one (only under FSDP; a local call)."""
 
     def updating(self, policy: th.nn.Module) -> contextlib.AbstractContextManager[None]:  # noqa: ARG002 (the seam's)
         """The context of one update (``train``), in which every rank runs the same forwards and backwards (under
@@ -216,10 +220,11 @@ class FullyShardedDataParallel(DataParallel):
 
     - in the update (:meth:`updating`), right after the unit's forward, and after its backward: a rank holds its
       shards plus the one or two units being computed, so its peak falls with the number of ranks;
-    - outside it (the rollout, ``predict``), a unit gathered by a forward stays gathered until the update starts,
-      which frees it. The ranks may make different numbers of forwards in a rollout (the KV cache serves some
-      steps without a forward, episodes end at different steps), and gathering is a collective call, so the rollout
-      gathers each unit once, in its first forward (which every rank makes), and not once per forward.
+    - outside it (the rollout, ``predict``), a unit gathered by a forward stays gathered until the rollout ends
+      (:meth:`release`) or the update starts. The ranks may make different numbers of forwards in a rollout (the KV
+      cache serves some steps without a forward, episodes end at different steps), and gathering is a collective
+      call, so the rollout gathers each unit once, in its first forward (which every rank makes), and not once per
+      forward: during a rollout a rank holds the whole model's weights beside its shards.
 
     Every rank must run every forward and backward of the update: the ranks need the same number of minibatches per
     epoch (SB3's per-transition buffers give it with the same ``n_envs``, ``n_steps`` and ``batch_size``; the text
@@ -273,13 +278,18 @@ class FullyShardedDataParallel(DataParallel):
             kwargs.update({key: False for key in self._optimizer_flags})
         policy.optimizer = policy.optimizer_class(params, lr=group["lr"], **kwargs)
 
+    def release(self, policy: th.nn.Module) -> None:  # noqa: ARG002 (the seam's signature)
+        """Reshard every unit: each rank drops its gathered copies (no collective call), keeping its shards."""
+        for unit in getattr(self, "_units", []):
+            unit.reshard()
+
     @contextlib.contextmanager
-    def updating(self, policy: th.nn.Module) -> Iterator[None]:  # noqa: ARG002 (the seam's signature)
-        """Free the units the rollout gathered (a local call: each rank drops its gathered copies), reshard each unit
+    def updating(self, policy: th.nn.Module) -> Iterator[None]:
+        """Free the units still gathered (:meth:`release`: by forwards since the rollout's end), reshard each unit
         after its forward for the update, and keep the units gathered again after it (for the next rollout)."""
+        self.release(policy)
         units = getattr(self, "_units", [])
         for unit in units:
-            unit.reshard()
             unit.set_reshard_after_forward(True, recurse=False)
         try:
             yield
@@ -317,15 +327,9 @@ class FullyShardedDataParallel(DataParallel):
         device = grads[0].device
         sharded = [g.to_local() for g in grads if _is_sharded(g)]
         whole = [g for g in grads if not _is_sharded(g)]
-        sq_sharded = (
-            th.stack([g.detach().float().pow(2).sum() for g in sharded]).sum()
-            if sharded
-            else th.zeros((), device=device)
-        )
+        sq_sharded = th.stack([_squared_norm(g) for g in sharded]).sum() if sharded else th.zeros((), device=device)
         distributed.all_reduce_sum_(sq_sharded)
-        sq_whole = (
-            th.stack([g.detach().float().pow(2).sum() for g in whole]).sum() if whole else th.zeros((), device=device)
-        )
+        sq_whole = th.stack([_squared_norm(g) for g in whole]).sum() if whole else th.zeros((), device=device)
         total = th.sqrt(sq_sharded + sq_whole)
         coef = th.clamp(max_norm / (total + 1e-6), max=1.0)
         for g in [*sharded, *whole]:
@@ -391,6 +395,11 @@ def fsdp_root(policy: th.nn.Module, units: list[th.nn.Module]) -> th.nn.Module |
         return None
     inside = set(body.modules())
     return body if all(unit in inside and unit is not body for unit in units) else None
+
+
+def _squared_norm(grad: th.Tensor) -> th.Tensor:
+    """``(grad ** 2).sum()`` in float32, without a squared copy of the gradient."""
+    return th.linalg.vector_norm(grad.detach(), dtype=th.float32).pow(2)
 
 
 def _is_sharded(tensor: th.Tensor) -> bool:

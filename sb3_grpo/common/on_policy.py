@@ -615,6 +615,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         extras.land_rewards(rollout_buffer)  # rewards scored in the background, before returns and advantages
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
         extras.finish(rollout_buffer, self.logger, self.num_timesteps, self._n_updates, self.advantage)
+        self._data_parallel.release(self.policy)  # FSDP: the rollout's gathered blocks are not needed any more
 
         callback.update_locals(locals())
 
