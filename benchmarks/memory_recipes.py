@@ -9,15 +9,18 @@ system (glibc's ``malloc_trim(0)``, :func:`~sb3_grpo.common.host_memory.release_
 peak RSS (Linux ``/proc/self/clear_refs``) and runs the first update (one epoch, the rollout as one minibatch), the one
 that allocates the gradients and Adam's state. ``measured MB`` is the peak RSS during that update minus the RSS after
 the imports and the env (also trimmed), before the model was built: the weights, the gradients, Adam's state, the
-activations and whatever the allocator keeps. Without the trim a quantized row would also count the full-precision
-weights freed while the base was quantized, which glibc keeps in the heap. ``estimate MB`` is
+activations and whatever the allocator keeps. ``next rollout MB`` is the peak RSS, less the same base, of the rollout
+after that update (trimmed and reset again first), which still holds the update's gradients and Adam's state.
+Without the trim a quantized row would also count the full-precision weights freed while the base was quantized,
+which glibc keeps in the heap. ``estimate MB`` is
 :func:`~sb3_grpo.policies.memory_estimate.estimate_memory` for the same settings (it leaves out allocator overhead).
 The quantized rows load the base from a folder the benchmark writes first (bitsandbytes quantizes while loading).
 
 FSDP rows run 2 gloo processes (``torchrun --nproc_per_node 2``, ``data_parallel="fsdp"``, one torch thread each),
 each with its own env of ``n_envs`` completions (so each rank's minibatch is the single-process one); each rank
 measures its own peak and the bytes it holds of the parameters, gradients and Adam's state (an FSDP shard counted by
-its local part).
+its local part). In the update each rank gathers one block at a time; in a rollout it holds every block gathered
+(see :class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`), which ``next rollout MB`` shows.
 
 A row runs only when the memory it needs by the estimate (times 1.25, plus the process itself; at least the float32
 model every row builds before it is quantized or sharded) is below both ``--max-gb`` and what the machine has free
@@ -189,6 +192,15 @@ def own_memory(policy) -> None:
     gc.collect()
 
 
+def next_rollout(model) -> None:
+    """Fill ``model``'s buffer with the rollout after its update (as ``learn``'s next iteration would)."""
+    from stable_baselines3.common.callbacks import CallbackList
+
+    callback = CallbackList([])
+    callback.init_callback(model)
+    model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
+
+
 def child(cfg: dict) -> dict:
     """One row (or one rank of an FSDP row): build, roll out, trim, reset the peak, run the first update."""
     import torch as th
@@ -222,15 +234,23 @@ def child(cfg: dict) -> dict:
         t0 = time.perf_counter()
         model.train()  # the first update: it allocates the gradients and Adam's state
         seconds = time.perf_counter() - t0
+        measured = _rss_mb() - base
+        held = held_state_mb(model.policy)
+        _trimmed_rss_mb()
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+        next_rollout(model)  # with the gradients and Adam's state the update left (FSDP: the blocks gathered)
+        rollout = _rss_mb() - base
     row = {
         **{k: cfg[k] for k in ("shape", "lora", "quant", "micro", "ckpt", "fsdp")},
         "rank": rank,
         "base_mb": base,
         "built_mb": built,
-        "measured_mb": _rss_mb() - base,
+        "measured_mb": measured,
+        "rollout_mb": rollout,
         "seconds": seconds,
         "loss": model.logger.name_to_value.get("train/loss", float("nan")),
-        **held_state_mb(model.policy),
+        **held,
     }
     if cfg["fsdp"]:
         Path(cfg["out"], f"rank{rank}.json").write_text(json.dumps(row))
@@ -323,21 +343,22 @@ def _state(r: dict) -> float:
 def table_lines(rows: list[dict]) -> list[str]:
     """The table's rows (measured, failed, or not run and why)."""
     lines = [
-        "| model | configuration | measured MB | estimate MB | params + grads + Adam MB | update s | train/loss |",
-        "|---|---|---|---|---|---|---|",
+        "| model | configuration | measured MB | estimate MB | params + grads + Adam MB | next rollout MB | update s "
+        "| train/loss |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         head = f"| {row['shape']} | {label(row)} |"
         if "skipped" in row:
-            lines.append(f"{head} not run: {row['skipped']} | {row['estimate_mb']:.0f} | | | |")
+            lines.append(f"{head} not run: {row['skipped']} | {row['estimate_mb']:.0f} | | | | |")
         elif "error" in row:
-            lines.append(f"{head} failed: {row['error'][:120]} | {row['estimate_mb']:.0f} | | | |")
+            lines.append(f"{head} failed: {row['error'][:120]} | {row['estimate_mb']:.0f} | | | | |")
         else:
             held = " / ".join(f"{_state(r):.0f}" for r in row.get("ranks", [row]))
             seconds = max(r["seconds"] for r in row.get("ranks", [row]))
             lines.append(
-                f"{head} {_mb(row, 'measured_mb')} | {row['estimate_mb']:.0f} | {held} | {seconds:.1f} | "
-                f"{row['loss']:.6g} |"
+                f"{head} {_mb(row, 'measured_mb')} | {row['estimate_mb']:.0f} | {held} | {_mb(row, 'rollout_mb')} | "
+                f"{seconds:.1f} | {row['loss']:.6g} |"
             )
     return lines
 
@@ -438,12 +459,18 @@ def write_page(args, argv: list[str], rows: list[dict], seq_len: int, n_actions:
         "`estimate MB`: `sb3-grpo estimate-memory` for the same settings, per rank (no allocator overhead, no "
         "process). `params + grads + Adam MB`: the bytes of the policy's parameters, gradients and optimizer state "
         "that the process holds after the update (an FSDP rank: its shards and the parameters that stay whole). "
+        "`next rollout MB`: the peak RSS, less the same base, during the rollout that follows the update (as "
+        "`learn`'s next iteration; the update's gradients and Adam's state are still held; not estimated). "
         "LoRA: rank 8 on the attention projections (GPT-2's `c_attn`; Qwen2's `q_proj`, `v_proj`).",
         "",
         f"FSDP rows: {FSDP_RANKS} processes under `torchrun` with gloo, one torch thread each, "
         f'`data_parallel="fsdp"`; each rank steps its own {args.n_envs} envs (the minibatch of a one-process row, '
-        "so a global batch twice as large) and shards the transformer blocks; the embeddings, the final norm, the "
-        "tied output head and the critic stay whole on every rank. Their figures are per rank (`rank 0 / rank 1`).",
+        "so a global batch twice as large) and shards the transformer blocks, under the LM body as their common "
+        "FSDP root; the embeddings, the final norm, the tied output head and the critic stay whole on every rank. "
+        "In the update each block is gathered for its forward and again for its backward, and resharded after each; "
+        "in a rollout each rank gathers every block in its first forward and holds them until the rollout ends (the "
+        "ranks may make different numbers of forwards there, and a gather is a collective call), so `next rollout "
+        "MB` holds the whole model's weights beside the shards. Their figures are per rank (`rank 0 / rank 1`).",
         "",
         *table_lines(rows),
     ]

@@ -303,13 +303,14 @@ def average_gradients(params: Iterable[nn.Parameter], contributed: bool = True) 
     dist.all_reduce(bucket, op=dist.ReduceOp.SUM)
     n_contributors = max(float(bucket[-1].item()), 1.0)
     has_grad = bucket[-1 - len(params) : -1].tolist()
+    bucket[: -1 - len(params)].div_(n_contributors)  # in place: no second copy of a large gradient
     offset = 0
     for p, flag in zip(params, has_grad):
         n = p.numel()
         if flag > 0:
-            grad = (bucket[offset : offset + n] / n_contributors).view_as(p).to(p.dtype)
+            grad = bucket[offset : offset + n].view_as(p)
             if p.grad is None:
-                p.grad = grad.to(p.device)
+                p.grad = grad.to(device=p.device, dtype=p.dtype, copy=True)
             else:
                 p.grad.copy_(grad)
         else:

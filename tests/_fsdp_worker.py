@@ -5,7 +5,8 @@ actions), Pendulum (a Gaussian policy: its ``log_std`` stays whole) and TextGen-
 blocks are sharded; per-transition minibatches, in micro-batches, with group advantages and the KL term) and
 TextGen-v0 with LoRA (``TextGen-v0-lora``: rank-4 adapters on ``c_attn``, the base frozen and sharded with them), and
 writes
-the final full parameters, the numbers of parameter and optimizer-state elements it holds itself, to
+the final full parameters, the numbers of parameter and optimizer-state elements it holds itself, and (FSDP) how many
+sharded units held their gathered parameters around each unit's forward in the updates, to
 ``OUT/<env>_<mode>_rank<r>.pt``; the FSDP models are saved to ``OUT/<env>_fsdp.zip`` (every rank calls ``save``,
 rank 0 writes).
 """
@@ -44,6 +45,36 @@ def local_numel(tensors) -> int:
 LORA = {"lora": {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn"]}}
 
 
+def watch_units(policy) -> dict:
+    """Hooks on the sharded units (an LM's blocks, not their root; an MLP policy's children): in the forwards with
+    gradients (the updates'), the most units other than the running one that hold their gathered (unsharded)
+    parameters when a unit's forward starts (after FSDP's gather), and the most units that hold them when a unit's
+    forward has ended (after FSDP's reshard). A unit's registered parameters are its sharded DTensors while it is
+    sharded and plain tensors while gathered."""
+    from torch.distributed.fsdp import FSDPModule
+
+    root = getattr(getattr(policy, "lm", None), "base_model", None)
+    units = [m for m in policy.modules() if isinstance(m, FSDPModule) and m is not root]
+    seen = {"units": len(units), "forwards": 0, "at_start": 0, "at_end": 0}
+
+    def gathered() -> int:
+        return sum(any(not isinstance(p, DTensor) for p in unit.parameters()) for unit in units)
+
+    def pre(module, args):
+        if th.is_grad_enabled():
+            seen["forwards"] += 1
+            seen["at_start"] = max(seen["at_start"], gathered() - 1)
+
+    def post(module, args, output):
+        if th.is_grad_enabled():
+            seen["at_end"] = max(seen["at_end"], gathered())
+
+    for unit in units:  # registered after FSDP's hooks: its gather runs before pre, its reshard before post
+        unit.register_forward_pre_hook(pre)
+        unit.register_forward_hook(post)
+    return seen
+
+
 def build(env_id: str, mode: str) -> GRPO:
     if env_id.startswith("TextGen-v0"):
         env = make_text_env(
@@ -59,6 +90,7 @@ for env_id in ("CartPole-v1", "Pendulum-v1", "TextGen-v0", "TextGen-v0-lora"):
     for mode in ("ddp", "fsdp"):
         model = build(env_id, mode)
         initial = {k: v.detach().clone() for k, v in model.policy.state_dict().items()} if mode == "ddp" else None
+        watched = watch_units(model.policy) if mode == "fsdp" else None
         model.learn(2 * model.n_steps * model.n_envs)
         state = model.policy.state_dict()
         full = model.get_parameters() if mode == "ddp" else None
@@ -78,5 +110,5 @@ for env_id in ("CartPole-v1", "Pendulum-v1", "TextGen-v0", "TextGen-v0-lora"):
             params = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in state.items()}
         else:
             params = {k: v.detach().clone() for k, v in state.items()}
-        record["params"], record["initial"] = params, initial
+        record["params"], record["initial"], record["gathered"] = params, initial, watched
         th.save(record, os.path.join(out, f"{env_id}_{mode}_rank{rank}.pt"))

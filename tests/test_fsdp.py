@@ -71,6 +71,17 @@ def test_each_rank_holds_about_half_of_the_parameters_and_optimizer_state(two_ra
 
 
 @pytest.mark.parametrize("env_id", ENVS)
+def test_each_unit_is_resharded_after_its_forward_in_the_update(two_ranks, env_id):
+    # FSDP2 keeps a root's gathered parameters from its forward to its backward: with every block a root of its own
+    # (or with the blocks still gathered from the rollout), a rank would hold the whole model here
+    for rank in (0, 1):
+        seen = _load(two_ranks, env_id, "fsdp", rank)["gathered"]
+        assert seen["units"] >= (4 if env_id.startswith("TextGen") else 2) and seen["forwards"] > 0, seen
+        assert seen["at_start"] == 0, f"rank {rank}: other units still gathered when a unit's forward starts: {seen}"
+        assert seen["at_end"] == 0, f"rank {rank}: units still gathered after a unit's forward: {seen}"
+
+
+@pytest.mark.parametrize("env_id", ENVS)
 def test_the_full_state_save_loads_on_one_process(two_ranks, env_id):
     fsdp = _load(two_ranks, env_id, "fsdp", 0)
     loaded = GRPO.load(two_ranks / f"{env_id}_fsdp.zip", device="cpu")

@@ -21,11 +21,18 @@ The fixed points of an update where the ranks meet:
   shard) and the clip.
 - :meth:`~SingleProcess.full_state`: what ``save`` writes (under FSDP, the full state gathered to rank 0, so that
   the file loads on one process).
+Two more calls mark the phases under FSDP (see :class:`FullyShardedDataParallel`), without a collective call of
+their own: :meth:`~SingleProcess.release` at the end of a rollout (each rank frees the blocks it gathered), and the
+span :meth:`~SingleProcess.updating` around ``train``'s update, whose forwards and backwards every rank runs alike
+(the blocks are resharded after each of them there).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import re
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -39,6 +46,7 @@ __all__ = [
     "DataParallel",
     "FullyShardedDataParallel",
     "SingleProcess",
+    "fsdp_root",
     "fsdp_units",
     "make_data_parallel",
 ]
@@ -88,6 +96,17 @@ class SingleProcess:
 
     def shard(self, policy: th.nn.Module) -> None:
         """Shard the policy over the ranks (only under FSDP), after :meth:`start` and the KL reference's copy."""
+
+    def release(self, policy: th.nn.Module) -> None:
+        """Free what the rollout's forwards gathered, after its last one (only under FSDP; a local call)."""
+
+    def updating(self, policy: th.nn.Module) -> contextlib.AbstractContextManager[None]:  # noqa: ARG002 (the seam's)
+        """The context of one update (``train``), in which every rank runs the same forwards and backwards (under
+        FSDP the blocks are resharded after each of them; nothing on one process or under DDP).
+
+        :param policy: The policy.
+        """
+        return contextlib.nullcontext()
 
     def mean(self, total: float, count: float = 1.0) -> float:
         """``sum(total) / sum(count)`` over the ranks; NaN when every count is 0.
@@ -190,14 +209,26 @@ class FullyShardedDataParallel(DataParallel):
       uses them directly;
     - any other policy (SB3's MLP and CNN policies): every child module that holds parameters.
 
-    A unit gathers its parameters for its forward and backward and reduce-scatters (averages) its gradients in the
-    backward; the parameters outside the units stay whole on every rank and are averaged as under
-    :class:`DataParallel`. ``save`` gathers the full state to rank 0 (:meth:`full_state`), so the file loads on one
-    process.
+    The LM body that runs the blocks (``lm.base_model``, the module whose forward the policy calls; :func:`fsdp_root`)
+    is sharded too, as the blocks' common FSDP root, with its own parameters (the embeddings and the final norm)
+    left out (``ignored_params``): whole, as before. A unit gathers its parameters for its forward and backward and
+    reduce-scatters (averages) its gradients in the backward; the parameters outside the units stay whole on every
+    rank and are averaged as under :class:`DataParallel`. ``save`` gathers the full state to rank 0
+    (:meth:`full_state`), so the file loads on one process.
 
-    Every rank must run every forward and backward: the ranks need the same number of minibatches per epoch (SB3's
-    per-transition buffers give it with the same ``n_envs``, ``n_steps`` and ``batch_size``; the text fast path's
-    packed sequences do not), and there are no idle steps.
+    When a unit's gathered parameters are freed again depends on where the forward runs:
+
+    - in the update (:meth:`updating`), right after the unit's forward, and after its backward: a rank holds its
+      shards plus the one or two units being computed, so its peak falls with the number of ranks;
+    - outside it (the rollout, ``predict``), a unit gathered by a forward stays gathered until the rollout ends
+      (:meth:`release`) or the update starts. The ranks may make different numbers of forwards in a rollout (the KV
+      cache serves some steps without a forward, episodes end at different steps), and gathering is a collective
+      call, so the rollout gathers each unit once, in its first forward (which every rank makes), and not once per
+      forward: during a rollout a rank holds the whole model's weights beside its shards.
+
+    Every rank must run every forward and backward of the update: the ranks need the same number of minibatches per
+    epoch (SB3's per-transition buffers give it with the same ``n_envs``, ``n_steps`` and ``batch_size``; the text
+    fast path's packed sequences do not), and there are no idle steps.
     """
 
     def shard(self, policy: th.nn.Module) -> None:
@@ -221,8 +252,21 @@ class FullyShardedDataParallel(DataParallel):
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(next(policy.parameters()).device.type, (self.world_size,))
-        for unit in units:  # inner units first (fsdp_units lists them so)
-            fully_shard(unit, mesh=mesh)
+        root = fsdp_root(policy, units)
+        for unit in units:  # inner units first (fsdp_units lists them so); kept gathered until an update (updating)
+            fully_shard(unit, mesh=mesh, reshard_after_forward=False)
+        if root is not None:
+            # the blocks' common root: without one each block is a root of its own, and FSDP2 keeps a root's gathered
+            # parameters from its forward to its backward; the body's own parameters stay whole (ignored)
+            in_units = {id(p) for unit in units for p in unit.parameters()}
+            whole = {p for p in root.parameters() if id(p) not in in_units}
+            fully_shard(root, mesh=mesh, reshard_after_forward=False, ignored_params=whole)
+            # FSDP2 warns that the body returns a view (its last hidden state), on which an in-place op would drop the
+            # root's pre-backward hook and so its gather: the root has no parameters of its own to gather
+            warnings.filterwarnings(
+                "ignore", message=re.escape(f"FSDP2-wrapped module ({type(root).__name__}) returned a view tensor")
+            )
+        self._units = units
         group = policy.optimizer.param_groups[0]
         kwargs = dict(policy.optimizer_kwargs)
         # the flags a one-process optimizer runs with, restored in the saved state (full_state)
@@ -233,6 +277,25 @@ class FullyShardedDataParallel(DataParallel):
             # a fused or multi-tensor kernel cannot mix sharded and whole parameters: the per-parameter loop
             kwargs.update({key: False for key in self._optimizer_flags})
         policy.optimizer = policy.optimizer_class(params, lr=group["lr"], **kwargs)
+
+    def release(self, policy: th.nn.Module) -> None:  # noqa: ARG002 (the seam's signature)
+        """Reshard every unit: each rank drops its gathered copies (no collective call), keeping its shards."""
+        for unit in getattr(self, "_units", []):
+            unit.reshard()
+
+    @contextlib.contextmanager
+    def updating(self, policy: th.nn.Module) -> Iterator[None]:
+        """Free the units still gathered (:meth:`release`: by forwards since the rollout's end), reshard each unit
+        after its forward for the update, and keep the units gathered again after it (for the next rollout)."""
+        self.release(policy)
+        units = getattr(self, "_units", [])
+        for unit in units:
+            unit.set_reshard_after_forward(True, recurse=False)
+        try:
+            yield
+        finally:
+            for unit in units:
+                unit.set_reshard_after_forward(False, recurse=False)
 
     def epoch(self, minibatches: Iterable[T]) -> Iterator[T | None]:
         for minibatch in distributed.pad_to_max(minibatches):
@@ -264,15 +327,9 @@ class FullyShardedDataParallel(DataParallel):
         device = grads[0].device
         sharded = [g.to_local() for g in grads if _is_sharded(g)]
         whole = [g for g in grads if not _is_sharded(g)]
-        sq_sharded = (
-            th.stack([g.detach().float().pow(2).sum() for g in sharded]).sum()
-            if sharded
-            else th.zeros((), device=device)
-        )
+        sq_sharded = th.stack([_squared_norm(g) for g in sharded]).sum() if sharded else th.zeros((), device=device)
         distributed.all_reduce_sum_(sq_sharded)
-        sq_whole = (
-            th.stack([g.detach().float().pow(2).sum() for g in whole]).sum() if whole else th.zeros((), device=device)
-        )
+        sq_whole = th.stack([_squared_norm(g) for g in whole]).sum() if whole else th.zeros((), device=device)
         total = th.sqrt(sq_sharded + sq_whole)
         coef = th.clamp(max_norm / (total + 1e-6), max=1.0)
         for g in [*sharded, *whole]:
@@ -322,6 +379,27 @@ def fsdp_units(policy: th.nn.Module) -> list[th.nn.Module]:
         return block_units
     children = [child for child in policy.children() if any(True for _ in child.parameters())]
     return [*block_units, *children]
+
+
+def fsdp_root(policy: th.nn.Module, units: list[th.nn.Module]) -> th.nn.Module | None:
+    """The module :class:`FullyShardedDataParallel` makes the common FSDP root of ``units``: a
+    :class:`~sb3_grpo.policies.CausalLMPolicy`'s LM body (``policy.lm.base_model``, whose forward the policy calls and
+    which runs every block), or ``None`` (another policy, whose units are called one by one, each its own root; or a
+    block outside the body).
+
+    :param policy: The policy.
+    :param units: Its units (:func:`fsdp_units`).
+    """
+    body = getattr(getattr(policy, "lm", None), "base_model", None)
+    if not hasattr(policy, "evaluate_sequences") or not isinstance(body, th.nn.Module) or not units:
+        return None
+    inside = set(body.modules())
+    return body if all(unit in inside and unit is not body for unit in units) else None
+
+
+def _squared_norm(grad: th.Tensor) -> th.Tensor:
+    """``(grad ** 2).sum()`` in float32, without a squared copy of the gradient."""
+    return th.linalg.vector_norm(grad.detach(), dtype=th.float32).pow(2)
 
 
 def _is_sharded(tensor: th.Tensor) -> bool:

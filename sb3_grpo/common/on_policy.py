@@ -626,6 +626,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         extras.land_rewards(rollout_buffer)  # rewards scored in the background, before returns and advantages
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
         extras.finish(rollout_buffer, self.logger, self.num_timesteps, self._n_updates, self.advantage)
+        self._data_parallel.release(self.policy)  # FSDP: the rollout's gathered blocks are not needed any more
 
         callback.update_locals(locals())
 
@@ -785,31 +786,33 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
 
         stats = TrainStats()
         continue_training = True
-        # train for n_epochs epochs
-        for epoch in range(self.n_epochs):
-            stats.approx_kl_divs = []
-            # approx_kl: every epoch's for target_kl, else only the last epoch's (the only ones logged, as PPO logs)
-            measure_kl = self.target_kl is not None or epoch == self.n_epochs - 1
-            # Do a complete pass on the rollout buffer (None: a data-parallel rank's idle step)
-            for minibatch in self._data_parallel.epoch(
-                self.batch_source.minibatches(self.rollout_buffer, self.batch_size)
-            ):
-                terms = None
-                split = minibatch is not None and getattr(self, "micro_batch_size", None) is not None
-                if split:  # forward and backward micro-batch by micro-batch, the gradients accumulated
-                    terms = self._micro_batch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
-                elif minibatch is not None:
-                    terms = self._loss_with_router_aux(minibatch, clip_range, clip_range_vf, stats, measure_kl)
-                if self._stop_early(terms, epoch):
-                    if split:
-                        self.policy.optimizer.zero_grad()  # the accumulated gradient takes no step
-                    continue_training = False
-                    break
-                self._optimizer_step(terms, epoch, stats, accumulated=split)
+        # every rank runs the same forwards and backwards here (FSDP: the blocks are resharded after each of them)
+        with self._data_parallel.updating(self.policy):
+            # train for n_epochs epochs
+            for epoch in range(self.n_epochs):
+                stats.approx_kl_divs = []
+                # approx_kl: every epoch's for target_kl, else only the last epoch's (the only ones logged, as PPO logs)
+                measure_kl = self.target_kl is not None or epoch == self.n_epochs - 1
+                # Do a complete pass on the rollout buffer (None: a data-parallel rank's idle step)
+                for minibatch in self._data_parallel.epoch(
+                    self.batch_source.minibatches(self.rollout_buffer, self.batch_size)
+                ):
+                    terms = None
+                    split = minibatch is not None and getattr(self, "micro_batch_size", None) is not None
+                    if split:  # forward and backward micro-batch by micro-batch, the gradients accumulated
+                        terms = self._micro_batch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
+                    elif minibatch is not None:
+                        terms = self._loss_with_router_aux(minibatch, clip_range, clip_range_vf, stats, measure_kl)
+                    if self._stop_early(terms, epoch):
+                        if split:
+                            self.policy.optimizer.zero_grad()  # the accumulated gradient takes no step
+                        continue_training = False
+                        break
+                    self._optimizer_step(terms, epoch, stats, accumulated=split)
 
-            self._n_updates += 1
-            if not continue_training:
-                break
+                self._n_updates += 1
+                if not continue_training:
+                    break
 
         self._after_update(stats)
         self._record_update(stats, clip_range, clip_range_vf)

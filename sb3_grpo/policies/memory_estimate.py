@@ -28,8 +28,9 @@ What is counted, per rank, in bytes:
   weights gathered at a time (and its full gradient, in a full fine-tune).
 
 Allocator overhead, the rollout's KV cache, CUDA's context and the Python process are not counted: the estimate is of
-what the update itself holds. ``sb3-grpo estimate-memory`` prints it; ``textrl-bench memory-recipes`` sets it beside
-measured peaks.
+what the update itself holds (under FSDP a rollout holds more: every block gathered, beside the shards; see
+:class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`). ``sb3-grpo estimate-memory`` prints it;
+``textrl-bench memory-recipes`` sets it beside measured peaks.
 """
 
 from __future__ import annotations
