@@ -21,6 +21,7 @@ The fixed points of an update where the ranks meet:
   shard) and the clip.
 - :meth:`~SingleProcess.full_state`: what ``save`` writes (under FSDP, the full state gathered to rank 0, so that
   the file loads on one process).
+
 Two more calls mark the phases under FSDP (see :class:`FullyShardedDataParallel`), without a collective call of
 their own: :meth:`~SingleProcess.release` at the end of a rollout (each rank frees the blocks it gathered), and the
 span :meth:`~SingleProcess.updating` around ``train``'s update, whose forwards and backwards every rank runs alike
