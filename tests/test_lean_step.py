@@ -14,18 +14,9 @@ import numpy as np
 import pytest
 import torch as th
 from helpers import quiet
-from stable_baselines3.common.callbacks import BaseCallback
-from transformers import (
-    DynamicCache,
-    GPT2Config,
-    GPT2Model,
-    LlamaConfig,
-    LlamaModel,
-    OPTConfig,
-    OPTModel,
-    Qwen2Config,
-    Qwen2Model,
-)
+from test_engines import BufferLog
+from test_policies import tiny_gpt2, tiny_llama, tiny_qwen2
+from transformers import DynamicCache, OPTConfig, OPTModel, Qwen2Config, Qwen2Model
 
 from sb3_grpo import GRPO
 from sb3_grpo.policies import lean_step as lean_module
@@ -33,49 +24,21 @@ from sb3_grpo.policies.lean_step import lean_step
 from sb3_grpo.policies.sampling import categorical_tables
 from textrl_envs.sb3 import make_vec_env
 
-VOCAB = 300
+VOCAB = 300  # the vocabulary of the models built here (the tiny models have their config's)
 
 
-def _gpt2():
-    return GPT2Model(
-        GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)
-    )
+#: The LM bodies (``base_model``) of the tiny models the policy tests use; Qwen2's and Llama's with grouped-query
+#: attention (4 query heads over 2 key/value heads), Qwen2's with biased projections.
+MODELS = {"gpt2": tiny_gpt2, "llama": tiny_llama, "qwen2": tiny_qwen2}
 
 
-def _llama():
-    return LlamaModel(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=64,
-        )
-    )
-
-
-def _qwen2():  # grouped-query attention: 4 query heads over 2 key/value heads, biased projections
-    return Qwen2Model(
-        Qwen2Config(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-        )
-    )
-
-
-MODELS = {"gpt2": _gpt2, "llama": _llama, "qwen2": _qwen2}
+def _body(name, dtype=th.float32):
+    return MODELS[name]().base_model.eval().to(dtype)
 
 
 def _prefilled(model, padded):
     th.manual_seed(1)
-    ids = th.randint(0, VOCAB, (5, 9))
+    ids = th.randint(0, model.config.vocab_size, (5, 9))
     mask = th.ones_like(ids)
     if padded:  # left padding, as the rollout's windows and the decoder's spliced rows have
         mask[1, :4] = 0
@@ -90,14 +53,13 @@ def _prefilled(model, padded):
 @pytest.mark.parametrize("name", list(MODELS))
 @th.no_grad()
 def test_lean_step_equals_the_models_forward_to_the_bit(name, padded, dtype):
-    th.manual_seed(0)
-    model = MODELS[name]().eval().to(dtype)
+    model = _body(name, dtype)
     step = lean_step(model)
     assert step is not None
     mask, cache = _prefilled(model, padded)
     lean_cache = copy.deepcopy(cache)
     for _ in range(3):
-        token = th.randint(0, VOCAB, (5, 1))
+        token = th.randint(0, model.config.vocab_size, (5, 1))
         mask = th.cat([mask, th.ones_like(mask[:, :1])], dim=1)
         positions = mask.sum(-1, keepdim=True) - 1
         ref = model(input_ids=token, attention_mask=mask, position_ids=positions, cache=cache).last_hidden_state
@@ -109,7 +71,7 @@ def test_lean_step_equals_the_models_forward_to_the_bit(name, padded, dtype):
 
 @th.no_grad()
 def test_lean_step_reads_the_weights_at_each_call():
-    model = _gpt2().eval()
+    model = _body("gpt2")
     step = lean_step(model)
     mask, cache = _prefilled(model, True)
     token, mask = th.zeros(5, 1, dtype=th.long), th.cat([mask, th.ones_like(mask[:, :1])], dim=1)
@@ -122,14 +84,14 @@ def test_lean_step_reads_the_weights_at_each_call():
 
 
 def test_lean_step_refuses_what_is_not_the_stock_model():
-    model = _gpt2()
+    model = tiny_gpt2().base_model.train()
     assert lean_step(model) is None  # training mode
     model.eval()
     assert lean_step(model) is not None
     handle = model.h[1].mlp.register_forward_hook(lambda *args: None)  # e.g. FSDP's or a user's hooks
     assert lean_step(model) is None
     handle.remove()
-    model.h[0].attn.c_attn = th.nn.Linear(64, 192)  # a layer of another class (LoRA, quantized layers)
+    model.h[0].attn.c_attn = th.nn.Linear(32, 96)  # a layer of another class (LoRA, quantized layers)
     assert lean_step(model) is None
     opt = OPTModel(
         OPTConfig(
@@ -191,19 +153,6 @@ def test_categorical_tables_equal_torchs_categorical(top_k):
     assert th.equal(log_probs.gather(-1, tokens[:, None]).squeeze(-1), dist.log_prob(tokens))
 
 
-class _Log(BaseCallback):
-    def __init__(self):
-        super().__init__()
-        self.rollouts = []
-
-    def _on_rollout_end(self):
-        buf = self.model.rollout_buffer
-        self.rollouts.append({n: np.asarray(getattr(buf, n)).copy() for n in ("actions", "log_probs", "values")})
-
-    def _on_step(self):
-        return True
-
-
 def _rollouts(engine, lean, monkeypatch):
     calls = {"n": 0}
     real = lean_module.lean_step
@@ -237,7 +186,7 @@ def _rollouts(engine, lean, monkeypatch):
                 explore_fraction=1.0,
             )
         )
-    log = _Log()
+    log = BufferLog()
     model.learn(4 * 12 * 2, callback=log)
     return log.rollouts, calls["n"]
 
