@@ -221,10 +221,6 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self.reward_redistribution = reward_redistribution
         if reward_redistribution is not None and self.env is not None:
             check_redistribution_env(self.env, reward_redistribution)
-        if self.advantage not in ("gae", "role") and self.env is not None:
-            # warns when n_steps < the episodes' length (unless carry_over trains those steps later; "auto" is
-            # resolved with the rollout buffer, and warns then if it is off)
-            check_grouped_env(self.env, self.advantage, None if carry_over else self.n_steps)
 
     # ------------------------------------------------------------------------------------------------------
     # What a subclass defines
@@ -296,9 +292,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self.carry_over_on = resolve_carry_over(
             getattr(self, "carry_over", False), self.advantage, self.rollout_buffer_class, importance_cap
         )
-        if getattr(self, "carry_over", False) == "auto" and not self.carry_over_on and self.env is not None:
-            if self.advantage not in ("gae", "role"):
-                check_grouped_env(self.env, self.advantage, self.n_steps)
+        if self.advantage not in ("gae", "role") and self.env is not None:
+            # warns when n_steps < the episodes' length (unless carry_over trains those steps later)
+            check_grouped_env(self.env, self.advantage, None if self.carry_over_on else self.n_steps)
         # load() restores the saved exploration RNG before calling _setup_model: keep its state
         loaded_explore_rng = self.__dict__.get("_explore_rng")
         # torch.distributed: rank r seeds with seed + 1000 * r; rank 0's weights are broadcast below
