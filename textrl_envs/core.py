@@ -31,6 +31,7 @@ import numpy as np
 
 from textrl_envs.chat import end_of_turn_id, render, render_items, resolve_chat_template
 from textrl_envs.data import load_prompts
+from textrl_envs.gguf import gguf_folder, is_gguf_name
 from textrl_envs.hf_loading import load_from_hub, looks_like_hub_id
 from textrl_envs.rewards.base import RewardModel, call_reward, check_reward_timeout
 from textrl_envs.rewards.registry import resolve_reward
@@ -247,7 +248,8 @@ class TextSpecAccess:
 
 
 def load_tokenizer(tokenizer: Any = None, revision: str | None = None):
-    """Resolve ``tokenizer``: ``None`` (the bundled one), a local path, a Hugging Face Hub id, or a tokenizer object.
+    """Resolve ``tokenizer``: ``None`` (the bundled one), a local path, a Hugging Face Hub id, a GGUF file or packaged
+    model's name (:mod:`textrl_envs.gguf`: the tokenizer and chat template stored in the file), or a tokenizer object.
 
     A Hub id (``"org/name"``, a string that names no local directory) loads as ``AutoTokenizer.from_pretrained``
     loads it, at ``revision``: downloaded online, from the Hugging Face cache with ``HF_HUB_OFFLINE=1``
@@ -264,7 +266,9 @@ def load_tokenizer(tokenizer: Any = None, revision: str | None = None):
         tokenizer = tokenizer_path()
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)
-        if not os.path.isdir(path) and looks_like_hub_id(path):
+        if is_gguf_name(path):
+            tokenizer = gguf_folder(path)  # the GGUF's tokenizer, from its converted folder (converted on first use)
+        elif not os.path.isdir(path) and looks_like_hub_id(path):
             tokenizer = load_from_hub(AutoTokenizer.from_pretrained, path, "tokenizer", revision)
         elif not os.path.isdir(path):
             raise ValueError(

@@ -76,6 +76,7 @@ from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
 from sb3_grpo.common.vllm_engine import VLLMEngine, check_vllm_model, vllm_options
 from sb3_grpo.objectives import pearson_corr
 from sb3_grpo.policies.models import BASE_WEIGHTS, base_missing_message, portable_policy_kwargs
+from textrl_envs.gguf import gguf_available
 from textrl_envs.validation import check_choice, check_int
 
 __all__ = ["GroupOnPolicyAlgorithm"]
@@ -956,6 +957,8 @@ def _moved_model_folder(policy_kwargs: Any, lm_spec: Any) -> Any:
     loads the same. A LoRA checkpoint without its base weights cannot: that is an error naming the base."""
     model = policy_kwargs.get("model") if isinstance(policy_kwargs, dict) else None
     if not isinstance(model, (str, os.PathLike)) or os.path.isdir(model) or not isinstance(lm_spec, dict):
+        return policy_kwargs
+    if gguf_available(model):  # a GGUF file or packaged model loads by its name (its checksum is checked then)
         return policy_kwargs
     if lm_spec.get("weights") == BASE_WEIGHTS:
         raise FileNotFoundError(base_missing_message(os.fspath(model), lm_spec.get("revision")))
