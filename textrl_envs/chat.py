@@ -68,15 +68,38 @@ def as_messages(prompt: Any, where: str) -> list[dict[str, Any]]:
     raise TypeError(f"{where} must be a str or a list of chat messages {{'role': ..., 'content': ...}}; got {prompt!r}")
 
 
-def render(tokenizer: Any, template: str, prompt: Any, where: str = "prompt") -> str:
+def with_system(messages: list[dict[str, Any]], system_prompt: str | None) -> list[dict[str, Any]]:
+    """``messages`` under a system message ``system_prompt`` (``None``, or a conversation that has its own system
+    message: unchanged)."""
+    if system_prompt is None or messages[0].get("role") == "system":
+        return messages
+    return [{"role": "system", "content": system_prompt}, *messages]
+
+
+def check_system_prompt(system_prompt: Any, template: str | None) -> str | None:
+    """``system_prompt`` if it is ``None`` or a str and a chat template renders the prompts, else a clear error."""
+    if system_prompt is None:
+        return None
+    if not isinstance(system_prompt, str):
+        raise TypeError(f"system_prompt must be a str or None, got {type(system_prompt).__name__}")
+    if template is None:
+        raise ValueError(
+            "system_prompt is a message of the chat template, but prompts are not rendered with one; pass "
+            "chat_template=True (or instruct=True) too, or put the text into the prompts"
+        )
+    return system_prompt
+
+
+def render(tokenizer: Any, template: str, prompt: Any, where: str = "prompt", system_prompt: str | None = None) -> str:
     """The text of ``prompt`` rendered with ``template`` (generation prompt or continuation as in TRL).
 
     :param tokenizer: The env's tokenizer.
     :param template: A resolved template (:func:`resolve_chat_template`).
     :param prompt: A str (one user message) or a list of messages.
     :param where: Names the prompt in error messages.
+    :param system_prompt: A system message put first (``None``: none; the template may write its own default).
     """
-    messages = as_messages(prompt, where)
+    messages = with_system(as_messages(prompt, where), system_prompt)
     last_is_assistant = messages[-1]["role"] == "assistant"
     try:
         text = tokenizer.apply_chat_template(
@@ -93,14 +116,15 @@ def render(tokenizer: Any, template: str, prompt: Any, where: str = "prompt") ->
     return text
 
 
-def render_items(tokenizer: Any, template: str, items: list[Any]) -> list[Any]:
+def render_items(tokenizer: Any, template: str, items: list[Any], system_prompt: str | None = None) -> list[Any]:
     """Prompt items (``str`` or ``{"prompt": ..., **metadata}``) with every prompt rendered to its text."""
     out = []
     for i, item in enumerate(items):
         if isinstance(item, dict) and "prompt" in item:
-            out.append({**item, "prompt": render(tokenizer, template, item["prompt"], f"prompt #{i}")})
+            text = render(tokenizer, template, item["prompt"], f"prompt #{i}", system_prompt)
+            out.append({**item, "prompt": text})
         else:
-            out.append(render(tokenizer, template, item, f"prompt #{i}"))
+            out.append(render(tokenizer, template, item, f"prompt #{i}", system_prompt))
     return out
 
 

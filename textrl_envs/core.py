@@ -29,13 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from textrl_envs.chat import end_of_turn_id, render, render_items, resolve_chat_template
+from textrl_envs.chat import check_system_prompt, end_of_turn_id, render, render_items, resolve_chat_template
 from textrl_envs.data import load_prompts
 from textrl_envs.gguf import gguf_folder, is_gguf_name
 from textrl_envs.hf_loading import load_from_hub, looks_like_hub_id
 from textrl_envs.rewards.base import RewardModel, call_reward, check_reward_timeout
 from textrl_envs.rewards.registry import resolve_reward
-from textrl_envs.tasks import PromptItem, Task, all_tasks, get_task
+from textrl_envs.tasks import InstructDefaults, PromptItem, Task, all_tasks, get_task
 from textrl_envs.validation import check_choice, check_int, check_mapping
 
 TRUNCATION_SIDES = ("left", "right", "error")
@@ -81,6 +81,8 @@ class EpisodeSpec:
     :ivar turn_end_ids: Token ids that end an agent turn (interactive episodes).
     :ivar max_turn_tokens: Agent tokens per turn (``None``: no limit but the token budget).
     :ivar chat_template: The chat template prompts are rendered with (``None``: prompts are used as they are).
+    :ivar system_prompt: The system message prompts are rendered under (``None``: none given).
+    :ivar instruct: The instruct format of the prompts (:mod:`textrl_envs.instruct`; ``None``: off).
     """
 
     tokenizer: Any
@@ -102,6 +104,8 @@ class EpisodeSpec:
     turn_end_ids: tuple[int, ...] = ()
     max_turn_tokens: int | None = None
     chat_template: str | None = None
+    system_prompt: str | None = None
+    instruct: Any = None
 
     @property
     def interactive(self) -> bool:
@@ -120,7 +124,11 @@ class EpisodeSpec:
         """A prompt given at reset as the env shows it: rendered with the chat template, if there is one."""
         if self.chat_template is None:
             return prompt
-        return render(self.tokenizer, self.chat_template, prompt, where)
+        if self.instruct is not None:  # asked like the prompt list: the question, then the instruction
+            from textrl_envs.instruct import instruct_prompts
+
+            prompt = instruct_prompts([prompt], self.instruct)[0]
+        return render(self.tokenizer, self.chat_template, prompt, where, self.system_prompt)
 
     @property
     def budget(self) -> int:
@@ -589,6 +597,8 @@ def build_spec(
     turn_end: Any = None,
     max_turn_tokens: int | None = None,
     chat_template: bool | str | None = None,
+    system_prompt: str | None = None,
+    instruct: Any = None,
 ) -> EpisodeSpec:
     """Resolve environment arguments (task defaults overridden by the user's) into an :class:`EpisodeSpec`.
 
@@ -627,9 +637,28 @@ def build_spec(
         the template's end-of-turn token (EOS if the template has none), and so do an interactive episode's
         turns unless ``turn_end`` says otherwise. The reward and ``info["prompt"]``
         get the rendered text.
+    :param system_prompt: With a chat template: a system message every prompt is rendered under (a conversation
+        with its own system message keeps it; ``None``: none, so the template may write its default).
+    :param instruct: ``True`` (or an :class:`~textrl_envs.instruct.InstructFormat`, or a dict of its fields) asks
+        a task with a checkable answer the instruct way (:mod:`textrl_envs.instruct`): its question and an
+        instruction that states the answer format, rendered with the chat template (``chat_template`` defaults to
+        ``True``), graded by :class:`~textrl_envs.rewards.answers.FinalAnswerReward` unless ``reward`` is given, with
+        the task's instruct budgets unless given. ``None``/``False``: off.
     """
     defaults = get_task(task) if task is not None else None
     prompts = _resolve_prompts(defaults, prompts)
+    fmt, asked = _resolve_instruct(defaults, instruct)
+    if fmt is not None:
+        from textrl_envs.instruct import instruct_prompts
+
+        prompts = instruct_prompts(list(_check_prompt_list(prompts)), fmt, asked.question)
+        chat_template = True if chat_template is None else chat_template
+        if chat_template is False:
+            raise ValueError("instruct=True renders prompts with a chat template; leave chat_template unset or True")
+        max_new_tokens = asked.max_new_tokens if max_new_tokens is None else max_new_tokens
+        max_prompt_tokens = asked.max_prompt_tokens if max_prompt_tokens is None else max_prompt_tokens
+        if reward is None and (defaults is None or defaults.reward is not None):
+            reward, reward_kwargs = _instruct_reward(fmt, asked), None
     given_turns = {"max_turns": max_turns, "turn_end": turn_end, "max_turn_tokens": max_turn_tokens}
     interaction_given = interaction is not None
     interaction, max_turns, turn_end, max_turn_tokens = _resolve_turns(defaults, interaction, given_turns)
@@ -642,8 +671,9 @@ def build_spec(
     reward_kwargs = check_mapping("reward_kwargs", reward_kwargs, hint="e.g. reward_kwargs={'target': 'positive'}")
     tok = load_tokenizer(tokenizer)
     template = resolve_chat_template(tok, chat_template)
+    system_prompt = check_system_prompt(system_prompt, template)
     if template is not None:
-        prompts = render_items(tok, template, list(_check_prompt_list(prompts)))
+        prompts = render_items(tok, template, list(_check_prompt_list(prompts)), system_prompt)
     texts, metadata = _split_prompts(prompts)
     reward_fn = _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_given)
     eos, pad, turn_end_ids = _end_ids(tok, template, defaults, interaction, turn_end)
@@ -667,7 +697,33 @@ def build_spec(
         turn_end_ids=turn_end_ids,
         max_turn_tokens=max_turn_tokens,
         chat_template=template,
+        system_prompt=system_prompt,
+        instruct=fmt,
     )
+
+
+def _resolve_instruct(defaults: Task | None, instruct: Any) -> tuple[Any, InstructDefaults]:
+    """``(format, the task's instruct defaults)``, or ``(None, ...)`` when instruct mode is off; a task without an
+    instruct mode is refused, naming the tasks that have one."""
+    from textrl_envs.instruct import resolve_instruct
+
+    fmt = resolve_instruct(instruct)
+    asked = InstructDefaults() if defaults is None else defaults.instruct
+    if fmt is not None and asked is None:
+        with_mode = ", ".join(t.env_id for t in all_tasks() if t.instruct is not None)
+        raise ValueError(
+            f"{defaults.env_id} has no instruct mode (its answers are not checkable as a final answer); tasks with "
+            f"one: {with_mode}. For your own prompts with an 'answer' column, pass instruct=True without a task "
+            "(TextGenEnv) or a chat_template=True and a reward of your own"
+        )
+    return fmt, asked
+
+
+def _instruct_reward(fmt: Any, asked: InstructDefaults) -> Any:
+    """The instruct mode's grader: the final answer checked by the format's check (else the task's)."""
+    from textrl_envs.rewards.answers import FinalAnswerReward
+
+    return FinalAnswerReward(check=fmt.check or asked.check, style=fmt.style, format_weight=fmt.format_weight)
 
 
 def _resolve_prompts(defaults: Any, prompts: Any) -> Any:

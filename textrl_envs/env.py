@@ -33,6 +33,8 @@ SPEC_KWARGS = (
     "turn_end",
     "max_turn_tokens",
     "chat_template",
+    "system_prompt",
+    "instruct",
 )
 
 
@@ -140,10 +142,12 @@ class TextGenEnv(TextSpecAccess, gym.Env):
     ## Arguments
     ``gym.make(id, prompts=..., reward=..., tokenizer=..., max_new_tokens=..., max_prompt_tokens=...,
     prompt_truncation="left", reward_kwargs=None, nonfinite_reward="raise", reward_timeout=None,
-    interaction=None, max_turns=None, turn_end=None, max_turn_tokens=None, chat_template=None)``; see
-    :func:`textrl_envs.core.build_spec`. ``prompts`` may also be a ``.jsonl``, ``.json``, ``.csv`` or ``.txt``
-    path or a ``datasets.Dataset`` (:mod:`textrl_envs.data`); ``chat_template=True`` renders prompts with the
-    tokenizer's chat template (:mod:`textrl_envs.chat`). :meth:`set_max_new_tokens` lowers the episode budget
+    interaction=None, max_turns=None, turn_end=None, max_turn_tokens=None, chat_template=None, system_prompt=None,
+    instruct=None)``; see :func:`textrl_envs.core.build_spec`. ``prompts`` may also be a ``.jsonl``, ``.json``,
+    ``.csv`` or ``.txt`` path or a ``datasets.Dataset`` (:mod:`textrl_envs.data`); ``chat_template=True`` renders
+    prompts with the tokenizer's chat template (:mod:`textrl_envs.chat`), under ``system_prompt`` when given;
+    ``instruct=True`` asks a task with a checkable answer the way an instruct model is asked
+    (:mod:`textrl_envs.instruct`). :meth:`set_max_new_tokens` lowers the episode budget
     (a curriculum).
 
     ## Vectorized environment

@@ -43,6 +43,24 @@ VECTOR_ENTRY_POINT = "textrl_envs.vector:TextGenVectorEnv"
 
 
 @dataclass(frozen=True)
+class InstructDefaults:
+    """A task's instruct mode (``instruct=True``, :mod:`textrl_envs.instruct`): how it asks an instruct model.
+
+    :param question: The question for a prompt text (``None``: the text itself), e.g. ``"12+7="`` to
+        ``"What is 12 + 7?"``.
+    :param check: How its final answers are compared (:data:`textrl_envs.rewards.answers.CHECKS`): ``"math"``
+        (Math-Verify) where the answer is math.
+    :param max_new_tokens: The episode budget: room for a short explanation and the answer line.
+    :param max_prompt_tokens: The prompt budget: the chat template's markers, a system message and the question.
+    """
+
+    question: Callable[[str], str] | None = None
+    check: str = "exact"
+    max_new_tokens: int = 128
+    max_prompt_tokens: int = 128
+
+
+@dataclass(frozen=True)
 class Task:
     """Defaults of one registered environment id.
 
@@ -68,6 +86,7 @@ class Task:
     :param kwargs: Keyword arguments registered with the id (``None``: ``{"task": env_id}``, which gives the
         generic env classes the task's defaults). A suite registers ``{}``: its ``task`` argument names a
         task of the suite.
+    :param instruct: The task's instruct mode (``instruct=True``), where its answers are checkable (``None``: none).
     """
 
     env_id: str
@@ -86,6 +105,7 @@ class Task:
     stop_at_eos: bool = True
     extra: str | None = None
     kwargs: dict[str, Any] | None = None
+    instruct: InstructDefaults | None = None
 
     @property
     def registered_kwargs(self) -> dict[str, Any]:
@@ -116,6 +136,15 @@ def arithmetic_prompts(n: int = 300, seed: int = 0) -> list[dict[str, str]]:
     for prompt, answer in arithmetic_examples(n, seed):
         seen.setdefault(prompt, answer)
     return [{"prompt": p, "answer": a} for p, a in seen.items()]
+
+
+def arithmetic_question(prompt: str) -> str:
+    """An arithmetic prompt as a question for an instruct model: ``"12+7="`` is ``"What is 12 + 7?"`` (a prompt of
+    another form is asked as it is)."""
+    import re
+
+    match = re.fullmatch(r"\s*([-+]?\d+)\s*([-+*])\s*([-+]?\d+)\s*=\s*", prompt)
+    return prompt if match is None else f"What is {match[1]} {match[2]} {match[3]}?"
 
 
 def number_prompts(n: int = 64, seed: int = 0) -> list[str]:
@@ -237,6 +266,7 @@ ARITHMETIC = Task(
     reward_kwargs={"partial_weight": 0.5, "format_weight": 0.1},
     max_new_tokens=4,
     max_prompt_tokens=8,
+    instruct=InstructDefaults(question=arithmetic_question, check="math", max_new_tokens=64, max_prompt_tokens=64),
 )
 
 INCREASING_NUMBERS = Task(
@@ -375,6 +405,8 @@ REASONING_GYM = Task(
     max_prompt_tokens=96,
     extra="reasoning",
     kwargs={},
+    # the item's question as it is; graded by the task's own scorer (the suite's reward), on the final answer
+    instruct=InstructDefaults(max_new_tokens=128, max_prompt_tokens=256),
 )
 
 TEXTARENA = Task(
