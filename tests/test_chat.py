@@ -12,34 +12,16 @@ import json
 import gymnasium as gym
 import numpy as np
 import pytest
+from helpers import CHATML, bundled_tokenizer, chat_tokenizer_folder
 
 import textrl_envs  # noqa: F401  (registers the ids)
 from textrl_envs.chat import end_of_turn_id
-
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-    "{% if not (loop.last and continue_final_message) %}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def bundled_tokenizer():
-    from transformers import AutoTokenizer
-
-    from textrl_envs.assets import tokenizer_path
-
-    return AutoTokenizer.from_pretrained(tokenizer_path())
 
 
 @pytest.fixture(scope="module")
 def chat_tokenizer_dir(tmp_path_factory):
     """The bundled tokenizer plus ChatML's two special tokens and template, saved as a local tokenizer folder."""
-    tok = bundled_tokenizer()
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tok.chat_template = CHATML
-    path = tmp_path_factory.mktemp("chat-tokenizer")
-    tok.save_pretrained(path)
-    return str(path)
+    return chat_tokenizer_folder(tmp_path_factory.mktemp("chat-tokenizer"))
 
 
 @pytest.fixture(scope="module")

@@ -124,10 +124,11 @@ class EpisodeSpec:
         """A prompt given at reset as the env shows it: rendered with the chat template, if there is one."""
         if self.chat_template is None:
             return prompt
-        if self.instruct is not None:  # asked like the prompt list: the question, then the instruction
+        if self.instruct is not None:  # asked like the prompt list: the task's question, then the instruction
             from textrl_envs.instruct import instruct_prompts
 
-            prompt = instruct_prompts([prompt], self.instruct)[0]
+            asked = get_task(self.task_id).instruct if self.task_id is not None else None
+            prompt = instruct_prompts([prompt], self.instruct, asked.question if asked else None)[0]
         return render(self.tokenizer, self.chat_template, prompt, where, self.system_prompt)
 
     @property

@@ -4,7 +4,8 @@ An instruct model explains before it answers ("17 + 25 = 42. Answer: 42"). :func
 the way graders of math benchmarks do, in order of precedence:
 
 1. the content of the last ``\\boxed{...}`` (braces balanced), the DeepSeekMath / MATH convention;
-2. the rest of the line after the last ``Answer:`` (any case; ``answer is`` too), without a closing period
+2. the rest of the line after the last ``Answer:`` (any case; ``answer is`` too), without a closing period, after
+   its last ``=`` if it has one
    (a number check reads the first number there: ``Answer: 42 apples`` is 42);
 3. the last number in the text.
 
@@ -77,6 +78,7 @@ def final_answer(text: str) -> str | None:
     found = list(_ANSWER.finditer(text))
     for match in reversed(found):
         line = text[match.end() :].split("\n", 1)[0].strip().rstrip(".").strip()
+        line = line.rsplit("=", 1)[-1].strip()  # "Answer: 58 + 26 = 84" states 84
         if line:
             return line
     numbers = _NUMBER.findall(text)

@@ -266,7 +266,7 @@ ARITHMETIC = Task(
     reward_kwargs={"partial_weight": 0.5, "format_weight": 0.1},
     max_new_tokens=4,
     max_prompt_tokens=8,
-    instruct=InstructDefaults(question=arithmetic_question, check="math", max_new_tokens=64, max_prompt_tokens=64),
+    instruct=InstructDefaults(question=arithmetic_question, check="math", max_new_tokens=64, max_prompt_tokens=96),
 )
 
 INCREASING_NUMBERS = Task(
