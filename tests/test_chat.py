@@ -185,3 +185,35 @@ def test_conversational_prompts_from_a_file(tmp_path, chat_tokenizer_dir):
 def test_bad_chat_arguments(chat_tokenizer_dir, chat_template, prompts, error, match):
     with pytest.raises(error, match=match):
         gym.make("TextGen-v0", prompts=prompts, tokenizer=chat_tokenizer_dir, chat_template=chat_template)
+
+
+def test_replies_join_the_conversation_as_the_template_renders_it(chat_tokenizer_dir, chat_tokenizer):
+    """An interactive chat episode's observation is the conversation ``apply_chat_template`` renders: the agent's
+    turn, the reply as a user message (stripped), the next generation prompt; a turn cut by its budget gets the
+    end-of-turn marker from the reply."""
+    from textrl_envs.interaction import Interaction, Reply
+
+    class Echo(Interaction):
+        def reply(self, state, text, turn):
+            return Reply(f" you said{text} ", done=turn == 3)
+
+    tok = chat_tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    kw = {"prompts": ["Hi"], "tokenizer": chat_tokenizer_dir, "chat_template": True, "interaction": Echo()}
+    env = gym.make("TextGen-v0", max_turn_tokens=6, max_new_tokens=120, max_prompt_tokens=16, **kw)
+    obs, _ = env.reset(seed=0)
+    hello = tok(" Hello", add_special_tokens=False)["input_ids"]
+    assert len(hello) < 6
+    for t in [*hello, im_end]:  # a turn ended by the agent's own end-of-turn token
+        obs, *_ = env.step(t)
+    turn = tok(" the movie was good and long", add_special_tokens=False)["input_ids"][:6]
+    for t in turn:  # a turn cut at max_turn_tokens=6
+        obs, *_ = env.step(t)
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": " Hello"},
+        {"role": "user", "content": "you said Hello"},
+        {"role": "assistant", "content": tok.decode(turn)},
+        {"role": "user", "content": "you said" + tok.decode(turn)},
+    ]
+    assert window_ids(obs) == reference_ids(tok, messages, add_generation_prompt=True)

@@ -203,3 +203,49 @@ def test_instruct_format_validates_itself():
         InstructFormat(format_weight=-1)
     with pytest.raises(ValueError, match="check must be one of"):
         InstructFormat(check="fuzzy")
+
+
+# -- interactive tasks in instruct mode ---------------------------------------------------------------------------
+
+
+def test_chat_interactions_read_free_text_by_hand():
+    from textrl_envs.tasks.interactions import Calculator, GuessNumber
+
+    guess = GuessNumber(1, 8, chat=True)
+    state = {"secret": 5}
+    assert guess.reply(state, "I think it is 3.\nAnswer: 4", 1).text == "Higher."  # the stated answer, not 3
+    assert guess.reply(state, "Maybe 7", 1).text == "Lower."
+    assert guess.reply(state, "no idea", 1).text == "Please guess one whole number."
+    assert guess.reply(state, "Answer: 5", 2) == (("Correct!", 0.9, True))
+    calc = Calculator(chat=True)
+    state = {"answer": "444"}
+    assert calc.reply(state, "Let me compute.\ncalc: 37*12", 1).text == "calc: 37*12 = 444"
+    assert calc.reply(state, "calc: 37 x 12.", 1).text == "calc: 37*12 = 444"
+    assert calc.reply(state, "calc: thirty-seven", 1).text.startswith("The calculator reads lines")
+    assert calc.reply(state, "calc: 37*12 = 444\nAnswer: 444", 2) == (None, 1.0, True)  # an answer ends it
+    assert calc.reply(state, "The answer is 440.", 2) == (None, 0.0, True)
+
+
+@pytest.mark.parametrize("env_id", ["GuessNumber-v0", "ToolArithmetic-v0"])
+def test_interactive_instruct_vector_env_equals_sync(chat_dir, env_id):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(chat_dir)
+    kwargs = {"tokenizer": chat_dir, "instruct": True}
+    vec = gym.make_vec(env_id, num_envs=2, device="cpu", **kwargs)
+    sync = gym.vector.SyncVectorEnv(
+        [lambda: gym.make(env_id, **kwargs) for _ in range(2)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    spec = vec.text_spec
+    assert spec.interaction.chat and spec.max_turn_tokens > 3
+    a, _ = vec.reset(seed=5)
+    b, _ = sync.reset(seed=5)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    script = tok("calc: 3*4", add_special_tokens=False)["input_ids"] + [im_end]  # a call (ToolArithmetic), a guess
+    script += tok("Answer: 4", add_special_tokens=False)["input_ids"] + [im_end]  # the answer ends the episode
+    for t in script:
+        a, ra, ta, tra, _ = vec.step(np.array([t, t]))
+        b, rb, tb, trb, _ = sync.step(np.array([t, t]))
+        np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
+        np.testing.assert_array_equal(ra, rb)
+        np.testing.assert_array_equal(ta | tra, tb | trb)

@@ -10,7 +10,9 @@ message is continued (``continue_final_message=True``).
 
 The episode is the assistant's turn, so it ends at the template's end-of-turn token
 (:func:`end_of_turn_id`, e.g. ``<|im_end|>`` for ChatML), which may differ from the tokenizer's EOS.
-Interactive (multi-turn) envs take the same token as their default turn end.
+Interactive (multi-turn) envs take the same token as their default turn end, and the environment's replies come
+as the template writes a user message after the assistant's turn, followed by the next generation prompt
+(:func:`chat_reply`), so the conversation the model reads is the one the template would render.
 """
 
 from __future__ import annotations
@@ -149,3 +151,35 @@ def end_of_turn_id(tokenizer: Any, template: str) -> int | None:
     added = getattr(tokenizer, "added_tokens_decoder", {}).get(ids[0])
     special = ids[0] in set(tokenizer.all_special_ids) or bool(getattr(added, "special", False))
     return int(ids[0]) if special else None
+
+
+def chat_reply(tokenizer: Any, template: str, text: str, turn_ended: bool) -> str:
+    """The text that follows an assistant turn when the environment answers ``text``: the template's end of the
+    assistant turn (left out when the agent already wrote it, ``turn_ended``), ``text`` as a user message, and the
+    generation prompt of the next assistant turn.
+
+    With ChatML, ``chat_reply(tok, t, "Higher.", True)`` is
+    ``"\\n<|im_start|>user\\nHigher.<|im_end|>\\n<|im_start|>assistant\\n"``.
+
+    :raises ValueError: for a template that cannot render a user message after an assistant one.
+    """
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": _SENTINEL},
+        {"role": "user", "content": text},
+    ]
+    try:
+        rendered = tokenizer.apply_chat_template(
+            messages, chat_template=template, tokenize=False, add_generation_prompt=True
+        )
+    except Exception as err:  # noqa: BLE001  (jinja errors of all kinds)
+        raise ValueError(f"the chat template cannot render the environment's reply as a user message: {err}") from err
+    if not isinstance(rendered, str) or _SENTINEL not in rendered:
+        raise ValueError("the chat template does not render assistant messages; interactive chat episodes need it to")
+    after = rendered.split(_SENTINEL, 1)[1]
+    eot = end_of_turn_id(tokenizer, template)
+    if turn_ended and eot is not None:
+        marker = tokenizer.decode([eot])
+        if after.startswith(marker):
+            after = after[len(marker) :]
+    return after

@@ -660,6 +660,10 @@ def build_spec(
         max_prompt_tokens = asked.max_prompt_tokens if max_prompt_tokens is None else max_prompt_tokens
         if reward is None and (defaults is None or defaults.reward is not None):
             reward, reward_kwargs = _instruct_reward(fmt, asked), None
+        if asked.interaction is not None:  # an interactive task: its interaction reads and answers free text
+            interaction = asked.interaction() if interaction is None else interaction
+            max_turns = asked.max_turns if max_turns is None else max_turns
+            max_turn_tokens = asked.max_turn_tokens if max_turn_tokens is None else max_turn_tokens
     given_turns = {"max_turns": max_turns, "turn_end": turn_end, "max_turn_tokens": max_turn_tokens}
     interaction_given = interaction is not None
     interaction, max_turns, turn_end, max_turn_tokens = _resolve_turns(defaults, interaction, given_turns)

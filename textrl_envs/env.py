@@ -14,7 +14,7 @@ from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwar
 from textrl_envs.groups import draw_weighted, prompt_draw_cdf
 from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, episode_infos, start_episode
 from textrl_envs.rendering import transcript_frame
-from textrl_envs.turns import ReplyEncoder, check_opening, turn_episode_ends, turns_over, who
+from textrl_envs.turns import ReplyEncoder, check_opening, turn_episode_ends, turns_over, who, written_reply
 from textrl_envs.validation import check_choice, check_int, check_mapping
 
 SPEC_KWARGS = (
@@ -308,7 +308,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             )  # fmt: skip
             reward, self._nonfinite = float(rewards[0]), self._nonfinite or bool(bad[0])
             if replies[0] is not None:
-                ids = self._replies(replies[0])
+                ids = self._replies(written_reply(spec, replies[0], token))
                 self._append(ids)
                 self._generated.extend(ids)
                 self._transcript.append({"role": "env", "text": replies[0]})

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from textrl_envs.chat import chat_reply
 from textrl_envs.core import EpisodeSpec
 from textrl_envs.interaction import answer_turns, start_episode
 
-__all__ = ["ReplyEncoder", "TurnBook", "TurnResult", "turn_episode_ends", "turns_over"]
+__all__ = ["ReplyEncoder", "TurnBook", "TurnResult", "turn_episode_ends", "turns_over", "written_reply"]
 
 #: Distinct reply texts whose token ids a :class:`ReplyEncoder` remembers.
 REPLY_CACHE = 4096
@@ -107,6 +108,15 @@ class ReplyEncoder:
                 )
             ids = ids[-self.width :]
         return ids
+
+
+def written_reply(spec: EpisodeSpec, reply: str, last_token: int) -> str:
+    """A reply as the observation holds it: as it is, or with a chat template, stripped, as a user message after the
+    assistant's turn and before the next one's generation prompt (:func:`~textrl_envs.chat.chat_reply`; the turn's
+    end-of-turn marker is written too unless the agent's ``last_token`` was it)."""
+    if spec.chat_template is None:
+        return reply
+    return chat_reply(spec.tokenizer, spec.chat_template, reply.strip(), last_token in spec.turn_end_ids)
 
 
 def who(spec: EpisodeSpec) -> str:
@@ -203,7 +213,7 @@ class TurnBook:
         for e, text, reply in zip(over.tolist(), texts, reply_texts):
             self.transcripts[e].append({"role": "agent", "text": text})
             if reply is not None:
-                ids = self.encode(reply)
+                ids = self.encode(written_reply(spec, reply, self.conversation[e][-1]))
                 self.transcripts[e].append({"role": "env", "text": reply})
                 self.conversation[e].extend(ids)
                 used[e] += len(ids)

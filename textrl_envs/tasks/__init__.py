@@ -50,14 +50,22 @@ class InstructDefaults:
         ``"What is 12 + 7?"``.
     :param check: How its final answers are compared (:data:`textrl_envs.rewards.answers.CHECKS`): ``"math"``
         (Math-Verify) where the answer is math.
-    :param max_new_tokens: The episode budget: room for a short explanation and the answer line.
+    :param max_new_tokens: The episode budget: room for a short explanation and the answer line (an interactive
+        task's: every turn and reply).
     :param max_prompt_tokens: The prompt budget: the chat template's markers, a system message and the question.
+    :param interaction: An interactive task's interaction for free text (a zero-argument function, as
+        :attr:`Task.interaction`); ``None``: the task's own.
+    :param max_turns: An interactive task's agent turns (``None``: the task's).
+    :param max_turn_tokens: An interactive task's tokens per agent turn (``None``: the task's).
     """
 
     question: Callable[[str], str] | None = None
     check: str = "exact"
     max_new_tokens: int = 128
     max_prompt_tokens: int = 128
+    interaction: Callable[[], Any] | None = None
+    max_turns: int | None = None
+    max_turn_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +204,29 @@ def tool_arithmetic_prompts(n: int = 300, seed: int = 0) -> list[dict[str, str]]
     return [{"prompt": p, "answer": a} for p, a in seen.items()]
 
 
+def guess_number_question(prompt: str) -> str:
+    """``GuessNumber-v0``'s prompt as a question for an instruct model: ``"Guess 1-8: x="`` is the game's rules
+    with that range (a prompt of another form is asked as it is)."""
+    import re
+
+    match = re.match(r"\s*Guess\s+(-?\d+)\s*-\s*(-?\d+)", prompt)
+    if match is None:
+        return prompt
+    return (
+        f"I am thinking of a whole number from {match[1]} to {match[2]}. Guess it: after each guess I tell you "
+        "whether my number is higher or lower."
+    )
+
+
+def tool_arithmetic_question(prompt: str) -> str:
+    """``ToolArithmetic-v0``'s prompt as a question for an instruct model: the problem and how to call the
+    calculator."""
+    return (
+        f"{prompt} You may use a calculator: reply with a single line such as 'calc: 37*12' and it answers with the "
+        "result. Then give your answer."
+    )
+
+
 # -- interactions (imported lazily: their module must not import the env) -----------------------------------
 
 
@@ -211,6 +242,21 @@ def calculator_interaction():
     from textrl_envs.tasks.interactions import Calculator
 
     return Calculator()
+
+
+def guess_number_chat_interaction():
+    """``GuessNumber-v0``'s interaction in instruct mode: guesses read from free text, replies as sentences."""
+    from textrl_envs.tasks.interactions import GuessNumber
+
+    return GuessNumber(low=1, high=8, chat=True)
+
+
+def calculator_chat_interaction():
+    """``ToolArithmetic-v0``'s interaction in instruct mode: a ``calc:`` line anywhere in a turn, answers in free
+    text."""
+    from textrl_envs.tasks.interactions import Calculator
+
+    return Calculator(chat=True)
 
 
 def game_prompts(game: str) -> list[str]:
@@ -340,6 +386,15 @@ GUESS_NUMBER = Task(
     interaction=guess_number_interaction,
     max_turns=4,
     max_turn_tokens=3,
+    instruct=InstructDefaults(
+        question=guess_number_question,
+        check="number",
+        interaction=guess_number_chat_interaction,
+        max_turns=4,
+        max_turn_tokens=32,
+        max_new_tokens=192,
+        max_prompt_tokens=112,
+    ),
 )
 
 TOOL_ARITHMETIC = Task(
@@ -353,6 +408,15 @@ TOOL_ARITHMETIC = Task(
     interaction=calculator_interaction,
     max_turns=3,
     max_turn_tokens=12,
+    instruct=InstructDefaults(
+        question=tool_arithmetic_question,
+        check="number",
+        interaction=calculator_chat_interaction,
+        max_turns=3,
+        max_turn_tokens=48,
+        max_new_tokens=192,
+        max_prompt_tokens=128,
+    ),
 )
 
 TICTACTOE = Task(

@@ -26,6 +26,15 @@ def first_int(text: str) -> int | None:
     return None if m is None else int(m.group())
 
 
+def stated_int(text: str) -> int | None:
+    """The integer a free-text turn states: its final answer's (:func:`~textrl_envs.rewards.answers.final_answer`:
+    ``Answer: 4``, ``\\boxed{4}``, else the last number), ``None`` if it states none."""
+    from textrl_envs.rewards.answers import final_answer, parse_number
+
+    value = parse_number(final_answer(text) or "")
+    return None if value is None or value.denominator != 1 else int(value)
+
+
 class GuessNumber(Interaction):
     """Guess a secret integer; the environment says whether it is higher or lower.
 
@@ -35,30 +44,38 @@ class GuessNumber(Interaction):
     ``"Correct!"`` (the episode ends, reward ``max(0, 1 - turn_penalty * (turn - 1))``), or, for a turn without a
     number, ``"Say a number. x="`` (a wasted turn). Every other turn pays 0; so does running out of turns.
 
+    With ``chat=True`` (instruct mode, :mod:`textrl_envs.instruct`) a turn's guess is the integer it states
+    (:func:`stated_int`: ``Answer: 4``, else its last number) and the replies are sentences: ``"Higher."``,
+    ``"Lower."``, ``"Correct!"``, ``"Please guess one whole number."``.
+
     :param low: Smallest secret.
     :param high: Largest secret.
     :param turn_penalty: Reward lost per turn before the right guess.
+    :param chat: Read and answer free text (an instruct model's turns).
     """
 
-    def __init__(self, low: int = 1, high: int = 16, turn_penalty: float = 0.1) -> None:
+    def __init__(self, low: int = 1, high: int = 16, turn_penalty: float = 0.1, chat: bool = False) -> None:
         if not low <= high:
             raise ValueError(f"GuessNumber needs low <= high, got low={low}, high={high}")
         self.low, self.high, self.turn_penalty = int(low), int(high), float(turn_penalty)
+        self.chat = bool(chat)
 
     def start(self, prompt: str, metadata: Mapping[str, Any], rng: np.random.Generator) -> dict[str, int]:  # noqa: ARG002  (the protocol's signature)
         low, high = int(metadata.get("low", self.low)), int(metadata.get("high", self.high))
         return {"secret": int(rng.integers(low, high + 1))}
 
     def reply(self, state: dict[str, int], text: str, turn: int) -> Reply:
-        guess = first_int(text)
+        guess = stated_int(text) if self.chat else first_int(text)
+        prompt = "" if self.chat else " x="
         if guess is None:
-            return Reply("Say a number. x=")
+            return Reply("Please guess one whole number." if self.chat else "Say a number. x=")
         if guess == state["secret"]:
             return Reply("Correct!", reward=max(0.0, 1.0 - self.turn_penalty * (turn - 1)), done=True)
-        return Reply("Higher. x=" if guess < state["secret"] else "Lower. x=")
+        return Reply(("Higher." if guess < state["secret"] else "Lower.") + prompt)
 
     def __repr__(self) -> str:
-        return f"GuessNumber(low={self.low}, high={self.high}, turn_penalty={self.turn_penalty})"
+        chat = ", chat=True" if self.chat else ""
+        return f"GuessNumber(low={self.low}, high={self.high}, turn_penalty={self.turn_penalty}{chat})"
 
 
 class Calculator(Interaction):
@@ -68,10 +85,23 @@ class Calculator(Interaction):
     reply ``" = <value>."``; a call that does not parse gets ``" error: write calc: a*b."`` (a reply, not a
     crash). Any other turn is the final answer: the episode ends, reward 1 when its text (stripped) is exactly
     the answer (the prompt's metadata ``answer``, else the value of the first ``a op b`` in the prompt), else 0.
+
+    With ``chat=True`` (instruct mode) a turn that has a line ``calc: a op b`` and states no ``Answer:`` is a call,
+    answered ``"calc: a op b = <value>"`` (a line ``calc:`` that does not parse: ``"The calculator reads lines
+    like 'calc: 37*12'."``); any other turn is the final answer, read as free text's final answer
+    (:func:`~textrl_envs.rewards.answers.final_answer`) and compared as a number.
+
+    :param chat: Read and answer free text (an instruct model's turns).
     """
 
     CALL = re.compile(r"^\s*calc:\s*(-?\d+)\s*([-+*])\s*(-?\d+)\s*$")
     PROBLEM = re.compile(r"(-?\d+)\s*([-+*])\s*(-?\d+)")
+    CHAT_CALL = re.compile(r"^[ \t*`]*calc\s*:\s*(-?\d+)\s*([-+*x×])\s*(-?\d+)[ \t*`.]*$", re.IGNORECASE | re.MULTILINE)
+    CHAT_LINE = re.compile(r"^[ \t*`]*calc\s*:", re.IGNORECASE | re.MULTILINE)
+    ANSWER_LINE = re.compile(r"^[ \t*]*answer[ \t*]*:", re.IGNORECASE | re.MULTILINE)
+
+    def __init__(self, chat: bool = False) -> None:
+        self.chat = bool(chat)
 
     @staticmethod
     def evaluate(a: int, op: str, b: int) -> int:
@@ -88,9 +118,27 @@ class Calculator(Interaction):
         return {"answer": str(answer).strip()}
 
     def reply(self, state: dict[str, str], text: str, turn: int) -> Reply:  # noqa: ARG002  (the protocol's signature)
+        if self.chat:
+            return self._chat_reply(state, text)
         if text.lstrip().startswith("calc"):
             m = self.CALL.match(text)
             if m is None:
                 return Reply(" error: write calc: a*b.")
             return Reply(f" = {self.evaluate(int(m.group(1)), m.group(2), int(m.group(3)))}.")
         return Reply(None, reward=1.0 if text.strip() == state["answer"] else 0.0, done=True)
+
+    def _chat_reply(self, state: dict[str, str], text: str) -> Reply:
+        from textrl_envs.rewards.answers import answers_match, final_answer
+
+        if self.CHAT_LINE.search(text) and not self.ANSWER_LINE.search(text):
+            calls = self.CHAT_CALL.findall(text)
+            if not calls:
+                return Reply("The calculator reads lines like 'calc: 37*12'.")
+            a, op, b = calls[-1]
+            op = "*" if op in "x×" else op
+            return Reply(f"calc: {a}{op}{b} = {self.evaluate(int(a), op, int(b))}")
+        correct = answers_match(final_answer(text), state["answer"], "number")
+        return Reply(None, reward=1.0 if correct else 0.0, done=True)
+
+    def __repr__(self) -> str:
+        return "Calculator(chat=True)" if self.chat else "Calculator()"
