@@ -537,6 +537,11 @@ class ReasoningGymEnv(TextGenEnv):
     (``{"min_animals": 2, "max_animals": 3}``), or ``{name: config}`` for several tasks; ``size`` and ``seed``
     are the env's own arguments. ``prompts=`` is not accepted (the items are the prompts).
 
+    ``instruct=True`` (an instruct model, e.g. ``tokenizer="smollm2-135m-instruct"``; :mod:`textrl_envs.instruct`)
+    asks the question in a chat with an instruction that states the answer format, reads the final answer from
+    free text (``answer_format="final"``) for the task's own ``score_answer``, and uses ``max_new_tokens=128``,
+    ``max_prompt_tokens=256``; ``instruct={"format_weight": 0.1}`` adds a format bonus.
+
     ## Vectorized environment
     ``gym.make_vec("ReasoningGym-v0", num_envs=N, device=..., group_size=G, task=...)`` returns
     :class:`ReasoningGymVectorEnv` (the batched env over the same items); with ``group_size=G`` every member
