@@ -226,7 +226,7 @@ def test_chat_interactions_read_free_text_by_hand():
     assert calc.reply(state, "The answer is 440.", 2) == (None, 0.0, True)
 
 
-@pytest.mark.parametrize("env_id", ["GuessNumber-v0", "ToolArithmetic-v0"])
+@pytest.mark.parametrize("env_id", ["GuessNumber-v0", "ToolArithmetic-v0", "TicTacToe-v0", "KuhnPoker-v0", "Nim-v0"])
 def test_interactive_instruct_vector_env_equals_sync(chat_dir, env_id):
     from transformers import AutoTokenizer
 
@@ -249,3 +249,30 @@ def test_interactive_instruct_vector_env_equals_sync(chat_dir, env_id):
         np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
         np.testing.assert_array_equal(ra, rb)
         np.testing.assert_array_equal(ta | tra, tb | trb)
+
+
+def test_games_speak_plain_language_by_hand():
+    from textrl_envs.games import SelfPlay, make_game
+    from textrl_envs.games.base import Game, play_moves
+
+    ttt = make_game("tictactoe")
+    state = play_moves(ttt, ttt.initial(None), [" 5", " 1"])
+    assert ttt.chat_render(state, 0) == (
+        "O | 2 | 3\n--+---+--\n4 | X | 6\n--+---+--\n7 | 8 | 9\n\nFree cells: 2, 3, 4, 6, 7, 8, 9. Your move (X)?"
+    )
+    assert ttt.chat_render(state, 1).startswith("X | 2 | 3\n--+---+--\n4 | O | 6")  # each side is X
+    assert ttt.parse(state, "5 is taken, so I take 3.\nAnswer: 3", chat=True) == 3  # the stated answer
+    assert ttt.parse(state, "Answer: 5", chat=True) is None  # taken: illegal
+    kuhn = make_game("kuhn")
+    hand = kuhn.play(kuhn.initial(np.random.default_rng(0)), "p")
+    assert kuhn.chat_render(hand, 1).endswith("So far: I passed. Do you pass or bet?")
+    assert kuhn.chat_read("I have the King, so I bet.") == "b" and kuhn.chat_read("Answer: fold") == "p"
+    facing = kuhn.play(hand, "b")
+    assert kuhn.chat_render(facing, 0).endswith("So far: You passed, I bet. Do you fold (pass) or call (bet)?")
+    nim = make_game("nim")
+    assert nim.chat_render(nim.initial_distribution()[0][0], 0) == "There are 5 stones left. You may take 1, 2 or 3."
+    play = SelfPlay(nim, opponent="heuristic", learner_player=0, chat=True)
+    episode = play.start("", {}, np.random.default_rng(0))
+    assert play.reply(episode, "Answer: 7", 1) == ("You lose. Your move was not a legal move.", -1.0, True)
+    with pytest.raises(ValueError, match="no chat mode"):
+        SelfPlay(Game(), chat=True)  # the base class states no rules

@@ -92,7 +92,14 @@ def check_system_prompt(system_prompt: Any, template: str | None) -> str | None:
     return system_prompt
 
 
-def render(tokenizer: Any, template: str, prompt: Any, where: str = "prompt", system_prompt: str | None = None) -> str:
+def render(
+    tokenizer: Any,
+    template: str,
+    prompt: Any,
+    where: str = "prompt",
+    system_prompt: str | None = None,
+    open_end: bool = False,
+) -> str:
     """The text of ``prompt`` rendered with ``template`` (generation prompt or continuation as in TRL).
 
     :param tokenizer: The env's tokenizer.
@@ -100,9 +107,11 @@ def render(tokenizer: Any, template: str, prompt: Any, where: str = "prompt", sy
     :param prompt: A str (one user message) or a list of messages.
     :param where: Names the prompt in error messages.
     :param system_prompt: A system message put first (``None``: none; the template may write its own default).
+    :param open_end: Leave the last message open (no end of turn, no generation prompt), for an interactive episode
+        whose environment speaks first: its opening completes the message (:func:`chat_opening`).
     """
     messages = with_system(as_messages(prompt, where), system_prompt)
-    last_is_assistant = messages[-1]["role"] == "assistant"
+    last_is_assistant = open_end or messages[-1]["role"] == "assistant"
     try:
         text = tokenizer.apply_chat_template(
             messages,
@@ -118,15 +127,18 @@ def render(tokenizer: Any, template: str, prompt: Any, where: str = "prompt", sy
     return text
 
 
-def render_items(tokenizer: Any, template: str, items: list[Any], system_prompt: str | None = None) -> list[Any]:
-    """Prompt items (``str`` or ``{"prompt": ..., **metadata}``) with every prompt rendered to its text."""
+def render_items(
+    tokenizer: Any, template: str, items: list[Any], system_prompt: str | None = None, open_end: bool = False
+) -> list[Any]:
+    """Prompt items (``str`` or ``{"prompt": ..., **metadata}``) with every prompt rendered to its text (see
+    :func:`render` for ``system_prompt`` and ``open_end``)."""
     out = []
     for i, item in enumerate(items):
         if isinstance(item, dict) and "prompt" in item:
-            text = render(tokenizer, template, item["prompt"], f"prompt #{i}", system_prompt)
+            text = render(tokenizer, template, item["prompt"], f"prompt #{i}", system_prompt, open_end)
             out.append({**item, "prompt": text})
         else:
-            out.append(render(tokenizer, template, item, f"prompt #{i}", system_prompt))
+            out.append(render(tokenizer, template, item, f"prompt #{i}", system_prompt, open_end))
     return out
 
 
@@ -183,3 +195,15 @@ def chat_reply(tokenizer: Any, template: str, text: str, turn_ended: bool) -> st
         if after.startswith(marker):
             after = after[len(marker) :]
     return after
+
+
+def chat_opening(tokenizer: Any, template: str, text: str | None) -> str:
+    """What completes a prompt rendered with an open last user message (``render(..., open_end=True)``) when the
+    environment speaks first: ``text`` after a blank line (nothing when ``None`` or empty), the end of the user turn,
+    and the generation prompt. The prompt and this together are the template's rendering of one user message that
+    holds both."""
+    content = _SENTINEL + (f"\n\n{text.strip()}" if text and text.strip() else "")
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], chat_template=template, tokenize=False, add_generation_prompt=True
+    )
+    return rendered.split(_SENTINEL, 1)[1]

@@ -82,6 +82,8 @@ class EpisodeSpec:
     :ivar max_turn_tokens: Agent tokens per turn (``None``: no limit but the token budget).
     :ivar chat_template: The chat template prompts are rendered with (``None``: prompts are used as they are).
     :ivar system_prompt: The system message prompts are rendered under (``None``: none given).
+    :ivar chat_open: Whether the prompts were rendered with their last user message open: a chat template and an
+        interaction that speaks first, whose opening completes the message (:func:`~textrl_envs.chat.chat_opening`).
     :ivar instruct: The instruct format of the prompts (:mod:`textrl_envs.instruct`; ``None``: off).
     """
 
@@ -105,6 +107,7 @@ class EpisodeSpec:
     max_turn_tokens: int | None = None
     chat_template: str | None = None
     system_prompt: str | None = None
+    chat_open: bool = False
     instruct: Any = None
 
     @property
@@ -129,7 +132,7 @@ class EpisodeSpec:
 
             asked = get_task(self.task_id).instruct if self.task_id is not None else None
             prompt = instruct_prompts([prompt], self.instruct, asked.question if asked else None)[0]
-        return render(self.tokenizer, self.chat_template, prompt, where, self.system_prompt)
+        return render(self.tokenizer, self.chat_template, prompt, where, self.system_prompt, self.chat_open)
 
     @property
     def budget(self) -> int:
@@ -677,8 +680,9 @@ def build_spec(
     tok = load_tokenizer(tokenizer)
     template = resolve_chat_template(tok, chat_template)
     system_prompt = check_system_prompt(system_prompt, template)
+    chat_open = template is not None and speaks_first(interaction)
     if template is not None:
-        prompts = render_items(tok, template, list(_check_prompt_list(prompts)), system_prompt)
+        prompts = render_items(tok, template, list(_check_prompt_list(prompts)), system_prompt, chat_open)
     texts, metadata = _split_prompts(prompts)
     reward_fn = _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_given)
     eos, pad, turn_end_ids = _end_ids(tok, template, defaults, interaction, turn_end)
@@ -703,8 +707,19 @@ def build_spec(
         max_turn_tokens=max_turn_tokens,
         chat_template=template,
         system_prompt=system_prompt,
+        chat_open=chat_open,
         instruct=fmt,
     )
+
+
+def speaks_first(interaction: Any) -> bool:
+    """Whether an interaction may open its episodes (its class overrides ``opening``)."""
+    if interaction is None:
+        return False
+    from textrl_envs.interaction import Interaction
+
+    own = getattr(type(interaction), "opening", None)
+    return own is not None and own is not Interaction.opening
 
 
 def _resolve_instruct(defaults: Task | None, instruct: Any) -> tuple[Any, InstructDefaults]:

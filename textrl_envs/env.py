@@ -14,7 +14,15 @@ from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwar
 from textrl_envs.groups import draw_weighted, prompt_draw_cdf
 from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, episode_infos, start_episode
 from textrl_envs.rendering import transcript_frame
-from textrl_envs.turns import ReplyEncoder, check_opening, turn_episode_ends, turns_over, who, written_reply
+from textrl_envs.turns import (
+    ReplyEncoder,
+    check_opening,
+    turn_episode_ends,
+    turns_over,
+    who,
+    written_opening,
+    written_reply,
+)
 from textrl_envs.validation import check_choice, check_int, check_mapping
 
 SPEC_KWARGS = (
@@ -230,8 +238,9 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         self._task_state, opening = start_episode(spec.interaction, text, meta, seed, spec.task_id)
         self._transcript = [{"role": "env", "text": text}]
         self._turn, self._turns, self._nonfinite = [], 0, False
-        if opening:
-            ids = self._replies.whole(opening)
+        written = written_opening(spec, opening)
+        if written:
+            ids = self._replies.whole(written)
             check_opening(spec, len(ids))  # its whole length: one past the window is refused, never cut
             self._append(ids)
             self._generated.extend(ids)

@@ -266,6 +266,35 @@ def game_prompts(game: str) -> list[str]:
     return [make_game(game).intro]
 
 
+def game_question(game: str, prompt: str) -> str:  # noqa: ARG001  (the instruct question's signature)
+    """A game's prompt for an instruct model: its rules in plain language
+    (:attr:`~textrl_envs.games.base.Game.chat_intro`)."""
+    from textrl_envs.games.catalog import make_game
+
+    return make_game(game).chat_intro
+
+
+def game_chat_interaction(game: str):
+    """A game's :class:`~textrl_envs.games.SelfPlay` in instruct mode: plain-language boards, moves read from free
+    text, against a random opponent."""
+    from textrl_envs.games.catalog import make_game
+    from textrl_envs.games.selfplay import SelfPlay
+
+    return SelfPlay(make_game(game), opponent="random", chat=True)
+
+
+def game_instruct(game: str, max_turns: int, max_new_tokens: int) -> InstructDefaults:
+    """A game's instruct mode: the rules, boards and moves in plain language; 24 tokens a move."""
+    return InstructDefaults(
+        question=functools.partial(game_question, game),
+        interaction=functools.partial(game_chat_interaction, game),
+        max_turns=max_turns,
+        max_turn_tokens=24,
+        max_new_tokens=max_new_tokens,
+        max_prompt_tokens=192,
+    )
+
+
 def tictactoe_interaction():
     """``TicTacToe-v0``'s :class:`~textrl_envs.games.SelfPlay`: tic-tac-toe against a random opponent."""
     from textrl_envs.games.selfplay import SelfPlay
@@ -430,6 +459,7 @@ TICTACTOE = Task(
     interaction=tictactoe_interaction,
     max_turns=5,
     max_turn_tokens=2,
+    instruct=game_instruct("tictactoe", max_turns=5, max_new_tokens=448),
 )
 
 NIM = Task(
@@ -443,6 +473,7 @@ NIM = Task(
     interaction=nim_interaction,
     max_turns=6,
     max_turn_tokens=2,
+    instruct=game_instruct("nim", max_turns=6, max_new_tokens=288),
 )
 
 KUHN_POKER = Task(
@@ -456,6 +487,7 @@ KUHN_POKER = Task(
     interaction=kuhn_interaction,
     max_turns=2,
     max_turn_tokens=2,
+    instruct=game_instruct("kuhn", max_turns=2, max_new_tokens=128),
 )
 
 # -- external suites (optional extras; their modules in textrl_envs/suites/ import the library when made) ------
