@@ -431,7 +431,7 @@ def _add_sample(sub: Any) -> None:
             "write them as JSON lines, and with --video record them (GIF or mp4)."
         ),
     )
-    p.add_argument("checkpoint", help="the checkpoint (.zip)")
+    p.add_argument("checkpoint", help="the checkpoint (.zip or .safetensors)")
     p.add_argument("--env", required=True, help="registered env id")
     p.add_argument("--env-kwargs", default=None, metavar="JSON", help="keyword arguments of the env (JSON object)")
     p.add_argument("--n", type=positive_int, default=4, help="episodes (default %(default)s)")
@@ -450,13 +450,27 @@ def _add_sample(sub: Any) -> None:
         "a GIF (Pillow) or an mp4 (needs imageio-ffmpeg)",
     )
     p.add_argument("--fps", type=float, default=None, help="frames per second of --video (default: the env's)")
+    add_trust_option(p)
     p.set_defaults(subparser=p)
+
+
+def add_trust_option(p: argparse.ArgumentParser) -> None:
+    """``--trust-checkpoint``: load a checkpoint's pickled entries without the allow-list."""
+    p.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="let the checkpoint's pickled entries name any class or function (this runs code from the file: only "
+        "for files you wrote or trust); without it, entries outside the allow-list of spaces, arrays and SB3 "
+        "classes are refused",
+    )
 
 
 def _sample(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import gymnasium as gym
 
+    from sb3_grpo.common.io import check_writable_file
     from sb3_grpo.sampling import (
+        check_sample_env,
         check_video_path,
         checkpoint_algo,
         format_row,
@@ -472,8 +486,11 @@ def _sample(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             raise ValueError(f"checkpoint {args.checkpoint!r} is not a file; give the .zip that model.save wrote")
         algo = checkpoint_algo(args.checkpoint) if args.algo == "auto" else args.algo
         _check_device(args.device)
+        if args.out is not None:
+            check_writable_file(args.out, "--out")
         if args.video is not None:
             check_video_path(args.video)
+            check_writable_file(args.video, "--video")
             if args.fps is not None and not args.fps > 0:
                 raise ValueError(f"--fps must be positive, got {args.fps}")
         render_mode = "rgb_array" if args.video is not None else None
@@ -483,7 +500,12 @@ def _sample(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import torch as th
 
     th.manual_seed(args.seed)
-    model = load_checkpoint(args.checkpoint, algo=algo, device=args.device)
+    try:
+        model = load_checkpoint(args.checkpoint, algo=algo, device=args.device, trusted=args.trust_checkpoint)
+        check_sample_env(model, env, args.env)
+    except (ValueError, FileNotFoundError) as err:
+        env.close()
+        parser.error(str(err))
     out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115  (closed below)
     frames: list | None = [] if args.video is not None else None
     try:
@@ -539,6 +561,7 @@ def _add_human_eval(sub: Any) -> None:
         help="items of known scores to mix in (side by side: pairs 'a', 'b' of known 'prefer' and/or 'scores')",
     )
     e.add_argument("--seed", type=int, default=0, help="seed of the draws and the order (default %(default)s)")
+    add_trust_option(e)
     v = hs.add_parser("serve", help="serve the rating page of a folder (ratings saved as they are entered)")
     v.add_argument("folder", help="a folder written by `human-eval export`")
     v.add_argument("--port", type=int, default=8765, help="port (default %(default)s)")
@@ -554,7 +577,7 @@ def _add_human_eval(sub: Any) -> None:
 def _sample_checkpoints(checkpoints: Sequence[str], labels: Sequence[str], args: argparse.Namespace) -> list[str]:
     """``human-eval export --env``: play ``--n`` greedy episodes of each checkpoint on the same env seed (so on the
     same prompts), written to ``<out>/samples_<label>.jsonl``; returns those files."""
-    from sb3_grpo.sampling import checkpoint_algo, load_checkpoint, make_sample_env, sample_episodes
+    from sb3_grpo.sampling import check_sample_env, checkpoint_algo, load_checkpoint, make_sample_env, sample_episodes
 
     if len(checkpoints) != 2:
         raise ValueError(f"--env samples two checkpoints for a side-by-side folder, got {len(checkpoints)}")
@@ -569,7 +592,8 @@ def _sample_checkpoints(checkpoints: Sequence[str], labels: Sequence[str], args:
     for path, label in zip(checkpoints, labels):
         env = make_sample_env(args.env, parse_env_kwargs(args.env_kwargs), seed=args.seed)
         th.manual_seed(args.seed)
-        model = load_checkpoint(path, algo=checkpoint_algo(path))
+        model = load_checkpoint(path, algo=checkpoint_algo(path), trusted=args.trust_checkpoint)
+        check_sample_env(model, env, args.env)
         target = out / f"samples_{label}.jsonl"
         try:
             with open(target, "w", encoding="utf-8") as f:

@@ -71,6 +71,8 @@ from sb3_grpo.common.io import atomic_write, is_atomic_temp
 from sb3_grpo.common.nonfinite import raise_non_finite
 from sb3_grpo.common.redistribution import RewardRedistribution, check_redistribution_env
 from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
+from sb3_grpo.common.safe_loading import checkpoint_source
+from sb3_grpo.common.safetensors_format import is_safetensors_path, save_safetensors
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
 from sb3_grpo.common.vllm_engine import VLLMEngine, check_vllm_model, vllm_options
@@ -384,7 +386,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         to a name without a suffix; a file object is written directly. Under ``torch.distributed`` only rank 0
         writes (the weights are the same everywhere; under ``data_parallel="fsdp"`` every rank must call it: the full
         state is gathered to rank 0 first). ``rollout_buffer_class`` is saved as given (``None`` when the
-        algorithm chose it), so SB3's stock ``PPO`` can load the file and train on.
+        algorithm chose it), so SB3's stock ``PPO`` can load the file and train on. A path ending in ``.safetensors``
+        is written in the format that cannot run code when loaded (:mod:`sb3_grpo.common.safetensors_format`).
 
         :param path: The file (or a writable binary file object).
         :param exclude: Names of parameters not to save (SB3's).
@@ -409,6 +412,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     def _save_atomically(
         self, path: str | os.PathLike | io.BufferedIOBase, exclude: Iterable[str] | None, include: Iterable[str] | None
     ) -> None:
+        if is_safetensors_path(path):  # the format that cannot run code: weights in safetensors, the rest JSON
+            save_safetensors(self, path, exclude, include)
+            return
         if not isinstance(path, (str, os.PathLike)) or is_atomic_temp(path):  # a file object, or atomic_save's temp
             super().save(path, exclude=exclude, include=include)
             return
@@ -860,6 +866,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         custom_objects: dict[str, Any] | None = None,
         print_system_info: bool = False,
         force_reset: bool = True,
+        trusted: bool = False,
         **kwargs: Any,
     ) -> SelfGroupOnPolicy:
         """
@@ -876,6 +883,11 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         given with ``base_model="<directory or Hub id>"`` (one more keyword argument); a base that cannot be found
         is an error naming it and these ways out, and one whose weights differ from those the adapters were trained on
         is refused.
+
+        Nothing in the file runs code unless ``trusted=True``: a ``.zip``'s pickled entries are decoded through an
+        allow-list of the classes SB3 and this package store (:mod:`sb3_grpo.common.unpickling`), and a
+        ``.safetensors`` file (``model.save("model.safetensors")``) is read as tensors and JSON
+        (:mod:`sb3_grpo.common.safetensors_format`). An entry outside the allow-list is refused, naming it.
         """
         # callables in custom_objects stand in for schedules that cannot be unpickled (rl-zoo's
         # {"clip_range": lambda _: 0.0}): placeholders, not settings, so only the other values are checked
@@ -884,6 +896,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         device = _available_device(device)
         if isinstance(path, (str, os.PathLike)):
             path = existing_checkpoint(path)
+        path, custom_objects = checkpoint_source(path, custom_objects, trusted=trusted)
         if isinstance(env, str):  # an env id, as the constructor takes it (SB3's load wants an env object)
             env = maybe_make_env(env, 0)
         return super().load(
