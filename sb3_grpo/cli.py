@@ -119,6 +119,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    """A TCP port: an integer in 0..65535 (0: any free port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535 (0: any free port), got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``sb3-grpo`` argument parser (subcommands ``compare``, ``report``, ``warm-start``, ``sample``)."""
     parser = argparse.ArgumentParser(
@@ -561,10 +572,16 @@ def _add_human_eval(sub: Any) -> None:
         help="items of known scores to mix in (side by side: pairs 'a', 'b' of known 'prefer' and/or 'scores')",
     )
     e.add_argument("--seed", type=int, default=0, help="seed of the draws and the order (default %(default)s)")
+    e.add_argument(
+        "--force",
+        action="store_true",
+        help="export into a folder that holds ratings: its old items, key and ratings are kept aside in a "
+        "replaced-<time> subfolder (without it such a folder is refused)",
+    )
     add_trust_option(e)
     v = hs.add_parser("serve", help="serve the rating page of a folder (ratings saved as they are entered)")
     v.add_argument("folder", help="a folder written by `human-eval export`")
-    v.add_argument("--port", type=int, default=8765, help="port (default %(default)s)")
+    v.add_argument("--port", type=port_number, default=8765, help="port, 0..65535 (default %(default)s; 0: any free)")
     v.add_argument("--addr", default="127.0.0.1", help="address (default 127.0.0.1: this machine only)")
     r = hs.add_parser("report", help="Krippendorff's alpha per dimension, calibration, scores (and win rates) per run")
     r.add_argument("folder", help="a rated folder")
@@ -616,20 +633,29 @@ def _human_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             labels = args.labels.split(",") if args.labels else [Path(f).stem for f in files]
             if len(labels) != len(files):
                 raise ValueError(f"--labels has {len(labels)} names for {len(files)} files")
+            if not args.force:
+                human_eval.check_export_folder(args.out)  # before anything is sampled or written
             if args.env is not None:
                 args.side_by_side = True
                 files = _sample_checkpoints(files, labels, args)
             if args.side_by_side:
-                out = human_eval.export_pairs(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration)
+                export = human_eval.export_pairs
             else:
-                out = human_eval.export_items(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration)
+                export = human_eval.export_items
+            out = export(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration, force=args.force)
             print(f"rating folder {out}/: serve it with: sb3-grpo human-eval serve {out}")
             return 0
         if command in ("serve", "report") and not (Path(args.folder) / KEY_FILE).is_file():
             raise ValueError(f"{args.folder!r} is not a folder written by `sb3-grpo human-eval export`")
         if command == "serve":
             server = human_eval.make_server(args.folder, args.port, args.addr)
-            print(f"rating page: http://{args.addr}:{server.server_port}/ (Ctrl-C stops; ratings are already saved)")
+            if server.repaired:
+                print(f"repaired: {server.repaired}")
+            print(
+                f"rating page: {server.url}\n  (give each rater this address; add &rater=NAME for a link per rater. "
+                "The token changes at every start; Ctrl-C stops, ratings are already saved)",
+                flush=True,
+            )
             try:
                 server.serve_forever()
             except KeyboardInterrupt:
@@ -638,6 +664,9 @@ def _human_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
                 server.server_close()
             return 0
         if command == "report":
+            repaired = human_eval.repair_ratings(args.folder)
+            if repaired:
+                print(f"repaired: {repaired}")
             result = human_eval.report(args.folder, level=args.level)
             print((Path(args.folder) / "report.md").read_text(), end="")
             return 0 if not (result["unreliable"] or result.get("unreliable_scores")) else 1
