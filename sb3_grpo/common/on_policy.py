@@ -935,14 +935,15 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         training nothing or failing mid-run.
         """
         total_timesteps = check_learn_args(total_timesteps, callback, log_interval, tb_log_name)
-        return super().learn(
-            total_timesteps=total_timesteps,
-            callback=callback,
-            log_interval=log_interval,
-            tb_log_name=type(self).__name__ if tb_log_name is None else tb_log_name,
-            reset_num_timesteps=reset_num_timesteps,
-            progress_bar=progress_bar,
-        )
+        with distributed.peer_errors():  # a stalled or dead rank: one clear error on the others
+            return super().learn(
+                total_timesteps=total_timesteps,
+                callback=callback,
+                log_interval=log_interval,
+                tb_log_name=type(self).__name__ if tb_log_name is None else tb_log_name,
+                reset_num_timesteps=reset_num_timesteps,
+                progress_bar=progress_bar,
+            )
 
 
 def _relocated_base(policy_kwargs: Any, base_model: Any) -> Any:
