@@ -78,6 +78,7 @@ from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
 from sb3_grpo.common.vllm_engine import VLLMEngine, check_vllm_model, vllm_options
 from sb3_grpo.objectives import pearson_corr
 from sb3_grpo.policies.models import BASE_WEIGHTS, base_missing_message, portable_policy_kwargs
+from sb3_grpo.policies.tokenizer_identity import check_policy_tokenizer
 from textrl_envs.validation import check_choice, check_int
 
 __all__ = ["GroupOnPolicyAlgorithm"]
@@ -306,6 +307,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self.policy_kwargs = _relocated_base(self.policy_kwargs, self.__dict__.pop("base_model", None))
         self.policy_kwargs = _moved_model_folder(self.policy_kwargs, self.__dict__.get("_lm_spec"))
         super()._setup_model()
+        check_policy_tokenizer(self.policy, self.env)  # the model's own tokenizer against the env's
         check_engine_policy(getattr(self, "engine", "step"), self.policy, self.action_space)
         self._vllm = None  # engine="vllm": the in-process vLLM engine, built once the model is complete (below)
         # a model object in policy_kwargs is saved as its config (the weights are in the state dict), not pickled
