@@ -16,7 +16,6 @@ import pytest
 
 import textrl_envs  # noqa: F401  (registers the env ids)
 from sb3_grpo import distributed
-from textrl_envs.rewards.base import DEFAULT_REWARD_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,6 +28,8 @@ def _env() -> dict[str, str]:
 
 
 def test_the_reward_timeout_has_a_large_documented_default():
+    from textrl_envs.rewards.base import DEFAULT_REWARD_TIMEOUT
+
     assert DEFAULT_REWARD_TIMEOUT >= 60
     for env_id in ("TextGen-v0", "GuessNumber-v0"):
         assert gym.make(env_id).unwrapped.text_spec.reward_timeout == DEFAULT_REWARD_TIMEOUT
@@ -100,7 +101,7 @@ def test_a_stalled_rank_stops_the_live_one_with_a_clear_error(tmp_path):
     try:
         rank0, _ = procs[0]
         try:
-            rank0.wait(timeout=240)
+            rank0.wait(timeout=150)
         except subprocess.TimeoutExpired:
             pytest.fail("rank 0 kept waiting for the stalled rank (no process-group timeout)")
         elapsed = time.monotonic() - start
@@ -114,4 +115,4 @@ def test_a_stalled_rank_stops_the_live_one_with_a_clear_error(tmp_path):
     assert rank0.returncode != 0 and "finished" not in text
     assert "waited SB3_GRPO_PG_TIMEOUT=3 s for the other ranks" in text and "a rank is stalled" in text
     assert "rank 1 stalls" in (tmp_path / "rank1.log").read_text()
-    assert elapsed < 200
+    assert elapsed < 140
