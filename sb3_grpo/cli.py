@@ -312,8 +312,12 @@ def parse_lm_eval(args: argparse.Namespace, from_config: dict[str, Any] | None) 
 
 
 def check_trackers(names: Sequence[str]) -> None:
-    """Fail before anything runs when a ``--track`` tracker's library is not installed."""
+    """Fail before anything runs when a ``--track`` tracker's library is not installed, or it cannot log (wandb
+    online without a login, an MLflow server that does not answer:
+    :func:`~sb3_grpo.callbacks.trackers.check_tracker_ready`)."""
     import importlib
+
+    from sb3_grpo.callbacks.trackers import check_tracker_ready
 
     for name in names:
         module = {"wandb": "wandb", "mlflow": "mlflow.tracking"}[name]
@@ -323,6 +327,10 @@ def check_trackers(names: Sequence[str]) -> None:
             raise ValueError(
                 f"--track {name}: {name} is not installed; pip install 'textrl[{name}]' (or pip install {name})"
             ) from None
+        try:
+            check_tracker_ready(name)
+        except ValueError as err:
+            raise ValueError(f"--track {name}: {err}") from None
 
 
 def _add_warm_start(sub: Any) -> None:
@@ -873,6 +881,11 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except OSError as err:  # e.g. a full disk: the previous report.md and curves.png are kept
         print(f"sb3-grpo report: error: {err}", file=sys.stderr)
         return 1
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:  # a results.json edited by hand
+        parser.error(
+            f"{out / RESULTS_FILE} could not be reported on ({type(err).__name__}: {err}); it looks edited or from "
+            "another version: restore it, or run the comparison again into a fresh --out"
+        )
     print(f"wrote {out}/report.md and {out}/curves.png")
     if args.results_page:
         _write_compare_page(out, Path(args.results_page), results.get("command") or f"sb3-grpo report {out}")

@@ -73,6 +73,7 @@ from sb3_grpo.common.redistribution import RewardRedistribution, check_redistrib
 from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
 from sb3_grpo.common.safe_loading import checkpoint_source
 from sb3_grpo.common.safetensors_format import is_safetensors_path, save_safetensors
+from sb3_grpo.common.schedule_values import plain_number, scheduled_value
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
 from sb3_grpo.common.vllm_engine import VLLMEngine, check_vllm_model, vllm_options
@@ -172,6 +173,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self._data_parallel = make_data_parallel(backend="gloo" if on_cpu else None, mode=data_parallel)
         device = self._data_parallel.device(device)
         verbose = verbose if self._data_parallel.is_main else 0
+        # a NumPy number (np.float32(1e-4)) as a Python float: SB3's schedules take nothing else
+        learning_rate, clip_range, clip_range_vf = map(plain_number, (learning_rate, clip_range, clip_range_vf))
 
         super().__init__(
             policy,
@@ -373,7 +376,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         """The entropy coefficient now: ``ent_coef`` itself when it is a number, else its schedule at the current
         progress remaining."""
         if callable(self.ent_coef):
-            return float(self.ent_coef(self._current_progress_remaining))
+            return scheduled_value("ent_coef", self.ent_coef, self._current_progress_remaining)
         return self.ent_coef
 
     def save(
@@ -777,16 +780,18 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         """
         # Switch to train mode (this affects batch norm / dropout)
         self.policy.set_training_mode(True)
-        # Update optimizer learning rate
+        # Update optimizer learning rate (its schedule's value checked first: a NaN never reaches the optimizer)
+        progress = self._current_progress_remaining
+        scheduled_value("learning_rate", self.lr_schedule, progress, low=0)
         self._update_learning_rate(self.policy.optimizer)
         # The entropy coefficient of this update: a number as it is (PPO's exact float), or its schedule's value
         self._current_ent_coef = self.current_ent_coef()
         # Compute current clip range
-        clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
+        clip_range = scheduled_value("clip_range", self.clip_range, progress, low=0, low_open=True)
         # Optional: clip range for the value function
         clip_range_vf = None
         if self.clip_range_vf is not None:
-            clip_range_vf = self.clip_range_vf(self._current_progress_remaining)  # type: ignore[operator]
+            clip_range_vf = scheduled_value("clip_range_vf", self.clip_range_vf, progress, low=0, low_open=True)
 
         stats = TrainStats()
         continue_training = True
