@@ -90,8 +90,9 @@ class Calculator(Interaction):
 
     A turn that starts with ``calc`` is a call: ``calc: <int> <op> <int>`` with ``op`` one of ``+ - *`` gets the
     reply ``" = <value>."``; a call that does not parse gets ``" error: write calc: a*b."``, and one with a number of
-    more than :data:`MAX_DIGITS` digits ``" error: at most 100 digits."`` (replies, not crashes). Any other turn is the final answer: the episode ends, reward 1 when its text (stripped) is exactly
-    the answer (the prompt's metadata ``answer``, else the value of the first ``a op b`` in the prompt), else 0.
+    more than :data:`MAX_DIGITS` digits ``" error: at most 100 digits."`` (replies, not crashes). Any other turn is
+    the final answer: the episode ends, reward 1 when its text (stripped) is exactly the answer (the prompt's
+    metadata ``answer``, else the value of the first ``a op b`` in the prompt), else 0.
     """
 
     CALL = re.compile(r"^\s*calc:\s*(-?\d+)\s*([-+*])\s*(-?\d+)\s*$")
