@@ -7,7 +7,6 @@ from stable_baselines3.common.logger import configure
 
 from sb3_grpo import GRPO, DrGRPO
 from sb3_grpo.callbacks import AtomicCheckpointCallback, ElasticCheckpointCallback, latest_checkpoint
-from sb3_grpo.common.run_record import config_hash, read_run_record, run_identity
 
 
 def _model(cls=GRPO, **kwargs):
@@ -22,6 +21,8 @@ def _files(folder):
 
 
 def test_a_restart_of_the_same_run_resumes_and_another_run_is_refused(tmp_path):
+    from sb3_grpo.common.run_record import config_hash, read_run_record, run_identity
+
     folder = tmp_path / "ckpt"
     _model().learn(96, callback=ElasticCheckpointCallback(1, folder))
     before = _files(folder)
@@ -42,6 +43,8 @@ def test_a_restart_of_the_same_run_resumes_and_another_run_is_refused(tmp_path):
 
 
 def test_told_to_resume_it_continues_and_told_to_overwrite_it_moves_the_old_run_aside(tmp_path):
+    from sb3_grpo.common.run_record import config_hash, read_run_record, run_identity
+
     folder = tmp_path / "ckpt"
     _model().learn(96, callback=ElasticCheckpointCallback(1, folder))
     resumed = ElasticCheckpointCallback(1, folder, other_run="resume")
