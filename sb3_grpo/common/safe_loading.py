@@ -48,9 +48,9 @@ def load_model(cls: type, path: Any, trusted: bool = False, **kwargs: Any) -> An
     :param path: The checkpoint (``.zip`` or ``.safetensors``).
     :param trusted: See :func:`checkpoint_source`.
     """
-    from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+    import inspect
 
-    if issubclass(cls, GroupOnPolicyAlgorithm):
+    if "trusted" in inspect.signature(cls.load).parameters:  # an algorithm of this package: it reads safely itself
         return cls.load(path, trusted=trusted, **kwargs)
     source, custom_objects = checkpoint_source(path, kwargs.pop("custom_objects", None), trusted=trusted)
     return cls.load(source, custom_objects=custom_objects, **kwargs)
