@@ -164,7 +164,9 @@ def test_the_allow_list_decodes_what_sb3_pickled(tmp_path):
         assert set(decoded) == pickled and {"observation_space", "action_space", "policy_class"} <= pickled
         for key in pickled:
             reference = pickle.loads(base64.b64decode(data[key][":serialized:"]))  # the trusted way, as SB3 does
-            if key == "_explore_rng":
+            if key == "lr_schedule":
+                assert decoded[key] is None  # never read: SB3 makes it again from learning_rate
+            elif key == "_explore_rng":
                 assert decoded[key].bit_generator.state == reference.bit_generator.state
             elif isinstance(reference, np.ndarray):
                 assert np.array_equal(decoded[key], reference)
@@ -172,6 +174,18 @@ def test_the_allow_list_decodes_what_sb3_pickled(tmp_path):
                 assert [decoded[key](p) for p in (1.0, 0.6, 0.0)] == [reference(p) for p in (1.0, 0.6, 0.0)]
             else:
                 assert decoded[key] == reference, key
+
+
+def test_a_schedule_made_of_code_is_refused_unless_replaced_or_trusted(tmp_path):
+    path = tmp_path / "lambda.zip"
+    model = GRPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, learning_rate=lambda p: 1e-3 * p)
+    model.save(path)
+    with pytest.raises(ValueError, match=r"entry 'learning_rate' is a pickle that names cloudpickle"):
+        GRPO.load(path)
+    loaded = GRPO.load(path, custom_objects={"learning_rate": 5e-4})  # SB3's way out: replace the entry
+    assert loaded.learning_rate == 5e-4 and loaded.lr_schedule(0.3) == 5e-4
+    trusted = GRPO.load(path, trusted=True)  # or trust the file: SB3 unpickles the function
+    assert trusted.learning_rate(0.5) == pytest.approx(5e-4)
 
 
 def test_the_unpickler_refuses_code_and_calls_of_reference_only_classes():

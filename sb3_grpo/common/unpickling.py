@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
+    "REBUILT_ENTRIES",
     "SCHEDULE_ENTRIES",
     "SKIPPABLE_ENTRIES",
     "RestrictedUnpickler",
@@ -41,6 +42,9 @@ __all__ = [
     "user_schedule_function",
 ]
 
+#: Entries of SB3's ``data`` that are rebuilt when the model is set up: ``lr_schedule`` (SB3 makes it again from
+#: ``learning_rate``). They are never read from the file.
+REBUILT_ENTRIES = ("lr_schedule",)
 #: Entries of SB3's ``data`` a model runs without: the episode statistics (rebuilt by ``learn``) and the last
 #: observation (reset by ``learn`` and by ``load`` with an env). One that fails the allow-list is skipped, not refused.
 SKIPPABLE_ENTRIES = (
@@ -172,7 +176,7 @@ class _Refused(pickle.UnpicklingError):
 
 
 #: Entries that hold a schedule: a plain function of the user's own, already imported, may be named there.
-SCHEDULE_ENTRIES = ("learning_rate", "lr_schedule", "clip_range", "clip_range_vf", "ent_coef")
+SCHEDULE_ENTRIES = ("learning_rate", "clip_range", "clip_range_vf", "ent_coef")
 
 
 def _install_paths() -> tuple[str, ...]:
@@ -328,7 +332,7 @@ def safe_custom_objects(
     for key, item in read_checkpoint_data(source).items():
         if key in out or not (isinstance(item, dict) and ":serialized:" in item):
             continue
-        if needed is not None and key not in needed:
+        if key in REBUILT_ENTRIES or (needed is not None and key not in needed):
             out[key] = None
             continue
         try:
