@@ -37,9 +37,11 @@ OTHER_RUN = ("refuse", "resume", "overwrite")
 #: The checkpoint zip's entry that holds its run's record.
 RECORD_ENTRY = "sb3_grpo_run.json"
 
-# attributes that change while a run trains, or say nothing about what it computes
+# attributes that change while a run trains (gamma under GammaSchedule, kl_coef under kl_target's adaptive control:
+# a model loaded from the run's own checkpoint holds their values of that moment), or say nothing about what it
+# computes
 _VOLATILE = {"num_timesteps", "start_time", "verbose", "tensorboard_log", "ep_info_buffer", "ep_success_buffer",
-             "lr_schedule", "carry_over_on"}  # fmt: skip
+             "lr_schedule", "carry_over_on", "gamma", "kl_coef"}  # fmt: skip
 
 
 def _describe(value: Any, where: str) -> Any:
