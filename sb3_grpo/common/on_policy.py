@@ -926,6 +926,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         """
         check_argument_values(args)
 
+    @distributed.peer_errors()  # a stalled or dead rank: one clear error on the others
     def learn(  # noqa: PYI019 (SB3's convention; typing.Self needs Python 3.11)
         self: SelfGroupOnPolicy,
         total_timesteps: int,
@@ -942,15 +943,14 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         training nothing or failing mid-run.
         """
         total_timesteps = check_learn_args(total_timesteps, callback, log_interval, tb_log_name)
-        with distributed.peer_errors():  # a stalled or dead rank: one clear error on the others
-            return super().learn(
-                total_timesteps=total_timesteps,
-                callback=callback,
-                log_interval=log_interval,
-                tb_log_name=type(self).__name__ if tb_log_name is None else tb_log_name,
-                reset_num_timesteps=reset_num_timesteps,
-                progress_bar=progress_bar,
-            )
+        return super().learn(
+            total_timesteps=total_timesteps,
+            callback=callback,
+            log_interval=log_interval,
+            tb_log_name=type(self).__name__ if tb_log_name is None else tb_log_name,
+            reset_num_timesteps=reset_num_timesteps,
+            progress_bar=progress_bar,
+        )
 
 
 def _relocated_base(policy_kwargs: Any, base_model: Any) -> Any:
