@@ -242,7 +242,14 @@ def test_bad_pairings_are_refused_before_training(smollm2_folder, workdir):
 
     import textrl_envs  # noqa: F401
     from sb3_grpo import GRPO
+    from sb3_grpo.policies.tokenizer_identity import TokenizerMismatchWarning
 
+    bundled = gym.make("Arithmetic-v0")  # the bundled tokenizer: 1,229 tokens, not SmolLM2's 49,152
+    with pytest.warns(TokenizerMismatchWarning, match="1229 in the env's"):
+        GRPO("CausalLMPolicy", bundled, n_steps=4, batch_size=4, policy_kwargs={"model": SMOLLM2})
+    with pytest.raises(ValueError, match="another tokenizer than the env's"):
+        strict = {"model": SMOLLM2, "tokenizer_check": "strict"}
+        GRPO("CausalLMPolicy", bundled, n_steps=4, batch_size=4, policy_kwargs=strict)
     too_long = gym.make("Arithmetic-v0", tokenizer=SMOLLM2, max_prompt_tokens=8190, max_new_tokens=16)
     with pytest.raises(ValueError, match="context of 8192 positions"):
         GRPO("CausalLMPolicy", too_long, n_steps=4, batch_size=4, policy_kwargs={"model": SMOLLM2})

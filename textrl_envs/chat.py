@@ -131,7 +131,8 @@ def render_items(
     tokenizer: Any, template: str, items: list[Any], system_prompt: str | None = None, open_end: bool = False
 ) -> list[Any]:
     """Prompt items (``str`` or ``{"prompt": ..., **metadata}``) with every prompt rendered to its text (see
-    :func:`render` for ``system_prompt`` and ``open_end``)."""
+    :func:`render` for ``system_prompt`` and ``open_end``); a template that loses the user's message warns
+    (:func:`check_rendered_prompts`)."""
     out = []
     for i, item in enumerate(items):
         if isinstance(item, dict) and "prompt" in item:
@@ -139,7 +140,29 @@ def render_items(
             out.append({**item, "prompt": text})
         else:
             out.append(render(tokenizer, template, item, f"prompt #{i}", system_prompt, open_end))
+    raw = [item["prompt"] if isinstance(item, dict) and "prompt" in item else item for item in items]
+    check_rendered_prompts(raw, [item["prompt"] if isinstance(item, dict) else item for item in out])
     return out
+
+
+def check_rendered_prompts(raw: list[Any], rendered: list[str]) -> None:
+    """Warn when a chat template loses the user's message: distinct prompts rendered to one text, or a text prompt
+    whose words are not in its rendering (a template that drops or cuts the message trains on the same prompt for
+    every item, silently)."""
+    texts = [r.strip() for r in raw if isinstance(r, str) and r.strip()]
+    lost = [r for r, out in zip(raw, rendered) if isinstance(r, str) and r.strip() and r.strip() not in out]
+    same = len(set(texts)) > 1 and len({out for r, out in zip(raw, rendered) if isinstance(r, str)}) == 1
+    if lost or same:
+        import warnings
+
+        shown = (lost or texts)[0]
+        warnings.warn(
+            f"the chat template loses the user's message: {len(lost)} of {len(texts)} prompts are not in their "
+            f"rendered text{' and every prompt renders the same' if same else ''} (e.g. {shown[:60]!r}); check that "
+            "the template writes each message's content in full (or pass chat_template=False)",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def end_of_turn_id(tokenizer: Any, template: str) -> int | None:

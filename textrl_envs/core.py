@@ -33,7 +33,7 @@ from textrl_envs.chat import check_system_prompt, end_of_turn_id, render, render
 from textrl_envs.data import load_prompts
 from textrl_envs.gguf import gguf_folder, is_gguf_name
 from textrl_envs.hf_loading import load_from_hub, looks_like_hub_id
-from textrl_envs.rewards.base import RewardModel, call_reward, check_reward_timeout
+from textrl_envs.rewards.base import DEFAULT_REWARD_TIMEOUT, RewardModel, call_reward, check_reward_timeout
 from textrl_envs.rewards.registry import resolve_reward
 from textrl_envs.tasks import InstructDefaults, PromptItem, Task, all_tasks, get_task
 from textrl_envs.validation import check_choice, check_int, check_mapping
@@ -72,7 +72,8 @@ class EpisodeSpec:
     :ivar pad_token_id: Id written in padded slots.
     :ivar vocab_size: ``len(tokenizer)``, the size of the action space.
     :ivar nonfinite_reward: ``"raise"`` or ``"skip"`` (see :meth:`score_flagged`).
-    :ivar reward_timeout: Seconds a reward call may take (``None``: no limit).
+    :ivar reward_timeout: Seconds a reward call may take (``None``: no limit; built specs default to
+        :data:`~textrl_envs.rewards.base.DEFAULT_REWARD_TIMEOUT`).
     :ivar episode_budget: Tokens per episode when lowered below ``max_new_tokens`` by
         ``set_max_new_tokens`` (a curriculum); ``None``: ``max_new_tokens``. The window stays the same.
     :ivar interaction: The :class:`~textrl_envs.interaction.Interaction` that answers the agent's turns
@@ -595,7 +596,7 @@ def build_spec(
     max_prompt_tokens: int | None = None,
     prompt_truncation: str = "left",
     nonfinite_reward: str = "raise",
-    reward_timeout: float | None = None,
+    reward_timeout: float | None = DEFAULT_REWARD_TIMEOUT,
     interaction: Any = None,
     max_turns: int | None = None,
     turn_end: Any = None,
@@ -625,8 +626,10 @@ def build_spec(
     :param nonfinite_reward: ``"raise"`` (default): a NaN/inf reward raises a ``ValueError`` naming the
         reward, prompt and completion; ``"skip"``: it is scored 0.0 and the episode's final info gets
         ``reward_nonfinite=True`` (GRPO then drops the episode and counts it in ``rollout/skipped_episodes``).
-    :param reward_timeout: Seconds a reward call (or a batch of interactive replies) may take (``None``: no
-        limit); one that runs longer raises a ``TimeoutError`` naming it.
+    :param reward_timeout: Seconds a reward call (or a batch of interactive replies) may take; one that runs
+        longer raises a ``TimeoutError`` naming it. Default
+        :data:`~textrl_envs.rewards.base.DEFAULT_REWARD_TIMEOUT` (600 s: only a reward that hangs trips it);
+        ``None``: no limit.
     :param interaction: An :class:`~textrl_envs.interaction.Interaction` that answers the agent's turns (the
         task's own for interactive ids); makes the episode interactive.
     :param max_turns: Interactive episodes: agent turns before the episode is truncated (>= 1; ``None``: the

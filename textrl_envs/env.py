@@ -149,7 +149,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
 
     ## Arguments
     ``gym.make(id, prompts=..., reward=..., tokenizer=..., max_new_tokens=..., max_prompt_tokens=...,
-    prompt_truncation="left", reward_kwargs=None, nonfinite_reward="raise", reward_timeout=None,
+    prompt_truncation="left", reward_kwargs=None, nonfinite_reward="raise", reward_timeout=600.0,
     interaction=None, max_turns=None, turn_end=None, max_turn_tokens=None, chat_template=None, system_prompt=None,
     instruct=None)``; see :func:`textrl_envs.core.build_spec`. ``prompts`` may also be a ``.jsonl``, ``.json``,
     ``.csv`` or ``.txt`` path or a ``datasets.Dataset`` (:mod:`textrl_envs.data`); ``chat_template=True`` renders

@@ -48,6 +48,7 @@ __all__ = [
     "Table",
     "TrackerOutputFormat",
     "WandbOutputFormat",
+    "check_tracker_ready",
     "configure_logger",
     "log_config",
     "make_tracker",
@@ -109,6 +110,68 @@ def run_config(model: Any) -> dict[str, bool | int | float | str | None]:
     return config
 
 
+#: Seconds a tracker's server gets to answer the check before the first run (:func:`check_tracker_ready`).
+TRACKER_PROBE_TIMEOUT_S = 5.0
+_OFFLINE_WANDB_MODES = ("offline", "disabled", "dryrun")
+
+
+def _wandb_logged_in() -> bool:
+    """Whether wandb has an API key: ``WANDB_API_KEY``, or a ``netrc`` entry for its server (what ``wandb login``
+    writes)."""
+    import netrc
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(os.environ.get("NETRC") or None).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def _mlflow_server_problem(uri: str) -> str | None:
+    """Why an HTTP(S) MLflow tracking server cannot be reached (``None``: it answered)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=TRACKER_PROBE_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return None  # it answered (an older server has no /health): reachable
+    except (TimeoutError, urllib.error.URLError, OSError) as err:
+        return str(getattr(err, "reason", err))
+    return None
+
+
+def check_tracker_ready(name: str, mode: str | None = None, tracking_uri: str | None = None) -> None:
+    """Refuse, in one line and before anything runs, a tracker that cannot log: wandb online without a login, an
+    MLflow tracking server that does not answer (instead of minutes of retries and a traceback).
+
+    :param name: ``"wandb"`` or ``"mlflow"`` (anything else: nothing to check).
+    :param mode: wandb's ``mode`` (default ``WANDB_MODE``; ``offline`` and ``disabled`` need no login).
+    :param tracking_uri: MLflow's tracking URI (default ``MLFLOW_TRACKING_URI``; only ``http(s)`` ones are probed).
+    :raises ValueError: saying what to do.
+    """
+    if name == "wandb":
+        mode = (mode or os.environ.get("WANDB_MODE") or "online").lower()
+        if mode not in _OFFLINE_WANDB_MODES and not _wandb_logged_in():
+            raise ValueError(
+                "wandb is not logged in (no WANDB_API_KEY and no netrc entry for its server): run `wandb login`, set "
+                "WANDB_API_KEY, or set WANDB_MODE=offline to log into the run folder (wandb sync uploads it later)"
+            )
+    elif name == "mlflow":
+        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or ""
+        if uri.startswith(("http://", "https://")):
+            problem = _mlflow_server_problem(uri)
+            if problem is not None:
+                raise ValueError(
+                    f"the MLflow tracking server {uri} does not answer ({problem}) within "
+                    f"{TRACKER_PROBE_TIMEOUT_S:g} s: start it, fix MLFLOW_TRACKING_URI, or unset it to log into the "
+                    "run folder (mlruns)"
+                )
+
+
 class WandbOutputFormat(TrackerOutputFormat):
     """Weights & Biases as an SB3 output format: one wandb run, started here and finished by :meth:`close`.
 
@@ -130,6 +193,7 @@ class WandbOutputFormat(TrackerOutputFormat):
         except ImportError:
             raise extra_error("wandb", "wandb") from None
         self._wandb = wandb
+        check_tracker_ready("wandb", mode=init_kwargs.get("mode"))
         os.makedirs(folder, exist_ok=True)
         init_kwargs.setdefault("project", "textrl")
         init_kwargs.setdefault("dir", folder)
@@ -206,6 +270,7 @@ class MLflowOutputFormat(TrackerOutputFormat):
             # MLflow 3 keeps its plain folder store in maintenance mode and refuses it unless this is set; a file:
             # URI asks for exactly that store
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        check_tracker_ready("mlflow", tracking_uri=tracking_uri)
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri=tracking_uri)
         experiment = self.client.get_experiment_by_name(experiment_name)

@@ -71,11 +71,15 @@ from sb3_grpo.common.io import atomic_write, is_atomic_temp
 from sb3_grpo.common.nonfinite import raise_non_finite
 from sb3_grpo.common.redistribution import RewardRedistribution, check_redistribution_env
 from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
+from sb3_grpo.common.safe_loading import checkpoint_source
+from sb3_grpo.common.safetensors_format import is_safetensors_path, save_safetensors
+from sb3_grpo.common.schedule_values import plain_number, scheduled_value
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
 from sb3_grpo.common.vllm_engine import VLLMEngine, check_vllm_model, vllm_options
 from sb3_grpo.objectives import pearson_corr
 from sb3_grpo.policies.models import BASE_WEIGHTS, base_missing_message, portable_policy_kwargs
+from sb3_grpo.policies.tokenizer_identity import check_policy_tokenizer
 from textrl_envs.gguf import gguf_available
 from textrl_envs.validation import check_choice, check_int
 
@@ -170,6 +174,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self._data_parallel = make_data_parallel(backend="gloo" if on_cpu else None, mode=data_parallel)
         device = self._data_parallel.device(device)
         verbose = verbose if self._data_parallel.is_main else 0
+        # a NumPy number (np.float32(1e-4)) as a Python float: SB3's schedules take nothing else
+        learning_rate, clip_range, clip_range_vf = map(plain_number, (learning_rate, clip_range, clip_range_vf))
 
         super().__init__(
             policy,
@@ -305,6 +311,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self.policy_kwargs = _relocated_base(self.policy_kwargs, self.__dict__.pop("base_model", None))
         self.policy_kwargs = _moved_model_folder(self.policy_kwargs, self.__dict__.get("_lm_spec"))
         super()._setup_model()
+        check_policy_tokenizer(self.policy, self.env)  # the model's own tokenizer against the env's
         check_engine_policy(getattr(self, "engine", "step"), self.policy, self.action_space)
         self._vllm = None  # engine="vllm": the in-process vLLM engine, built once the model is complete (below)
         # a model object in policy_kwargs is saved as its config (the weights are in the state dict), not pickled
@@ -370,7 +377,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         """The entropy coefficient now: ``ent_coef`` itself when it is a number, else its schedule at the current
         progress remaining."""
         if callable(self.ent_coef):
-            return float(self.ent_coef(self._current_progress_remaining))
+            return scheduled_value("ent_coef", self.ent_coef, self._current_progress_remaining)
         return self.ent_coef
 
     def save(
@@ -385,7 +392,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         to a name without a suffix; a file object is written directly. Under ``torch.distributed`` only rank 0
         writes (the weights are the same everywhere; under ``data_parallel="fsdp"`` every rank must call it: the full
         state is gathered to rank 0 first). ``rollout_buffer_class`` is saved as given (``None`` when the
-        algorithm chose it), so SB3's stock ``PPO`` can load the file and train on.
+        algorithm chose it), so SB3's stock ``PPO`` can load the file and train on. A path ending in ``.safetensors``
+        is written in the format that cannot run code when loaded (:mod:`sb3_grpo.common.safetensors_format`).
 
         :param path: The file (or a writable binary file object).
         :param exclude: Names of parameters not to save (SB3's).
@@ -410,6 +418,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     def _save_atomically(
         self, path: str | os.PathLike | io.BufferedIOBase, exclude: Iterable[str] | None, include: Iterable[str] | None
     ) -> None:
+        if is_safetensors_path(path):  # the format that cannot run code: weights in safetensors, the rest JSON
+            save_safetensors(self, path, exclude, include)
+            return
         if not isinstance(path, (str, os.PathLike)) or is_atomic_temp(path):  # a file object, or atomic_save's temp
             super().save(path, exclude=exclude, include=include)
             return
@@ -770,16 +781,18 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         """
         # Switch to train mode (this affects batch norm / dropout)
         self.policy.set_training_mode(True)
-        # Update optimizer learning rate
+        # Update optimizer learning rate (its schedule's value checked first: a NaN never reaches the optimizer)
+        progress = self._current_progress_remaining
+        scheduled_value("learning_rate", self.lr_schedule, progress, low=0)
         self._update_learning_rate(self.policy.optimizer)
         # The entropy coefficient of this update: a number as it is (PPO's exact float), or its schedule's value
         self._current_ent_coef = self.current_ent_coef()
         # Compute current clip range
-        clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
+        clip_range = scheduled_value("clip_range", self.clip_range, progress, low=0, low_open=True)
         # Optional: clip range for the value function
         clip_range_vf = None
         if self.clip_range_vf is not None:
-            clip_range_vf = self.clip_range_vf(self._current_progress_remaining)  # type: ignore[operator]
+            clip_range_vf = scheduled_value("clip_range_vf", self.clip_range_vf, progress, low=0, low_open=True)
 
         stats = TrainStats()
         continue_training = True
@@ -861,6 +874,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         custom_objects: dict[str, Any] | None = None,
         print_system_info: bool = False,
         force_reset: bool = True,
+        trusted: bool = False,
         **kwargs: Any,
     ) -> SelfGroupOnPolicy:
         """
@@ -877,6 +891,11 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         given with ``base_model="<directory or Hub id>"`` (one more keyword argument); a base that cannot be found
         is an error naming it and these ways out, and one whose weights differ from those the adapters were trained on
         is refused.
+
+        Nothing in the file runs code unless ``trusted=True``: a ``.zip``'s pickled entries are decoded through an
+        allow-list of the classes SB3 and this package store (:mod:`sb3_grpo.common.unpickling`), and a
+        ``.safetensors`` file (``model.save("model.safetensors")``) is read as tensors and JSON
+        (:mod:`sb3_grpo.common.safetensors_format`). An entry outside the allow-list is refused, naming it.
         """
         # callables in custom_objects stand in for schedules that cannot be unpickled (rl-zoo's
         # {"clip_range": lambda _: 0.0}): placeholders, not settings, so only the other values are checked
@@ -885,6 +904,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         device = _available_device(device)
         if isinstance(path, (str, os.PathLike)):
             path = existing_checkpoint(path)
+        path, custom_objects = checkpoint_source(path, custom_objects, trusted=trusted)
         if isinstance(env, str):  # an env id, as the constructor takes it (SB3's load wants an env object)
             env = maybe_make_env(env, 0)
         return super().load(
@@ -907,6 +927,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         """
         check_argument_values(args)
 
+    @distributed.peer_errors()  # a stalled or dead rank: one clear error on the others
     def learn(  # noqa: PYI019 (SB3's convention; typing.Self needs Python 3.11)
         self: SelfGroupOnPolicy,
         total_timesteps: int,

@@ -52,6 +52,7 @@ from sb3_grpo.policies.quantization import keep_training_layout, quantization_sp
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
 from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
+from sb3_grpo.policies.tokenizer_identity import TOKENIZER_CHECKS
 from sb3_grpo.policies.validation import (
     check_layout,
     check_policy_args,
@@ -59,6 +60,7 @@ from sb3_grpo.policies.validation import (
     check_window_fits,
 )
 from sb3_grpo.policies.windows import positions_from_mask, shared_prefixes, trim_padding
+from textrl_envs.validation import check_choice
 
 __all__ = ["CausalLMPolicy"]
 
@@ -214,6 +216,9 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
     :param optimizer_class: the optimizer (default Adam, ``eps=1e-5`` like SB3's ``ActorCriticPolicy``, with torch's
         fused kernel where the parameters allow it).
     :param optimizer_kwargs: extra optimizer arguments.
+    :param tokenizer_check: what ``GRPO`` does when the env's tokenizer is not the one saved with the model (other
+        vocabulary or special ids, not only another size; :mod:`~sb3_grpo.policies.tokenizer_identity`): ``"warn"``
+        (default), ``"strict"`` (refuse) or ``"off"``.
     """
 
     def __init__(
@@ -244,6 +249,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         normalize_images: bool = True,
         optimizer_class: type[th.optim.Optimizer] = th.optim.Adam,
         optimizer_kwargs: dict[str, Any] | None = None,
+        tokenizer_check: str = "warn",
     ):
         if optimizer_kwargs is None:
             # SB3's Adam eps; the fused kernel: one pass per step and no temporaries the size of a parameter (the peak
@@ -283,6 +289,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         self.value_head_init_std = value_head_init_std
         self.ortho_init = ortho_init
         self.critic_hidden = critic_hidden
+        self.tokenizer_check = check_choice("tokenizer_check", tokenizer_check, TOKENIZER_CHECKS)
         if revision is not None and not isinstance(revision, str):
             raise TypeError(f"revision must be a str (a branch, tag or commit hash) or None, got {revision!r}")
         self.revision = revision
@@ -439,6 +446,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
             {
                 "lr_schedule": self._dummy_schedule,
                 "model": self._spec,
+                "tokenizer_check": self.tokenizer_check,
                 "revision": self.revision,
                 "dtype": self.dtype_name,
                 "temperature": self.temperature,

@@ -108,6 +108,12 @@ def _shorten(text: str, limit: int = 80) -> str:
 ON_NONFINITE = ("raise", "nan")
 
 
+#: The default ``reward_timeout`` of every text env, in seconds: ten minutes per reward call (a batch of finished
+#: episodes), far above what a reward model or a checker needs, so that only a reward that hangs trips it, and then a
+#: run stops with an error naming it instead of waiting forever. ``reward_timeout=None`` waits without a limit.
+DEFAULT_REWARD_TIMEOUT = 600.0
+
+
 def check_reward_timeout(timeout: Any) -> float | None:
     """Validate a reward timeout: ``None`` (wait forever) or a positive number of seconds.
 
@@ -147,7 +153,9 @@ def call_with_timeout(fn: Callable[[], Any], timeout: float, on_timeout: Callabl
         except BaseException as exc:  # handed to the caller below
             box["exc"] = exc
 
-    worker = threading.Thread(target=work, name="textrl-timeout", daemon=True)
+    caller = threading.current_thread().name  # the reward worker's thread: its name shows in the timeout thread's
+    name = f"{caller}/timeout" if caller.startswith("textrl-") else "textrl-timeout"
+    worker = threading.Thread(target=work, name=name, daemon=True)
     worker.start()
     worker.join(timeout)
     if worker.is_alive():

@@ -49,7 +49,7 @@ class GuessNumberEnv(TextGenEnv):
 
     ## Arguments
     ``gym.make("GuessNumber-v0", max_turns=4, max_turn_tokens=3, turn_end=None, max_new_tokens=48,
-    max_prompt_tokens=12, prompts=None, tokenizer=None, interaction=None, reward=None, reward_timeout=None,
+    max_prompt_tokens=12, prompts=None, tokenizer=None, interaction=None, reward=None, reward_timeout=600.0,
     render_mode=None)``. ``interaction=GuessNumber(low, high, turn_penalty)`` changes the game; ``reward=`` adds an
     end-of-episode score of the conversation (see :class:`~textrl_envs.env.TextGenEnv`).
 

@@ -45,7 +45,7 @@ class ToolArithmeticEnv(TextGenEnv):
 
     ## Arguments
     ``gym.make("ToolArithmetic-v0", max_turns=3, max_turn_tokens=12, turn_end=None, max_new_tokens=48,
-    max_prompt_tokens=12, prompts=None, tokenizer=None, interaction=None, reward=None, reward_timeout=None,
+    max_prompt_tokens=12, prompts=None, tokenizer=None, interaction=None, reward=None, reward_timeout=600.0,
     render_mode=None)``. Own prompts: ``{"prompt": "Compute 12*34.", "answer": "408"}``.
 
     ``instruct=True`` (an instruct model, e.g. ``tokenizer="smollm2-135m-instruct"``; :mod:`textrl_envs.instruct`)
