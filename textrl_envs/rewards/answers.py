@@ -131,11 +131,15 @@ def answers_match(given: str | None, reference: Any, check: str = "number") -> b
         return a is not None and a == b
     if check == "math":
         parse, verify = _math_verify()
-        gold = parse(f"${reference}$") or parse(str(reference))
-        # The answer is already extracted: wrap it so Math-Verify reads it as one expression
-        pred = parse(f"${given}$") or parse(str(given))
+
+        # Math-Verify's own time limits use signals, which work in the main thread only; rewards may run in a worker
+        # thread, bounded by the env's reward_timeout instead
+        def read(text: str) -> Any:
+            return parse(f"${text}$", parsing_timeout=None) or parse(text, parsing_timeout=None)
+
+        gold, pred = read(str(reference)), read(str(given))  # the answer is extracted already: one expression
         try:
-            return bool(verify(gold, pred))
+            return bool(verify(gold, pred, timeout_seconds=None))
         except Exception:  # noqa: BLE001  (Math-Verify's sympy comparisons raise on odd input: not a match)
             return False
     raise ValueError(f"check must be one of {CHECKS}, got {check!r}")
