@@ -24,15 +24,16 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
-from textrl_envs.chat import end_of_turn_id, render, render_items, resolve_chat_template
+from textrl_envs.chat import as_messages, end_of_turn_id, render, render_items, resolve_chat_template
 from textrl_envs.data import load_prompts
 from textrl_envs.hf_loading import load_from_hub, looks_like_hub_id
-from textrl_envs.rewards.base import RewardModel, call_reward, check_reward_timeout
+from textrl_envs.rewards.base import RewardModel, call_reward, check_reward_timeout, reward_name
+from textrl_envs.rewards.calls import TrainerState, check_reward_call, updated_trainer_state
 from textrl_envs.rewards.registry import resolve_reward
 from textrl_envs.tasks import PromptItem, Task, all_tasks, get_task
 from textrl_envs.validation import check_choice, check_int, check_mapping
@@ -45,6 +46,8 @@ NONFINITE_REWARD = ("raise", "skip")
 #: stores a window, so a window past this is a typo (``max_new_tokens=10**9`` would ask for gigabytes) rather
 #: than a plan; a policy bounds ``W`` further by its model's context. Raise it here if you really need more.
 MAX_WINDOW = 1 << 17
+#: Conversations of prompts given at reset that a spec remembers for its rewards (the oldest are forgotten past it).
+RESET_MESSAGES_KEPT = 4096
 #: Files one of which a local tokenizer directory holds (``tokenizer.save_pretrained(dir)`` writes them).
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -80,6 +83,10 @@ class EpisodeSpec:
     :ivar turn_end_ids: Token ids that end an agent turn (interactive episodes).
     :ivar max_turn_tokens: Agent tokens per turn (``None``: no limit but the token budget).
     :ivar chat_template: The chat template prompts are rendered with (``None``: prompts are used as they are).
+    :ivar prompt_messages: With a chat template, each prompt as the conversation it was given as (a str prompt is one
+        user message): what a TRL-style reward gets as ``prompts`` (``None`` without a template).
+    :ivar trainer_state: How far training has come, handed to rewards as ``trainer_state=``
+        (:class:`~textrl_envs.rewards.calls.TrainerState`; :meth:`TextSpecAccess.set_trainer_state` replaces it).
     """
 
     tokenizer: Any
@@ -101,6 +108,10 @@ class EpisodeSpec:
     turn_end_ids: tuple[int, ...] = ()
     max_turn_tokens: int | None = None
     chat_template: str | None = None
+    prompt_messages: list[list[dict[str, Any]]] | None = None
+    trainer_state: TrainerState = field(default_factory=TrainerState)
+    #: Conversations of prompts given at reset (rendered text -> messages), for the rewards' ``prompts``.
+    reset_messages: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     @property
     def interactive(self) -> bool:
@@ -119,7 +130,21 @@ class EpisodeSpec:
         """A prompt given at reset as the env shows it: rendered with the chat template, if there is one."""
         if self.chat_template is None:
             return prompt
-        return render(self.tokenizer, self.chat_template, prompt, where)
+        text = render(self.tokenizer, self.chat_template, prompt, where)
+        if len(self.reset_messages) >= RESET_MESSAGES_KEPT:
+            self.reset_messages.clear()
+        self.reset_messages[text] = as_messages(prompt, where)
+        return text
+
+    def chat_prompts(self, prompt_indices: Sequence[int], texts: Sequence[str]) -> list[Any] | None:
+        """The episodes' prompts as conversations (``None`` without a chat template): those of the prompt list, or of
+        a prompt given at reset (its text when it was not rendered here)."""
+        if self.prompt_messages is None:
+            return None
+        return [
+            self.prompt_messages[i] if i >= 0 else self.reset_messages.get(t, [{"role": "user", "content": t}])
+            for i, t in zip(prompt_indices, texts)
+        ]
 
     @property
     def budget(self) -> int:
@@ -153,31 +178,46 @@ class EpisodeSpec:
         """Completion text: ``ids`` decoded without special tokens (so without EOS)."""
         return self.tokenizer.decode(list(map(int, ids)), skip_special_tokens=True)
 
-    def score(self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None) -> np.ndarray:
+    def score(
+        self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None, completion_ids=None
+    ) -> np.ndarray:
         """Rewards of finished episodes, one batched call to the reward model.
 
         :param prompt_indices: Which prompt each episode used (``-1`` for a prompt given through
             ``reset(options={"prompt": ...})``; its text must then be in ``prompt_texts``).
         :param completions: Completion texts.
         :param prompt_texts: Prompt texts per episode, when some are not from the prompt list.
+        :param completion_ids: Each completion's token ids (the reward's ``completion_ids``).
         """
-        return self.score_flagged(prompt_indices, completions, prompt_texts)[0]
+        return self.score_flagged(prompt_indices, completions, prompt_texts, completion_ids)[0]
 
     def score_flagged(
-        self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None
+        self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None, completion_ids=None
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`score_detailed` without the components: ``(rewards, nonfinite)``."""
-        return self.score_detailed(prompt_indices, completions, prompt_texts)[:2]
+        return self.score_detailed(prompt_indices, completions, prompt_texts, completion_ids)[:2]
 
     def score_detailed(
-        self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None
+        self,
+        prompt_indices: Sequence[int],
+        completions: Sequence[str],
+        prompt_texts=None,
+        completion_ids=None,
+        trainer_state: TrainerState | None = None,
     ) -> tuple[np.ndarray, np.ndarray, list[dict[str, float]] | None]:
         """Rewards of finished episodes and which of them were non-finite.
 
         With ``nonfinite_reward="raise"`` a NaN/inf reward raises (naming the reward, prompt and
         completion) and the flags are all ``False``; with ``"skip"`` it is replaced by 0.0 and flagged,
         so that the env can set ``info["reward_nonfinite"] = True`` and the algorithm drop the episode.
-        ``reward_timeout`` bounds the call (see :func:`~textrl_envs.rewards.base.call_reward`).
+        ``reward_timeout`` bounds the call (see :func:`~textrl_envs.rewards.base.call_reward`). The reward is called
+        as TRL calls its reward functions (prompts, completions, ``completion_ids``, ``trainer_state`` and the
+        metadata columns, as keywords; conversations with a chat template); a score of ``None`` counts as a
+        non-finite one.
+
+        :param completion_ids: Each completion's token ids (``None``: the reward gets no ``completion_ids``).
+        :param trainer_state: The state the reward sees (default: :attr:`trainer_state` now; the reward worker passes
+            the one of the step the episodes ended in).
 
         A reward with components (a :class:`~textrl_envs.rewards.CompositeReward`: its ``score_components``) also
         gives each episode's components, ``{label: unweighted score}``.
@@ -192,7 +232,17 @@ class EpisodeSpec:
         if callable(getattr(reward, "score_components", None)):
             parts = {}
             reward = _RecordComponents(reward, parts)
-        values = call_reward(reward, texts, completions, meta, on_nonfinite=on_nonfinite, timeout=self.reward_timeout)
+        values = call_reward(
+            reward,
+            texts,
+            completions,
+            meta,
+            completion_ids=completion_ids,
+            trainer_state=self.trainer_state if trainer_state is None else trainer_state,
+            chat_prompts=self.chat_prompts(prompt_indices, texts),
+            on_nonfinite=on_nonfinite,
+            timeout=self.reward_timeout,
+        )
         bad = ~np.isfinite(values)
         if bad.any():
             values = np.where(bad, 0.0, values)
@@ -210,11 +260,15 @@ class _RecordComponents(RewardModel):
         super().__init__(getattr(reward, "name", type(reward).__name__))
         self.reward, self.parts = reward, parts
 
-    def __call__(self, prompts: list[str], completions: list[str], **kwargs: Any) -> np.ndarray:
-        return self.score(list(prompts), list(completions), **kwargs)
+    def __call__(
+        self, prompts: list[str], completions: list[str], chat_prompts: Any = None, **kwargs: Any
+    ) -> np.ndarray | list[float | None]:
+        return self.score(list(prompts), list(completions), chat_prompts=chat_prompts, **kwargs)
 
-    def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> np.ndarray:
-        total, parts = self.reward.score_components(prompts, completions, **kwargs)
+    def score(
+        self, prompts: list[str], completions: list[str], chat_prompts: Any = None, **kwargs: Any
+    ) -> np.ndarray | list[float | None]:
+        total, parts = self.reward.score_components(prompts, completions, chat_prompts=chat_prompts, **kwargs)
         self.parts.update({label: np.asarray(v, dtype=np.float64) for label, v in parts.items()})
         return total
 
@@ -244,6 +298,16 @@ class TextSpecAccess:
         :raises ValueError: unless ``1 <= n <= max_new_tokens``.
         """
         self.text_spec.set_budget(n)
+
+    def set_trainer_state(self, **fields: int) -> None:
+        """Tell the rewards how far training has come: the ``trainer_state`` they get from now on
+        (:class:`~textrl_envs.rewards.calls.TrainerState`'s fields ``global_step``, ``max_steps``, ``num_timesteps``,
+        ``total_timesteps``; those not given keep their values). The algorithms of :mod:`sb3_grpo` call it at each
+        rollout's start (through SB3: ``venv.env_method("set_trainer_state", global_step=...)``).
+
+        :raises TypeError: for a field it does not have, or a value that is not an int >= 0.
+        """
+        self.text_spec.trainer_state = updated_trainer_state(self.text_spec.trainer_state, fields)
 
 
 def load_tokenizer(tokenizer: Any = None, revision: str | None = None):
@@ -638,10 +702,15 @@ def build_spec(
     reward_kwargs = check_mapping("reward_kwargs", reward_kwargs, hint="e.g. reward_kwargs={'target': 'positive'}")
     tok = load_tokenizer(tokenizer)
     template = resolve_chat_template(tok, chat_template)
+    messages = None
     if template is not None:
-        prompts = render_items(tok, template, list(_check_prompt_list(prompts)))
+        items = list(_check_prompt_list(prompts))
+        messages = [prompt_conversation(item, i) for i, item in enumerate(items)]
+        prompts = render_items(tok, template, items)
     texts, metadata = _split_prompts(prompts)
     reward_fn = _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_given)
+    if reward_fn is not None:
+        check_reward_call(reward_fn, list(metadata), reward_name(reward_fn))
     eos, pad, turn_end_ids = _end_ids(tok, template, defaults, interaction, turn_end)
     ids = encode_prompts(tok, texts, max_prompt_tokens, prompt_truncation, template)
     return EpisodeSpec(
@@ -663,7 +732,14 @@ def build_spec(
         turn_end_ids=turn_end_ids,
         max_turn_tokens=max_turn_tokens,
         chat_template=template,
+        prompt_messages=messages,
     )
+
+
+def prompt_conversation(item: Any, i: int) -> list[dict[str, Any]]:
+    """A prompt item (``str``, messages, or ``{"prompt": ..., **metadata}``) as its conversation."""
+    prompt = item["prompt"] if isinstance(item, dict) and "prompt" in item else item
+    return as_messages(prompt, f"prompt #{i}")
 
 
 def _resolve_prompts(defaults: Any, prompts: Any) -> Any:

@@ -266,7 +266,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             ids = self._generated[:-1] if terminated else self._generated
             completion = spec.decode(ids)
             rewards, nonfinite, parts = spec.score_detailed(
-                [self._prompt_index], [completion], prompt_texts=[self._prompt_text]
+                [self._prompt_index], [completion], prompt_texts=[self._prompt_text], completion_ids=[ids]
             )
             reward = float(rewards[0])
             info = {
@@ -327,7 +327,9 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         completion = spec.decode(self._generated)
         nonfinite, parts = self._nonfinite, None
         if spec.reward is not None:
-            end, bad, parts = spec.score_detailed([self._prompt_index], [completion], prompt_texts=[self._prompt_text])
+            end, bad, parts = spec.score_detailed(
+                [self._prompt_index], [completion], prompt_texts=[self._prompt_text], completion_ids=[self._generated]
+            )
             reward, nonfinite = reward + float(end[0]), nonfinite or bool(bad[0])
         info = {
             "prompt": self._prompt_text,

@@ -394,7 +394,7 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
         nonfinite, ticket, parts = np.zeros(len(done), dtype=bool), None, None
         if spec.reward is not None:  # an interactive episode without an end-of-episode reward has none
             scores, nonfinite, ticket, parts = self._score(
-                done, step_episode_ids, prompt_index, completions, prompt_text
+                done, step_episode_ids, prompt_index, completions, prompt_text, completion_ids
             )
             rewards[done] += scores
         done_mask = flag_array(n, done)

@@ -71,6 +71,7 @@ from sb3_grpo.common.io import atomic_write, is_atomic_temp
 from sb3_grpo.common.nonfinite import raise_non_finite
 from sb3_grpo.common.redistribution import RewardRedistribution, check_redistribution_env
 from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
+from sb3_grpo.common.trainer_state import push_trainer_state
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
 from sb3_grpo.common.vllm_engine import VLLMEngine, check_vllm_model, vllm_options
@@ -562,6 +563,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             turn_engine=turn_engine,
         )
 
+        push_trainer_state(self, env)  # the rewards' trainer_state= (TRL's), as of this rollout
         callback.on_rollout_start()
 
         while n_steps < n_rollout_steps:

@@ -57,7 +57,11 @@ def make_reward(name: str, **kwargs: Any) -> Any:
 
 
 def resolve_reward(reward: Any, **kwargs: Any) -> Any:
-    """Turn ``reward`` (a registered name, a :class:`RewardModel` or a callable) into a callable.
+    """Turn ``reward`` (a registered name, a :class:`RewardModel`, a callable, or a list of those) into a callable.
+
+    A list is TRL's ``reward_funcs``: their sum, each with weight 1 (a
+    :class:`~textrl_envs.rewards.CompositeReward`; give it weights, or TRL's ``reward_weights``, with
+    ``CompositeReward([(f, 1.0), (g, 0.5)])``). A reward's ``None`` leaves it out of the sum.
 
     :raises TypeError: for anything else.
     """
@@ -65,9 +69,15 @@ def resolve_reward(reward: Any, **kwargs: Any) -> Any:
         return make_reward(reward, **kwargs)
     if kwargs:
         raise TypeError("reward_kwargs are only used with a registered reward name")
+    if isinstance(reward, list):
+        from textrl_envs.rewards.composite import CompositeReward
+
+        if not reward:
+            raise ValueError("reward=[] holds no reward; give one or more (names, RewardModels or callables)")
+        return CompositeReward([(r, 1.0) for r in reward])
     if isinstance(reward, RewardModel) or callable(reward):
         return reward
     raise TypeError(
-        f"reward must be a registered name, a RewardModel or a callable f(prompts, completions, **kwargs) "
-        f"-> floats; got {type(reward).__name__}"
+        f"reward must be a registered name, a RewardModel, a callable f(prompts, completions, **kwargs) -> floats "
+        f"or a list of those; got {type(reward).__name__}"
     )
