@@ -61,15 +61,23 @@ def test_the_preset_is_trls_defaults():
 
 def test_one_batch_gives_trls_loss_and_gradient(tmp_path):
     pytest.importorskip("trl", reason="trl is not installed: the test extra (pip install -e '.[test]') has it")
-    pytest.importorskip("datasets", reason="datasets is not installed: the test extra (pip install -e '.[test]') has it")
+    pytest.importorskip("datasets", reason="datasets is not installed: the test extra (pip install -e '.[test]') has")
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     # ours: one rollout of fixed-length episodes (LongReview-v0 ignores EOS), one update over the whole rollout
     venv = make_vec_env("LongReview-v0", n_envs=N_ENVS, group_size=GROUP, seed=3, prompts=PROMPTS,
                         reward=char_length, max_new_tokens=TOKENS)  # fmt: skip
-    model = make_preset("trl-grpo", "CausalLMPolicy", venv, n_steps=TOKENS, batch_size=N_ENVS * TOKENS, seed=3,
-                        device="cpu", max_grad_norm=1e9)  # fmt: skip  (no clipping: the raw gradients compared)
+    model = make_preset(
+        "trl-grpo",
+        "CausalLMPolicy",
+        venv,
+        n_steps=TOKENS,
+        batch_size=N_ENVS * TOKENS,
+        seed=3,
+        device="cpu",
+        max_grad_norm=1e9,
+    )  # fmt: skip  (no clipping: the raw gradients compared)
     initial = copy.deepcopy(model.policy.lm)
     episodes = Episodes()
     model.learn(N_ENVS * TOKENS, callback=episodes)

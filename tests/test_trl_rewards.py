@@ -231,7 +231,8 @@ def test_a_list_of_rewards_is_their_sum():
 
     env = gym.make("TextGen-v0", reward=[one, one, "length"], max_new_tokens=2)
     reward, info = run_episode(env, " good good")
-    assert info["reward_components"]["one"] == 1.0 and reward == pytest.approx(2.0 + info["reward_components"]["length"])
+    parts = info["reward_components"]
+    assert parts["one"] == 1.0 and reward == pytest.approx(2.0 + parts["length"])
     with pytest.raises(ValueError, match=r"reward=\[\] holds no reward"):
         gym.make("TextGen-v0", reward=[])
 

@@ -60,7 +60,6 @@ from sb3_grpo.callbacks.lm_eval import LMEvalCallback
 from sb3_grpo.callbacks.monitor import TrainingMonitor
 from sb3_grpo.callbacks.prometheus import PrometheusOutputFormat, alert_rules, write_alert_rules
 from sb3_grpo.callbacks.schedules import GammaSchedule, MaxNewTokensCurriculum
-from sb3_grpo.callbacks.trainer_state import TrainerStateCallback
 from sb3_grpo.callbacks.trackers import (
     SB3_FORMATS,
     MLflowOutputFormat,
@@ -70,6 +69,7 @@ from sb3_grpo.callbacks.trackers import (
     log_config,
     run_config,
 )
+from sb3_grpo.callbacks.trainer_state import TrainerStateCallback
 from sb3_grpo.common.checkpoints import atomic_save, is_complete_checkpoint, latest_checkpoint, nonfinite_parameters
 from sb3_grpo.common.io import TMP_SUFFIX, atomic_write
 
