@@ -15,6 +15,7 @@ Interactive (multi-turn) envs take the same token as their default turn end.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 #: A message text that no template writes, to find what the template puts after an assistant message.
@@ -68,15 +69,26 @@ def as_messages(prompt: Any, where: str) -> list[dict[str, Any]]:
     raise TypeError(f"{where} must be a str or a list of chat messages {{'role': ..., 'content': ...}}; got {prompt!r}")
 
 
-def render(tokenizer: Any, template: str, prompt: Any, where: str = "prompt") -> str:
+def render(
+    tokenizer: Any,
+    template: str,
+    prompt: Any,
+    where: str = "prompt",
+    prepare: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
     """The text of ``prompt`` rendered with ``template`` (generation prompt or continuation as in TRL).
 
     :param tokenizer: The env's tokenizer.
     :param template: A resolved template (:func:`resolve_chat_template`).
     :param prompt: A str (one user message) or a list of messages.
     :param where: Names the prompt in error messages.
+    :param prepare: Turns the messages into those rendered (a tool env's interaction describes its tools there).
+    :param template_kwargs: Extra arguments of ``apply_chat_template`` (``tools=...``).
     """
     messages = as_messages(prompt, where)
+    if prepare is not None:
+        messages = prepare(messages)
     last_is_assistant = messages[-1]["role"] == "assistant"
     try:
         text = tokenizer.apply_chat_template(
@@ -85,6 +97,7 @@ def render(tokenizer: Any, template: str, prompt: Any, where: str = "prompt") ->
             tokenize=False,
             add_generation_prompt=not last_is_assistant,
             continue_final_message=last_is_assistant,
+            **dict(template_kwargs or {}),
         )
     except Exception as err:  # noqa: BLE001  (jinja errors of all kinds: name the prompt and the cause)
         raise ValueError(f"the chat template failed to render {where} ({messages!r}): {err}") from err
@@ -93,14 +106,22 @@ def render(tokenizer: Any, template: str, prompt: Any, where: str = "prompt") ->
     return text
 
 
-def render_items(tokenizer: Any, template: str, items: list[Any]) -> list[Any]:
-    """Prompt items (``str`` or ``{"prompt": ..., **metadata}``) with every prompt rendered to its text."""
+def render_items(
+    tokenizer: Any,
+    template: str,
+    items: list[Any],
+    prepare: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> list[Any]:
+    """Prompt items (``str`` or ``{"prompt": ..., **metadata}``) with every prompt rendered to its text
+    (:func:`render`'s ``prepare`` and ``template_kwargs`` apply to each)."""
     out = []
     for i, item in enumerate(items):
         if isinstance(item, dict) and "prompt" in item:
-            out.append({**item, "prompt": render(tokenizer, template, item["prompt"], f"prompt #{i}")})
+            text = render(tokenizer, template, item["prompt"], f"prompt #{i}", prepare, template_kwargs)
+            out.append({**item, "prompt": text})
         else:
-            out.append(render(tokenizer, template, item, f"prompt #{i}"))
+            out.append(render(tokenizer, template, item, f"prompt #{i}", prepare, template_kwargs))
     return out
 
 

@@ -32,6 +32,7 @@ import numpy as np
 from textrl_envs.chat import as_messages, end_of_turn_id, render, render_items, resolve_chat_template
 from textrl_envs.data import load_prompts
 from textrl_envs.hf_loading import load_from_hub, looks_like_hub_id
+from textrl_envs.interaction import bind_interaction
 from textrl_envs.rewards.base import RewardModel, call_reward, check_reward_timeout, reward_name
 from textrl_envs.rewards.calls import TrainerState, check_reward_call, updated_trainer_state
 from textrl_envs.rewards.registry import resolve_reward
@@ -85,6 +86,9 @@ class EpisodeSpec:
     :ivar chat_template: The chat template prompts are rendered with (``None``: prompts are used as they are).
     :ivar prompt_messages: With a chat template, each prompt as the conversation it was given as (a str prompt is one
         user message): what a TRL-style reward gets as ``prompts`` (``None`` without a template).
+    :ivar chat_prepare: What the prompt's messages become before rendering (a tool env describes its tools), or
+        ``None``.
+    :ivar chat_kwargs: Extra arguments of ``apply_chat_template`` when prompts are rendered (``tools``).
     :ivar trainer_state: How far training has come, handed to rewards as ``trainer_state=``
         (:class:`~textrl_envs.rewards.calls.TrainerState`; :meth:`TextSpecAccess.set_trainer_state` replaces it).
     """
@@ -109,6 +113,8 @@ class EpisodeSpec:
     max_turn_tokens: int | None = None
     chat_template: str | None = None
     prompt_messages: list[list[dict[str, Any]]] | None = None
+    chat_prepare: Any = None
+    chat_kwargs: dict[str, Any] = field(default_factory=dict)
     trainer_state: TrainerState = field(default_factory=TrainerState)
     #: Conversations of prompts given at reset (rendered text -> messages), for the rewards' ``prompts``.
     reset_messages: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
@@ -130,7 +136,7 @@ class EpisodeSpec:
         """A prompt given at reset as the env shows it: rendered with the chat template, if there is one."""
         if self.chat_template is None:
             return prompt
-        text = render(self.tokenizer, self.chat_template, prompt, where)
+        text = render(self.tokenizer, self.chat_template, prompt, where, self.chat_prepare, self.chat_kwargs)
         if len(self.reset_messages) >= RESET_MESSAGES_KEPT:
             self.reset_messages.clear()
         self.reset_messages[text] = as_messages(prompt, where)
@@ -204,6 +210,7 @@ class EpisodeSpec:
         prompt_texts=None,
         completion_ids=None,
         trainer_state: TrainerState | None = None,
+        completion_messages=None,
     ) -> tuple[np.ndarray, np.ndarray, list[dict[str, float]] | None]:
         """Rewards of finished episodes and which of them were non-finite.
 
@@ -218,6 +225,9 @@ class EpisodeSpec:
         :param completion_ids: Each completion's token ids (``None``: the reward gets no ``completion_ids``).
         :param trainer_state: The state the reward sees (default: :attr:`trainer_state` now; the reward worker passes
             the one of the step the episodes ended in).
+        :param completion_messages: Each interactive episode's conversation as chat messages
+            (:meth:`~textrl_envs.interaction.Interaction.messages`): a TRL-style reward's completions with chat
+            prompts (``None``: each completion's text as one assistant message).
 
         A reward with components (a :class:`~textrl_envs.rewards.CompositeReward`: its ``score_components``) also
         gives each episode's components, ``{label: unweighted score}``.
@@ -240,6 +250,7 @@ class EpisodeSpec:
             completion_ids=completion_ids,
             trainer_state=self.trainer_state if trainer_state is None else trainer_state,
             chat_prompts=self.chat_prompts(prompt_indices, texts),
+            chat_completions=completion_messages,
             on_nonfinite=on_nonfinite,
             timeout=self.reward_timeout,
         )
@@ -261,14 +272,20 @@ class _RecordComponents(RewardModel):
         self.reward, self.parts = reward, parts
 
     def __call__(
-        self, prompts: list[str], completions: list[str], chat_prompts: Any = None, **kwargs: Any
-    ) -> np.ndarray | list[float | None]:
-        return self.score(list(prompts), list(completions), chat_prompts=chat_prompts, **kwargs)
+        self, prompts: list[str], completions: list[str], chat_prompts: Any = None, chat_completions: Any = None,
+        **kwargs: Any,
+    ) -> np.ndarray | list[float | None]:  # fmt: skip
+        return self.score(
+            list(prompts), list(completions), chat_prompts=chat_prompts, chat_completions=chat_completions, **kwargs
+        )
 
     def score(
-        self, prompts: list[str], completions: list[str], chat_prompts: Any = None, **kwargs: Any
-    ) -> np.ndarray | list[float | None]:
-        total, parts = self.reward.score_components(prompts, completions, chat_prompts=chat_prompts, **kwargs)
+        self, prompts: list[str], completions: list[str], chat_prompts: Any = None, chat_completions: Any = None,
+        **kwargs: Any,
+    ) -> np.ndarray | list[float | None]:  # fmt: skip
+        total, parts = self.reward.score_components(
+            prompts, completions, chat_prompts=chat_prompts, chat_completions=chat_completions, **kwargs
+        )
         self.parts.update({label: np.asarray(v, dtype=np.float64) for label, v in parts.items()})
         return total
 
@@ -649,6 +666,7 @@ def build_spec(
     turn_end: Any = None,
     max_turn_tokens: int | None = None,
     chat_template: bool | str | None = None,
+    tools: Sequence[Any] | None = None,
 ) -> EpisodeSpec:
     """Resolve environment arguments (task defaults overridden by the user's) into an :class:`EpisodeSpec`.
 
@@ -687,11 +705,17 @@ def build_spec(
         the template's end-of-turn token (EOS if the template has none), and so do an interactive episode's
         turns unless ``turn_end`` says otherwise. The reward and ``info["prompt"]``
         get the rendered text.
+    :param tools: Python functions the model may call (:class:`~textrl_envs.tools.ToolCalling`): makes the episode
+        interactive, the tools described through the chat template (the tokenizer's own, or a plain fallback) and
+        each call answered by a ``tool`` message; the reward (the task's unless given) scores the transcript at the
+        end. Not with ``interaction``.
     """
     defaults = get_task(task) if task is not None else None
     prompts = _resolve_prompts(defaults, prompts)
     given_turns = {"max_turns": max_turns, "turn_end": turn_end, "max_turn_tokens": max_turn_tokens}
     interaction_given = interaction is not None
+    if tools is not None:
+        interaction = _tool_interaction(tools, interaction)  # the task's reward still scores the episode
     interaction, max_turns, turn_end, max_turn_tokens = _resolve_turns(defaults, interaction, given_turns)
     max_new_tokens, max_prompt_tokens = check_budgets(
         max_new_tokens if max_new_tokens is not None else _task_default(defaults, "max_new_tokens"),
@@ -702,11 +726,16 @@ def build_spec(
     reward_kwargs = check_mapping("reward_kwargs", reward_kwargs, hint="e.g. reward_kwargs={'target': 'positive'}")
     tok = load_tokenizer(tokenizer)
     template = resolve_chat_template(tok, chat_template)
+    interaction = bind_interaction(interaction, tok, template)
+    if template is None:  # an interaction that speaks in chat messages (tools) brings a template if the env has none
+        template = getattr(interaction, "chat_template", None)
+    prepare = getattr(interaction, "prompt_messages", None)
+    template_kwargs = dict(getattr(interaction, "chat_template_kwargs", None) or {})
     messages = None
     if template is not None:
         items = list(_check_prompt_list(prompts))
         messages = [prompt_conversation(item, i) for i, item in enumerate(items)]
-        prompts = render_items(tok, template, items)
+        prompts = render_items(tok, template, items, prepare, template_kwargs)
     texts, metadata = _split_prompts(prompts)
     reward_fn = _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_given)
     if reward_fn is not None:
@@ -733,7 +762,21 @@ def build_spec(
         max_turn_tokens=max_turn_tokens,
         chat_template=template,
         prompt_messages=messages,
+        chat_prepare=prepare,
+        chat_kwargs=template_kwargs,
     )
+
+
+def _tool_interaction(tools: Any, interaction: Any) -> Any:
+    """The :class:`~textrl_envs.tools.ToolCalling` of ``tools=``; refused beside an ``interaction``."""
+    if interaction is not None:
+        raise ValueError(
+            "give either tools=[...] (functions the model may call) or interaction=..., not both; a ToolCalling "
+            "interaction with options of its own goes in interaction=ToolCalling(tools, timeout=...)"
+        )
+    from textrl_envs.tools.interaction import ToolCalling
+
+    return ToolCalling(tools)
 
 
 def prompt_conversation(item: Any, i: int) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from gymnasium import spaces
 
 from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwargs, encode_prompt
 from textrl_envs.groups import draw_weighted, prompt_draw_cdf
-from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, episode_infos, start_episode
+from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, episode_infos, episode_messages, start_episode
 from textrl_envs.rendering import transcript_frame
 from textrl_envs.turns import ReplyEncoder, check_opening, turn_episode_ends, turns_over, who
 from textrl_envs.validation import check_choice, check_int, check_mapping
@@ -33,6 +33,7 @@ SPEC_KWARGS = (
     "turn_end",
     "max_turn_tokens",
     "chat_template",
+    "tools",
 )
 
 
@@ -140,7 +141,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
     ## Arguments
     ``gym.make(id, prompts=..., reward=..., tokenizer=..., max_new_tokens=..., max_prompt_tokens=...,
     prompt_truncation="left", reward_kwargs=None, nonfinite_reward="raise", reward_timeout=None,
-    interaction=None, max_turns=None, turn_end=None, max_turn_tokens=None, chat_template=None)``; see
+    interaction=None, max_turns=None, turn_end=None, max_turn_tokens=None, chat_template=None, tools=None)``; see
     :func:`textrl_envs.core.build_spec`. ``prompts`` may also be a ``.jsonl``, ``.json``, ``.csv`` or ``.txt``
     path or a ``datasets.Dataset`` (:mod:`textrl_envs.data`); ``chat_template=True`` renders prompts with the
     tokenizer's chat template (:mod:`textrl_envs.chat`). :meth:`set_max_new_tokens` lowers the episode budget
@@ -328,8 +329,9 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         nonfinite, parts = self._nonfinite, None
         if spec.reward is not None:
             end, bad, parts = spec.score_detailed(
-                [self._prompt_index], [completion], prompt_texts=[self._prompt_text], completion_ids=[self._generated]
-            )
+                [self._prompt_index], [completion], prompt_texts=[self._prompt_text], completion_ids=[self._generated],
+                completion_messages=episode_messages(spec.interaction, [self._task_state]),
+            )  # fmt: skip
             reward, nonfinite = reward + float(end[0]), nonfinite or bool(bad[0])
         info = {
             "prompt": self._prompt_text,

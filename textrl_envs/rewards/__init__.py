@@ -18,6 +18,7 @@ A reward model scores a batch of completions, called with keywords as Hugging Fa
 * ``repetition``: :class:`RepetitionPenalty`, -(1 - distinct-n ratio), (-1, 0]
 * ``coherence``: :class:`Coherence`, 1 - mean NLL / log V under a reference LM (default the bundled one), [0, 1]
 * ``composite``: :class:`CompositeReward`, weighted sum of components
+* ``final-answer``: :class:`~textrl_envs.rewards.final_answer.FinalAnswer`, the transcript's answer == answer, {0, 1}
 
 Heavy libraries (vaderSentiment, rouge-score, sacrebleu, transformers, torch) are imported only when a reward that
 needs them is built.
@@ -38,6 +39,7 @@ from textrl_envs.rewards.base import RewardModel, call_reward
 from textrl_envs.rewards.coherence import Coherence
 from textrl_envs.rewards.composite import CompositeReward
 from textrl_envs.rewards.constraints import KeywordCoverage, LengthPenalty, RepetitionPenalty
+from textrl_envs.rewards.final_answer import FinalAnswer
 from textrl_envs.rewards.match import ArithmeticReward, ExactMatch, IncreasingNumbersReward
 from textrl_envs.rewards.metrics import distinct_n, mean_length, pass_at_k, perplexity, repetition_rate
 from textrl_envs.rewards.overlap import Bleu, RougeL
@@ -50,6 +52,7 @@ __all__ = [
     "Coherence",
     "CompositeReward",
     "ExactMatch",
+    "FinalAnswer",
     "HFClassifierReward",
     "IncreasingNumbersReward",
     "KeywordCoverage",

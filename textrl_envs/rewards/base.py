@@ -239,6 +239,7 @@ def call_reward(
     completion_ids: Sequence[Sequence[int]] | None = None,
     trainer_state: Any = None,
     chat_prompts: Sequence[Any] | None = None,
+    chat_completions: Sequence[Any] | None = None,
     on_nonfinite: str = "raise",
     on_none: str | None = None,
     timeout: float | None = None,
@@ -260,6 +261,8 @@ def call_reward(
     :param chat_prompts: The prompts as chat conversations, when the env renders them with a chat template: a
         keyword-style reward then gets these as ``prompts`` and TRL's conversational completions
         (:func:`~textrl_envs.rewards.calls.wants_conversations`).
+    :param chat_completions: Those conversational completions where the env has them as messages (an interactive
+        episode's transcript; ``None`` entries, or ``None``: each completion's text as one assistant message).
     :param on_nonfinite: ``"raise"`` (default) raises on NaN/inf; ``"nan"`` returns them as they are
         (for callers that count and skip bad episodes).
     :param on_none: What a ``None`` score (TRL's "this reward does not apply") becomes: ``"raise"`` or ``"nan"``
@@ -285,14 +288,16 @@ def call_reward(
     chat = chat_prompts is not None and wants_conversations(reward)
     context: dict[str, Any] = {
         "prompts": list(chat_prompts) if chat else prompts,
-        "completions": conversational_completions(completions) if chat else completions,
+        "completions": conversational_completions(completions, chat_completions) if chat else completions,
     }
     if completion_ids is not None:
         context["completion_ids"] = [list(ids) for ids in completion_ids]
     if trainer_state is not None:
         context["trainer_state"] = trainer_state
-    if chat_prompts is not None:
-        context["chat_prompts"] = list(chat_prompts)  # a composite hands it on to its components
+    if chat_prompts is not None:  # a composite hands them on to its components
+        context["chat_prompts"] = list(chat_prompts)
+        if chat_completions is not None:
+            context["chat_completions"] = list(chat_completions)
     args, kwargs = reward_arguments(reward, dict(metadata or {}), context)
     name = reward_name(reward)
     try:

@@ -182,9 +182,14 @@ def wants_conversations(reward: Any) -> bool:
     return sig.style == "keywords" and not sig.text_completions
 
 
-def conversational_completions(completions: Sequence[str]) -> list[list[dict[str, str]]]:
-    """Each completion as TRL's conversational completion, ``[{"role": "assistant", "content": text}]``."""
-    return [[{"role": "assistant", "content": c}] for c in completions]
+def conversational_completions(
+    completions: Sequence[str], messages: Sequence[Any] | None = None
+) -> list[list[dict[str, Any]]]:
+    """Each completion as TRL's conversational completion: its messages where ``messages`` has them (an interactive
+    episode's transcript, assistant and ``tool`` messages), else ``[{"role": "assistant", "content": text}]``."""
+    if messages is None:
+        messages = [None] * len(completions)
+    return [[{"role": "assistant", "content": c}] if m is None else list(m) for c, m in zip(completions, messages)]
 
 
 def reward_arguments(

@@ -162,6 +162,7 @@ class CompositeReward(RewardModel):
         completion_ids: Any = None,
         trainer_state: Any = None,
         chat_prompts: Any = None,
+        chat_completions: Any = None,
         **kwargs: Any,
     ) -> np.ndarray | list[float | None]:
         return self.score_components(
@@ -170,6 +171,7 @@ class CompositeReward(RewardModel):
             completion_ids=completion_ids,
             trainer_state=trainer_state,
             chat_prompts=chat_prompts,
+            chat_completions=chat_completions,
             **kwargs,
         )[0]
 
@@ -181,6 +183,7 @@ class CompositeReward(RewardModel):
         completion_ids: Any = None,
         trainer_state: Any = None,
         chat_prompts: Any = None,
+        chat_completions: Any = None,
         **kwargs: Any,
     ) -> tuple[np.ndarray | list[float | None], dict[str, np.ndarray]]:
         """The weighted sum (what :meth:`score` returns) and each component's unweighted, unnormalised scores of this
@@ -194,6 +197,7 @@ class CompositeReward(RewardModel):
         :param completion_ids: Each completion's token ids, handed to the components that take them.
         :param trainer_state: How far training has come, handed on likewise.
         :param chat_prompts: The prompts as chat conversations (chat-template envs), handed on likewise.
+        :param chat_completions: Interactive episodes' transcripts as messages, handed on likewise.
         :param kwargs: The metadata columns.
         """
         total = np.zeros(len(completions), dtype=np.float64)
@@ -208,6 +212,7 @@ class CompositeReward(RewardModel):
                 completion_ids=completion_ids,
                 trainer_state=trainer_state,
                 chat_prompts=chat_prompts,
+                chat_completions=chat_completions,
                 on_none="nan",
             )
             last[label] = values

@@ -167,6 +167,19 @@ def tool_arithmetic_prompts(n: int = 300, seed: int = 0) -> list[dict[str, str]]
     return [{"prompt": p, "answer": a} for p, a in seen.items()]
 
 
+def tool_use_prompts(n: int = 300, seed: int = 0) -> list[dict[str, str]]:
+    """Two-step problems for the tools ``multiply`` and ``add``, ``{"prompt": "Compute 37*12+45.", "answer": "489"}``:
+    ``a`` in 13-99, ``b`` in 3-19, ``c`` in 2-99, a fixed seeded list (duplicates dropped)."""
+    import random
+
+    rng = random.Random(seed)
+    seen: dict[str, str] = {}
+    for _ in range(n):
+        a, b, c = rng.randint(13, 99), rng.randint(3, 19), rng.randint(2, 99)
+        seen.setdefault(f"Compute {a}*{b}+{c}.", str(a * b + c))
+    return [{"prompt": p, "answer": a} for p, a in seen.items()]
+
+
 # -- interactions (imported lazily: their module must not import the env) -----------------------------------
 
 
@@ -182,6 +195,14 @@ def calculator_interaction():
     from textrl_envs.tasks.interactions import Calculator
 
     return Calculator()
+
+
+def tool_use_interaction():
+    """``ToolUse-v0``'s :class:`~textrl_envs.tools.ToolCalling` with the tools ``add`` and ``multiply``."""
+    from textrl_envs.tools.builtin import add, multiply
+    from textrl_envs.tools.interaction import ToolCalling
+
+    return ToolCalling([add, multiply])
 
 
 def game_prompts(game: str) -> list[str]:
@@ -364,6 +385,20 @@ KUHN_POKER = Task(
     max_turn_tokens=2,
 )
 
+TOOL_USE = Task(
+    env_id="ToolUse-v0",
+    entry_point="textrl_envs.tasks.tool_use:ToolUseEnv",
+    summary="interactive tool calling: Python tools by JSON schema through the chat template, calls in the model "
+    "family's format (Hermes / Qwen, SmolLM2); reward: the transcript's final answer is right",
+    prompts=tool_use_prompts,
+    reward="final-answer",
+    max_new_tokens=80,
+    max_prompt_tokens=48,
+    interaction=tool_use_interaction,
+    max_turns=4,
+    max_turn_tokens=64,
+)
+
 # -- external suites (optional extras; their modules in textrl_envs/suites/ import the library when made) ------
 
 REASONING_GYM = Task(
@@ -403,6 +438,7 @@ TASKS: tuple[Task, ...] = (
     TICTACTOE,
     NIM,
     KUHN_POKER,
+    TOOL_USE,
     REASONING_GYM,
     TEXTARENA,
 )
