@@ -61,6 +61,8 @@ def good_completion(env_id, prompt_item):
         return meta["references"][0]
     if env_id == "Keywords-v0":
         return " The " + " and the ".join(meta["keywords"]) + " were lovely."
+    if env_id == "CodeGen-v0":  # a body that passes some of the units of the first problem (repeat_8)
+        return "    return s * 8 if s else 'x'\n"
     return " The movie was wonderful."
 
 
@@ -105,7 +107,7 @@ def test_registration_comes_from_the_one_list_of_tasks():
         else:  # a suite: its own classes, whose task= names a task of the suite
             assert spec.kwargs == {} and task.install_hint == f'pip install "textrl[{task.extra}]"'
         assert get_task(task.env_id) is task
-    with pytest.raises(ValueError, match="no task 'Nope-v0'; known: Arithmetic-v0, CommonGen-v0"):
+    with pytest.raises(ValueError, match="no task 'Nope-v0'; known: Arithmetic-v0, CodeGen-v0, CommonGen-v0"):
         get_task("Nope-v0")
 
 

@@ -18,6 +18,7 @@ A reward model scores a batch of completions, called with keywords as Hugging Fa
 * ``repetition``: :class:`RepetitionPenalty`, -(1 - distinct-n ratio), (-1, 0]
 * ``coherence``: :class:`Coherence`, 1 - mean NLL / log V under a reference LM (default the bundled one), [0, 1]
 * ``composite``: :class:`CompositeReward`, weighted sum of components
+* ``unit-tests``: :class:`~textrl_envs.rewards.code.UnitTests`, unit tests passed in the sandbox, [0, 1]
 * ``final-answer``: :class:`~textrl_envs.rewards.final_answer.FinalAnswer`, the transcript's answer == answer, {0, 1}
 
 Heavy libraries (vaderSentiment, rouge-score, sacrebleu, transformers, torch) are imported only when a reward that
@@ -36,6 +37,7 @@ every built-in name.
 """
 
 from textrl_envs.rewards.base import RewardModel, call_reward
+from textrl_envs.rewards.code import UnitTests
 from textrl_envs.rewards.coherence import Coherence
 from textrl_envs.rewards.composite import CompositeReward
 from textrl_envs.rewards.constraints import KeywordCoverage, LengthPenalty, RepetitionPenalty
@@ -61,6 +63,7 @@ __all__ = [
     "RepetitionPenalty",
     "RewardModel",
     "RougeL",
+    "UnitTests",
     "call_reward",
     "distinct_n",
     "make_reward",

@@ -180,6 +180,16 @@ def tool_use_prompts(n: int = 300, seed: int = 0) -> list[dict[str, str]]:
     return [{"prompt": p, "answer": a} for p, a in seen.items()]
 
 
+def code_prompts(n: int = 400, seed: int = 0) -> list[dict[str, str]]:
+    """``CodeGen-v0``'s problems: procedural easy functions to complete, each ``{"prompt": code, "code_prefix": code,
+    "test": "def check(candidate): ...", "entry_point": "add_7"}`` with ``code`` a signature and a docstring
+    (:func:`textrl_envs.tasks.code_problems.easy_code_problems`; HumanEval's are
+    :func:`~textrl_envs.tasks.code_problems.humaneval_problems`)."""
+    from textrl_envs.tasks.code_problems import easy_code_problems
+
+    return easy_code_problems(n, seed)
+
+
 # -- interactions (imported lazily: their module must not import the env) -----------------------------------
 
 
@@ -399,6 +409,17 @@ TOOL_USE = Task(
     max_turn_tokens=64,
 )
 
+CODE_GEN = Task(
+    env_id="CodeGen-v0",
+    entry_point="textrl_envs.tasks.code_gen:CodeGenEnv",
+    summary="code generation: complete a Python function (procedural easy ones; HumanEval's 164 with the code extra); "
+    "reward: the fraction of its unit tests passed, run in a sandbox",
+    prompts=code_prompts,
+    reward="unit-tests",
+    max_new_tokens=64,
+    max_prompt_tokens=64,
+)
+
 # -- external suites (optional extras; their modules in textrl_envs/suites/ import the library when made) ------
 
 REASONING_GYM = Task(
@@ -439,6 +460,7 @@ TASKS: tuple[Task, ...] = (
     NIM,
     KUHN_POKER,
     TOOL_USE,
+    CODE_GEN,
     REASONING_GYM,
     TEXTARENA,
 )
