@@ -246,8 +246,8 @@ def _add_compare(sub: Any) -> None:
         default=[],
         choices=("wandb", "mlflow"),
         help="also log every run (its scalars and config) to this tracker; repeatable. wandb follows WANDB_MODE "
-        "(offline: runs in OUT/wandb); mlflow logs to MLFLOW_TRACKING_URI or else OUT/mlruns. Needs the extra: "
-        "pip install 'textrl[wandb]' or 'textrl[mlflow]'",
+        "(offline: runs in OUT/wandb); mlflow logs to MLFLOW_TRACKING_URI or else sqlite:///OUT/mlflow.db. Needs the "
+        "extra: pip install 'textrl[wandb]' or 'textrl[mlflow]'",
     )
     ev = c.add_argument_group(
         "evaluation on held-out prompts (text envs)",

@@ -281,10 +281,11 @@ def build_model(
 
 def _tracked_logger(cfg: CompareConfig, algo: str, seed: int, folder: Path, track: Sequence[str], model: Any) -> Any:
     """Tensorboard plus the trackers, one tracker run per (algo, seed), named so, with the run's config; MLflow runs
-    of one comparison share a store in the out dir (``<out>/mlruns``) unless ``MLFLOW_TRACKING_URI`` says where."""
+    of one comparison share a store in the out dir (``sqlite:///<out>/mlflow.db``) unless ``MLFLOW_TRACKING_URI`` says
+    where."""
     import os
 
-    from sb3_grpo.callbacks.trackers import configure_logger, run_config
+    from sb3_grpo.callbacks.trackers import configure_logger, default_tracking_uri, run_config
 
     config = {**run_config(model), "env": cfg.env_id, "seed": seed, "timesteps": cfg.timesteps}
     name = f"{algo}-seed{seed}"
@@ -292,7 +293,7 @@ def _tracked_logger(cfg: CompareConfig, algo: str, seed: int, folder: Path, trac
     if "wandb" in track:
         kwargs["wandb"] = {"name": name, "group": cfg.env_id, "dir": str(folder.parents[2])}
     if "mlflow" in track:
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or "file:" + str((folder.parents[2] / "mlruns").resolve())
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(folder.parents[2].resolve())
         kwargs["mlflow"] = {"tracking_uri": uri, "experiment_name": f"compare {cfg.env_id}", "run_name": name}
     return configure_logger(str(folder), ["tensorboard", *track], config=config, **kwargs)
 
