@@ -137,6 +137,10 @@ def test_compare_textgen(tmp_path):
     assert results["config"]["group_sizes"] == {"ppo": 1, "grpo-group": 2}
     assert results["runs"]["ppo/seed0"]["step_unit"] == "tokens"
     assert "prompt groups of 2" in (out / "report.md").read_text()
+    for algo in ("ppo", "grpo-group"):  # each run keeps a sample of what its trained policy writes
+        rows = [json.loads(line) for line in (out / "tensorboard" / algo / "seed0" / "samples.jsonl").open()]
+        assert len(rows) == 4 and all(set(r) == {"prompt", "completion", "reward"} for r in rows)
+        assert all(isinstance(r["completion"], str) and isinstance(r["reward"], float) for r in rows)
 
 
 @pytest.mark.parametrize(
