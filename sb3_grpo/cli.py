@@ -31,6 +31,7 @@ from typing import Any
 from sb3_grpo.common.engines import ENGINES
 from sb3_grpo.compare.algos import DEFAULT_GROUP_SIZE, algo_table
 from sb3_grpo.compare.config import TEXT_DEFAULTS
+from sb3_grpo.sampling import ALGO_CLASSES
 
 #: The no-argument comparison (the README's main job): about seven minutes on a 2-core CPU (5 seeds: the fewest
 #: with which the report gives intervals, see sb3_grpo.compare.stats.MIN_RUNS).
@@ -436,7 +437,7 @@ def _add_sample(sub: Any) -> None:
     p.add_argument("--env-kwargs", default=None, metavar="JSON", help="keyword arguments of the env (JSON object)")
     p.add_argument("--n", type=positive_int, default=4, help="episodes (default %(default)s)")
     p.add_argument("--out", default=None, metavar="FILE.jsonl", help="also write one JSON object per episode here")
-    p.add_argument("--algo", default="auto", choices=("auto", "ppo", "grpo", "dr-grpo"), help="default: from the file")
+    p.add_argument("--algo", default="auto", choices=("auto", *ALGO_CLASSES), help="default: from the file")
     p.add_argument("--deterministic", action="store_true", help="greedy actions (default: sampled)")
     p.add_argument("--seed", type=int, default=0, help="seed of the env and the sampling (default %(default)s)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")

@@ -125,6 +125,8 @@ def test_compare_cartpole(tmp_path):
     results = _check_outputs(out, ["ppo", "grpo"], [0, 1])
     assert (out / "tensorboard" / "grpo" / "seed1").is_dir()
     assert results["config"]["hyperparameters"]["grpo"]["n_steps"] == 64
+    report = (out / "report.md").read_text()  # the claim's section points at the study's page, not a README section
+    assert "docs/results/claims.md" in report and '"The claims"' not in report
     # the report can be regenerated from results.json alone
     (out / "report.md").unlink()
     assert main(["report", str(out)]) == 0 and (out / "report.md").is_file()
