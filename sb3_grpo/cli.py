@@ -331,7 +331,9 @@ def _add_warm_start(sub: Any) -> None:
     w.add_argument("--env-kwargs", default=None, metavar="JSON", help="keyword arguments of gym.make (JSON object)")
     w.add_argument("--out", required=True, help="folder for the model, its tokenizer and warm_start.json")
     w.add_argument("--overwrite", action="store_true", help="replace an existing --out (once the new model is saved)")
-    w.add_argument("--model", default=None, help="local model folder to start from (default: the bundled LM)")
+    w.add_argument(
+        "--model", default=None, help="model folder or Hub id ('org/name') to start from (default: the bundled LM)"
+    )
     w.add_argument("--steps", type=positive_int, default=200, help="optimizer steps (default %(default)s)")
     w.add_argument("--batch-size", type=positive_int, default=32, help="examples per step (default %(default)s)")
     w.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default %(default)s)")
@@ -839,7 +841,13 @@ def _warm_start(args: argparse.Namespace, parser: argparse.ArgumentParser, argv:
         if not args.lr > 0:
             raise ValueError(f"--lr must be > 0, got {args.lr}")
         if args.model is not None and not os.path.isdir(args.model):
-            raise ValueError(f"--model {args.model!r} is not a local model folder")
+            from textrl_envs.hf_loading import looks_like_hub_id
+
+            if not looks_like_hub_id(args.model):
+                raise ValueError(
+                    f"--model {args.model!r} is neither a local model folder nor a Hub id ('org/name', from the "
+                    "Hugging Face cache, or downloaded when online)"
+                )
     except (CompareError, ValueError) as err:
         parser.error(str(err))
     import torch as th
