@@ -819,7 +819,6 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         """Log one update: PPO's keys (same names), the subclass's own (:meth:`_record_own`), and warn (once per
         model) when the gradient norm before clipping passed ``grad_norm_warn``."""
         logger, buffer = self.logger, self.rollout_buffer
-        explained_var = explained_variance(buffer.values.flatten(), buffer.returns.flatten())
         stats.record(logger, kl=self.batch_source.reference is not None)
         if self.nonfinite == "skip":
             logger.record("train/skipped_nonfinite", self._skipped_nonfinite)
@@ -828,7 +827,10 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             logger.record("train/skipped_overflow", self._skipped_overflow)
             logger.record("train/loss_scale", self._grad_scaler.get_scale())
             self._skipped_overflow = 0
-        logger.record("train/explained_variance", explained_var)
+        if self.advantage == "gae":  # the critic-free forms train no value head: its fit would mean nothing
+            logger.record(
+                "train/explained_variance", explained_variance(buffer.values.flatten(), buffer.returns.flatten())
+            )
         router_aux = self.__dict__.pop("_router_aux_values", None)
         if router_aux:
             logger.record("train/router_aux_loss", float(np.mean(router_aux)))
