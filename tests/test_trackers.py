@@ -223,13 +223,16 @@ COMPARE = ["compare", "--env", "CartPole-v1", "--algos", "ppo,grpo", "--seeds", 
            "--eval-episodes", "2", "--no-progress", "--set", '*.n_steps=64', "--set", "*.batch_size=32"]  # fmt: skip
 
 
-def test_compare_track_mlflow_and_wandb(offline_wandb, mlflow_store, tmp_path):
+def test_compare_track_mlflow_and_wandb(offline_wandb, mlflow_store, tmp_path, capfd, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     from sb3_grpo.cli import main
 
+    monkeypatch.delenv("WANDB_SILENT")  # as a user has it: wandb speaks, but compare keeps it to essentials
     out = tmp_path / "out"
     assert main([*COMPARE, "--track", "mlflow", "--track", "wandb", "--out", str(out)]) == 0
+    printed = "".join(capfd.readouterr())
+    assert "Run history" not in printed and "Run summary" not in printed
     client = MlflowClient(tracking_uri="sqlite:///" + str(out / "mlflow.db"))  # the default store: MLflow's database
     assert not (out / "mlruns").exists()
     runs = client.search_runs([client.get_experiment_by_name("compare CartPole-v1").experiment_id])

@@ -314,7 +314,9 @@ def _tracked_logger(cfg: CompareConfig, algo: str, seed: int, folder: Path, trac
     name = f"{algo}-seed{seed}"
     kwargs: dict[str, dict[str, Any]] = {}
     if "wandb" in track:
-        kwargs["wandb"] = {"name": name, "group": cfg.env_id, "dir": str(folder.parents[2])}
+        # quiet: without it wandb prints each run's history and summary (about 30 lines a run) into the comparison
+        quiet = {"quiet": True}
+        kwargs["wandb"] = {"name": name, "group": cfg.env_id, "dir": str(folder.parents[2]), "settings": quiet}
     if "mlflow" in track:
         uri = os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(folder.parents[2].resolve())
         kwargs["mlflow"] = {"tracking_uri": uri, "experiment_name": f"compare {cfg.env_id}", "run_name": name}
