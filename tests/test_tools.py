@@ -416,3 +416,15 @@ def test_group_turn_credit_trains_on_tool_use():
         warnings.simplefilter("ignore")  # a 16-token window warns that episodes may straddle rollouts
         model.learn(64)
     assert np.isfinite(model.logger.name_to_value["train/loss"])
+
+
+def test_a_chat_reply_of_any_interaction_never_doubles_the_end_of_turn(qwen_like):
+    from textrl_envs.tools.rendering import render_reply
+
+    reply = render_reply(qwen_like, QWEN_LIKE, [{"role": "user", "content": "Higher."}], "<|im_end|>")
+    assert reply == "\n<|im_start|>user\nHigher.<|im_end|>\n<|im_start|>assistant\n"
+    turn = [{"role": "user", "content": "Guess."}, {"role": "assistant", "content": "5"}]
+    whole = qwen_like.apply_chat_template(turn + [{"role": "user", "content": "Higher."}], tokenize=False,
+                                          add_generation_prompt=True)  # fmt: skip
+    agent_wrote = qwen_like.apply_chat_template(turn, tokenize=False).rsplit("\n", 1)[0]  # up to its <|im_end|>
+    assert agent_wrote + reply == whole

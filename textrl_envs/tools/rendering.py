@@ -64,30 +64,35 @@ def prompt_with_tools(
 def render_reply(
     tokenizer: Any,
     template: str,
-    tool_messages: Sequence[Mapping[str, Any]],
+    messages: Sequence[Mapping[str, Any]],
     end_of_turn: str,
     template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
-    """The text the environment appends after an agent turn that called tools: the template's rendering of
-    ``tool_messages`` and of the next assistant turn's header, after the end-of-turn token the agent wrote.
+    """The text an environment appends after an agent's turn in a chat model's format: the template's rendering of
+    ``messages`` (``tool`` results, or a ``user`` reply of any interactive task) and of the next assistant turn's
+    header, after the end-of-turn token the agent wrote, so the marker is never doubled.
+
+    For example, with ChatML and ``[{"role": "user", "content": "Higher."}]`` the reply is
+    ``"\\n<|im_start|>user\\nHigher.<|im_end|>\\n<|im_start|>assistant\\n"``: the agent's ``<|im_end|>`` is already in
+    the window.
 
     :param tokenizer: The env's tokenizer.
     :param template: The chat template.
-    :param tool_messages: The ``tool`` messages answering the turn's calls.
+    :param messages: The messages answering the turn.
     :param end_of_turn: The text of the end-of-turn token (the agent's turn end), left out of the reply.
     :param template_kwargs: The template's extra arguments (``tools``).
-    :raises ValueError: when the template cannot render a ``tool`` message after an assistant turn.
+    :raises ValueError: when the template cannot render the messages after an assistant turn.
     """
     conversation = [
         {"role": "user", "content": "?"},
         {"role": "assistant", "content": _SENTINEL},
-        *[dict(m) for m in tool_messages],
+        *[dict(m) for m in messages],
     ]
     try:
         text = tokenizer.apply_chat_template(
             conversation, chat_template=template, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
         )
     except Exception as err:  # noqa: BLE001  (jinja errors of all kinds)
-        raise ValueError(f"the chat template cannot render tool results after an assistant turn: {err}") from err
+        raise ValueError(f"the chat template cannot render {messages!r} after an assistant turn: {err}") from err
     after = text.split(_SENTINEL, 1)[1]
     return after[len(end_of_turn) :] if end_of_turn and after.startswith(end_of_turn) else after
