@@ -35,6 +35,7 @@ from textrl_envs.hf_loading import load_from_hub, looks_like_hub_id
 from textrl_envs.interaction import bind_interaction
 from textrl_envs.rewards.base import RewardModel, call_reward, check_reward_timeout, reward_name
 from textrl_envs.rewards.calls import TrainerState, check_reward_call, updated_trainer_state
+from textrl_envs.rewards.composite import reward_sum
 from textrl_envs.rewards.registry import resolve_reward
 from textrl_envs.tasks import PromptItem, Task, all_tasks, get_task
 from textrl_envs.validation import check_choice, check_int, check_mapping
@@ -637,6 +638,10 @@ def _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_gi
         reward = defaults.reward
         if reward_kwargs is None:
             reward_kwargs = dict(defaults.reward_kwargs)
+    if isinstance(reward, list):  # TRL's reward_funcs: their sum
+        if reward_kwargs:
+            raise TypeError("reward_kwargs are only used with a registered reward name, not with a list of rewards")
+        return reward_sum(reward)
     return resolve_reward(reward, **(reward_kwargs or {}))
 
 

@@ -23,50 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from textrl_envs.rewards.calls import conversational_completions, reward_arguments, wants_conversations
+from textrl_envs.rewards.model import RewardModel  # noqa: F401  (its home before it had a module of its own)
+
 RewardFn = Callable[..., Sequence[float]]
-
-
-class RewardModel:
-    """Base class of batched reward models.
-
-    Subclasses implement :meth:`score`; :meth:`__call__` is what environments call. A reward
-    model that runs a neural network is device-aware: it takes ``device`` and moves itself there
-    with :meth:`to`.
-
-    :param name: Name used in error messages and logs (defaults to the class name).
-    """
-
-    #: Metadata keys this reward needs in ``kwargs`` (checked before scoring).
-    required_kwargs: tuple[str, ...] = ()
-
-    def __init__(self, name: str | None = None) -> None:
-        self.name = name or type(self).__name__
-
-    def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> Sequence[float]:
-        """Score a batch of completions.
-
-        :param prompts: The prompt texts.
-        :param completions: The generated texts (without the prompt and without EOS).
-        :param kwargs: Per-example metadata, each a list aligned with ``prompts``.
-        :return: One float per completion.
-        """
-        raise NotImplementedError
-
-    def __call__(self, prompts: list[str], completions: list[str], **kwargs: Any) -> Sequence[float]:
-        missing = [k for k in self.required_kwargs if k not in kwargs]
-        if missing:
-            raise ValueError(
-                f"reward {self.name!r} needs per-example {', '.join(missing)} in its keyword arguments; "
-                f"give prompts as dicts with those keys, e.g. {{'prompt': ..., {missing[0]!r}: ...}}"
-            )
-        return self.score(list(prompts), list(completions), **kwargs)
-
-    def to(self, device: Any) -> RewardModel:  # noqa: ARG002  (the interface: models with tensors move there)
-        """Move the model to ``device`` (a no-op for models without tensors)."""
-        return self
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r})"
 
 
 def reward_name(reward: Any) -> str:
@@ -276,8 +236,6 @@ def call_reward(
     :raises ValueError: if it returns the wrong number of values, non-numbers, non-finite values or (with
         ``on_none="raise"``) ``None``.
     """
-    from textrl_envs.rewards.calls import conversational_completions, reward_arguments, wants_conversations
-
     if on_nonfinite not in ON_NONFINITE:
         raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
     on_none = on_nonfinite if on_none is None else on_none

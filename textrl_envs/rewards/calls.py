@@ -38,6 +38,8 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from textrl_envs.rewards.model import RewardModel
+
 __all__ = [
     "CALL_KEYWORDS",
     "TrainerState",
@@ -106,8 +108,6 @@ class _Signature:
 def _target(reward: Any) -> Callable:
     """The callable whose signature says what ``reward`` takes: a RewardModel's ``score`` (its ``__call__``, when a
     subclass overrides it), else the reward itself."""
-    from textrl_envs.rewards.base import RewardModel
-
     if isinstance(reward, RewardModel):
         overridden = type(reward).__call__ is not RewardModel.__call__
         return reward.__call__ if overridden else reward.score
@@ -164,8 +164,6 @@ def call_style(reward: Any) -> str:
     :func:`~textrl_envs.rewards.base.call_reward` calls ``reward``; ``"unusable"`` for a signature that fits neither
     (:func:`check_reward_call` says why). A :class:`~textrl_envs.rewards.RewardModel` is always called with
     keywords."""
-    from textrl_envs.rewards.base import RewardModel
-
     if isinstance(reward, RewardModel):
         return "keywords"
     return _signature(reward).style
@@ -174,8 +172,6 @@ def call_style(reward: Any) -> str:
 def wants_conversations(reward: Any) -> bool:
     """Whether ``reward`` gets TRL's conversational prompts and completions when the env's prompts are chat
     conversations (see the module docstring)."""
-    from textrl_envs.rewards.base import RewardModel
-
     if isinstance(reward, RewardModel):
         return bool(getattr(reward, "conversational", False))
     sig = _signature(reward)
@@ -202,8 +198,6 @@ def reward_arguments(
     :param context: ``prompts``, ``completions`` (in the form the reward gets), and, where known, ``completion_ids``
         and ``trainer_state``.
     """
-    from textrl_envs.rewards.base import RewardModel
-
     sig = _signature(reward)
     if isinstance(reward, RewardModel):  # every metadata column (its required_kwargs are checked), the rest if taken
         extra = {
@@ -227,8 +221,6 @@ def check_reward_call(reward: Any, metadata_keys: Sequence[str], name: str) -> N
     :param name: The reward's name, for the message.
     :raises TypeError: naming the argument, what calls give, and how to write the reward.
     """
-    from textrl_envs.rewards.base import RewardModel
-
     if isinstance(reward, RewardModel) or not callable(reward):
         return
     sig = _signature(reward)

@@ -259,3 +259,15 @@ class CompositeReward(RewardModel):
 
     def __repr__(self) -> str:
         return f"CompositeReward({[(label, w) for label, _, w in self.components]!r})"
+
+
+def reward_sum(rewards: list[Any]) -> CompositeReward:
+    """TRL's ``reward_funcs``: the sum of ``rewards`` (names, :class:`~textrl_envs.rewards.RewardModel` objects or
+    callables), each with weight 1 (TRL's ``reward_weights`` are ``CompositeReward([(f, 1.0), (g, 0.5)])``). A
+    reward's ``None`` leaves it out of a completion's sum.
+
+    :raises ValueError: for an empty list.
+    """
+    if not rewards:
+        raise ValueError("reward=[] holds no reward; give one or more (names, RewardModels or callables)")
+    return CompositeReward([(r, 1.0) for r in rewards])

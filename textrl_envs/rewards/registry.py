@@ -57,11 +57,8 @@ def make_reward(name: str, **kwargs: Any) -> Any:
 
 
 def resolve_reward(reward: Any, **kwargs: Any) -> Any:
-    """Turn ``reward`` (a registered name, a :class:`RewardModel`, a callable, or a list of those) into a callable.
-
-    A list is TRL's ``reward_funcs``: their sum, each with weight 1 (a
-    :class:`~textrl_envs.rewards.CompositeReward`; give it weights, or TRL's ``reward_weights``, with
-    ``CompositeReward([(f, 1.0), (g, 0.5)])``). A reward's ``None`` leaves it out of the sum.
+    """Turn ``reward`` (a registered name, a :class:`RewardModel` or a callable) into a callable (a list of them,
+    TRL's ``reward_funcs``, is their sum: :func:`textrl_envs.rewards.composite.reward_sum`).
 
     :raises TypeError: for anything else.
     """
@@ -69,12 +66,7 @@ def resolve_reward(reward: Any, **kwargs: Any) -> Any:
         return make_reward(reward, **kwargs)
     if kwargs:
         raise TypeError("reward_kwargs are only used with a registered reward name")
-    if isinstance(reward, list):
-        from textrl_envs.rewards.composite import CompositeReward
 
-        if not reward:
-            raise ValueError("reward=[] holds no reward; give one or more (names, RewardModels or callables)")
-        return CompositeReward([(r, 1.0) for r in reward])
     if isinstance(reward, RewardModel) or callable(reward):
         return reward
     raise TypeError(
