@@ -31,6 +31,7 @@ from typing import Any
 from sb3_grpo.common.engines import ENGINES
 from sb3_grpo.compare.algos import DEFAULT_GROUP_SIZE, algo_table
 from sb3_grpo.compare.config import TEXT_DEFAULTS
+from sb3_grpo.sampling import ALGO_CLASSES
 
 #: The no-argument comparison (the README's main job): about seven minutes on a 2-core CPU (5 seeds: the fewest
 #: with which the report gives intervals, see sb3_grpo.compare.stats.MIN_RUNS).
@@ -257,8 +258,8 @@ def _add_compare(sub: Any) -> None:
         default=[],
         choices=("wandb", "mlflow"),
         help="also log every run (its scalars and config) to this tracker; repeatable. wandb follows WANDB_MODE "
-        "(offline: runs in OUT/wandb); mlflow logs to MLFLOW_TRACKING_URI or else OUT/mlruns. Needs the extra: "
-        "pip install 'textrl[wandb]' or 'textrl[mlflow]'",
+        "(offline: runs in OUT/wandb); mlflow logs to MLFLOW_TRACKING_URI or else sqlite:///OUT/mlflow.db. Needs the "
+        "extra: pip install 'textrl[wandb]' or 'textrl[mlflow]'",
     )
     ev = c.add_argument_group(
         "evaluation on held-out prompts (text envs)",
@@ -349,7 +350,9 @@ def _add_warm_start(sub: Any) -> None:
     w.add_argument("--env-kwargs", default=None, metavar="JSON", help="keyword arguments of gym.make (JSON object)")
     w.add_argument("--out", required=True, help="folder for the model, its tokenizer and warm_start.json")
     w.add_argument("--overwrite", action="store_true", help="replace an existing --out (once the new model is saved)")
-    w.add_argument("--model", default=None, help="local model folder to start from (default: the bundled LM)")
+    w.add_argument(
+        "--model", default=None, help="model folder or Hub id ('org/name') to start from (default: the bundled LM)"
+    )
     w.add_argument("--steps", type=positive_int, default=200, help="optimizer steps (default %(default)s)")
     w.add_argument("--batch-size", type=positive_int, default=32, help="examples per step (default %(default)s)")
     w.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default %(default)s)")
@@ -455,7 +458,7 @@ def _add_sample(sub: Any) -> None:
     p.add_argument("--env-kwargs", default=None, metavar="JSON", help="keyword arguments of the env (JSON object)")
     p.add_argument("--n", type=positive_int, default=4, help="episodes (default %(default)s)")
     p.add_argument("--out", default=None, metavar="FILE.jsonl", help="also write one JSON object per episode here")
-    p.add_argument("--algo", default="auto", choices=("auto", "ppo", "grpo", "dr-grpo"), help="default: from the file")
+    p.add_argument("--algo", default="auto", choices=("auto", *ALGO_CLASSES), help="default: from the file")
     p.add_argument("--deterministic", action="store_true", help="greedy actions (default: sampled)")
     p.add_argument("--seed", type=int, default=0, help="seed of the env and the sampling (default %(default)s)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -904,7 +907,13 @@ def _warm_start(args: argparse.Namespace, parser: argparse.ArgumentParser, argv:
         if not args.lr > 0:
             raise ValueError(f"--lr must be > 0, got {args.lr}")
         if args.model is not None and not os.path.isdir(args.model):
-            raise ValueError(f"--model {args.model!r} is not a local model folder")
+            from textrl_envs.hf_loading import looks_like_hub_id
+
+            if not looks_like_hub_id(args.model):
+                raise ValueError(
+                    f"--model {args.model!r} is neither a local model folder nor a Hub id ('org/name', from the "
+                    "Hugging Face cache, or downloaded when online)"
+                )
     except (CompareError, ValueError) as err:
         parser.error(str(err))
     import torch as th

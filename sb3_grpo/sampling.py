@@ -36,17 +36,26 @@ ALGO_CLASSES = {
     "ppo": ("stable_baselines3", "PPO"),
     "grpo": ("sb3_grpo", "GRPO"),
     "dr-grpo": ("sb3_grpo", "DrGRPO"),
+    "dapo": ("sb3_grpo", "DAPO"),
+    "gspo": ("sb3_grpo", "GSPO"),
+    "cispo": ("sb3_grpo", "CISPO"),
 }
 
 
 def checkpoint_algo(path: str | os.PathLike) -> str:
-    """The ``--algo`` name of an SB3 checkpoint, from the attributes it saved (Dr. GRPO's ``max_completion_tokens``,
-    GRPO's ``grad_var_coef``; otherwise stock PPO)."""
+    """The ``--algo`` name of an SB3 checkpoint: a ``.safetensors`` checkpoint's recorded class, else from the
+    attributes a ``.zip`` saved (DAPO's ``overlong_penalty_factor``, Dr. GRPO's ``max_completion_tokens``, GRPO's
+    ``grad_var_coef``; otherwise stock PPO).
+
+    :raises ValueError: for a file that is no checkpoint, or a ``.zip`` of GSPO or CISPO, which save the same
+        attributes (``clip_range_low``, ``clip_range_high``): ``--algo`` must say which.
+    """
     from sb3_grpo.common.safetensors_format import is_safetensors_path, safetensors_algorithm
 
     if is_safetensors_path(path):
         algorithm = safetensors_algorithm(path).rpartition(":")[2]
-        return {"GRPO": "grpo", "DrGRPO": "dr-grpo", "PPO": "ppo"}.get(algorithm, algorithm)
+        names = {"GRPO": "grpo", "DrGRPO": "dr-grpo", "PPO": "ppo", "DAPO": "dapo", "GSPO": "gspo", "CISPO": "cispo"}
+        return names.get(algorithm, algorithm)
     try:
         with zipfile.ZipFile(path) as archive:
             data = json.loads(archive.read("data"))
@@ -54,8 +63,15 @@ def checkpoint_algo(path: str | os.PathLike) -> str:
         raise ValueError(
             f"{os.fspath(path)!r} is not an SB3 checkpoint (a .zip or .safetensors saved by model.save): {err}"
         ) from None
+    if "overlong_penalty_factor" in data:
+        return "dapo"
     if "max_completion_tokens" in data:
         return "dr-grpo"
+    if "clip_range_low" in data:
+        raise ValueError(
+            f"{os.fspath(path)!r} is a GSPO or a CISPO checkpoint (they save the same attributes); say which with "
+            "--algo gspo or --algo cispo"
+        )
     if "grad_var_coef" in data:
         return "grpo"
     return "ppo"

@@ -73,13 +73,12 @@ def test_the_episode_ends_at_the_end_of_turn_token(chat_tokenizer):
     im_end = chat_tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert end_of_turn_id(chat_tokenizer, CHATML) == im_end != chat_tokenizer.eos_token_id
     seen = []
-    env = gym.make(
-        "TextGen-v0",
-        prompts=["Hi"],
-        tokenizer=chat_tokenizer,
-        chat_template=True,
-        reward=lambda prompts, completions: seen.append((prompts[0], completions[0])) or [1.0],
-    )
+
+    def reward(prompts, completions: list[str]):  # annotated: text, not TRL's conversational completions
+        seen.append((prompts[0], completions[0]))
+        return [1.0]
+
+    env = gym.make("TextGen-v0", prompts=["Hi"], tokenizer=chat_tokenizer, chat_template=True, reward=reward)
     assert env.unwrapped.text_spec.eos_token_id == im_end
     env.reset(seed=0)
     ids = chat_tokenizer(" Hello", add_special_tokens=False)["input_ids"]

@@ -17,6 +17,7 @@ as the template writes a user message after the assistant's turn, followed by th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 #: A message text that no template writes, to find what the template puts after an assistant message.
@@ -97,8 +98,11 @@ def render(
     template: str,
     prompt: Any,
     where: str = "prompt",
+    *,
     system_prompt: str | None = None,
     open_end: bool = False,
+    prepare: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """The text of ``prompt`` rendered with ``template`` (generation prompt or continuation as in TRL).
 
@@ -109,8 +113,12 @@ def render(
     :param system_prompt: A system message put first (``None``: none; the template may write its own default).
     :param open_end: Leave the last message open (no end of turn, no generation prompt), for an interactive episode
         whose environment speaks first: its opening completes the message (:func:`chat_opening`).
+    :param prepare: Turns the messages into those rendered (a tool env's interaction describes its tools there).
+    :param template_kwargs: Extra arguments of ``apply_chat_template`` (``tools=...``).
     """
     messages = with_system(as_messages(prompt, where), system_prompt)
+    if prepare is not None:
+        messages = prepare(messages)
     last_is_assistant = open_end or messages[-1]["role"] == "assistant"
     try:
         text = tokenizer.apply_chat_template(
@@ -119,6 +127,7 @@ def render(
             tokenize=False,
             add_generation_prompt=not last_is_assistant,
             continue_final_message=last_is_assistant,
+            **dict(template_kwargs or {}),
         )
     except Exception as err:  # noqa: BLE001  (jinja errors of all kinds: name the prompt and the cause)
         raise ValueError(f"the chat template failed to render {where} ({messages!r}): {err}") from err
@@ -127,19 +136,16 @@ def render(
     return text
 
 
-def render_items(
-    tokenizer: Any, template: str, items: list[Any], system_prompt: str | None = None, open_end: bool = False
-) -> list[Any]:
-    """Prompt items (``str`` or ``{"prompt": ..., **metadata}``) with every prompt rendered to its text (see
-    :func:`render` for ``system_prompt`` and ``open_end``); a template that loses the user's message warns
-    (:func:`check_rendered_prompts`)."""
+def render_items(tokenizer: Any, template: str, items: list[Any], **options: Any) -> list[Any]:
+    """Prompt items (``str`` or ``{"prompt": ..., **metadata}``) with every prompt rendered to its text (``options``
+    are :func:`render`'s: ``system_prompt``, ``open_end``, ``prepare``, ``template_kwargs``); a template that loses the
+    user's message warns (:func:`check_rendered_prompts`)."""
     out = []
     for i, item in enumerate(items):
         if isinstance(item, dict) and "prompt" in item:
-            text = render(tokenizer, template, item["prompt"], f"prompt #{i}", system_prompt, open_end)
-            out.append({**item, "prompt": text})
+            out.append({**item, "prompt": render(tokenizer, template, item["prompt"], f"prompt #{i}", **options)})
         else:
-            out.append(render(tokenizer, template, item, f"prompt #{i}", system_prompt, open_end))
+            out.append(render(tokenizer, template, item, f"prompt #{i}", **options))
     raw = [item["prompt"] if isinstance(item, dict) and "prompt" in item else item for item in items]
     check_rendered_prompts(raw, [item["prompt"] if isinstance(item, dict) else item for item in out])
     return out
@@ -188,36 +194,52 @@ def end_of_turn_id(tokenizer: Any, template: str) -> int | None:
     return int(ids[0]) if special else None
 
 
-def chat_reply(tokenizer: Any, template: str, text: str, turn_ended: bool) -> str:
-    """The text that follows an assistant turn when the environment answers ``text``: the template's end of the
-    assistant turn (left out when the agent already wrote it, ``turn_ended``), ``text`` as a user message, and the
-    generation prompt of the next assistant turn.
+def render_reply(
+    tokenizer: Any,
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    end_of_turn: str,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """The text an environment appends after an agent's turn in a chat model's format: the template's rendering of
+    ``messages`` (``tool`` results, or a ``user`` reply of any interactive task) and of the next assistant turn's
+    header, after the end-of-turn token the agent wrote, so the marker is never doubled.
 
-    With ChatML, ``chat_reply(tok, t, "Higher.", True)`` is
-    ``"\\n<|im_start|>user\\nHigher.<|im_end|>\\n<|im_start|>assistant\\n"``.
+    For example, with ChatML and ``[{"role": "user", "content": "Higher."}]`` the reply is
+    ``"\\n<|im_start|>user\\nHigher.<|im_end|>\\n<|im_start|>assistant\\n"``: the agent's ``<|im_end|>`` is already in
+    the window.
 
-    :raises ValueError: for a template that cannot render a user message after an assistant one.
+    :param tokenizer: The env's tokenizer.
+    :param template: The chat template.
+    :param messages: The messages answering the turn.
+    :param end_of_turn: The text of the end-of-turn token the agent wrote, left out of the reply (``""``: the agent's
+        turn was cut before it, so the reply writes it).
+    :param template_kwargs: The template's extra arguments (``tools``).
+    :raises ValueError: when the template cannot render the messages after an assistant turn.
     """
-    messages = [
-        {"role": "user", "content": "hi"},
+    conversation = [
+        {"role": "user", "content": "?"},
         {"role": "assistant", "content": _SENTINEL},
-        {"role": "user", "content": text},
+        *[dict(m) for m in messages],
     ]
     try:
-        rendered = tokenizer.apply_chat_template(
-            messages, chat_template=template, tokenize=False, add_generation_prompt=True
+        text = tokenizer.apply_chat_template(
+            conversation, chat_template=template, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
         )
     except Exception as err:  # noqa: BLE001  (jinja errors of all kinds)
-        raise ValueError(f"the chat template cannot render the environment's reply as a user message: {err}") from err
-    if not isinstance(rendered, str) or _SENTINEL not in rendered:
+        raise ValueError(f"the chat template cannot render {messages!r} after an assistant turn: {err}") from err
+    if not isinstance(text, str) or _SENTINEL not in text:
         raise ValueError("the chat template does not render assistant messages; interactive chat episodes need it to")
-    after = rendered.split(_SENTINEL, 1)[1]
-    eot = end_of_turn_id(tokenizer, template)
-    if turn_ended and eot is not None:
-        marker = tokenizer.decode([eot])
-        if after.startswith(marker):
-            after = after[len(marker) :]
-    return after
+    after = text.split(_SENTINEL, 1)[1]
+    return after[len(end_of_turn) :] if end_of_turn and after.startswith(end_of_turn) else after
+
+
+def chat_reply(tokenizer: Any, template: str, text: str, turn_ended: bool) -> str:
+    """An interactive task's reply ``text`` as a user message after the assistant's turn (:func:`render_reply`): the
+    end-of-turn marker is left out when the agent wrote it (``turn_ended``)."""
+    eot = end_of_turn_id(tokenizer, template) if turn_ended else None
+    marker = tokenizer.decode([eot]) if eot is not None else ""
+    return render_reply(tokenizer, template, [{"role": "user", "content": text}], marker)
 
 
 def chat_opening(tokenizer: Any, template: str, text: str | None) -> str:

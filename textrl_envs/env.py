@@ -12,7 +12,7 @@ from gymnasium import spaces
 
 from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwargs, encode_prompt
 from textrl_envs.groups import draw_weighted, prompt_draw_cdf
-from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, episode_infos, start_episode
+from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, episode_infos, episode_messages, start_episode
 from textrl_envs.rendering import transcript_frame
 from textrl_envs.turns import (
     ReplyEncoder,
@@ -43,6 +43,7 @@ SPEC_KWARGS = (
     "chat_template",
     "system_prompt",
     "instruct",
+    "tools",
 )
 
 
@@ -151,11 +152,12 @@ class TextGenEnv(TextSpecAccess, gym.Env):
     ``gym.make(id, prompts=..., reward=..., tokenizer=..., max_new_tokens=..., max_prompt_tokens=...,
     prompt_truncation="left", reward_kwargs=None, nonfinite_reward="raise", reward_timeout=600.0,
     interaction=None, max_turns=None, turn_end=None, max_turn_tokens=None, chat_template=None, system_prompt=None,
-    instruct=None)``; see :func:`textrl_envs.core.build_spec`. ``prompts`` may also be a ``.jsonl``, ``.json``,
-    ``.csv`` or ``.txt`` path or a ``datasets.Dataset`` (:mod:`textrl_envs.data`); ``chat_template=True`` renders
-    prompts with the tokenizer's chat template (:mod:`textrl_envs.chat`), under ``system_prompt`` when given;
+    instruct=None, tools=None)``; see :func:`textrl_envs.core.build_spec`. ``prompts`` may also be a ``.jsonl``,
+    ``.json``, ``.csv`` or ``.txt`` path or a ``datasets.Dataset`` (:mod:`textrl_envs.data`); ``chat_template=True``
+    renders prompts with the tokenizer's chat template (:mod:`textrl_envs.chat`), under ``system_prompt`` when given;
     ``instruct=True`` asks a task with a checkable answer the way an instruct model is asked
-    (:mod:`textrl_envs.instruct`). :meth:`set_max_new_tokens` lowers the episode budget
+    (:mod:`textrl_envs.instruct`); ``tools=[...]`` lets the model call Python functions (:mod:`textrl_envs.tools`).
+    :meth:`set_max_new_tokens` lowers the episode budget
     (a curriculum).
 
     ## Vectorized environment
@@ -279,7 +281,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             ids = self._generated[:-1] if terminated else self._generated
             completion = spec.decode(ids)
             rewards, nonfinite, parts = spec.score_detailed(
-                [self._prompt_index], [completion], prompt_texts=[self._prompt_text]
+                [self._prompt_index], [completion], prompt_texts=[self._prompt_text], completion_ids=[ids]
             )
             reward = float(rewards[0])
             info = {
@@ -340,7 +342,10 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         completion = spec.decode(self._generated)
         nonfinite, parts = self._nonfinite, None
         if spec.reward is not None:
-            end, bad, parts = spec.score_detailed([self._prompt_index], [completion], prompt_texts=[self._prompt_text])
+            end, bad, parts = spec.score_detailed(
+                [self._prompt_index], [completion], prompt_texts=[self._prompt_text], completion_ids=[self._generated],
+                completion_messages=episode_messages(spec.interaction, [self._task_state]),
+            )  # fmt: skip
             reward, nonfinite = reward + float(end[0]), nonfinite or bool(bad[0])
         info = {
             "prompt": self._prompt_text,

@@ -198,15 +198,22 @@ class RewardDeferral:
         prompt_index: list[int],
         completions: list[str],
         texts: list[str],
+        completion_ids: list[tuple[int, ...]] | None = None,
+        completion_messages: list[Any] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, int | None, list[dict[str, float]] | None]:
         """Rewards, non-finite flags and reward components of the episodes ``done`` ended, now; or zeros, a ticket and
-        ``None`` when deferred."""
+        ``None`` when deferred (the reward then sees the ``trainer_state`` of this step)."""
         spec = self.text_spec
         if not self._deferred:
-            rewards, nonfinite, parts = spec.score_detailed(prompt_index, completions, prompt_texts=texts)
+            rewards, nonfinite, parts = spec.score_detailed(
+                prompt_index, completions, prompt_texts=texts, completion_ids=completion_ids,
+                completion_messages=completion_messages,
+            )  # fmt: skip
             return rewards, nonfinite, None, parts
         ticket = self._worker.submit(done, episode_ids[done], spec.score_detailed, prompt_index, completions,
-                                     prompt_texts=texts)  # fmt: skip
+                                     prompt_texts=texts, completion_ids=completion_ids,
+                                     trainer_state=spec.trainer_state,
+                                     completion_messages=completion_messages)  # fmt: skip
         return np.zeros(len(done)), np.zeros(len(done), dtype=bool), ticket, None
 
     def close_extras(self, **kwargs: Any) -> None:  # noqa: ARG002  (gymnasium's signature)

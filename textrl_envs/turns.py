@@ -122,8 +122,8 @@ def written_reply(spec: EpisodeSpec, reply: str, last_token: int) -> str:
     """A reply as the observation holds it: as it is, or with a chat template, stripped, as a user message after the
     assistant's turn and before the next one's generation prompt (:func:`~textrl_envs.chat.chat_reply`; the turn's
     end-of-turn marker is written too unless the agent's ``last_token`` was it)."""
-    if spec.chat_template is None:
-        return reply
+    if spec.chat_template is None or getattr(spec.interaction, "writes_chat", False):
+        return reply  # no template, or an interaction that renders its replies itself (tool results)
     return chat_reply(spec.tokenizer, spec.chat_template, reply.strip(), last_token in spec.turn_end_ids)
 
 

@@ -547,7 +547,8 @@ def check_grouped_env(env: VecEnv, advantage: str, n_steps: int | None = None) -
     if group_size is None or group_size <= 1:
         raise ValueError(
             f"advantage={advantage!r} needs an env with group_size > 1, {GROUPED_ENV_HINT}; "
-            f"this env reports group_size={group_size}. Use advantage='gae' for ungrouped envs."
+            f"this env reports group_size={group_size}. An ungrouped env needs an advantage with a critic: "
+            "GRPO(advantage='gae') or SB3's PPO (DAPO, DrGRPO, GSPO and CISPO train no critic and need groups)"
         )
     if advantage == "self_critical" and env.num_envs % group_size != 0:
         raise ValueError(

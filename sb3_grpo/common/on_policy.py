@@ -74,6 +74,7 @@ from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_acti
 from sb3_grpo.common.safe_loading import checkpoint_source
 from sb3_grpo.common.safetensors_format import is_safetensors_path, save_safetensors
 from sb3_grpo.common.schedule_values import plain_number, scheduled_value
+from sb3_grpo.common.trainer_state import push_trainer_state
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
 from sb3_grpo.common.vllm_engine import VLLMEngine, check_vllm_model, vllm_options
@@ -574,6 +575,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             turn_engine=turn_engine,
         )
 
+        push_trainer_state(self, env)  # the rewards' trainer_state= (TRL's), as of this rollout
         callback.on_rollout_start()
 
         while n_steps < n_rollout_steps:
@@ -831,7 +833,6 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         """Log one update: PPO's keys (same names), the subclass's own (:meth:`_record_own`), and warn (once per
         model) when the gradient norm before clipping passed ``grad_norm_warn``."""
         logger, buffer = self.logger, self.rollout_buffer
-        explained_var = explained_variance(buffer.values.flatten(), buffer.returns.flatten())
         stats.record(logger, kl=self.batch_source.reference is not None)
         if self.nonfinite == "skip":
             logger.record("train/skipped_nonfinite", self._skipped_nonfinite)
@@ -840,7 +841,10 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             logger.record("train/skipped_overflow", self._skipped_overflow)
             logger.record("train/loss_scale", self._grad_scaler.get_scale())
             self._skipped_overflow = 0
-        logger.record("train/explained_variance", explained_var)
+        if self.advantage == "gae":  # the critic-free forms train no value head: its fit would mean nothing
+            logger.record(
+                "train/explained_variance", explained_variance(buffer.values.flatten(), buffer.returns.flatten())
+            )
         router_aux = self.__dict__.pop("_router_aux_values", None)
         if router_aux:
             logger.record("train/router_aux_loss", float(np.mean(router_aux)))

@@ -95,8 +95,11 @@ class GRPO(GroupOnPolicyAlgorithm):
     :param policy: The policy model to use (MlpPolicy, CnnPolicy, MultiInputPolicy, CausalLMPolicy, ...)
     :param env: The environment to learn from (if registered in Gym, can be str)
     :param learning_rate: The learning rate, it can be a function of the current progress remaining (1 to 0)
-    :param n_steps: The number of steps to run for each environment per update
-    :param batch_size: Minibatch size
+    :param n_steps: The number of steps to run for each environment per update (on a text env a step is one token:
+        a rollout holds ``n_steps * n_envs`` tokens, and ``learn(total_timesteps)`` counts tokens too, in whole
+        rollouts)
+    :param batch_size: Minibatch size, in transitions: tokens on a text env (on the text fast path, whole sequences of
+        about that many tokens); TRL's ``per_device_train_batch_size`` counts completions instead
     :param n_epochs: Number of epochs when optimizing the surrogate loss
     :param gamma: Discount factor
     :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator
@@ -148,7 +151,8 @@ class GRPO(GroupOnPolicyAlgorithm):
         fast path, unless vLLM's importance cap is set (:func:`~sb3_grpo.common.arguments.resolve_carry_over`;
         ``carry_over_on`` says what it resolved to). ``False``: every update uses only its own rollout, as PPO's do.
     :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
-        (whole sequences on the text fast path), accumulating their gradients into one optimizer step per minibatch:
+        (on the text fast path: this many whole sequences, i.e. completions; a size, where TRL's
+        ``gradient_accumulation_steps`` is a count), accumulating their gradients into one optimizer step per minibatch:
         the update equals the unsplit one to float rounding (advantages normalised over the whole minibatch, every
         mean-over-transitions term weighted by the micro-batch's share), and the log shows the whole minibatch's
         figures. ``None`` (default): one forward and backward per minibatch. Not with the gradient-variance penalty

@@ -48,7 +48,7 @@ from sb3_grpo.policies.models import (
     model_spec,
 )
 from sb3_grpo.policies.moe import moe_spec
-from sb3_grpo.policies.quantization import keep_training_layout, quantization_spec
+from sb3_grpo.policies.quantization import keep_training_layout, quantization_spec, quiet_8bit_casts
 from sb3_grpo.policies.sampling import process_logits, sample_categorical
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
 from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
@@ -647,14 +647,14 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         step = self.__dict__.get("_lean_decode")
         if step is None or self._threads_pending or th.is_grad_enabled() or ids.shape[1] != 1:
             return self._trunk(ids, mask, position_ids, cache)
-        with self._autocast_context():
+        with self._autocast_context(), quiet_8bit_casts(self._quiet_casts):
             return step(ids, mask, position_ids, cache)
 
     def _one_trunk(self, ids: th.Tensor, mask: th.Tensor, position_ids: th.Tensor, cache: Any) -> th.Tensor:
         """One forward of the LM body with its active adapter: final hidden states ``[B, L, d]``."""
         router = self._collecting_router_losses()
         extra = {"output_router_logits": True} if router else {}
-        with self._autocast_context():
+        with self._autocast_context(), quiet_8bit_casts(self._quiet_casts):
             out = self.lm.base_model(
                 input_ids=ids,
                 attention_mask=mask,
@@ -666,6 +666,12 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         if router:
             self._record_router_loss(out.router_logits, mask)
         return out.last_hidden_state
+
+    @property
+    def _quiet_casts(self) -> bool:
+        """Whether the base is 8-bit, whose matmul notes a float32-to-float16 cast on every call (silenced in our
+        forwards, :func:`~sb3_grpo.policies.quantization.quiet_8bit_casts`)."""
+        return bool(self.quantization) and bool(self.quantization.get("load_in_8bit"))
 
     def _autocast_context(self) -> Any:
         """``torch.autocast`` to ``autocast_dtype`` on the policy's device (a no-op context without it)."""

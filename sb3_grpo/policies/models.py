@@ -377,8 +377,13 @@ LORA_INSTALL_HINT = 'pip install "textrl[lora]"  (or: pip install peft)'
 
 
 def import_peft() -> Any:
+    """peft, imported quietly: its import of bitsandbytes, where installed, reports optional CPU kernels missing
+    from the cache even without quantization (:func:`~sb3_grpo.policies.quantization.quiet_bnb_import`)."""
+    from sb3_grpo.policies.quantization import quiet_bnb_import
+
     try:
-        import peft
+        with quiet_bnb_import():
+            import peft
     except ImportError as err:
         raise ImportError(
             f"CausalLMPolicy(lora=...) needs the optional dependency peft, which is not installed ({err}); "

@@ -4,8 +4,8 @@ An instruct model explains before it answers ("17 + 25 = 42. Answer: 42"). :func
 the way graders of math benchmarks do, in order of precedence:
 
 1. the content of the last ``\\boxed{...}`` (braces balanced), the DeepSeekMath / MATH convention;
-2. the rest of the line after the last ``Answer:`` (any case; ``answer is`` too), without a closing period, after
-   its last ``=`` if it has one
+2. the rest of the line after the last ``Answer:`` (any case; ``answer is`` too), without a closing period (of a
+   whole equation such as ``58 + 26 = 84``, what follows the last ``=``)
    (a number check reads the first number there: ``Answer: 42 apples`` is 42);
 3. the last number in the text.
 
@@ -34,6 +34,7 @@ __all__ = [
     "FinalAnswerReward",
     "answers_match",
     "final_answer",
+    "final_answer_text",
     "in_answer_style",
     "parse_number",
 ]
@@ -47,6 +48,22 @@ MATH_INSTALL_HINT = 'pip install "textrl[math]"  (or: pip install math-verify)'
 _ANSWER = re.compile(r"\banswer(?:\s+is\s*:?|\s*[:=])[ \t]*", re.IGNORECASE)
 _ANSWER_LINE = re.compile(r"^[ \t*]*answer[ \t*]*:[ \t*]*\S", re.IGNORECASE | re.MULTILINE)
 _NUMBER = re.compile(r"[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?")
+
+
+def final_answer_text(completion: Any) -> str:
+    """The text a completion answers with: for TRL's conversational form (a list of messages, the transcript of a tool
+    episode), the content of its last assistant message that calls no tool (``""`` when there is none); for a str, the
+    str itself."""
+    if isinstance(completion, str):
+        return completion
+    for message in reversed(list(completion)):
+        if message.get("role") == "assistant" and not message.get("tool_calls"):
+            return str(message.get("content", ""))
+    return ""
+
+
+#: An answer line that is a whole equation, ``58 + 26 = 84``: what it states is after the last ``=``.
+_EQUATION = re.compile(r"[-+*/×÷()\d\s.,]+=\s*([^=]+)")
 
 
 def _boxed(text: str) -> str | None:
@@ -78,7 +95,8 @@ def final_answer(text: str) -> str | None:
     found = list(_ANSWER.finditer(text))
     for match in reversed(found):
         line = text[match.end() :].split("\n", 1)[0].strip().rstrip(".").strip()
-        line = line.rsplit("=", 1)[-1].strip()  # "Answer: 58 + 26 = 84" states 84
+        equation = _EQUATION.fullmatch(line)  # "Answer: 58 + 26 = 84" states 84
+        line = equation.group(1).strip() if equation else line
         if line:
             return line
     numbers = _NUMBER.findall(text)
@@ -149,7 +167,10 @@ def answers_match(given: str | None, reference: Any, check: str = "number") -> b
 class FinalAnswerReward(RewardModel):
     """The final answer in free text, checked against the reference, plus an optional format bonus.
 
-    With ``a = final_answer(completion)`` (:func:`final_answer`), ``ans`` the reference answer:
+    The reward of the tasks' instruct mode and of tool episodes. With chat prompts it gets the episode's transcript
+    (``conversational = True``) and reads its last assistant message that calls no tool (:func:`final_answer_text`:
+    a tool episode that never answered scores 0). With ``a = final_answer(that text)`` (:func:`final_answer`),
+    ``ans`` the reference answer:
     ``r = [answers_match(a, ans, check)] + format_weight * [the completion states its answer in `style`]``.
     Range ``[0, 1 + format_weight]``; ``format_weight=0`` (default) is the plain 0/1 verifier.
 
@@ -163,6 +184,7 @@ class FinalAnswerReward(RewardModel):
     """
 
     required_kwargs = ("answer",)
+    conversational = True
 
     def __init__(
         self, check: str = "number", style: str = "answer-line", format_weight: float = 0.0, name: str | None = None
@@ -185,7 +207,8 @@ class FinalAnswerReward(RewardModel):
                     f"reward {self.name!r} has no 'answer' for example #{i} (prompt {prompts[i]!r}); give prompts as "
                     "dicts {'prompt': ..., 'answer': ...}"
                 )
-            correct = float(answers_match(final_answer(completion), answer[i], self.check))
-            styled = float(in_answer_style(completion, self.style)) if self.format_weight else 0.0
+            text = final_answer_text(completion)
+            correct = float(answers_match(final_answer(text), answer[i], self.check))
+            styled = float(in_answer_style(text, self.style)) if self.format_weight else 0.0
             out.append(correct + self.format_weight * styled)
         return out

@@ -227,6 +227,29 @@ def tool_arithmetic_question(prompt: str) -> str:
     )
 
 
+def tool_use_prompts(n: int = 300, seed: int = 0) -> list[dict[str, str]]:
+    """Two-step problems for the tools ``multiply`` and ``add``, ``{"prompt": "Compute 37*12+45.", "answer": "489"}``:
+    ``a`` in 13-99, ``b`` in 3-19, ``c`` in 2-99, a fixed seeded list (duplicates dropped)."""
+    import random
+
+    rng = random.Random(seed)
+    seen: dict[str, str] = {}
+    for _ in range(n):
+        a, b, c = rng.randint(13, 99), rng.randint(3, 19), rng.randint(2, 99)
+        seen.setdefault(f"Compute {a}*{b}+{c}.", str(a * b + c))
+    return [{"prompt": p, "answer": a} for p, a in seen.items()]
+
+
+def code_prompts(n: int = 400, seed: int = 0) -> list[dict[str, str]]:
+    """``CodeGen-v0``'s problems: procedural easy functions to complete, each ``{"prompt": code, "code_prefix": code,
+    "test": "def check(candidate): ...", "entry_point": "add_7"}`` with ``code`` a signature and a docstring
+    (:func:`textrl_envs.tasks.code_problems.easy_code_problems`; HumanEval's are
+    :func:`~textrl_envs.tasks.code_problems.humaneval_problems`)."""
+    from textrl_envs.tasks.code_problems import easy_code_problems
+
+    return easy_code_problems(n, seed)
+
+
 # -- interactions (imported lazily: their module must not import the env) -----------------------------------
 
 
@@ -257,6 +280,14 @@ def calculator_chat_interaction():
     from textrl_envs.tasks.interactions import Calculator
 
     return Calculator(chat=True)
+
+
+def tool_use_interaction():
+    """``ToolUse-v0``'s :class:`~textrl_envs.tools.ToolCalling` with the tools ``add`` and ``multiply``."""
+    from textrl_envs.tools.builtin import add, multiply
+    from textrl_envs.tools.interaction import ToolCalling
+
+    return ToolCalling([add, multiply])
 
 
 def game_prompts(game: str) -> list[str]:
@@ -490,6 +521,31 @@ KUHN_POKER = Task(
     instruct=game_instruct("kuhn", max_turns=2, max_new_tokens=128),
 )
 
+TOOL_USE = Task(
+    env_id="ToolUse-v0",
+    entry_point="textrl_envs.tasks.tool_use:ToolUseEnv",
+    summary="interactive tool calling: Python tools by JSON schema through the chat template, calls in the model "
+    "family's format (Hermes / Qwen, SmolLM2); reward: the transcript's final answer is right",
+    prompts=tool_use_prompts,
+    reward="final-answer",
+    max_new_tokens=80,
+    max_prompt_tokens=48,
+    interaction=tool_use_interaction,
+    max_turns=4,
+    max_turn_tokens=64,
+)
+
+CODE_GEN = Task(
+    env_id="CodeGen-v0",
+    entry_point="textrl_envs.tasks.code_gen:CodeGenEnv",
+    summary="code generation: complete a Python function (procedural easy ones; HumanEval's 164 with the code extra); "
+    "reward: the fraction of its unit tests passed, run in a sandbox",
+    prompts=code_prompts,
+    reward="unit-tests",
+    max_new_tokens=64,
+    max_prompt_tokens=64,
+)
+
 # -- external suites (optional extras; their modules in textrl_envs/suites/ import the library when made) ------
 
 REASONING_GYM = Task(
@@ -531,6 +587,8 @@ TASKS: tuple[Task, ...] = (
     TICTACTOE,
     NIM,
     KUHN_POKER,
+    TOOL_USE,
+    CODE_GEN,
     REASONING_GYM,
     TEXTARENA,
 )
