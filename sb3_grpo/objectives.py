@@ -393,7 +393,7 @@ def gradient_variance(
     GRPO minimizes ``pg_loss + beta * Var``, i.e. maximizes ``L_CLIP - beta * Var``.
 
     Which pass is cheaper depends on the graphs. When each ``L_k`` comes from its own forward (GRPO evaluates
-    the slices separately, :meth:`~sb3_grpo.common.batch_sources.SequenceBatches.evaluate_slices`), ``K``
+    the slices separately, :meth:`~sb3_grpo.common.update.batch_sources.SequenceBatches.evaluate_slices`), ``K``
     passes (``batched=False``) each walk only their slice's graph: together about one backward of the
     minibatch. When the ``L_k`` share one forward, every pass walks the whole graph, and ``batched=True`` does
     the ``K`` passes as one vectorized backward instead.

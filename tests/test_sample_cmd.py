@@ -14,7 +14,7 @@ from stable_baselines3.common.logger import configure
 
 from sb3_grpo import GRPO
 from sb3_grpo.cli import main
-from sb3_grpo.sampling import checkpoint_algo
+from sb3_grpo.playback import checkpoint_algo
 from textrl_envs.sb3 import make_vec_env
 
 

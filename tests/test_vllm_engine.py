@@ -25,7 +25,7 @@ from stable_baselines3.common.evaluation import evaluate_policy  # noqa: E402
 from stable_baselines3.common.logger import configure  # noqa: E402
 
 from sb3_grpo import GRPO  # noqa: E402
-from sb3_grpo.common.vllm_engine import VLLMOptions, VLLMTurnQueues, score_turns  # noqa: E402
+from sb3_grpo.engines.vllm_engine import VLLMOptions, VLLMTurnQueues, score_turns  # noqa: E402
 from textrl_envs.sb3 import make_vec_env  # noqa: E402
 
 #: vLLM's float32 kernels against the training model's: the sampled tokens' log-probs agree to this (measured:

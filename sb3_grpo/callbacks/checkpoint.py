@@ -11,8 +11,8 @@ from pathlib import Path
 from stable_baselines3.common.callbacks import CheckpointCallback
 
 from sb3_grpo.callbacks._common import TrainingAlertWarning, check_positive_int
-from sb3_grpo.common.checkpoints import _checkpoint_steps, nonfinite_parameters, resume_in_place
-from sb3_grpo.common.io import TMP_SUFFIX, atomic_write
+from sb3_grpo.common.checkpoints.files import _checkpoint_steps, nonfinite_parameters, resume_in_place
+from sb3_grpo.file_io import TMP_SUFFIX, atomic_write
 
 __all__ = ["AtomicCheckpointCallback", "ElasticCheckpointCallback"]
 
@@ -150,9 +150,9 @@ class ElasticCheckpointCallback(AtomicCheckpointCallback):
     every rank; ``model.learn(total_timesteps, callback=ElasticCheckpointCallback(...))`` then loads the newest
     complete checkpoint into the new model before training (weights, optimizer state, ``num_timesteps``, the update
     count, the schedules' position, the exploration RNG, the adaptive ``kl_coef``:
-    :func:`~sb3_grpo.common.checkpoints.resume_in_place`), and ``learn`` trains on to the same ``total_timesteps``.
-    On a first start there is no checkpoint and nothing changes. It works the same without torchrun (run the script
-    again after a crash).
+    :func:`~sb3_grpo.common.checkpoints.files.resume_in_place`), and ``learn`` trains on to the same
+    ``total_timesteps``. On a first start there is no checkpoint and nothing changes. It works the same without torchrun
+    (run the script again after a crash).
 
     The checkpoints are written at the start of a rollout, after the previous update, so a resumed run has the
     step count and the number of updates of a run that never died and loses at most ``save_freq`` updates of work.

@@ -21,10 +21,10 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import GymEnv, Schedule
 
-from sb3_grpo.common.arguments import CRITIC_FREE_ADVANTAGES, check_grpo_args
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+from sb3_grpo.common.options.checks import CRITIC_FREE_ADVANTAGES, check_grpo_args
 from sb3_grpo.common.type_aliases import Minibatch
-from sb3_grpo.common.update_stats import LossTerms, TrainStats
+from sb3_grpo.common.update.train_stats import LossTerms, TrainStats
 from sb3_grpo.objectives import cispo_objective
 from textrl_envs.validation import check_float
 
@@ -56,10 +56,11 @@ class CISPO(GroupOnPolicyAlgorithm):
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: train the steps of an episode whose group has not finished when the rollout ends in the first
-        update after it has (:mod:`sb3_grpo.common.carry_over`; the text fast path); ``"auto"`` (the default): on
-        where it applies, as :class:`~sb3_grpo.GRPO`'s
-    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.common.engines`): ``"step"`` (default, SB3's
-        loop), ``"hf"`` (the policy's built-in decoder) or ``"vllm"`` (the vLLM extra); see :class:`~sb3_grpo.GRPO`
+        update after it has (:mod:`sb3_grpo.common.advantages.carry_over`; the text fast path); ``"auto"`` (the
+        default): on where it applies, as :class:`~sb3_grpo.GRPO`'s
+    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.engines.turn_queues`): ``"step"`` (default,
+        SB3's loop), ``"hf"`` (the policy's built-in decoder) or ``"vllm"`` (the vLLM extra); see
+        :class:`~sb3_grpo.GRPO`
     """
 
     # Over 80 lines: PPO's signature plus CISPO's own arguments, kept in SB3's form

@@ -5,12 +5,13 @@ The on-policy skeleton that every algorithm of the package shares: SB3's PPO loo
 with PPO's arguments and ``collect_rollouts`` step for step, plus what any algorithm here reuses:
 
 - group advantages (``advantage="group" | "group_mean" | "rloo" | "self_critical" | "group_turn"``) and
-  role-conditioned ones (``"role"``), :mod:`sb3_grpo.common.groups`,
-  ``carry_over`` (:mod:`sb3_grpo.common.carry_over`) and rewards scored in the background
-  (:mod:`sb3_grpo.common.deferred_rewards`), all through the rollout's state (:mod:`sb3_grpo.common.rollout`);
-- the two update paths (:mod:`sb3_grpo.common.batch_sources`), whose minibatches know their sequences, and
+  role-conditioned ones (``"role"``), :mod:`sb3_grpo.common.advantages.group_trackers`,
+  ``carry_over`` (:mod:`sb3_grpo.common.advantages.carry_over`) and rewards scored in the background
+  (:mod:`sb3_grpo.common.rollout.deferred_rewards`), all through the rollout's state
+  (:mod:`sb3_grpo.common.rollout.extras`);
+- the two update paths (:mod:`sb3_grpo.common.update.batch_sources`), whose minibatches know their sequences, and
   micro-batches (``micro_batch_size``: gradient accumulation, one optimizer step per minibatch);
-- non-finite handling (``nonfinite``, :mod:`sb3_grpo.common.nonfinite`) and the gradient-norm log and warning;
+- non-finite handling (``nonfinite``, :mod:`sb3_grpo.common.rollout.nonfinite`) and the gradient-norm log and warning;
 - fp16 loss scaling (``torch.amp.GradScaler``) for a policy with ``autocast_dtype="float16"``: a step whose
   gradient overflowed is skipped and counted (``train/skipped_overflow``), the scale halved;
 - the data-parallel seam (:mod:`sb3_grpo.common.data_parallel`): rank 0 logs and saves.
@@ -53,27 +54,27 @@ from stable_baselines3.common.utils import FloatSchedule, explained_variance, ob
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo import distributed
-from sb3_grpo.common.arguments import (
+from sb3_grpo.common.advantages.carry_over import CarryOver
+from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker, check_grouped_env, make_group_tracker
+from sb3_grpo.common.checkpoints.files import existing_checkpoint
+from sb3_grpo.common.data_parallel import DATA_PARALLEL, make_data_parallel
+from sb3_grpo.common.options.checks import (
     check_argument_values,
     check_carry_over,
     check_learn_args,
     check_ppo_batching,
     resolve_carry_over,
 )
-from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_class_for
-from sb3_grpo.common.carry_over import CarryOver
-from sb3_grpo.common.checkpoints import existing_checkpoint
-from sb3_grpo.common.data_parallel import DATA_PARALLEL, make_data_parallel
-from sb3_grpo.common.engines import check_engine, check_engine_policy
-from sb3_grpo.common.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
-from sb3_grpo.common.host_memory import release_free_heap
-from sb3_grpo.common.io import atomic_write, is_atomic_temp
-from sb3_grpo.common.nonfinite import raise_non_finite
-from sb3_grpo.common.redistribution import RewardRedistribution, check_redistribution_env
-from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
+from sb3_grpo.common.rollout.extras import RolloutExtras, bootstrap_truncated, env_actions
+from sb3_grpo.common.rollout.nonfinite import raise_non_finite
+from sb3_grpo.common.rollout.redistribution import RewardRedistribution, check_redistribution_env
 from sb3_grpo.common.type_aliases import Minibatch
-from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
-from sb3_grpo.common.vllm_engine import VLLMEngine, check_vllm_model, vllm_options
+from sb3_grpo.common.update.batch_sources import make_batch_source, rollout_buffer_class_for
+from sb3_grpo.common.update.host_memory import release_free_heap
+from sb3_grpo.common.update.train_stats import LossTerms, MicroBatchStats, TrainStats
+from sb3_grpo.engines.turn_queues import check_engine, check_engine_policy
+from sb3_grpo.engines.vllm_engine import VLLMEngine, check_vllm_model, vllm_options
+from sb3_grpo.file_io import atomic_write, is_atomic_temp
 from sb3_grpo.objectives import pearson_corr
 from sb3_grpo.policies.models import BASE_WEIGHTS, base_missing_message, portable_policy_kwargs
 from textrl_envs.validation import check_choice, check_int
@@ -96,22 +97,22 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     :param advantage: ``"gae"`` (PPO's), or a group form: ``"group"`` (DeepSeekMath), ``"group_mean"`` (the group
         mean as baseline, no std division: Dr.GRPO), ``"rloo"``, ``"self_critical"``, ``"group_turn"`` (interactive
         episodes, credit per turn) or ``"role"`` (two-player games: SPIRAL's running baseline per game and the side
-        the learner played, no group needed) (:mod:`sb3_grpo.common.groups`)
+        the learner played, no group needed) (:mod:`sb3_grpo.common.advantages.group_trackers`)
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
     :param reward_redistribution: ``None`` (off), ``"attention"`` or ``"uniform"``: spread each episode's reward over
-        its steps before returns and advantages, its total kept (:mod:`sb3_grpo.common.redistribution`)
+        its steps before returns and advantages, its total kept (:mod:`sb3_grpo.common.rollout.redistribution`)
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: group forms on the text fast path: train the steps of an episode whose group has not finished
-        when the rollout ends in the first update after it has (:mod:`sb3_grpo.common.carry_over`); ``"auto"``: on
-        where it applies (:func:`~sb3_grpo.common.arguments.resolve_carry_over`)
+        when the rollout ends in the first update after it has (:mod:`sb3_grpo.common.advantages.carry_over`);
+        ``"auto"``: on where it applies (:func:`~sb3_grpo.common.options.checks.resolve_carry_over`)
     :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
         (whole sequences on the text fast path) and accumulate their gradients: one optimizer step per minibatch, the
         same update as unsplit to float rounding, with the peak memory of a micro-batch (``None``: no split)
     :param data_parallel: under ``torchrun``: ``"ddp"`` (every rank holds the whole policy, gradients averaged by
         one all-reduce) or ``"fsdp"`` (parameters, gradients and optimizer state sharded over the ranks with FSDP2,
         :class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`); no effect on one process
-    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.common.engines`): ``"step"`` (SB3's loop, one
-        token per policy call; the reference) or ``"hf"`` (the policy's built-in decoder, a whole turn per row at a
+    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.engines.turn_queues`): ``"step"`` (SB3's loop,
+        one token per policy call; the reference) or ``"hf"`` (the policy's built-in decoder, a whole turn per row at a
         time, the env still stepped token by token: the same tokens from the same draws)
     """
 
@@ -379,7 +380,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         include: Iterable[str] | None = None,
     ) -> None:
         """SB3's ``save`` (same signature), written atomically: to a temporary file in the same folder, flushed to
-        disk, then renamed over ``path`` (:func:`~sb3_grpo.common.io.atomic_write`), so a save that fails (a full
+        disk, then renamed over ``path`` (:func:`~sb3_grpo.file_io.atomic_write`), so a save that fails (a full
         disk, Ctrl-C, a killed process) leaves the previous file at ``path`` intact. As in SB3, ``.zip`` is appended
         to a name without a suffix; a file object is written directly. Under ``torch.distributed`` only rank 0
         writes (the weights are the same everywhere; under ``data_parallel="fsdp"`` every rank must call it: the full
@@ -520,7 +521,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     ) -> bool:
         """
         Collect experiences and fill a ``RolloutBuffer``: SB3's ``OnPolicyAlgorithm.collect_rollouts`` step for step
-        (same calls, same order), plus the rollout's extras (:class:`~sb3_grpo.common.rollout.RolloutExtras`).
+        (same calls, same order), plus the rollout's extras (:class:`~sb3_grpo.common.rollout.extras.RolloutExtras`).
 
         :param env: The training environment
         :param callback: Callback that will be called at each step (and at the beginning and end of the rollout)
@@ -899,7 +900,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     @classmethod
     def _check_load_arguments(cls, args: dict[str, Any]) -> None:
         """Check the arguments ``load`` sets (``kwargs``, ``custom_objects``) one by one, with the constructor's checks
-        (:func:`~sb3_grpo.common.arguments.check_argument_values`); a subclass with arguments of its own extends it.
+        (:func:`~sb3_grpo.common.options.checks.check_argument_values`); a subclass with arguments of its own extends
+        it.
 
         :raises TypeError: naming an argument of a wrong type.
         :raises ValueError: naming an argument with a wrong value.
@@ -917,7 +919,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     ) -> SelfGroupOnPolicy:
         """SB3's ``learn``; ``tb_log_name`` defaults to the class's name (``"GRPO"``, ``"DrGRPO"``).
 
-        Its arguments are checked first (:func:`~sb3_grpo.common.arguments.check_learn_args`): a NaN or negative
+        Its arguments are checked first (:func:`~sb3_grpo.common.options.checks.check_learn_args`): a NaN or negative
         ``total_timesteps``, ``log_interval=0`` or a callback of the wrong type is refused, naming it, instead of
         training nothing or failing mid-run.
         """

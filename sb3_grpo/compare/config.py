@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sb3_grpo.common.io import to_jsonable
 from sb3_grpo.compare.algos import (
     ALGOS,
     DEFAULT_GROUP_SIZE,
@@ -21,6 +20,7 @@ from sb3_grpo.compare.algos import (
     constructor_defaults,
     constructor_parameters,
 )
+from sb3_grpo.file_io import to_jsonable
 from textrl_envs.hf_loading import cached_commit, hub_cache_dir, hub_offline, looks_like_hub_id
 from textrl_envs.validation import check_float
 
@@ -225,7 +225,7 @@ def check_hyperparameters(spec: AlgoSpec, hyperparameters: dict[str, Any], text:
     :param text: Text env (then ``policy_kwargs`` are checked against :class:`~sb3_grpo.policies.CausalLMPolicy`).
     :raises CompareError: naming the algorithm, the argument and what to pass.
     """
-    from sb3_grpo.common.arguments import check_grpo_args, check_ppo_args
+    from sb3_grpo.common.options.checks import check_grpo_args, check_ppo_args
 
     args = {**constructor_defaults(spec), **hyperparameters}
     try:
@@ -247,7 +247,7 @@ def check_policy_kwargs(policy_kwargs: dict[str, Any]) -> None:
     :raises ValueError: for a value out of range.
     """
     from sb3_grpo.policies.causal_lm import CausalLMPolicy
-    from sb3_grpo.policies.validation import check_policy_args
+    from sb3_grpo.policies.policy_kwargs import check_policy_args
 
     params = inspect.signature(CausalLMPolicy.__init__).parameters
     taken = [n for n in params if n not in ("self", "observation_space", "action_space", "lr_schedule")]
@@ -311,7 +311,7 @@ def make_config(
     :param lm_eval: Evaluation during training: the keyword arguments of
         :func:`~sb3_grpo.compare.heldout.make_lm_eval` besides the env (``every``, ``prompts``, ``k``,
         ``success_threshold``, ``reference_model``); ``None``: none.
-    :param engine: The rollout engine (:mod:`sb3_grpo.common.engines`) of every algorithm that takes ``engine=``
+    :param engine: The rollout engine (:mod:`sb3_grpo.engines.turn_queues`) of every algorithm that takes ``engine=``
         (all but stock ``ppo``, which keeps SB3's loop); a per-algorithm override wins. ``None``: each class's default.
     :return: The config.
     """
@@ -393,7 +393,7 @@ def engine_overrides(engine: str | None, algos: Sequence[str], text: bool, env_i
     :raises CompareError: for an unknown engine, an engine other than ``"step"`` on a non-text env, or ``--algos``
         with no algorithm that takes it.
     """
-    from sb3_grpo.common.engines import check_engine
+    from sb3_grpo.engines.turn_queues import check_engine
 
     if engine is None:
         return {}

@@ -9,7 +9,7 @@ with four changes that the paper finds keep long-completion RL stable and effici
   divided by their number, so a long completion weighs by its tokens, not as one sequence.
 - **Soft overlong punishment** (section 3.4): a linear penalty over the last ``overlong_buffer`` tokens before
   ``max_completion_tokens``, added to the completion's return before the group advantage
-  (:func:`~sb3_grpo.objectives.overlong_penalty`, :mod:`sb3_grpo.dapo.sampling`).
+  (:func:`~sb3_grpo.objectives.overlong_penalty`, :mod:`sb3_grpo.dapo.shaping`).
 - **Dynamic sampling** (section 3.2): groups whose rewards are all equal have zero advantage and no signal; they are
   dropped and more rollouts are collected until the update holds ``min_informative_groups`` informative groups (at
   most ``max_sampling_rollouts`` rollouts), on the text fast path.
@@ -30,13 +30,13 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_grpo.common.arguments import check_grpo_args
+from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker, env_episode_limit, make_group_tracker
 from sb3_grpo.common.buffers import SequenceRolloutBuffer
-from sb3_grpo.common.groups import EpisodeGroupTracker, env_episode_limit, make_group_tracker
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+from sb3_grpo.common.options.checks import check_grpo_args
 from sb3_grpo.common.type_aliases import Minibatch, SequenceSamples
-from sb3_grpo.common.update_stats import LossTerms, TrainStats
-from sb3_grpo.dapo.sampling import ShapedGroupTracker
+from sb3_grpo.common.update.train_stats import LossTerms, TrainStats
+from sb3_grpo.dapo.shaping import ShapedGroupTracker
 from sb3_grpo.objectives import decoupled_clipped_surrogate
 from textrl_envs.validation import check_float, check_int
 
@@ -81,10 +81,11 @@ class DAPO(GroupOnPolicyAlgorithm):
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: train the steps of an episode whose group has not finished when the rollout ends in the first
-        update after it has (:mod:`sb3_grpo.common.carry_over`; the text fast path); ``"auto"`` (the default): on
-        where it applies, as :class:`~sb3_grpo.GRPO`'s
-    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.common.engines`): ``"step"`` (default, SB3's
-        loop), ``"hf"`` (the policy's built-in decoder) or ``"vllm"`` (the vLLM extra); see :class:`~sb3_grpo.GRPO`
+        update after it has (:mod:`sb3_grpo.common.advantages.carry_over`; the text fast path); ``"auto"`` (the
+        default): on where it applies, as :class:`~sb3_grpo.GRPO`'s
+    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.engines.turn_queues`): ``"step"`` (default,
+        SB3's loop), ``"hf"`` (the policy's built-in decoder) or ``"vllm"`` (the vLLM extra); see
+        :class:`~sb3_grpo.GRPO`
     """
 
     # Over 80 lines: PPO's signature plus DAPO's own arguments, kept in SB3's form
@@ -232,7 +233,7 @@ class DAPO(GroupOnPolicyAlgorithm):
         return self.max_completion_tokens, self.overlong_buffer, self.overlong_penalty_factor
 
     def _rollout_group_tracker(self, env: VecEnv) -> EpisodeGroupTracker | None:
-        """The shaped tracker (:class:`~sb3_grpo.dapo.sampling.ShapedGroupTracker`), kept across rollouts."""
+        """The shaped tracker (:class:`~sb3_grpo.dapo.shaping.ShapedGroupTracker`), kept across rollouts."""
         if self._group_tracker is None or self._group_tracker.n_envs != env.num_envs:
             self._group_tracker = ShapedGroupTracker.like(
                 make_group_tracker(env, self.advantage),

@@ -23,11 +23,11 @@ from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import GymEnv, Schedule
 
-from sb3_grpo.common.arguments import check_grpo_args
-from sb3_grpo.common.groups import env_episode_limit
+from sb3_grpo.common.advantages.group_trackers import env_episode_limit
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+from sb3_grpo.common.options.checks import check_grpo_args
 from sb3_grpo.common.type_aliases import Minibatch, sequence_index
-from sb3_grpo.common.update_stats import LossTerms, TrainStats
+from sb3_grpo.common.update.train_stats import LossTerms, TrainStats
 from sb3_grpo.objectives import clipped_surrogate, constant_normalized_sum
 from textrl_envs.validation import check_int
 
@@ -60,14 +60,15 @@ class DrGRPO(GroupOnPolicyAlgorithm):
     :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
     :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
     :param carry_over: train the steps of an episode whose group has not finished when the rollout ends in the first
-        update after it has (:mod:`sb3_grpo.common.carry_over`; the text fast path); ``"auto"`` (the default): on
-        where it applies, as :class:`~sb3_grpo.GRPO`'s
+        update after it has (:mod:`sb3_grpo.common.advantages.carry_over`; the text fast path); ``"auto"`` (the
+        default): on where it applies, as :class:`~sb3_grpo.GRPO`'s
     :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
         (whole sequences on the text fast path), one optimizer step per minibatch; the normaliser's ``S`` stays the
         whole minibatch's sequence count, so the update equals the unsplit one to float rounding (``None``: no split)
     :param data_parallel: under ``torchrun``: ``"ddp"`` (default) or ``"fsdp"`` (see :class:`~sb3_grpo.GRPO`)
-    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.common.engines`): ``"step"`` (default, SB3's
-        loop), ``"hf"`` (the policy's built-in decoder) or ``"vllm"`` (the vLLM extra); see :class:`~sb3_grpo.GRPO`
+    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.engines.turn_queues`): ``"step"`` (default,
+        SB3's loop), ``"hf"`` (the policy's built-in decoder) or ``"vllm"`` (the vLLM extra); see
+        :class:`~sb3_grpo.GRPO`
     """
 
     # Over 80 lines: PPO's signature plus Dr. GRPO's own arguments, kept in SB3's form

@@ -23,10 +23,10 @@ from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from sb3_grpo.common.arguments import check_buffer_for_kl, check_grpo_args, warn_if_exploration_clips
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+from sb3_grpo.common.options.checks import check_buffer_for_kl, check_grpo_args, warn_if_exploration_clips
 from sb3_grpo.common.type_aliases import Minibatch
-from sb3_grpo.common.update_stats import LossTerms, TrainStats
+from sb3_grpo.common.update.train_stats import LossTerms, TrainStats
 from sb3_grpo.grpo.exploration import explore_alpha_at
 from sb3_grpo.grpo.extras import GRPOExtras
 from sb3_grpo.grpo.kl import adapt_kl_coef, frozen_copy, kl_to_reference
@@ -62,10 +62,10 @@ class GRPO(GroupOnPolicyAlgorithm):
       ``"group_turn"`` (turn-level credit: each turn's return-to-go minus the leave-one-out mean of the group's
       members at the same turn, :func:`~sb3_grpo.objectives.turn_rloo_advantages`). Group forms train no critic,
       skip minibatch advantage normalization, and need an env that reports ``group_size > 1`` and puts
-      ``info["group_id"]`` in every step's info (:mod:`sb3_grpo.common.groups`). ``"role"`` (two-player games:
-      SPIRAL's role-conditioned advantage, Liu et al. 2025, arXiv 2506.24119) compares each episode's return with a
-      running baseline of its game and the side the learner played (the final info's ``learner_player``); it trains
-      no critic either and needs no group.
+      ``info["group_id"]`` in every step's info (:mod:`sb3_grpo.common.advantages.group_trackers`). ``"role"``
+      (two-player games: SPIRAL's role-conditioned advantage, Liu et al. 2025, arXiv 2506.24119) compares each episode's
+      return with a running baseline of its game and the side the learner played (the final info's ``learner_player``);
+      it trains no critic either and needs no group.
     - **KL to a reference** (``kl_coef``, ``kl_target``): ``kl_coef * KL`` is added to the loss, the k3 estimate
       importance-weighted by ``pi_old / mu`` under mixed exploration, with Ziegler et al.'s controller of
       ``kl_coef`` when ``kl_target`` is set (:mod:`sb3_grpo.grpo.kl`). The reference is a frozen copy of the initial
@@ -79,13 +79,13 @@ class GRPO(GroupOnPolicyAlgorithm):
     operation (and every random draw) is the one SB3's ``PPO`` performs, so the parameters after
     ``learn()`` are identical to PPO's for the same seed (tested).
 
-    The update has two paths, chosen once at setup (:mod:`sb3_grpo.common.batch_sources`): SB3's per-transition
+    The update has two paths, chosen once at setup (:mod:`sb3_grpo.common.update.batch_sources`): SB3's per-transition
     minibatches, or, for a ``CausalLMPolicy`` on a text env, the text fast path's whole sequences with one forward
     each (:class:`~sb3_grpo.common.buffers.SequenceRolloutBuffer`).
 
     Non-finite rewards, advantages, losses or gradients raise a ``RuntimeError`` naming the quantity and where,
     before the optimizer touches the weights (``nonfinite="raise"``); ``nonfinite="skip"`` drops and counts them
-    instead (:mod:`sb3_grpo.common.nonfinite`). Either way no NaN reaches the weights.
+    instead (:mod:`sb3_grpo.common.rollout.nonfinite`). Either way no NaN reaches the weights.
 
     Launched with ``torchrun``, ``GRPO`` trains data-parallel (:mod:`sb3_grpo.distributed`): rank 0's weights are
     broadcast, rank ``r`` is seeded with ``seed + 1000 * r``, gradients are averaged, ``target_kl`` and the KL
@@ -143,10 +143,11 @@ class GRPO(GroupOnPolicyAlgorithm):
         losses and gradients (see above)
     :param carry_over: group forms on the text fast path: train the steps of an episode whose group has not finished
         when the rollout ends in the first update after it has, with the episode's advantage, instead of with
-        advantage 0 in their own rollout's update (:mod:`sb3_grpo.common.carry_over`). ``"auto"`` (the default): on
-        with a group advantage that gives a sequence one advantage (not ``"gae"``, not ``"group_turn"``) on the text
-        fast path, unless vLLM's importance cap is set (:func:`~sb3_grpo.common.arguments.resolve_carry_over`;
-        ``carry_over_on`` says what it resolved to). ``False``: every update uses only its own rollout, as PPO's do.
+        advantage 0 in their own rollout's update (:mod:`sb3_grpo.common.advantages.carry_over`). ``"auto"`` (the
+        default): on with a group advantage that gives a sequence one advantage (not ``"gae"``, not ``"group_turn"``) on
+        the text fast path, unless vLLM's importance cap is set
+        (:func:`~sb3_grpo.common.options.checks.resolve_carry_over`; ``carry_over_on`` says what it resolved to).
+        ``False``: every update uses only its own rollout, as PPO's do.
     :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
         (whole sequences on the text fast path), accumulating their gradients into one optimizer step per minibatch:
         the update equals the unsplit one to float rounding (advantages normalised over the whole minibatch, every
@@ -156,14 +157,14 @@ class GRPO(GroupOnPolicyAlgorithm):
     :param data_parallel: under ``torchrun``: ``"ddp"`` (default; every rank holds the whole policy) or ``"fsdp"``
         (parameters, gradients and optimizer state sharded over the ranks with FSDP2: an LM's blocks, an MLP policy's
         layers; :class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`); no effect on one process
-    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.common.engines`): ``"step"`` (default, SB3's
-        loop: one token per policy call, the reference; with every extra off, bit for bit PPO's) or ``"hf"`` (the
+    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.engines.turn_queues`): ``"step"`` (default,
+        SB3's loop: one token per policy call, the reference; with every extra off, bit for bit PPO's) or ``"hf"`` (the
         policy's built-in decoder computes a whole turn per row, and the env is stepped from per-row queues: the same
         tokens from the same draws, log-probs and values equal to float rounding)
     :param reward_redistribution: ``None`` (default: off), ``"attention"`` (the policy LM's last-layer attention from
         the episode's final token over its completion) or ``"uniform"``: spread each episode's reward over its steps
-        before returns and advantages, the episode's total kept (:mod:`sb3_grpo.common.redistribution`); it changes
-        what a critic and GAE see, not a group advantage
+        before returns and advantages, the episode's total kept (:mod:`sb3_grpo.common.rollout.redistribution`); it
+        changes what a critic and GAE see, not a group advantage
     """
 
     # Over 80 lines: PPO's signature plus GRPO's own arguments, kept in SB3's form so that the two read side by side
@@ -452,7 +453,7 @@ def evaluate_minibatch(
     """The policy's ``(values, log_prob, entropy)`` on the minibatch, in one forward, or (``n_slices >= 2``: the
     gradient-variance penalty) one forward per slice, with the slices' log-probs (else ``[]``).
 
-    :param batch_source: The update path (:mod:`sb3_grpo.common.batch_sources`) that evaluates the minibatch.
+    :param batch_source: The update path (:mod:`sb3_grpo.common.update.batch_sources`) that evaluates the minibatch.
     :param minibatch: The minibatch.
     :param n_slices: The penalty's slices (below 2: one forward, no slices).
     """

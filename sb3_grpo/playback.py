@@ -205,12 +205,12 @@ def check_video_path(path: str | os.PathLike) -> str:
 
 def write_video(path: str | os.PathLike, frames: list[np.ndarray], fps: float) -> Path:
     """Write ``frames`` (``uint8`` arrays ``(H, W, 3)`` of one size) as a GIF (Pillow) or an mp4 (H.264, the ffmpeg
-    of imageio-ffmpeg), by ``path``'s suffix, atomically (:func:`~sb3_grpo.common.io.atomic_write`).
+    of imageio-ffmpeg), by ``path``'s suffix, atomically (:func:`~sb3_grpo.file_io.atomic_write`).
 
     A GIF shows each frame for ``1000 / fps`` ms rounded to 10 ms (the format's unit); Pillow merges a frame equal
     to the one before into it (one longer frame), so the total duration stays ``len(frames)`` times that.
     """
-    from sb3_grpo.common.io import atomic_write
+    from sb3_grpo.file_io import atomic_write
 
     kind = check_video_path(path)
     if not frames:

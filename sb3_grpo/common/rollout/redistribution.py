@@ -106,7 +106,7 @@ def check_redistribution_env(env: Any, rule: str) -> None:
 
     :raises ValueError: naming the fix.
     """
-    from sb3_grpo.common.groups import env_is_interactive
+    from sb3_grpo.common.advantages.group_trackers import env_is_interactive
 
     if rule == "attention" and env_is_interactive(env):
         raise ValueError(

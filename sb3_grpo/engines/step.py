@@ -77,8 +77,8 @@ def sample_actions(
     actions it has just drawn from it, and torch checks both by default (parameters not NaN, each action in the
     support): on CartPole's MLP that is about a fifth of the policy's call, and on a GPU each check is a host sync.
     A drawn action is in its distribution's support, and NaN parameters show as a non-finite log-prob, which the
-    caller checks in one reduction instead (:func:`~sb3_grpo.common.nonfinite.check_log_probs`). PyTorch's advice for
-    speed is to turn these checks off (pytorch/pytorch#48743); here only for the draw, not globally.
+    caller checks in one reduction instead (:func:`~sb3_grpo.common.rollout.nonfinite.check_log_probs`). PyTorch's
+    advice for speed is to turn these checks off (pytorch/pytorch#48743); here only for the draw, not globally.
 
     :param policy: The acting policy.
     :param obs_tensor: The step's observations, as tensors.

@@ -71,7 +71,7 @@ class EpisodeGroupTracker:
     finish first (short completions). The steps an episode took in earlier rollouts were trained on with
     advantage 0 (each rollout is trained on once, when it ends, before later returns are known): keep
     ``n_steps`` well above the episode length so few episodes straddle two rollouts, or let GRPO's ``carry_over``
-    (:mod:`sb3_grpo.common.carry_over`) train them later, by the episode keys below. GRPO warns at
+    (:mod:`sb3_grpo.common.advantages.carry_over`) train them later, by the episode keys below. GRPO warns at
     construction when ``n_steps`` is shorter than the env's episodes (:func:`check_grouped_env`); the share of
     steps that get an advantage is logged as ``rollout/frac_steps_nonzero_advantage``.
 

@@ -1,9 +1,10 @@
 """What the package's algorithms add to one rollout of SB3's ``collect_rollouts``: :class:`RolloutExtras`.
 
-The draws with the greedy members of self-critical groups and the exploration mixture (:mod:`.draws`), the
-bookkeeping that replaces GAE advantages by group advantages (:mod:`.groups`), the handling of non-finite rewards
-(:mod:`.nonfinite`), the policy's own log-probs for the buffer, rewards scored in the background
-(:mod:`.deferred_rewards`), ``carry_over`` (:mod:`.carry_over`), and the rollout's logs.
+The draws with the greedy members of self-critical groups and the exploration mixture (:mod:`sb3_grpo.engines.step`),
+the bookkeeping that replaces GAE advantages by group advantages (:mod:`sb3_grpo.common.advantages.group_trackers`), the
+handling of non-finite rewards (:mod:`.nonfinite`), the policy's own log-probs for the buffer, rewards scored in the
+background (:mod:`.deferred_rewards`), ``carry_over`` (:mod:`sb3_grpo.common.advantages.carry_over`), and the rollout's
+logs.
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.vec_env import VecEnv
 
+from sb3_grpo.common.advantages.carry_over import CarryOver
+from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker
 from sb3_grpo.common.buffers import PolicyLogProbMixin
-from sb3_grpo.common.carry_over import CarryOver
-from sb3_grpo.common.deferred_rewards import DeferredRewards
-from sb3_grpo.common.draws import sample_actions
-from sb3_grpo.common.engines import TurnQueues, engine_name, text_spec
-from sb3_grpo.common.groups import EpisodeGroupTracker
-from sb3_grpo.common.nonfinite import NonFiniteEpisodes, check_advantages, check_log_probs
-from sb3_grpo.common.redistribution import RewardRedistribution
-from sb3_grpo.common.vllm_engine import VLLMTurnQueues, logprob_gap, vllm_options
+from sb3_grpo.common.rollout.deferred_rewards import DeferredRewards
+from sb3_grpo.common.rollout.nonfinite import NonFiniteEpisodes, check_advantages, check_log_probs
+from sb3_grpo.common.rollout.redistribution import RewardRedistribution
+from sb3_grpo.engines.step import sample_actions
+from sb3_grpo.engines.turn_queues import TurnQueues, engine_name, text_spec
+from sb3_grpo.engines.vllm_engine import VLLMTurnQueues, logprob_gap, vllm_options
 
 __all__ = ["RolloutExtras", "bootstrap_truncated", "env_actions"]
 
@@ -78,7 +79,7 @@ class RolloutExtras:
         # on an accelerator the draws' log-probs are checked at the rollout's end (:meth:`sample`)
         self.defer_draw_checks = False
         self.unchecked_log_probs: list[tuple[int, int, th.Tensor]] = []  # (row, timestep, log-probs)
-        # engine="hf" / "vllm": the tokens decoded a turn ahead (sb3_grpo.common.engines, .vllm_engine)
+        # engine="hf" / "vllm": the tokens decoded a turn ahead (sb3_grpo.engines.turn_queues, .vllm_engine)
         self.turns: TurnQueues | VLLMTurnQueues | None = None
         self.importance_cap: float | None = None  # "vllm": the truncated importance weights' cap (None: off)
         self.redistribution: RewardRedistribution | None = None  # reward_redistribution (common.redistribution)
@@ -115,10 +116,10 @@ class RolloutExtras:
         :param exact_ppo: The model must compute what SB3's PPO computes bit for bit: no batched prefill of the
             prompts and no batched bootstrap values, which round floats differently (``GRPO`` with every extra off,
             :attr:`sb3_grpo.grpo.extras.GRPOExtras.computes_as_ppo`).
-        :param engine: The rollout engine (:mod:`sb3_grpo.common.engines`): ``"step"`` draws each step's tokens in
+        :param engine: The rollout engine (:mod:`sb3_grpo.engines.turn_queues`): ``"step"`` draws each step's tokens in
             its policy call, ``"hf"`` hands out tokens the policy's decoder computed a turn ahead, ``"vllm"`` (or
-            :class:`~sb3_grpo.common.vllm_engine.VLLMOptions`) the tokens ``turn_engine`` generated a turn ahead.
-        :param turn_engine: The ``"vllm"`` engine's :class:`~sb3_grpo.common.vllm_engine.VLLMEngine`.
+            :class:`~sb3_grpo.engines.vllm_engine.VLLMOptions`) the tokens ``turn_engine`` generated a turn ahead.
+        :param turn_engine: The ``"vllm"`` engine's :class:`~sb3_grpo.engines.vllm_engine.VLLMEngine`.
         :param redistribution: ``reward_redistribution``'s bookkeeping for this rollout (``None``: off).
         """
         extras = cls(
@@ -146,8 +147,9 @@ class RolloutExtras:
         self, policy: BasePolicy, obs_tensor: th.Tensor | dict[str, th.Tensor], row: int, timestep: int, n_updates: int
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """One step's actions, values, behaviour log-probs and the policy's own log-probs
-        (:func:`~sb3_grpo.common.draws.sample_actions`), the behaviour log-probs checked finite
-        (:func:`~sb3_grpo.common.nonfinite.check_log_probs`; ``row``, ``timestep`` and ``n_updates`` name the step)."""
+        (:func:`~sb3_grpo.engines.step.sample_actions`), the behaviour log-probs checked finite
+        (:func:`~sb3_grpo.common.rollout.nonfinite.check_log_probs`; ``row``, ``timestep`` and ``n_updates`` name the
+        step)."""
         # the rollout's last step needs no look-ahead when no bootstrap value reads it (the update changes the
         # parameters, so the cache is rebuilt anyway); a cache that survives extends by the token at the next call
         look_ahead = self.needs_values or row != self.n_rollout_steps - 1
@@ -183,7 +185,7 @@ class RolloutExtras:
 
     def check_draws(self, n_updates: int) -> None:
         """Check the log-probs of the draws that :meth:`sample` left unchecked (on an accelerator), in one host sync:
-        the first bad step raises (:func:`~sb3_grpo.common.nonfinite.check_log_probs`)."""
+        the first bad step raises (:func:`~sb3_grpo.common.rollout.nonfinite.check_log_probs`)."""
         if not self.unchecked_log_probs:
             return
         finite = th.stack([th.isfinite(lp).all() for _, _, lp in self.unchecked_log_probs])
@@ -215,8 +217,9 @@ class RolloutExtras:
 
     def land_rewards(self, rollout_buffer: RolloutBuffer) -> None:
         """Before returns and advantages: the rewards scored in the background, where ``step`` would have put them
-        (:class:`~sb3_grpo.common.deferred_rewards.DeferredRewards`), then, with ``reward_redistribution``, each
-        ended episode's reward spread over its steps (:class:`~sb3_grpo.common.redistribution.RewardRedistribution`).
+        (:class:`~sb3_grpo.common.rollout.deferred_rewards.DeferredRewards`), then, with ``reward_redistribution``, each
+        ended episode's reward spread over its steps
+        (:class:`~sb3_grpo.common.rollout.redistribution.RewardRedistribution`).
         """
         redistribution = self.redistribution
         if self.deferred is not None:

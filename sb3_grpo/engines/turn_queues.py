@@ -1,7 +1,7 @@
 """The rollout engine seam: who computes the tokens of a text rollout.
 
 ``engine="step"`` (the default, the reference) is SB3's loop as it is: one policy call per env step, each computing
-one token per row (:func:`~sb3_grpo.common.draws.sample_actions`). ``engine="hf"`` has the policy's built-in decoder
+one token per row (:func:`~sb3_grpo.engines.step.sample_actions`). ``engine="hf"`` has the policy's built-in decoder
 (:class:`~sb3_grpo.policies.LiveBatch`) decode whole turns ahead, keeps the tokens in per-row queues
 (:class:`TurnQueues`), and hands the loop one token per row per step from them. The env, its rewards and replies,
 SB3's callbacks, the monitor and the buffer see the transitions they see with ``"step"``, one token at a time.
@@ -40,14 +40,14 @@ from sb3_grpo.objectives import mixture_log_prob, uniform_log_prob, uniform_samp
 __all__ = ["ENGINES", "TurnQueues", "check_engine", "check_engine_policy", "engine_name"]
 
 #: The rollout engines: ``"step"`` (SB3's loop, one token per policy call), ``"hf"`` (the built-in decoder) and
-#: ``"vllm"`` (vLLM in the training process, an optional extra: :mod:`sb3_grpo.common.vllm_engine`).
+#: ``"vllm"`` (vLLM in the training process, an optional extra: :mod:`sb3_grpo.engines.vllm_engine`).
 ENGINES = ("step", "hf", "vllm")
 
 
 def check_engine(engine: Any) -> Any:
-    """``engine`` if it names a rollout engine (or is a :class:`~sb3_grpo.common.vllm_engine.VLLMOptions`), else a
+    """``engine`` if it names a rollout engine (or is a :class:`~sb3_grpo.engines.vllm_engine.VLLMOptions`), else a
     ``ValueError`` that lists them."""
-    from sb3_grpo.common.vllm_engine import VLLMOptions
+    from sb3_grpo.engines.vllm_engine import VLLMOptions
 
     if isinstance(engine, VLLMOptions):
         return engine
@@ -61,13 +61,13 @@ def check_engine(engine: Any) -> Any:
 
 
 def engine_name(engine: Any) -> str:
-    """The engine's name: ``"vllm"`` for :class:`~sb3_grpo.common.vllm_engine.VLLMOptions`, else the string."""
+    """The engine's name: ``"vllm"`` for :class:`~sb3_grpo.engines.vllm_engine.VLLMOptions`, else the string."""
     return engine if isinstance(engine, str) else "vllm"
 
 
 def check_engine_policy(engine: str, policy: BasePolicy, action_space: spaces.Space) -> None:
     """Refuse an engine the policy cannot run, when the model is built (``"vllm"``:
-    :func:`~sb3_grpo.common.vllm_engine.check_vllm_model`)."""
+    :func:`~sb3_grpo.engines.vllm_engine.check_vllm_model`)."""
     if engine_name(engine) in ("step", "vllm"):
         return
     if not callable(getattr(policy, "turn_decoder", None)) or not isinstance(action_space, spaces.Discrete):
@@ -181,7 +181,7 @@ class TurnQueues:
 
     def sample(self, policy: BasePolicy, obs_tensor: Any, t: int) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """Rollout step ``t``'s actions, values, behaviour log-probs and the policy's own log-probs, as
-        :func:`~sb3_grpo.common.draws.sample_actions` returns them."""
+        :func:`~sb3_grpo.engines.step.sample_actions` returns them."""
         ids, mask = policy._parse_obs(obs_tensor)  # type: ignore[attr-defined]
         if self.expected is None:
             same = np.zeros(len(self.until), dtype=bool)

@@ -1,6 +1,6 @@
 """Checkpoint files: saved atomically, never with non-finite weights, found again after a crash.
 
-:func:`atomic_save` writes through :func:`~sb3_grpo.common.io.atomic_write` (temp file, ``fsync``, rename);
+:func:`atomic_save` writes through :func:`~sb3_grpo.file_io.atomic_write` (temp file, ``fsync``, rename);
 :func:`is_complete_checkpoint` tells a complete SB3 zip from a torn one without loading it; :func:`latest_checkpoint`
 finds the newest complete one, and :func:`existing_checkpoint` turns a path given to ``load`` into the file to read,
 with a clear error when there is none. :mod:`sb3_grpo.callbacks` re-exports the public names.
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 
-from sb3_grpo.common.io import atomic_write
+from sb3_grpo.file_io import atomic_write
 
 __all__ = [
     "RESUMED_STATE",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sb3_grpo.common.buffers import PolicyLogProbMixin, SequenceRolloutBuffer
-from sb3_grpo.common.engines import check_engine
+from sb3_grpo.engines.turn_queues import check_engine
 from textrl_envs.validation import (
     check_bool,
     check_choice,

@@ -1,7 +1,7 @@
 """The ``"vllm"`` rollout engine: vLLM, in the training process, computes a text rollout's turns.
 
-Like ``"hf"`` (:class:`~sb3_grpo.common.engines.TurnQueues`), it fills per-row queues a whole turn at a time and the
-env is stepped from them token by token, so the env, its rewards, SB3's callbacks and the buffer see the transitions
+Like ``"hf"`` (:class:`~sb3_grpo.engines.turn_queues.TurnQueues`), it fills per-row queues a whole turn at a time and
+the env is stepped from them token by token, so the env, its rewards, SB3's callbacks and the buffer see the transitions
 they see with ``"step"``. A row that needs tokens (an episode's start, a reply, an episode the env ended early) sends
 vLLM one request: its current window, unpadded, as ``prompt_token_ids``; ``SamplingParams`` with the policy's
 temperature, top-k and top-p, ``max_tokens`` the turn's budget (the episode's agent steps, the rollout's steps left,
@@ -357,7 +357,7 @@ def _quiet_vllm():
 class VLLMTurnQueues:
     """The ``"vllm"`` engine's state for one rollout: per-row queues of the turns vLLM generated, with the training
     policy's log-probs and values of them and vLLM's log-probs; :meth:`sample` has
-    :meth:`~sb3_grpo.common.engines.TurnQueues.sample`'s contract.
+    :meth:`~sb3_grpo.engines.turn_queues.TurnQueues.sample`'s contract.
 
     :param engine: The :class:`VLLMEngine` (its weights are the policy's: pushed before the rollout).
     :param policy: The training policy.
@@ -417,7 +417,7 @@ class VLLMTurnQueues:
 
     def sample(self, policy: Any, obs_tensor: Any, t: int) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """Rollout step ``t``'s actions, values, behaviour log-probs and the policy's own log-probs (the same: no
-        exploration), as :func:`~sb3_grpo.common.draws.sample_actions` returns them."""
+        exploration), as :func:`~sb3_grpo.engines.step.sample_actions` returns them."""
         ids, mask = policy._parse_obs(obs_tensor)
         if self.expected is None:
             same = np.zeros(len(self.until), dtype=bool)

@@ -1,0 +1,1 @@
+"""Saved models on disk: finding, checking and writing checkpoint files (:mod:`.files`)."""

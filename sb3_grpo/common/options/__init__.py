@@ -1,0 +1,1 @@
+"""The algorithms' arguments: their checks, run before any model is built (:mod:`.checks`)."""
