@@ -55,7 +55,8 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo import distributed
 from sb3_grpo.common.advantages.carry_over import CarryOver
-from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker, check_grouped_env, make_group_tracker
+from sb3_grpo.common.advantages.forms import advantage_form, check_advantage_env, make_group_tracker
+from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker
 from sb3_grpo.common.checkpoints.files import existing_checkpoint
 from sb3_grpo.common.data_parallel import DATA_PARALLEL, make_data_parallel
 from sb3_grpo.common.options.checks import (
@@ -293,9 +294,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self.carry_over_on = resolve_carry_over(
             getattr(self, "carry_over", False), self.advantage, self.rollout_buffer_class, importance_cap
         )
-        if self.advantage not in ("gae", "role") and self.env is not None:
-            # warns when n_steps < the episodes' length (unless carry_over trains those steps later)
-            check_grouped_env(self.env, self.advantage, None if self.carry_over_on else self.n_steps)
+        if self.env is not None:
+            # a grouped form warns when n_steps < the episodes' length (unless carry_over trains those steps later)
+            check_advantage_env(self.env, self.advantage, None if self.carry_over_on else self.n_steps)
         # load() restores the saved exploration RNG before calling _setup_model: keep its state
         loaded_explore_rng = self.__dict__.get("_explore_rng")
         # torch.distributed: rank r seeds with seed + 1000 * r; rank 0's weights are broadcast below
@@ -476,8 +477,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     # Rollout
     # ------------------------------------------------------------------------------------------------------
     def _rollout_group_tracker(self, env: VecEnv) -> EpisodeGroupTracker | None:
-        """The group advantages' tracker for ``env`` (kept across rollouts), or ``None`` for GAE."""
-        if self.advantage == "gae":
+        """The advantage form's tracker for ``env`` (kept across rollouts), or ``None`` for GAE."""
+        if advantage_form(self.advantage).critic:
             return None
         if self._group_tracker is None or self._group_tracker.n_envs != env.num_envs:
             state = self._group_tracker_state()  # the running tracker's, or a loaded model's
@@ -548,7 +549,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             self.action_space,
             self._rollout_explore_alpha,
             self._rollout_group_tracker(env),
-            self.advantage == "self_critical",
+            advantage_form(self.advantage).greedy_member,
             self.nonfinite,
             rollout_buffer,
             env,

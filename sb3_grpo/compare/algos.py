@@ -19,9 +19,6 @@ from sb3_grpo.grpo.extras import EXTRAS_OFF
 #: Group size the comparison gives the envs of group-advantage algorithms when none is given.
 DEFAULT_GROUP_SIZE = 4
 
-#: The advantage forms that need no prompt groups: PPO's GAE and the role-conditioned baseline of two-player games.
-UNGROUPED_ADVANTAGES = ("gae", "role")
-
 #: GRPO with every extra switched off (:data:`sb3_grpo.grpo.extras.EXTRAS_OFF`'s switches): computes what SB3's
 #: ``PPO`` computes.
 OFF: dict[str, Any] = EXTRAS_OFF.switches()
@@ -49,7 +46,7 @@ class AlgoSpec:
         advantage = self.kwargs.get("advantage")
         if advantage is None:
             advantage = constructor_defaults(self).get("advantage", "gae")
-        return advantage not in UNGROUPED_ADVANTAGES
+        return needs_groups(advantage)
 
     def algo_class(self) -> type:
         """The SB3 algorithm class (imported on demand): stock ``PPO``, or the package's class of that name."""
@@ -245,6 +242,14 @@ def _preset_specs() -> dict[str, AlgoSpec]:
 
 
 ALGOS.update(_preset_specs())
+
+
+def needs_groups(advantage: str) -> bool:
+    """Whether the advantage form ``advantage`` needs envs in prompt groups (its registration in
+    :mod:`sb3_grpo.common.advantages.forms`, imported here on demand: it pulls in torch)."""
+    from sb3_grpo.common.advantages.forms import advantage_form
+
+    return advantage_form(advantage).grouped
 
 
 def algo_table() -> str:

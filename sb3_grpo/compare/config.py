@@ -15,10 +15,10 @@ from typing import Any
 from sb3_grpo.compare.algos import (
     ALGOS,
     DEFAULT_GROUP_SIZE,
-    UNGROUPED_ADVANTAGES,
     AlgoSpec,
     constructor_defaults,
     constructor_parameters,
+    needs_groups,
 )
 from sb3_grpo.file_io import to_jsonable
 from textrl_envs.hf_loading import cached_commit, hub_cache_dir, hub_offline, looks_like_hub_id
@@ -345,7 +345,7 @@ def make_config(
     grouped = [
         a
         for a in unique
-        if ("advantage" in resolved[a] and resolved[a]["advantage"] not in UNGROUPED_ADVANTAGES)
+        if ("advantage" in resolved[a] and needs_groups(resolved[a]["advantage"]))
         or ("advantage" not in resolved[a] and ALGOS[a].grouped)
     ]
     group = _check_groups(grouped, env_id, text, n_envs, group_size)

@@ -30,7 +30,8 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker, env_episode_limit, make_group_tracker
+from sb3_grpo.common.advantages.forms import make_group_tracker
+from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker, env_episode_limit
 from sb3_grpo.common.buffers import SequenceRolloutBuffer
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
 from sb3_grpo.common.options.checks import check_grpo_args

@@ -63,7 +63,7 @@ class ShapedGroupTracker(EpisodeGroupTracker):
     @classmethod
     def like(cls, tracker: EpisodeGroupTracker, **kwargs: Any) -> ShapedGroupTracker:
         """A shaped tracker with the settings of ``tracker`` (e.g. one of
-        :func:`~sb3_grpo.common.advantages.group_trackers.make_group_tracker`).
+        :func:`~sb3_grpo.common.advantages.forms.make_group_tracker`).
 
         :param tracker: The tracker to copy the envs, group size, advantage and greedy envs from.
         :param kwargs: ``overlong`` and ``drop_uninformative``.

@@ -23,6 +23,7 @@ from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from sb3_grpo.common.advantages.forms import advantage_form
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
 from sb3_grpo.common.options.checks import check_buffer_for_kl, check_grpo_args, warn_if_exploration_clips
 from sb3_grpo.common.type_aliases import Minibatch
@@ -326,7 +327,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         """PPO's per-minibatch advantage normalisation (GAE only: group advantages are already normalized, and the
         steps that have no complete group must keep advantage 0)."""
         # Normalization does not make sense if mini batchsize == 1, see GH issue #325
-        if self.normalize_advantage and self.advantage == "gae" and len(advantages) > 1:
+        if self.normalize_advantage and advantage_form(self.advantage).critic and len(advantages) > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         return advantages
 
@@ -356,7 +357,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         """
         n_slices = min(self.grad_var_slices, len(minibatch.actions))
         use_grad_var = self.grad_var_coef > 0 and n_slices >= 2
-        use_critic = self.advantage == "gae"
+        use_critic = advantage_form(self.advantage).critic
         values, log_prob, entropy, slice_log_probs = evaluate_minibatch(
             self.batch_source, minibatch, n_slices if use_grad_var else 0
         )

@@ -21,6 +21,7 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import GymEnv, Schedule
 
+from sb3_grpo.common.advantages.forms import advantage_form
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
 from sb3_grpo.common.options.checks import CRITIC_FREE_ADVANTAGES, check_grpo_args
 from sb3_grpo.common.type_aliases import Minibatch, sequence_index
@@ -189,7 +190,7 @@ class GSPO(GroupOnPolicyAlgorithm):
         # s_i: the geometric mean of the sequence's token ratios (GSPO, eq. 7); A_i: its episode's advantage
         ratio = sequence_ratio(log_prob, minibatch.old_log_prob, index, n_sequences)
         advantages = sequence_mean(minibatch.advantages, index, n_sequences)
-        if self.advantage == "group_turn":  # an advantage per turn: GSPO-token (section 4.3)
+        if advantage_form(self.advantage).per_token:  # an advantage per turn: GSPO-token (section 4.3)
             policy_loss = -gspo_token_objective(
                 log_prob, minibatch.old_log_prob, minibatch.advantages, index, n_sequences, low, high
             )

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sb3_grpo.common.advantages.forms import ADVANTAGE_FORMS, BUILT_IN_FORMS, advantage_form
 from sb3_grpo.common.buffers import PolicyLogProbMixin, SequenceRolloutBuffer
 from sb3_grpo.engines.turn_queues import check_engine
 from textrl_envs.validation import (
@@ -45,10 +46,10 @@ __all__ = [
     "warn_if_exploration_clips",
 ]
 
-#: The advantage forms (``advantage=``).
-ADVANTAGES = ("gae", "group", "group_mean", "rloo", "self_critical", "group_turn", "role")
-#: The advantage forms that train no critic (every one but GAE).
-CRITIC_FREE_ADVANTAGES = tuple(a for a in ADVANTAGES if a != "gae")
+#: The package's own advantage forms (``advantage=``; :mod:`sb3_grpo.common.advantages.forms`).
+ADVANTAGES = BUILT_IN_FORMS
+#: The package's own advantage forms that train no critic (every one but GAE).
+CRITIC_FREE_ADVANTAGES = tuple(name for name in BUILT_IN_FORMS if not ADVANTAGE_FORMS[name].critic)
 #: What GRPO does with NaN/inf rewards, advantages, losses or gradients (``nonfinite=``).
 NONFINITE = ("raise", "skip")
 
@@ -277,15 +278,17 @@ def check_grpo_args(args: Mapping[str, Any]) -> tuple[float, float] | None:
         )
     if args.get("kl_target") is not None and not args.get("kl_coef", 0.0) > 0:
         raise ValueError("kl_target adapts kl_coef multiplicatively; give a starting kl_coef > 0")
-    if args.get("carry_over") is True and args.get("advantage", "gae") == "gae":
+    form = advantage_form(args.get("advantage", "gae"))
+    if args.get("carry_over") is True and form.critic:
         raise ValueError(
             "carry_over=True holds the steps of episodes whose group advantage is not known yet, so it needs a group "
             "advantage: pass advantage='group' (or 'rloo', 'self_critical', 'role'), or carry_over=False"
         )
-    if args.get("carry_over") is True and args.get("advantage") == "group_turn":
+    if args.get("carry_over") is True and form.per_token:
         raise ValueError(
-            "carry_over=True trains a held sequence with one advantage, but advantage='group_turn' gives each turn its "
-            "own; pass carry_over=False (and n_steps of a few episode lengths, so few episodes straddle two rollouts)"
+            f"carry_over=True trains a held sequence with one advantage, but advantage={form.name!r} gives each turn "
+            "its own; pass carry_over=False (and n_steps of a few episode lengths, so few episodes straddle two "
+            "rollouts)"
         )
     if args.get("micro_batch_size") is not None and grad_var_coef > 0:
         raise ValueError(
@@ -408,8 +411,10 @@ def resolve_carry_over(carry_over: bool | str, advantage: str, buffer_class: typ
     weights each rollout's own steps)."""
     if carry_over != "auto":
         return bool(carry_over)
+    form = advantage_form(advantage)
     return (
-        advantage not in ("gae", "group_turn")
+        not form.critic
+        and not form.per_token
         and issubclass(buffer_class, SequenceRolloutBuffer)
         and importance_cap is None
     )
