@@ -30,7 +30,7 @@ from typing import Any
 
 from sb3_grpo.compare.algos import DEFAULT_GROUP_SIZE, algo_table
 from sb3_grpo.compare.config import TEXT_DEFAULTS
-from sb3_grpo.engines.turn_queues import ENGINES
+from sb3_grpo.engines import ENGINES
 
 #: The no-argument comparison (the README's main job): about seven minutes on a 2-core CPU (5 seeds: the fewest
 #: with which the report gives intervals, see sb3_grpo.compare.stats.MIN_RUNS).

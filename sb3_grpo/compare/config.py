@@ -393,7 +393,7 @@ def engine_overrides(engine: str | None, algos: Sequence[str], text: bool, env_i
     :raises CompareError: for an unknown engine, an engine other than ``"step"`` on a non-text env, or ``--algos``
         with no algorithm that takes it.
     """
-    from sb3_grpo.engines.turn_queues import check_engine
+    from sb3_grpo.engines import check_engine
 
     if engine is None:
         return {}

@@ -1,5 +1,5 @@
-"""One rollout step's draw: the policy's actions, values and log-probs, with the greedy members of self-critical
-groups and, optionally, uniform-mixture exploration.
+"""The ``"step"`` engine (:class:`StepEngine`, the reference): SB3's loop as it is, each step's tokens drawn in its own
+policy call, with the greedy members of self-critical groups and, optionally, uniform-mixture exploration.
 
 :func:`sample_actions` returns both the behaviour log-prob (the mixture's while ``alpha > 0``, which the PPO ratio
 divides by) and the policy's own (the KL estimate's importance weight). With ``alpha == 0`` and no greedy members it
@@ -23,7 +23,7 @@ from stable_baselines3.common.policies import BasePolicy
 
 from sb3_grpo.objectives import mixture_log_prob, uniform_log_prob, uniform_sample
 
-__all__ = ["sample_actions"]
+__all__ = ["StepEngine", "sample_actions"]
 
 
 _UNCHECKED_LOCK = threading.Lock()
@@ -52,6 +52,25 @@ def unchecked_distributions() -> Iterator[None]:
             _unchecked_depth -= 1
             if _unchecked_depth == 0:
                 th.distributions.Distribution.set_default_validate_args(_checked_before)
+
+
+class StepEngine:
+    """``engine="step"``: no tokens are computed ahead; the rollout draws each step's in its policy call
+    (:func:`sample_actions`). With every extra off it is bit for bit the call SB3's PPO makes."""
+
+    name = "step"
+    #: no importance correction: the tokens are the policy's own draws
+    importance_cap = None
+
+    def before_rollout(self, policy: BasePolicy, n_updates: int) -> None:
+        """Nothing to prepare: the policy draws each step itself."""
+
+    def weights_changed(self) -> None:
+        """Nothing holds a copy of the weights."""
+
+    def start(self, *args: Any, **kwargs: Any) -> None:
+        """No per-rollout queues (``None``): the rollout calls :func:`sample_actions` each step."""
+        return None
 
 
 def sample_actions(

@@ -1,4 +1,4 @@
-"""The rollout engine seam: who computes the tokens of a text rollout.
+"""The ``"hf"`` rollout engine (:class:`DecoderEngine`): the policy's built-in decoder computes whole turns ahead.
 
 ``engine="step"`` (the default, the reference) is SB3's loop as it is: one policy call per env step, each computing
 one token per row (:func:`~sb3_grpo.engines.step.sample_actions`). ``engine="hf"`` has the policy's built-in decoder
@@ -37,47 +37,48 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo.objectives import mixture_log_prob, uniform_log_prob, uniform_sample
 
-__all__ = ["ENGINES", "TurnQueues", "check_engine", "check_engine_policy", "engine_name"]
-
-#: The rollout engines: ``"step"`` (SB3's loop, one token per policy call), ``"hf"`` (the built-in decoder) and
-#: ``"vllm"`` (vLLM in the training process, an optional extra: :mod:`sb3_grpo.engines.vllm_engine`).
-ENGINES = ("step", "hf", "vllm")
+__all__ = ["DecoderEngine", "TurnQueues", "check_decoder_policy", "text_spec"]
 
 
-def check_engine(engine: Any) -> Any:
-    """``engine`` if it names a rollout engine (or is a :class:`~sb3_grpo.engines.vllm_engine.VLLMOptions`), else a
-    ``ValueError`` that lists them."""
-    from sb3_grpo.engines.vllm_engine import VLLMOptions
+class DecoderEngine:
+    """``engine="hf"``: the policy's built-in decoder computes each row's turn ahead, into :class:`TurnQueues` made
+    for each rollout."""
 
-    if isinstance(engine, VLLMOptions):
-        return engine
-    if not isinstance(engine, str) or engine not in ENGINES:
-        raise ValueError(
-            f"engine must be one of {', '.join(repr(e) for e in ENGINES)}, got {engine!r}; 'step' computes one token "
-            "per env step (SB3's loop), 'hf' decodes a whole turn per row with the policy's built-in decoder, 'vllm' "
-            "with vLLM (an optional extra; VLLMOptions(...) sets its options)"
-        )
-    return engine
+    name = "hf"
+    #: no importance correction: the decoder draws from the policy's own distribution, with the step path's draws
+    importance_cap = None
+
+    def before_rollout(self, policy: BasePolicy, n_updates: int) -> None:
+        """Nothing to prepare: the decoder is the policy's own."""
+
+    def weights_changed(self) -> None:
+        """Nothing holds a copy of the weights."""
+
+    def start(
+        self,
+        policy: BasePolicy,
+        env: VecEnv,
+        n_steps: int,
+        alpha: float,
+        greedy_envs: np.ndarray | None,
+        rng: np.random.Generator,
+        action_space: spaces.Space,
+        needs_values: bool,
+    ) -> TurnQueues:
+        """The queues of one rollout (the arguments are :class:`TurnQueues`')."""
+        return TurnQueues(policy, env, n_steps, alpha, greedy_envs, rng, action_space, needs_values=needs_values)
 
 
-def engine_name(engine: Any) -> str:
-    """The engine's name: ``"vllm"`` for :class:`~sb3_grpo.engines.vllm_engine.VLLMOptions`, else the string."""
-    return engine if isinstance(engine, str) else "vllm"
-
-
-def check_engine_policy(engine: str, policy: BasePolicy, action_space: spaces.Space) -> None:
-    """Refuse an engine the policy cannot run, when the model is built (``"vllm"``:
-    :func:`~sb3_grpo.engines.vllm_engine.check_vllm_model`)."""
-    if engine_name(engine) in ("step", "vllm"):
-        return
+def check_decoder_policy(policy: BasePolicy, action_space: spaces.Space) -> None:
+    """Refuse a policy the built-in decoder cannot run, when the model is built."""
     if not callable(getattr(policy, "turn_decoder", None)) or not isinstance(action_space, spaces.Discrete):
         raise ValueError(
-            f"engine={engine!r} decodes tokens with the policy's built-in decoder, which {type(policy).__name__} does "
-            "not have (it needs CausalLMPolicy on a text env); use engine='step'"
+            f"engine='hf' decodes tokens with the policy's built-in decoder, which {type(policy).__name__} does not "
+            "have (it needs CausalLMPolicy on a text env); use engine='step'"
         )
     if getattr(policy, "separate_critic", False):
         raise ValueError(
-            f"engine={engine!r} values states by the value head on the decoder's hidden states; a separate critic "
+            "engine='hf' values states by the value head on the decoder's hidden states; a separate critic "
             "(separate_critic=True) reads whole windows, which the decoder does not build: use engine='step'"
         )
 
@@ -172,6 +173,9 @@ class TurnQueues:
     def note_dones(self, dones: np.ndarray) -> None:
         """The step's episode ends: those rows' queues are discarded."""
         self.ended = np.asarray(dones, dtype=bool).copy()
+
+    def finish(self, rollout_buffer: Any, logger: Any) -> None:
+        """After the rollout's advantages: nothing to correct (the tokens are the policy's own draws)."""
 
     def _write(self, rows: th.Tensor, steps: th.Tensor, tokens: th.Tensor, log_probs: th.Tensor, values: th.Tensor):
         self.tokens[rows, steps] = tokens

@@ -264,7 +264,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         self.kl_coef = float(kl_coef)
         self.kl_target = kl_target
 
-        if self.explore_alpha > 0 and getattr(self, "action_space", None) is not None:
+        if self.explore_alpha > 0 and self.env is not None:
             # raises a clear ValueError for unbounded Box or unsupported action spaces
             uniform_log_prob(self.action_space)
         warn_if_exploration_clips(self.explore_alpha, self.clip_range, self.adaptive_clip)
@@ -302,7 +302,7 @@ class GRPO(GroupOnPolicyAlgorithm):
                 "gradient_checkpointing to keep the penalty"
             )
         params = select_parameters(self.policy, self.grad_var_params) if self.grad_var_coef > 0 else []
-        self._grad_var = GradVarPenalty(params, normalize=getattr(self, "grad_var_normalize", False))
+        self._grad_var = GradVarPenalty(params, normalize=self.grad_var_normalize)
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_grad_var"]
@@ -314,8 +314,8 @@ class GRPO(GroupOnPolicyAlgorithm):
         """The exploration mixture's weight now (:func:`~sb3_grpo.grpo.exploration.explore_alpha_at`)."""
         return explore_alpha_at(self.explore_alpha, self.explore_fraction, self._current_progress_remaining)
 
-    def _rollout_alpha(self) -> float:
-        return self.current_explore_alpha()
+    def _rollout_alpha(self, progress_remaining: float) -> float:
+        return explore_alpha_at(self.explore_alpha, self.explore_fraction, progress_remaining)
 
     def _computes_as_ppo(self) -> bool:
         return self.extras.computes_as_ppo

@@ -16,7 +16,7 @@ from typing import Any
 
 from sb3_grpo.common.advantages.forms import ADVANTAGE_FORMS, BUILT_IN_FORMS, advantage_form
 from sb3_grpo.common.buffers import PolicyLogProbMixin, SequenceRolloutBuffer
-from sb3_grpo.engines.turn_queues import check_engine
+from sb3_grpo.engines import check_engine
 from textrl_envs.validation import (
     check_bool,
     check_choice,

@@ -25,9 +25,10 @@ from sb3_grpo.common.buffers import PolicyLogProbMixin
 from sb3_grpo.common.rollout.deferred_rewards import DeferredRewards
 from sb3_grpo.common.rollout.nonfinite import NonFiniteEpisodes, check_advantages, check_log_probs
 from sb3_grpo.common.rollout.redistribution import RewardRedistribution
-from sb3_grpo.engines.step import sample_actions
-from sb3_grpo.engines.turn_queues import TurnQueues, engine_name, text_spec
-from sb3_grpo.engines.vllm_engine import VLLMTurnQueues, logprob_gap, vllm_options
+from sb3_grpo.engines import RolloutEngine
+from sb3_grpo.engines.step import StepEngine, sample_actions
+from sb3_grpo.engines.turn_queues import TurnQueues
+from sb3_grpo.engines.vllm_engine import VLLMTurnQueues
 
 __all__ = ["RolloutExtras", "bootstrap_truncated", "env_actions"]
 
@@ -79,9 +80,8 @@ class RolloutExtras:
         # on an accelerator the draws' log-probs are checked at the rollout's end (:meth:`sample`)
         self.defer_draw_checks = False
         self.unchecked_log_probs: list[tuple[int, int, th.Tensor]] = []  # (row, timestep, log-probs)
-        # engine="hf" / "vllm": the tokens decoded a turn ahead (sb3_grpo.engines.turn_queues, .vllm_engine)
+        # engine="hf" / "vllm": the tokens decoded a turn ahead (sb3_grpo.engines); "step": none, drawn per step
         self.turns: TurnQueues | VLLMTurnQueues | None = None
-        self.importance_cap: float | None = None  # "vllm": the truncated importance weights' cap (None: off)
         self.redistribution: RewardRedistribution | None = None  # reward_redistribution (common.redistribution)
         self.policy: BasePolicy | None = None
 
@@ -102,8 +102,7 @@ class RolloutExtras:
         carry: CarryOver | None = None,
         on_accelerator: bool = False,
         exact_ppo: bool = False,
-        engine: Any = "step",
-        turn_engine: Any = None,
+        engine: RolloutEngine | None = None,
         redistribution: RewardRedistribution | None = None,
     ) -> RolloutExtras:
         """The state of a rollout of ``env`` about to start (the first arguments are the constructor's, with the env
@@ -116,10 +115,9 @@ class RolloutExtras:
         :param exact_ppo: The model must compute what SB3's PPO computes bit for bit: no batched prefill of the
             prompts and no batched bootstrap values, which round floats differently (``GRPO`` with every extra off,
             :attr:`sb3_grpo.grpo.extras.GRPOExtras.computes_as_ppo`).
-        :param engine: The rollout engine (:mod:`sb3_grpo.engines.turn_queues`): ``"step"`` draws each step's tokens in
-            its policy call, ``"hf"`` hands out tokens the policy's decoder computed a turn ahead, ``"vllm"`` (or
-            :class:`~sb3_grpo.engines.vllm_engine.VLLMOptions`) the tokens ``turn_engine`` generated a turn ahead.
-        :param turn_engine: The ``"vllm"`` engine's :class:`~sb3_grpo.engines.vllm_engine.VLLMEngine`.
+        :param engine: The model's rollout engine (:func:`sb3_grpo.engines.make_engine`; ``None``: ``"step"``), whose
+            per-row queues of this rollout hand out the tokens it computed a turn ahead (none for ``"step"``, whose
+            tokens are drawn in each step's policy call).
         :param redistribution: ``reward_redistribution``'s bookkeeping for this rollout (``None``: off).
         """
         extras = cls(
@@ -130,13 +128,11 @@ class RolloutExtras:
         extras.redistribution = redistribution
         extras.policy = policy
         extras.defer_draw_checks = on_accelerator
-        if engine_name(engine) == "vllm" and policy is not None:
-            extras.turns = vllm_turn_queues(turn_engine, policy, env, n_rollout_steps)
-            extras.importance_cap = vllm_options(engine).importance_cap
-        elif engine != "step" and policy is not None:
-            greedy = extras.greedy_envs
-            extras.turns = TurnQueues(
-                policy, env, n_rollout_steps, alpha, greedy, rng, action_space, needs_values=extras.needs_values
+        if engine is None:
+            engine = StepEngine()
+        if policy is not None:
+            extras.turns = engine.start(
+                policy, env, n_rollout_steps, alpha, extras.greedy_envs, rng, action_space, extras.needs_values
             )
         if not exact_ppo and policy is not None:  # a prefill of another batch rounds floats differently from PPO's
             warm_prefills(policy, env)
@@ -253,8 +249,8 @@ class RolloutExtras:
             for name, value in stats.items():  # the tracker's own figures (advantage="role": each baseline)
                 if name.startswith("role_baseline_"):
                     logger.record(f"rollout/{name}", value)
-        if isinstance(self.turns, VLLMTurnQueues):
-            self._engine_mismatch(rollout_buffer, logger)
+        if self.turns is not None:  # the engine's own correction of its tokens (vLLM's importance weights)
+            self.turns.finish(rollout_buffer, logger)
         self.nonfinite.drop(rollout_buffer)
         if self.nonfinite.nonfinite == "skip":
             logger.record("rollout/skipped_episodes", self.nonfinite.dropped_episodes)
@@ -263,29 +259,6 @@ class RolloutExtras:
             for name, value in self.carry.settle(rollout_buffer, self.tracker, dropped).items():
                 logger.record(f"rollout/{name}", value)
         check_advantages(rollout_buffer, timestep, n_updates, advantage)
-
-    def _engine_mismatch(self, rollout_buffer: RolloutBuffer, logger: Logger) -> None:
-        """The ``"vllm"`` engine: the gap between its log-probs and the policy's, and, with an ``importance_cap``,
-        each token's advantage weighted by ``min(pi_policy / pi_engine, cap)``."""
-        assert isinstance(self.turns, VLLMTurnQueues)
-        mean, worst = logprob_gap(*self.turns.consumed_log_probs())
-        logger.record("rollout/engine_logprob_gap", mean)
-        logger.record("rollout/engine_logprob_gap_max", worst)
-        if self.importance_cap is not None:
-            weights = self.turns.importance_weights(self.importance_cap)
-            rollout_buffer.advantages *= weights.astype(rollout_buffer.advantages.dtype)
-            logger.record("rollout/engine_importance_weight_mean", float(weights.mean()))
-            logger.record("rollout/engine_importance_weight_min", float(weights.min()))
-
-
-def vllm_turn_queues(engine: Any, policy: BasePolicy, env: VecEnv, n_steps: int) -> VLLMTurnQueues:
-    """The ``"vllm"`` engine's queues for a rollout of ``env`` (its text spec gives the stop tokens and the budget)."""
-    spec = text_spec(env)
-    stops = [] if spec is None else [spec.eos_token_id, *getattr(spec, "turn_end_ids", ())]
-    stop_ids = sorted({int(s) for s in stops if s is not None})
-    width = int(policy.observation_space["input_ids"].shape[-1])  # type: ignore[index]
-    budget = n_steps if spec is None else int(spec.max_agent_steps)
-    return VLLMTurnQueues(engine, policy, n_steps, env.num_envs, stop_ids, budget, width)
 
 
 def warm_prefills(policy: BasePolicy, env: VecEnv, max_rows_per_env: int = 4) -> int:
