@@ -54,6 +54,7 @@ __all__ = [
     "clip_fractions",
     "cispo_objective",
     "clipped_surrogate",
+    "decoupled_eps",
     "constant_normalized_sum",
     "decoupled_clipped_surrogate",
     "gspo_objective",
@@ -193,6 +194,18 @@ def decoupled_clipped_surrogate(
     unclipped = advantages * ratio
     clipped = advantages * th.clamp(ratio, 1 - clip_range_low, 1 + clip_range_high)
     return th.min(unclipped, clipped)
+
+
+def decoupled_eps(ratio: th.Tensor, clip_range_low: float, clip_range_high: float) -> th.Tensor:
+    """Per token, the distance to the bound on the ratio's side of 1 (``eps_high`` above 1, ``eps_low`` below), so
+    that ``|r - 1| > eps`` says the ratio left ``[1 - eps_low, 1 + eps_high]`` (the clip fraction of a decoupled clip:
+    :func:`clip_fractions`).
+
+    :param ratio: ``pi(a|s) / pi_old(a|s)``, shape ``(B,)``
+    :param clip_range_low: ``eps_low``
+    :param clip_range_high: ``eps_high``
+    """
+    return th.where(ratio > 1, th.full_like(ratio, clip_range_high), th.full_like(ratio, clip_range_low))
 
 
 def overlong_penalty(

@@ -15,6 +15,9 @@
   exists but has no page (a private module, a helper) renders as code, unlinked; a name of another package
   reached through an alias (``th.Tensor``) renders unlinked too. A name that does not import is left alone, so
   Sphinx reports it and the build fails: a misspelt or stale reference to our own code is never hidden.
+- ``autodoc-before-process-signature``: a constructor that states its signature (``__signature__``: the algorithms,
+  whose own ``__init__`` takes PPO's arguments and the shared options through ``**kwargs``) is shown as it states
+  it; ``autodoc_preserve_defaults`` reads the other functions' defaults from their source.
 """
 
 from __future__ import annotations
@@ -345,7 +348,26 @@ def _on_builder_inited(app):
     write_env_pages(Path(app.srcdir) / "envs")
 
 
+def _keep_stated_signatures(app) -> None:
+    """Wrap ``autodoc_preserve_defaults``' handler so that it skips a function whose ``__signature__`` was set in its
+    module (its source lists fewer arguments than it states: ``*args, **kwargs`` named in the signature)."""
+    from sphinx.ext.autodoc.preserve_defaults import update_defvalue
+
+    listeners = app.events.listeners["autodoc-before-process-signature"]
+    for listener in list(listeners):
+        if listener.handler is update_defvalue:
+            app.disconnect(listener.id)
+
+            def update_unless_stated(app, obj, bound_method):
+                if "__signature__" in getattr(obj, "__dict__", {}):
+                    return
+                update_defvalue(app, obj, bound_method)
+
+            app.connect("autodoc-before-process-signature", update_unless_stated, priority=listener.priority)
+
+
 def setup(app):
+    _keep_stated_signatures(app)
     app.connect("builder-inited", _on_builder_inited)
     app.connect("autodoc-process-docstring", sections_as_rubrics)
     # after Sphinx's own resolver of builtins and typing names (priority 900), whose answer wins: ``float`` in a

@@ -16,13 +16,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch as th
-from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.policies import ActorCriticPolicy
-from stable_baselines3.common.type_aliases import GymEnv, Schedule
+from stable_baselines3.common.type_aliases import GymEnv
 
+from sb3_grpo.common.advantages.forms import CRITIC_FREE_FORMS
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
-from sb3_grpo.common.options.checks import CRITIC_FREE_ADVANTAGES, check_grpo_args
+from sb3_grpo.common.options.support import Supports
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.common.update.train_stats import LossTerms, TrainStats
 from sb3_grpo.objectives import cispo_objective
@@ -43,107 +43,36 @@ class CISPO(GroupOnPolicyAlgorithm):
     with ``r_t = pi(a_t|s_t) / pi_old(a_t|s_t)`` and ``A_t`` the group advantage of ``t``'s episode. Its gradient is
     ``-(1 / T) sum_t w_t A_t grad log pi``: a token outside the range still moves, with its weight capped. The paper
     sets no lower bound (``clip_range_low=None``, the default) and tunes only ``eps_high``, whose value it does not
-    give; the default ``0.28`` is DAPO's clip-higher bound, ours and untuned. It needs an env with groups.
+    give; the default ``0.28`` is DAPO's clip-higher bound, ours and untuned. ``train/clip_fraction`` is the share of
+    tokens whose weight was capped. It needs an env with groups.
 
-    PPO's arguments mean what they mean for SB3's ``PPO``, except ``clip_range``, which has no effect (the bounds
-    are ``clip_range_low`` and ``clip_range_high``), and ``vf_coef``, ``clip_range_vf`` and ``normalize_advantage``
-    (no critic). ``train/clip_fraction`` is the share of tokens whose weight was capped.
+    PPO's arguments and the shared options are the skeleton's
+    (:class:`~sb3_grpo.common.on_policy.GroupOnPolicyAlgorithm`; ``clip_range`` has no effect, the bounds being
+    ``clip_range_low`` and ``clip_range_high``, nor do ``vf_coef``, ``clip_range_vf`` and ``normalize_advantage``); what
+    it supports of the shared options is :attr:`supports`. Its own:
 
     :param clip_range_low: ``eps_low``, the weight's floor is ``1 - eps_low`` (``None``: no floor, the paper's)
     :param clip_range_high: ``eps_high``, the weight's cap is ``1 + eps_high``
-    :param advantage: ``"group"`` (the paper's, the default), ``"group_mean"``, ``"rloo"``, ``"self_critical"`` or
-        ``"role"`` (two-player games: a running baseline per game and role)
-    :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
-    :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
-    :param carry_over: train the steps of an episode whose group has not finished when the rollout ends in the first
-        update after it has (:mod:`sb3_grpo.common.advantages.carry_over`; the text fast path); ``"auto"`` (the
-        default): on where it applies, as :class:`~sb3_grpo.GRPO`'s
-    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.engines.turn_queues`): ``"step"`` (default,
-        SB3's loop), ``"hf"`` (the policy's built-in decoder) or ``"vllm"`` (the vLLM extra); see
-        :class:`~sb3_grpo.GRPO`
+    :param advantage: ``"group"`` (the paper's, the default), or another form without a critic
     """
 
-    # Over 80 lines: PPO's signature plus CISPO's own arguments, kept in SB3's form
+    supports = Supports(advantages=CRITIC_FREE_FORMS, reward_redistribution=())
+
     def __init__(
         self,
         policy: str | type[ActorCriticPolicy],
         env: GymEnv | str,
-        learning_rate: float | Schedule = 3e-4,
-        n_steps: int = 2048,
-        batch_size: int = 64,
-        n_epochs: int = 10,
-        gamma: float = 0.99,
-        gae_lambda: float = 0.95,
-        clip_range: float | Schedule = 0.2,
-        clip_range_vf: float | Schedule | None = None,
-        normalize_advantage: bool = True,
-        ent_coef: float | Schedule = 0.0,
-        vf_coef: float = 0.5,
-        max_grad_norm: float = 0.5,
-        use_sde: bool = False,
-        sde_sample_freq: int = -1,
-        rollout_buffer_class: type[RolloutBuffer] | None = None,
-        rollout_buffer_kwargs: dict[str, Any] | None = None,
-        target_kl: float | None = None,
-        stats_window_size: int = 100,
-        tensorboard_log: str | None = None,
-        policy_kwargs: dict[str, Any] | None = None,
-        verbose: int = 0,
-        seed: int | None = None,
-        device: th.device | str = "auto",
-        _init_setup_model: bool = True,
-        *,
+        *args: Any,
         clip_range_low: float | None = None,
         clip_range_high: float = 0.28,
         advantage: str = "group",
-        grad_norm_warn: float | None = 1000.0,
-        nonfinite: str = "raise",
-        carry_over: bool | str = "auto",
-        engine: str = "step",
+        _init_setup_model: bool = True,
+        **kwargs: Any,
     ):
-        check_grpo_args(locals())  # PPO's arguments and the shared ones, before any model is built
-        if advantage not in CRITIC_FREE_ADVANTAGES:
-            raise ValueError(
-                f"CISPO trains no critic, so its advantage is a group or role form: "
-                f"one of {CRITIC_FREE_ADVANTAGES}, got "
-                f"{advantage!r}; use GRPO(advantage='gae') or SB3's PPO for GAE"
-            )
         if clip_range_low is not None:
             check_float("clip_range_low", clip_range_low, low=0, low_open=True, example=0.2)
         check_float("clip_range_high", clip_range_high, low=0, low_open=True, example=0.28)
-        super().__init__(
-            policy,
-            env,
-            learning_rate=learning_rate,
-            n_steps=n_steps,
-            batch_size=batch_size,
-            n_epochs=n_epochs,
-            gamma=gamma,
-            gae_lambda=gae_lambda,
-            clip_range=clip_range,
-            clip_range_vf=clip_range_vf,
-            normalize_advantage=normalize_advantage,
-            ent_coef=ent_coef,
-            vf_coef=vf_coef,
-            max_grad_norm=max_grad_norm,
-            use_sde=use_sde,
-            sde_sample_freq=sde_sample_freq,
-            rollout_buffer_class=rollout_buffer_class,
-            rollout_buffer_kwargs=rollout_buffer_kwargs,
-            target_kl=target_kl,
-            stats_window_size=stats_window_size,
-            tensorboard_log=tensorboard_log,
-            policy_kwargs=policy_kwargs,
-            verbose=verbose,
-            seed=seed,
-            device=device,
-            _init_setup_model=_init_setup_model,
-            advantage=advantage,
-            grad_norm_warn=grad_norm_warn,
-            nonfinite=nonfinite,
-            carry_over=carry_over,
-            engine=engine,
-        )
+        super().__init__(policy, env, *args, advantage=advantage, _init_setup_model=_init_setup_model, **kwargs)
         self.clip_range_low = clip_range_low
         self.clip_range_high = clip_range_high
         if _init_setup_model:
@@ -171,15 +100,17 @@ class CISPO(GroupOnPolicyAlgorithm):
         objective = cispo_objective(
             log_prob, minibatch.old_log_prob, advantages, self.clip_range_low, self.clip_range_high
         )
-        # token-level: the sum over every token of the minibatch divided by their number (MiniMax-M1, eq. 4)
-        policy_loss = -objective.mean()
+        # token-level: the sum over every token of the minibatch divided by their number (MiniMax-M1, eq. 4); a
+        # micro-batch's mean weighted by its share of the minibatch's tokens
+        fraction = 1.0 if minibatch.share is None else minibatch.share.fraction
+        policy_loss = -objective.mean() * fraction
         stats.pg_losses.append(policy_loss.item())
         with th.no_grad():
             ratio = th.exp(log_prob - minibatch.old_log_prob)
             low = float("inf") if self.clip_range_low is None else self.clip_range_low
             eps = th.where(ratio > 1, th.full_like(ratio, self.clip_range_high), th.full_like(ratio, low))
         stats.add_clip_fractions(ratio, eps, advantages)
-        entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
+        entropy_loss = (-th.mean(-log_prob) if entropy is None else -th.mean(entropy)) * fraction
         stats.entropy_losses.append(entropy_loss.item())
         loss = policy_loss + self._current_ent_coef * entropy_loss
 

@@ -19,8 +19,10 @@ micro-batch, its share of the minibatch's loss: ``Minibatch.share``; whole-minib
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
+from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -42,11 +44,20 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo import distributed
 from sb3_grpo.common.advantages.carry_over import CarryOver
-from sb3_grpo.common.advantages.forms import advantage_form, check_advantage_env, make_group_tracker
+from sb3_grpo.common.advantages.forms import BUILT_IN_FORMS, advantage_form, check_advantage_env, make_group_tracker
 from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker
 from sb3_grpo.common.checkpoints.save_load import CheckpointMixin
-from sb3_grpo.common.data_parallel import DATA_PARALLEL, make_data_parallel
-from sb3_grpo.common.options.checks import check_carry_over, check_learn_args, check_ppo_batching, resolve_carry_over
+from sb3_grpo.common.data_parallel import make_data_parallel
+from sb3_grpo.common.options.checks import (
+    check_argument_values,
+    check_carry_over,
+    check_learn_args,
+    check_ppo_args,
+    check_ppo_batching,
+    check_shared_args,
+    resolve_carry_over,
+)
+from sb3_grpo.common.options.support import Supports, evaluated_signature, merged_signature
 from sb3_grpo.common.rollout.extras import RolloutExtras, bootstrap_truncated, env_actions
 from sb3_grpo.common.rollout.nonfinite import raise_non_finite
 from sb3_grpo.common.rollout.redistribution import (
@@ -66,9 +77,8 @@ from sb3_grpo.common.update.loss_scaling import (
 )
 from sb3_grpo.common.update.router_aux import with_router_aux
 from sb3_grpo.common.update.train_stats import LossTerms, MicroBatchStats, TrainStats
-from sb3_grpo.engines import check_engine, engine_importance_cap, make_engine
+from sb3_grpo.engines import engine_importance_cap, make_engine
 from sb3_grpo.objectives import pearson_corr
-from textrl_envs.validation import check_choice, check_int
 
 __all__ = ["GroupOnPolicyAlgorithm"]
 
@@ -115,6 +125,19 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, OnPolicyAlgorithm):
         "CnnPolicy": ActorCriticCnnPolicy,
         "MultiInputPolicy": MultiInputActorCriticPolicy,
     }
+    #: The values of the shared options this algorithm supports (:class:`~sb3_grpo.common.options.support.Supports`);
+    #: each algorithm declares its own.
+    supports: ClassVar[Supports] = Supports(advantages=BUILT_IN_FORMS)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's constructor takes PPO's arguments and the shared options through ``*args, **kwargs``; its
+        signature lists them by name (:func:`~sb3_grpo.common.options.support.merged_signature`), for users, the
+        docs and the comparison's overrides."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None and any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            parent = evaluated_signature(super(cls, cls).__init__)
+            cls.__init__.__signature__ = merged_signature(cls.__init__, parent)  # type: ignore[attr-defined]
 
     # Over 80 lines: PPO's signature and its super().__init__ call, kept in SB3's form so that the two read side by side
     def __init__(
@@ -155,12 +178,15 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, OnPolicyAlgorithm):
         engine: str = "step",
         reward_redistribution: str | None = None,
     ):
+        # every argument (type, finiteness, range) and whether this algorithm supports the shared options' values is
+        # checked first, before any model is built; a subclass checks its own arguments before calling this
+        self.check_arguments(locals())
         # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed); outside
         # torchrun this is the single-process seam and torch.distributed is never touched. load() builds with
         # _init_setup_model=False and makes no collective call (rank 0 alone may load a model).
         self._sync_ranks_at_setup = _init_setup_model
         on_cpu = str(device) != "auto" and th.device(device).type == "cpu"
-        self.data_parallel = check_choice("data_parallel", data_parallel, DATA_PARALLEL)
+        self.data_parallel = data_parallel
         self._data_parallel = make_data_parallel(backend="gloo" if on_cpu else None, mode=data_parallel)
         device = self._data_parallel.device(device)
         verbose = verbose if self._data_parallel.is_main else 0
@@ -209,10 +235,8 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, OnPolicyAlgorithm):
         self.grad_norm_warn = grad_norm_warn
         self.nonfinite = nonfinite
         self.carry_over = carry_over
-        if micro_batch_size is not None:
-            check_int("micro_batch_size", micro_batch_size, low=1, example=8)
         self.micro_batch_size = micro_batch_size
-        self.engine = check_engine(engine)
+        self.engine = engine
         self.reward_redistribution = reward_redistribution
         if reward_redistribution is not None and self.env is not None:
             check_redistribution_env(self.env, reward_redistribution)
@@ -221,6 +245,33 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, OnPolicyAlgorithm):
         self._lm_spec: dict[str, Any] | None = None  # the LM's spec, saved with the model (CheckpointMixin)
         self._tracker_state: dict[str, Any] | None = None  # what the advantage tracker keeps across updates
         self._full_state: dict[str, dict] | None = None  # while saving under FSDP: the gathered state
+
+    @classmethod
+    def check_arguments(cls, args: Mapping[str, Any]) -> None:
+        """Check the constructor arguments in ``args`` (other keys are ignored), as the constructor does before it
+        builds anything: PPO's (:func:`~sb3_grpo.common.options.checks.check_ppo_args`), whether this algorithm
+        supports the shared options' values (:attr:`supports`), and the shared options themselves
+        (:func:`~sb3_grpo.common.options.checks.check_shared_args`). The comparison runs it on its hyperparameters.
+
+        :raises TypeError: naming the first argument of a wrong type.
+        :raises ValueError: naming the first argument with a wrong value, an option this algorithm does not support,
+            or two that do not go together.
+        """
+        check_ppo_args(args)
+        check_shared_args(args, cls.supports.advantages)
+        cls.supports.check(cls.__name__, args)
+
+    @classmethod
+    def _check_load_arguments(cls, args: dict[str, Any]) -> None:
+        """Check the arguments ``load`` sets (``kwargs``, ``custom_objects``) one by one, with the constructor's checks
+        (:func:`~sb3_grpo.common.options.checks.check_argument_values`) and this algorithm's support of the shared
+        options; a subclass with arguments of its own extends it.
+
+        :raises TypeError: naming an argument of a wrong type.
+        :raises ValueError: naming an argument with a wrong value, or an option this algorithm does not support.
+        """
+        check_argument_values(args)
+        cls.supports.check(cls.__name__, args)
 
     # ------------------------------------------------------------------------------------------------------
     # What a subclass defines

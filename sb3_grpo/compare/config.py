@@ -225,14 +225,14 @@ def check_hyperparameters(spec: AlgoSpec, hyperparameters: dict[str, Any], text:
     :param text: Text env (then ``policy_kwargs`` are checked against :class:`~sb3_grpo.policies.CausalLMPolicy`).
     :raises CompareError: naming the algorithm, the argument and what to pass.
     """
-    from sb3_grpo.common.options.checks import check_grpo_args, check_ppo_args
+    from sb3_grpo.common.options.checks import check_ppo_args
 
     args = {**constructor_defaults(spec), **hyperparameters}
     try:
         if spec.cls_name == "PPO":
             check_ppo_args(args)
-        else:
-            check_grpo_args(args)
+        else:  # the package's algorithm: PPO's checks, the shared options and its support of them, its own
+            spec.algo_class().check_arguments(args)
         if text and args.get("policy_kwargs"):
             check_policy_kwargs(args["policy_kwargs"])
     except (TypeError, ValueError) as err:

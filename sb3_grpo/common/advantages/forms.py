@@ -34,6 +34,7 @@ from sb3_grpo.objectives import group_advantages, group_mean_advantages, rloo_ad
 __all__ = [
     "ADVANTAGE_FORMS",
     "BUILT_IN_FORMS",
+    "CRITIC_FREE_FORMS",
     "AdvantageForm",
     "advantage_form",
     "check_advantage_env",
@@ -59,6 +60,8 @@ class AdvantageForm:
     :param greedy_member: Env ``i`` with ``i % group_size == 0`` acts greedily and serves as the baseline.
     :param check_env: Refuses an env the form cannot use, given the env and its group size (beyond the groups).
     :param summary: One line: what it computes, and where it comes from.
+    :param owner: The algorithm that takes it whatever else does (the alternative an error names): ``GRPO`` for the
+        package's own forms, the algorithm that registers a form of its own.
     """
 
     name: str
@@ -68,6 +71,7 @@ class AdvantageForm:
     greedy_member: bool = False
     check_env: Callable[[VecEnv, int | None], None] | None = None
     summary: str = ""
+    owner: str = "GRPO"
 
     @property
     def critic(self) -> bool:
@@ -218,3 +222,5 @@ register_advantage(
 
 #: The package's own forms, in their order (forms registered elsewhere, by an algorithm of their own, come after).
 BUILT_IN_FORMS = tuple(ADVANTAGE_FORMS)
+#: The package's own forms that train no critic (every one but GAE): what an algorithm without a critic takes.
+CRITIC_FREE_FORMS = tuple(name for name in BUILT_IN_FORMS if not ADVANTAGE_FORMS[name].critic)

@@ -23,7 +23,6 @@ from stable_baselines3.common.base_class import maybe_make_env
 from stable_baselines3.common.type_aliases import GymEnv
 
 from sb3_grpo.common.checkpoints.files import existing_checkpoint
-from sb3_grpo.common.options.checks import check_argument_values
 from sb3_grpo.file_io import atomic_write, is_atomic_temp
 from sb3_grpo.policies.models import BASE_WEIGHTS, base_missing_message, portable_policy_kwargs
 
@@ -152,7 +151,8 @@ class CheckpointMixin:
         model (a torn write); see :func:`sb3_grpo.callbacks.latest_checkpoint` to find the newest complete one.
 
         The arguments set on load (``kwargs`` and the values of ``custom_objects``, e.g. ``kl_coef=0.1``) run the same
-        checks as the constructor's: a NaN or an out-of-range value is refused, naming it. As in SB3,
+        checks as the constructor's (``_check_load_arguments``): a NaN, an out-of-range value or an option the algorithm
+        does not support is refused, naming it. As in SB3,
         ``device="cuda"`` on a machine without CUDA loads on the CPU (with a warning).
 
         A LoRA model's checkpoint holds its adapters, not its base model, which loads again by its name or path (Hub
@@ -179,17 +179,6 @@ class CheckpointMixin:
             force_reset=force_reset,
             **kwargs,
         )
-
-    @classmethod
-    def _check_load_arguments(cls, args: dict[str, Any]) -> None:
-        """Check the arguments ``load`` sets (``kwargs``, ``custom_objects``) one by one, with the constructor's checks
-        (:func:`~sb3_grpo.common.options.checks.check_argument_values`); a subclass with arguments of its own extends
-        it.
-
-        :raises TypeError: naming an argument of a wrong type.
-        :raises ValueError: naming an argument with a wrong value.
-        """
-        check_argument_values(args)
 
 
 def relocated_base(policy_kwargs: Any, base_model: Any) -> Any:
