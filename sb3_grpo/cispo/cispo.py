@@ -22,11 +22,11 @@ from stable_baselines3.common.type_aliases import GymEnv
 
 from sb3_grpo.common.advantages.forms import CRITIC_FREE_FORMS
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+from sb3_grpo.common.options.checks import check_clip_bounds
 from sb3_grpo.common.options.support import Supports
 from sb3_grpo.common.type_aliases import Minibatch
-from sb3_grpo.common.update.train_stats import LossTerms, TrainStats
-from sb3_grpo.objectives import cispo_objective
-from textrl_envs.validation import check_float
+from sb3_grpo.common.update.train_stats import TrainStats
+from sb3_grpo.objectives import cispo_objective, decoupled_eps
 
 __all__ = ["CISPO"]
 
@@ -69,54 +69,29 @@ class CISPO(GroupOnPolicyAlgorithm):
         _init_setup_model: bool = True,
         **kwargs: Any,
     ):
-        if clip_range_low is not None:
-            check_float("clip_range_low", clip_range_low, low=0, low_open=True, example=0.2)
-        check_float("clip_range_high", clip_range_high, low=0, low_open=True, example=0.28)
+        check_clip_bounds(clip_range_low, clip_range_high, low_example=0.2, high_example=0.28)
         super().__init__(policy, env, *args, advantage=advantage, _init_setup_model=_init_setup_model, **kwargs)
         self.clip_range_low = clip_range_low
         self.clip_range_high = clip_range_high
         if _init_setup_model:
             self._setup_model()
 
-    def _minibatch_loss(
-        self,
-        minibatch: Minibatch,
-        clip_range: float,
-        clip_range_vf: float | None,
-        stats: TrainStats,
-        measure_kl: bool = True,
-    ) -> LossTerms:
-        """CISPO's loss of one minibatch (see the class), with its statistics recorded in ``stats``.
-
-        :param minibatch: The minibatch.
-        :param clip_range: Unused (the bounds are ``clip_range_low`` and ``clip_range_high``).
-        :param clip_range_vf: Unused (no critic).
-        :param stats: Where the per-minibatch figures go.
-        :param measure_kl: Compute ``approx_kl`` (PPO's early-stopping estimate).
-        """
-        del clip_range, clip_range_vf  # CISPO's own bounds; no critic
-        _, log_prob, entropy = self.batch_source.evaluate(minibatch)
+    def _policy_loss(
+        self, minibatch: Minibatch, log_prob: th.Tensor, clip_range: float, stats: TrainStats
+    ) -> th.Tensor:
+        """CISPO's policy term (see the class); ``clip_range`` is unused, the bounds being CISPO's own."""
+        del clip_range  # CISPO's own bounds
         advantages = minibatch.advantages
         objective = cispo_objective(
             log_prob, minibatch.old_log_prob, advantages, self.clip_range_low, self.clip_range_high
         )
-        # token-level: the sum over every token of the minibatch divided by their number (MiniMax-M1, eq. 4); a
-        # micro-batch's mean weighted by its share of the minibatch's tokens
-        fraction = 1.0 if minibatch.share is None else minibatch.share.fraction
-        policy_loss = -objective.mean() * fraction
-        stats.pg_losses.append(policy_loss.item())
         with th.no_grad():
             ratio = th.exp(log_prob - minibatch.old_log_prob)
             low = float("inf") if self.clip_range_low is None else self.clip_range_low
-            eps = th.where(ratio > 1, th.full_like(ratio, self.clip_range_high), th.full_like(ratio, low))
-        stats.add_clip_fractions(ratio, eps, advantages)
-        entropy_loss = (-th.mean(-log_prob) if entropy is None else -th.mean(entropy)) * fraction
-        stats.entropy_losses.append(entropy_loss.item())
-        loss = policy_loss + self._current_ent_coef * entropy_loss
-
-        approx_kl_div = stats.add_approx_kl(log_prob, minibatch.old_log_prob) if measure_kl else None
-        stats.last_loss = loss.item()
-        return LossTerms(loss, approx_kl_div, {"pg_loss": stats.pg_losses[-1]}, stats.last_loss)
+        stats.add_clip_fractions(ratio, decoupled_eps(ratio, low, self.clip_range_high), advantages)
+        # token-level: the sum over every token of the minibatch divided by their number (MiniMax-M1, eq. 4); a
+        # micro-batch's mean weighted by its share of the minibatch's tokens
+        return -objective.mean() * (1.0 if minibatch.share is None else minibatch.share.fraction)
 
     def _record_own(self, logger: Logger, clip_range: float) -> None:
         del clip_range  # CISPO's bounds are its own

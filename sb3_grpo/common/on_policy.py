@@ -10,7 +10,8 @@ loss scaling (:mod:`sb3_grpo.common.update.loss_scaling`), the router term of mi
 CheckpointMixin`) and ``torch.distributed`` (:mod:`sb3_grpo.common.data_parallel`).
 
 A subclass (sb3-contrib's pattern) calls ``super().__init__(..., _init_setup_model=False)``, sets its own arguments,
-and calls ``self._setup_model()`` when ``_init_setup_model``. It writes its loss in ``_minibatch_loss`` (for a
+and calls ``self._setup_model()`` when ``_init_setup_model``. It writes its loss in ``_minibatch_loss``, or, without a
+critic, only its policy term in ``_policy_loss`` (for a
 micro-batch, its share of the minibatch's loss: ``Minibatch.share``; whole-minibatch statistics go in
 ``_prepare_minibatch``) and may log its own figures in ``_record_own``. The other hooks, each a no-op here:
 ``_rollout_alpha`` (the exploration mixture's weight), ``_kl_reference`` (a frozen KL reference),
@@ -22,7 +23,7 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -282,18 +283,45 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, OnPolicyAlgorithm):
         clip_range: float,
         clip_range_vf: float | None,
         stats: TrainStats,
-        measure_kl: bool,
+        measure_kl: bool = True,
     ) -> LossTerms:
-        """The loss of one minibatch, with its statistics recorded in ``stats``.
+        """The loss of one minibatch, with its statistics recorded in ``stats``. Here that of an algorithm without a
+        critic: its policy term (``_policy_loss``) plus PPO's entropy bonus, ``policy_loss + ent_coef * entropy_loss``
+        (no value loss; a micro-batch's entropy mean weighted by its share of the minibatch's transitions).
 
         :param minibatch: The minibatch (per transition, with its sequences: ``Minibatch.sequence_ids``).
         :param clip_range: The update's ``eps``.
-        :param clip_range_vf: The update's value clip range (``None``: no value clipping).
+        :param clip_range_vf: The update's value clip range (``None``: no value clipping; unused without a critic).
         :param stats: Where the per-minibatch figures go.
         :param measure_kl: Compute ``approx_kl`` (PPO's early-stopping estimate); else ``LossTerms.approx_kl`` is
             ``None``.
         """
-        raise NotImplementedError(f"{type(self).__name__} must define _minibatch_loss")
+        del clip_range_vf  # no critic
+        _, log_prob, entropy = self.batch_source.evaluate(minibatch)
+        policy_loss = self._policy_loss(minibatch, log_prob, clip_range, stats)
+        stats.pg_losses.append(policy_loss.item())
+        # Entropy loss favor exploration (approximated when there is no analytical form)
+        entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
+        if minibatch.share is not None:  # a micro-batch: its mean weighted by its share of the transitions
+            entropy_loss = entropy_loss * minibatch.share.fraction
+        stats.entropy_losses.append(entropy_loss.item())
+        loss = policy_loss + self._current_ent_coef * entropy_loss
+        approx_kl_div = stats.add_approx_kl(log_prob, minibatch.old_log_prob) if measure_kl else None
+        stats.last_loss = loss.item()
+        return LossTerms(loss, approx_kl_div, {"pg_loss": stats.pg_losses[-1]}, stats.last_loss)
+
+    def _policy_loss(
+        self, minibatch: Minibatch, log_prob: th.Tensor, clip_range: float, stats: TrainStats
+    ) -> th.Tensor:
+        """The policy term of an algorithm without a critic (to be minimised; for a micro-batch, its share of the
+        minibatch's), its clip fractions recorded in ``stats`` (``_minibatch_loss`` adds the rest).
+
+        :param minibatch: The minibatch.
+        :param log_prob: ``log pi(a|s)`` of its actions under the current policy (with gradient).
+        :param clip_range: The update's ``eps``.
+        :param stats: Where the per-minibatch figures go.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must define _minibatch_loss or _policy_loss")
 
     def _prepare_minibatch(self, minibatch: Minibatch) -> Minibatch:
         """The minibatch before it is split into micro-batches (``micro_batch_size``): where the loss uses a statistic
@@ -613,6 +641,11 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, OnPolicyAlgorithm):
                 stats.approx_kl_divs = []
                 # approx_kl: every epoch's for target_kl, else only the last epoch's (the only ones logged, as PPO logs)
                 measure_kl = self.target_kl is not None or epoch == self.n_epochs - 1
+
+                def loss(part: Minibatch, part_stats: TrainStats, kl: bool = measure_kl) -> LossTerms:
+                    """A minibatch's (or a micro-batch's) loss, with the router term where it applies."""
+                    return self._loss_with_router_aux(part, clip_range, clip_range_vf, part_stats, kl)
+
                 # Do a complete pass on the rollout buffer (None: a data-parallel rank's idle step)
                 for minibatch in self._data_parallel.epoch(
                     self.batch_source.minibatches(self.rollout_buffer, self.batch_size)
@@ -620,9 +653,9 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, OnPolicyAlgorithm):
                     terms = None
                     split = minibatch is not None and self.micro_batch_size is not None
                     if split:  # forward and backward micro-batch by micro-batch, the gradients accumulated
-                        terms = self._micro_batch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
+                        terms = self._micro_batch_loss(minibatch, loss, stats)
                     elif minibatch is not None:
-                        terms = self._loss_with_router_aux(minibatch, clip_range, clip_range_vf, stats, measure_kl)
+                        terms = loss(minibatch, stats)
                     if self._stop_early(terms, epoch):
                         if split:
                             self.policy.optimizer.zero_grad()  # the accumulated gradient takes no step
@@ -638,12 +671,7 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, OnPolicyAlgorithm):
         self._record_update(stats, clip_range, clip_range_vf)
 
     def _loss_with_router_aux(
-        self,
-        minibatch: Minibatch,
-        clip_range: float,
-        clip_range_vf: float | None,
-        stats: TrainStats,
-        measure_kl: bool,
+        self, minibatch: Minibatch, clip_range: float, clip_range_vf: float | None, stats: TrainStats, measure_kl: bool
     ) -> LossTerms:
         """The subclass's ``_minibatch_loss``, plus the router load-balancing term of a mixture-of-experts LM built
         with ``router_aux_loss_coef > 0`` (:func:`~sb3_grpo.common.update.router_aux.with_router_aux`)."""
@@ -655,15 +683,11 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, OnPolicyAlgorithm):
         )
 
     def _micro_batch_loss(
-        self,
-        minibatch: Minibatch,
-        clip_range: float,
-        clip_range_vf: float | None,
-        stats: TrainStats,
-        measure_kl: bool,
+        self, minibatch: Minibatch, loss: Callable[[Minibatch, TrainStats], LossTerms], stats: TrainStats
     ) -> LossTerms:
         """The minibatch's loss in micro-batches of ``micro_batch_size``, each one's backward run as soon as its loss
-        is known (gradients accumulate; the optimizer step follows in :meth:`_optimizer_step`).
+        (``loss(micro_batch, stats)``) is known (gradients accumulate; the optimizer step follows in
+        :meth:`_optimizer_step`).
 
         Each micro-batch's loss is its share of the minibatch's (``Minibatch.share``): the shares and their gradients
         add up to the unsplit minibatch's. The figures recorded in ``stats`` are the whole minibatch's. After a
@@ -676,7 +700,7 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, OnPolicyAlgorithm):
         total, details, finite = 0.0, {}, True
         for part in self.batch_source.split(minibatch, self.micro_batch_size):
             with th.enable_grad() if finite else th.no_grad():
-                terms = self._loss_with_router_aux(part, clip_range, clip_range_vf, micro_stats, measure_kl)
+                terms = loss(part, micro_stats)
             total += terms.value
             for key, value in terms.details.items():
                 details[key] = details.get(key, 0.0) + value

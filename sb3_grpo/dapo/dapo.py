@@ -34,9 +34,10 @@ from sb3_grpo.common.advantages.forms import make_group_tracker
 from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker, env_episode_limit
 from sb3_grpo.common.buffers import SequenceRolloutBuffer
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+from sb3_grpo.common.options.checks import check_clip_bounds
 from sb3_grpo.common.options.support import Supports
 from sb3_grpo.common.type_aliases import Minibatch, SequenceSamples
-from sb3_grpo.common.update.train_stats import LossTerms, TrainStats
+from sb3_grpo.common.update.train_stats import TrainStats
 from sb3_grpo.dapo.shaping import ShapedGroupTracker
 from sb3_grpo.objectives import decoupled_clipped_surrogate, decoupled_eps
 from textrl_envs.validation import check_float, check_int
@@ -99,9 +100,7 @@ class DAPO(GroupOnPolicyAlgorithm):
         _init_setup_model: bool = True,
         **kwargs: Any,
     ):
-        if clip_range_low is not None:
-            check_float("clip_range_low", clip_range_low, low=0, low_open=True, example=0.2)
-        check_float("clip_range_high", clip_range_high, low=0, low_open=True, example=0.28)
+        check_clip_bounds(clip_range_low, clip_range_high, low_example=0.2, high_example=0.28)
         if max_completion_tokens is not None:
             check_int("max_completion_tokens", max_completion_tokens, low=1, example=64)
         if overlong_buffer is not None:
@@ -167,11 +166,7 @@ class DAPO(GroupOnPolicyAlgorithm):
         return self._group_tracker
 
     def collect_rollouts(
-        self,
-        env: VecEnv,
-        callback: BaseCallback,
-        rollout_buffer: RolloutBuffer,
-        n_rollout_steps: int,
+        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:
         """
         The skeleton's rollout (SB3's ``collect_rollouts``), repeated for dynamic sampling: after each, the groups
@@ -224,41 +219,18 @@ class DAPO(GroupOnPolicyAlgorithm):
         low = clip_range if self.clip_range_low is None else self.clip_range_low
         return low, self.clip_range_high
 
-    def _minibatch_loss(
-        self,
-        minibatch: Minibatch,
-        clip_range: float,
-        clip_range_vf: float | None,
-        stats: TrainStats,
-        measure_kl: bool = True,
-    ) -> LossTerms:
-        """DAPO's loss of one minibatch (see the class), with its statistics recorded in ``stats``.
-
-        :param minibatch: The minibatch.
-        :param clip_range: The update's ``clip_range`` (``eps_low`` unless ``clip_range_low`` is given).
-        :param clip_range_vf: Unused (no critic).
-        :param stats: Where the per-minibatch figures go.
-        :param measure_kl: Compute ``approx_kl`` (PPO's early-stopping estimate).
-        """
-        del clip_range_vf  # no critic
-        _, log_prob, entropy = self.batch_source.evaluate(minibatch)
+    def _policy_loss(
+        self, minibatch: Minibatch, log_prob: th.Tensor, clip_range: float, stats: TrainStats
+    ) -> th.Tensor:
+        """DAPO's policy term (see the class); ``clip_range`` is ``eps_low`` unless ``clip_range_low`` is given."""
         advantages = minibatch.advantages
         low, high = self._clip_bounds(clip_range)
         ratio = th.exp(log_prob - minibatch.old_log_prob)
         surrogate = decoupled_clipped_surrogate(ratio, advantages, low, high)
+        stats.add_clip_fractions(ratio, decoupled_eps(ratio.detach(), low, high), advantages)
         # token-level: the sum over every token of the minibatch divided by their number (DAPO, section 3.3); a
         # micro-batch's mean weighted by its share of the minibatch's tokens
-        fraction = 1.0 if minibatch.share is None else minibatch.share.fraction
-        policy_loss = -surrogate.mean() * fraction
-        stats.pg_losses.append(policy_loss.item())
-        stats.add_clip_fractions(ratio, decoupled_eps(ratio.detach(), low, high), advantages)
-        entropy_loss = (-th.mean(-log_prob) if entropy is None else -th.mean(entropy)) * fraction
-        stats.entropy_losses.append(entropy_loss.item())
-        loss = policy_loss + self._current_ent_coef * entropy_loss
-
-        approx_kl_div = stats.add_approx_kl(log_prob, minibatch.old_log_prob) if measure_kl else None
-        stats.last_loss = loss.item()
-        return LossTerms(loss, approx_kl_div, {"pg_loss": stats.pg_losses[-1]}, stats.last_loss)
+        return -surrogate.mean() * (1.0 if minibatch.share is None else minibatch.share.fraction)
 
     def _record_own(self, logger: Logger, clip_range: float) -> None:
         low, high = self._clip_bounds(clip_range)

@@ -27,7 +27,7 @@ from sb3_grpo.common.advantages.group_trackers import env_episode_limit
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
 from sb3_grpo.common.options.support import Supports
 from sb3_grpo.common.type_aliases import Minibatch, sequence_index
-from sb3_grpo.common.update.train_stats import LossTerms, TrainStats
+from sb3_grpo.common.update.train_stats import TrainStats
 from sb3_grpo.objectives import clipped_surrogate, constant_normalized_sum
 from textrl_envs.validation import check_int
 
@@ -83,43 +83,19 @@ class DrGRPO(GroupOnPolicyAlgorithm):
         if _init_setup_model:
             self._setup_model()
 
-    def _minibatch_loss(
-        self,
-        minibatch: Minibatch,
-        clip_range: float,
-        clip_range_vf: float | None,
-        stats: TrainStats,
-        measure_kl: bool = True,
-    ) -> LossTerms:
-        """Dr. GRPO's loss of one minibatch (see the class), with its statistics recorded in ``stats``.
-
-        :param minibatch: The minibatch, with its sequences (``Minibatch.sequence_ids``).
-        :param clip_range: The update's ``eps``.
-        :param clip_range_vf: Unused (no critic).
-        :param stats: Where the per-minibatch figures go.
-        :param measure_kl: Compute ``approx_kl`` (PPO's early-stopping estimate).
-        """
-        del clip_range_vf  # no critic
+    def _policy_loss(
+        self, minibatch: Minibatch, log_prob: th.Tensor, clip_range: float, stats: TrainStats
+    ) -> th.Tensor:
+        """Dr. GRPO's policy term (see the class)."""
         if minibatch.sequence_ids is None:
             raise ValueError(
                 "DrGRPO normalises by the minibatch's sequences, and this rollout buffer does not give them; use "
                 "rollout_buffer_class=None (the default), or a subclass of sb3_grpo.common.buffers.PolicyLogProbMixin"
             )
-        _, log_prob, entropy = self.batch_source.evaluate(minibatch)
         advantages = minibatch.advantages
         ratio = th.exp(log_prob - minibatch.old_log_prob)
         surrogate = clipped_surrogate(ratio, advantages, clip_range)
         share = minibatch.share  # a micro-batch: S is the whole minibatch's, its sum is its share of the whole's
         n_sequences = sequence_index(minibatch.sequence_ids)[1] if share is None else share.n_sequences
-        policy_loss = -constant_normalized_sum(surrogate, n_sequences, self.max_completion_tokens)
-        stats.pg_losses.append(policy_loss.item())
         stats.add_clip_fractions(ratio, clip_range, advantages)
-        entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
-        if share is not None:  # the entropy's mean over transitions, weighted by the micro-batch's share of them
-            entropy_loss = entropy_loss * share.fraction
-        stats.entropy_losses.append(entropy_loss.item())
-        loss = policy_loss + self._current_ent_coef * entropy_loss
-
-        approx_kl_div = stats.add_approx_kl(log_prob, minibatch.old_log_prob) if measure_kl else None
-        stats.last_loss = loss.item()
-        return LossTerms(loss, approx_kl_div, {"pg_loss": stats.pg_losses[-1]}, stats.last_loss)
+        return -constant_normalized_sum(surrogate, n_sequences, self.max_completion_tokens)

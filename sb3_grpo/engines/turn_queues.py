@@ -37,7 +37,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo.objectives import mixture_log_prob, uniform_log_prob, uniform_sample
 
-__all__ = ["DecoderEngine", "TurnQueues", "check_decoder_policy", "text_spec"]
+__all__ = ["DecoderEngine", "TurnQueues", "check_decoder_policy", "next_window", "text_spec"]
 
 
 class DecoderEngine:
@@ -54,19 +54,10 @@ class DecoderEngine:
     def weights_changed(self) -> None:
         """Nothing holds a copy of the weights."""
 
-    def start(
-        self,
-        policy: BasePolicy,
-        env: VecEnv,
-        n_steps: int,
-        alpha: float,
-        greedy_envs: np.ndarray | None,
-        rng: np.random.Generator,
-        action_space: spaces.Space,
-        needs_values: bool,
-    ) -> TurnQueues:
-        """The queues of one rollout (the arguments are :class:`TurnQueues`')."""
-        return TurnQueues(policy, env, n_steps, alpha, greedy_envs, rng, action_space, needs_values=needs_values)
+    def start(self, *args: Any, **kwargs: Any) -> TurnQueues:
+        """The queues of one rollout: ``(policy, env, n_steps, alpha, greedy_envs, rng, action_space, needs_values)``,
+        :class:`TurnQueues`' arguments."""
+        return TurnQueues(*args, **kwargs)
 
 
 def check_decoder_policy(policy: BasePolicy, action_space: spaces.Space) -> None:
@@ -81,6 +72,14 @@ def check_decoder_policy(policy: BasePolicy, action_space: spaces.Space) -> None
             "engine='hf' values states by the value head on the decoder's hidden states; a separate critic "
             "(separate_critic=True) reads whole windows, which the decoder does not build: use engine='step'"
         )
+
+
+def next_window(ids: th.Tensor, mask: th.Tensor, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    """The window each row shows after its action, if the env appends it and nothing else (shifted left by one)."""
+    return (
+        th.cat([ids[:, 1:], actions[:, None]], dim=1),
+        th.cat([mask[:, 1:], th.ones_like(mask[:, :1])], dim=1),
+    )
 
 
 def text_spec(env: VecEnv) -> Any:
@@ -210,10 +209,7 @@ class TurnQueues:
         actions = self.tokens[:, t]
         values = self.values[:, t]
         log_probs = self.log_probs[:, t]
-        self.expected = (
-            th.cat([ids[:, 1:], actions[:, None]], dim=1),
-            th.cat([mask[:, 1:], th.ones_like(mask[:, :1])], dim=1),
-        )
+        self.expected = next_window(ids, mask, actions)
         behaviour = log_probs
         if self.alpha > 0:
             mixed = mixture_log_prob(log_probs, uniform_log_prob(self.action_space, actions), self.alpha)

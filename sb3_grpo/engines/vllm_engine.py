@@ -49,7 +49,7 @@ import numpy as np
 import torch as th
 from torch.nn import functional as F
 
-from sb3_grpo.engines.turn_queues import text_spec
+from sb3_grpo.engines.turn_queues import next_window, text_spec
 
 __all__ = [
     "VLLM_INSTALL_HINT",
@@ -480,10 +480,7 @@ class VLLMTurnQueues:
         actions = self.tokens[:, t]
         values = self.values[:, t]
         log_probs = self.log_probs[:, t]
-        self.expected = (
-            th.cat([ids[:, 1:], actions[:, None]], dim=1),
-            th.cat([mask[:, 1:], th.ones_like(mask[:, :1])], dim=1),
-        )
+        self.expected = next_window(ids, mask, actions)
         return actions, values.unsqueeze(-1), log_probs, log_probs
 
     def finish(self, rollout_buffer: Any, logger: Any) -> None:

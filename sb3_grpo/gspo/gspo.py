@@ -24,11 +24,11 @@ from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from sb3_grpo.common.advantages.forms import CRITIC_FREE_FORMS, advantage_form
 from sb3_grpo.common.buffers import SequenceRolloutBuffer
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+from sb3_grpo.common.options.checks import check_clip_bounds
 from sb3_grpo.common.options.support import Supports
 from sb3_grpo.common.type_aliases import Minibatch, sequence_index
-from sb3_grpo.common.update.train_stats import LossTerms, TrainStats
+from sb3_grpo.common.update.train_stats import TrainStats
 from sb3_grpo.objectives import decoupled_eps, gspo_objective, gspo_token_objective, sequence_mean, sequence_ratio
-from textrl_envs.validation import check_float
 
 __all__ = ["GSPO"]
 
@@ -75,9 +75,7 @@ class GSPO(GroupOnPolicyAlgorithm):
         _init_setup_model: bool = True,
         **kwargs: Any,
     ):
-        if clip_range_low is not None:
-            check_float("clip_range_low", clip_range_low, low=0, low_open=True, example=3e-4)
-        check_float("clip_range_high", clip_range_high, low=0, low_open=True, example=4e-4)
+        check_clip_bounds(clip_range_low, clip_range_high, low_example=3e-4, high_example=4e-4)
         super().__init__(
             policy,
             env,
@@ -105,35 +103,22 @@ class GSPO(GroupOnPolicyAlgorithm):
         """``(eps_low, eps_high)`` of this update (``eps_low`` follows ``clip_range`` unless given)."""
         return (clip_range if self.clip_range_low is None else self.clip_range_low), self.clip_range_high
 
-    def _minibatch_loss(
-        self,
-        minibatch: Minibatch,
-        clip_range: float,
-        clip_range_vf: float | None,
-        stats: TrainStats,
-        measure_kl: bool = True,
-    ) -> LossTerms:
-        """GSPO's loss of one minibatch (see the class), with its statistics recorded in ``stats``.
-
-        :param minibatch: The minibatch, with its sequences (``Minibatch.sequence_ids``).
-        :param clip_range: The update's ``clip_range`` (``eps_low`` unless ``clip_range_low`` is given).
-        :param clip_range_vf: Unused (no critic).
-        :param stats: Where the per-minibatch figures go.
-        :param measure_kl: Compute ``approx_kl`` (PPO's early-stopping estimate, per token).
-        """
-        del clip_range_vf  # no critic
+    def _policy_loss(
+        self, minibatch: Minibatch, log_prob: th.Tensor, clip_range: float, stats: TrainStats
+    ) -> th.Tensor:
+        """GSPO's policy term (see the class); ``clip_range`` is ``eps_low`` unless ``clip_range_low`` is given."""
         if minibatch.sequence_ids is None:
             raise ValueError(
                 "GSPO's ratio is per sequence, and this rollout buffer does not say which sequence a step belongs to; "
                 "use rollout_buffer_class=None (the default), or a subclass of "
                 "sb3_grpo.common.buffers.PolicyLogProbMixin"
             )
-        _, log_prob, entropy = self.batch_source.evaluate(minibatch)
         low, high = self._clip_bounds(clip_range)
         index, n_sequences = sequence_index(minibatch.sequence_ids)
         # s_i: the geometric mean of the sequence's token ratios (GSPO, eq. 7); A_i: its episode's advantage
         ratio = sequence_ratio(log_prob, minibatch.old_log_prob, index, n_sequences)
         advantages = sequence_mean(minibatch.advantages, index, n_sequences)
+        stats.add_clip_fractions(ratio, decoupled_eps(ratio.detach(), low, high), advantages)
         if advantage_form(self.advantage).per_token:  # an advantage per turn: GSPO-token (section 4.3)
             policy_loss = -gspo_token_objective(
                 log_prob, minibatch.old_log_prob, minibatch.advantages, index, n_sequences, low, high
@@ -141,19 +126,7 @@ class GSPO(GroupOnPolicyAlgorithm):
         else:
             policy_loss = -gspo_objective(ratio, advantages, low, high)
         share = minibatch.share  # a micro-batch of whole sequences: its mean over sequences weighted by its share
-        if share is not None:
-            policy_loss = policy_loss * (n_sequences / share.n_sequences)
-        stats.pg_losses.append(policy_loss.item())
-        stats.add_clip_fractions(ratio, decoupled_eps(ratio.detach(), low, high), advantages)
-        entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
-        if share is not None:  # the entropy's mean over tokens, weighted by the micro-batch's share of them
-            entropy_loss = entropy_loss * share.fraction
-        stats.entropy_losses.append(entropy_loss.item())
-        loss = policy_loss + self._current_ent_coef * entropy_loss
-
-        approx_kl_div = stats.add_approx_kl(log_prob, minibatch.old_log_prob) if measure_kl else None
-        stats.last_loss = loss.item()
-        return LossTerms(loss, approx_kl_div, {"pg_loss": stats.pg_losses[-1]}, stats.last_loss)
+        return policy_loss if share is None else policy_loss * (n_sequences / share.n_sequences)
 
     def _record_own(self, logger: Logger, clip_range: float) -> None:
         low, high = self._clip_bounds(clip_range)

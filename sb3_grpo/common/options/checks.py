@@ -37,6 +37,7 @@ __all__ = [
     "PPO_CHECKS",
     "SHARED_CHECKS",
     "check_argument_values",
+    "check_clip_bounds",
     "check_carry_over",
     "check_carry_over_value",
     "check_learn_args",
@@ -247,6 +248,18 @@ def check_shared_args(args: Mapping[str, Any], advantages: tuple[str, ...] | Non
             "its own; pass carry_over=False (and n_steps of a few episode lengths, so few episodes straddle two "
             "rollouts)"
         )
+
+
+def check_clip_bounds(clip_range_low: Any, clip_range_high: Any, low_example: float, high_example: float) -> None:
+    """The bounds of a decoupled clip (``clip_range_low``: ``None`` or ``> 0``; ``clip_range_high > 0``), as DAPO, GSPO
+    and CISPO take them.
+
+    :raises TypeError: naming a bound of a wrong type.
+    :raises ValueError: naming a bound with a wrong value.
+    """
+    if clip_range_low is not None:
+        check_float("clip_range_low", clip_range_low, low=0, low_open=True, example=low_example)
+    check_float("clip_range_high", clip_range_high, low=0, low_open=True, example=high_example)
 
 
 def check_learn_args(total_timesteps: Any, callback: Any, log_interval: Any, tb_log_name: Any) -> int:
