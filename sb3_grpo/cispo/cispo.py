@@ -8,7 +8,7 @@ CISPO keeps every token's gradient and only caps its importance weight, detached
 ``J_t = sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A_t * log pi(a_t|s_t)``
 (:func:`~sb3_grpo.objectives.cispo_objective`), averaged over the minibatch's tokens.
 
-No critic, no KL term; the skeleton is :class:`~sb3_grpo.common.on_policy.GroupOnPolicyAlgorithm`.
+No critic, no KL term; the skeleton is :class:`~sb3_grpo.common.critic_free.CriticFreeAlgorithm`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import GymEnv
 
 from sb3_grpo.common.advantages.forms import CRITIC_FREE_FORMS
-from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+from sb3_grpo.common.critic_free import CriticFreeAlgorithm
 from sb3_grpo.common.options.checks import check_clip_bounds
 from sb3_grpo.common.options.support import Supports
 from sb3_grpo.common.type_aliases import Minibatch
@@ -31,7 +31,7 @@ from sb3_grpo.objectives import cispo_objective, decoupled_eps
 __all__ = ["CISPO"]
 
 
-class CISPO(GroupOnPolicyAlgorithm):
+class CISPO(CriticFreeAlgorithm):
     """
     CISPO: the policy gradient weighted by a clipped, detached importance ratio, every token's gradient kept; no critic.
 

@@ -6,24 +6,25 @@ optimizer step, the update's log) and calls the rooms that own the rest: the adv
 (:mod:`sb3_grpo.common.advantages`), the rollout's additions (:mod:`sb3_grpo.common.rollout`), the rollout engine
 (:func:`sb3_grpo.engines.make_engine`, made once at set-up), the two update paths (:mod:`sb3_grpo.common.update`), fp16
 loss scaling (:mod:`sb3_grpo.common.update.loss_scaling`), the router term of mixture-of-experts LMs
-(:mod:`sb3_grpo.common.update.router_aux`), saving and loading (:class:`~sb3_grpo.common.checkpoints.save_load.
-CheckpointMixin`) and ``torch.distributed`` (:mod:`sb3_grpo.common.data_parallel`).
+(:mod:`sb3_grpo.common.update.router_aux`), saving and loading
+(:class:`~sb3_grpo.common.checkpoints.save_load.CheckpointMixin`), the options an algorithm supports
+(:class:`~sb3_grpo.common.options.support.SupportedOptions`) and ``torch.distributed``
+(:mod:`sb3_grpo.common.data_parallel`).
 
 A subclass (sb3-contrib's pattern) calls ``super().__init__(..., _init_setup_model=False)``, sets its own arguments,
-and calls ``self._setup_model()`` when ``_init_setup_model``. It writes its loss in ``_minibatch_loss``, or, without a
-critic, only its policy term in ``_policy_loss`` (for a
+and calls ``self._setup_model()`` when ``_init_setup_model``. It writes its loss in ``_minibatch_loss`` (for a
 micro-batch, its share of the minibatch's loss: ``Minibatch.share``; whole-minibatch statistics go in
-``_prepare_minibatch``) and may log its own figures in ``_record_own``. The other hooks, each a no-op here:
+``_prepare_minibatch``), or, without a critic, subclasses :class:`~sb3_grpo.common.critic_free.CriticFreeAlgorithm`
+and writes only its policy term. It may log its own figures in ``_record_own``. The other hooks, each a no-op here:
 ``_rollout_alpha`` (the exploration mixture's weight), ``_kl_reference`` (a frozen KL reference),
 ``_check_buffer_class``, ``_after_update`` and ``_computes_as_ppo``.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -45,20 +46,12 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo import distributed
 from sb3_grpo.common.advantages.carry_over import CarryOver
-from sb3_grpo.common.advantages.forms import BUILT_IN_FORMS, advantage_form, check_advantage_env, make_group_tracker
+from sb3_grpo.common.advantages.forms import advantage_form, check_advantage_env, make_group_tracker
 from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker
 from sb3_grpo.common.checkpoints.save_load import CheckpointMixin
 from sb3_grpo.common.data_parallel import make_data_parallel
-from sb3_grpo.common.options.checks import (
-    check_argument_values,
-    check_carry_over,
-    check_learn_args,
-    check_ppo_args,
-    check_ppo_batching,
-    check_shared_args,
-    resolve_carry_over,
-)
-from sb3_grpo.common.options.support import Supports, evaluated_signature, merged_signature
+from sb3_grpo.common.options.checks import check_carry_over, check_learn_args, check_ppo_batching, resolve_carry_over
+from sb3_grpo.common.options.support import SupportedOptions
 from sb3_grpo.common.rollout.extras import RolloutExtras, bootstrap_truncated, env_actions
 from sb3_grpo.common.rollout.nonfinite import raise_non_finite
 from sb3_grpo.common.rollout.redistribution import (
@@ -86,7 +79,7 @@ __all__ = ["GroupOnPolicyAlgorithm"]
 SelfGroupOnPolicy = TypeVar("SelfGroupOnPolicy", bound="GroupOnPolicyAlgorithm")
 
 
-class GroupOnPolicyAlgorithm(CheckpointMixin, OnPolicyAlgorithm):
+class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorithm):
     """
     SB3's on-policy skeleton with PPO's arguments and the options every algorithm of the package shares; a subclass
     defines the loss of a minibatch.
@@ -126,19 +119,6 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, OnPolicyAlgorithm):
         "CnnPolicy": ActorCriticCnnPolicy,
         "MultiInputPolicy": MultiInputActorCriticPolicy,
     }
-    #: The values of the shared options this algorithm supports (:class:`~sb3_grpo.common.options.support.Supports`);
-    #: each algorithm declares its own.
-    supports: ClassVar[Supports] = Supports(advantages=BUILT_IN_FORMS)
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A subclass's constructor takes PPO's arguments and the shared options through ``*args, **kwargs``; its
-        signature lists them by name (:func:`~sb3_grpo.common.options.support.merged_signature`), for users, the
-        docs and the comparison's overrides."""
-        super().__init_subclass__(**kwargs)
-        init = cls.__dict__.get("__init__")
-        if init is not None and any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
-            parent = evaluated_signature(super(cls, cls).__init__)
-            cls.__init__.__signature__ = merged_signature(cls.__init__, parent)  # type: ignore[attr-defined]
 
     # Over 80 lines: PPO's signature and its super().__init__ call, kept in SB3's form so that the two read side by side
     def __init__(
@@ -247,33 +227,6 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, OnPolicyAlgorithm):
         self._tracker_state: dict[str, Any] | None = None  # what the advantage tracker keeps across updates
         self._full_state: dict[str, dict] | None = None  # while saving under FSDP: the gathered state
 
-    @classmethod
-    def check_arguments(cls, args: Mapping[str, Any]) -> None:
-        """Check the constructor arguments in ``args`` (other keys are ignored), as the constructor does before it
-        builds anything: PPO's (:func:`~sb3_grpo.common.options.checks.check_ppo_args`), whether this algorithm
-        supports the shared options' values (:attr:`supports`), and the shared options themselves
-        (:func:`~sb3_grpo.common.options.checks.check_shared_args`). The comparison runs it on its hyperparameters.
-
-        :raises TypeError: naming the first argument of a wrong type.
-        :raises ValueError: naming the first argument with a wrong value, an option this algorithm does not support,
-            or two that do not go together.
-        """
-        check_ppo_args(args)
-        check_shared_args(args, cls.supports.advantages)
-        cls.supports.check(cls.__name__, args)
-
-    @classmethod
-    def _check_load_arguments(cls, args: dict[str, Any]) -> None:
-        """Check the arguments ``load`` sets (``kwargs``, ``custom_objects``) one by one, with the constructor's checks
-        (:func:`~sb3_grpo.common.options.checks.check_argument_values`) and this algorithm's support of the shared
-        options; a subclass with arguments of its own extends it.
-
-        :raises TypeError: naming an argument of a wrong type.
-        :raises ValueError: naming an argument with a wrong value, or an option this algorithm does not support.
-        """
-        check_argument_values(args)
-        cls.supports.check(cls.__name__, args)
-
     # ------------------------------------------------------------------------------------------------------
     # What a subclass defines
     # ------------------------------------------------------------------------------------------------------
@@ -285,43 +238,17 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, OnPolicyAlgorithm):
         stats: TrainStats,
         measure_kl: bool = True,
     ) -> LossTerms:
-        """The loss of one minibatch, with its statistics recorded in ``stats``. Here that of an algorithm without a
-        critic: its policy term (``_policy_loss``) plus PPO's entropy bonus, ``policy_loss + ent_coef * entropy_loss``
-        (no value loss; a micro-batch's entropy mean weighted by its share of the minibatch's transitions).
+        """The loss of one minibatch, with its statistics recorded in ``stats`` (an algorithm without a critic inherits
+        it from :class:`~sb3_grpo.common.critic_free.CriticFreeAlgorithm`).
 
         :param minibatch: The minibatch (per transition, with its sequences: ``Minibatch.sequence_ids``).
         :param clip_range: The update's ``eps``.
-        :param clip_range_vf: The update's value clip range (``None``: no value clipping; unused without a critic).
+        :param clip_range_vf: The update's value clip range (``None``: no value clipping).
         :param stats: Where the per-minibatch figures go.
         :param measure_kl: Compute ``approx_kl`` (PPO's early-stopping estimate); else ``LossTerms.approx_kl`` is
             ``None``.
         """
-        del clip_range_vf  # no critic
-        _, log_prob, entropy = self.batch_source.evaluate(minibatch)
-        policy_loss = self._policy_loss(minibatch, log_prob, clip_range, stats)
-        stats.pg_losses.append(policy_loss.item())
-        # Entropy loss favor exploration (approximated when there is no analytical form)
-        entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
-        if minibatch.share is not None:  # a micro-batch: its mean weighted by its share of the transitions
-            entropy_loss = entropy_loss * minibatch.share.fraction
-        stats.entropy_losses.append(entropy_loss.item())
-        loss = policy_loss + self._current_ent_coef * entropy_loss
-        approx_kl_div = stats.add_approx_kl(log_prob, minibatch.old_log_prob) if measure_kl else None
-        stats.last_loss = loss.item()
-        return LossTerms(loss, approx_kl_div, {"pg_loss": stats.pg_losses[-1]}, stats.last_loss)
-
-    def _policy_loss(
-        self, minibatch: Minibatch, log_prob: th.Tensor, clip_range: float, stats: TrainStats
-    ) -> th.Tensor:
-        """The policy term of an algorithm without a critic (to be minimised; for a micro-batch, its share of the
-        minibatch's), its clip fractions recorded in ``stats`` (``_minibatch_loss`` adds the rest).
-
-        :param minibatch: The minibatch.
-        :param log_prob: ``log pi(a|s)`` of its actions under the current policy (with gradient).
-        :param clip_range: The update's ``eps``.
-        :param stats: Where the per-minibatch figures go.
-        """
-        raise NotImplementedError(f"{type(self).__name__} must define _minibatch_loss or _policy_loss")
+        raise NotImplementedError(f"{type(self).__name__} must define _minibatch_loss")
 
     def _prepare_minibatch(self, minibatch: Minibatch) -> Minibatch:
         """The minibatch before it is split into micro-batches (``micro_batch_size``): where the loss uses a statistic

@@ -14,7 +14,7 @@ with four changes that the paper finds keep long-completion RL stable and effici
   dropped and more rollouts are collected until the update holds ``min_informative_groups`` informative groups (at
   most ``max_sampling_rollouts`` rollouts), on the text fast path.
 
-No critic, no KL term; the skeleton is :class:`~sb3_grpo.common.on_policy.GroupOnPolicyAlgorithm`.
+No critic, no KL term; the skeleton is :class:`~sb3_grpo.common.critic_free.CriticFreeAlgorithm`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from stable_baselines3.common.vec_env import VecEnv
 from sb3_grpo.common.advantages.forms import make_group_tracker
 from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker, env_episode_limit
 from sb3_grpo.common.buffers import SequenceRolloutBuffer
-from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+from sb3_grpo.common.critic_free import CriticFreeAlgorithm
 from sb3_grpo.common.options.checks import check_clip_bounds
 from sb3_grpo.common.options.support import Supports
 from sb3_grpo.common.type_aliases import Minibatch, SequenceSamples
@@ -45,7 +45,7 @@ from textrl_envs.validation import check_float, check_int
 __all__ = ["DAPO"]
 
 
-class DAPO(GroupOnPolicyAlgorithm):
+class DAPO(CriticFreeAlgorithm):
     """
     DAPO: decoupled clip, token-level loss, soft overlong punishment and dynamic sampling, no critic.
 

@@ -24,7 +24,7 @@ from stable_baselines3.common.type_aliases import GymEnv
 
 from sb3_grpo.common.advantages.forms import CRITIC_FREE_FORMS
 from sb3_grpo.common.advantages.group_trackers import env_episode_limit
-from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+from sb3_grpo.common.critic_free import CriticFreeAlgorithm
 from sb3_grpo.common.options.support import Supports
 from sb3_grpo.common.type_aliases import Minibatch, sequence_index
 from sb3_grpo.common.update.train_stats import TrainStats
@@ -34,7 +34,7 @@ from textrl_envs.validation import check_int
 __all__ = ["DrGRPO"]
 
 
-class DrGRPO(GroupOnPolicyAlgorithm):
+class DrGRPO(CriticFreeAlgorithm):
     """
     Dr. GRPO: PPO's clipped surrogate with group-mean advantages and a constant length normaliser, no critic.
 

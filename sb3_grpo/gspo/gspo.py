@@ -8,7 +8,7 @@ importance weight for it, which accumulates over long completions. It uses the l
 sequence to ``[1 - eps_low, 1 + eps_high]`` with the paper's ``3e-4`` and ``4e-4`` (section 5.1), and averages the
 clipped surrogate over the sequences (:func:`~sb3_grpo.objectives.gspo_objective`).
 
-No critic, no KL term; the skeleton is :class:`~sb3_grpo.common.on_policy.GroupOnPolicyAlgorithm`.
+No critic, no KL term; the skeleton is :class:`~sb3_grpo.common.critic_free.CriticFreeAlgorithm`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from stable_baselines3.common.type_aliases import GymEnv, Schedule
 
 from sb3_grpo.common.advantages.forms import CRITIC_FREE_FORMS, advantage_form
 from sb3_grpo.common.buffers import SequenceRolloutBuffer
-from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+from sb3_grpo.common.critic_free import CriticFreeAlgorithm
 from sb3_grpo.common.options.checks import check_clip_bounds
 from sb3_grpo.common.options.support import Supports
 from sb3_grpo.common.type_aliases import Minibatch, sequence_index
@@ -33,7 +33,7 @@ from sb3_grpo.objectives import decoupled_eps, gspo_objective, gspo_token_object
 __all__ = ["GSPO"]
 
 
-class GSPO(GroupOnPolicyAlgorithm):
+class GSPO(CriticFreeAlgorithm):
     """
     GSPO: PPO's clipped surrogate on whole sequences, with the length-normalised sequence ratio, no critic.
 

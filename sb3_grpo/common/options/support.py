@@ -18,14 +18,15 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from sb3_grpo.common.advantages.forms import ADVANTAGE_FORMS
+from sb3_grpo.common.advantages.forms import ADVANTAGE_FORMS, BUILT_IN_FORMS
 from sb3_grpo.common.data_parallel import DATA_PARALLEL
+from sb3_grpo.common.options.checks import check_argument_values, check_ppo_args, check_shared_args
 from sb3_grpo.common.rollout.redistribution import REDISTRIBUTIONS
 from sb3_grpo.engines import ENGINES, engine_name
 
-__all__ = ["SHARED_OPTIONS", "Supports", "evaluated_signature", "merged_signature"]
+__all__ = ["SHARED_OPTIONS", "SupportedOptions", "Supports", "evaluated_signature", "merged_signature"]
 
 #: The shared options whose values an algorithm declares (:class:`Supports`'s fields), by argument name. The other
 #: shared options (``grad_norm_warn``, ``nonfinite``, ``carry_over``) are the skeleton's, for every algorithm.
@@ -122,6 +123,50 @@ class Supports:
             f"{algorithm} does not take advantage={value!r}{note}; use one of {self.advantages}, or "
             f"{form.owner}(advantage={value!r})"
         )
+
+
+class SupportedOptions:
+    """Mixed into :class:`~sb3_grpo.common.on_policy.GroupOnPolicyAlgorithm`: the algorithm's declaration
+    (:attr:`supports`), the checks that read it (:meth:`check_arguments`, and ``load``'s), and the signature of a
+    subclass's constructor, which takes PPO's arguments and the shared options through ``*args, **kwargs`` and lists
+    them by name (:func:`merged_signature`), for users, the docs and the comparison's overrides."""
+
+    #: The values of the shared options this algorithm supports; each algorithm declares its own.
+    supports: ClassVar[Supports] = Supports(advantages=BUILT_IN_FORMS)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None and any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            parent = evaluated_signature(super(cls, cls).__init__)  # type: ignore[misc]
+            cls.__init__.__signature__ = merged_signature(cls.__init__, parent)  # type: ignore[misc]
+
+    @classmethod
+    def check_arguments(cls, args: Mapping[str, Any]) -> None:
+        """Check the constructor arguments in ``args`` (other keys are ignored), as the constructor does before it
+        builds anything: PPO's (:func:`~sb3_grpo.common.options.checks.check_ppo_args`), the shared options
+        (:func:`~sb3_grpo.common.options.checks.check_shared_args`) and whether this algorithm supports their values
+        (:attr:`supports`). The comparison runs it on its hyperparameters.
+
+        :raises TypeError: naming the first argument of a wrong type.
+        :raises ValueError: naming the first argument with a wrong value, an option this algorithm does not support,
+            or two that do not go together.
+        """
+        check_ppo_args(args)
+        check_shared_args(args, cls.supports.advantages)
+        cls.supports.check(cls.__name__, args)
+
+    @classmethod
+    def _check_load_arguments(cls, args: dict[str, Any]) -> None:
+        """Check the arguments ``load`` sets (``kwargs``, ``custom_objects``) one by one, with the constructor's checks
+        (:func:`~sb3_grpo.common.options.checks.check_argument_values`) and this algorithm's support of the shared
+        options; a subclass with arguments of its own extends it.
+
+        :raises TypeError: naming an argument of a wrong type.
+        :raises ValueError: naming an argument with a wrong value, or an option this algorithm does not support.
+        """
+        check_argument_values(args)
+        cls.supports.check(cls.__name__, args)
 
 
 def merged_signature(init: Callable[..., Any], parent: inspect.Signature) -> inspect.Signature:
