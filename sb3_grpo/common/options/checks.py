@@ -244,9 +244,9 @@ def check_shared_args(args: Mapping[str, Any], advantages: tuple[str, ...] | Non
         )
     if args.get("carry_over") is True and form.per_token:
         raise ValueError(
-            f"carry_over=True trains a held sequence with one advantage, but advantage={form.name!r} gives each turn "
-            "its own; pass carry_over=False (and n_steps of a few episode lengths, so few episodes straddle two "
-            "rollouts)"
+            f"carry_over=True trains a held sequence with one advantage, but advantage={form.name!r} gives the steps "
+            "of an episode advantages of their own (per turn or per token); pass carry_over=False (and n_steps of a "
+            "few episode lengths, so few episodes straddle two rollouts)"
         )
 
 
