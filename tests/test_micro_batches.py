@@ -11,7 +11,7 @@ import pytest
 import torch as th
 from helpers import collect_rollout, params, quiet
 
-from sb3_grpo import CISPO, DAPO, GRPO, GSPO, DrGRPO
+from sb3_grpo import CISPO, DAPO, GRPO, GSPO, DrGRPO, ReinforcePP
 from sb3_grpo.common.buffers import GRPODictRolloutBuffer, SequenceRolloutBuffer
 from textrl_envs.sb3 import make_vec_env
 
@@ -90,12 +90,13 @@ def test_dr_grpo_equals_unsplit_on_both_paths(fast):
 
 @pytest.mark.parametrize(
     "cls, kwargs",
-    [(DAPO, {"overlong_buffer": 2}), (CISPO, {"clip_range_low": 0.2})],
-    ids=["DAPO", "CISPO"],
+    [(DAPO, {"overlong_buffer": 2}), (CISPO, {"clip_range_low": 0.2}), (ReinforcePP, {"kl_coef": 0.1})],
+    ids=["DAPO", "CISPO", "ReinforcePP"],
 )
 @pytest.mark.parametrize("fast", [True, False], ids=["sequences", "transitions"])
 def test_token_mean_losses_equal_unsplit_on_both_paths(cls, kwargs, fast):
-    """DAPO's and CISPO's token-level means: a micro-batch's loss is its mean weighted by its share of the tokens."""
+    """DAPO's, CISPO's and REINFORCE++'s token-level means: a micro-batch's loss is its mean weighted by its share of
+    the tokens."""
     whole, split = _text_pair(cls, 2 if fast else 5, fast, ent_coef=0.01, **kwargs)
     _assert_same_update(whole, split)
 

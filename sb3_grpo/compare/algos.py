@@ -1,7 +1,8 @@
 """The named algorithms of ``sb3-grpo compare``: one row per name, a class and its keyword arguments.
 
-Every name maps to stock SB3 ``PPO`` or to :class:`sb3_grpo.GRPO` with a fixed set of arguments, so a row of
-a report can always be reproduced in three lines of Python::
+Every name maps to stock SB3 ``PPO`` or to one of the package's algorithms (``sb3_grpo.<class>``: GRPO, Dr. GRPO,
+DAPO, GSPO, CISPO, REINFORCE++) with a fixed set of arguments, so a row of a report can always be reproduced in three
+lines of Python::
 
     from sb3_grpo.compare.algos import ALGOS
     spec = ALGOS["grpo-group"]
@@ -30,7 +31,7 @@ class AlgoSpec:
 
     :param name: The name used on the command line (``ppo``, ``grpo``, ...).
     :param cls_name: ``"PPO"`` (stock ``stable_baselines3.PPO``) or the name of one of the package's algorithms
-        (``"GRPO"``, ``"DrGRPO"``, ``"DAPO"``, ``"GSPO"``, ``"CISPO"``: ``sb3_grpo.<name>``).
+        (``sb3_grpo.<name>``: ``"GRPO"``, ``"DrGRPO"``, ...).
     :param kwargs: Constructor arguments that define it (user overrides go on top).
     :param summary: One line for ``--help`` and the report.
     """
@@ -216,6 +217,13 @@ ALGOS: dict[str, AlgoSpec] = {
             {"advantage": "group"},
             "CISPO (MiniMax-M1): clipped, detached IS weight (cap 1.28, no floor), every token's gradient kept; "
             "grouped envs",
+        ),
+        AlgoSpec(
+            "reinforce-pp",
+            "ReinforcePP",
+            {},
+            "REINFORCE++ (Hu 2025): token-level KL to the initial policy in the reward (0.01), returns-to-go "
+            "normalised over the whole batch, PPO's clip, no critic; no groups needed",
         ),
     ]
 }
