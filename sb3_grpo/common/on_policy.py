@@ -52,13 +52,13 @@ from sb3_grpo.common.checkpoints.save_load import CheckpointMixin
 from sb3_grpo.common.data_parallel import make_data_parallel
 from sb3_grpo.common.options.checks import check_carry_over, check_learn_args, check_ppo_batching, resolve_carry_over
 from sb3_grpo.common.options.support import SupportedOptions
-from sb3_grpo.common.rollout.extras import RolloutExtras, bootstrap_truncated, env_actions
 from sb3_grpo.common.rollout.nonfinite import raise_non_finite
 from sb3_grpo.common.rollout.redistribution import (
     RewardRedistribution,
     check_redistribution_env,
     check_redistribution_policy,
 )
+from sb3_grpo.common.rollout.rollout_extras import RolloutExtras, bootstrap_truncated, env_actions
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.common.update.batch_sources import make_batch_source, rollout_buffer_class_for
 from sb3_grpo.common.update.host_memory import release_free_heap
@@ -431,7 +431,8 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorith
     ) -> bool:
         """
         Collect experiences and fill a ``RolloutBuffer``: SB3's ``OnPolicyAlgorithm.collect_rollouts`` step for step
-        (same calls, same order), plus the rollout's extras (:class:`~sb3_grpo.common.rollout.extras.RolloutExtras`).
+        (same calls, same order), plus the rollout's extras
+        (:class:`~sb3_grpo.common.rollout.rollout_extras.RolloutExtras`).
 
         :param env: The training environment
         :param callback: Callback that will be called at each step (and at the beginning and end of the rollout)

@@ -3,8 +3,8 @@
 ``GRPO`` keeps its arguments as attributes, as SB3's algorithms do (they are what ``save``, ``load(**kwargs)`` and a
 user's ``model.kl_coef`` read and write); :attr:`sb3_grpo.GRPO.extras` is their snapshot. :data:`EXTRAS_OFF` is the
 setting under which ``GRPO`` computes exactly what SB3's ``PPO`` computes, bit for bit; the rollout
-(:meth:`~sb3_grpo.common.rollout.extras.RolloutExtras.start`'s ``exact_ppo``), the tests, ``compare``'s algorithm table
-and the benchmarks all take it from here. A new mechanism is a new field: it joins the comparison of
+(:meth:`~sb3_grpo.common.rollout.rollout_extras.RolloutExtras.start`'s ``exact_ppo``), the tests, ``compare``'s
+algorithm table and the benchmarks all take it from here. A new mechanism is a new field: it joins the comparison of
 :attr:`GRPOExtras.computes_as_ppo` by itself, so the bit-exact path can never miss it.
 """
 
