@@ -125,3 +125,11 @@ def test_ddp_and_fsdp_train_every_rank_alike(two_ranks, name):
     for key, value in ddp0.items():
         assert th.equal(value, ddp1[key]), key
         th.testing.assert_close(fsdp0[key], value, atol=1e-5, rtol=1e-5, msg=key)
+
+
+def test_ppos_positional_arguments_still_reach_the_skeleton():
+    """The algorithms pass PPO's arguments on through ``*args``: positional ones keep working, as with SB3's PPO."""
+    model = sb3_grpo.GRPO("MlpPolicy", "CartPole-v1", 1e-3, 128, 64, device="cpu")
+    assert (model.learning_rate, model.n_steps, model.batch_size) == (1e-3, 128, 64)
+    gspo = sb3_grpo.GSPO("CausalLMPolicy", _env("engine", "step"), 1e-3, 8, 16, device="cpu")
+    assert (gspo.n_steps, gspo.batch_size, gspo.clip_range(1.0)) == (8, 16, 3e-4)  # its own default clip_range
