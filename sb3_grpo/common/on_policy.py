@@ -231,12 +231,7 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorith
     # What a subclass defines
     # ------------------------------------------------------------------------------------------------------
     def _minibatch_loss(
-        self,
-        minibatch: Minibatch,
-        clip_range: float,
-        clip_range_vf: float | None,
-        stats: TrainStats,
-        measure_kl: bool = True,
+        self, minibatch: Minibatch, clip_range: float, clip_range_vf: float | None, stats: TrainStats, measure_kl: bool
     ) -> LossTerms:
         """The loss of one minibatch, with its statistics recorded in ``stats`` (an algorithm without a critic inherits
         it from :class:`~sb3_grpo.common.critic_free.CriticFreeAlgorithm`).
