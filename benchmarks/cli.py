@@ -13,7 +13,7 @@
 
 and the studies behind the README's figures, each also ``python -m benchmarks.<module>``: ``cartpole``,
 ``identity``, ``layout-check``, ``learn-interactive``, ``penalty-vs-surrogate``, ``selfplay``, ``micro-batch-memory``,
-``memory-recipes``, ``sb3-suite``, ``tune-presets``.
+``memory-recipes``, ``sb3-suite``, ``tune-presets``, ``tools-code``.
 """
 
 from __future__ import annotations
@@ -43,9 +43,14 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "learn-interactive": ("benchmarks.learn_interactive", "learning on GuessNumber-v0: GRPO and stock PPO"),
     "micro-batch-memory": ("benchmarks.micro_batch_memory", "peak memory of one update with micro-batches"),
     "memory-recipes": ("benchmarks.memory_recipes", "peak memory of one update per option, beside the estimate"),
+    "real-model": (
+        "benchmarks.real_model",
+        "learning on SmolLM2-135M-Instruct (GGUF, LoRA): GRPO, PPO, Dr. GRPO, a full fine-tune; held-out accuracy",
+    ),
     "selfplay": ("benchmarks.selfplay", "self-play on the two-player games: win rates against held-out opponents"),
     "tune-presets": ("benchmarks.preset_tuning", "the presets' own numbers checked by an Optuna search (tune extra)"),
     "moe": ("benchmarks.moe", "a mixture of K LoRA experts against plain LoRA: cost per step and learning"),
+    "tools-code": ("benchmarks.tools_code", "a short run of the tool task and the code task (sandbox), one page"),
     "turn-credit": (
         "benchmarks.turn_credit",
         "turn-level group credit vs episode-level group advantages; reward redistribution on LongReview-v0",

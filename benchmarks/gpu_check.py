@@ -226,7 +226,7 @@ def fsdp_check(device: th.device, folder: Path, timeout: float = 120.0) -> dict:
         if error is not None:
             errors.append((mode, error))
             continue
-        runs = {(m, r): th.load(out / f"{m}_rank{r}.pt") for m in ("ddp", "fsdp") for r in (0, 1)}
+        runs = {(m, r): th.load(out / f"{m}_rank{r}.pt", weights_only=True) for m in ("ddp", "fsdp") for r in (0, 1)}
         ddp = runs["ddp", 0]["params"]
         diff = max((runs["fsdp", r]["params"][k] - v).abs().max().item() for r in (0, 1) for k, v in ddp.items())
         return {

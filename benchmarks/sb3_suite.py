@@ -36,6 +36,12 @@ INTENDED = {
         "the default `tb_log_name` is the algorithm's class name, as each SB3 algorithm's is its own (`GRPO_1`, "
         "where the test looks for `PPO_1`); pass `tb_log_name='PPO'` to keep the old folder names"
     ),
+    "test_save_load.py::test_save_load_backward_compatible[PPO]": (
+        "the test saves `lambda` schedules (code, pickled by value) and loads them back; `GRPO.load` refuses a "
+        "checkpoint entry that names code unless the file is trusted (`load(..., trusted=True)`) or the entry is "
+        "replaced (`custom_objects`), so that a crafted checkpoint cannot run code on load; SB3's schedule classes "
+        "(`LinearSchedule`, `ConstantSchedule`) load as before"
+    ),
     "test_identity.py::test_discrete[env2-PPO]": (
         "MultiBinary identity, one seed at a short budget: GRPO's defaults (penalty, asymmetric clip, exploration) "
         "take another random path; the identity results page (`textrl-bench identity`) runs this setting over ten "

@@ -130,8 +130,13 @@ def screenshot_with_storage(
     print(f"wrote {path}")
 
 
+#: The screenshots' rating servers' token (a served page carries it in its address).
+_TOKEN = "screenshots-token-0123456789"
+
+
 def _post(url: str, body: dict) -> None:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "X-Rating-Token": _TOKEN}
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
     urllib.request.urlopen(req, timeout=10).read()
 
 
@@ -143,7 +148,7 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
 def _serve(folder: Path):
     from sb3_grpo.human_eval import make_server
 
-    server = make_server(folder, port=0)
+    server = make_server(folder, port=0, token=_TOKEN)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_port}"
 
@@ -174,7 +179,7 @@ def rating_pages(out: Path, work: Path) -> None:
     try:
         first = json.loads((folder / "items.json").read_text())["items"][0]["id"]
         _post(base + "/api/rate", {"rater": "ana", "item": first, "scores": dict(zip(DIMENSIONS, (4, 3, 4, 2)))})
-        screenshot(f"{base}/?rater=ana", out / "human_eval_page.png", size=(1000, 1000))
+        screenshot(f"{base}/?token={_TOKEN}&rater=ana", out / "human_eval_page.png", size=(1000, 1000))
     finally:
         server.shutdown()
         server.server_close()
@@ -187,7 +192,7 @@ def rating_pages(out: Path, work: Path) -> None:
         for side, scores in (("A", (4, 4, 5, 2)), ("B", (3, 3, 3, 4))):
             _post(base + "/api/rate", {"rater": "ana", "item": first, "side": side,
                                        "scores": dict(zip(DIMENSIONS, scores))})  # fmt: skip
-        screenshot(f"{base}/?rater=ana", out / "human_eval_side_by_side.png", size=(1100, 1000))
+        screenshot(f"{base}/?token={_TOKEN}&rater=ana", out / "human_eval_side_by_side.png", size=(1100, 1000))
     finally:
         server.shutdown()
         server.server_close()

@@ -31,6 +31,7 @@ from typing import Any
 from sb3_grpo.compare.algos import DEFAULT_GROUP_SIZE, algo_table
 from sb3_grpo.compare.config import TEXT_DEFAULTS
 from sb3_grpo.engines import ENGINES
+from sb3_grpo.playback import ALGO_CLASSES
 
 #: The no-argument comparison (the README's main job): about seven minutes on a 2-core CPU (5 seeds: the fewest
 #: with which the report gives intervals, see sb3_grpo.compare.stats.MIN_RUNS).
@@ -116,6 +117,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """A TCP port: an integer in 0..65535 (0: any free port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535 (0: any free port), got {value}")
     return value
 
 
@@ -246,8 +258,8 @@ def _add_compare(sub: Any) -> None:
         default=[],
         choices=("wandb", "mlflow"),
         help="also log every run (its scalars and config) to this tracker; repeatable. wandb follows WANDB_MODE "
-        "(offline: runs in OUT/wandb); mlflow logs to MLFLOW_TRACKING_URI or else OUT/mlruns. Needs the extra: "
-        "pip install 'textrl[wandb]' or 'textrl[mlflow]'",
+        "(offline: runs in OUT/wandb); mlflow logs to MLFLOW_TRACKING_URI or else sqlite:///OUT/mlflow.db. Needs the "
+        "extra: pip install 'textrl[wandb]' or 'textrl[mlflow]'",
     )
     ev = c.add_argument_group(
         "evaluation on held-out prompts (text envs)",
@@ -301,8 +313,12 @@ def parse_lm_eval(args: argparse.Namespace, from_config: dict[str, Any] | None) 
 
 
 def check_trackers(names: Sequence[str]) -> None:
-    """Fail before anything runs when a ``--track`` tracker's library is not installed."""
+    """Fail before anything runs when a ``--track`` tracker's library is not installed, or it cannot log (wandb
+    online without a login, an MLflow server that does not answer:
+    :func:`~sb3_grpo.callbacks.trackers.check_tracker_ready`)."""
     import importlib
+
+    from sb3_grpo.callbacks.trackers import check_tracker_ready
 
     for name in names:
         module = {"wandb": "wandb", "mlflow": "mlflow.tracking"}[name]
@@ -312,6 +328,10 @@ def check_trackers(names: Sequence[str]) -> None:
             raise ValueError(
                 f"--track {name}: {name} is not installed; pip install 'textrl[{name}]' (or pip install {name})"
             ) from None
+        try:
+            check_tracker_ready(name)
+        except ValueError as err:
+            raise ValueError(f"--track {name}: {err}") from None
 
 
 def _add_warm_start(sub: Any) -> None:
@@ -330,7 +350,9 @@ def _add_warm_start(sub: Any) -> None:
     w.add_argument("--env-kwargs", default=None, metavar="JSON", help="keyword arguments of gym.make (JSON object)")
     w.add_argument("--out", required=True, help="folder for the model, its tokenizer and warm_start.json")
     w.add_argument("--overwrite", action="store_true", help="replace an existing --out (once the new model is saved)")
-    w.add_argument("--model", default=None, help="local model folder to start from (default: the bundled LM)")
+    w.add_argument(
+        "--model", default=None, help="model folder or Hub id ('org/name') to start from (default: the bundled LM)"
+    )
     w.add_argument("--steps", type=positive_int, default=200, help="optimizer steps (default %(default)s)")
     w.add_argument("--batch-size", type=positive_int, default=32, help="examples per step (default %(default)s)")
     w.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default %(default)s)")
@@ -431,12 +453,12 @@ def _add_sample(sub: Any) -> None:
             "write them as JSON lines, and with --video record them (GIF or mp4)."
         ),
     )
-    p.add_argument("checkpoint", help="the checkpoint (.zip)")
+    p.add_argument("checkpoint", help="the checkpoint (.zip or .safetensors)")
     p.add_argument("--env", required=True, help="registered env id")
     p.add_argument("--env-kwargs", default=None, metavar="JSON", help="keyword arguments of the env (JSON object)")
     p.add_argument("--n", type=positive_int, default=4, help="episodes (default %(default)s)")
     p.add_argument("--out", default=None, metavar="FILE.jsonl", help="also write one JSON object per episode here")
-    p.add_argument("--algo", default="auto", choices=("auto", "ppo", "grpo", "dr-grpo"), help="default: from the file")
+    p.add_argument("--algo", default="auto", choices=("auto", *ALGO_CLASSES), help="default: from the file")
     p.add_argument("--deterministic", action="store_true", help="greedy actions (default: sampled)")
     p.add_argument("--seed", type=int, default=0, help="seed of the env and the sampling (default %(default)s)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -450,13 +472,27 @@ def _add_sample(sub: Any) -> None:
         "a GIF (Pillow) or an mp4 (needs imageio-ffmpeg)",
     )
     p.add_argument("--fps", type=float, default=None, help="frames per second of --video (default: the env's)")
+    add_trust_option(p)
     p.set_defaults(subparser=p)
+
+
+def add_trust_option(p: argparse.ArgumentParser) -> None:
+    """``--trust-checkpoint``: load a checkpoint's pickled entries without the allow-list."""
+    p.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="let the checkpoint's pickled entries name any class or function (this runs code from the file: only "
+        "for files you wrote or trust); without it, entries outside the allow-list of spaces, arrays and SB3 "
+        "classes are refused",
+    )
 
 
 def _sample(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import gymnasium as gym
 
+    from sb3_grpo.file_io import check_writable_file
     from sb3_grpo.playback import (
+        check_sample_env,
         check_video_path,
         checkpoint_algo,
         format_row,
@@ -472,8 +508,11 @@ def _sample(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             raise ValueError(f"checkpoint {args.checkpoint!r} is not a file; give the .zip that model.save wrote")
         algo = checkpoint_algo(args.checkpoint) if args.algo == "auto" else args.algo
         _check_device(args.device)
+        if args.out is not None:
+            check_writable_file(args.out, "--out")
         if args.video is not None:
             check_video_path(args.video)
+            check_writable_file(args.video, "--video")
             if args.fps is not None and not args.fps > 0:
                 raise ValueError(f"--fps must be positive, got {args.fps}")
         render_mode = "rgb_array" if args.video is not None else None
@@ -483,7 +522,12 @@ def _sample(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import torch as th
 
     th.manual_seed(args.seed)
-    model = load_checkpoint(args.checkpoint, algo=algo, device=args.device)
+    try:
+        model = load_checkpoint(args.checkpoint, algo=algo, device=args.device, trusted=args.trust_checkpoint)
+        check_sample_env(model, env, args.env)
+    except (ValueError, FileNotFoundError) as err:
+        env.close()
+        parser.error(str(err))
     out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115  (closed below)
     frames: list | None = [] if args.video is not None else None
     try:
@@ -539,9 +583,16 @@ def _add_human_eval(sub: Any) -> None:
         help="items of known scores to mix in (side by side: pairs 'a', 'b' of known 'prefer' and/or 'scores')",
     )
     e.add_argument("--seed", type=int, default=0, help="seed of the draws and the order (default %(default)s)")
+    e.add_argument(
+        "--force",
+        action="store_true",
+        help="export into a folder that holds ratings: its old items, key and ratings are kept aside in a "
+        "replaced-<time> subfolder (without it such a folder is refused)",
+    )
+    add_trust_option(e)
     v = hs.add_parser("serve", help="serve the rating page of a folder (ratings saved as they are entered)")
     v.add_argument("folder", help="a folder written by `human-eval export`")
-    v.add_argument("--port", type=int, default=8765, help="port (default %(default)s)")
+    v.add_argument("--port", type=port_number, default=8765, help="port, 0..65535 (default %(default)s; 0: any free)")
     v.add_argument("--addr", default="127.0.0.1", help="address (default 127.0.0.1: this machine only)")
     r = hs.add_parser("report", help="Krippendorff's alpha per dimension, calibration, scores (and win rates) per run")
     r.add_argument("folder", help="a rated folder")
@@ -554,7 +605,7 @@ def _add_human_eval(sub: Any) -> None:
 def _sample_checkpoints(checkpoints: Sequence[str], labels: Sequence[str], args: argparse.Namespace) -> list[str]:
     """``human-eval export --env``: play ``--n`` greedy episodes of each checkpoint on the same env seed (so on the
     same prompts), written to ``<out>/samples_<label>.jsonl``; returns those files."""
-    from sb3_grpo.playback import checkpoint_algo, load_checkpoint, make_sample_env, sample_episodes
+    from sb3_grpo.playback import check_sample_env, checkpoint_algo, load_checkpoint, make_sample_env, sample_episodes
 
     if len(checkpoints) != 2:
         raise ValueError(f"--env samples two checkpoints for a side-by-side folder, got {len(checkpoints)}")
@@ -569,7 +620,8 @@ def _sample_checkpoints(checkpoints: Sequence[str], labels: Sequence[str], args:
     for path, label in zip(checkpoints, labels):
         env = make_sample_env(args.env, parse_env_kwargs(args.env_kwargs), seed=args.seed)
         th.manual_seed(args.seed)
-        model = load_checkpoint(path, algo=checkpoint_algo(path))
+        model = load_checkpoint(path, algo=checkpoint_algo(path), trusted=args.trust_checkpoint)
+        check_sample_env(model, env, args.env)
         target = out / f"samples_{label}.jsonl"
         try:
             with open(target, "w", encoding="utf-8") as f:
@@ -592,20 +644,29 @@ def _human_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             labels = args.labels.split(",") if args.labels else [Path(f).stem for f in files]
             if len(labels) != len(files):
                 raise ValueError(f"--labels has {len(labels)} names for {len(files)} files")
+            if not args.force:
+                human_eval.check_export_folder(args.out)  # before anything is sampled or written
             if args.env is not None:
                 args.side_by_side = True
                 files = _sample_checkpoints(files, labels, args)
             if args.side_by_side:
-                out = human_eval.export_pairs(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration)
+                export = human_eval.export_pairs
             else:
-                out = human_eval.export_items(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration)
+                export = human_eval.export_items
+            out = export(list(zip(labels, files)), args.out, args.n, args.seed, args.calibration, force=args.force)
             print(f"rating folder {out}/: serve it with: sb3-grpo human-eval serve {out}")
             return 0
         if command in ("serve", "report") and not (Path(args.folder) / KEY_FILE).is_file():
             raise ValueError(f"{args.folder!r} is not a folder written by `sb3-grpo human-eval export`")
         if command == "serve":
             server = human_eval.make_server(args.folder, args.port, args.addr)
-            print(f"rating page: http://{args.addr}:{server.server_port}/ (Ctrl-C stops; ratings are already saved)")
+            if server.repaired:
+                print(f"repaired: {server.repaired}")
+            print(
+                f"rating page: {server.url}\n  (give each rater this address; add &rater=NAME for a link per rater. "
+                "The token changes at every start; Ctrl-C stops, ratings are already saved)",
+                flush=True,
+            )
             try:
                 server.serve_forever()
             except KeyboardInterrupt:
@@ -614,6 +675,9 @@ def _human_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
                 server.server_close()
             return 0
         if command == "report":
+            repaired = human_eval.repair_ratings(args.folder)
+            if repaired:
+                print(f"repaired: {repaired}")
             result = human_eval.report(args.folder, level=args.level)
             print((Path(args.folder) / "report.md").read_text(), end="")
             return 0 if not (result["unreliable"] or result.get("unreliable_scores")) else 1
@@ -820,6 +884,11 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except OSError as err:  # e.g. a full disk: the previous report.md and curves.png are kept
         print(f"sb3-grpo report: error: {err}", file=sys.stderr)
         return 1
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:  # a results.json edited by hand
+        parser.error(
+            f"{out / RESULTS_FILE} could not be reported on ({type(err).__name__}: {err}); it looks edited or from "
+            "another version: restore it, or run the comparison again into a fresh --out"
+        )
     print(f"wrote {out}/report.md and {out}/curves.png")
     if args.results_page:
         _write_compare_page(out, Path(args.results_page), results.get("command") or f"sb3-grpo report {out}")
@@ -838,7 +907,13 @@ def _warm_start(args: argparse.Namespace, parser: argparse.ArgumentParser, argv:
         if not args.lr > 0:
             raise ValueError(f"--lr must be > 0, got {args.lr}")
         if args.model is not None and not os.path.isdir(args.model):
-            raise ValueError(f"--model {args.model!r} is not a local model folder")
+            from textrl_envs.hf_loading import looks_like_hub_id
+
+            if not looks_like_hub_id(args.model):
+                raise ValueError(
+                    f"--model {args.model!r} is neither a local model folder nor a Hub id ('org/name', from the "
+                    "Hugging Face cache, or downloaded when online)"
+                )
     except (CompareError, ValueError) as err:
         parser.error(str(err))
     import torch as th

@@ -37,6 +37,7 @@ What ``GRPO`` does when a process group is active (:func:`setup` found or starte
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -49,6 +50,7 @@ from textrl_envs.devices import resolve_device
 from textrl_envs.validation import check_int, check_seed
 
 __all__ = [
+    "PG_TIMEOUT_S",
     "SEED_STRIDE",
     "all_equal",
     "all_reduce_sum_",
@@ -63,6 +65,8 @@ __all__ = [
     "mean_across_ranks",
     "null_logger",
     "pad_to_max",
+    "peer_errors",
+    "process_group_timeout",
     "rank_seed",
     "setup",
     "shard",
@@ -132,11 +136,75 @@ def setup(backend: str | None = None) -> bool:
             backend = "nccl" if th.cuda.is_available() else "gloo"
         if backend == "nccl":
             th.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        from datetime import timedelta
+
+        pg_timeout = process_group_timeout()  # checked before any rank waits for another
         store = _rendezvous(rendezvous_timeout())
         dist.init_process_group(
-            backend=backend, store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])
+            backend=backend,
+            store=store,
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=timedelta(seconds=pg_timeout),
         )
     return is_active()
+
+
+#: Seconds a collective call (an all-reduce, a broadcast, a barrier) waits for the other ranks once training runs
+#: (``SB3_GRPO_PG_TIMEOUT`` overrides it): a rank that stalls (a stuck reward, a hung device) then stops the others
+#: with an error (:func:`peer_errors`) instead of torch's 30 minutes of silence. Raise it when rank 0 alone runs long
+#: work between updates (a long evaluation, a large checkpoint).
+PG_TIMEOUT_S = 600.0
+
+
+def _seconds_from_env(name: str, default: float, example: str) -> float:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a number of seconds > 0, got {text!r}; e.g. {example}")
+    return value
+
+
+def process_group_timeout() -> float:
+    """How long a collective call waits for a peer, in seconds: ``SB3_GRPO_PG_TIMEOUT`` or :data:`PG_TIMEOUT_S`.
+
+    :raises ValueError: for a value that is not a positive number.
+    """
+    return _seconds_from_env("SB3_GRPO_PG_TIMEOUT", PG_TIMEOUT_S, "600")
+
+
+@contextlib.contextmanager
+def peer_errors() -> Iterator[None]:
+    """Turn torch's errors of a collective call whose peer stalled (timed out) or died (closed the connection) into
+    one clear ``RuntimeError`` on the ranks that are alive, naming the rank, the timeout and what to do.
+    ``GRPO.learn`` runs inside it."""
+    try:
+        yield
+    except RuntimeError as err:
+        if not (dist.is_available() and dist.is_initialized()) or get_world_size() < 2:
+            raise
+        text, rank = str(err).lower(), get_rank()
+        from_torch = type(err).__module__.startswith("torch") or "gloo" in text or "nccl" in text
+        if from_torch and ("timed out" in text or "timeout" in text):
+            raise RuntimeError(
+                f"torch.distributed: rank {rank} waited SB3_GRPO_PG_TIMEOUT={process_group_timeout():g} s for the "
+                "other ranks at a collective call (an all-reduce of the update) and one never came: a rank is "
+                "stalled (a reward that hangs, a hung device, a rank doing long work alone). Check the other ranks' "
+                "logs; raise SB3_GRPO_PG_TIMEOUT if the wait is expected; training resumes from the last checkpoint "
+                "(ElasticCheckpointCallback)"
+            ) from err
+        if from_torch and ("connection closed" in text or "connection reset" in text):
+            raise RuntimeError(
+                f"torch.distributed: rank {rank} lost a peer at a collective call (its connection closed): another "
+                "rank died. Check its log; with torchrun --max-restarts and ElasticCheckpointCallback the job "
+                "restarts from the last checkpoint"
+            ) from err
+        raise
 
 
 #: Seconds every rank waits for the others to join at start-up (``SB3_GRPO_RENDEZVOUS_TIMEOUT`` overrides it).
@@ -148,16 +216,7 @@ def rendezvous_timeout() -> float:
 
     :raises ValueError: for a value that is not a positive number.
     """
-    text = os.environ.get("SB3_GRPO_RENDEZVOUS_TIMEOUT")
-    if text is None:
-        return RENDEZVOUS_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"SB3_GRPO_RENDEZVOUS_TIMEOUT must be a number of seconds > 0, got {text!r}; e.g. 300")
-    return value
+    return _seconds_from_env("SB3_GRPO_RENDEZVOUS_TIMEOUT", RENDEZVOUS_TIMEOUT_S, "300")
 
 
 def _rendezvous(timeout_s: float) -> Any:

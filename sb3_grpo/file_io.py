@@ -30,6 +30,7 @@ __all__ = [
     "FolderLock",
     "atomic_folder",
     "atomic_write",
+    "check_writable_file",
     "is_atomic_temp",
     "save_figure_atomic",
     "to_jsonable",
@@ -134,6 +135,27 @@ def _disk_error(path: Path, err: OSError) -> OSError:
     else:
         todo = "check the folder and run the command again"
     return DiskWriteError(err.errno, f"could not write {path}: {reason}; nothing was replaced there ({todo})", path)
+
+
+def check_writable_file(path: str | os.PathLike, what: str) -> Path:
+    """Refuse, before any work, a file path that cannot be written: a folder, a missing folder, a folder without
+    write permission.
+
+    :param path: The file to write later.
+    :param what: How the user gave it, for the message (e.g. ``"--out"``).
+    :raises ValueError: saying what is wrong and what to do.
+    """
+    path = Path(os.path.expanduser(os.fspath(path)))
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ValueError(f"{what} {os.fspath(path)!r} is a folder; give a file name in it")
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{what} {os.fspath(path)!r}: {str(folder)!r} is a file, not a folder; give another path")
+    if not folder.is_dir():
+        raise ValueError(f"{what} {os.fspath(path)!r}: the folder {str(folder)!r} does not exist; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"{what} {os.fspath(path)!r}: no permission to write there; choose a folder you can write to")
+    return path
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

@@ -629,13 +629,21 @@ def _group_index(group_ids: th.Tensor) -> tuple[th.Tensor, th.Tensor, int]:
     return index, counts, int(counts.numel())
 
 
-def group_advantages(returns: th.Tensor, group_ids: th.Tensor, eps: float = 1e-8) -> tuple[th.Tensor, th.Tensor]:
+#: Added to a group's standard deviation in :func:`group_advantages`: TRL's value (``GRPOTrainer``, ``scale_rewards=
+#: "group"``), so that ``advantage="group"`` computes TRL's advantages exactly; it also keeps a group whose rewards
+#: differ by float noise from getting advantages of +-1.
+GROUP_STD_EPS = 1e-4
+
+
+def group_advantages(
+    returns: th.Tensor, group_ids: th.Tensor, eps: float = GROUP_STD_EPS
+) -> tuple[th.Tensor, th.Tensor]:
     """
     Group-relative advantage of DeepSeekMath's GRPO (arXiv 2402.03300, section 4.1.2, outcome supervision):
 
     ``A_i = (r_i - mean_{j in g(i)} r_j) / (std_{j in g(i)} r_j + eps)``
 
-    with the *unbiased* (``G - 1``) standard deviation, as in DeepSeekMath's and TRL's reference code.
+    with the *unbiased* (``G - 1``) standard deviation and ``eps = 1e-4``, as in TRL's ``GRPOTrainer``.
     Every token (step) of completion ``i`` gets ``A_i``. Groups with fewer than 2 members are not
     defined; they get ``A = 0`` and ``valid = False``.
 

@@ -19,6 +19,7 @@ __all__ = [
     "check_video_path",
     "env_render_modes",
     "gif_frame_ms",
+    "check_sample_env",
     "checkpoint_algo",
     "load_checkpoint",
     "make_sample_env",
@@ -35,34 +36,95 @@ ALGO_CLASSES = {
     "ppo": ("stable_baselines3", "PPO"),
     "grpo": ("sb3_grpo", "GRPO"),
     "dr-grpo": ("sb3_grpo", "DrGRPO"),
+    "dapo": ("sb3_grpo", "DAPO"),
+    "gspo": ("sb3_grpo", "GSPO"),
+    "cispo": ("sb3_grpo", "CISPO"),
 }
 
 
 def checkpoint_algo(path: str | os.PathLike) -> str:
-    """The ``--algo`` name of an SB3 checkpoint, from the attributes it saved (Dr. GRPO's ``max_completion_tokens``,
-    GRPO's ``grad_var_coef``; otherwise stock PPO)."""
+    """The ``--algo`` name of an SB3 checkpoint: a ``.safetensors`` checkpoint's recorded class, else from the
+    attributes a ``.zip`` saved (DAPO's ``overlong_penalty_factor``, Dr. GRPO's ``max_completion_tokens``, GRPO's
+    ``grad_var_coef``; otherwise stock PPO).
+
+    :raises ValueError: for a file that is no checkpoint, or a ``.zip`` of GSPO or CISPO, which save the same
+        attributes (``clip_range_low``, ``clip_range_high``): ``--algo`` must say which.
+    """
+    from sb3_grpo.common.checkpoints.safetensors_format import is_safetensors_path, safetensors_algorithm
+
+    if is_safetensors_path(path):
+        algorithm = safetensors_algorithm(path).rpartition(":")[2]
+        names = {cls_name: name for name, (_, cls_name) in ALGO_CLASSES.items()}
+        return names.get(algorithm, algorithm)
     try:
         with zipfile.ZipFile(path) as archive:
             data = json.loads(archive.read("data"))
     except (OSError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as err:
-        raise ValueError(f"{os.fspath(path)!r} is not an SB3 checkpoint (a .zip saved by model.save): {err}") from None
+        raise ValueError(
+            f"{os.fspath(path)!r} is not an SB3 checkpoint (a .zip or .safetensors saved by model.save): {err}"
+        ) from None
+    if "overlong_penalty_factor" in data:
+        return "dapo"
     if "max_completion_tokens" in data:
         return "dr-grpo"
+    if "clip_range_low" in data:
+        raise ValueError(
+            f"{os.fspath(path)!r} is a GSPO or a CISPO checkpoint (they save the same attributes); say which with "
+            "--algo gspo or --algo cispo"
+        )
     if "grad_var_coef" in data:
         return "grpo"
     return "ppo"
 
 
-def load_checkpoint(path: str | os.PathLike, algo: str = "auto", device: str = "cpu", env: Any = None) -> Any:
-    """Load an SB3 checkpoint with its algorithm class (``algo="auto"``: :func:`checkpoint_algo`)."""
+def load_checkpoint(
+    path: str | os.PathLike, algo: str = "auto", device: str = "cpu", env: Any = None, trusted: bool = False
+) -> Any:
+    """Load an SB3 checkpoint (``.zip`` or ``.safetensors``) with its algorithm class (``algo="auto"``:
+    :func:`checkpoint_algo`), running no code from the file unless ``trusted``
+    (:func:`~sb3_grpo.common.checkpoints.safe_loading.load_model`)."""
     import importlib
+
+    from sb3_grpo.common.checkpoints.safe_loading import load_model
 
     name = checkpoint_algo(path) if algo == "auto" else algo
     if name not in ALGO_CLASSES:
-        raise ValueError(f"unknown algo {algo!r}; known: auto, {', '.join(ALGO_CLASSES)}")
+        raise ValueError(
+            f"{os.fspath(path)!r} holds a {name} model; sampling knows {', '.join(ALGO_CLASSES)} (pass --algo)"
+            if algo == "auto"
+            else f"unknown algo {algo!r}; known: auto, {', '.join(ALGO_CLASSES)}"
+        )
     module, cls_name = ALGO_CLASSES[name]
     cls = getattr(importlib.import_module(module), cls_name)
-    return cls.load(os.fspath(path), env=env, device=device)
+    return load_model(cls, os.fspath(path), trusted=trusted, env=env, device=device)
+
+
+def check_sample_env(model: Any, env: Any, env_id: str) -> None:
+    """Refuse an env whose observations or actions are not those the model was trained on, saying what to change
+    (SB3's ``predict`` would fail later with a shape error, or deep inside the policy).
+
+    :raises ValueError: naming both spaces and, for a text model, the window or the env to use.
+    """
+    trained, given = model.observation_space, env.observation_space
+    text_model = isinstance(trained, gym.spaces.Dict) and "input_ids" in trained.spaces
+    if text_model and not (isinstance(given, gym.spaces.Dict) and "input_ids" in given.spaces):
+        raise ValueError(
+            f"the checkpoint is a text model (its observations are windows of token ids) but {env_id} gives "
+            f"{given}; sample it on a text env, e.g. --env TextGen-v0, with the env arguments it was trained with"
+        )
+    if text_model and trained["input_ids"].shape != given["input_ids"].shape:
+        width, env_width = trained["input_ids"].shape[-1], given["input_ids"].shape[-1]
+        raise ValueError(
+            f"the checkpoint was trained on windows of W = max_prompt_tokens + max_new_tokens = {width} tokens, but "
+            f"this {env_id} has W = {env_width}; pass the training run's sizes, e.g. --env-kwargs "
+            f'\'{{"max_prompt_tokens": ..., "max_new_tokens": ...}}\' adding up to {width}'
+        )
+    for what, want, got in (("observation", trained, given), ("action", model.action_space, env.action_space)):
+        if want != got:
+            raise ValueError(
+                f"the checkpoint's {what} space is {want} but {env_id}'s is {got}; sample it on the env (and env "
+                "arguments) it was trained on"
+            )
 
 
 def env_render_modes(env_id: str) -> list[str]:

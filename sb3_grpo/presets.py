@@ -3,7 +3,7 @@ Named configurations of the package's algorithms for language models: :data:`PRE
 
 ``GRPO("CausalLMPolicy", env, advantage="group")`` is *this package's* GRPO: PPO's arguments (SB3's 10 epochs, its
 learning rate) plus the gradient-variance penalty, the adaptive clip and the exploration mixture, all on by default.
-Someone who wants DeepSeek's GRPO, DAPO or plain PPO for an LM names it instead::
+Someone who wants DeepSeek's GRPO, TRL's default GRPO, DAPO or plain PPO for an LM names it instead::
 
     from sb3_grpo.presets import make_preset
     model = make_preset("deepseek-grpo", "CausalLMPolicy", env, n_steps=64, batch_size=256)
@@ -155,6 +155,27 @@ PRESETS: dict[str, Preset] = {
             "rate 1e-5 and max_grad_norm 1.0: ours, checked by textrl-bench tune-presets "
             "(docs/results/preset_tuning.md): on the bundled LM the best trials differ mainly by a learning rate near "
             "2e-4, 20x this one; the preset keeps 1e-5, meant for larger models and not checked at their size",
+        ),
+        Preset(
+            "trl-grpo",
+            "GRPO",
+            {
+                **_EXTRAS_OFF,
+                "advantage": "group",
+                "kl_coef": 0.0,
+                "clip_range": 0.2,
+                "n_epochs": 1,
+                "learning_rate": 1e-6,
+                **_LM_GRAD_CLIP,
+            },
+            "TRL's GRPOTrainer with its defaults: the token-level mean loss (loss_type='dapo'), group-scaled "
+            "advantages, no KL",
+            "TRL 1.16's GRPOConfig defaults: loss_type='dapo' (the clipped surrogate summed over every completion "
+            "token of the batch and divided by their count: this loss when one minibatch is the whole rollout, "
+            "batch_size = n_steps * n_envs), scale_rewards='group' (the group's unbiased std + 1e-4, advantage="
+            "'group'), beta 0.0 (kl_coef=0), epsilon 0.2 (clip_range), num_iterations 1 (n_epochs=1), learning rate "
+            "1e-6, max_grad_norm 1.0 (transformers' TrainingArguments), num_generations 8 (group_size=8); checked "
+            "against GRPOTrainer's own loss on one batch (tests/test_trl_preset.py)",
         ),
     ]
 }

@@ -125,8 +125,8 @@ def run_warm_start(
     command: str = "",
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Warm-start ``model`` (default: the bundled LM) on ``env_id``'s answers and save it, with its tokenizer and
-    :data:`RECORD_FILE`, to ``out`` (a folder ``CausalLMPolicy(model=out)`` loads).
+    """Warm-start ``model`` (a folder or a Hub id; default: the bundled LM) on ``env_id``'s answers and save it, with
+    its tokenizer and :data:`RECORD_FILE`, to ``out`` (a folder ``CausalLMPolicy(model=out)`` loads).
 
     The folder appears only once it is complete (:func:`~sb3_grpo.file_io.atomic_folder`): a failure (a full disk,
     Ctrl-C) leaves no folder with a config and no weights, and an existing ``out`` is kept until the new one is whole.
@@ -152,8 +152,13 @@ def run_warm_start(
         )
     examples = answer_examples(spec)
     th.manual_seed(seed)
-    source = model or lm_path()
-    lm = AutoModelForCausalLM.from_pretrained(os.fspath(source), local_files_only=True)
+    source = os.fspath(model or lm_path())
+    if os.path.isdir(source):
+        lm = AutoModelForCausalLM.from_pretrained(source, local_files_only=True)
+    else:  # a Hub id: from the Hugging Face cache (HF_HUB_OFFLINE=1), or downloaded when online
+        from textrl_envs.hf_loading import load_from_hub
+
+        lm = load_from_hub(AutoModelForCausalLM.from_pretrained, source, "warm-start model")
     start = time.perf_counter()
     losses = supervised_warm_start(lm, examples, spec.pad_token_id, steps, batch_size, learning_rate, seed)
     record = {

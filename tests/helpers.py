@@ -197,3 +197,28 @@ def tiny_gpt2():
 
     th.manual_seed(0)
     return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_positions=64))
+
+
+#: A ChatML template (the Qwen / SmolLM family's) for tests: a tokenizer with it is built from the bundled one.
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% if not (loop.last and continue_final_message) %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def bundled_tokenizer():
+    from transformers import AutoTokenizer
+
+    from textrl_envs.assets import tokenizer_path
+
+    return AutoTokenizer.from_pretrained(tokenizer_path())
+
+
+def chat_tokenizer_folder(path) -> str:
+    """The bundled tokenizer plus ChatML's two special tokens and template, saved in ``path``; returns the path."""
+    tok = bundled_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = CHATML
+    tok.save_pretrained(path)
+    return str(path)

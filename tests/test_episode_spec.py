@@ -22,7 +22,7 @@ def test_episode_spec_declares_every_field_before_its_methods():
     assert "field" in kinds and "method" in kinds
     first_method = kinds.index("method")
     assert "field" not in kinds[first_method:], "a dataclass field is declared among the methods of EpisodeSpec"
-    assert [f.name for f in dataclasses.fields(EpisodeSpec)][-1] == "chat_template"
+    assert [f.name for f in dataclasses.fields(EpisodeSpec)][-1] == "reset_messages"
 
 
 @pytest.mark.parametrize(("name", "value"), [("max_new_tokens", 7), ("max_prompt_tokens", 9)])

@@ -39,7 +39,7 @@ def two_ranks(tmp_path_factory) -> Path:
 
 
 def _load(out: Path, env_id: str, mode: str, rank: int) -> dict:
-    return th.load(out / f"{env_id}_{mode}_rank{rank}.pt")
+    return th.load(out / f"{env_id}_{mode}_rank{rank}.pt", weights_only=True)
 
 
 @pytest.mark.parametrize("env_id", ENVS)

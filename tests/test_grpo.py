@@ -501,3 +501,14 @@ def test_every_extra_off_is_defined_once_and_covers_every_own_argument():
     model = GRPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, device="cpu", **EXTRAS_OFF.switches())
     assert model.extras == EXTRAS_OFF and model._computes_as_ppo()
     assert not GRPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, device="cpu")._computes_as_ppo()
+
+
+def test_critic_free_runs_log_no_explained_variance():
+    """A group advantage trains no value head: its explained variance (once -19.4 on a run) is not logged."""
+    from textrl_envs.sb3 import make_vec_env
+
+    env = make_vec_env("TextGen-v0", n_envs=2, group_size=2, seed=0, device="cpu", max_new_tokens=3)
+    model = quiet(GRPO("CausalLMPolicy", env, advantage="group", n_steps=4, batch_size=8, n_epochs=1, seed=0))
+    model.learn(8)
+    assert "train/policy_gradient_loss" in model.logger.name_to_value
+    assert "train/explained_variance" not in model.logger.name_to_value

@@ -170,3 +170,19 @@ def test_lora_export_merged_or_as_adapter(tmp_path, merge_lora):
     th.testing.assert_close(theirs, ours)
     th.testing.assert_close(_policy_logits(model.policy, ids), ours, rtol=0, atol=0)  # the policy is left as it was
     assert not th.allclose(_exported_logits(lm_path(), ids)[..., : model.policy.n_actions], ours)
+
+
+def test_warm_start_takes_a_hub_id(hub_cache, tmp_path):
+    import json
+
+    from sb3_grpo.cli import main
+    from sb3_grpo.warmstart import RECORD_FILE
+
+    out = tmp_path / "warm"
+    argv = ["warm-start", "--env", "Arithmetic-v0", "--steps", "2", "--batch-size", "4", "--out", str(out)]
+    assert main([*argv, "--model", LM_ID]) == 0
+    record = json.loads((out / RECORD_FILE).read_text())
+    assert record["model"] == LM_ID and (out / "config.json").is_file()
+    with pytest.raises(SystemExit):  # a path that names no folder and is no Hub id is still refused before training
+        main([*argv[:-1], str(tmp_path / "w2"), "--model", "./no/such/folder"])
+    assert not (tmp_path / "w2").exists()

@@ -42,9 +42,18 @@ def _write(path, rows):
     return path
 
 
+#: The rating servers' token here (a server draws a random one when none is given).
+TOKEN = "test-token-0123456789abcdef"
+
+
 def _post(url, body):
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "X-Rating-Token": TOKEN}
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
     return json.loads(urllib.request.urlopen(req, timeout=10).read())
+
+
+def _get(url):
+    return urllib.request.urlopen(urllib.request.Request(url, headers={"X-Rating-Token": TOKEN}), timeout=10).read()
 
 
 # each rater's scores of the six run items, the same on every dimension; one rater misses the calibration item
@@ -70,11 +79,11 @@ def test_three_raters_rate_over_http_and_the_report_matches(tmp_path):
     run_items = sorted(i for i, k in key.items() if k["source"] != "calibration")
     cal_item = next(i for i, k in key.items() if k["source"] == "calibration")
 
-    server = make_server(folder, port=0)
+    server = make_server(folder, port=0, token=TOKEN)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_port}"
     try:
-        page = urllib.request.urlopen(base + "/", timeout=10).read().decode()
+        page = urllib.request.urlopen(base + f"/?token={TOKEN}", timeout=10).read().decode()
         assert "Rate the completions" in page and "/api/rate" in page
         for rater, scores in SCORES.items():
             for item, score in zip(run_items, scores):
@@ -84,7 +93,7 @@ def test_three_raters_rate_over_http_and_the_report_matches(tmp_path):
                                        "scores": dict.fromkeys(DIMENSIONS, 1 if rater == "cy" else 5)})  # fmt: skip
         # saved as entered: on disk before the server stops, and served back to the rater
         assert len(load_ratings(folder)) == 3 * 7
-        back = json.loads(urllib.request.urlopen(base + "/api/items?rater=bo", timeout=10).read())
+        back = json.loads(_get(base + "/api/items?rater=bo"))
         assert back["ratings"][run_items[0]] == dict.fromkeys(DIMENSIONS, 5)
         with pytest.raises(urllib.error.HTTPError) as err:
             _post(base + "/api/rate", {"rater": "ana", "item": run_items[0], "scores": {"coherence": 6}})
@@ -196,12 +205,12 @@ def test_three_raters_in_a_real_browser(tmp_path):
     folder = export_items([("A", a), ("B", b)], tmp_path / "rate", n=3, seed=2)
     key = json.loads((folder / "key.json").read_text())
     run_items = sorted(key)
-    server = make_server(folder, port=0)
+    server = make_server(folder, port=0, token=TOKEN)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     browser = Browser(tmp_path)
     try:
         for rater, scores in SCORES.items():
-            browser.call("Page.navigate", url=f"http://127.0.0.1:{server.server_port}/")
+            browser.call("Page.navigate", url=f"http://127.0.0.1:{server.server_port}/?token={TOKEN}")
             browser.wait_for("document.readyState === 'complete' && !!document.getElementById('start')")
             browser.js(f"document.getElementById('rater').value = {json.dumps(rater)}; "
                        "document.getElementById('start').click(); true")  # fmt: skip
@@ -263,7 +272,7 @@ def test_side_by_side_in_a_real_browser(tmp_path):
         assert item["b"] == f"{key[item['id']]['B']} answer to {item['prompt']}"
     assert {key[i]["A"] for i in items} == {"good", "bad"}  # shuffled: each run shown as A somewhere
 
-    server = make_server(folder, port=0)
+    server = make_server(folder, port=0, token=TOKEN)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_port}"
     browser = Browser(tmp_path)
@@ -273,7 +282,8 @@ def test_side_by_side_in_a_real_browser(tmp_path):
                 urllib.request.urlopen(base + path, timeout=10)
             assert err.value.code == 404
         for rater, choices in CHOICES.items():
-            browser.call("Page.navigate", url=f"{base}/?rater={rater}")  # the link opens the page for the rater
+            # the link opens the page for the rater
+            browser.call("Page.navigate", url=f"{base}/?token={TOKEN}&rater={rater}")
             browser.wait_for(f"document.querySelectorAll('.item').length === {len(items)}")
             for item, choice in zip(items, choices):
                 side = "tie" if choice == "tie" else ("A" if key[item]["A"] == choice else "B")
@@ -287,7 +297,7 @@ def test_side_by_side_in_a_real_browser(tmp_path):
                 f"[...document.querySelectorAll('.saved')].filter(s => s.textContent === 'saved').length === {n_rows}"
             )
         # saved as entered, and served back: a rater who comes back sees their choices checked
-        browser.call("Page.navigate", url=f"{base}/?rater=bo")
+        browser.call("Page.navigate", url=f"{base}/?token={TOKEN}&rater=bo")
         browser.wait_for(f"document.querySelectorAll('.item').length === {len(items)}")
         assert browser.js("document.querySelectorAll('input:checked').length") == len(items) * len(DIMENSIONS)
     finally:
@@ -325,7 +335,7 @@ def test_side_by_side_export_checks_its_input(tmp_path):
     with pytest.raises(ValueError, match="exactly two runs"):
         export_pairs([("a", a)], tmp_path / "o", n=2)
     folder = export_pairs([("a", a), ("b", a)], tmp_path / "o2", n=2)
-    server = make_server(folder, port=0)
+    server = make_server(folder, port=0, token=TOKEN)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         with pytest.raises(urllib.error.HTTPError) as err:
@@ -457,7 +467,7 @@ def test_side_by_side_with_scores_and_calibration_in_a_real_browser(tmp_path):
     def answers(rater, item):
         return _pair_answers(rater, item, key, by_id, j_of)
 
-    server = make_server(folder, port=0)
+    server = make_server(folder, port=0, token=TOKEN)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_port}"
     browser = Browser(tmp_path)
@@ -467,7 +477,7 @@ def test_side_by_side_with_scores_and_calibration_in_a_real_browser(tmp_path):
             urllib.request.urlopen(base + "/key.json", timeout=10)
         assert err.value.code == 404
         for rater in sorted(PAIR_SCORES):
-            browser.call("Page.navigate", url=f"{base}/?rater={rater}")
+            browser.call("Page.navigate", url=f"{base}/?token={TOKEN}&rater={rater}")
             browser.wait_for(f"document.querySelectorAll('.item').length === {len(shown['items'])}")
             assert browser.js("document.querySelectorAll('input[type=radio]').length") == 7 * 4 * (3 + 2 * 5)
             assert "does exactly what it asks" in browser.js("document.body.textContent")  # the anchors
@@ -478,7 +488,7 @@ def test_side_by_side_with_scores_and_calibration_in_a_real_browser(tmp_path):
             browser.wait_for(
                 f"[...document.querySelectorAll('.saved')].filter(s => s.textContent === 'saved').length === {n_clicks}"
             )
-        browser.call("Page.navigate", url=f"{base}/?rater=bo")  # come back: every click is checked again
+        browser.call("Page.navigate", url=f"{base}/?token={TOKEN}&rater=bo")  # come back: every click is checked again
         browser.wait_for(f"document.querySelectorAll('.item').length === {len(shown['items'])}")
         assert browser.js("document.querySelectorAll('input:checked').length") == n_clicks
         checked = browser.js("[...document.querySelectorAll('input:checked')].map(i => i.name + '=' + i.value)")
@@ -555,7 +565,7 @@ def test_side_by_side_calibration_file_is_checked(tmp_path, capsys):
     assert main(args) == 0
     key = json.loads((out / "key.json").read_text())
     assert sorted(k["source"] for i, k in key.items() if i != "models") == ["calibration", "side_by_side"]
-    server = make_server(out, port=0)
+    server = make_server(out, port=0, token=TOKEN)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}/api/rate"
     try:

@@ -64,12 +64,13 @@ def window_text(env, obs):
 
 
 def test_interactive_ids_are_in_the_one_list_of_tasks():
-    assert INTERACTIVE_IDS == ["GuessNumber-v0", "ToolArithmetic-v0", "TicTacToe-v0", "Nim-v0", "KuhnPoker-v0"]
+    assert INTERACTIVE_IDS == [
+        "GuessNumber-v0", "ToolArithmetic-v0", "TicTacToe-v0", "Nim-v0", "KuhnPoker-v0", "ToolUse-v0"
+    ]  # fmt: skip
     for env_id in INTERACTIVE_IDS:
         task = get_task(env_id)
-        assert (
-            task.reward is None and task.max_turns and gym.spec(env_id).vector_entry_point.endswith("TextGenVectorEnv")
-        )
+        assert task.max_turns and gym.spec(env_id).vector_entry_point.endswith("TextGenVectorEnv")
+        assert (task.reward is None) == (env_id != "ToolUse-v0")  # the tool task's reward scores the transcript
 
 
 def test_guess_number_binary_search_finds_every_secret(tok):

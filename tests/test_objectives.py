@@ -313,7 +313,7 @@ def test_group_advantages_match_per_group_numpy():
     r = RETURNS.numpy().astype(np.float64)
     for g in (10, 20):
         idx = np.where(GROUPS.numpy() == g)[0]
-        ref = (r[idx] - r[idx].mean()) / (r[idx].std(ddof=1) + 1e-8)
+        ref = (r[idx] - r[idx].mean()) / (r[idx].std(ddof=1) + 1e-4)  # TRL's eps
         np.testing.assert_allclose(adv.numpy()[idx], ref, rtol=1e-6)
     assert adv[6] == 0 and not valid[6] and valid[:6].all()
 

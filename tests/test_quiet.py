@@ -86,3 +86,37 @@ def test_the_hub_bars_a_user_turned_off_stay_off():
     finally:
         enable_progress_bars()
         (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+
+
+EIGHT_BIT_LORA = textwrap.dedent(
+    """
+    import logging
+
+    import textrl_envs
+    from sb3_grpo import GRPO
+    from textrl_envs.sb3 import make_vec_env
+
+    env = make_vec_env("TextGen-v0", n_envs=2, seed=0, device="cpu", max_new_tokens=3)
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn"], "fan_in_fan_out": True}
+    model = GRPO("CausalLMPolicy", env, n_steps=4, batch_size=8, n_epochs=1, seed=0, device="cpu",
+                 policy_kwargs={"quantization": "8bit", "lora": lora})
+    model.learn(8)
+    # outside our calls bitsandbytes' loggers are as they were: the user's own 8-bit model still says it
+    logging.getLogger("bitsandbytes.autograd._functions").warning("MatMul8bitLt: inputs will be cast (the user's)")
+    print("levels:", logging.getLogger("bitsandbytes").level, logging.getLogger("kernels").level)
+    """
+)
+
+
+def test_an_8bit_lora_run_does_not_repeat_bitsandbytes_notices(tmp_path):
+    pytest.importorskip("bitsandbytes", reason='bitsandbytes is not installed: pip install "textrl[quant]"')
+    pytest.importorskip("peft", reason='peft is not installed: pip install "textrl[lora]"')
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", EIGHT_BIT_LORA], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "gemm_4bit_forward" not in proc.stderr and "publisher trust" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.count("MatMul8bitLt") == 1 and "(the user's)" in proc.stderr, proc.stderr[-2000:]
+    assert "levels: 0 0" in proc.stdout

@@ -77,3 +77,20 @@ def test_sample_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["sample", str(tmp_path / "bad.zip"), "--env", "TextGen-v0"])
     assert "is not an SB3 checkpoint" in capsys.readouterr().err
+
+
+def test_every_algorithm_is_known_to_sample(tmp_path, capsys):
+    """--algo names each algorithm of the package; auto tells them apart where their checkpoints differ."""
+    import sb3_grpo
+    from sb3_grpo.playback import ALGO_CLASSES
+
+    assert set(ALGO_CLASSES) == {"ppo", "grpo", "dr-grpo", "dapo", "gspo", "cispo"}
+    env = make_vec_env("TextGen-v0", n_envs=2, group_size=2, seed=0, device="cpu", max_new_tokens=3)
+    for name in ("dapo", "gspo", "cispo", "dr-grpo"):
+        cls = getattr(sb3_grpo, ALGO_CLASSES[name][1])
+        cls("CausalLMPolicy", env, n_steps=4, batch_size=8, seed=0, device="cpu").save(tmp_path / f"{name}.zip")
+    assert checkpoint_algo(tmp_path / "dapo.zip") == "dapo" and checkpoint_algo(tmp_path / "dr-grpo.zip") == "dr-grpo"
+    with pytest.raises(ValueError, match="GSPO or a CISPO checkpoint.*--algo gspo or --algo cispo"):
+        checkpoint_algo(tmp_path / "gspo.zip")
+    argv = ["sample", str(tmp_path / "cispo.zip"), "--env", "TextGen-v0", "--env-kwargs", '{"max_new_tokens": 3}']
+    assert main([*argv, "--n", "1", "--algo", "cispo", "--quiet", "--out", str(tmp_path / "c.jsonl")]) == 0

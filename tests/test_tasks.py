@@ -17,6 +17,7 @@ import pytest
 import textrl_envs
 from textrl_envs.env import TextGenEnv
 from textrl_envs.rewards import CompositeReward, LexiconSentiment, make_reward
+from textrl_envs.rewards.calls import TrainerState
 from textrl_envs.tasks import TASKS, all_tasks, builtin_tasks, get_task
 
 ENV_IDS = list(textrl_envs.ENV_IDS)
@@ -60,6 +61,8 @@ def good_completion(env_id, prompt_item):
         return meta["references"][0]
     if env_id == "Keywords-v0":
         return " The " + " and the ".join(meta["keywords"]) + " were lovely."
+    if env_id == "CodeGen-v0":  # a body that passes some of the units of the first problem (repeat_8)
+        return "    return s * 8 if s else 'x'\n"
     return " The movie was wonderful."
 
 
@@ -99,11 +102,12 @@ def test_registration_comes_from_the_one_list_of_tasks():
         if task.extra is None:  # a built-in task: the generic vector env, told its task by the registered kwargs
             assert spec.vector_entry_point == "textrl_envs.vector:TextGenVectorEnv"
             assert spec.kwargs == {"task": task.env_id} and task.prompts is not None
-            assert (task.reward is None) == (task.interaction is not None)  # interactive tasks pay per turn
+            # an interactive task pays per turn, or scores the transcript at the end (ToolUse-v0)
+            assert task.reward is not None or task.interaction is not None
         else:  # a suite: its own classes, whose task= names a task of the suite
             assert spec.kwargs == {} and task.install_hint == f'pip install "textrl[{task.extra}]"'
         assert get_task(task.env_id) is task
-    with pytest.raises(ValueError, match="no task 'Nope-v0'; known: Arithmetic-v0, CommonGen-v0"):
+    with pytest.raises(ValueError, match="no task 'Nope-v0'; known: Arithmetic-v0, CodeGen-v0, CommonGen-v0"):
         get_task("Nope-v0")
 
 
@@ -266,12 +270,14 @@ def test_user_tokenizer_prompts_and_reward(tokenizer):
         _, info = env.reset(seed=0, options={"prompt_index": 1})
         assert info["prompt"] == "Once upon a time"
         *_, (r, _, _, info) = run(env, encode(tokenizer, " ab") + [tokenizer.eos_token_id])
-        assert r == 3.0 and calls[-1] == (["Once upon a time"], [" ab"], {})
+        ids = [list(info["completion_ids"])]  # TRL's keywords besides the metadata: the ids and the trainer state
+        assert r == 3.0 and calls[-1] == (["Once upon a time"], [" ab"], {"completion_ids": ids,
+                                                                          "trainer_state": TrainerState()})  # fmt: skip
     # dict prompts pass their metadata to the reward as keyword lists
     env = gym.make("TextGen-v0", prompts=[{"prompt": "Q:", "answer": "yes"}], reward=my_reward)
     env.reset(seed=0)
     run(env, [tokenizer.eos_token_id])
-    assert calls[-1][2] == {"answer": ["yes"]}
+    assert calls[-1][2] == {"answer": ["yes"], "completion_ids": [[]], "trainer_state": TrainerState()}
     # a registered reward by name, with options
     env = gym.make("TextGen-v0", reward="sentiment", reward_kwargs={"scale": "prob"})
     env.reset(seed=0)

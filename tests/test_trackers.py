@@ -10,6 +10,7 @@ import math
 import struct
 import sys
 import time
+import warnings
 
 import pytest
 from stable_baselines3 import PPO
@@ -222,14 +223,18 @@ COMPARE = ["compare", "--env", "CartPole-v1", "--algos", "ppo,grpo", "--seeds", 
            "--eval-episodes", "2", "--no-progress", "--set", '*.n_steps=64', "--set", "*.batch_size=32"]  # fmt: skip
 
 
-def test_compare_track_mlflow_and_wandb(offline_wandb, mlflow_store, tmp_path):
+def test_compare_track_mlflow_and_wandb(offline_wandb, mlflow_store, tmp_path, capfd, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     from sb3_grpo.cli import main
 
+    monkeypatch.delenv("WANDB_SILENT")  # as a user has it: wandb speaks, but compare keeps it to essentials
     out = tmp_path / "out"
     assert main([*COMPARE, "--track", "mlflow", "--track", "wandb", "--out", str(out)]) == 0
-    client = MlflowClient(tracking_uri="file:" + str(out / "mlruns"))
+    printed = "".join(capfd.readouterr())
+    assert "Run history" not in printed and "Run summary" not in printed
+    client = MlflowClient(tracking_uri="sqlite:///" + str(out / "mlflow.db"))  # the default store: MLflow's database
+    assert not (out / "mlruns").exists()
     runs = client.search_runs([client.get_experiment_by_name("compare CartPole-v1").experiment_id])
     assert sorted(r.info.run_name for r in runs) == ["grpo-seed0", "ppo-seed0"]
     for run in runs:
@@ -248,3 +253,29 @@ def test_compare_track_names_the_missing_extra(monkeypatch, tmp_path, capsys):
         main([*COMPARE, "--track", "wandb", "--out", str(tmp_path / "o")])
     assert "pip install 'textrl[wandb]'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_mlflow_default_store_is_a_database_and_renamed_keys_are_said(mlflow_store, tmp_path):
+    import logging
+
+    from mlflow.tracking import MlflowClient
+
+    from sb3_grpo.callbacks.trackers import MLflowOutputFormat, default_tracking_uri
+
+    folder = tmp_path / "run"
+    assert default_tracking_uri(folder) == "sqlite:///" + str(folder / "mlflow.db")
+    level = logging.getLogger("mlflow.store.db.utils").level
+    writer = MLflowOutputFormat(str(folder), experiment_name="e")
+    assert writer.tracking_uri == default_tracking_uri(folder) and (folder / "mlflow.db").is_file()
+    assert logging.getLogger("mlflow.store.db.utils").level == level  # quieted only while the store was made
+    with pytest.warns(UserWarning, match=r"'eval/pass@4' is logged as 'eval/pass_4'"):
+        writer.write({"eval/pass@4": 0.5, "eval/mean": 0.25}, {"eval/pass@4": None, "eval/mean": None}, step=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        writer.write({"eval/pass@4": 0.75}, {"eval/pass@4": None}, step=2)
+    run_id = writer.run_id
+    writer.close()
+    client = MlflowClient(tracking_uri=default_tracking_uri(folder))  # MLflow's own client reads it, no flag needed
+    run = client.get_run(run_id)
+    assert run.data.tags["textrl.renamed.eval/pass_4"] == "eval/pass@4"
+    assert [m.value for m in client.get_metric_history(run_id, "eval/pass_4")] == [0.5, 0.75]

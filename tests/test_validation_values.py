@@ -43,7 +43,8 @@ CASES = [
         r"reward '<lambda>' .* holding '0.5' \(str\) for completion #0; rewards are numbers only .* \[float\(s\)",
     ),
     ("reward-bool", lambda: _score(True), ValueError, r"holding True \(bool\) .*rewards are numbers only"),
-    ("reward-none", lambda: _score(None), ValueError, r"holding None \(NoneType\) .*rewards are numbers only"),
+    # None is TRL's "does not apply": alone, nothing scores the completion
+    ("reward-none", lambda: _score(None), ValueError, r"returned None \(TRL's 'not applicable'\).*'skip'"),
     (
         "cli-override-for-an-algo-not-run",
         lambda: cli_main(["compare", "--algos", "ppo", "--set", "grpo.learning_rate=1e-4", "--out", "out"]),

@@ -24,17 +24,35 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
-from textrl_envs.chat import end_of_turn_id, render, render_items, resolve_chat_template
+from textrl_envs.chat import (
+    as_messages,
+    check_system_prompt,
+    end_of_turn_id,
+    render,
+    render_items,
+    resolve_chat_template,
+    with_system,
+)
 from textrl_envs.data import load_prompts
+from textrl_envs.gguf import gguf_folder, is_gguf_name
 from textrl_envs.hf_loading import load_from_hub, looks_like_hub_id
-from textrl_envs.rewards.base import RewardModel, call_reward, check_reward_timeout
+from textrl_envs.interaction import bind_interaction
+from textrl_envs.rewards.base import (
+    DEFAULT_REWARD_TIMEOUT,
+    RewardModel,
+    call_reward,
+    check_reward_timeout,
+    reward_name,
+)
+from textrl_envs.rewards.calls import TrainerState, check_reward_call, updated_trainer_state
+from textrl_envs.rewards.composite import reward_sum
 from textrl_envs.rewards.registry import resolve_reward
-from textrl_envs.tasks import PromptItem, Task, all_tasks, get_task
+from textrl_envs.tasks import InstructDefaults, PromptItem, Task, all_tasks, get_task
 from textrl_envs.validation import check_choice, check_int, check_mapping
 
 TRUNCATION_SIDES = ("left", "right", "error")
@@ -45,6 +63,8 @@ NONFINITE_REWARD = ("raise", "skip")
 #: stores a window, so a window past this is a typo (``max_new_tokens=10**9`` would ask for gigabytes) rather
 #: than a plan; a policy bounds ``W`` further by its model's context. Raise it here if you really need more.
 MAX_WINDOW = 1 << 17
+#: Conversations of prompts given at reset that a spec remembers for its rewards (the oldest are forgotten past it).
+RESET_MESSAGES_KEPT = 4096
 #: Files one of which a local tokenizer directory holds (``tokenizer.save_pretrained(dir)`` writes them).
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -71,7 +91,8 @@ class EpisodeSpec:
     :ivar pad_token_id: Id written in padded slots.
     :ivar vocab_size: ``len(tokenizer)``, the size of the action space.
     :ivar nonfinite_reward: ``"raise"`` or ``"skip"`` (see :meth:`score_flagged`).
-    :ivar reward_timeout: Seconds a reward call may take (``None``: no limit).
+    :ivar reward_timeout: Seconds a reward call may take (``None``: no limit; built specs default to
+        :data:`~textrl_envs.rewards.base.DEFAULT_REWARD_TIMEOUT`).
     :ivar episode_budget: Tokens per episode when lowered below ``max_new_tokens`` by
         ``set_max_new_tokens`` (a curriculum); ``None``: ``max_new_tokens``. The window stays the same.
     :ivar interaction: The :class:`~textrl_envs.interaction.Interaction` that answers the agent's turns
@@ -80,6 +101,17 @@ class EpisodeSpec:
     :ivar turn_end_ids: Token ids that end an agent turn (interactive episodes).
     :ivar max_turn_tokens: Agent tokens per turn (``None``: no limit but the token budget).
     :ivar chat_template: The chat template prompts are rendered with (``None``: prompts are used as they are).
+    :ivar system_prompt: The system message prompts are rendered under (``None``: none given).
+    :ivar chat_open: Whether the prompts were rendered with their last user message open: a chat template and an
+        interaction that speaks first, whose opening completes the message (:func:`~textrl_envs.chat.chat_opening`).
+    :ivar instruct: The instruct format of the prompts (:mod:`textrl_envs.instruct`; ``None``: off).
+    :ivar prompt_messages: With a chat template, each prompt as the conversation it was given as (a str prompt is one
+        user message): what a TRL-style reward gets as ``prompts`` (``None`` without a template).
+    :ivar chat_prepare: What the prompt's messages become before rendering (a tool env describes its tools), or
+        ``None``.
+    :ivar chat_kwargs: Extra arguments of ``apply_chat_template`` when prompts are rendered (``tools``).
+    :ivar trainer_state: How far training has come, handed to rewards as ``trainer_state=``
+        (:class:`~textrl_envs.rewards.calls.TrainerState`; :meth:`TextSpecAccess.set_trainer_state` replaces it).
     """
 
     tokenizer: Any
@@ -101,6 +133,15 @@ class EpisodeSpec:
     turn_end_ids: tuple[int, ...] = ()
     max_turn_tokens: int | None = None
     chat_template: str | None = None
+    system_prompt: str | None = None
+    chat_open: bool = False
+    instruct: Any = None
+    prompt_messages: list[list[dict[str, Any]]] | None = None
+    chat_prepare: Any = None
+    chat_kwargs: dict[str, Any] = field(default_factory=dict)
+    trainer_state: TrainerState = field(default_factory=TrainerState)
+    #: Conversations of prompts given at reset (rendered text -> messages), for the rewards' ``prompts``.
+    reset_messages: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     @property
     def interactive(self) -> bool:
@@ -119,7 +160,35 @@ class EpisodeSpec:
         """A prompt given at reset as the env shows it: rendered with the chat template, if there is one."""
         if self.chat_template is None:
             return prompt
-        return render(self.tokenizer, self.chat_template, prompt, where)
+        if self.instruct is not None:  # asked like the prompt list: the task's question, then the instruction
+            from textrl_envs.instruct import instruct_prompts
+
+            asked = get_task(self.task_id).instruct if self.task_id is not None else None
+            prompt = instruct_prompts([prompt], self.instruct, asked.question if asked else None)[0]
+        text = render(
+            self.tokenizer,
+            self.chat_template,
+            prompt,
+            where,
+            system_prompt=self.system_prompt,
+            open_end=self.chat_open,
+            prepare=self.chat_prepare,
+            template_kwargs=self.chat_kwargs,
+        )
+        if len(self.reset_messages) >= RESET_MESSAGES_KEPT:
+            self.reset_messages.clear()
+        self.reset_messages[text] = as_messages(prompt, where)
+        return text
+
+    def chat_prompts(self, prompt_indices: Sequence[int], texts: Sequence[str]) -> list[Any] | None:
+        """The episodes' prompts as conversations (``None`` without a chat template): those of the prompt list, or of
+        a prompt given at reset (its text when it was not rendered here)."""
+        if self.prompt_messages is None:
+            return None
+        return [
+            self.prompt_messages[i] if i >= 0 else self.reset_messages.get(t, [{"role": "user", "content": t}])
+            for i, t in zip(prompt_indices, texts)
+        ]
 
     @property
     def budget(self) -> int:
@@ -153,31 +222,50 @@ class EpisodeSpec:
         """Completion text: ``ids`` decoded without special tokens (so without EOS)."""
         return self.tokenizer.decode(list(map(int, ids)), skip_special_tokens=True)
 
-    def score(self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None) -> np.ndarray:
+    def score(
+        self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None, completion_ids=None
+    ) -> np.ndarray:
         """Rewards of finished episodes, one batched call to the reward model.
 
         :param prompt_indices: Which prompt each episode used (``-1`` for a prompt given through
             ``reset(options={"prompt": ...})``; its text must then be in ``prompt_texts``).
         :param completions: Completion texts.
         :param prompt_texts: Prompt texts per episode, when some are not from the prompt list.
+        :param completion_ids: Each completion's token ids (the reward's ``completion_ids``).
         """
-        return self.score_flagged(prompt_indices, completions, prompt_texts)[0]
+        return self.score_flagged(prompt_indices, completions, prompt_texts, completion_ids)[0]
 
     def score_flagged(
-        self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None
+        self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None, completion_ids=None
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`score_detailed` without the components: ``(rewards, nonfinite)``."""
-        return self.score_detailed(prompt_indices, completions, prompt_texts)[:2]
+        return self.score_detailed(prompt_indices, completions, prompt_texts, completion_ids)[:2]
 
     def score_detailed(
-        self, prompt_indices: Sequence[int], completions: Sequence[str], prompt_texts=None
+        self,
+        prompt_indices: Sequence[int],
+        completions: Sequence[str],
+        prompt_texts=None,
+        completion_ids=None,
+        trainer_state: TrainerState | None = None,
+        completion_messages=None,
     ) -> tuple[np.ndarray, np.ndarray, list[dict[str, float]] | None]:
         """Rewards of finished episodes and which of them were non-finite.
 
         With ``nonfinite_reward="raise"`` a NaN/inf reward raises (naming the reward, prompt and
         completion) and the flags are all ``False``; with ``"skip"`` it is replaced by 0.0 and flagged,
         so that the env can set ``info["reward_nonfinite"] = True`` and the algorithm drop the episode.
-        ``reward_timeout`` bounds the call (see :func:`~textrl_envs.rewards.base.call_reward`).
+        ``reward_timeout`` bounds the call (see :func:`~textrl_envs.rewards.base.call_reward`). The reward is called
+        as TRL calls its reward functions (prompts, completions, ``completion_ids``, ``trainer_state`` and the
+        metadata columns, as keywords; conversations with a chat template); a score of ``None`` counts as a
+        non-finite one.
+
+        :param completion_ids: Each completion's token ids (``None``: the reward gets no ``completion_ids``).
+        :param trainer_state: The state the reward sees (default: :attr:`trainer_state` now; the reward worker passes
+            the one of the step the episodes ended in).
+        :param completion_messages: Each interactive episode's conversation as chat messages
+            (:meth:`~textrl_envs.interaction.Interaction.messages`): a TRL-style reward's completions with chat
+            prompts (``None``: each completion's text as one assistant message).
 
         A reward with components (a :class:`~textrl_envs.rewards.CompositeReward`: its ``score_components``) also
         gives each episode's components, ``{label: unweighted score}``.
@@ -192,7 +280,18 @@ class EpisodeSpec:
         if callable(getattr(reward, "score_components", None)):
             parts = {}
             reward = _RecordComponents(reward, parts)
-        values = call_reward(reward, texts, completions, meta, on_nonfinite=on_nonfinite, timeout=self.reward_timeout)
+        values = call_reward(
+            reward,
+            texts,
+            completions,
+            meta,
+            completion_ids=completion_ids,
+            trainer_state=self.trainer_state if trainer_state is None else trainer_state,
+            chat_prompts=self.chat_prompts(prompt_indices, texts),
+            chat_completions=completion_messages,
+            on_nonfinite=on_nonfinite,
+            timeout=self.reward_timeout,
+        )
         bad = ~np.isfinite(values)
         if bad.any():
             values = np.where(bad, 0.0, values)
@@ -210,11 +309,21 @@ class _RecordComponents(RewardModel):
         super().__init__(getattr(reward, "name", type(reward).__name__))
         self.reward, self.parts = reward, parts
 
-    def __call__(self, prompts: list[str], completions: list[str], **kwargs: Any) -> np.ndarray:
-        return self.score(list(prompts), list(completions), **kwargs)
+    def __call__(
+        self, prompts: list[str], completions: list[str], chat_prompts: Any = None, chat_completions: Any = None,
+        **kwargs: Any,
+    ) -> np.ndarray | list[float | None]:  # fmt: skip
+        return self.score(
+            list(prompts), list(completions), chat_prompts=chat_prompts, chat_completions=chat_completions, **kwargs
+        )
 
-    def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> np.ndarray:
-        total, parts = self.reward.score_components(prompts, completions, **kwargs)
+    def score(
+        self, prompts: list[str], completions: list[str], chat_prompts: Any = None, chat_completions: Any = None,
+        **kwargs: Any,
+    ) -> np.ndarray | list[float | None]:  # fmt: skip
+        total, parts = self.reward.score_components(
+            prompts, completions, chat_prompts=chat_prompts, chat_completions=chat_completions, **kwargs
+        )
         self.parts.update({label: np.asarray(v, dtype=np.float64) for label, v in parts.items()})
         return total
 
@@ -245,9 +354,20 @@ class TextSpecAccess:
         """
         self.text_spec.set_budget(n)
 
+    def set_trainer_state(self, **fields: int) -> None:
+        """Tell the rewards how far training has come: the ``trainer_state`` they get from now on
+        (:class:`~textrl_envs.rewards.calls.TrainerState`'s fields ``global_step``, ``max_steps``, ``num_timesteps``,
+        ``total_timesteps``; those not given keep their values). The algorithms of :mod:`sb3_grpo` call it at each
+        rollout's start (through SB3: ``venv.env_method("set_trainer_state", global_step=...)``).
+
+        :raises TypeError: for a field it does not have, or a value that is not an int >= 0.
+        """
+        self.text_spec.trainer_state = updated_trainer_state(self.text_spec.trainer_state, fields)
+
 
 def load_tokenizer(tokenizer: Any = None, revision: str | None = None):
-    """Resolve ``tokenizer``: ``None`` (the bundled one), a local path, a Hugging Face Hub id, or a tokenizer object.
+    """Resolve ``tokenizer``: ``None`` (the bundled one), a local path, a Hugging Face Hub id, a GGUF file or packaged
+    model's name (:mod:`textrl_envs.gguf`: the tokenizer and chat template stored in the file), or a tokenizer object.
 
     A Hub id (``"org/name"``, a string that names no local directory) loads as ``AutoTokenizer.from_pretrained``
     loads it, at ``revision``: downloaded online, from the Hugging Face cache with ``HF_HUB_OFFLINE=1``
@@ -264,7 +384,9 @@ def load_tokenizer(tokenizer: Any = None, revision: str | None = None):
         tokenizer = tokenizer_path()
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)
-        if not os.path.isdir(path) and looks_like_hub_id(path):
+        if is_gguf_name(path):
+            tokenizer = gguf_folder(path)  # the GGUF's tokenizer, from its converted folder (converted on first use)
+        elif not os.path.isdir(path) and looks_like_hub_id(path):
             tokenizer = load_from_hub(AutoTokenizer.from_pretrained, path, "tokenizer", revision)
         elif not os.path.isdir(path):
             raise ValueError(
@@ -556,6 +678,10 @@ def _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_gi
         reward = defaults.reward
         if reward_kwargs is None:
             reward_kwargs = dict(defaults.reward_kwargs)
+    if isinstance(reward, list):  # TRL's reward_funcs: their sum
+        if reward_kwargs:
+            raise TypeError("reward_kwargs are only used with a registered reward name, not with a list of rewards")
+        return reward_sum(reward)
     return resolve_reward(reward, **(reward_kwargs or {}))
 
 
@@ -579,12 +705,15 @@ def build_spec(
     max_prompt_tokens: int | None = None,
     prompt_truncation: str = "left",
     nonfinite_reward: str = "raise",
-    reward_timeout: float | None = None,
+    reward_timeout: float | None = DEFAULT_REWARD_TIMEOUT,
     interaction: Any = None,
     max_turns: int | None = None,
     turn_end: Any = None,
     max_turn_tokens: int | None = None,
     chat_template: bool | str | None = None,
+    system_prompt: str | None = None,
+    instruct: Any = None,
+    tools: Sequence[Any] | None = None,
 ) -> EpisodeSpec:
     """Resolve environment arguments (task defaults overridden by the user's) into an :class:`EpisodeSpec`.
 
@@ -607,8 +736,10 @@ def build_spec(
     :param nonfinite_reward: ``"raise"`` (default): a NaN/inf reward raises a ``ValueError`` naming the
         reward, prompt and completion; ``"skip"``: it is scored 0.0 and the episode's final info gets
         ``reward_nonfinite=True`` (GRPO then drops the episode and counts it in ``rollout/skipped_episodes``).
-    :param reward_timeout: Seconds a reward call (or a batch of interactive replies) may take (``None``: no
-        limit); one that runs longer raises a ``TimeoutError`` naming it.
+    :param reward_timeout: Seconds a reward call (or a batch of interactive replies) may take; one that runs
+        longer raises a ``TimeoutError`` naming it. Default
+        :data:`~textrl_envs.rewards.base.DEFAULT_REWARD_TIMEOUT` (600 s: only a reward that hangs trips it);
+        ``None``: no limit.
     :param interaction: An :class:`~textrl_envs.interaction.Interaction` that answers the agent's turns (the
         task's own for interactive ids); makes the episode interactive.
     :param max_turns: Interactive episodes: agent turns before the episode is truncated (>= 1; ``None``: the
@@ -623,11 +754,40 @@ def build_spec(
         the template's end-of-turn token (EOS if the template has none), and so do an interactive episode's
         turns unless ``turn_end`` says otherwise. The reward and ``info["prompt"]``
         get the rendered text.
+    :param system_prompt: With a chat template: a system message every prompt is rendered under (a conversation
+        with its own system message keeps it; ``None``: none, so the template may write its default).
+    :param instruct: ``True`` (or an :class:`~textrl_envs.instruct.InstructFormat`, or a dict of its fields) asks
+        a task with a checkable answer the instruct way (:mod:`textrl_envs.instruct`): its question and an
+        instruction that states the answer format, rendered with the chat template (``chat_template`` defaults to
+        ``True``), graded by :class:`~textrl_envs.rewards.answers.FinalAnswerReward` unless ``reward`` is given, with
+        the task's instruct budgets unless given. ``None``/``False``: off.
+    :param tools: Python functions the model may call (:class:`~textrl_envs.tools.ToolCalling`): makes the episode
+        interactive, the tools described through the chat template (the tokenizer's own, or a plain fallback) and
+        each call answered by a ``tool`` message; the reward (the task's unless given) scores the transcript at the
+        end. Not with ``interaction``.
     """
     defaults = get_task(task) if task is not None else None
     prompts = _resolve_prompts(defaults, prompts)
+    fmt, asked = _resolve_instruct(defaults, instruct)
+    if fmt is not None:
+        from textrl_envs.instruct import instruct_prompts
+
+        prompts = instruct_prompts(list(_check_prompt_list(prompts)), fmt, asked.question)
+        chat_template = True if chat_template is None else chat_template
+        if chat_template is False:
+            raise ValueError("instruct=True renders prompts with a chat template; leave chat_template unset or True")
+        max_new_tokens = asked.max_new_tokens if max_new_tokens is None else max_new_tokens
+        max_prompt_tokens = asked.max_prompt_tokens if max_prompt_tokens is None else max_prompt_tokens
+        if reward is None and (defaults is None or defaults.reward is not None):
+            reward, reward_kwargs = _instruct_reward(fmt, asked), None
+        if asked.interaction is not None:  # an interactive task: its interaction reads and answers free text
+            interaction = asked.interaction() if interaction is None else interaction
+            max_turns = asked.max_turns if max_turns is None else max_turns
+            max_turn_tokens = asked.max_turn_tokens if max_turn_tokens is None else max_turn_tokens
     given_turns = {"max_turns": max_turns, "turn_end": turn_end, "max_turn_tokens": max_turn_tokens}
     interaction_given = interaction is not None
+    if tools is not None:
+        interaction = _tool_interaction(tools, interaction)  # the task's reward still scores the episode
     interaction, max_turns, turn_end, max_turn_tokens = _resolve_turns(defaults, interaction, given_turns)
     max_new_tokens, max_prompt_tokens = check_budgets(
         max_new_tokens if max_new_tokens is not None else _task_default(defaults, "max_new_tokens"),
@@ -638,10 +798,30 @@ def build_spec(
     reward_kwargs = check_mapping("reward_kwargs", reward_kwargs, hint="e.g. reward_kwargs={'target': 'positive'}")
     tok = load_tokenizer(tokenizer)
     template = resolve_chat_template(tok, chat_template)
+    interaction = bind_interaction(interaction, tok, template)
+    if template is None:  # an interaction that speaks in chat messages (tools) brings a template if the env has none
+        template = getattr(interaction, "chat_template", None)
+    system_prompt = check_system_prompt(system_prompt, template)
+    chat_open = template is not None and speaks_first(interaction)
+    prepare = getattr(interaction, "prompt_messages", None)
+    template_kwargs = dict(getattr(interaction, "chat_template_kwargs", None) or {})
+    messages = None
     if template is not None:
-        prompts = render_items(tok, template, list(_check_prompt_list(prompts)))
+        items = list(_check_prompt_list(prompts))
+        messages = [with_system(prompt_conversation(item, i), system_prompt) for i, item in enumerate(items)]
+        prompts = render_items(
+            tok,
+            template,
+            items,
+            system_prompt=system_prompt,
+            open_end=chat_open,
+            prepare=prepare,
+            template_kwargs=template_kwargs,
+        )
     texts, metadata = _split_prompts(prompts)
     reward_fn = _resolve_reward(defaults, reward, reward_kwargs, interaction, interaction_given)
+    if reward_fn is not None:
+        check_reward_call(reward_fn, list(metadata), reward_name(reward_fn))
     eos, pad, turn_end_ids = _end_ids(tok, template, defaults, interaction, turn_end)
     ids = encode_prompts(tok, texts, max_prompt_tokens, prompt_truncation, template)
     return EpisodeSpec(
@@ -663,7 +843,65 @@ def build_spec(
         turn_end_ids=turn_end_ids,
         max_turn_tokens=max_turn_tokens,
         chat_template=template,
+        system_prompt=system_prompt,
+        chat_open=chat_open,
+        instruct=fmt,
+        prompt_messages=messages,
+        chat_prepare=prepare,
+        chat_kwargs=template_kwargs,
     )
+
+
+def speaks_first(interaction: Any) -> bool:
+    """Whether an interaction may open its episodes (its class overrides ``opening``)."""
+    if interaction is None:
+        return False
+    from textrl_envs.interaction import Interaction
+
+    own = getattr(type(interaction), "opening", None)
+    return own is not None and own is not Interaction.opening
+
+
+def _resolve_instruct(defaults: Task | None, instruct: Any) -> tuple[Any, InstructDefaults]:
+    """``(format, the task's instruct defaults)``, or ``(None, ...)`` when instruct mode is off; a task without an
+    instruct mode is refused, naming the tasks that have one."""
+    from textrl_envs.instruct import resolve_instruct
+
+    fmt = resolve_instruct(instruct)
+    asked = InstructDefaults() if defaults is None else defaults.instruct
+    if fmt is not None and asked is None:
+        with_mode = ", ".join(t.env_id for t in all_tasks() if t.instruct is not None)
+        raise ValueError(
+            f"{defaults.env_id} has no instruct mode (its answers are not checkable as a final answer); tasks with "
+            f"one: {with_mode}. For your own prompts with an 'answer' column, pass instruct=True without a task "
+            "(TextGenEnv) or a chat_template=True and a reward of your own"
+        )
+    return fmt, asked
+
+
+def _instruct_reward(fmt: Any, asked: InstructDefaults) -> Any:
+    """The instruct mode's grader: the final answer checked by the format's check (else the task's)."""
+    from textrl_envs.rewards.answers import FinalAnswerReward
+
+    return FinalAnswerReward(check=fmt.check or asked.check, style=fmt.style, format_weight=fmt.format_weight)
+
+
+def _tool_interaction(tools: Any, interaction: Any) -> Any:
+    """The :class:`~textrl_envs.tools.ToolCalling` of ``tools=``; refused beside an ``interaction``."""
+    if interaction is not None:
+        raise ValueError(
+            "give either tools=[...] (functions the model may call) or interaction=..., not both; a ToolCalling "
+            "interaction with options of its own goes in interaction=ToolCalling(tools, timeout=...)"
+        )
+    from textrl_envs.tools.interaction import ToolCalling
+
+    return ToolCalling(tools)
+
+
+def prompt_conversation(item: Any, i: int) -> list[dict[str, Any]]:
+    """A prompt item (``str``, messages, or ``{"prompt": ..., **metadata}``) as its conversation."""
+    prompt = item["prompt"] if isinstance(item, dict) and "prompt" in item else item
+    return as_messages(prompt, f"prompt #{i}")
 
 
 def _resolve_prompts(defaults: Any, prompts: Any) -> Any:

@@ -12,9 +12,17 @@ from gymnasium import spaces
 
 from textrl_envs.core import EpisodeSpec, TextSpecAccess, build_spec, check_kwargs, encode_prompt
 from textrl_envs.groups import draw_weighted, prompt_draw_cdf
-from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, episode_infos, start_episode
+from textrl_envs.interaction import TASK_SEED_BOUND, answer_turns, episode_infos, episode_messages, start_episode
 from textrl_envs.rendering import transcript_frame
-from textrl_envs.turns import ReplyEncoder, check_opening, turn_episode_ends, turns_over, who
+from textrl_envs.turns import (
+    ReplyEncoder,
+    check_opening,
+    turn_episode_ends,
+    turns_over,
+    who,
+    written_opening,
+    written_reply,
+)
 from textrl_envs.validation import check_choice, check_int, check_mapping
 
 SPEC_KWARGS = (
@@ -33,6 +41,9 @@ SPEC_KWARGS = (
     "turn_end",
     "max_turn_tokens",
     "chat_template",
+    "system_prompt",
+    "instruct",
+    "tools",
 )
 
 
@@ -139,11 +150,14 @@ class TextGenEnv(TextSpecAccess, gym.Env):
 
     ## Arguments
     ``gym.make(id, prompts=..., reward=..., tokenizer=..., max_new_tokens=..., max_prompt_tokens=...,
-    prompt_truncation="left", reward_kwargs=None, nonfinite_reward="raise", reward_timeout=None,
-    interaction=None, max_turns=None, turn_end=None, max_turn_tokens=None, chat_template=None)``; see
-    :func:`textrl_envs.core.build_spec`. ``prompts`` may also be a ``.jsonl``, ``.json``, ``.csv`` or ``.txt``
-    path or a ``datasets.Dataset`` (:mod:`textrl_envs.data`); ``chat_template=True`` renders prompts with the
-    tokenizer's chat template (:mod:`textrl_envs.chat`). :meth:`set_max_new_tokens` lowers the episode budget
+    prompt_truncation="left", reward_kwargs=None, nonfinite_reward="raise", reward_timeout=600.0,
+    interaction=None, max_turns=None, turn_end=None, max_turn_tokens=None, chat_template=None, system_prompt=None,
+    instruct=None, tools=None)``; see :func:`textrl_envs.core.build_spec`. ``prompts`` may also be a ``.jsonl``,
+    ``.json``, ``.csv`` or ``.txt`` path or a ``datasets.Dataset`` (:mod:`textrl_envs.data`); ``chat_template=True``
+    renders prompts with the tokenizer's chat template (:mod:`textrl_envs.chat`), under ``system_prompt`` when given;
+    ``instruct=True`` asks a task with a checkable answer the way an instruct model is asked
+    (:mod:`textrl_envs.instruct`); ``tools=[...]`` lets the model call Python functions (:mod:`textrl_envs.tools`).
+    :meth:`set_max_new_tokens` lowers the episode budget
     (a curriculum).
 
     ## Vectorized environment
@@ -226,8 +240,9 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         self._task_state, opening = start_episode(spec.interaction, text, meta, seed, spec.task_id)
         self._transcript = [{"role": "env", "text": text}]
         self._turn, self._turns, self._nonfinite = [], 0, False
-        if opening:
-            ids = self._replies.whole(opening)
+        written = written_opening(spec, opening)
+        if written:
+            ids = self._replies.whole(written)
             check_opening(spec, len(ids))  # its whole length: one past the window is refused, never cut
             self._append(ids)
             self._generated.extend(ids)
@@ -266,7 +281,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             ids = self._generated[:-1] if terminated else self._generated
             completion = spec.decode(ids)
             rewards, nonfinite, parts = spec.score_detailed(
-                [self._prompt_index], [completion], prompt_texts=[self._prompt_text]
+                [self._prompt_index], [completion], prompt_texts=[self._prompt_text], completion_ids=[ids]
             )
             reward = float(rewards[0])
             info = {
@@ -304,7 +319,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             )  # fmt: skip
             reward, self._nonfinite = float(rewards[0]), self._nonfinite or bool(bad[0])
             if replies[0] is not None:
-                ids = self._replies(replies[0])
+                ids = self._replies(written_reply(spec, replies[0], token))
                 self._append(ids)
                 self._generated.extend(ids)
                 self._transcript.append({"role": "env", "text": replies[0]})
@@ -327,7 +342,10 @@ class TextGenEnv(TextSpecAccess, gym.Env):
         completion = spec.decode(self._generated)
         nonfinite, parts = self._nonfinite, None
         if spec.reward is not None:
-            end, bad, parts = spec.score_detailed([self._prompt_index], [completion], prompt_texts=[self._prompt_text])
+            end, bad, parts = spec.score_detailed(
+                [self._prompt_index], [completion], prompt_texts=[self._prompt_text], completion_ids=[self._generated],
+                completion_messages=episode_messages(spec.interaction, [self._task_state]),
+            )  # fmt: skip
             reward, nonfinite = reward + float(end[0]), nonfinite or bool(bad[0])
         info = {
             "prompt": self._prompt_text,

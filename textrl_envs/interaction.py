@@ -49,8 +49,10 @@ __all__ = [
     "Interaction",
     "Reply",
     "answer_turns",
+    "bind_interaction",
     "check_interaction",
     "episode_infos",
+    "episode_messages",
     "start_episode",
 ]
 
@@ -78,6 +80,10 @@ class Interaction:
     number; :meth:`opening` when the environment speaks first; :meth:`replies` to answer a batch of turns at
     once, e.g. with one call to a model). See the module docstring for an example.
     """
+
+    #: Whether :meth:`reply` writes its text in the chat template's format itself (as tool results do); otherwise,
+    #: with a chat template, the env writes each reply as a user message (:func:`~textrl_envs.chat.chat_reply`).
+    writes_chat: bool = False
 
     def start(self, prompt: str, metadata: Mapping[str, Any], rng: np.random.Generator) -> Any:  # noqa: ARG002  (the protocol's signature; this default keeps no state)
         """Begin an episode and return its state (``None`` by default).
@@ -110,6 +116,22 @@ class Interaction:
         as the side a game's learner played (``learner_player``), which role-conditioned advantages read. Values
         are ints or strings, the same keys for every episode of the task."""
         return {}
+
+    def bind(self, tokenizer: Any, chat_template: str | None) -> Interaction:  # noqa: ARG002  (the protocol's signature; this default needs neither)
+        """The interaction an env with this tokenizer and chat template (``None``: none) uses: ``self`` by default.
+
+        Called once when the env is built (:func:`bind_interaction`). An interaction that writes its replies in the
+        chat template's format (:class:`~textrl_envs.tools.ToolCalling`) returns a copy that knows them, and may set
+        ``chat_template`` (the template to render with when the env has none), ``chat_template_kwargs`` (extra
+        arguments of ``apply_chat_template``, such as ``tools``) and ``prompt_messages(messages)`` (the prompt's
+        messages as the model should see them), which the env then uses to render its prompts.
+        """
+        return self
+
+    def messages(self, state: Any) -> list[dict[str, Any]] | None:  # noqa: ARG002  (the protocol's signature)
+        """The episode's conversation after the prompt as chat messages, what a TRL-style reward gets as the
+        completion with chat prompts (``None`` by default: the conversation's text as one assistant message)."""
+        return None
 
     def replies(self, states: Sequence[Any], texts: Sequence[str], turns: Sequence[int]) -> list[Reply]:
         """Answer a batch of finished turns (one per episode that ended a turn this step); calls :meth:`reply`.
@@ -153,6 +175,28 @@ def episode_infos(interaction: Any, states: Sequence[Any]) -> list[dict[str, Any
                 "final-info entries"
             )
     return out
+
+
+def bind_interaction(interaction: Any, tokenizer: Any, chat_template: str | None) -> Any:
+    """The interaction an env uses: ``interaction.bind(tokenizer, chat_template)`` where it has ``bind``, else itself.
+
+    :raises TypeError: if ``bind`` returns something that is not an interaction.
+    """
+    bind = getattr(interaction, "bind", None)
+    if interaction is None or not callable(bind):
+        return interaction
+    bound = bind(tokenizer, chat_template)
+    return check_interaction(bound)
+
+
+def episode_messages(interaction: Any, states: Sequence[Any]) -> list[list[dict[str, Any]] | None] | None:
+    """Each episode's conversation as chat messages (:meth:`Interaction.messages`); ``None`` when the interaction
+    gives none."""
+    fn = getattr(interaction, "messages", None)
+    if not callable(fn):
+        return None
+    out = [fn(s) for s in states]
+    return out if any(m is not None for m in out) else None
 
 
 def _who(interaction: Any, task: str | None) -> str:

@@ -20,9 +20,11 @@ the env's side of the worker (a mixin of the vector env).
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,12 +54,29 @@ class RewardResult:
 
 
 class RewardWorker:
-    """One background thread scoring batches of finished episodes in submission order."""
+    """One background thread scoring batches of finished episodes in submission order.
+
+    The thread is a daemon: Ctrl-C (or any exit) never waits for it, even while a reward hangs (the env's
+    ``reward_timeout`` bounds each call; :meth:`collect` raises its error).
+    """
 
     def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
+        self._queue: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
         self._jobs: OrderedDict[int, tuple[np.ndarray, np.ndarray, Future]] = OrderedDict()
         self._next_ticket = 0
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue) -> None:
+        """The thread: run each job in order until ``None`` arrives."""
+        while (job := jobs.get()) is not None:
+            future, score, args, kw = job
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled before it started
+            try:
+                future.set_result(score(*args, **kw))
+            except BaseException as exc:  # handed to collect()
+                future.set_exception(exc)
 
     def __len__(self) -> int:
         """Batches submitted and not yet collected."""
@@ -74,15 +93,15 @@ class RewardWorker:
         :param score: The scoring call (the env's ``score_detailed``).
         :return: The batch's ticket.
         """
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="textrl-reward")
+        if self._thread is None:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._run, args=(self._queue,), name="textrl-reward", daemon=True)
+            self._thread.start()
         ticket = self._next_ticket
         self._next_ticket += 1
-        self._jobs[ticket] = (
-            np.asarray(envs).copy(),
-            np.asarray(episode_ids).copy(),
-            self._pool.submit(score, *args, **kw),
-        )
+        future: Future = Future()
+        self._jobs[ticket] = (np.asarray(envs).copy(), np.asarray(episode_ids).copy(), future)
+        self._queue.put((future, score, args, kw))
         return ticket
 
     def collect(self, wait: bool = True) -> list[RewardResult]:
@@ -113,12 +132,14 @@ class RewardWorker:
             future.cancel()
         self._jobs.clear()
 
-    def close(self) -> None:
-        """Forget pending batches and stop the thread."""
+    def close(self, wait: float = 5.0) -> None:
+        """Forget pending batches and stop the thread: it ends after the batch it is scoring, waited for at most
+        ``wait`` seconds (a reward that hangs is left behind in its daemon thread)."""
         self.cancel()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(wait)
+            self._thread = self._queue = None
 
     def __getstate__(self) -> dict[str, Any]:
         if self._jobs:
@@ -177,15 +198,22 @@ class RewardDeferral:
         prompt_index: list[int],
         completions: list[str],
         texts: list[str],
+        completion_ids: list[tuple[int, ...]] | None = None,
+        completion_messages: list[Any] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, int | None, list[dict[str, float]] | None]:
         """Rewards, non-finite flags and reward components of the episodes ``done`` ended, now; or zeros, a ticket and
-        ``None`` when deferred."""
+        ``None`` when deferred (the reward then sees the ``trainer_state`` of this step)."""
         spec = self.text_spec
         if not self._deferred:
-            rewards, nonfinite, parts = spec.score_detailed(prompt_index, completions, prompt_texts=texts)
+            rewards, nonfinite, parts = spec.score_detailed(
+                prompt_index, completions, prompt_texts=texts, completion_ids=completion_ids,
+                completion_messages=completion_messages,
+            )  # fmt: skip
             return rewards, nonfinite, None, parts
         ticket = self._worker.submit(done, episode_ids[done], spec.score_detailed, prompt_index, completions,
-                                     prompt_texts=texts)  # fmt: skip
+                                     prompt_texts=texts, completion_ids=completion_ids,
+                                     trainer_state=spec.trainer_state,
+                                     completion_messages=completion_messages)  # fmt: skip
         return np.zeros(len(done)), np.zeros(len(done), dtype=bool), ticket, None
 
     def close_extras(self, **kwargs: Any) -> None:  # noqa: ARG002  (gymnasium's signature)

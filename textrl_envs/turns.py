@@ -23,10 +23,19 @@ from typing import Any
 
 import numpy as np
 
+from textrl_envs.chat import chat_opening, chat_reply
 from textrl_envs.core import EpisodeSpec
 from textrl_envs.interaction import answer_turns, start_episode
 
-__all__ = ["ReplyEncoder", "TurnBook", "TurnResult", "turn_episode_ends", "turns_over"]
+__all__ = [
+    "ReplyEncoder",
+    "TurnBook",
+    "TurnResult",
+    "turn_episode_ends",
+    "turns_over",
+    "written_opening",
+    "written_reply",
+]
 
 #: Distinct reply texts whose token ids a :class:`ReplyEncoder` remembers.
 REPLY_CACHE = 4096
@@ -109,6 +118,24 @@ class ReplyEncoder:
         return ids
 
 
+def written_reply(spec: EpisodeSpec, reply: str, last_token: int) -> str:
+    """A reply as the observation holds it: as it is, or with a chat template, stripped, as a user message after the
+    assistant's turn and before the next one's generation prompt (:func:`~textrl_envs.chat.chat_reply`; the turn's
+    end-of-turn marker is written too unless the agent's ``last_token`` was it)."""
+    if spec.chat_template is None or getattr(spec.interaction, "writes_chat", False):
+        return reply  # no template, or an interaction that renders its replies itself (tool results)
+    return chat_reply(spec.tokenizer, spec.chat_template, reply.strip(), last_token in spec.turn_end_ids)
+
+
+def written_opening(spec: EpisodeSpec, opening: str | None) -> str | None:
+    """An episode's opening as the observation holds it: as it is, or, when the prompts were rendered with an open
+    user message (:attr:`~textrl_envs.core.EpisodeSpec.chat_open`), what completes that message and asks the
+    assistant (:func:`~textrl_envs.chat.chat_opening`; also when the opening is ``None``)."""
+    if not spec.chat_open:
+        return opening
+    return chat_opening(spec.tokenizer, spec.chat_template, opening)
+
+
 def who(spec: EpisodeSpec) -> str:
     """How messages name an interactive env: its task id, else its interaction's class."""
     return f"task {spec.task_id!r}" if spec.task_id else f"interaction {type(spec.interaction).__name__}"
@@ -159,7 +186,8 @@ class TurnBook:
         openings = []
         for env, prompt, meta, seed in zip(envs, prompts, metadata, seeds):
             state, opening = start_episode(self.spec.interaction, prompt, meta, int(seed), self.spec.task_id)
-            ids = self.encode.whole(opening) if opening else ()
+            written = written_opening(self.spec, opening)
+            ids = self.encode.whole(written) if written else ()
             check_opening(self.spec, len(ids))  # its whole length: one past the window is refused, never cut
             self.states[env] = state
             self.conversation[env] = list(ids)
@@ -203,7 +231,7 @@ class TurnBook:
         for e, text, reply in zip(over.tolist(), texts, reply_texts):
             self.transcripts[e].append({"role": "agent", "text": text})
             if reply is not None:
-                ids = self.encode(reply)
+                ids = self.encode(written_reply(spec, reply, self.conversation[e][-1]))
                 self.transcripts[e].append({"role": "env", "text": reply})
                 self.conversation[e].extend(ids)
                 used[e] += len(ids)

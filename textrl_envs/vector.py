@@ -42,7 +42,7 @@ from textrl_envs.decoding import fast_decoder
 from textrl_envs.devices import resolve_device
 from textrl_envs.env import SPEC_KWARGS, make_spaces, resolve_prompt
 from textrl_envs.groups import GroupPrompts, prompt_draw_cdf
-from textrl_envs.interaction import episode_infos
+from textrl_envs.interaction import episode_infos, episode_messages
 from textrl_envs.rendering import transcript_frame
 from textrl_envs.reward_worker import RewardDeferral, RewardWorker
 from textrl_envs.turns import TurnBook
@@ -393,8 +393,11 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
         prompt_text = [self._row_text[r] for r in rows]
         nonfinite, ticket, parts = np.zeros(len(done), dtype=bool), None, None
         if spec.reward is not None:  # an interactive episode without an end-of-episode reward has none
+            messages = None
+            if self._turn_book is not None:  # the transcript as chat messages, for TRL-style rewards
+                messages = episode_messages(spec.interaction, [self._turn_book.states[e] for e in done.tolist()])
             scores, nonfinite, ticket, parts = self._score(
-                done, step_episode_ids, prompt_index, completions, prompt_text
+                done, step_episode_ids, prompt_index, completions, prompt_text, completion_ids, messages
             )
             rewards[done] += scores
         done_mask = flag_array(n, done)

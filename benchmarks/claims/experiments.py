@@ -1,7 +1,7 @@
 """The claims study (``textrl-bench claims``): what runs, under which budget, in which order.
 
-Five claims were given to us (the README's "The claims" lists them); each is tested by an experiment in the
-condition it names, and one more experiment (the ablation) explains why GRPO's defaults lose to PPO on
+Five claims were given to us (:data:`benchmarks.claims.report.CLAIMS` lists them); each is tested by an experiment in
+the condition it names, and one more experiment (the ablation) explains why GRPO's defaults lose to PPO on
 ``TextGen-v0``:
 
 ========== ================= ============================================================================

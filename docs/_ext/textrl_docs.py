@@ -406,10 +406,23 @@ def _keep_stated_signatures(app) -> None:
             app.connect("autodoc-before-process-signature", update_unless_stated, priority=listener.priority)
 
 
+def private_names_off_the_contents(_app, doctree) -> None:
+    """Keep the documented underscore names (the subclassing hooks of ``GroupOnPolicyAlgorithm``, ``_trunk``...) out
+    of the pages' contents: their descriptions stay on the page, but the sidebar lists the public API only. Runs on
+    ``doctree-read`` before Sphinx's table-of-contents collector, which skips a signature without a ``_toc_name``."""
+    from sphinx import addnodes
+
+    for sig in doctree.findall(addnodes.desc_signature):
+        parts = sig.get("_toc_parts") or ()
+        if parts and str(parts[-1]).startswith("_"):
+            sig["_toc_name"] = ""
+
+
 def setup(app):
     _keep_stated_signatures(app)
     app.connect("builder-inited", _on_builder_inited)
     app.connect("autodoc-process-docstring", sections_as_rubrics)
+    app.connect("doctree-read", private_names_off_the_contents, priority=400)  # before the toc collector (500)
     # after Sphinx's own resolver of builtins and typing names (priority 900), whose answer wins: ``float`` in a
     # signature is the builtin, never a method of the class the signature belongs to
     app.connect("missing-reference", resolve_by_import, priority=950)

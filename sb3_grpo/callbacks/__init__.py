@@ -41,6 +41,8 @@ Every class here is a plain :class:`~stable_baselines3.common.callbacks.BaseCall
   :func:`configure_logger`), and :func:`write_alert_rules`, a Prometheus rules file for the same thresholds.
 * :func:`configure_logger`: SB3's ``configure`` that also knows the trackers ``"wandb"`` and ``"mlflow"``
   (:class:`WandbOutputFormat`, :class:`MLflowOutputFormat`, optional extras), with the run's config.
+* :class:`TrainerStateCallback`: the ``trainer_state`` TRL-style rewards read, for stock SB3 algorithms (those of
+  this package set it themselves).
 * :class:`CompletionLogger`: every N rollouts, a sample of the finished episodes' text (prompt, completion or
   transcript, reward, turns, group) to a JSONL file, tensorboard's text tab and the trackers' tables; and the
   component means of a composite reward.
@@ -67,6 +69,7 @@ from sb3_grpo.callbacks.trackers import (
     log_config,
     run_config,
 )
+from sb3_grpo.callbacks.trainer_state import TrainerStateCallback
 from sb3_grpo.common.checkpoints.files import (
     atomic_save,
     is_complete_checkpoint,
@@ -93,6 +96,7 @@ __all__ = [
     "StagedCurriculum",
     "Table",
     "TrainingAlertWarning",
+    "TrainerStateCallback",
     "TrainingMonitor",
     "WandbOutputFormat",
     "alert_rules",

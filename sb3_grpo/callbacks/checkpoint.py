@@ -7,12 +7,15 @@ import os
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 from stable_baselines3.common.callbacks import CheckpointCallback
 
 from sb3_grpo.callbacks._common import TrainingAlertWarning, check_positive_int
 from sb3_grpo.common.checkpoints.files import _checkpoint_steps, nonfinite_parameters, resume_in_place
+from sb3_grpo.common.checkpoints.run_record import OTHER_RUN, add_run_record, claim_folder, run_record
 from sb3_grpo.file_io import TMP_SUFFIX, atomic_write
+from textrl_envs.validation import check_choice
 
 __all__ = ["AtomicCheckpointCallback", "ElasticCheckpointCallback"]
 
@@ -39,6 +42,11 @@ class AtomicCheckpointCallback(CheckpointCallback):
     :param keep_last: Keep only the newest ``keep_last`` checkpoints (and their companion files);
         ``None`` keeps all.
     :param verbose: 2 prints every save.
+    :param other_run: What to do when training starts with the folder holding another run's checkpoints (every
+        checkpoint records its run's configuration; see :func:`~sb3_grpo.common.checkpoints.run_record.claim_folder`):
+        ``"refuse"`` (the default: a ``ValueError`` naming the settings that differ), ``"resume"`` (take the folder
+        over and write on), ``"overwrite"`` (move the other run's checkpoints into a ``replaced-...`` subfolder
+        first).
     """
 
     def __init__(
@@ -50,8 +58,10 @@ class AtomicCheckpointCallback(CheckpointCallback):
         save_vecnormalize: bool = False,
         keep_last: int | None = None,
         verbose: int = 0,
+        other_run: str = "refuse",
     ):
         check_positive_int("save_freq", save_freq)
+        check_choice("other_run", other_run, OTHER_RUN)
         if keep_last is not None:
             check_positive_int("keep_last", keep_last)
         if not name_prefix or os.sep in name_prefix:
@@ -74,12 +84,16 @@ class AtomicCheckpointCallback(CheckpointCallback):
             verbose=verbose,
         )
         self.keep_last = keep_last
+        self.other_run = other_run
         self.n_skipped_nonfinite = 0
         self.last_checkpoint: Path | None = None
+        self._run_record: dict[str, Any] | None = None  # this run's configuration, read when training starts
 
     def _init_callback(self) -> None:
         super()._init_callback()
         self._remove_stale_temp_files()
+        claim_folder(self.save_path, self.name_prefix, self.model, self.other_run)
+        self._run_record = run_record(self.model)
 
     def _remove_stale_temp_files(self) -> None:
         pattern = re.compile(r"\." + re.escape(self.name_prefix) + r"_.*\.(\d+)" + re.escape(TMP_SUFFIX))
@@ -108,7 +122,13 @@ class AtomicCheckpointCallback(CheckpointCallback):
                 stacklevel=2,
             )
             return None
-        model_path = atomic_write(self._checkpoint_path(extension="zip"), self.model.save)
+        record = self._run_record or run_record(self.model)
+
+        def save(tmp: str) -> None:
+            self.model.save(tmp)
+            add_run_record(tmp, record)  # which run wrote it: another run given this folder is refused
+
+        model_path = atomic_write(self._checkpoint_path(extension="zip"), save)
         if model_path is None:
             return None
         if self.verbose >= 2:
@@ -165,6 +185,12 @@ class ElasticCheckpointCallback(AtomicCheckpointCallback):
     :param name_prefix: Common prefix of the files.
     :param keep_last: Keep only the newest ``keep_last`` checkpoints; ``None`` keeps all.
     :param verbose: 1 prints where a run resumed from; 2 also every save.
+    :param other_run: What to do when the folder holds another run's checkpoints (another configuration, e.g. another
+        learning rate or algorithm): ``"refuse"`` (the default), ``"resume"`` (resume from them anyway; never across
+        algorithms, windows or envs), ``"overwrite"`` (move them aside and start afresh); see
+        :class:`AtomicCheckpointCallback`.
+    :param trusted: Read the checkpoint's pickled entries without the allow-list (runs code from the file; see
+        :func:`~sb3_grpo.common.checkpoints.files.resume_in_place`). By default a checkpoint that names code is refused.
     """
 
     def __init__(
@@ -174,14 +200,19 @@ class ElasticCheckpointCallback(AtomicCheckpointCallback):
         name_prefix: str = "rl_model",
         keep_last: int | None = None,
         verbose: int = 0,
+        trusted: bool = False,
+        other_run: str = "refuse",
     ):
-        super().__init__(save_freq, save_path, name_prefix=name_prefix, keep_last=keep_last, verbose=verbose)
+        super().__init__(
+            save_freq, save_path, name_prefix=name_prefix, keep_last=keep_last, verbose=verbose, other_run=other_run
+        )
         self.resumed_from: Path | None = None
+        self.trusted = bool(trusted)
         self._rollouts = 0
 
     def _init_callback(self) -> None:
         super()._init_callback()
-        self.resumed_from = resume_in_place(self.model, self.save_path, self.name_prefix)
+        self.resumed_from = resume_in_place(self.model, self.save_path, self.name_prefix, trusted=self.trusted)
         if self.resumed_from is not None and self.verbose >= 1:
             print(f"Resumed from {self.resumed_from} at {self.model.num_timesteps} timesteps")
 

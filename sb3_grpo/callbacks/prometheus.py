@@ -4,9 +4,10 @@
 every scalar the algorithm logs becomes a gauge, updated at each dump, on an HTTP endpoint that Prometheus scrapes
 (``configure_logger(folder, ["stdout", "prometheus"], prometheus={"port": 9100})``). Names are the logger's keys
 with ``/`` and other characters Prometheus does not allow turned into ``_`` and a prefix: ``train/grad_norm`` is
-``sb3_train_grad_norm``; every gauge has a ``run`` label. With CUDA, the device's memory (and utilisation, where
-``torch.cuda.utilization`` can read it) is exported too; the process's memory and CPU come from prometheus_client's
-process collector (on Linux).
+``sb3_train_grad_norm``; every gauge has a ``run`` label, and two keys never share a gauge. The run's config is
+served only when asked (``export_config=True``), secret-looking values redacted. With CUDA, the device's memory (and
+utilisation, where ``torch.cuda.utilization`` can read it) is exported too; the process's memory and CPU come from
+prometheus_client's process collector (on Linux).
 
 :func:`alert_rules` writes the alerts for the thresholds :class:`~sb3_grpo.callbacks.TrainingMonitor` warns on as a
 Prometheus rules file (``promtool check rules`` accepts it). The library is the optional extra
@@ -23,7 +24,17 @@ from typing import Any
 
 from sb3_grpo.callbacks.output_format import Table, TrackerOutputFormat, extra_error
 
-__all__ = ["ALERT_DEFAULTS", "PrometheusOutputFormat", "alert_rules", "metric_name", "write_alert_rules"]
+__all__ = [
+    "ALERT_DEFAULTS",
+    "RESERVED_LABELS",
+    "SECRET_WORDS",
+    "PrometheusOutputFormat",
+    "alert_rules",
+    "config_labels",
+    "is_secret_key",
+    "metric_name",
+    "write_alert_rules",
+]
 
 _BAD = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -34,15 +45,57 @@ def metric_name(key: str, prefix: str = "sb3") -> str:
     return f"{prefix}_{name}" if prefix else (name if not name[:1].isdigit() else f"_{name}")
 
 
+#: Words that mark a config key as a secret: its value is never served (``"<redacted>"``).
+SECRET_WORDS = ("token", "key", "apikey", "password", "passwd", "secret", "credential", "credentials", "auth")
+_WORDS = re.compile(r"[a-z0-9]+")
+#: Label names the exporter uses itself (a config key of that name gets the prefix ``config_``).
+RESERVED_LABELS = ("run",)
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a config key looks like a secret: one of its words (split at anything but letters and digits) is in
+    :data:`SECRET_WORDS` (``api_key``, ``WANDB_TOKEN``, ``db.password``; not ``tokenizer`` or ``max_new_tokens``)."""
+    return any(word in SECRET_WORDS for word in _WORDS.findall(str(key).lower()))
+
+
+def _short_hash(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:8]  # noqa: S324  (a name suffix, not security)
+
+
+def config_labels(config: Mapping[str, Any]) -> dict[str, str]:
+    """A run's config as the labels of its info metric: keys made valid label names (a reserved or ``__`` name gets
+    the prefix ``config_``; two keys that would become one label stay apart, the second with a hash of its key) and
+    values as text, a secret-looking key's value redacted (:func:`is_secret_key`)."""
+    labels: dict[str, str] = {}
+    for key, value in config.items():
+        name = _BAD.sub("_", str(key)) or "_"
+        if name[0].isdigit() or name in RESERVED_LABELS or name.startswith("__"):
+            name = f"config_{name}"
+        if name in labels:
+            name = f"{name}_{_short_hash(str(key))}"
+        labels[name] = "<redacted>" if is_secret_key(str(key)) else str(value)
+    return labels
+
+
 class PrometheusOutputFormat(TrackerOutputFormat):
     """Every scalar of SB3's logger as a Prometheus gauge, served on ``http://<addr>:<port>/metrics``.
 
+    Each logger key has a gauge of its own: two keys that would get one name (``train/a_b`` and ``train_a/b``), or a
+    key whose name the exporter uses itself (``timesteps``, ``run_info``), keep apart, the later one named with a hash
+    of its key added (a warning says which). The run's config is served only when asked (``export_config=True``), as
+    the labels of ``<prefix>_run_info``, with the values of secret-looking keys (token, key, password, secret)
+    redacted; otherwise that metric carries the ``run`` label alone.
+
     :param folder: The run folder (its name is the default ``run`` label).
-    :param config: The run's config, exported as the info metric ``<prefix>_run_info`` (its labels).
+    :param config: The run's config (see ``export_config``).
     :param port: The port (0: any free port; the one taken is the attribute ``port``).
     :param addr: The address to listen on (default ``127.0.0.1``: this machine only).
     :param prefix: The metric names' prefix.
     :param run: The ``run`` label (default: the run folder's name).
+    :param export_config: Serve the config's values on the metrics port (default ``False``: anyone who reaches the
+        port could read them).
     """
 
     name = "prometheus"
@@ -56,6 +109,7 @@ class PrometheusOutputFormat(TrackerOutputFormat):
         addr: str = "127.0.0.1",
         prefix: str = "sb3",
         run: str | None = None,
+        export_config: bool = False,
     ) -> None:
         try:
             import prometheus_client
@@ -63,38 +117,64 @@ class PrometheusOutputFormat(TrackerOutputFormat):
             raise extra_error("prometheus_client", "prometheus") from None
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535] (0: any free port), got {port!r}")
+        if not isinstance(export_config, bool):
+            raise TypeError(f"export_config must be True or False, got {export_config!r}")
         self._prom = prometheus_client
         self.prefix = prefix
+        self.export_config = export_config
         self.run = run if run is not None else (Path(folder).resolve().name or "run")
         self.registry = prometheus_client.CollectorRegistry()
         try:
             prometheus_client.ProcessCollector(registry=self.registry)
         except Exception:  # noqa: BLE001  (no /proc here: no process metrics)
             pass
-        self._gauges: dict[str, Any] = {}
-        self._step = self._gauge("timesteps", "SB3 timestep of the last dump")
+        self._gauges: dict[str, Any] = {}  # logger key -> the gauge's child of this run
+        self._names: dict[str, str | None] = {}  # metric name -> the logger key it serves (None: the exporter's own)
+        self._info = prometheus_client.Info(f"{prefix}_run", "the run's config", ["run"], registry=self.registry)
+        self._names.update({f"{prefix}_run": None, f"{prefix}_run_info": None})
+        self._step = self._new_gauge(f"{prefix}_timesteps", "SB3 timestep of the last dump", None)
         self.server, self._thread = prometheus_client.start_http_server(port, addr=addr, registry=self.registry)
         self.port = int(self.server.server_port)
         self.addr = addr
-        if config:
-            self.log_config(config)
+        self.log_config(config or {})
 
     @property
     def url(self) -> str:
         """Where the metrics are served."""
         return f"http://{self.addr}:{self.port}/metrics"
 
-    def _gauge(self, key: str, doc: str | None = None) -> Any:
-        name = metric_name(key, self.prefix)
-        gauge = self._gauges.get(name)
-        if gauge is None:
-            gauge = self._prom.Gauge(name, doc or f"SB3 logger key {key}", ["run"], registry=self.registry)
-            self._gauges[name] = gauge
+    def _new_gauge(self, name: str, doc: str, key: str | None) -> Any:
+        gauge = self._prom.Gauge(name, doc, ["run"], registry=self.registry)
+        self._names[name] = key
         return gauge.labels(run=self.run)
 
+    def _gauge(self, key: str, doc: str | None = None) -> Any:
+        child = self._gauges.get(key)
+        if child is not None:
+            return child
+        name = metric_name(key, self.prefix)
+        if name in self._names:
+            taken = self._names[name]
+            name = f"{name}_{_short_hash(key)}"
+            import warnings
+
+            warnings.warn(
+                f"Prometheus: the logger key {key!r} would share the metric name {metric_name(key, self.prefix)} with "
+                f"{'the exporter' if taken is None else repr(taken)}; it is served as {name}",
+                UserWarning,
+                stacklevel=4,
+            )
+        try:
+            child = self._new_gauge(name, doc or f"SB3 logger key {key}", key)
+        except ValueError:  # a name prometheus_client holds already (e.g. a process metric): keep it apart too
+            child = self._new_gauge(f"{name}_{_short_hash(key)}", doc or f"SB3 logger key {key}", key)
+        self._gauges[key] = child
+        return child
+
     def log_config(self, config: Mapping[str, Any]) -> None:
-        info = self._prom.Info(f"{self.prefix}_run", "the run's config", ["run"], registry=self.registry)
-        info.labels(run=self.run).info({_BAD.sub("_", str(k)): str(v) for k, v in config.items()})
+        """The run's info metric: the config's labels when ``export_config``, else the ``run`` label alone."""
+        labels = config_labels(config) if self.export_config else {}
+        self._info.labels(run=self.run).info(labels)
 
     def _log_scalars(self, scalars: dict[str, float], step: int) -> None:
         for key, value in scalars.items():

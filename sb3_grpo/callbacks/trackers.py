@@ -26,6 +26,7 @@ own formats do.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import html
 import inspect
@@ -48,6 +49,7 @@ __all__ = [
     "Table",
     "TrackerOutputFormat",
     "WandbOutputFormat",
+    "check_tracker_ready",
     "configure_logger",
     "log_config",
     "make_tracker",
@@ -109,6 +111,68 @@ def run_config(model: Any) -> dict[str, bool | int | float | str | None]:
     return config
 
 
+#: Seconds a tracker's server gets to answer the check before the first run (:func:`check_tracker_ready`).
+TRACKER_PROBE_TIMEOUT_S = 5.0
+_OFFLINE_WANDB_MODES = ("offline", "disabled", "dryrun")
+
+
+def _wandb_logged_in() -> bool:
+    """Whether wandb has an API key: ``WANDB_API_KEY``, or a ``netrc`` entry for its server (what ``wandb login``
+    writes)."""
+    import netrc
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(os.environ.get("NETRC") or None).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def _mlflow_server_problem(uri: str) -> str | None:
+    """Why an HTTP(S) MLflow tracking server cannot be reached (``None``: it answered)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=TRACKER_PROBE_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return None  # it answered (an older server has no /health): reachable
+    except (TimeoutError, urllib.error.URLError, OSError) as err:
+        return str(getattr(err, "reason", err))
+    return None
+
+
+def check_tracker_ready(name: str, mode: str | None = None, tracking_uri: str | None = None) -> None:
+    """Refuse, in one line and before anything runs, a tracker that cannot log: wandb online without a login, an
+    MLflow tracking server that does not answer (instead of minutes of retries and a traceback).
+
+    :param name: ``"wandb"`` or ``"mlflow"`` (anything else: nothing to check).
+    :param mode: wandb's ``mode`` (default ``WANDB_MODE``; ``offline`` and ``disabled`` need no login).
+    :param tracking_uri: MLflow's tracking URI (default ``MLFLOW_TRACKING_URI``; only ``http(s)`` ones are probed).
+    :raises ValueError: saying what to do.
+    """
+    if name == "wandb":
+        mode = (mode or os.environ.get("WANDB_MODE") or "online").lower()
+        if mode not in _OFFLINE_WANDB_MODES and not _wandb_logged_in():
+            raise ValueError(
+                "wandb is not logged in (no WANDB_API_KEY and no netrc entry for its server): run `wandb login`, set "
+                "WANDB_API_KEY, or set WANDB_MODE=offline to log into the run folder (wandb sync uploads it later)"
+            )
+    elif name == "mlflow":
+        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or ""
+        if uri.startswith(("http://", "https://")):
+            problem = _mlflow_server_problem(uri)
+            if problem is not None:
+                raise ValueError(
+                    f"the MLflow tracking server {uri} does not answer ({problem}) within "
+                    f"{TRACKER_PROBE_TIMEOUT_S:g} s: start it, fix MLFLOW_TRACKING_URI, or unset it to log into the "
+                    "run folder (mlruns)"
+                )
+
+
 class WandbOutputFormat(TrackerOutputFormat):
     """Weights & Biases as an SB3 output format: one wandb run, started here and finished by :meth:`close`.
 
@@ -130,6 +194,7 @@ class WandbOutputFormat(TrackerOutputFormat):
         except ImportError:
             raise extra_error("wandb", "wandb") from None
         self._wandb = wandb
+        check_tracker_ready("wandb", mode=init_kwargs.get("mode"))
         os.makedirs(folder, exist_ok=True)
         init_kwargs.setdefault("project", "textrl")
         init_kwargs.setdefault("dir", folder)
@@ -164,6 +229,33 @@ class WandbOutputFormat(TrackerOutputFormat):
 
 
 _MLFLOW_KEY = re.compile(r"[^0-9A-Za-z_\-. /]")
+#: MLflow's loggers that announce the creation of a store's tables, quieted while this module creates one.
+_MLFLOW_STORE_LOGGERS = ("mlflow.store.db.utils", "alembic.runtime.migration", "alembic")
+
+
+def default_tracking_uri(folder: str | os.PathLike) -> str:
+    """The MLflow store of runs in ``folder`` when neither ``tracking_uri`` nor ``MLFLOW_TRACKING_URI`` says where:
+    ``sqlite:///<folder>/mlflow.db``, the database store MLflow recommends (its plain ``file:`` folder store is in
+    maintenance mode in MLflow 3, and MLflow's own ``MlflowClient`` refuses to read it without
+    ``MLFLOW_ALLOW_FILE_STORE``). ``mlflow ui --backend-store-uri sqlite:///<folder>/mlflow.db`` shows it."""
+    return "sqlite:///" + os.path.abspath(os.path.join(os.fspath(folder), "mlflow.db"))
+
+
+@contextlib.contextmanager
+def _quiet_store_creation() -> Any:
+    """MLflow's INFO lines about creating and migrating a database store's tables, silenced while the block runs (the
+    loggers' levels are restored after; nothing else in the process is touched)."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in _MLFLOW_STORE_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(lg.level, logging.WARNING))
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 class MLflowOutputFormat(TrackerOutputFormat):
@@ -173,9 +265,14 @@ class MLflowOutputFormat(TrackerOutputFormat):
     ``log_text`` artifacts, the config the run's parameters (each once: MLflow parameters do not change). Uses an
     ``MlflowClient`` and never MLflow's global active run, so several loggers can run side by side.
 
-    :param folder: The run folder (used for the default tracking URI ``file:<folder>/mlruns`` when neither
-        ``tracking_uri`` nor ``MLFLOW_TRACKING_URI`` is set). A ``file:`` store (MLflow's plain folder store, which
-        MLflow 3 keeps in maintenance mode) sets ``MLFLOW_ALLOW_FILE_STORE=true`` unless it is set already.
+    :param folder: The run folder (the default store is :func:`default_tracking_uri`, ``sqlite:///<folder>/mlflow.db``,
+        when neither ``tracking_uri`` nor ``MLFLOW_TRACKING_URI`` is set). A ``file:`` store asked for (MLflow's plain
+        folder store, which MLflow 3 keeps in maintenance mode) sets ``MLFLOW_ALLOW_FILE_STORE=true`` unless it is set
+        already.
+
+    MLflow allows only letters, digits, ``_ - . /`` and spaces in a metric's name: any other character becomes ``_``
+    (``eval/pass@4`` is logged as ``eval/pass_4``). Each such renaming is said once, in a warning, and recorded as
+    the run's tag ``textrl.renamed.<logged name>`` holding the original name.
     :param config: The run's config (logged at the start; see :func:`run_config`).
     :param tracking_uri: Where to log (``file:/path/mlruns``, ``sqlite:///mlflow.db``, ``http://host:5000``).
     :param experiment_name: The experiment (created when missing; default ``"textrl"``).
@@ -199,29 +296,43 @@ class MLflowOutputFormat(TrackerOutputFormat):
         except ImportError:
             raise extra_error("mlflow", "mlflow") from None
         if tracking_uri is None:
-            tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or "file:" + os.path.abspath(
-                os.path.join(folder, "mlruns")
-            )
+            tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(folder)
         if tracking_uri.startswith("file:"):
             # MLflow 3 keeps its plain folder store in maintenance mode and refuses it unless this is set; a file:
             # URI asks for exactly that store
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        if tracking_uri.startswith("sqlite:///"):
+            os.makedirs(os.path.dirname(tracking_uri[len("sqlite:///") :]) or ".", exist_ok=True)
+        check_tracker_ready("mlflow", tracking_uri=tracking_uri)
         self.tracking_uri = tracking_uri
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-        experiment = self.client.get_experiment_by_name(experiment_name)
-        experiment_id = (
-            experiment.experiment_id if experiment is not None else self.client.create_experiment(experiment_name)
-        )
+        with _quiet_store_creation():
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            experiment = self.client.get_experiment_by_name(experiment_name)
+            experiment_id = (
+                experiment.experiment_id if experiment is not None else self.client.create_experiment(experiment_name)
+            )
         self.run_id: str | None = self.client.create_run(
             experiment_id, run_name=run_name, tags=dict(tags or {})
         ).info.run_id
         self._params: dict[str, str] = {}
+        self._renamed: dict[str, str] = {}
         if config:
             self.log_config(config)
 
-    @staticmethod
-    def _key(key: str) -> str:
-        return _MLFLOW_KEY.sub("_", key)
+    def _key(self, key: str) -> str:
+        """``key`` as MLflow allows it; a renaming is warned about and tagged once (see the class docstring)."""
+        name = _MLFLOW_KEY.sub("_", key)
+        if name != key and self._renamed.get(name) != key:
+            self._renamed[name] = key
+            warnings.warn(
+                f"MLflow allows only letters, digits, '_-. /' and spaces in names: {key!r} is logged as {name!r} "
+                f"(the run's tag textrl.renamed.{name} records the original)",
+                UserWarning,
+                stacklevel=4,
+            )
+            if self.run_id is not None:
+                self.client.set_tag(self.run_id, f"textrl.renamed.{name}", key)
+        return name
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         from mlflow.entities import Param

@@ -51,6 +51,7 @@ from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker
 from sb3_grpo.common.checkpoints.save_load import CheckpointMixin
 from sb3_grpo.common.data_parallel import make_data_parallel
 from sb3_grpo.common.options.checks import check_carry_over, check_learn_args, check_ppo_batching, resolve_carry_over
+from sb3_grpo.common.options.schedule_values import plain_number, scheduled_value
 from sb3_grpo.common.options.support import SupportedOptions
 from sb3_grpo.common.rollout.nonfinite import raise_non_finite
 from sb3_grpo.common.rollout.redistribution import (
@@ -59,6 +60,7 @@ from sb3_grpo.common.rollout.redistribution import (
     check_redistribution_policy,
 )
 from sb3_grpo.common.rollout.rollout_extras import RolloutExtras, bootstrap_truncated, env_actions
+from sb3_grpo.common.rollout.trainer_state_push import push_trainer_state
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.common.update.batch_sources import make_batch_source, rollout_buffer_class_for
 from sb3_grpo.common.update.host_memory import release_free_heap
@@ -73,6 +75,7 @@ from sb3_grpo.common.update.router_aux import with_router_aux
 from sb3_grpo.common.update.train_stats import LossTerms, MicroBatchStats, TrainStats
 from sb3_grpo.engines import engine_importance_cap, make_engine
 from sb3_grpo.objectives import pearson_corr
+from sb3_grpo.policies.tokenizer_identity import check_policy_tokenizer
 
 __all__ = ["GroupOnPolicyAlgorithm"]
 
@@ -84,7 +87,10 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorith
     SB3's on-policy skeleton with PPO's arguments and the options every algorithm of the package shares; a subclass
     defines the loss of a minibatch.
 
-    PPO's arguments mean what they mean for SB3's ``PPO``; the shared ones beyond them:
+    PPO's arguments mean what they mean for SB3's ``PPO``. On a text env a step is one token: a rollout holds
+    ``n_steps * n_envs`` tokens, ``learn(total_timesteps)`` counts tokens too (in whole rollouts), and ``batch_size``
+    counts transitions, i.e. tokens (on the text fast path, whole sequences of about that many tokens), where TRL's
+    ``per_device_train_batch_size`` counts completions. The shared options beyond PPO's arguments:
 
     :param ent_coef: the entropy coefficient, a number or (unlike SB3's PPO) a schedule, a callable of the progress
         remaining as ``clip_range`` takes (e.g. ``lambda p: 0.01 * p``); evaluated once per update, logged as
@@ -101,8 +107,9 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorith
         ``"auto"``: on where it applies (:func:`~sb3_grpo.common.options.checks.resolve_carry_over`; ``carry_over_on``
         says what it resolved to); ``False``: every update uses only its own rollout, as PPO's do
     :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
-        (whole sequences on the text fast path) and accumulate their gradients: one optimizer step per minibatch, the
-        same update as unsplit to float rounding, with the peak memory of a micro-batch (``None``: no split)
+        (on the text fast path: this many whole sequences, i.e. completions; a size, where TRL's
+        ``gradient_accumulation_steps`` is a count) and accumulate their gradients: one optimizer step per minibatch,
+        the same update as unsplit to float rounding, with the peak memory of a micro-batch (``None``: no split)
     :param data_parallel: under ``torchrun``: ``"ddp"`` (every rank holds the whole policy, gradients averaged by
         one all-reduce) or ``"fsdp"`` (parameters, gradients and optimizer state sharded over the ranks with FSDP2,
         :class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`); no effect on one process
@@ -171,6 +178,8 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorith
         self._data_parallel = make_data_parallel(backend="gloo" if on_cpu else None, mode=data_parallel)
         device = self._data_parallel.device(device)
         verbose = verbose if self._data_parallel.is_main else 0
+        # a NumPy number (np.float32(1e-4)) as a Python float: SB3's schedules take nothing else
+        learning_rate, clip_range, clip_range_vf = map(plain_number, (learning_rate, clip_range, clip_range_vf))
 
         super().__init__(
             policy,
@@ -310,6 +319,7 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorith
         self.seed = data_parallel.seed(self.seed)
         self.policy_kwargs = self._policy_kwargs_to_build()  # a loaded LoRA base or model folder at its new place
         super()._setup_model()
+        check_policy_tokenizer(self.policy, self.env)  # the model's own tokenizer against the env's
         self._keep_portable_policy_kwargs()
         if not data_parallel.is_main:
             self.set_logger(distributed.null_logger())
@@ -365,7 +375,7 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorith
         """The entropy coefficient now: ``ent_coef`` itself when it is a number, else its schedule at the current
         progress remaining."""
         if callable(self.ent_coef):
-            return float(self.ent_coef(self._current_progress_remaining))
+            return scheduled_value("ent_coef", self.ent_coef, self._current_progress_remaining)
         return self.ent_coef
 
     def set_random_seed(self, seed: int | None = None) -> None:
@@ -466,6 +476,7 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorith
             redistribution=self._rollout_redistribution(env, n_rollout_steps),
         )
 
+        push_trainer_state(self, env)  # the rewards' trainer_state= (TRL's), as of this rollout
         callback.on_rollout_start()
 
         while n_steps < n_rollout_steps:
@@ -544,16 +555,18 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorith
         """
         # Switch to train mode (this affects batch norm / dropout)
         self.policy.set_training_mode(True)
-        # Update optimizer learning rate
+        # Update optimizer learning rate (its schedule's value checked first: a NaN never reaches the optimizer)
+        progress = self._current_progress_remaining
+        scheduled_value("learning_rate", self.lr_schedule, progress, low=0)
         self._update_learning_rate(self.policy.optimizer)
         # The entropy coefficient of this update: a number as it is (PPO's exact float), or its schedule's value
         self._current_ent_coef = self.current_ent_coef()
         # Compute current clip range
-        clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
+        clip_range = scheduled_value("clip_range", self.clip_range, progress, low=0, low_open=True)
         # Optional: clip range for the value function
         clip_range_vf = None
         if self.clip_range_vf is not None:
-            clip_range_vf = self.clip_range_vf(self._current_progress_remaining)  # type: ignore[operator]
+            clip_range_vf = scheduled_value("clip_range_vf", self.clip_range_vf, progress, low=0, low_open=True)
 
         stats = TrainStats()
         continue_training = True
@@ -693,7 +706,6 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorith
         """Log one update: PPO's keys (same names), the subclass's own (``_record_own``), and warn (once per model)
         when the gradient norm before clipping passed ``grad_norm_warn``."""
         logger, buffer = self.logger, self.rollout_buffer
-        explained_var = explained_variance(buffer.values.flatten(), buffer.returns.flatten())
         stats.record(logger, kl=self.batch_source.reference is not None)
         if self.nonfinite == "skip":
             logger.record("train/skipped_nonfinite", self._skipped_nonfinite)
@@ -702,7 +714,10 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorith
             logger.record("train/skipped_overflow", self._skipped_overflow)
             logger.record("train/loss_scale", self._grad_scaler.get_scale())
             self._skipped_overflow = 0
-        logger.record("train/explained_variance", explained_var)
+        if advantage_form(self.advantage).critic:  # a form without a critic trains no value head: no fit to log
+            logger.record(
+                "train/explained_variance", explained_variance(buffer.values.flatten(), buffer.returns.flatten())
+            )
         if self._router_aux_values:
             logger.record("train/router_aux_loss", float(np.mean(self._router_aux_values)))
             self._router_aux_values.clear()
@@ -727,6 +742,7 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorith
                 )
         logger.record("train/value_return_corr", pearson_corr(buffer.values, buffer.returns))
 
+    @distributed.peer_errors()  # a stalled or dead rank: one clear error on the others
     def learn(  # noqa: PYI019 (SB3's convention; typing.Self needs Python 3.11)
         self: SelfGroupOnPolicy,
         total_timesteps: int,

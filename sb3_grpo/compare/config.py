@@ -235,8 +235,33 @@ def check_hyperparameters(spec: AlgoSpec, hyperparameters: dict[str, Any], text:
             spec.algo_class().check_arguments(args)
         if text and args.get("policy_kwargs"):
             check_policy_kwargs(args["policy_kwargs"])
+        if args.get("engine") == "vllm":
+            check_vllm_available(args)
     except (TypeError, ValueError) as err:
         raise CompareError(f"{spec.name}: {err} (check --set / --config)") from None
+
+
+def check_vllm_available(args: dict[str, Any]) -> None:
+    """Refuse ``engine="vllm"`` before any run when vLLM is not installed, or with an exploration mixture it cannot
+    sample (``explore_alpha > 0``), instead of a traceback once the first run has started.
+
+    :raises ValueError: saying what to install or to change.
+    """
+    import importlib.util
+
+    from sb3_grpo.engines.vllm_engine import VLLM_INSTALL_HINT
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError(
+            f"engine 'vllm' needs vLLM, which is not installed here; install it ({VLLM_INSTALL_HINT}), or use "
+            "--engine hf (the built-in decoder) or --engine step"
+        )
+    alpha = args.get("explore_alpha") or 0.0
+    if isinstance(alpha, (int, float)) and alpha > 0:
+        raise ValueError(
+            f"engine 'vllm' samples from the policy alone, not from the exploration mixture (explore_alpha={alpha}); "
+            "add --set '*.explore_alpha=0', or use --engine hf"
+        )
 
 
 def check_policy_kwargs(policy_kwargs: dict[str, Any]) -> None:
@@ -259,6 +284,13 @@ def check_policy_kwargs(policy_kwargs: dict[str, Any]) -> None:
     args = {n: p.default for n, p in params.items() if n in taken}
     args.update(policy_kwargs)
     model = args["model"]
+    if isinstance(model, (str, os.PathLike)) and os.path.isdir(model):
+        if not os.path.isfile(os.path.join(model, "config.json")):
+            raise ValueError(
+                f"policy_kwargs['model'] = {os.fspath(model)!r} is a folder without a config.json, not a Hugging Face "
+                "model folder; pass a folder written by model.save_pretrained(folder) (or warm-start --out), a Hub id, "
+                "or leave it out for the bundled LM"
+            )
     if isinstance(model, (str, os.PathLike)) and not os.path.isdir(model):
         if not looks_like_hub_id(str(model)):
             raise ValueError(

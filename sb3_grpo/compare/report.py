@@ -214,9 +214,10 @@ def claim_check(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -> 
     cfg = results["config"]
     lines += [
         f"Measured on `{cfg['env_id']}` with {len(cfg['seeds'])} seed(s) and one shared set of hyperparameters: "
-        "not the claim's condition (long text, tuned baselines): `textrl-bench claims` tests it there (README, "
-        '"The claims"). Reward gain: change of the IQM of the final reward relative to PPO\'s; stability: the ratio '
-        "of the seed-to-seed stds (claim: at most 0.70). Intervals are 95% bootstrap intervals.",
+        "not the claim's condition (long text, tuned baselines): `textrl-bench claims` tests it there (its page, "
+        "docs/results/claims.md, once generated). Reward gain: change of the IQM of the final reward relative to "
+        "PPO's; stability: the ratio of the seed-to-seed stds (claim: at most 0.70). Intervals are 95% bootstrap "
+        "intervals.",
         "",
         "| algorithm | reward gain vs PPO [95% CI] | seed std / PPO's [95% CI] | verdict |",
         "|---|---|---|---|",

@@ -173,7 +173,32 @@ def _results_problem(data: Any) -> str | None:
     for key, run in runs.items():
         if not isinstance(run, dict) or any(k not in run for k in RUN_KEYS) or not isinstance(run["curve"], dict):
             return f"its run {key!r} lacks {', '.join(RUN_KEYS)}"
+        problem = _run_problem(run)
+        if problem:
+            return f"its run {key!r} {problem}"
     return None
+
+
+def _numbers(values: Any) -> bool:
+    return isinstance(values, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def _run_problem(run: dict[str, Any]) -> str | None:
+    """What in one run keeps the report from reading it (an edited file), or ``None``."""
+    if not isinstance(run["algo"], str) or isinstance(run["seed"], bool) or not isinstance(run["seed"], int):
+        return "has an algo that is not a name or a seed that is not an integer"
+    curve = run["curve"]
+    steps, reward = curve.get("steps", []), curve.get("reward", [])
+    if not _numbers(steps) or not _numbers(reward) or len(steps) != len(reward):
+        return "has a curve whose steps and reward are not two lists of numbers of one length"
+    if run.get("status") != "complete":
+        return None
+    final = run.get("final")
+    if not isinstance(final, dict) or not _numbers([final.get("reward_mean")]):
+        return "is complete but has no final reward_mean number"
+    timing = ("wall_time_s", "steps_per_s", "peak_rss_mb")
+    bad = [k for k in timing if run.get(k) is not None and not _numbers([run[k]])]  # None: not measured
+    return f"has {', '.join(bad)} that are not numbers" if bad else None
 
 
 def load_results(out: Path) -> dict[str, Any]:

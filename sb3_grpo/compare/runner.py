@@ -18,6 +18,7 @@ finished and ``--resume`` can skip them. A run records:
 from __future__ import annotations
 
 import copy
+import json
 import resource
 import shutil
 import sys
@@ -37,7 +38,7 @@ from sb3_grpo.compare.results import (
     load_results,
     new_results,
 )
-from sb3_grpo.file_io import to_jsonable, write_json_atomic
+from sb3_grpo.file_io import to_jsonable, write_json_atomic, write_text_atomic
 
 EVAL_SEED_OFFSET = 10_000
 #: At most this many evaluation states are kept to measure the KL to the initial policy.
@@ -207,7 +208,8 @@ def evaluate(model: Any, cfg: CompareConfig, algo: str, seed: int, initial: Any 
     :param algo: Algorithm name.
     :param seed: The run's seed.
     :param initial: The initial policy, to measure ``KL(pi || pi_init)`` on the evaluation states.
-    :return: ``reward_mean``, ``reward_std``, ``episodes``, ``deterministic``, ``eval_time_s``, ``kl_to_init``.
+    :return: ``reward_mean``, ``reward_std``, ``episodes``, ``deterministic``, ``eval_time_s``, ``kl_to_init`` and
+        ``samples`` (a text env's first :data:`SAMPLES_KEPT` episodes, :func:`completion_sample`).
     """
     import torch as th
     from stable_baselines3.common.evaluation import evaluate_policy
@@ -220,11 +222,16 @@ def evaluate(model: Any, cfg: CompareConfig, algo: str, seed: int, initial: Any 
     states: list[Any] = []
     kept = [0]
 
+    samples: list[dict[str, Any]] = []
+
     def keep_states(local: dict[str, Any], _globals: dict[str, Any]) -> None:
-        if local.get("i") == 0 and kept[0] < KL_MAX_STATES:
+        if initial is not None and local.get("i") == 0 and kept[0] < KL_MAX_STATES:
             obs = local["observations"]
             states.append({k: np.array(v) for k, v in obs.items()} if isinstance(obs, dict) else np.array(obs))
             kept[0] += n_envs
+        info = local.get("info") or {}
+        if local.get("done") and "completion" in info and len(samples) < SAMPLES_KEPT:
+            samples.append(completion_sample(info, local.get("reward")))
 
     start = time.perf_counter()
     try:
@@ -234,7 +241,7 @@ def evaluate(model: Any, cfg: CompareConfig, algo: str, seed: int, initial: Any 
             n_eval_episodes=cfg.eval_episodes,
             deterministic=deterministic,
             return_episode_rewards=True,
-            callback=keep_states if initial is not None else None,
+            callback=keep_states,
             warn=False,
         )
     finally:
@@ -249,7 +256,23 @@ def evaluate(model: Any, cfg: CompareConfig, algo: str, seed: int, initial: Any 
         "eval_seed": eval_seed,
         "eval_time_s": round(elapsed, 2),
         "kl_to_init": kl,
+        "samples": samples,
     }
+
+
+#: Completions of the final evaluation kept per run (``samples.jsonl`` in the run's folder).
+SAMPLES_KEPT = 8
+
+
+def completion_sample(info: dict[str, Any], reward: Any) -> dict[str, Any]:
+    """One evaluation episode of a text env as a row of ``samples.jsonl``: its prompt, completion (or transcript),
+    reward and turns."""
+    row: dict[str, Any] = {"prompt": info.get("prompt"), "completion": info.get("completion")}
+    row["reward"] = float(info["reward"]) if "reward" in info else (None if reward is None else float(reward))
+    for key in ("turns", "transcript"):
+        if key in info:
+            row[key] = to_jsonable(info[key])
+    return row
 
 
 def build_model(
@@ -281,18 +304,21 @@ def build_model(
 
 def _tracked_logger(cfg: CompareConfig, algo: str, seed: int, folder: Path, track: Sequence[str], model: Any) -> Any:
     """Tensorboard plus the trackers, one tracker run per (algo, seed), named so, with the run's config; MLflow runs
-    of one comparison share a store in the out dir (``<out>/mlruns``) unless ``MLFLOW_TRACKING_URI`` says where."""
+    of one comparison share a store in the out dir (``sqlite:///<out>/mlflow.db``) unless ``MLFLOW_TRACKING_URI`` says
+    where."""
     import os
 
-    from sb3_grpo.callbacks.trackers import configure_logger, run_config
+    from sb3_grpo.callbacks.trackers import configure_logger, default_tracking_uri, run_config
 
     config = {**run_config(model), "env": cfg.env_id, "seed": seed, "timesteps": cfg.timesteps}
     name = f"{algo}-seed{seed}"
     kwargs: dict[str, dict[str, Any]] = {}
     if "wandb" in track:
-        kwargs["wandb"] = {"name": name, "group": cfg.env_id, "dir": str(folder.parents[2])}
+        # quiet: without it wandb prints each run's history and summary (about 30 lines a run) into the comparison
+        quiet = {"quiet": True}
+        kwargs["wandb"] = {"name": name, "group": cfg.env_id, "dir": str(folder.parents[2]), "settings": quiet}
     if "mlflow" in track:
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or "file:" + str((folder.parents[2] / "mlruns").resolve())
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(folder.parents[2].resolve())
         kwargs["mlflow"] = {"tracking_uri": uri, "experiment_name": f"compare {cfg.env_id}", "run_name": name}
     return configure_logger(str(folder), ["tensorboard", *track], config=config, **kwargs)
 
@@ -342,6 +368,10 @@ def run_one(
         evaluations = {"final": lm_eval.evaluations[-1], "during": lm_eval.evaluations[:-1]}
     kl_ref = model.logger.name_to_value.get("train/kl_ref") if getattr(model, "kl_coef", 0) else None
     final = evaluate(model, cfg, algo, seed, initial=initial)
+    samples = final.pop("samples")
+    if samples:  # what the trained policy writes: the final evaluation's first episodes, in the run's folder
+        tb_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(tb_dir / "samples.jsonl", "".join(json.dumps(row) + "\n" for row in samples))
     if track:
         model.logger.close()  # ends the tracker runs
     model.get_env().close()
@@ -373,6 +403,7 @@ def evaluate_untrained(cfg: CompareConfig) -> dict[str, Any]:
     algo = cfg.algos[0]
     model = build_model(cfg, algo, cfg.seeds[0])
     result = evaluate(model, cfg, algo, cfg.seeds[0])
+    result.pop("samples")
     result.pop("kl_to_init", None)
     result["algo"] = algo
     model.get_env().close()

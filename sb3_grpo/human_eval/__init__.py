@@ -20,7 +20,7 @@ alpha of the un-blinded choices and of the 1-5 scores, each run's scores with 95
 miss the calibration pairs.
 """
 
-from sb3_grpo.human_eval.export import export_items, export_pairs
+from sb3_grpo.human_eval.export import check_export_folder, export_items, export_pairs
 from sb3_grpo.human_eval.protocol import (
     ALPHA_MIN,
     ANCHORS,
@@ -29,6 +29,7 @@ from sb3_grpo.human_eval.protocol import (
     load_preferences,
     load_ratings,
     load_sample_scores,
+    repair_ratings,
 )
 from sb3_grpo.human_eval.report import krippendorff_alpha, preference_outcomes, report
 from sb3_grpo.human_eval.server import make_server
@@ -38,6 +39,7 @@ __all__ = [
     "ANCHORS",
     "DIMENSIONS",
     "PREFERENCES",
+    "check_export_folder",
     "export_items",
     "export_pairs",
     "krippendorff_alpha",
@@ -46,5 +48,6 @@ __all__ = [
     "load_sample_scores",
     "make_server",
     "preference_outcomes",
+    "repair_ratings",
     "report",
 ]

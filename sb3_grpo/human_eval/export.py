@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sb3_grpo.file_io import write_text_atomic
 from sb3_grpo.human_eval.protocol import (
     ANCHORS,
     CALIBRATION,
@@ -18,30 +19,101 @@ from sb3_grpo.human_eval.protocol import (
     ITEMS_FILE,
     KEY_FILE,
     PREFERENCES,
+    RATINGS_FILE,
     SIDE_BY_SIDE,
     SIDES,
 )
 
-__all__ = ["export_items", "export_pairs"]
+__all__ = ["check_export_folder", "export_items", "export_pairs"]
+
+#: What a rating folder's earlier set leaves there: moved aside together by an export with ``force``.
+_SET_FILES = (ITEMS_FILE, KEY_FILE, RATINGS_FILE, "report.md", "report.json")
+
+
+def _rated_lines(folder: Path) -> int:
+    path = folder / RATINGS_FILE
+    try:
+        return sum(1 for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip())
+    except OSError:
+        return 0
+
+
+def check_export_folder(out: str | os.PathLike, force: bool = False) -> Path | None:
+    """Refuse to export into a folder that holds ratings (they would point at other completions), or, with ``force``,
+    move its set (``items.json``, ``key.json``, ``ratings.jsonl``, reports) into ``<out>/replaced-<time>/`` first.
+
+    :return: Where the old set went (``None``: nothing was moved).
+    :raises ValueError: for a rated folder without ``force``, saying how many ratings and what to do.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {os.fspath(out)!r} is a file; give a folder for the rating set")
+    rated = _rated_lines(out) if out.is_dir() else 0
+    if rated and not force:
+        raise ValueError(
+            f"{os.fspath(out)!r} holds {rated} ratings of the items exported there; exporting again would make them "
+            "point at other completions. Export to another folder, or pass --force (force=True) to keep the old "
+            "items, key and ratings aside in a replaced-<time> subfolder and start a fresh set"
+        )
+    present = [name for name in _SET_FILES if (out / name).exists()] + [
+        p.name for p in (out.glob(f"{RATINGS_FILE}.torn-*") if out.is_dir() else [])
+    ]
+    if not force or not present:
+        return None
+    import time
+
+    aside = out / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.mkdir()
+    for name in present:
+        (out / name).rename(aside / name)
+    return aside
+
+
+def _json_lines(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed JSON)`` of every non-empty line of a JSONL file.
+
+    :raises ValueError: for a missing file or a line that is not JSON, naming the file and the line.
+    """
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"{os.fspath(path)!r}: no such file; give a JSONL file (CompletionLogger, sb3-grpo sample --out)"
+        )
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield n, json.loads(line)
+            except ValueError as err:
+                raise ValueError(
+                    f"{os.fspath(path)} line {n} is not JSON ({err}); each line is one JSON object (fix or remove it)"
+                ) from None
+
+
+def _transcript_problem(transcript: Any) -> str | None:
+    """What is wrong with a ``transcript`` value (``None``: it is a list of ``{"role": str, "text": str}``)."""
+    if transcript is None:
+        return None
+    if not isinstance(transcript, list):
+        return f"'transcript' must be a list of {{'role', 'text'}} messages, got {type(transcript).__name__}"
+    for i, m in enumerate(transcript):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("text"), str):
+            return f"transcript message {i} must be an object with 'role' and 'text' strings, got {str(m)[:60]}"
+    return None
 
 
 def _read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if (
-                not isinstance(row, dict)
-                or "prompt" not in row
-                or ("completion" not in row and "transcript" not in row)
-            ):
-                raise ValueError(
-                    f"{os.fspath(path)} line {n}: expected an object with 'prompt' and 'completion' (or 'transcript'), "
-                    "as CompletionLogger and `sb3-grpo sample --out` write"
-                )
-            rows.append(row)
+    for n, row in _json_lines(path):
+        if not isinstance(row, dict) or "prompt" not in row or ("completion" not in row and not row.get("transcript")):
+            raise ValueError(
+                f"{os.fspath(path)} line {n}: expected an object with 'prompt' and 'completion' (or 'transcript'), "
+                "as CompletionLogger and `sb3-grpo sample --out` write"
+            )
+        problem = _transcript_problem(row.get("transcript"))
+        if problem:
+            raise ValueError(f"{os.fspath(path)} line {n}: {problem}")
+        rows.append(row)
     return rows
 
 
@@ -57,6 +129,7 @@ def export_items(
     n: int,
     seed: int = 0,
     calibration: str | os.PathLike | None = None,
+    force: bool = False,
 ) -> Path:
     """Write a blind, shuffled rating set to ``out`` (``items.json``, ``key.json``); returns ``out``.
 
@@ -65,6 +138,8 @@ def export_items(
     :param seed: Seed of the draws and the order.
     :param calibration: A JSONL file of items of known score: ``prompt``, ``completion`` and ``scores`` (a dict
         dimension -> 1..5); all are mixed in.
+    :param force: Export into a folder that holds ratings, keeping its old set aside (:func:`check_export_folder`);
+        without it such a folder is refused.
     """
     if not 1 <= len(sources) <= 2:
         raise ValueError(f"give the completions of one run or of two (a comparison), got {len(sources)}")
@@ -91,6 +166,7 @@ def export_items(
             entries.append(
                 ({"prompt": row["prompt"], "completion": _text(row)}, {"source": CALIBRATION, "scores": scores})
             )
+    check_export_folder(out, force)
     return _write_folder(out, entries, rng, "item", {}, {})
 
 
@@ -114,8 +190,8 @@ def _write_folder(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     shown_items = {**shown, "dimensions": list(DIMENSIONS), "anchors": ANCHORS, "items": items}
-    (out / ITEMS_FILE).write_text(json.dumps(shown_items, indent=1), encoding="utf-8")
-    (out / KEY_FILE).write_text(json.dumps(key, indent=1), encoding="utf-8")
+    write_text_atomic(out / KEY_FILE, json.dumps(key, indent=1))
+    write_text_atomic(out / ITEMS_FILE, json.dumps(shown_items, indent=1))
     return out
 
 
@@ -133,26 +209,18 @@ def _read_pair_calibration(path: str | os.PathLike) -> list[dict[str, Any]]:
     {"A": {dimension: 1..5}, "B": {...}}}`` ("A" and "B" name the line's ``a`` and ``b``), with ``prefer`` or
     ``scores`` or both."""
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            where = f"{os.fspath(path)} line {n}"
-            if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("prompt", "a", "b")):
-                raise ValueError(f"{where}: a calibration pair is an object with 'prompt', 'a' and 'b' (texts)")
-            prefer, scores = row.get("prefer") or {}, row.get("scores") or {}
-            if not prefer and not scores:
-                raise ValueError(
-                    f"{where}: give the known 'prefer' (dimension -> 'A', 'B' or 'tie'), 'scores', or both"
-                )
-            if not isinstance(prefer, dict) or any(
-                d not in DIMENSIONS or c not in PREFERENCES for d, c in prefer.items()
-            ):
-                raise ValueError(f"{where}: 'prefer' must map dimensions {DIMENSIONS} to 'A', 'B' or 'tie'")
-            if not isinstance(scores, dict) or any(k not in SIDES or not _is_score_map(v) for k, v in scores.items()):
-                raise ValueError(f"{where}: 'scores' must map 'A' and/or 'B' to {{dimension: 1..5}}")
-            rows.append({"prompt": row["prompt"], "a": row["a"], "b": row["b"], "prefer": prefer, "scores": scores})
+    for n, row in _json_lines(path):
+        where = f"{os.fspath(path)} line {n}"
+        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("prompt", "a", "b")):
+            raise ValueError(f"{where}: a calibration pair is an object with 'prompt', 'a' and 'b' (texts)")
+        prefer, scores = row.get("prefer") or {}, row.get("scores") or {}
+        if not prefer and not scores:
+            raise ValueError(f"{where}: give the known 'prefer' (dimension -> 'A', 'B' or 'tie'), 'scores', or both")
+        if not isinstance(prefer, dict) or any(d not in DIMENSIONS or c not in PREFERENCES for d, c in prefer.items()):
+            raise ValueError(f"{where}: 'prefer' must map dimensions {DIMENSIONS} to 'A', 'B' or 'tie'")
+        if not isinstance(scores, dict) or any(k not in SIDES or not _is_score_map(v) for k, v in scores.items()):
+            raise ValueError(f"{where}: 'scores' must map 'A' and/or 'B' to {{dimension: 1..5}}")
+        rows.append({"prompt": row["prompt"], "a": row["a"], "b": row["b"], "prefer": prefer, "scores": scores})
     if not rows:
         raise ValueError(f"{os.fspath(path)} has no calibration pairs")
     return rows
@@ -183,6 +251,7 @@ def export_pairs(
     n: int,
     seed: int = 0,
     calibration: str | os.PathLike | None = None,
+    force: bool = False,
 ) -> Path:
     """Write a blind side-by-side rating set to ``out``: ``n`` prompts that both runs answered (the first completion
     of each run on each prompt), each item showing the two completions as A and B in an order drawn per item.
@@ -198,6 +267,7 @@ def export_pairs(
     :param calibration: A JSONL file of calibration pairs: ``prompt``, ``a``, ``b`` and the known ``prefer``
         (dimension -> ``"A"``, ``"B"`` or ``"tie"``) and/or ``scores`` (``{"A": {dimension: 1..5}, "B": ...}``), where
         A and B name the line's ``a`` and ``b``; all are mixed in, their sides drawn like the others'.
+    :param force: As in :func:`export_items`.
     """
     if len(sources) != 2:
         raise ValueError(f"a side-by-side comparison takes the completions of exactly two runs, got {len(sources)}")
@@ -241,4 +311,5 @@ def export_pairs(
                     {"source": CALIBRATION, "prefer": shown["prefer"], "scores": shown["scores"]},
                 )
             )
+    check_export_folder(out, force)
     return _write_folder(out, entries, rng, "pair", {"mode": SIDE_BY_SIDE}, {"models": [label_1, label_2]})

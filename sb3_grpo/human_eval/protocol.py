@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ __all__ = [
     "load_preferences",
     "load_ratings",
     "load_sample_scores",
+    "repair_ratings",
 ]
 
 #: The dimensions each item is rated on (1 to 5).
@@ -43,11 +45,89 @@ SIDE_BY_SIDE = "side_by_side"
 CALIBRATION = "calibration"
 
 
+def _entry(text: str) -> dict[str, Any] | None:
+    """A ratings line's entry, or ``None`` when it is not a complete one (``{"rater": str, "item": str, ...}``)."""
+    try:
+        entry = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    ok = isinstance(entry, dict) and isinstance(entry.get("rater"), str) and isinstance(entry.get("item"), str)
+    return entry if ok else None
+
+
+def _salvage(text: str) -> tuple[str | None, str]:
+    """``(the last complete entry of a damaged line, or None; the rest)``: a rating glued onto a torn fragment
+    (``{"rater": "a", "it{"rater": "b", ...}``) is recovered whole."""
+    start = text.rfind("{")
+    while start > 0:
+        if _entry(text[start:]) is not None:
+            return text[start:], text[:start]
+        start = text.rfind("{", 0, start)
+    return None, text
+
+
+def repair_ratings(folder: str | os.PathLike) -> str | None:
+    """Repair ``ratings.jsonl`` after a torn append (a process killed mid-write, a full disk): every line that is not
+    a complete entry is moved to ``ratings.jsonl.torn-<time>`` (a complete rating glued onto a fragment is kept), the
+    file is rewritten atomically, and it ends with a newline, so the next rating starts a line of its own.
+
+    :return: What was done, for the user (``None`` when the file was whole).
+    """
+    from sb3_grpo.file_io import write_text_atomic
+
+    path = Path(folder) / RATINGS_FILE
+    if not path.exists():
+        return None
+    raw = path.read_bytes()
+    text = raw.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    kept, torn, recovered = [], [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        if _entry(line) is not None:
+            kept.append(line)
+            continue
+        whole, fragment = _salvage(line)
+        if whole is not None:
+            kept.append(whole)
+            recovered += 1
+        torn.append(fragment)
+    if not torn and raw.endswith(b"\n") and "\ufffd" not in text:
+        return None
+    aside = None
+    if torn:
+        aside = path.with_name(f"{RATINGS_FILE}.torn-{time.strftime('%Y%m%d-%H%M%S')}")
+        with open(aside, "a", encoding="utf-8") as f:
+            f.write("".join(t + "\n" for t in torn))
+    write_text_atomic(path, "".join(line + "\n" for line in kept))
+    if aside is None:
+        return f"{path}: the last rating had no line end (a write cut short); added it, {len(kept)} ratings kept"
+    return (
+        f"{path}: repaired {len(torn)} torn line(s) (a process killed mid-append, or a full disk): kept {len(kept)} "
+        f"complete ratings ({recovered} recovered from lines a later rating was glued onto); the fragments are in "
+        f"{aside.name}"
+    )
+
+
 def _ratings_lines(folder: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(folder) / RATINGS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        entry = _entry(line)
+        if entry is None:
+            raise ValueError(
+                f"{path} line {n} is not a complete rating (a torn write); `sb3-grpo human-eval serve` or `report` "
+                "repairs the file (sb3_grpo.human_eval.protocol.repair_ratings)"
+            )
+        out.append(entry)
+    return out
 
 
 def load_ratings(folder: str | os.PathLike) -> dict[tuple[str, str], dict[str, int]]:

@@ -243,6 +243,20 @@ def _report_pairs(folder: Path, key: dict[str, Any], level: str, tolerance: int,
     return _write_report(folder, result)
 
 
+def _md(text: str, limit: int = 100) -> str:
+    """A name as Markdown text: cut to ``limit`` characters, control characters dropped, and the characters Markdown
+    and HTML give a meaning (``<``, ``>``, ``&``, ``|``, backticks, ``*``, ``_``, brackets) escaped."""
+    import html
+    import unicodedata
+
+    text = "".join(c for c in str(text) if not unicodedata.category(c).startswith("C"))
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    text = html.escape(text, quote=False)
+    for ch in "\\|`*_[]#":
+        text = text.replace(ch, "\\" + ch)
+    return text
+
+
 def _num(x: float | None) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
 
@@ -256,7 +270,7 @@ def _scores_lines(scores: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list
     lines = ["| run | " + " | ".join(DIMENSIONS) + " |", "|---|" + "---|" * len(DIMENSIONS)]
     for source, dims in scores.items():
         cells = [f"{_num(v['mean'])} [{_num(v['low'])}, {_num(v['high'])}] (n={v['items']})" for v in dims.values()]
-        lines.append(f"| {source} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_md(source)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -267,12 +281,12 @@ def _calibration_lines(calibration: Mapping[str, Mapping[str, Any]]) -> list[str
     for rater, c in calibration.items():
         kinds = ", ".join(f"{m} of {n} {k}s" for k, (n, m) in c["by_kind"].items())
         missed = f"{c['missed']} ({kinds})" if len(c["by_kind"]) > 1 else str(c["missed"])
-        lines.append(f"| {rater} | {c['scored']} | {missed} | {'yes' if c['flagged'] else 'no'} |")
+        lines.append(f"| {_md(rater)} | {c['scored']} | {missed} | {'yes' if c['flagged'] else 'no'} |")
     return lines
 
 
 def _markdown(result: Mapping[str, Any]) -> str:
-    lines = ["# Human evaluation", "", f"Raters: {', '.join(result['raters']) or 'none'}", ""]
+    lines = ["# Human evaluation", "", f"Raters: {', '.join(map(_md, result['raters'])) or 'none'}", ""]
     if result.get("mode") != SIDE_BY_SIDE:
         lines += _alpha_lines(result["alpha"], result["unreliable"], "")
         lines += ["", *_calibration_lines(result["calibration"]), "", *_scores_lines(result["scores"])]
@@ -285,7 +299,7 @@ def _markdown(result: Mapping[str, Any]) -> str:
     for model, dims in result["win_rate"].items():
         cells = [f"{_num(v['rate'])} [{_num(v['low'])}, {_num(v['high'])}] ({v['wins']}-{v['losses']}, "
                  f"{v['ties']} tied)" for v in dims.values()]  # fmt: skip
-        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_md(model)} | " + " | ".join(cells) + " |")
     lines += ["", "## Scores (1-5)", ""]
     if result["score_alpha"]:
         lines += _alpha_lines(result["score_alpha"], result["unreliable_scores"], " of the scores")

@@ -54,11 +54,13 @@ from sb3_grpo.policies.policy_kwargs import (
     check_token_range,
     check_window_fits,
 )
-from sb3_grpo.policies.quantization import keep_training_layout, quantization_spec
+from sb3_grpo.policies.quantization import keep_training_layout, quantization_spec, quiet_8bit_casts
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
 from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
 from sb3_grpo.policies.token_sampling import process_logits, sample_categorical
+from sb3_grpo.policies.tokenizer_identity import TOKENIZER_CHECKS
 from sb3_grpo.policies.windows import positions_from_mask, shared_prefixes, trim_padding
+from textrl_envs.validation import check_choice
 
 __all__ = ["CausalLMPolicy"]
 
@@ -214,6 +216,9 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
     :param optimizer_class: the optimizer (default Adam, ``eps=1e-5`` like SB3's ``ActorCriticPolicy``, with torch's
         fused kernel where the parameters allow it).
     :param optimizer_kwargs: extra optimizer arguments.
+    :param tokenizer_check: what ``GRPO`` does when the env's tokenizer is not the one saved with the model (other
+        vocabulary or special ids, not only another size; :mod:`~sb3_grpo.policies.tokenizer_identity`): ``"warn"``
+        (default), ``"strict"`` (refuse) or ``"off"``.
     """
 
     def __init__(
@@ -244,6 +249,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         normalize_images: bool = True,
         optimizer_class: type[th.optim.Optimizer] = th.optim.Adam,
         optimizer_kwargs: dict[str, Any] | None = None,
+        tokenizer_check: str = "warn",
     ):
         if optimizer_kwargs is None:
             # SB3's Adam eps; the fused kernel: one pass per step and no temporaries the size of a parameter (the peak
@@ -283,6 +289,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         self.value_head_init_std = value_head_init_std
         self.ortho_init = ortho_init
         self.critic_hidden = critic_hidden
+        self.tokenizer_check = check_choice("tokenizer_check", tokenizer_check, TOKENIZER_CHECKS)
         if revision is not None and not isinstance(revision, str):
             raise TypeError(f"revision must be a str (a branch, tag or commit hash) or None, got {revision!r}")
         self.revision = revision
@@ -439,6 +446,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
             {
                 "lr_schedule": self._dummy_schedule,
                 "model": self._spec,
+                "tokenizer_check": self.tokenizer_check,
                 "revision": self.revision,
                 "dtype": self.dtype_name,
                 "temperature": self.temperature,
@@ -639,14 +647,14 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         step = self.__dict__.get("_lean_decode")
         if step is None or self._threads_pending or th.is_grad_enabled() or ids.shape[1] != 1:
             return self._trunk(ids, mask, position_ids, cache)
-        with self._autocast_context():
+        with self._autocast_context(), quiet_8bit_casts(self._quiet_casts):
             return step(ids, mask, position_ids, cache)
 
     def _one_trunk(self, ids: th.Tensor, mask: th.Tensor, position_ids: th.Tensor, cache: Any) -> th.Tensor:
         """One forward of the LM body with its active adapter: final hidden states ``[B, L, d]``."""
         router = self._collecting_router_losses()
         extra = {"output_router_logits": True} if router else {}
-        with self._autocast_context():
+        with self._autocast_context(), quiet_8bit_casts(self._quiet_casts):
             out = self.lm.base_model(
                 input_ids=ids,
                 attention_mask=mask,
@@ -658,6 +666,12 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         if router:
             self._record_router_loss(out.router_logits, mask)
         return out.last_hidden_state
+
+    @property
+    def _quiet_casts(self) -> bool:
+        """Whether the base is 8-bit, whose matmul notes a float32-to-float16 cast on every call (silenced in our
+        forwards, :func:`~sb3_grpo.policies.quantization.quiet_8bit_casts`)."""
+        return bool(self.quantization) and bool(self.quantization.get("load_in_8bit"))
 
     def _autocast_context(self) -> Any:
         """``torch.autocast`` to ``autocast_dtype`` on the policy's device (a no-op context without it)."""

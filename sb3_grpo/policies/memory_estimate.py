@@ -92,9 +92,15 @@ def load_config(model: str, revision: str | None = None) -> Any:
         shape = dict(MODEL_SHAPES[model])
         return AutoConfig.for_model(shape.pop("model_type"), **shape)
     if os.path.isfile(model):
-        with open(model, encoding="utf-8") as f:
-            data = json.load(f)
-        if "model_type" not in data:
+        try:
+            with open(model, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(
+                f"--model {model!r} is a file but not a model's config.json ({type(err).__name__}: {err}); give a "
+                f"config.json, a model directory, a Hub id or a shape ({', '.join(MODEL_SHAPES)})"
+            ) from None
+        if not isinstance(data, dict) or "model_type" not in data:
             raise ValueError(f"--model {model!r}: this JSON file has no 'model_type'; give a model's config.json")
         return AutoConfig.for_model(data.pop("model_type"), **data)
     try:

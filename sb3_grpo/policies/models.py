@@ -23,6 +23,7 @@ from stable_baselines3.common.type_aliases import PyTorchObs
 from torch import nn
 
 from sb3_grpo.file_io import to_jsonable
+from textrl_envs.gguf import gguf_folder, gguf_name, gguf_revision, is_gguf_name
 from textrl_envs.hf_loading import cached_commit, load_from_hub, looks_like_hub_id, no_progress_bars
 
 __all__ = [
@@ -58,14 +59,19 @@ def model_spec(lm: nn.Module, revision: str | None = None) -> dict[str, Any]:
     :param lm: a ``PreTrainedModel``.
     :param revision: the Hub revision it was loaded at (``None``: ``main``).
     :return: ``{"config": dict, "name_or_path": str}``, plus ``"revision"`` for a model loaded by Hub id: the commit
-        hash the Hugging Face cache resolved ``revision`` to (``revision`` itself where the cache does not say).
+        hash the Hugging Face cache resolved ``revision`` to (``revision`` itself where the cache does not say); and for
+        a model loaded from a GGUF file (a ``.gguf`` path or a packaged model's name): ``"sha256:<hex>"``, the file's
+        checksum.
     """
     spec: dict[str, Any] = {
         "config": json.loads(lm.config.to_json_string(use_diff=False)),
         "name_or_path": str(getattr(lm.config, "_name_or_path", "") or getattr(lm, "name_or_path", "")),
     }
     name = spec["name_or_path"]
-    if name and not os.path.isdir(name) and looks_like_hub_id(name):
+    if is_gguf_name(name):
+        with contextlib.suppress(OSError):  # a file gone since the load keeps the revision it was given
+            revision = gguf_revision(name)
+    elif name and not os.path.isdir(name) and looks_like_hub_id(name):
         revision = cached_commit(name, revision) or revision  # the exact commit, where the cache knows it
     if revision:
         spec["revision"] = str(revision)
@@ -123,7 +129,7 @@ def portable_policy_kwargs(
         return policy_kwargs
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
-        if os.path.isdir(path) or not looks_like_hub_id(path):
+        if os.path.isdir(path) or is_gguf_name(path) or not looks_like_hub_id(path):
             return policy_kwargs
     return {**policy_kwargs, "model": lm_spec}
 
@@ -168,7 +174,10 @@ def load_lm(
 
     A string that names no local directory but has a Hub id's shape (``"org/name"``) loads as
     ``AutoModelForCausalLM.from_pretrained`` loads it: downloaded online, from the Hugging Face cache with
-    ``HF_HUB_OFFLINE=1``, at ``revision`` (a branch, tag or commit; ``None``: ``main``). A spec whose ``"weights"`` is
+    ``HF_HUB_OFFLINE=1``, at ``revision`` (a branch, tag or commit; ``None``: ``main``). A ``.gguf`` path or a packaged
+    model's name (:data:`textrl_envs.gguf.PACKAGED_MODELS`) loads the dequantized model from its converted folder
+    (:func:`textrl_envs.gguf.gguf_folder`, converted on first use), in ``dtype`` (``None``: float32); its ``revision``,
+    when given, is the ``"sha256:<hex>"`` of the file it must be. A spec whose ``"weights"`` is
     :data:`BASE_WEIGHTS` loads the model its ``"name_or_path"`` names, at its ``"revision"`` (a LoRA checkpoint's
     base); any other spec builds the model from its config, with random weights (the checkpoint's state dict then
     holds them). ``quantization`` (a :func:`~sb3_grpo.policies.quantization.quantization_spec`) loads a path or Hub id
@@ -211,6 +220,8 @@ def load_lm(
             from sb3_grpo.policies.quantization import bnb_config, quantized_device
 
             kwargs.update(quantization_config=bnb_config(quantization), device_map={"": quantized_device()})
+        if is_gguf_name(path):
+            return _load_gguf(path, revision, kwargs)
         if not os.path.isdir(path) and looks_like_hub_id(path):
             return load_from_hub(AutoModelForCausalLM.from_pretrained, path, "CausalLMPolicy model", revision, **kwargs)
         if not os.path.isdir(path):
@@ -237,15 +248,34 @@ def load_lm(
     )
 
 
+def _load_gguf(name: str, revision: str | None, kwargs: dict[str, Any]) -> nn.Module:
+    """The LM of a GGUF file or packaged model, from its converted folder, named by ``name`` (so that a spec or a LoRA
+    checkpoint records the file, not the cache folder); refused when ``revision`` names another file's checksum."""
+    from transformers import AutoModelForCausalLM
+
+    if revision is not None and revision != gguf_revision(name):
+        raise ValueError(
+            f"the GGUF model {name!r} is now the file with {gguf_revision(name)}, but {revision} was asked for (the "
+            "file the checkpoint was trained on): the file changed since. Put the original file back, or pass its "
+            "path as base_model"
+        )
+    folder = gguf_folder(name)
+    with no_progress_bars():
+        lm = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, **kwargs)
+    lm.config._name_or_path = gguf_name(name)
+    return lm
+
+
 def is_quantized(lm: nn.Module) -> bool:
     """Whether ``lm`` holds bitsandbytes-quantized (8-bit or 4-bit) weights."""
     return bool(getattr(lm, "is_loaded_in_8bit", False) or getattr(lm, "is_loaded_in_4bit", False))
 
 
 def reloadable_base(name: str) -> bool:
-    """Whether a model's ``name_or_path`` can be loaded again by that name: an existing local directory, or a
-    string with a Hugging Face Hub id's shape (the Hub or its local cache is asked when it is loaded)."""
-    return bool(name) and (os.path.isdir(name) or looks_like_hub_id(name))
+    """Whether a model's ``name_or_path`` can be loaded again by that name: an existing local directory, a GGUF file
+    or packaged model's name, or a string with a Hugging Face Hub id's shape (the Hub or its local cache is asked when
+    it is loaded)."""
+    return bool(name) and (os.path.isdir(name) or is_gguf_name(name) or looks_like_hub_id(name))
 
 
 def adapters_only_checkpoint(model: Any, name_or_path: str) -> bool:
@@ -263,7 +293,9 @@ def base_missing_message(name: str, revision: str | None, cause: BaseException |
     """What to say when a LoRA checkpoint's base model cannot be loaded: which base, why, and the ways out."""
     at = "" if revision is None else f" at revision {revision!r}"
     why = "" if cause is None else f" ({type(cause).__name__}: {cause})"
-    if os.path.isabs(name) or not looks_like_hub_id(name):
+    if is_gguf_name(name):
+        where = f"make the GGUF model {name!r} loadable again (the file, or the package that ships it)"
+    elif os.path.isabs(name) or not looks_like_hub_id(name):
         where = f"put the base model's directory back at {name!r}"
     else:
         flag = "" if revision is None else f" --revision {revision}"
@@ -345,8 +377,13 @@ LORA_INSTALL_HINT = 'pip install "textrl[lora]"  (or: pip install peft)'
 
 
 def import_peft() -> Any:
+    """peft, imported quietly: its import of bitsandbytes, where installed, reports optional CPU kernels missing
+    from the cache even without quantization (:func:`~sb3_grpo.policies.quantization.quiet_bnb_import`)."""
+    from sb3_grpo.policies.quantization import quiet_bnb_import
+
     try:
-        import peft
+        with quiet_bnb_import():
+            import peft
     except ImportError as err:
         raise ImportError(
             f"CausalLMPolicy(lora=...) needs the optional dependency peft, which is not installed ({err}); "

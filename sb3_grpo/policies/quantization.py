@@ -10,6 +10,9 @@ arguments or a ``BitsAndBytesConfig``) into the JSON-able spec the policy saves;
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch as th
@@ -28,7 +31,8 @@ QUANTIZATION_SHORTHANDS: dict[str, dict[str, Any]] = {
 
 def _import_bitsandbytes() -> None:
     try:
-        import bitsandbytes  # noqa: F401
+        with quiet_bnb_import():
+            import bitsandbytes  # noqa: F401
     except ImportError as err:
         raise ImportError(
             f"CausalLMPolicy(quantization=...) needs the optional dependency bitsandbytes, which is not installed "
@@ -95,6 +99,54 @@ def _public(config: dict[str, Any]) -> dict[str, Any]:
             continue
         out[key] = str(value).replace("torch.", "") if isinstance(value, th.dtype) else value
     return out
+
+
+#: The logger of bitsandbytes' 8-bit matmul, which notes on every call that float32 inputs are cast to float16.
+_MATMUL_8BIT_LOGGER = "bitsandbytes.autograd._functions"
+#: Loggers that report, when bitsandbytes is imported, that an optional CPU kernel package is not in the cache.
+_BNB_IMPORT_LOGGERS = ("bitsandbytes", "kernels")
+
+
+class _DropCastNotice(logging.Filter):
+    """Drops bitsandbytes' ``MatMul8bitLt: inputs will be cast ...`` notice (one per forward call otherwise)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("MatMul8bitLt: inputs will be cast")
+
+
+_DROP_CAST_NOTICE = _DropCastNotice()
+
+
+@contextlib.contextmanager
+def quiet_8bit_casts(active: bool = True) -> Iterator[None]:
+    """While the block runs (our policy's forward of an 8-bit base), drop bitsandbytes' notice that float32 inputs
+    are cast to float16, which it logs on every call; the filter is removed after, so the user's own 8-bit models
+    still say it."""
+    if not active:
+        yield
+        return
+    logger = logging.getLogger(_MATMUL_8BIT_LOGGER)
+    logger.addFilter(_DROP_CAST_NOTICE)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_DROP_CAST_NOTICE)
+
+
+@contextlib.contextmanager
+def quiet_bnb_import() -> Iterator[None]:
+    """While the block runs (our import of peft or bitsandbytes), bitsandbytes' and the ``kernels`` package's
+    warnings that an optional CPU kernel is not in the local cache (``Failed to load CPU gemm_4bit_forward ...``,
+    printed on import even without quantization) are silenced; the loggers' levels are restored after."""
+    loggers = [logging.getLogger(name) for name in _BNB_IMPORT_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def bnb_config(spec: dict[str, Any]) -> Any:

@@ -6,6 +6,11 @@ first) and ``1``. A move is what :meth:`Game.parse` reads out of a player's text
 writes back; :meth:`Game.render` is the board as one player sees it, the text an env writes before that
 player's turn. An unreadable or illegal move loses the game (:meth:`Game.forfeit`), as in most text-game
 arenas: the player learns the format from the result.
+
+For an instruct (chat) model a game also speaks plain language (:class:`~textrl_envs.games.SelfPlay` with
+``chat=True``): :attr:`Game.chat_intro` states the rules, :meth:`Game.chat_render` shows the position with the legal
+moves listed, :meth:`Game.chat_read` reads the move from free text (the final answer first: ``Answer: 5``), and
+:meth:`Game.chat_result` tells the end.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class Game:
 
     name = "game"
     intro = ""
+    #: The rules for an instruct model, the first user message of a chat (``""``: no chat mode).
+    chat_intro = ""
 
     def initial(self, rng: np.random.Generator) -> Any:
         """The starting state (chance, such as a deal, drawn from ``rng``)."""
@@ -89,16 +96,38 @@ class Game:
         overrides it; :meth:`heuristic` draws from it)."""
         raise NotImplementedError(f"{type(self).__name__} has no heuristic")
 
+    def chat_render(self, state: Any, player: int) -> str:
+        """The position as ``player`` sees it, in plain language for an instruct model, with the legal moves."""
+        raise NotImplementedError(f"{type(self).__name__} has no chat mode")
+
     # -- shared by every game ---------------------------------------------------------------------------------
+
+    def chat_read(self, text: str) -> Any:
+        """The move an instruct model's free text states: :meth:`read` of its final answer (``Answer: 5``, else its
+        last number: :func:`~textrl_envs.rewards.answers.final_answer`), else of the whole text."""
+        from textrl_envs.rewards.answers import final_answer
+
+        stated = final_answer(text)
+        move = self.read(stated) if stated else None
+        return move if move is not None else self.read(text)
+
+    def chat_result(self, state: Any, player: int) -> str:
+        """The end of the game as ``player`` reads it, in plain language."""
+        mine = self.payoffs(state)[player]
+        line = "You win." if mine > 0 else "You lose." if mine < 0 else "It is a draw."
+        if isinstance(state, Forfeit):
+            line += " Your move was not a legal move." if state.player == player else " My move was not legal."
+        return line
 
     def heuristic(self, state: Any, rng: np.random.Generator) -> Any:
         """A move of the heuristic opponent, drawn from :meth:`heuristic_policy` with ``rng``
         (:func:`draw_move`)."""
         return draw_move(self.heuristic_policy(state), rng)
 
-    def parse(self, state: Any, text: str) -> Any:
-        """The legal move written in ``text`` for the player to move, else ``None``."""
-        move = self.read(text)
+    def parse(self, state: Any, text: str, chat: bool = False) -> Any:
+        """The legal move written in ``text`` for the player to move (read as free text with ``chat``:
+        :meth:`chat_read`), else ``None``."""
+        move = self.chat_read(text) if chat else self.read(text)
         return move if move is not None and move in self.legal(state) else None
 
     def forfeit(self, state: Any, player: int, text: str) -> Forfeit:
@@ -123,9 +152,10 @@ class Game:
             return word + (" (illegal)" if state.player == player else " (opponent illegal)")
         return word
 
-    def step_text(self, state: Any, text: str) -> tuple[Any, bool]:
-        """Play the move written in ``text`` by the player to move: ``(next state, whether it was legal)``."""
-        move = self.parse(state, text)
+    def step_text(self, state: Any, text: str, chat: bool = False) -> tuple[Any, bool]:
+        """Play the move written in ``text`` by the player to move: ``(next state, whether it was legal)``; with
+        ``chat``, the move is read from free text (:meth:`chat_read`)."""
+        move = self.parse(state, text, chat)
         if move is None:
             return self.forfeit(state, self.to_move(state), text), False
         return self.play(state, move), True

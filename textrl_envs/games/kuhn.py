@@ -39,6 +39,12 @@ class KuhnPoker(Game):
 
     name = "kuhn"
     intro = "Kuhn, 0 pass 1 bet."
+    chat_intro = (
+        "Let's play Kuhn poker. The deck has three cards, Jack < Queen < King; we each put 1 chip in and get one "
+        "card. On your turn you either pass (check, or fold to a bet) or bet (bet 1 chip, or call a bet). A hand "
+        "ends when both pass (the higher card wins 1), when a bet is folded to (the bettor wins 1), or when a bet is "
+        "called (the higher card wins 2)."
+    )
 
     def initial(self, rng: np.random.Generator) -> KuhnState:
         deal = rng.permutation(3)
@@ -74,6 +80,19 @@ class KuhnPoker(Game):
         text = super().result_text(state, player)
         inner = getattr(state, "state", state)  # a forfeit keeps the state it ended
         return f"{text}, {CARDS[inner.cards[1 - player]]}"
+
+    def chat_render(self, state: KuhnState, player: int) -> str:
+        names = {"p": "passed", "b": "bet"}
+        said = [("You" if (i % 2) == player else "I") + " " + names[m] for i, m in enumerate(state.history)]
+        card = {"J": "the Jack", "Q": "the Queen", "K": "the King"}[CARDS[state.cards[player]]]
+        so_far = ("So far: " + ", ".join(said) + ". ") if said else "You act first. "
+        options = "fold (pass) or call (bet)" if state.history.endswith("b") else "pass or bet"
+        return f"Your card is {card}. {so_far}Do you {options}?"
+
+    def chat_result(self, state, player: int) -> str:
+        inner = getattr(state, "state", state)
+        card = {"J": "the Jack", "Q": "the Queen", "K": "the King"}[CARDS[inner.cards[1 - player]]]
+        return f"{super().chat_result(state, player)} I had {card}."
 
     def move_text(self, move: str) -> str:
         return f" {move}"

@@ -43,6 +43,10 @@ class Nim(Game):
             raise ValueError(f"Nim needs max_take >= 1, got {max_take}")
         self.low, self.high, self.max_take = int(low), int(high), int(max_take)
         self.intro = f"Nim, take 1-{self.max_take}."
+        self.chat_intro = (
+            f"Let's play Nim. There is one heap of stones; we take turns, and each turn takes 1 to {self.max_take} "
+            "stones. Whoever takes the last stone wins. On your turn, say how many stones you take."
+        )
 
     def initial(self, rng: np.random.Generator) -> NimState:
         return NimState(int(rng.integers(self.low, self.high + 1)))
@@ -67,6 +71,12 @@ class Nim(Game):
 
     def render(self, state: NimState, player: int) -> str:  # noqa: ARG002  (both players see the same heap)
         return f" {state.heap} left," + MOVE_CUE
+
+    def chat_render(self, state: NimState, player: int) -> str:  # noqa: ARG002  (both players see the same heap)
+        legal = self.legal(state)
+        choices = ", ".join(map(str, legal[:-1])) + (f" or {legal[-1]}" if len(legal) > 1 else str(legal[-1]))
+        stones = "stone" if state.heap == 1 else "stones"
+        return f"There {'is' if state.heap == 1 else 'are'} {state.heap} {stones} left. You may take {choices}."
 
     def move_text(self, move: int) -> str:
         return f" {move}"

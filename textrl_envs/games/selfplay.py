@@ -43,16 +43,25 @@ class SelfPlay(Interaction):
         :class:`~textrl_envs.games.policy.PolicyOpponent` or a league) or a callable ``f(turn) -> str``.
     :param learner_player: ``0`` (the learner moves first), ``1`` (second), or ``None``: drawn per episode, so
         the learner plays both roles equally often.
+    :param chat: Speak to an instruct model (instruct mode): the boards are the game's plain-language
+        :meth:`~textrl_envs.games.base.Game.chat_render`, the learner's moves are read from free text
+        (:meth:`~textrl_envs.games.base.Game.chat_read`), the end is :meth:`~textrl_envs.games.base.Game.chat_result`.
+        The opponent's side is unchanged.
     """
 
-    def __init__(self, game: Game, opponent: Any = "random", learner_player: int | None = None) -> None:
+    def __init__(
+        self, game: Game, opponent: Any = "random", learner_player: int | None = None, chat: bool = False
+    ) -> None:
         if not isinstance(game, Game):
             raise TypeError(f"game must be a textrl_envs.games Game (TicTacToe(), Nim(), KuhnPoker()); got {game!r}")
         if learner_player not in (None, 0, 1):
             raise ValueError(
                 f"learner_player must be 0 (first), 1 (second) or None (alternating); got {learner_player!r}"
             )
+        if chat and not game.chat_intro:
+            raise ValueError(f"{type(game).__name__} has no chat mode (no chat_intro / chat_render); pass chat=False")
         self.game, self.opponent, self.learner_player = game, as_opponent(opponent), learner_player
+        self.chat = bool(chat)
 
     # -- an episode -----------------------------------------------------------------------------------------------
 
@@ -86,7 +95,7 @@ class SelfPlay(Interaction):
                 continue
             if game.over(state["game"]):  # the opponent's first move ended it: this turn only collects the result
                 continue
-            state["game"], _ = game.step_text(state["game"], text)
+            state["game"], _ = game.step_text(state["game"], text, chat=self.chat)
             if not game.over(state["game"]):
                 waiting.append(state)
         self._opponent_moves(waiting)
@@ -116,8 +125,9 @@ class SelfPlay(Interaction):
     def _board_or_result(self, state: dict[str, Any]) -> tuple[str, bool]:
         game, learner = self.game, state["learner"]
         if game.over(state["game"]):
-            return game.result_text(state["game"], learner), True
-        return game.render(state["game"], learner), False
+            result = game.chat_result if self.chat else game.result_text
+            return result(state["game"], learner), True
+        return (game.chat_render if self.chat else game.render)(state["game"], learner), False
 
     def _opponent_moves(self, states: Sequence[dict[str, Any]]) -> None:
         """Every waiting opponent move, one call per opponent (a league may field several)."""
@@ -139,4 +149,5 @@ class SelfPlay(Interaction):
                 s["game"], _ = self.game.step_text(s["game"], move)
 
     def __repr__(self) -> str:
-        return f"SelfPlay({self.game!r}, opponent={self.opponent!r}, learner_player={self.learner_player})"
+        chat = ", chat=True" if self.chat else ""
+        return f"SelfPlay({self.game!r}, opponent={self.opponent!r}, learner_player={self.learner_player}{chat})"

@@ -44,6 +44,11 @@ class TicTacToe(Game):
 
     name = "tictactoe"
     intro = "Tic-tac-toe, you are x."
+    chat_intro = (
+        "Let's play tic-tac-toe. You are X and I am O; the first to get three in a row, column or diagonal wins. "
+        "The cells are numbered 1 to 9, row by row from the top left, and the board shows each free cell's number. "
+        "On your turn, choose a free cell."
+    )
 
     def initial(self, rng: np.random.Generator) -> TicTacToeState:  # noqa: ARG002  (no chance in tic-tac-toe)
         return TicTacToeState()
@@ -71,6 +76,13 @@ class TicTacToe(Game):
     def render(self, state: TicTacToeState, player: int) -> str:
         marks = {-1: ".", player: "x", 1 - player: "o"}
         return " " + "".join(marks[c] for c in state.cells) + MOVE_CUE
+
+    def chat_render(self, state: TicTacToeState, player: int) -> str:
+        marks = {player: "X", 1 - player: "O"}
+        cells = [marks.get(c, str(i + 1)) for i, c in enumerate(state.cells)]
+        rows = [" | ".join(cells[r : r + 3]) for r in (0, 3, 6)]
+        free = ", ".join(str(m) for m in self.legal(state))
+        return "\n--+---+--\n".join(rows) + f"\n\nFree cells: {free}. Your move (X)?"
 
     def move_text(self, move: int) -> str:
         return f" {move}"

@@ -1,9 +1,10 @@
 """Reward models: the protocol, the registry, the built-in rewards, composition and evaluation metrics.
 
-A reward model scores a batch of completions, ``reward(prompts, completions, **metadata) -> floats``;
-any plain callable with that signature (the shape of Hugging Face TRL's reward functions) plugs in
-unchanged. Built-in rewards by registered name (``make_reward(name, **kwargs)`` or ``reward=name`` in
-``gym.make``):
+A reward model scores a batch of completions, called with keywords as Hugging Face TRL calls its reward functions
+(``prompts=``, ``completions=``, ``completion_ids=``, ``trainer_state=`` and the metadata columns;
+:mod:`~textrl_envs.rewards.calls`), so TRL's reward functions plug in unchanged; ``reward=[f, g]`` is their sum, and
+``None`` leaves a reward out of it. Built-in rewards by registered name (``make_reward(name, **kwargs)`` or
+``reward=name`` in ``gym.make``):
 
 * ``sentiment``: :class:`LexiconSentiment`, VADER compound in [-1, 1] (or [0, 1])
 * ``classifier``: :class:`HFClassifierReward`, P(label) of a local HF classifier, [0, 1] (or its logit)
@@ -17,22 +18,28 @@ unchanged. Built-in rewards by registered name (``make_reward(name, **kwargs)`` 
 * ``repetition``: :class:`RepetitionPenalty`, -(1 - distinct-n ratio), (-1, 0]
 * ``coherence``: :class:`Coherence`, 1 - mean NLL / log V under a reference LM (default the bundled one), [0, 1]
 * ``composite``: :class:`CompositeReward`, weighted sum of components
+* ``unit-tests``: :class:`~textrl_envs.rewards.code.UnitTests`, unit tests passed in the sandbox, [0, 1]
+* ``final-answer``: :class:`~textrl_envs.rewards.answers.FinalAnswerReward`, the final answer of free text (or of a
+  tool transcript) == answer, {0, 1} (+ an optional format bonus)
 
-Heavy libraries (vaderSentiment, rouge-score, sacrebleu, transformers, torch) are imported only when
-a reward that needs them is built.
+Heavy libraries (vaderSentiment, rouge-score, sacrebleu, transformers, torch) are imported only when a reward that
+needs them is built.
 
-Modules: ``base`` (the :class:`RewardModel` protocol and :func:`call_reward`, the one place rewards are called
-and checked), ``registry`` (names -> factories), ``composite`` (weighted sums), and the built-ins by kind:
-``sentiment``, ``match`` (verifiable answers), ``overlap`` (ROUGE/BLEU against reference texts),
-``constraints`` (keywords, length, repetition), ``coherence`` (fluency under a reference LM);
-``metrics`` holds evaluation metrics, not rewards.
+Modules: ``base`` (the :class:`RewardModel` protocol and :func:`call_reward`, the one place rewards are called and
+checked), ``calls`` (what a call gives a reward, read from its signature;
+:class:`~textrl_envs.rewards.calls.TrainerState`), ``registry`` (names -> factories), ``composite`` (weighted sums),
+and the built-ins by kind: ``sentiment``, ``match`` (verifiable answers), ``overlap`` (ROUGE/BLEU against reference
+texts), ``constraints`` (keywords, length, repetition), ``coherence`` (fluency under a reference LM); ``metrics``
+holds evaluation metrics, not rewards.
 
-A new built-in reward: a :class:`RewardModel` subclass in the module of its kind (or a new module here),
-decorated with ``@register_reward("name")``; import it below and add it to the list above. Importing this
-package registers every built-in name.
+A new built-in reward: a :class:`RewardModel` subclass in the module of its kind (or a new module here), decorated
+with ``@register_reward("name")``; import it below and add it to the list above. Importing this package registers
+every built-in name.
 """
 
+from textrl_envs.rewards.answers import FinalAnswerReward
 from textrl_envs.rewards.base import RewardModel, call_reward
+from textrl_envs.rewards.code import UnitTests
 from textrl_envs.rewards.coherence import Coherence
 from textrl_envs.rewards.composite import CompositeReward
 from textrl_envs.rewards.constraints import KeywordCoverage, LengthPenalty, RepetitionPenalty
@@ -48,6 +55,7 @@ __all__ = [
     "Coherence",
     "CompositeReward",
     "ExactMatch",
+    "FinalAnswerReward",
     "HFClassifierReward",
     "IncreasingNumbersReward",
     "KeywordCoverage",
@@ -56,6 +64,7 @@ __all__ = [
     "RepetitionPenalty",
     "RewardModel",
     "RougeL",
+    "UnitTests",
     "call_reward",
     "distinct_n",
     "make_reward",

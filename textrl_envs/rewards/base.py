@@ -1,19 +1,19 @@
 """The reward-model protocol, and the one place where rewards are called and checked.
 
-A reward model scores whole completions in batches::
+A reward model scores whole completions in batches, called with keywords as Hugging Face TRL calls its reward
+functions::
 
-    reward(prompts: list[str], completions: list[str], **kwargs) -> sequence of floats
+    reward(prompts=[...], completions=[...], completion_ids=[...], trainer_state=..., **columns) -> floats
 
-``kwargs`` carries per-example metadata as lists aligned with ``prompts`` (for example
-``answer=[...]`` for a verifiable task or ``references=[[...], ...]`` for a reference-based
-one), the same shape as Hugging Face TRL's reward functions, so a TRL reward function plugs in
-unchanged. A plain callable with that signature is accepted everywhere a :class:`RewardModel` is.
+``columns`` are per-example metadata lists aligned with ``prompts`` (for example ``answer=[...]`` for a verifiable
+task or ``references=[[...], ...]`` for a reference-based one), so a TRL reward function plugs in unchanged; a
+function without ``**kwargs`` gets only the arguments it names, and an older positional ``f(prompts, completions)``
+still works (:mod:`textrl_envs.rewards.calls`). A plain callable is accepted everywhere a :class:`RewardModel` is.
+A score of ``None`` means "this reward does not apply" (TRL's convention): a sum of rewards leaves it out.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import numbers
 import threading
@@ -23,50 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from textrl_envs.rewards.calls import conversational_completions, reward_arguments, wants_conversations
+from textrl_envs.rewards.model import RewardModel  # noqa: F401  (its home before it had a module of its own)
+
 RewardFn = Callable[..., Sequence[float]]
-
-
-class RewardModel:
-    """Base class of batched reward models.
-
-    Subclasses implement :meth:`score`; :meth:`__call__` is what environments call. A reward
-    model that runs a neural network is device-aware: it takes ``device`` and moves itself there
-    with :meth:`to`.
-
-    :param name: Name used in error messages and logs (defaults to the class name).
-    """
-
-    #: Metadata keys this reward needs in ``kwargs`` (checked before scoring).
-    required_kwargs: tuple[str, ...] = ()
-
-    def __init__(self, name: str | None = None) -> None:
-        self.name = name or type(self).__name__
-
-    def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> Sequence[float]:
-        """Score a batch of completions.
-
-        :param prompts: The prompt texts.
-        :param completions: The generated texts (without the prompt and without EOS).
-        :param kwargs: Per-example metadata, each a list aligned with ``prompts``.
-        :return: One float per completion.
-        """
-        raise NotImplementedError
-
-    def __call__(self, prompts: list[str], completions: list[str], **kwargs: Any) -> Sequence[float]:
-        missing = [k for k in self.required_kwargs if k not in kwargs]
-        if missing:
-            raise ValueError(
-                f"reward {self.name!r} needs per-example {', '.join(missing)} in its keyword arguments; "
-                f"give prompts as dicts with those keys, e.g. {{'prompt': ..., {missing[0]!r}: ...}}"
-            )
-        return self.score(list(prompts), list(completions), **kwargs)
-
-    def to(self, device: Any) -> RewardModel:  # noqa: ARG002  (the interface: models with tensors move there)
-        """Move the model to ``device`` (a no-op for models without tensors)."""
-        return self
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r})"
 
 
 def reward_name(reward: Any) -> str:
@@ -76,29 +36,6 @@ def reward_name(reward: Any) -> str:
     return getattr(reward, "__name__", None) or type(reward).__name__
 
 
-def _accepts_kwargs(fn: Callable) -> tuple[bool, frozenset[str]]:
-    try:
-        return _accepts_kwargs_cached(fn)
-    except TypeError:  # unhashable callable
-        return _inspect_kwargs(fn)
-
-
-@functools.lru_cache(maxsize=256)
-def _accepts_kwargs_cached(fn: Callable) -> tuple[bool, frozenset[str]]:
-    return _inspect_kwargs(fn)
-
-
-def _inspect_kwargs(fn: Callable) -> tuple[bool, frozenset[str]]:
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return True, frozenset()
-    params = sig.parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return True, frozenset()
-    return False, frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-
-
 def _shorten(text: str, limit: int = 80) -> str:
     text = text.replace("\n", "\\n")
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -106,6 +43,12 @@ def _shorten(text: str, limit: int = 80) -> str:
 
 #: What :func:`call_reward` may do with NaN/inf rewards.
 ON_NONFINITE = ("raise", "nan")
+
+
+#: The default ``reward_timeout`` of every text env, in seconds: ten minutes per reward call (a batch of finished
+#: episodes), far above what a reward model or a checker needs, so that only a reward that hangs trips it, and then a
+#: run stops with an error naming it instead of waiting forever. ``reward_timeout=None`` waits without a limit.
+DEFAULT_REWARD_TIMEOUT = 600.0
 
 
 def check_reward_timeout(timeout: Any) -> float | None:
@@ -147,7 +90,9 @@ def call_with_timeout(fn: Callable[[], Any], timeout: float, on_timeout: Callabl
         except BaseException as exc:  # handed to the caller below
             box["exc"] = exc
 
-    worker = threading.Thread(target=work, name="textrl-timeout", daemon=True)
+    caller = threading.current_thread().name  # the reward worker's thread: its name shows in the timeout thread's
+    name = f"{caller}/timeout" if caller.startswith("textrl-") else "textrl-timeout"
+    worker = threading.Thread(target=work, name=name, daemon=True)
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
@@ -246,63 +191,128 @@ def reward_values(out: Any, name: str) -> np.ndarray:
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
+def _none_positions(out: Any) -> np.ndarray | None:
+    """Where a reward's list of scores holds ``None`` (TRL's "not applicable"); ``None`` when it holds none."""
+    if not isinstance(out, (list, tuple)) or not any(v is None for v in out):
+        return None
+    return np.array([v is None for v in out])
+
+
 def call_reward(
     reward: RewardFn,
     prompts: Sequence[str],
     completions: Sequence[str],
     metadata: Mapping[str, Sequence[Any]] | None = None,
     *,
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    trainer_state: Any = None,
+    chat_prompts: Sequence[Any] | None = None,
+    chat_completions: Sequence[Any] | None = None,
     on_nonfinite: str = "raise",
+    on_none: str | None = None,
     timeout: float | None = None,
 ) -> np.ndarray:
     """Call a reward model on a batch and check what it returns.
 
-    This is the single entry point that environments use: it passes the per-example metadata as
-    keyword arguments (only those a plain callable can accept), and turns every failure into an
-    error that names the reward and shows the completion.
+    This is the single entry point that environments use. It calls the reward as TRL does, with keywords
+    (``prompts=``, ``completions=``, ``completion_ids=``, ``trainer_state=`` and the metadata columns; a function
+    without ``**kwargs`` gets those it names), or positionally for an older ``f(p, c)``
+    (:mod:`textrl_envs.rewards.calls`), and turns every failure into an error that names the reward and shows the
+    completion.
 
-    :param reward: A :class:`RewardModel` or a callable ``f(prompts, completions, **kwargs)``.
+    :param reward: A :class:`RewardModel` or a callable.
     :param prompts: Prompt texts.
     :param completions: Completion texts, aligned with ``prompts``.
     :param metadata: Per-example metadata lists, aligned with ``prompts``.
+    :param completion_ids: Each completion's token ids (``None``: not given to the reward).
+    :param trainer_state: How far training has come (:class:`~textrl_envs.rewards.calls.TrainerState`).
+    :param chat_prompts: The prompts as chat conversations, when the env renders them with a chat template: a
+        keyword-style reward then gets these as ``prompts`` and TRL's conversational completions
+        (:func:`~textrl_envs.rewards.calls.wants_conversations`).
+    :param chat_completions: Those conversational completions where the env has them as messages (an interactive
+        episode's transcript; ``None`` entries, or ``None``: each completion's text as one assistant message).
     :param on_nonfinite: ``"raise"`` (default) raises on NaN/inf; ``"nan"`` returns them as they are
         (for callers that count and skip bad episodes).
+    :param on_none: What a ``None`` score (TRL's "this reward does not apply") becomes: ``"raise"`` or ``"nan"``
+        (a sum of several rewards leaves it out); default: as ``on_nonfinite``.
     :param timeout: Seconds to wait for the reward (``None``: no limit). The reward then runs in a
         daemon worker thread; a reward still running after ``timeout`` is abandoned and a
         :class:`TimeoutError` naming it and the first completion is raised.
     :return: ``float64`` array of shape ``(len(prompts),)``.
     :raises RuntimeError: if the reward raises (the cause is chained).
     :raises RewardTimeoutError: (a :class:`TimeoutError`) if it runs longer than ``timeout``.
-    :raises ValueError: if it returns the wrong number of values, non-numbers, or non-finite values.
+    :raises ValueError: if it returns the wrong number of values, non-numbers, non-finite values or (with
+        ``on_none="raise"``) ``None``.
     """
     if on_nonfinite not in ON_NONFINITE:
         raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
+    on_none = on_nonfinite if on_none is None else on_none
+    if on_none not in ON_NONFINITE:
+        raise ValueError(f"on_none must be one of {ON_NONFINITE}, got {on_none!r}")
     timeout = check_reward_timeout(timeout)
     prompts, completions = list(prompts), list(completions)
-    kwargs = dict(metadata or {})
-    if not isinstance(reward, RewardModel):
-        any_kw, names = _accepts_kwargs(reward)
-        if not any_kw:
-            kwargs = {k: v for k, v in kwargs.items() if k in names}
+    chat = chat_prompts is not None and wants_conversations(reward)
+    context: dict[str, Any] = {
+        "prompts": list(chat_prompts) if chat else prompts,
+        "completions": conversational_completions(completions, chat_completions) if chat else completions,
+    }
+    if completion_ids is not None:
+        context["completion_ids"] = [list(ids) for ids in completion_ids]
+    if trainer_state is not None:
+        context["trainer_state"] = trainer_state
+    if chat_prompts is not None:  # a composite hands them on to its components
+        context["chat_prompts"] = list(chat_prompts)
+        if chat_completions is not None:
+            context["chat_completions"] = list(chat_completions)
+    args, kwargs = reward_arguments(reward, dict(metadata or {}), context)
     name = reward_name(reward)
     try:
         if timeout is None:
-            out = reward(prompts, completions, **kwargs)
+            out = reward(*args, **kwargs)
         else:
-            out = _call_with_timeout(lambda: reward(prompts, completions, **kwargs), timeout, name, completions)
+            out = _call_with_timeout(lambda: reward(*args, **kwargs), timeout, name, completions)
     except RewardTimeoutError:
         raise
     except Exception as exc:  # re-raised with context
+        hint = ""
+        if chat and isinstance(exc, (TypeError, AttributeError, KeyError)):
+            hint = (
+                "; with chat prompts a reward gets TRL's conversational form (prompts as lists of messages, each "
+                "completion as [{'role': 'assistant', 'content': text}]): read completion[0]['content'], or annotate "
+                "the parameter completions: list[str] to get text"
+            )
         raise RuntimeError(
             f"reward {name!r} raised {type(exc).__name__}: {exc} "
             f"(batch of {len(completions)}; first completion: {_shorten(completions[0]) if completions else ''!r})"
+            f"{hint}"
         ) from exc
+    nones = _none_positions(out)
+    if nones is not None:
+        out = [0.0 if v is None else v for v in out]
     values = reward_values(out, name)
     if values.ndim == 0 or values.shape != (len(completions),):
         raise ValueError(
             f"reward {name!r} returned {values.size if values.ndim else 'a scalar'} value(s) of shape "
             f"{values.shape} for {len(completions)} completions; it must return exactly one float per completion"
         )
+    values = _checked_finite(values, name, prompts, completions, on_nonfinite)
+    if nones is not None:
+        if on_none == "raise":
+            i = int(np.flatnonzero(nones)[0])
+            raise ValueError(
+                f"reward {name!r} returned None (TRL's 'not applicable') for prompt {_shorten(prompts[i])!r} and "
+                f"completion {_shorten(completions[i])!r}, and no other reward scores it; in a sum of rewards "
+                "(reward=[f, g] or a CompositeReward) None leaves that reward out. Pass nonfinite_reward='skip' to "
+                "leave such episodes out of training (TRL gives them advantage 0), or return a float"
+            )
+        values = np.where(nones, np.nan, values)
+    return values
+
+
+def _checked_finite(
+    values: np.ndarray, name: str, prompts: list[str], completions: list[str], on_nonfinite: str
+) -> np.ndarray:
+    """``values`` with those beyond float32's range made NaN; raises for NaN/inf under ``on_nonfinite="raise"``."""
     too_big = np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)
     if too_big.any():  # finite here, but inf in SB3's float32 buffers: refuse it as the non-finite value it becomes
         i = int(np.flatnonzero(too_big)[0])

@@ -101,10 +101,12 @@ class CompositeReward(RewardModel):
     """Weighted sum of reward models: ``r = sum_i w_i * r_i(prompts, completions, **metadata)``.
 
     Each component is called through :func:`~textrl_envs.rewards.base.call_reward`, so its output is
-    checked and its errors name it; a plain callable component receives only the metadata keys it
-    accepts. The range is the weighted sum of the components' ranges. :meth:`score_components` returns the sum
-    and each component's scores of the batch (an env puts them in each episode's ``info["reward_components"]``, and
-    :class:`~sb3_grpo.callbacks.CompletionLogger` logs them per episode). After each call, :attr:`last_components`
+    checked and its errors name it; a plain callable component receives only the keywords it accepts. A component's
+    ``None`` for a completion (TRL's "not applicable") leaves it out of that completion's sum, as TRL's ``nansum``
+    does; a completion no component scores gets ``None``. The range is the weighted sum of the components' ranges.
+    :meth:`score_components` returns the sum and each component's scores of the batch (an env puts them in each
+    episode's ``info["reward_components"]``, and :class:`~sb3_grpo.callbacks.CompletionLogger` logs them per
+    episode). After each call, :attr:`last_components`
     maps each component's label to its scores (unweighted) for logging, and
     :meth:`pop_component_means` gives each component's mean score since it was last called (what
     :class:`~sb3_grpo.callbacks.CompletionLogger` logs as ``reward/<label>``).
@@ -152,39 +154,92 @@ class CompositeReward(RewardModel):
         """Component label -> weight."""
         return {label: w for label, _, w in self.components}
 
-    def score(self, prompts: list[str], completions: list[str], **kwargs: Any) -> np.ndarray:
-        return self.score_components(prompts, completions, **kwargs)[0]
+    def score(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        *,
+        completion_ids: Any = None,
+        trainer_state: Any = None,
+        chat_prompts: Any = None,
+        chat_completions: Any = None,
+        **kwargs: Any,
+    ) -> np.ndarray | list[float | None]:
+        return self.score_components(
+            prompts,
+            completions,
+            completion_ids=completion_ids,
+            trainer_state=trainer_state,
+            chat_prompts=chat_prompts,
+            chat_completions=chat_completions,
+            **kwargs,
+        )[0]
 
     def score_components(
-        self, prompts: list[str], completions: list[str], **kwargs: Any
-    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        self,
+        prompts: list[str],
+        completions: list[str],
+        *,
+        completion_ids: Any = None,
+        trainer_state: Any = None,
+        chat_prompts: Any = None,
+        chat_completions: Any = None,
+        **kwargs: Any,
+    ) -> tuple[np.ndarray | list[float | None], dict[str, np.ndarray]]:
         """The weighted sum (what :meth:`score` returns) and each component's unweighted, unnormalised scores of this
         batch, by label: what an env puts in each episode's ``info["reward_components"]``.
 
-        Unlike :attr:`last_components`, the scores come back with the call, so a reward scored in a background
-        thread gives each batch its own.
+        A component that returns ``None`` for a completion (TRL's "not applicable") is left out of that completion's
+        sum (its score is NaN in the components); a completion that no component scores gets ``None``, which the env
+        treats as its ``nonfinite_reward`` says. Unlike :attr:`last_components`, the scores come back with the call,
+        so a reward scored in a background thread gives each batch its own.
+
+        :param completion_ids: Each completion's token ids, handed to the components that take them.
+        :param trainer_state: How far training has come, handed on likewise.
+        :param chat_prompts: The prompts as chat conversations (chat-template envs), handed on likewise.
+        :param chat_completions: Interactive episodes' transcripts as messages, handed on likewise.
+        :param kwargs: The metadata columns.
         """
         total = np.zeros(len(completions), dtype=np.float64)
+        scored = np.zeros(len(completions), dtype=bool)
         last: dict[str, np.ndarray] = {}
         for label, model, weight in self.components:
-            values = call_reward(model, prompts, completions, kwargs)
+            values = call_reward(
+                model,
+                prompts,
+                completions,
+                kwargs,
+                completion_ids=completion_ids,
+                trainer_state=trainer_state,
+                chat_prompts=chat_prompts,
+                chat_completions=chat_completions,
+                on_none="nan",
+            )
             last[label] = values
-            total += weight * self._scaled(label, values)
+            applies = ~np.isnan(values)  # a component's NaN here is a None: its own NaN/inf raised in call_reward
+            scored |= applies
+            total += np.where(applies, weight * self._scaled(label, values), 0.0)
         with self._lock:
             for label, values in last.items():
                 finite = values[np.isfinite(values)]
                 self._sums[label][0] += float(finite.sum())
                 self._sums[label][1] += int(finite.size)
         self.last_components = last
+        if not scored.all():
+            return [float(t) if s else None for t, s in zip(total, scored)], last
         return total, last
 
     def _scaled(self, label: str, values: np.ndarray) -> np.ndarray:
+        """A component's scores as they enter the sum: as they are, or standardised over those that apply."""
         if self.normalize is None:
             return values
+        applies = values[~np.isnan(values)]
         if self.normalize == "batch":
-            return normalize_scores(values, float(values.mean()), float(values.std()))
+            if not applies.size:
+                return values
+            return normalize_scores(values, float(applies.mean()), float(applies.std()))
         moments = self._moments[label]
-        moments.update(values)
+        moments.update(applies)
         return normalize_scores(values, moments.mean, moments.std)
 
     def pop_component_means(self) -> dict[str, float]:
@@ -204,3 +259,15 @@ class CompositeReward(RewardModel):
 
     def __repr__(self) -> str:
         return f"CompositeReward({[(label, w) for label, _, w in self.components]!r})"
+
+
+def reward_sum(rewards: list[Any]) -> CompositeReward:
+    """TRL's ``reward_funcs``: the sum of ``rewards`` (names, :class:`~textrl_envs.rewards.RewardModel` objects or
+    callables), each with weight 1 (TRL's ``reward_weights`` are ``CompositeReward([(f, 1.0), (g, 0.5)])``). A
+    reward's ``None`` leaves it out of a completion's sum.
+
+    :raises ValueError: for an empty list.
+    """
+    if not rewards:
+        raise ValueError("reward=[] holds no reward; give one or more (names, RewardModels or callables)")
+    return CompositeReward([(r, 1.0) for r in rewards])

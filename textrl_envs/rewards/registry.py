@@ -57,7 +57,8 @@ def make_reward(name: str, **kwargs: Any) -> Any:
 
 
 def resolve_reward(reward: Any, **kwargs: Any) -> Any:
-    """Turn ``reward`` (a registered name, a :class:`RewardModel` or a callable) into a callable.
+    """Turn ``reward`` (a registered name, a :class:`RewardModel` or a callable) into a callable (a list of them,
+    TRL's ``reward_funcs``, is their sum: :func:`textrl_envs.rewards.composite.reward_sum`).
 
     :raises TypeError: for anything else.
     """
@@ -65,9 +66,10 @@ def resolve_reward(reward: Any, **kwargs: Any) -> Any:
         return make_reward(reward, **kwargs)
     if kwargs:
         raise TypeError("reward_kwargs are only used with a registered reward name")
+
     if isinstance(reward, RewardModel) or callable(reward):
         return reward
     raise TypeError(
-        f"reward must be a registered name, a RewardModel or a callable f(prompts, completions, **kwargs) "
-        f"-> floats; got {type(reward).__name__}"
+        f"reward must be a registered name, a RewardModel, a callable f(prompts, completions, **kwargs) -> floats "
+        f"or a list of those; got {type(reward).__name__}"
     )

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from textrl_envs.env import TextGenEnv
+from textrl_envs.rewards.answers import final_answer, in_answer_style
 from textrl_envs.rewards.base import RewardModel
 from textrl_envs.suites import import_extra
 from textrl_envs.tasks import REASONING_GYM
@@ -37,7 +38,7 @@ DEFAULT_SIZE = 500
 #: The prompt: the item's question as it is.
 DEFAULT_TEMPLATE = "{question}"
 #: How the answer is read from a completion (or a callable ``str -> str | None``), see :func:`extract_answer`.
-ANSWER_FORMATS = ("plain", "tag", "prefix")
+ANSWER_FORMATS = ("plain", "tag", "prefix", "final")
 #: ``create_dataset`` arguments that the env sets itself (``size``, ``seed``), not ``task_kwargs``.
 _ENV_OWNED = ("size", "seed")
 
@@ -302,7 +303,9 @@ def extract_answer(completion: str, answer_format: str | Callable[[str], str | N
     :param completion: The generated text.
     :param answer_format: ``"plain"``: the whole completion, stripped; ``"tag"``: the last
         ``<answer>...</answer>`` (reasoning-gym's own convention), stripped; ``"prefix"``: the rest of the line
-        after the last ``answer:`` (any case), stripped; or a callable ``str -> str | None``.
+        after the last ``answer:`` (any case), stripped; ``"final"``: the final answer of free text, as an instruct
+        model writes it (:func:`~textrl_envs.rewards.answers.final_answer`: ``\boxed{}``, ``Answer:``, the last
+        number); or a callable ``str -> str | None``.
     :return: The answer, or ``None`` when the completion gives none (scored 0 by reasoning-gym).
     """
     if callable(answer_format):
@@ -315,6 +318,8 @@ def extract_answer(completion: str, answer_format: str | Callable[[str], str | N
     if answer_format == "prefix":
         found = list(_PREFIX.finditer(completion))
         return completion[found[-1].end() :].split("\n", 1)[0].strip() if found else None
+    if answer_format == "final":
+        return final_answer(completion)
     raise ValueError(
         f"answer_format must be one of {ANSWER_FORMATS} or a callable str -> str | None, got {answer_format!r}"
     )
@@ -330,13 +335,24 @@ class ReasoningGymReward(RewardModel):
     ``metadata``). A scorer that raises on a completion scores it 0.0 (with one warning per reward object):
     a model's output must not stop training.
 
+    With ``format_weight > 0`` a completion that states its answer in ``style`` (``"answer-line"``, ``"boxed"``:
+    :func:`~textrl_envs.rewards.answers.in_answer_style`) gets ``format_weight`` more (instruct mode's format bonus).
+
     :param dataset: The reasoning-gym dataset whose items the prompts are.
     :param answer_format: See :func:`extract_answer`.
+    :param format_weight: The format bonus (>= 0; 0: none).
+    :param style: The answer style the bonus checks.
     """
 
     required_kwargs = ("question", "answer", "metadata")
 
-    def __init__(self, dataset: Any, answer_format: str | Callable[[str], str | None] = "plain") -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        answer_format: str | Callable[[str], str | None] = "plain",
+        format_weight: float = 0.0,
+        style: str = "answer-line",
+    ) -> None:
         super().__init__(name=f"reasoning-gym:{type(dataset).__name__}")
         if not callable(answer_format) and answer_format not in ANSWER_FORMATS:
             raise ValueError(
@@ -344,6 +360,7 @@ class ReasoningGymReward(RewardModel):
             )
         self.dataset = dataset
         self.answer_format = answer_format
+        self.format_weight, self.style = float(format_weight), style
         self._warned = False
 
     def score(self, prompts, completions, question, answer, metadata, **kwargs) -> list[float]:  # noqa: ARG002  (RewardModel.score signature)
@@ -354,7 +371,10 @@ class ReasoningGymReward(RewardModel):
                     f"{REASONING_GYM.env_id} scores only the items of its dataset, and this prompt is not one of "
                     "them; start episodes on an item with reset(options={'prompt_index': i})"
                 )
-            out.append(self._score_one(completion, {"question": q, "answer": a, "metadata": meta}))
+            score = self._score_one(completion, {"question": q, "answer": a, "metadata": meta})
+            if self.format_weight:
+                score += self.format_weight * float(in_answer_style(completion, self.style))
+            out.append(score)
         return out
 
     def _score_one(self, completion: str, entry: dict[str, Any]) -> float:
@@ -385,6 +405,8 @@ class ReasoningGymSuite:
     :param answer_format: How the answer is read from a completion (:func:`extract_answer`).
     :param levels: Difficulty levels of reasoning-gym's curricula (:func:`make_dataset`): ``size`` items at each,
         and a ``level`` prompt column.
+    :param instruct: The env's ``instruct=`` (:mod:`textrl_envs.instruct`): when on, answers are read as free text's
+        final answer (``answer_format`` defaults to ``"final"``) and its format bonus joins the reward.
     """
 
     def __init__(
@@ -394,12 +416,24 @@ class ReasoningGymSuite:
         size: int = DEFAULT_SIZE,
         seed: int | None = 0,
         template: str = DEFAULT_TEMPLATE,
-        answer_format: str | Callable[[str], str | None] = "plain",
+        answer_format: str | Callable[[str], str | None] | None = None,
         levels: Any = None,
+        instruct: Any = None,
     ) -> None:
+        from textrl_envs.instruct import resolve_instruct
+
         self.template = check_template(template)
         self.dataset = make_dataset(task, task_kwargs, size, seed, levels)
-        self.reward = ReasoningGymReward(self.dataset, answer_format)
+        fmt = resolve_instruct(instruct)
+        if fmt is None:
+            self.reward = ReasoningGymReward(self.dataset, answer_format or "plain")
+        else:
+            if fmt.check is not None:
+                raise ValueError(
+                    f"{REASONING_GYM.env_id} grades answers with each task's own score_answer; instruct check= does "
+                    "not apply (leave it None)"
+                )
+            self.reward = ReasoningGymReward(self.dataset, answer_format or "final", fmt.format_weight, fmt.style)
         self.items: list[dict[str, Any]] = [self.dataset[i] for i in range(len(self.dataset))]
 
     def prompts(self) -> list[dict[str, Any]]:
@@ -503,6 +537,11 @@ class ReasoningGymEnv(TextGenEnv):
     (``{"min_animals": 2, "max_animals": 3}``), or ``{name: config}`` for several tasks; ``size`` and ``seed``
     are the env's own arguments. ``prompts=`` is not accepted (the items are the prompts).
 
+    ``instruct=True`` (an instruct model, e.g. ``tokenizer="smollm2-135m-instruct"``; :mod:`textrl_envs.instruct`)
+    asks the question in a chat with an instruction that states the answer format, reads the final answer from
+    free text (``answer_format="final"``) for the task's own ``score_answer``, and uses ``max_new_tokens=128``,
+    ``max_prompt_tokens=256``; ``instruct={"format_weight": 0.1}`` adds a format bonus.
+
     ## Vectorized environment
     ``gym.make_vec("ReasoningGym-v0", num_envs=N, device=..., group_size=G, task=...)`` returns
     :class:`ReasoningGymVectorEnv` (the batched env over the same items); with ``group_size=G`` every member
@@ -515,7 +554,7 @@ class ReasoningGymEnv(TextGenEnv):
     default_task = REASONING_GYM.env_id
 
     def __init__(self, render_mode: str | None = None, **kwargs: Any) -> None:
-        self.suite = ReasoningGymSuite(**_split_suite_kwargs(kwargs))
+        self.suite = ReasoningGymSuite(**_split_suite_kwargs(kwargs), instruct=kwargs.get("instruct"))
         super().__init__(render_mode=render_mode, **self.suite.spec_kwargs(kwargs))
 
     def step(self, action):
@@ -541,7 +580,7 @@ class ReasoningGymVectorEnv(TextGenVectorEnv):
         render_mode: str | None = None,
         **kwargs: Any,
     ) -> None:
-        self.suite = ReasoningGymSuite(**_split_suite_kwargs(kwargs))
+        self.suite = ReasoningGymSuite(**_split_suite_kwargs(kwargs), instruct=kwargs.get("instruct"))
         super().__init__(
             num_envs=num_envs,
             device=device,

@@ -382,7 +382,7 @@ class TextArenaEnv(TextGenEnv):
     ## Arguments
     ``gym.make("TextArena-v0", game="GuessTheNumber-v0", game_kwargs=None, bracket_actions=True, prompts=None,
     tokenizer=None, max_new_tokens=1024, max_prompt_tokens=16, max_turns=None, max_turn_tokens=16,
-    turn_end=None, reward=None, reward_timeout=None, render_mode=None)``. ``game_kwargs`` are the game class's
+    turn_end=None, reward=None, reward_timeout=600.0, render_mode=None)``. ``game_kwargs`` are the game class's
     arguments (``{"max_number": 8, "max_turns": 4}`` for GuessTheNumber). ``interaction=`` is not accepted.
 
     ## Vectorized environment

@@ -43,6 +43,32 @@ VECTOR_ENTRY_POINT = "textrl_envs.vector:TextGenVectorEnv"
 
 
 @dataclass(frozen=True)
+class InstructDefaults:
+    """A task's instruct mode (``instruct=True``, :mod:`textrl_envs.instruct`): how it asks an instruct model.
+
+    :param question: The question for a prompt text (``None``: the text itself), e.g. ``"12+7="`` to
+        ``"What is 12 + 7?"``.
+    :param check: How its final answers are compared (:data:`textrl_envs.rewards.answers.CHECKS`): ``"math"``
+        (Math-Verify) where the answer is math.
+    :param max_new_tokens: The episode budget: room for a short explanation and the answer line (an interactive
+        task's: every turn and reply).
+    :param max_prompt_tokens: The prompt budget: the chat template's markers, a system message and the question.
+    :param interaction: An interactive task's interaction for free text (a zero-argument function, as
+        :attr:`Task.interaction`); ``None``: the task's own.
+    :param max_turns: An interactive task's agent turns (``None``: the task's).
+    :param max_turn_tokens: An interactive task's tokens per agent turn (``None``: the task's).
+    """
+
+    question: Callable[[str], str] | None = None
+    check: str = "exact"
+    max_new_tokens: int = 128
+    max_prompt_tokens: int = 128
+    interaction: Callable[[], Any] | None = None
+    max_turns: int | None = None
+    max_turn_tokens: int | None = None
+
+
+@dataclass(frozen=True)
 class Task:
     """Defaults of one registered environment id.
 
@@ -68,6 +94,7 @@ class Task:
     :param kwargs: Keyword arguments registered with the id (``None``: ``{"task": env_id}``, which gives the
         generic env classes the task's defaults). A suite registers ``{}``: its ``task`` argument names a
         task of the suite.
+    :param instruct: The task's instruct mode (``instruct=True``), where its answers are checkable (``None``: none).
     """
 
     env_id: str
@@ -86,6 +113,7 @@ class Task:
     stop_at_eos: bool = True
     extra: str | None = None
     kwargs: dict[str, Any] | None = None
+    instruct: InstructDefaults | None = None
 
     @property
     def registered_kwargs(self) -> dict[str, Any]:
@@ -116,6 +144,15 @@ def arithmetic_prompts(n: int = 300, seed: int = 0) -> list[dict[str, str]]:
     for prompt, answer in arithmetic_examples(n, seed):
         seen.setdefault(prompt, answer)
     return [{"prompt": p, "answer": a} for p, a in seen.items()]
+
+
+def arithmetic_question(prompt: str) -> str:
+    """An arithmetic prompt as a question for an instruct model: ``"12+7="`` is ``"What is 12 + 7?"`` (a prompt of
+    another form is asked as it is)."""
+    import re
+
+    match = re.fullmatch(r"\s*([-+]?\d+)\s*([-+*])\s*([-+]?\d+)\s*=\s*", prompt)
+    return prompt if match is None else f"What is {match[1]} {match[2]} {match[3]}?"
 
 
 def number_prompts(n: int = 64, seed: int = 0) -> list[str]:
@@ -167,6 +204,52 @@ def tool_arithmetic_prompts(n: int = 300, seed: int = 0) -> list[dict[str, str]]
     return [{"prompt": p, "answer": a} for p, a in seen.items()]
 
 
+def guess_number_question(prompt: str) -> str:
+    """``GuessNumber-v0``'s prompt as a question for an instruct model: ``"Guess 1-8: x="`` is the game's rules
+    with that range (a prompt of another form is asked as it is)."""
+    import re
+
+    match = re.match(r"\s*Guess\s+(-?\d+)\s*-\s*(-?\d+)", prompt)
+    if match is None:
+        return prompt
+    return (
+        f"I am thinking of a whole number from {match[1]} to {match[2]}. Guess it: after each guess I tell you "
+        "whether my number is higher or lower."
+    )
+
+
+def tool_arithmetic_question(prompt: str) -> str:
+    """``ToolArithmetic-v0``'s prompt as a question for an instruct model: the problem and how to call the
+    calculator."""
+    return (
+        f"{prompt} You may use a calculator: reply with a single line such as 'calc: 37*12' and it answers with the "
+        "result. Then give your answer."
+    )
+
+
+def tool_use_prompts(n: int = 300, seed: int = 0) -> list[dict[str, str]]:
+    """Two-step problems for the tools ``multiply`` and ``add``, ``{"prompt": "Compute 37*12+45.", "answer": "489"}``:
+    ``a`` in 13-99, ``b`` in 3-19, ``c`` in 2-99, a fixed seeded list (duplicates dropped)."""
+    import random
+
+    rng = random.Random(seed)
+    seen: dict[str, str] = {}
+    for _ in range(n):
+        a, b, c = rng.randint(13, 99), rng.randint(3, 19), rng.randint(2, 99)
+        seen.setdefault(f"Compute {a}*{b}+{c}.", str(a * b + c))
+    return [{"prompt": p, "answer": a} for p, a in seen.items()]
+
+
+def code_prompts(n: int = 400, seed: int = 0) -> list[dict[str, str]]:
+    """``CodeGen-v0``'s problems: procedural easy functions to complete, each ``{"prompt": code, "code_prefix": code,
+    "test": "def check(candidate): ...", "entry_point": "add_7"}`` with ``code`` a signature and a docstring
+    (:func:`textrl_envs.tasks.code_problems.easy_code_problems`; HumanEval's are
+    :func:`~textrl_envs.tasks.code_problems.humaneval_problems`)."""
+    from textrl_envs.tasks.code_problems import easy_code_problems
+
+    return easy_code_problems(n, seed)
+
+
 # -- interactions (imported lazily: their module must not import the env) -----------------------------------
 
 
@@ -184,11 +267,63 @@ def calculator_interaction():
     return Calculator()
 
 
+def guess_number_chat_interaction():
+    """``GuessNumber-v0``'s interaction in instruct mode: guesses read from free text, replies as sentences."""
+    from textrl_envs.tasks.interactions import GuessNumber
+
+    return GuessNumber(low=1, high=8, chat=True)
+
+
+def calculator_chat_interaction():
+    """``ToolArithmetic-v0``'s interaction in instruct mode: a ``calc:`` line anywhere in a turn, answers in free
+    text."""
+    from textrl_envs.tasks.interactions import Calculator
+
+    return Calculator(chat=True)
+
+
+def tool_use_interaction():
+    """``ToolUse-v0``'s :class:`~textrl_envs.tools.ToolCalling` with the tools ``add`` and ``multiply``."""
+    from textrl_envs.tools.builtin import add, multiply
+    from textrl_envs.tools.interaction import ToolCalling
+
+    return ToolCalling([add, multiply])
+
+
 def game_prompts(game: str) -> list[str]:
     """The one prompt of a game's id: the game's intro line (``"Tic-tac-toe, you are x."``)."""
     from textrl_envs.games.catalog import make_game
 
     return [make_game(game).intro]
+
+
+def game_question(game: str, prompt: str) -> str:  # noqa: ARG001  (the instruct question's signature)
+    """A game's prompt for an instruct model: its rules in plain language
+    (:attr:`~textrl_envs.games.base.Game.chat_intro`)."""
+    from textrl_envs.games.catalog import make_game
+
+    return make_game(game).chat_intro
+
+
+def game_chat_interaction(game: str):
+    """A game's :class:`~textrl_envs.games.SelfPlay` in instruct mode: plain-language boards, moves read from free
+    text, against a random opponent."""
+    from textrl_envs.games.catalog import make_game
+    from textrl_envs.games.selfplay import SelfPlay
+
+    return SelfPlay(make_game(game), opponent="random", chat=True)
+
+
+def game_instruct(game: str, max_turns: int, max_new_tokens: int) -> InstructDefaults:
+    """A game's instruct mode: the rules, boards and moves in plain language; 24 tokens a move."""
+    return InstructDefaults(
+        question=functools.partial(game_question, game),
+        interaction=functools.partial(game_chat_interaction, game),
+        max_turns=max_turns,
+        max_turn_tokens=24,
+        max_new_tokens=max_new_tokens,
+        max_prompt_tokens=192,
+    )
 
 
 def tictactoe_interaction():
@@ -237,6 +372,7 @@ ARITHMETIC = Task(
     reward_kwargs={"partial_weight": 0.5, "format_weight": 0.1},
     max_new_tokens=4,
     max_prompt_tokens=8,
+    instruct=InstructDefaults(question=arithmetic_question, check="math", max_new_tokens=64, max_prompt_tokens=96),
 )
 
 INCREASING_NUMBERS = Task(
@@ -310,6 +446,15 @@ GUESS_NUMBER = Task(
     interaction=guess_number_interaction,
     max_turns=4,
     max_turn_tokens=3,
+    instruct=InstructDefaults(
+        question=guess_number_question,
+        check="number",
+        interaction=guess_number_chat_interaction,
+        max_turns=4,
+        max_turn_tokens=32,
+        max_new_tokens=192,
+        max_prompt_tokens=112,
+    ),
 )
 
 TOOL_ARITHMETIC = Task(
@@ -323,6 +468,15 @@ TOOL_ARITHMETIC = Task(
     interaction=calculator_interaction,
     max_turns=3,
     max_turn_tokens=12,
+    instruct=InstructDefaults(
+        question=tool_arithmetic_question,
+        check="number",
+        interaction=calculator_chat_interaction,
+        max_turns=3,
+        max_turn_tokens=48,
+        max_new_tokens=192,
+        max_prompt_tokens=128,
+    ),
 )
 
 TICTACTOE = Task(
@@ -336,6 +490,7 @@ TICTACTOE = Task(
     interaction=tictactoe_interaction,
     max_turns=5,
     max_turn_tokens=2,
+    instruct=game_instruct("tictactoe", max_turns=5, max_new_tokens=448),
 )
 
 NIM = Task(
@@ -349,6 +504,7 @@ NIM = Task(
     interaction=nim_interaction,
     max_turns=6,
     max_turn_tokens=2,
+    instruct=game_instruct("nim", max_turns=6, max_new_tokens=288),
 )
 
 KUHN_POKER = Task(
@@ -362,6 +518,32 @@ KUHN_POKER = Task(
     interaction=kuhn_interaction,
     max_turns=2,
     max_turn_tokens=2,
+    instruct=game_instruct("kuhn", max_turns=2, max_new_tokens=128),
+)
+
+TOOL_USE = Task(
+    env_id="ToolUse-v0",
+    entry_point="textrl_envs.tasks.tool_use:ToolUseEnv",
+    summary="interactive tool calling: Python tools by JSON schema through the chat template, calls in the model "
+    "family's format (Hermes / Qwen, SmolLM2); reward: the transcript's final answer is right",
+    prompts=tool_use_prompts,
+    reward="final-answer",
+    max_new_tokens=80,
+    max_prompt_tokens=48,
+    interaction=tool_use_interaction,
+    max_turns=4,
+    max_turn_tokens=64,
+)
+
+CODE_GEN = Task(
+    env_id="CodeGen-v0",
+    entry_point="textrl_envs.tasks.code_gen:CodeGenEnv",
+    summary="code generation: complete a Python function (procedural easy ones; HumanEval's 164 with the code extra); "
+    "reward: the fraction of its unit tests passed, run in a sandbox",
+    prompts=code_prompts,
+    reward="unit-tests",
+    max_new_tokens=64,
+    max_prompt_tokens=64,
 )
 
 # -- external suites (optional extras; their modules in textrl_envs/suites/ import the library when made) ------
@@ -375,6 +557,8 @@ REASONING_GYM = Task(
     max_prompt_tokens=96,
     extra="reasoning",
     kwargs={},
+    # the item's question as it is; graded by the task's own scorer (the suite's reward), on the final answer
+    instruct=InstructDefaults(max_new_tokens=128, max_prompt_tokens=256),
 )
 
 TEXTARENA = Task(
@@ -403,6 +587,8 @@ TASKS: tuple[Task, ...] = (
     TICTACTOE,
     NIM,
     KUHN_POKER,
+    TOOL_USE,
+    CODE_GEN,
     REASONING_GYM,
     TEXTARENA,
 )

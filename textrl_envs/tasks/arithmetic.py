@@ -50,6 +50,11 @@ class ArithmeticEnv(TextGenEnv):
     also work: the reward computes their answer). ``reward_kwargs={"partial_weight": 0,
     "format_weight": 0}`` switches partial credit off.
 
+    ``instruct=True`` (an instruct model, e.g. ``tokenizer="smollm2-135m-instruct"``; :mod:`textrl_envs.instruct`)
+    asks ``"What is 12 + 7?"`` and the answer format in a chat, and scores 1 when the final answer of the free-text
+    reply equals the answer by Math-Verify (:class:`~textrl_envs.rewards.answers.FinalAnswerReward`, the ``math``
+    extra), 0 otherwise; budgets ``max_new_tokens=64``, ``max_prompt_tokens=96``.
+
     ## Vectorized environment
     ``gym.make_vec("Arithmetic-v0", num_envs=N, device=..., group_size=G)`` returns
     :class:`textrl_envs.vector.TextGenVectorEnv`; ``group_size=G`` gives G attempts per problem, as

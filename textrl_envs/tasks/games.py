@@ -40,7 +40,7 @@ _SHARED = """
 
     ## Arguments
     ``gym.make("{id}", interaction=None, max_turns={turns}, max_turn_tokens=2, turn_end=None,
-    max_new_tokens={new}, max_prompt_tokens={prompt}, tokenizer=None, reward_timeout=None, render_mode=None)``.
+    max_new_tokens={new}, max_prompt_tokens={prompt}, tokenizer=None, reward_timeout=600.0, render_mode=None)``.
     ``interaction=SelfPlay({game}, opponent="heuristic", learner_player=None)`` sets the opponent (``"random"``,
     ``"heuristic"``, :class:`~textrl_envs.games.policy.PolicyOpponent`, a league, or a callable
     ``f(turn) -> str``) and the learner's side (``0`` first, ``1`` second, ``None`` alternating).

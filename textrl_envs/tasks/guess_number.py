@@ -49,9 +49,15 @@ class GuessNumberEnv(TextGenEnv):
 
     ## Arguments
     ``gym.make("GuessNumber-v0", max_turns=4, max_turn_tokens=3, turn_end=None, max_new_tokens=48,
-    max_prompt_tokens=12, prompts=None, tokenizer=None, interaction=None, reward=None, reward_timeout=None,
+    max_prompt_tokens=12, prompts=None, tokenizer=None, interaction=None, reward=None, reward_timeout=600.0,
     render_mode=None)``. ``interaction=GuessNumber(low, high, turn_penalty)`` changes the game; ``reward=`` adds an
     end-of-episode score of the conversation (see :class:`~textrl_envs.env.TextGenEnv`).
+
+    ``instruct=True`` (an instruct model, e.g. ``tokenizer="smollm2-135m-instruct"``; :mod:`textrl_envs.instruct`)
+    states the game's rules in a chat; a turn's guess is the number it states (``Answer: 4``, else its last
+    number), and the replies are the sentences ``"Higher."``, ``"Lower."``, ``"Correct!"`` as user messages
+    (:class:`~textrl_envs.tasks.interactions.GuessNumber` with ``chat=True``). Budgets: 4 turns of up to 32 tokens,
+    ``max_new_tokens=192``, ``max_prompt_tokens=112``.
 
     ## Vectorized environment
     ``gym.make_vec("GuessNumber-v0", num_envs=N, device=..., group_size=G)`` returns

@@ -45,8 +45,14 @@ class ToolArithmeticEnv(TextGenEnv):
 
     ## Arguments
     ``gym.make("ToolArithmetic-v0", max_turns=3, max_turn_tokens=12, turn_end=None, max_new_tokens=48,
-    max_prompt_tokens=12, prompts=None, tokenizer=None, interaction=None, reward=None, reward_timeout=None,
+    max_prompt_tokens=12, prompts=None, tokenizer=None, interaction=None, reward=None, reward_timeout=600.0,
     render_mode=None)``. Own prompts: ``{"prompt": "Compute 12*34.", "answer": "408"}``.
+
+    ``instruct=True`` (an instruct model, e.g. ``tokenizer="smollm2-135m-instruct"``; :mod:`textrl_envs.instruct`)
+    asks the problem in a chat with the calculator explained; a turn with a line ``calc: a*b`` (and no ``Answer:``)
+    is a call, answered ``"calc: a*b = <value>"`` as a user message; any other turn is the final answer, read from
+    free text and compared as a number (:class:`~textrl_envs.tasks.interactions.Calculator` with ``chat=True``).
+    Budgets: 3 turns of up to 48 tokens, ``max_new_tokens=192``, ``max_prompt_tokens=128``.
 
     ## Vectorized environment
     ``gym.make_vec("ToolArithmetic-v0", num_envs=N, device=..., group_size=G)`` returns

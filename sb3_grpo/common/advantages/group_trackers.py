@@ -538,7 +538,9 @@ def check_grouped_env(env: VecEnv, advantage: str) -> int:
     if group_size is None or group_size <= 1:
         raise ValueError(
             f"advantage={advantage!r} needs an env with group_size > 1, {GROUPED_ENV_HINT}; "
-            f"this env reports group_size={group_size}. Use advantage='gae' for ungrouped envs."
+            f"this env reports group_size={group_size}. An ungrouped env needs an advantage without groups: "
+            "GRPO(advantage='gae') or SB3's PPO (with a critic), or ReinforcePP (normalised over the batch); DAPO, "
+            "DrGRPO, GSPO and CISPO train no critic and need groups"
         )
     return group_size
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 
+from sb3_grpo.common.checkpoints.safetensors_format import is_safetensors_path, safetensors_algorithm, save_safetensors
+from sb3_grpo.common.checkpoints.unpickling import safe_custom_objects
 from sb3_grpo.file_io import atomic_write
 
 __all__ = [
@@ -51,7 +53,8 @@ def nonfinite_parameters(module: th.nn.Module) -> list[str]:
 
 
 def atomic_save(model: BaseAlgorithm, path: str | os.PathLike) -> Path | None:
-    """``model.save(path)``, atomically (see :func:`atomic_write`), refusing non-finite weights.
+    """``model.save(path)``, atomically (see :func:`atomic_write`), refusing non-finite weights. A path ending in
+    ``.safetensors`` is written in the format that cannot run code (:mod:`.safetensors_format`).
 
     :param model: An SB3 algorithm.
     :param path: Where to save; ``.zip`` is appended when the name has no suffix (as SB3 does).
@@ -69,6 +72,13 @@ def atomic_save(model: BaseAlgorithm, path: str | os.PathLike) -> Path | None:
             f"{' ...' if len(bad) > 5 else ''}; roll back to an earlier checkpoint (RollbackCallback) or train "
             "with GRPO(nonfinite='skip')"
         )
+    if is_safetensors_path(path):  # written atomically by the format itself
+        if hasattr(model, "_save_atomically"):  # an algorithm of this package: its save() prepares its state
+            from sb3_grpo import distributed
+
+            model.save(path)
+            return path if distributed.is_main_process() else None
+        return save_safetensors(model, path)
     return atomic_write(path, model.save)
 
 
@@ -136,6 +146,11 @@ def existing_checkpoint(path: str | os.PathLike) -> str:
     :raises ValueError: when the file is not a complete saved model (a torn write).
     """
     path = os.fspath(path)
+    if is_safetensors_path(path):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no saved model at {path!r}; give the path of a file written by model.save()")
+        safetensors_algorithm(path)  # a safetensors file of this format (else a ValueError saying so)
+        return path
     candidates = [path] if path.endswith(".zip") else [path, path + ".zip"]
     found = next((c for c in candidates if os.path.isfile(c)), None)
     if found is None:
@@ -158,13 +173,17 @@ def existing_checkpoint(path: str | os.PathLike) -> str:
     return found
 
 
-def resume_in_place(model: BaseAlgorithm, save_path: str | os.PathLike, name_prefix: str = "rl_model") -> Path | None:
+def resume_in_place(
+    model: BaseAlgorithm, save_path: str | os.PathLike, name_prefix: str = "rl_model", trusted: bool = False
+) -> Path | None:
     """Load the newest complete checkpoint of ``save_path`` into ``model`` itself: weights, optimizer state and
     :data:`RESUMED_STATE`. Under ``torch.distributed`` every rank must call it and find the same checkpoint.
 
     :param model: The freshly built model of the (restarted) script.
     :param save_path: The checkpoint folder.
     :param name_prefix: The checkpoints' name prefix.
+    :param trusted: Unpickle the checkpoint's entries without the allow-list (runs code from the file); by default
+        only :data:`RESUMED_STATE` is read, through :func:`~sb3_grpo.common.checkpoints.unpickling.safe_custom_objects`.
     :return: The checkpoint loaded, or ``None`` when there is none (a first start: nothing changes).
     :raises RuntimeError: when the ranks see different newest checkpoints (a folder that is not shared).
     """
@@ -181,7 +200,16 @@ def resume_in_place(model: BaseAlgorithm, save_path: str | os.PathLike, name_pre
         )
     if path is None:
         return None
-    data, _, _ = load_from_zip_file(path, device=model.device)
+    needed = (*RESUMED_STATE, "observation_space", "action_space")
+    custom_objects = safe_custom_objects(path, trusted=trusted, needed=needed)
+    data, _, _ = load_from_zip_file(path, device=model.device, custom_objects=custom_objects)
+    for what in ("observation_space", "action_space"):
+        if what in data and data[what] != getattr(model, what):
+            raise ValueError(
+                f"resume: the checkpoint {os.fspath(path)!r} was trained with the {what} {data[what]}, this model has "
+                f"{getattr(model, what)} (another env, window or tokenizer): it is another run's; give this run its "
+                "own checkpoint folder"
+            )
     model.set_parameters(os.fspath(path), exact_match=True, device=model.device)
     for key in RESUMED_STATE:
         if key in data and hasattr(model, key):

@@ -2,10 +2,12 @@
 
 - ``save`` writes atomically (a crash never leaves a torn file at the path), only on rank 0 under
   ``torch.distributed`` (under FSDP after gathering the full state), and stores ``rollout_buffer_class`` as the user
-  gave it, so SB3's stock ``PPO`` can load the file.
-- ``load`` refuses a missing path or an incomplete file with a clear error, checks the arguments it sets as the
-  constructor does, loads on the CPU when CUDA is absent (as SB3 does), and finds a LoRA checkpoint's base model at a
-  new place (``base_model=``) or rebuilds a model whose folder has moved from the config saved with it.
+  gave it, so SB3's stock ``PPO`` can load the file; a ``.safetensors`` path is written in the format that cannot run
+  code (:mod:`.safetensors_format`).
+- ``load`` refuses a missing path or an incomplete file with a clear error, runs no code from the file unless it is
+  trusted (:mod:`.safe_loading`), checks the arguments it sets as the constructor does, loads on the CPU when CUDA is
+  absent (as SB3 does), and finds a LoRA checkpoint's base model at a new place (``base_model=``) or rebuilds a model
+  whose folder has moved from the config saved with it.
 - ``set_parameters`` loads parameters saved without a KL reference into a model that has one.
 """
 
@@ -23,8 +25,11 @@ from stable_baselines3.common.base_class import maybe_make_env
 from stable_baselines3.common.type_aliases import GymEnv
 
 from sb3_grpo.common.checkpoints.files import existing_checkpoint
+from sb3_grpo.common.checkpoints.safe_loading import checkpoint_source
+from sb3_grpo.common.checkpoints.safetensors_format import is_safetensors_path, save_safetensors
 from sb3_grpo.file_io import atomic_write, is_atomic_temp
 from sb3_grpo.policies.models import BASE_WEIGHTS, base_missing_message, portable_policy_kwargs
+from textrl_envs.gguf import gguf_available
 
 __all__ = ["CheckpointMixin", "available_device", "moved_model_folder", "relocated_base"]
 
@@ -49,7 +54,8 @@ class CheckpointMixin:
         name without a suffix; a file object is written directly. Under ``torch.distributed`` only rank 0 writes (the
         weights are the same everywhere; under ``data_parallel="fsdp"`` every rank must call it: the full state is
         gathered to rank 0 first). ``rollout_buffer_class`` is saved as given (``None`` when the algorithm chose it),
-        so SB3's stock ``PPO`` can load the file and train on.
+        so SB3's stock ``PPO`` can load the file and train on. A path ending in ``.safetensors`` is written in the
+        format that cannot run code when loaded (:mod:`sb3_grpo.common.checkpoints.safetensors_format`).
 
         :param path: The file (or a writable binary file object).
         :param exclude: Names of parameters not to save (SB3's).
@@ -74,6 +80,9 @@ class CheckpointMixin:
     def _save_atomically(
         self, path: str | os.PathLike | io.BufferedIOBase, exclude: Iterable[str] | None, include: Iterable[str] | None
     ) -> None:
+        if is_safetensors_path(path):  # the format that cannot run code: weights in safetensors, the rest JSON
+            save_safetensors(self, path, exclude, include)
+            return
         if not isinstance(path, (str, os.PathLike)) or is_atomic_temp(path):  # a file object, or atomic_save's temp
             super().save(path, exclude=exclude, include=include)
             return
@@ -144,6 +153,7 @@ class CheckpointMixin:
         custom_objects: dict[str, Any] | None = None,
         print_system_info: bool = False,
         force_reset: bool = True,
+        trusted: bool = False,
         **kwargs: Any,
     ) -> SelfCheckpointed:
         """
@@ -160,6 +170,11 @@ class CheckpointMixin:
         given with ``base_model="<directory or Hub id>"`` (one more keyword argument); a base that cannot be found
         is an error naming it and these ways out, and one whose weights differ from those the adapters were trained on
         is refused.
+
+        Nothing in the file runs code unless ``trusted=True``: a ``.zip``'s pickled entries are decoded through an
+        allow-list of the classes SB3 and this package store (:mod:`sb3_grpo.common.checkpoints.unpickling`), and a
+        ``.safetensors`` file (``model.save("model.safetensors")``) is read as tensors and JSON
+        (:mod:`sb3_grpo.common.checkpoints.safetensors_format`). An entry outside the allow-list is refused, naming it.
         """
         # callables in custom_objects stand in for schedules that cannot be unpickled (rl-zoo's
         # {"clip_range": lambda _: 0.0}): placeholders, not settings, so only the other values are checked
@@ -168,6 +183,7 @@ class CheckpointMixin:
         device = available_device(device)
         if isinstance(path, (str, os.PathLike)):
             path = existing_checkpoint(path)
+        path, custom_objects = checkpoint_source(path, custom_objects, trusted=trusted)
         if isinstance(env, str):  # an env id, as the constructor takes it (SB3's load wants an env object)
             env = maybe_make_env(env, 0)
         return super().load(
@@ -205,6 +221,8 @@ def moved_model_folder(policy_kwargs: Any, lm_spec: Any) -> Any:
     loads the same. A LoRA checkpoint without its base weights cannot: that is an error naming the base."""
     model = policy_kwargs.get("model") if isinstance(policy_kwargs, dict) else None
     if not isinstance(model, (str, os.PathLike)) or os.path.isdir(model) or not isinstance(lm_spec, dict):
+        return policy_kwargs
+    if gguf_available(model):  # a GGUF file or packaged model loads by its name (its checksum is checked then)
         return policy_kwargs
     if lm_spec.get("weights") == BASE_WEIGHTS:
         raise FileNotFoundError(base_missing_message(os.fspath(model), lm_spec.get("revision")))

