@@ -118,7 +118,7 @@ def test_ddp_and_fsdp_train_every_rank_alike(two_ranks, name):
     """Under torchrun both modes end with the same parameters on every rank, and FSDP's equal DDP's."""
 
     def load(mode, rank):
-        return th.load(two_ranks / f"{name}_{mode}_rank{rank}.pt")["params"]
+        return th.load(two_ranks / f"{name}_{mode}_rank{rank}.pt", weights_only=True)["params"]
 
     ddp0, ddp1, fsdp0 = load("ddp", 0), load("ddp", 1), load("fsdp", 0)
     assert ddp0.keys() == ddp1.keys() == fsdp0.keys()
