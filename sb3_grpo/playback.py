@@ -39,13 +39,14 @@ ALGO_CLASSES = {
     "dapo": ("sb3_grpo", "DAPO"),
     "gspo": ("sb3_grpo", "GSPO"),
     "cispo": ("sb3_grpo", "CISPO"),
+    "reinforce-pp": ("sb3_grpo", "ReinforcePP"),
 }
 
 
 def checkpoint_algo(path: str | os.PathLike) -> str:
     """The ``--algo`` name of an SB3 checkpoint: a ``.safetensors`` checkpoint's recorded class, else from the
     attributes a ``.zip`` saved (DAPO's ``overlong_penalty_factor``, Dr. GRPO's ``max_completion_tokens``, GRPO's
-    ``grad_var_coef``; otherwise stock PPO).
+    ``grad_var_coef``, REINFORCE++'s ``kl_coef`` without it; otherwise stock PPO).
 
     :raises ValueError: for a file that is no checkpoint, or a ``.zip`` of GSPO or CISPO, which save the same
         attributes (``clip_range_low``, ``clip_range_high``): ``--algo`` must say which.
@@ -74,6 +75,8 @@ def checkpoint_algo(path: str | os.PathLike) -> str:
         )
     if "grad_var_coef" in data:
         return "grpo"
+    if "kl_coef" in data:  # a KL in the reward and none of GRPO's own arguments
+        return "reinforce-pp"
     return "ppo"
 
 
