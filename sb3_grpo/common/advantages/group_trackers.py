@@ -539,8 +539,8 @@ def check_grouped_env(env: VecEnv, advantage: str) -> int:
         raise ValueError(
             f"advantage={advantage!r} needs an env with group_size > 1, {GROUPED_ENV_HINT}; "
             f"this env reports group_size={group_size}. An ungrouped env needs an advantage without groups: "
-            "GRPO(advantage='gae') or SB3's PPO (with a critic), or ReinforcePP (normalised over the batch); DAPO, "
-            "DrGRPO, GSPO and CISPO train no critic and need groups"
+            "GRPO(advantage='gae') or SB3's PPO (DAPO, DrGRPO, GSPO and CISPO train no critic and need groups), or "
+            "ReinforcePP, whose advantage is normalised over the batch"
         )
     return group_size
 
