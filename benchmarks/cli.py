@@ -209,9 +209,9 @@ def _perf(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Seque
 def _claims(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
     from benchmarks.claims.experiments import EXPERIMENTS
     from benchmarks.claims.study import CLAIMS_OUTPUTS, check_claims_extra
-    from sb3_grpo.common.io import FolderLock
     from sb3_grpo.compare.config import CompareError
     from sb3_grpo.compare.results import prepare_out_dir
+    from sb3_grpo.file_io import FolderLock
 
     try:
         check_claims_extra()

@@ -1,7 +1,7 @@
 """What CausalLMPolicy's observation-layout check costs a rollout (it runs at every step).
 
 Times one SB3 ``collect_rollouts`` of the bundled LM on ``TextGen-v0`` (the rollout row of ``textrl-bench perf``) with
-the check (:func:`sb3_grpo.policies.validation.check_layout`) and with it replaced by a no-op, calls alternating in
+the check (:func:`sb3_grpo.policies.policy_kwargs.check_layout`) and with it replaced by a no-op, calls alternating in
 one process, and the check alone on one step's batch. Prints medians and the ratio::
 
     python -m benchmarks.layout_check            # 16 envs x 32 tokens, 7 repeats

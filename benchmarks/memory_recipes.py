@@ -5,7 +5,7 @@ weights and nothing downloaded) and option (full fine-tune, micro-batches, gradi
 8-bit and a 4-bit base when bitsandbytes is installed, FSDP over 2 ranks), a subprocess builds
 ``GRPO("CausalLMPolicy", TextGen-v0)`` (the text fast path, ``advantage="group"``, no penalty, no KL term), collects
 one rollout of ``n_envs`` completions of exactly ``tokens`` tokens, returns the heap's free pages to the operating
-system (glibc's ``malloc_trim(0)``, :func:`~sb3_grpo.common.host_memory.release_free_heap`), resets the process's
+system (glibc's ``malloc_trim(0)``, :func:`~sb3_grpo.common.update.host_memory.release_free_heap`), resets the process's
 peak RSS (Linux ``/proc/self/clear_refs``) and runs the first update (one epoch, the rollout as one minibatch), the one
 that allocates the gradients and Adam's state. ``measured MB`` is the peak RSS during that update minus the RSS after
 the imports and the env (also trimmed), before the model was built: the weights, the gradients, Adam's state, the
@@ -71,7 +71,7 @@ def _rss_mb(field: str = "VmHWM") -> float:
 
 def _trimmed_rss_mb() -> float:
     """The RSS now, after the heap's free pages were given back (``malloc_trim(0)``)."""
-    from sb3_grpo.common.host_memory import release_free_heap
+    from sb3_grpo.common.update.host_memory import release_free_heap
 
     release_free_heap()
     return _rss_mb("VmRSS")

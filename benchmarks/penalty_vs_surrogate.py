@@ -42,7 +42,7 @@ class PenaltyProbe(BaseCallback):
         return th.cat([(th.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(grads, params)])
 
     def _on_rollout_end(self) -> None:
-        from sb3_grpo.common.update_stats import TrainStats
+        from sb3_grpo.common.update.train_stats import TrainStats
 
         model = self.model
         np_state, th_state = np.random.get_state(), th.get_rng_state()

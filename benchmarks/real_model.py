@@ -269,7 +269,7 @@ def curves_figure(runs: list[dict[str, Any]], path: Path) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sb3_grpo.common.io import save_figure_atomic
+    from sb3_grpo.file_io import save_figure_atomic
 
     panels = sorted({(r["task"]) for r in runs})
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.4), squeeze=False)
@@ -355,7 +355,7 @@ def load_results(path: Path, fresh: bool) -> dict[str, Any]:
 
 
 def save_results(path: Path, results: dict[str, Any]) -> None:
-    from sb3_grpo.common.io import atomic_write
+    from sb3_grpo.file_io import atomic_write
 
     def write(tmp: str) -> None:
         Path(tmp).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")

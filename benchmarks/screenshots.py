@@ -156,7 +156,7 @@ def _serve(folder: Path):
 def _samples(work: Path) -> tuple[Path, Path]:
     """Greedy and sampled completions of the bundled LM on the same prompts (two "runs")."""
     from sb3_grpo import GRPO
-    from sb3_grpo.sampling import sample_episodes
+    from sb3_grpo.playback import sample_episodes
     from textrl_envs.sb3 import make_vec_env
 
     prompts = ["The film", "My friend said the movie", "Honestly, the ending", "The actors"]

@@ -212,7 +212,7 @@ def rating_figure(results: dict[str, list[dict]], path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sb3_grpo.common.io import save_figure_atomic
+    from sb3_grpo.file_io import save_figure_atomic
 
     fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.2), squeeze=False)
     for ax, (game, runs) in zip(axes[0], results.items()):

@@ -1,7 +1,9 @@
 """
-sb3_grpo: GRPO (and Dr. GRPO, DAPO, GSPO, CISPO) for stable-baselines3, and a policy that wraps Hugging Face causal LMs.
+sb3_grpo: GRPO (and Dr. GRPO, DAPO, GSPO, CISPO, REINFORCE++) for stable-baselines3, and a policy that wraps Hugging
+Face causal LMs.
 
-``import sb3_grpo`` is light: the algorithms (torch + SB3: ``GRPO``, ``DrGRPO``, ``DAPO``, ``GSPO``, ``CISPO``) and
+``import sb3_grpo`` is light: the algorithms (torch + SB3: ``GRPO``, ``DrGRPO``, ``DAPO``, ``GSPO``, ``CISPO``,
+``ReinforcePP``) and
 ``CausalLMPolicy`` (transformers) are imported on first access, e.g.
 ``from sb3_grpo import GRPO, DAPO, CausalLMPolicy``.
 """
@@ -18,8 +20,9 @@ if TYPE_CHECKING:
     from sb3_grpo.grpo import GRPO
     from sb3_grpo.gspo import GSPO
     from sb3_grpo.policies import CausalLMPolicy
+    from sb3_grpo.reinforce_pp import ReinforcePP
 
-__all__ = ["CISPO", "DAPO", "GRPO", "GSPO", "CausalLMPolicy", "DrGRPO"]
+__all__ = ["CISPO", "DAPO", "GRPO", "GSPO", "CausalLMPolicy", "DrGRPO", "ReinforcePP"]
 
 _LAZY = {
     "GRPO": "sb3_grpo.grpo",
@@ -28,6 +31,7 @@ _LAZY = {
     "DAPO": "sb3_grpo.dapo",
     "GSPO": "sb3_grpo.gspo",
     "CISPO": "sb3_grpo.cispo",
+    "ReinforcePP": "sb3_grpo.reinforce_pp",
 }
 
 

@@ -28,10 +28,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sb3_grpo.common.engines import ENGINES
 from sb3_grpo.compare.algos import DEFAULT_GROUP_SIZE, algo_table
 from sb3_grpo.compare.config import TEXT_DEFAULTS
-from sb3_grpo.sampling import ALGO_CLASSES
+from sb3_grpo.engines import ENGINES
+from sb3_grpo.playback import ALGO_CLASSES
 
 #: The no-argument comparison (the README's main job): about seven minutes on a 2-core CPU (5 seeds: the fewest
 #: with which the report gives intervals, see sb3_grpo.compare.stats.MIN_RUNS).
@@ -490,8 +490,8 @@ def add_trust_option(p: argparse.ArgumentParser) -> None:
 def _sample(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import gymnasium as gym
 
-    from sb3_grpo.common.io import check_writable_file
-    from sb3_grpo.sampling import (
+    from sb3_grpo.file_io import check_writable_file
+    from sb3_grpo.playback import (
         check_sample_env,
         check_video_path,
         checkpoint_algo,
@@ -605,7 +605,7 @@ def _add_human_eval(sub: Any) -> None:
 def _sample_checkpoints(checkpoints: Sequence[str], labels: Sequence[str], args: argparse.Namespace) -> list[str]:
     """``human-eval export --env``: play ``--n`` greedy episodes of each checkpoint on the same env seed (so on the
     same prompts), written to ``<out>/samples_<label>.jsonl``; returns those files."""
-    from sb3_grpo.sampling import check_sample_env, checkpoint_algo, load_checkpoint, make_sample_env, sample_episodes
+    from sb3_grpo.playback import check_sample_env, checkpoint_algo, load_checkpoint, make_sample_env, sample_episodes
 
     if len(checkpoints) != 2:
         raise ValueError(f"--env samples two checkpoints for a side-by-side folder, got {len(checkpoints)}")
@@ -699,11 +699,11 @@ def _check_device(device: str) -> None:
 
 
 def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
-    from sb3_grpo.common.io import FolderLock
     from sb3_grpo.compare.algos import parse_algos
     from sb3_grpo.compare.config import CompareError, make_config
     from sb3_grpo.compare.results import load_results, prepare_out_dir
     from sb3_grpo.compare.runner import check_resume_keeps_runs
+    from sb3_grpo.file_io import FolderLock
 
     try:
         import_gym_packages(args.gym_packages)
@@ -837,10 +837,10 @@ def import_gym_packages(names: Sequence[str]) -> None:
 
 def _write_compare_page(out: Path, page: Path, command: str) -> None:
     """The report of ``out`` as a results page (:func:`sb3_grpo.compare.pages.write_results_page`)."""
-    from sb3_grpo.common.io import atomic_write
     from sb3_grpo.compare.pages import git_commit, write_results_page
     from sb3_grpo.compare.report import render_report
     from sb3_grpo.compare.results import CURVES_FILE, load_results
+    from sb3_grpo.file_io import atomic_write
 
     results = load_results(out)
     heading, _, body = render_report(results).partition("\n")

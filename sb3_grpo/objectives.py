@@ -34,6 +34,8 @@ Sources, one per mechanism:
   2507.18071, section 4.1, eqs. 5-7; its token-level variant GSPO-token, section 4.3.
 - clipped, detached importance weight: MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with
   Lightning Attention", arXiv 2506.13585, section 3.1, eqs. 4-5 (CISPO).
+- token-level KL penalty in the reward, returns-to-go normalised over the whole batch: Hu 2025, "REINFORCE++: A
+  Simple and Efficient Approach for Aligning Large Language Models", arXiv 2501.03262, eqs. 8-10 (REINFORCE++).
 - uniform-mixture exploration: this project's design, ``(1 - alpha) * pi + alpha * uniform``; the mixture
   density is what makes the PPO ratio an honest importance weight (Precup et al. 2000 style off-policy
   correction).
@@ -42,7 +44,7 @@ Sources, one per mechanism:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch as th
@@ -54,6 +56,7 @@ __all__ = [
     "clip_fractions",
     "cispo_objective",
     "clipped_surrogate",
+    "decoupled_eps",
     "constant_normalized_sum",
     "decoupled_clipped_surrogate",
     "gspo_objective",
@@ -61,8 +64,10 @@ __all__ = [
     "informative_groups",
     "gradient_variance",
     "group_advantages",
+    "batch_normalized_returns",
     "kl_k3",
     "kl_k3_weighted_mean",
+    "returns_to_go",
     "mixture_log_prob",
     "overlong_penalty",
     "pearson_corr",
@@ -193,6 +198,18 @@ def decoupled_clipped_surrogate(
     unclipped = advantages * ratio
     clipped = advantages * th.clamp(ratio, 1 - clip_range_low, 1 + clip_range_high)
     return th.min(unclipped, clipped)
+
+
+def decoupled_eps(ratio: th.Tensor, clip_range_low: float, clip_range_high: float) -> th.Tensor:
+    """Per token, the distance to the bound on the ratio's side of 1 (``eps_high`` above 1, ``eps_low`` below), so
+    that ``|r - 1| > eps`` says the ratio left ``[1 - eps_low, 1 + eps_high]`` (the clip fraction of a decoupled clip:
+    :func:`clip_fractions`).
+
+    :param ratio: ``pi(a|s) / pi_old(a|s)``, shape ``(B,)``
+    :param clip_range_low: ``eps_low``
+    :param clip_range_high: ``eps_high``
+    """
+    return th.where(ratio > 1, th.full_like(ratio, clip_range_high), th.full_like(ratio, clip_range_low))
 
 
 def overlong_penalty(
@@ -393,7 +410,7 @@ def gradient_variance(
     GRPO minimizes ``pg_loss + beta * Var``, i.e. maximizes ``L_CLIP - beta * Var``.
 
     Which pass is cheaper depends on the graphs. When each ``L_k`` comes from its own forward (GRPO evaluates
-    the slices separately, :meth:`~sb3_grpo.common.batch_sources.SequenceBatches.evaluate_slices`), ``K``
+    the slices separately, :meth:`~sb3_grpo.common.update.batch_sources.SequenceBatches.evaluate_slices`), ``K``
     passes (``batched=False``) each walk only their slice's graph: together about one backward of the
     minibatch. When the ``L_k`` share one forward, every pass walks the whole graph, and ``batched=True`` does
     the ``K`` passes as one vectorized backward instead.
@@ -835,6 +852,63 @@ def role_ema_advantages(
         out[key] = b
         adv.append(r - b)
     return th.tensor(adv, dtype=th.float64).float(), out
+
+
+def returns_to_go(rewards: th.Tensor, ends: th.Tensor, gamma: float = 1.0) -> tuple[th.Tensor, th.Tensor]:
+    """Each step's discounted return-to-go within its episode, ``G_t = sum_{s=t}^{T} gamma^(s-t) r_s``, ``T`` the
+    episode's last step, in a rollout of envs stepped side by side.
+
+    :param rewards: ``(n_steps, n_envs)`` rewards.
+    :param ends: ``(n_steps, n_envs)`` booleans, true at an episode's last step.
+    :param gamma: The discount.
+    :return: ``(returns, valid)``, both ``(n_steps, n_envs)``: ``valid`` marks the steps of episodes that end within
+        the rollout (the others' returns are not known yet; they are 0).
+    """
+    returns = th.zeros_like(rewards, dtype=th.float64)
+    valid = th.zeros_like(ends, dtype=th.bool)
+    running = th.zeros(rewards.shape[1], dtype=th.float64)
+    seen_end = th.zeros(rewards.shape[1], dtype=th.bool)
+    for t in range(rewards.shape[0] - 1, -1, -1):  # backwards: an episode's end starts its return
+        end = ends[t].bool()
+        running = rewards[t].double() + th.where(end, th.zeros_like(running), gamma * running)
+        seen_end = seen_end | end
+        returns[t] = th.where(seen_end, running, th.zeros_like(running))
+        valid[t] = seen_end
+    return returns, valid
+
+
+def batch_normalized_returns(
+    rewards: th.Tensor,
+    ends: th.Tensor,
+    gamma: float = 1.0,
+    eps: float = 1e-8,
+    mean_over_ranks: Callable[[float, float], float] | None = None,
+) -> tuple[th.Tensor, th.Tensor]:
+    """REINFORCE++'s advantages (Hu 2025, arXiv 2501.03262, eqs. 8-10): each token's return-to-go in its episode
+    (:func:`returns_to_go`; the token-level KL penalty is in ``rewards``), normalised with the mean and standard
+    deviation over every token of the batch that has one, ``A_t = (G_t - mean) / (std + eps)``; no baseline per
+    prompt, no critic.
+
+    :param rewards: ``(n_steps, n_envs)`` per-token rewards (the episode's reward at its last token, minus
+        ``beta * KL(t)`` at every token).
+    :param ends: ``(n_steps, n_envs)`` booleans, true at an episode's last step.
+    :param gamma: The discount (REINFORCE++: 1).
+    :param eps: Added to the standard deviation.
+    :param mean_over_ranks: ``(total, count) -> sum(total) / sum(count)`` over the data-parallel ranks, so that the
+        batch is the global one (``None``: this process's rollout is the batch). The standard deviation is the
+        population one, ``sqrt(mean(G^2) - mean(G)^2)``.
+    :return: ``(advantages, valid)``, both ``(n_steps, n_envs)``; tokens of episodes that do not end in the rollout
+        are not valid, take no part in the statistics and get 0.
+    """
+    returns, valid = returns_to_go(rewards, ends, gamma)
+    mean_of = mean_over_ranks if mean_over_ranks is not None else (lambda total, count: total / max(count, 1.0))
+    values = returns[valid]
+    count = float(values.numel())
+    mean = mean_of(float(values.sum()), count)
+    mean_sq = mean_of(float((values**2).sum()), count)
+    std = math.sqrt(max(mean_sq - mean**2, 0.0))
+    advantages = th.where(valid, (returns - mean) / (std + eps), th.zeros_like(returns))
+    return advantages.float(), valid
 
 
 def self_critical_advantages(

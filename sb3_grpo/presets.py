@@ -21,10 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sb3_grpo.grpo.extras import EXTRAS_OFF
+
 __all__ = ["PRESETS", "Preset", "make_preset"]
 
-#: GRPO with every extra off (SB3's PPO through this package's code path; :data:`sb3_grpo.grpo.extras.EXTRAS_OFF`).
-_EXTRAS_OFF = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0}
+#: GRPO's three own mechanisms off (penalty, adaptive clip, exploration), as :data:`~sb3_grpo.grpo.extras.EXTRAS_OFF`
+#: defines them; each preset sets its own advantage and KL.
+_EXTRAS_OFF = {name: EXTRAS_OFF.switches()[name] for name in ("grad_var_coef", "adaptive_clip", "explore_alpha")}
 #: The gradient clip of LM RL recipes (verl's and TRL's default ``max_grad_norm``), where SB3's is 0.5.
 _LM_GRAD_CLIP = {"max_grad_norm": 1.0}
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from sb3_grpo.common.io import atomic_folder, write_json_atomic
+from sb3_grpo.file_io import atomic_folder, write_json_atomic
 
 #: File of the warm start's record (command, settings, losses) in its out dir.
 RECORD_FILE = "warm_start.json"
@@ -128,7 +128,7 @@ def run_warm_start(
     """Warm-start ``model`` (a folder or a Hub id; default: the bundled LM) on ``env_id``'s answers and save it, with
     its tokenizer and :data:`RECORD_FILE`, to ``out`` (a folder ``CausalLMPolicy(model=out)`` loads).
 
-    The folder appears only once it is complete (:func:`~sb3_grpo.common.io.atomic_folder`): a failure (a full disk,
+    The folder appears only once it is complete (:func:`~sb3_grpo.file_io.atomic_folder`): a failure (a full disk,
     Ctrl-C) leaves no folder with a config and no weights, and an existing ``out`` is kept until the new one is whole.
 
     :param overwrite: Replace an existing ``out`` (else it is refused before anything is trained).

@@ -9,9 +9,9 @@ from helpers import RolloutLog, quiet
 from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_grpo import GRPO
-from sb3_grpo.common.arguments import check_carry_over, resolve_carry_over
+from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker, _ignore_greedy
 from sb3_grpo.common.buffers import GRPODictRolloutBuffer, SequenceRolloutBuffer
-from sb3_grpo.common.groups import EpisodeGroupTracker, _ignore_greedy
+from sb3_grpo.common.options.checks import check_carry_over, resolve_carry_over
 from sb3_grpo.objectives import group_advantages, rloo_advantages
 from textrl_envs.sb3 import make_vec_env
 

@@ -12,8 +12,8 @@ from helpers import collect_rollout, quiet
 
 from sb3_grpo import DAPO
 from sb3_grpo.common.buffers import GRPODictRolloutBuffer
-from sb3_grpo.common.update_stats import TrainStats
-from sb3_grpo.dapo.sampling import ShapedGroupTracker
+from sb3_grpo.common.update.train_stats import TrainStats
+from sb3_grpo.dapo.shaping import ShapedGroupTracker
 from sb3_grpo.objectives import (
     adaptive_clip_range,
     clipped_surrogate,

@@ -139,6 +139,15 @@ def test_env_table_rows_come_from_the_registry(ext):
     assert all(row[1] == task.summary for row, task in zip(rows, TASKS))
 
 
+def test_support_table_rows_come_from_the_declarations(ext):
+    from sb3_grpo import DAPO, GRPO
+
+    grpo, dapo = ext.support_rows([GRPO, DAPO])
+    assert grpo[0] == ":class:`~sb3_grpo.GRPO`" and "``gae``" in grpo[1] and "``uniform``" in grpo[5]
+    assert "``gae``" not in dapo[1] and dapo[1].count("``") == 2 * len(DAPO.supports.advantages)
+    assert dapo[5] == "none" and dapo[2] == "yes"
+
+
 def test_the_reference_resolver_never_hides_a_misspelt_name(ext):
     assert ext.lookup("sb3_grpo.policies.windows.shared_prefixes") is not ext._MISSING
     assert ext.lookup("textrl_envs.vector.TextGenVectorEnv.step") is not ext._MISSING

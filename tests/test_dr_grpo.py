@@ -11,7 +11,7 @@ from helpers import collect_rollout, params, per_transition_copy, quiet
 
 from sb3_grpo import DrGRPO
 from sb3_grpo.common.buffers import GRPODictRolloutBuffer, SequenceRolloutBuffer, segment_ids
-from sb3_grpo.common.update_stats import TrainStats
+from sb3_grpo.common.update.train_stats import TrainStats
 from sb3_grpo.objectives import group_mean_advantages
 from textrl_envs.sb3 import make_vec_env
 

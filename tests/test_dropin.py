@@ -126,7 +126,7 @@ def test_batch_size_one_with_advantage_normalization_fails_as_ppo_does():
 
 def test_box_exploration_log_prob_matches_the_mixture_density():
     """The exploration mixture's stored log-prob for a (2, 2) Box: ``log((1 - a) pi + a u)`` of the flat action."""
-    from sb3_grpo.common.draws import sample_actions
+    from sb3_grpo.engines.step import sample_actions
     from sb3_grpo.objectives import uniform_log_prob
 
     env = ShapedBoxEnv((2, 2))

@@ -17,7 +17,7 @@ from helpers import quiet
 from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_grpo import GRPO
-from sb3_grpo.common.engines import TurnQueues
+from sb3_grpo.engines.turn_queues import TurnQueues
 from textrl_envs.sb3 import make_vec_env
 
 N_ENVS, N_STEPS, ROLLOUTS = 4, 12, 2
@@ -247,7 +247,7 @@ def test_compare_engine_flag_refuses_bad_input(tmp_path, capsys, extra, message)
 )
 def test_vllm_engine_refuses_what_it_cannot_express_when_the_model_is_built(kwargs, message):
     """Refused before vLLM is imported: these hold whether the extra is installed or not."""
-    from sb3_grpo.common.vllm_engine import VLLMOptions
+    from sb3_grpo.engines.vllm_engine import VLLMOptions
 
     kwargs = dict(kwargs)
     engine = VLLMOptions(importance_cap=2.0) if kwargs.pop("engine", None) else "vllm"
@@ -267,14 +267,14 @@ def test_vllm_engine_without_vllm_names_the_install(monkeypatch):
 
 @pytest.mark.parametrize("cap", [0.5, "2", -1.0])
 def test_vllm_options_are_checked(cap):
-    from sb3_grpo.common.vllm_engine import VLLMOptions
+    from sb3_grpo.engines.vllm_engine import VLLMOptions
 
     with pytest.raises(ValueError, match="importance_cap"):
         VLLMOptions(importance_cap=cap)
 
 
 def test_truncated_importance_weights_and_the_gap_against_brute_force():
-    from sb3_grpo.common.vllm_engine import logprob_gap, truncated_importance_weights
+    from sb3_grpo.engines.vllm_engine import logprob_gap, truncated_importance_weights
 
     gen = th.Generator().manual_seed(0)
     policy = -th.rand(50, generator=gen) * 3
@@ -291,7 +291,7 @@ def test_truncated_importance_weights_and_the_gap_against_brute_force():
 
 def test_score_turns_equals_the_policys_per_step_log_probs_and_values():
     """The "vllm" engine's one forward of window + turn gives what a whole-window forward per state gives."""
-    from sb3_grpo.common.vllm_engine import score_turns
+    from sb3_grpo.engines.vllm_engine import score_turns
 
     model = GRPO("CausalLMPolicy", _text_env(), n_steps=8, batch_size=32, explore_alpha=0.0)
     policy = model.policy

@@ -197,7 +197,8 @@ def test_lora_update_save_load_and_export_on_smollm2(smollm2_folder, tmp_path):
         chat_template=True,
         max_prompt_tokens=48,
         max_new_tokens=6,
-        reward=lambda prompts, completions, **kw: [len(set(c)) for c in completions],
+        # with a chat template a TRL-style reward gets conversational completions: [{"role": "assistant", ...}]
+        reward=lambda prompts, completions, **kw: [len(set(c[0]["content"])) for c in completions],
     )
     lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
     model = GRPO(

@@ -15,7 +15,7 @@ from helpers import collect_rollout, params, per_transition_copy, quiet
 from sb3_grpo import CISPO, GSPO
 from sb3_grpo.common.buffers import GRPODictRolloutBuffer, SequenceRolloutBuffer
 from sb3_grpo.common.type_aliases import sequence_index
-from sb3_grpo.common.update_stats import TrainStats
+from sb3_grpo.common.update.train_stats import TrainStats
 from sb3_grpo.objectives import cispo_objective, gspo_objective, gspo_token_objective, sequence_ratio
 from textrl_envs.sb3 import make_vec_env
 

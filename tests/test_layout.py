@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -334,3 +335,182 @@ def test_grpo_outside_torchrun_never_touches_torch_distributed(monkeypatch):
     assert type(model._data_parallel) is SingleProcess
     model.learn(64)
     assert model.num_timesteps == 64
+
+
+# -- rooms: no two folders import each other ------------------------------------------------------------------------
+
+
+def room_graph(graph: dict[str, set[str]], package: str) -> dict[str, set[str]]:
+    """The rooms directly under ``package`` and which import which: a room is a sub-package (with everything below
+    it) or a module of ``package``'s own; ``a -> b`` when a module in room ``a`` imports one in room ``b``. The
+    package's ``__init__`` (its front door, which may re-export its rooms) is no room.
+
+    :param graph: :func:`import_graph`'s module graph.
+    :param package: A package of it, e.g. ``"sb3_grpo.common"``.
+    """
+    prefix = package + "."
+
+    def room(module: str) -> str | None:
+        return prefix + module[len(prefix) :].split(".")[0] if module.startswith(prefix) else None
+
+    edges: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        here = room(module)
+        if here is not None:
+            edges.setdefault(here, set()).update(r for r in map(room, imported) if r is not None and r != here)
+    return edges
+
+
+def room_cycles(package: str, root: Path = REPO) -> list[str]:
+    """The import cycles between the rooms of every package in ``package`` (itself and each sub-package, at every
+    depth), as ``"in <package>: a -> b -> a"``."""
+    graph = import_graph(package, root)
+    packages = [name for name, path in module_names(package, root).items() if path.name == "__init__.py"]
+    return [f"in {p}: {' -> '.join(cycle)}" for p in packages for cycle in import_cycles(room_graph(graph, p))]
+
+
+def test_room_cycles_are_found_at_every_depth(tmp_path):
+    pkg = tmp_path / "lib"
+    for folder in ("policies", "common", "common/update", "common/rollout"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from lib.policies import models\n")  # the front door is no room
+    (pkg / "policies" / "models.py").write_text("from lib.common import io\n")
+    (pkg / "common" / "io.py").write_text("")
+    (pkg / "common" / "skeleton.py").write_text("from lib.policies import models\nfrom lib.common.update import a\n")
+    (pkg / "common" / "update" / "a.py").write_text("def f():\n    from lib.common.rollout import b\n")
+    (pkg / "common" / "rollout" / "b.py").write_text("from lib.common.update import a\n")
+    assert room_cycles("lib", tmp_path) == [
+        "in lib: lib.common -> lib.policies -> lib.common",
+        "in lib.common: lib.common.rollout -> lib.common.update -> lib.common.rollout",
+    ]
+
+
+def test_no_two_rooms_of_the_library_import_each_other():
+    """At every level of ``sb3_grpo`` (its folders and top modules; ``common``'s rooms; ...) imports go one way:
+    ``policies`` never imports ``common``, an algorithm's folder never imports another's, no room of ``common``
+    imports one that imports it back."""
+    assert len(module_names("sb3_grpo")) > 5
+    cycles = room_cycles("sb3_grpo")
+    assert not cycles, "rooms that import each other: " + "; ".join(cycles)
+
+
+# -- names: one name, one thing ---------------------------------------------------------------------------------------
+
+#: A file name two modules may share: each package's report writer (``sb3-grpo report``'s, ``human-eval report``'s).
+SHARED_FILE_NAMES = {"__init__.py", "__main__.py", "report.py"}
+
+
+def test_one_file_name_one_thing():
+    """No two modules of ``sb3_grpo`` share a file name, nor one of ``sb3_grpo`` and one of ``textrl_envs`` (which it
+    imports): ``sampling.py`` of checkpoint playback and of token sampling read as one thing in tracebacks and docs."""
+    where: dict[str, list[str]] = {}
+    for package in ("sb3_grpo", "textrl_envs"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            if path.name not in SHARED_FILE_NAMES:
+                where.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    repeated = {n: p for n, p in where.items() if len(p) > 1 and any(x.startswith("sb3_grpo/") for x in p)}
+    assert not repeated, f"one file name for several modules: {repeated}"
+
+
+# -- algorithms: what they declare is what they accept -----------------------------------------------------------------
+
+
+def _algorithms() -> list[type]:
+    import sb3_grpo
+    from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+
+    found = [getattr(sb3_grpo, name) for name in sb3_grpo.__all__]
+    return [cls for cls in found if isinstance(cls, type) and issubclass(cls, GroupOnPolicyAlgorithm)]
+
+
+def test_every_algorithm_of_the_package_is_checked():
+    assert {cls.__name__ for cls in _algorithms()} == {"GRPO", "DrGRPO", "DAPO", "GSPO", "CISPO", "ReinforcePP"}
+
+
+@pytest.mark.parametrize("cls", _algorithms(), ids=lambda cls: cls.__name__)
+def test_each_algorithm_declares_what_it_accepts(cls):
+    """An algorithm's signature takes PPO's arguments and every shared option by name (so none is a ``TypeError``),
+    its ``supports`` is its own declaration of registered values, and its defaults are among what it declares."""
+    import inspect
+
+    from stable_baselines3 import PPO
+
+    from sb3_grpo.common.advantages.forms import ADVANTAGE_FORMS
+    from sb3_grpo.common.data_parallel import DATA_PARALLEL
+    from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+    from sb3_grpo.common.options.support import SHARED_OPTIONS, Supports
+    from sb3_grpo.common.rollout.redistribution import REDISTRIBUTIONS
+    from sb3_grpo.engines import ENGINES
+
+    accepted = inspect.signature(cls.__init__).parameters
+    skeleton = inspect.signature(GroupOnPolicyAlgorithm.__init__).parameters
+    assert set(inspect.signature(PPO.__init__).parameters) <= set(skeleton) <= set(accepted)
+    assert not [p for p in accepted.values() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)], "listed by name"
+    supports = cls.__dict__.get("supports")
+    assert isinstance(supports, Supports), f"{cls.__name__} declares no supports of its own"
+    assert supports.advantages and set(supports.advantages) <= set(ADVANTAGE_FORMS)
+    assert set(supports.engines) <= set(ENGINES) and set(supports.data_parallel) <= set(DATA_PARALLEL)
+    assert set(supports.reward_redistribution) <= set(REDISTRIBUTIONS)
+    for option in SHARED_OPTIONS:
+        assert supports.supported(option, accepted[option].default), f"{cls.__name__}: the default {option}"
+        assert cls.check_arguments({option: accepted[option].default}) is None
+
+
+@pytest.mark.parametrize("cls", _algorithms(), ids=lambda cls: cls.__name__)
+def test_parameter_docs_are_written_once(cls):
+    """An algorithm's docstring documents the arguments its own constructor writes, not the skeleton's (PPO's and
+    the shared options, documented once on ``GroupOnPolicyAlgorithm``), and stays short."""
+    from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+
+    code = cls.__dict__["__init__"].__code__  # the arguments written in the class (its signature lists all)
+    own = {n for n in code.co_varnames[code.co_argcount : code.co_argcount + code.co_kwonlyargcount] if n[0] != "_"}
+    documented = set(re.findall(r":param (\w+):", cls.__doc__))
+    assert documented == own, f"{cls.__name__}: documented {sorted(documented)}, own {sorted(own)}"
+    skeleton = set(re.findall(r":param (\w+):", GroupOnPolicyAlgorithm.__doc__))
+    assert {"advantage", "micro_batch_size", "data_parallel", "engine", "reward_redistribution"} <= skeleton
+    assert len(cls.__doc__.splitlines()) <= 60, f"{cls.__name__}'s docstring has {len(cls.__doc__.splitlines())} lines"
+
+
+# -- the layout pages -------------------------------------------------------------------------------------------------
+
+
+def _tree_block(text: str) -> str:
+    """The first fenced block that draws the layout (the one that names ``sb3_grpo/`` at a line's start)."""
+    blocks, current = [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            blocks, current = (blocks + ["\n".join(current)], None) if current is not None else (blocks, [])
+        elif current is not None:
+            current.append(line)
+    return next(b for b in blocks if re.search(r"^sb3_grpo/", b, flags=re.M))
+
+
+def test_docs_layout_names_every_folder_and_nothing_else():
+    """docs/layout.md's tree lists the folders of both packages (and ``common``'s rooms), and every name it lists
+    under ``sb3_grpo/`` and ``textrl_envs/`` exists."""
+    tree = _tree_block((REPO / "docs" / "layout.md").read_text(encoding="utf-8"))
+    listed = set(re.findall(r"^\s+([a-z_]+/|[a-z_]+\.py)", tree, flags=re.M))
+    for package in ("sb3_grpo", "textrl_envs"):
+        folders = {f"{p.name}/" for p in (REPO / package).iterdir() if (p / "__init__.py").is_file()}
+        assert folders <= listed, f"docs/layout.md lacks {sorted(folders - listed)} of {package}"
+    rooms = {f"{p.name}/" for p in (REPO / "sb3_grpo" / "common").iterdir() if (p / "__init__.py").is_file()}
+    assert rooms <= listed, f"docs/layout.md lacks common's rooms {sorted(rooms - listed)}"
+    exists = {
+        f"{p.name}/" if p.is_dir() else p.name
+        for package in ("sb3_grpo", "textrl_envs", "sb3_grpo/common")
+        for p in (REPO / package).iterdir()
+    }
+    assert listed - {"<algo>/"} <= exists, f"docs/layout.md names what does not exist: {sorted(listed - exists)}"
+
+
+def test_readme_layout_names_every_algorithm_and_top_folder():
+    import sb3_grpo
+
+    tree = _tree_block((REPO / "README.md").read_text(encoding="utf-8"))
+    for cls in _algorithms():
+        assert cls.__name__ in tree or cls.__name__.lower() in tree, f"README's layout omits {cls.__name__}"
+    for line in tree.splitlines():
+        folder = line.split()[0] if line.strip() else ""
+        assert not folder.endswith("/") or (REPO / folder).is_dir(), f"README's layout names {folder}, which is gone"
+    assert "CausalLMPolicy" in tree and len(sb3_grpo.__all__) > 1

@@ -21,7 +21,7 @@ from transformers import DynamicCache, OPTConfig, OPTModel, Qwen2Config, Qwen2Mo
 from sb3_grpo import GRPO
 from sb3_grpo.policies import lean_step as lean_module
 from sb3_grpo.policies.lean_step import lean_step
-from sb3_grpo.policies.sampling import categorical_tables
+from sb3_grpo.policies.token_sampling import categorical_tables
 from textrl_envs.sb3 import make_vec_env
 
 VOCAB = 300  # the vocabulary of the models built here (the tiny models have their config's)

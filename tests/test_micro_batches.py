@@ -2,6 +2,7 @@
 
 import math
 import os
+from dataclasses import replace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -10,7 +11,7 @@ import pytest
 import torch as th
 from helpers import collect_rollout, params, quiet
 
-from sb3_grpo import GRPO, DrGRPO
+from sb3_grpo import CISPO, DAPO, GRPO, GSPO, DrGRPO, ReinforcePP
 from sb3_grpo.common.buffers import GRPODictRolloutBuffer, SequenceRolloutBuffer
 from textrl_envs.sb3 import make_vec_env
 
@@ -85,6 +86,36 @@ def test_grpo_group_advantages_and_kl_equal_unsplit_on_both_paths(fast):
 def test_dr_grpo_equals_unsplit_on_both_paths(fast):
     whole, split = _text_pair(DrGRPO, 1 if fast else 7, fast, ent_coef=0.01)
     _assert_same_update(whole, split)
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs",
+    [(DAPO, {"overlong_buffer": 2}), (CISPO, {"clip_range_low": 0.2}), (ReinforcePP, {"kl_coef": 0.1})],
+    ids=["DAPO", "CISPO", "ReinforcePP"],
+)
+@pytest.mark.parametrize("fast", [True, False], ids=["sequences", "transitions"])
+def test_token_mean_losses_equal_unsplit_on_both_paths(cls, kwargs, fast):
+    """DAPO's, CISPO's and REINFORCE++'s token-level means: a micro-batch's loss is its mean weighted by its share of
+    the tokens."""
+    whole, split = _text_pair(cls, 2 if fast else 5, fast, ent_coef=0.01, **kwargs)
+    _assert_same_update(whole, split)
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["sequence", "token"])
+def test_gspo_sequence_mean_equals_unsplit_on_the_text_fast_path(per_token, monkeypatch):
+    """GSPO's mean over sequences: a micro-batch of whole sequences weighs by its share of them; the same for
+    GSPO-token's loss (taken here with the group advantage marked per token: one-turn episodes, one advantage each)."""
+    if per_token:
+        from sb3_grpo.common.advantages import forms
+
+        monkeypatch.setitem(forms.ADVANTAGE_FORMS, "group", replace(forms.ADVANTAGE_FORMS["group"], per_token=True))
+    whole, split = _text_pair(GSPO, 1, True, ent_coef=0.01, clip_range=0.2, clip_range_high=0.2)
+    _assert_same_update(whole, split)
+
+
+def test_gspo_refuses_micro_batches_that_would_cut_its_sequences():
+    with pytest.raises(ValueError, match=r"GSPO's ratio is per sequence.*micro_batch_size=None"):
+        GSPO("CausalLMPolicy", _text_env(), micro_batch_size=4, rollout_buffer_class=GRPODictRolloutBuffer, **TEXT)
 
 
 def test_split_covers_the_minibatch_in_order():

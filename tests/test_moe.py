@@ -18,7 +18,7 @@ pytest.importorskip("peft", reason="the experts are LoRA adapters: pip install '
 from sb3_grpo import GRPO
 from sb3_grpo.policies import CausalLMPolicy
 from sb3_grpo.policies.moe import load_balancing_loss, mixture_log_probs, moe_spec, router_shape
-from sb3_grpo.policies.sampling import sample_categorical
+from sb3_grpo.policies.token_sampling import sample_categorical
 from sb3_grpo.policies.windows import positions_from_mask
 from tests.helpers import TINY_LORA as LORA
 from tests.helpers import TINY_OBS as OBS
@@ -421,7 +421,7 @@ def test_router_aux_loss_term_is_the_coefficient_times_the_routers_loss():
     model.policy.set_training_mode(True)
     minibatch = next(iter(model.batch_source.minibatches(model.rollout_buffer, 12)))
     args = (0.2, None)
-    from sb3_grpo.common.update_stats import TrainStats
+    from sb3_grpo.common.update.train_stats import TrainStats
 
     with_aux = model._loss_with_router_aux(minibatch, *args, TrainStats(), False)
     without = model._minibatch_loss(minibatch, *args, TrainStats(), False)

@@ -157,7 +157,7 @@ def test_nan_policy_raises_at_the_draw_and_restores_torch_checks(env_id, message
 def test_nan_policy_raises_at_the_rollout_end_where_draw_checks_wait(monkeypatch):
     """On an accelerator the draws' log-probs are checked once, at the rollout's end (no host sync per step): the
     same error, naming the first bad step, before any update (simulated on the CPU)."""
-    from sb3_grpo.common.rollout import RolloutExtras
+    from sb3_grpo.common.rollout.rollout_extras import RolloutExtras
 
     start = RolloutExtras.start
 

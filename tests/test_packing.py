@@ -9,7 +9,7 @@ import pytest
 import torch as th
 from test_policies import V, W, count_lm_calls, make_policy, tiny_gpt2, tiny_llama, tiny_qwen2
 
-from sb3_grpo.common.packing import first_fit_decreasing, packed_batch, suffix_lengths
+from sb3_grpo.policies.packing import first_fit_decreasing, packed_batch, suffix_lengths
 
 # -- layout -------------------------------------------------------------------------------------------------------
 

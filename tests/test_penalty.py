@@ -13,7 +13,7 @@ from stable_baselines3.common.callbacks import CallbackList
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from sb3_grpo import GRPO
-from sb3_grpo.common.update_stats import TrainStats
+from sb3_grpo.common.update.train_stats import TrainStats
 from sb3_grpo.grpo.penalty import slice_sizes
 from sb3_grpo.objectives import adaptive_clip_range, clipped_surrogate
 from textrl_envs.sb3 import make_vec_env

@@ -15,7 +15,7 @@ from helpers import quiet
 from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_grpo import GRPO
-from sb3_grpo.common.redistribution import final_token_attention, redistribute_return
+from sb3_grpo.common.rollout.redistribution import final_token_attention, redistribute_return
 from textrl_envs.sb3 import make_vec_env
 
 

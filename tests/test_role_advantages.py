@@ -9,7 +9,8 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 import textrl_envs  # noqa: F401  (registers the ids)
 from sb3_grpo import CISPO, DAPO, GRPO, GSPO, DrGRPO
-from sb3_grpo.common.groups import ROLE_BASELINE_DECAY, RoleBaselineTracker, make_group_tracker
+from sb3_grpo.common.advantages.forms import make_group_tracker
+from sb3_grpo.common.advantages.group_trackers import ROLE_BASELINE_DECAY, RoleBaselineTracker
 from textrl_envs.games import Nim, SelfPlay
 from textrl_envs.sb3 import make_vec_env
 

@@ -140,7 +140,7 @@ def test_truncated_episodes_valued_in_one_batch_equal_one_call_each(monkeypatch)
     """With an extra on, the step's truncated episodes get ``gamma * V(terminal obs)`` from one ``predict_values``
     call; the buffer is the one SB3's one call per episode gives (same rewards, returns and advantages)."""
     import sb3_grpo.common.on_policy as grpo_module
-    from sb3_grpo.common.rollout import bootstrap_truncated
+    from sb3_grpo.common.rollout.rollout_extras import bootstrap_truncated
 
     calls = {}
 
@@ -166,7 +166,7 @@ def test_group_advantages_compute_no_value_they_do_not_use(monkeypatch, advantag
     """Group advantages replace GAE's and train no critic: the rollout skips the bootstrap values (of truncated
     episodes and of the rollout's end) and the last step's look-ahead. Same transitions, log-probs and advantages as
     the rollout that computes them, one forward fewer and no ``predict_values`` call."""
-    from sb3_grpo.common.rollout import RolloutExtras
+    from sb3_grpo.common.rollout.rollout_extras import RolloutExtras
 
     models = {}
 
@@ -204,7 +204,7 @@ def test_group_advantages_compute_no_value_they_do_not_use(monkeypatch, advantag
 def test_bootstrap_truncated_batched_matches_per_episode_and_skips_the_others():
     """The function itself on a Box env (MLP values) and a Dict-observation text env: only truncated episodes that
     carry a terminal observation change, by ``gamma * V``, batched or not."""
-    from sb3_grpo.common.rollout import bootstrap_truncated
+    from sb3_grpo.common.rollout.rollout_extras import bootstrap_truncated
 
     for env_id, policy in (("Pendulum-v1", "MlpPolicy"), ("TextGen-v0", "CausalLMPolicy")):
         if env_id == "TextGen-v0":

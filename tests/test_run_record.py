@@ -21,7 +21,7 @@ def _files(folder):
 
 
 def test_a_restart_of_the_same_run_resumes_and_another_run_is_refused(tmp_path):
-    from sb3_grpo.common.run_record import config_hash, read_run_record, run_identity
+    from sb3_grpo.common.checkpoints.run_record import config_hash, read_run_record, run_identity
 
     folder = tmp_path / "ckpt"
     _model().learn(96, callback=ElasticCheckpointCallback(1, folder))
@@ -43,7 +43,7 @@ def test_a_restart_of_the_same_run_resumes_and_another_run_is_refused(tmp_path):
 
 
 def test_told_to_resume_it_continues_and_told_to_overwrite_it_moves_the_old_run_aside(tmp_path):
-    from sb3_grpo.common.run_record import config_hash, read_run_record, run_identity
+    from sb3_grpo.common.checkpoints.run_record import config_hash, read_run_record, run_identity
 
     folder = tmp_path / "ckpt"
     _model().learn(96, callback=ElasticCheckpointCallback(1, folder))

@@ -79,7 +79,7 @@ def test_the_crafted_file_is_live_when_trusted(saved, tmp_path):
 
 @pytest.mark.parametrize("entry", ["observation_space", "clip_range", "policy_class", "_explore_rng"])
 def test_a_crafted_zip_runs_no_code_through_load(saved, tmp_path, entry):
-    from sb3_grpo.common.safe_loading import load_model
+    from sb3_grpo.common.checkpoints.safe_loading import load_model
 
     marker = tmp_path / "marker"
     path = crafted(saved[1], tmp_path / "evil.zip", entry, marker)
@@ -138,7 +138,7 @@ def test_the_allow_list_decodes_what_sb3_pickled(tmp_path):
     from stable_baselines3.common.buffers import RolloutBuffer
     from stable_baselines3.common.envs import IdentityEnvMultiBinary, IdentityEnvMultiDiscrete
 
-    from sb3_grpo.common.unpickling import safe_custom_objects
+    from sb3_grpo.common.checkpoints.unpickling import safe_custom_objects
 
     models = [
         PPO(
@@ -191,7 +191,7 @@ def test_a_schedule_made_of_code_is_refused_unless_replaced_or_trusted(tmp_path)
 def test_the_unpickler_refuses_code_and_calls_of_reference_only_classes():
     from stable_baselines3.common.policies import ActorCriticPolicy
 
-    from sb3_grpo.common.unpickling import restricted_loads
+    from sb3_grpo.common.checkpoints.unpickling import restricted_loads
 
     class Build:
         def __reduce__(self):
@@ -219,7 +219,7 @@ def _same(a, b) -> bool:
 
 @pytest.mark.parametrize("algo", [GRPO, PPO])
 def test_the_safetensors_format_loads_what_the_zip_loads_without_pickle(tmp_path, algo):
-    from sb3_grpo.common.safe_loading import load_model
+    from sb3_grpo.common.checkpoints.safe_loading import load_model
 
     model = _quiet(algo("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=2, seed=1, device="cpu"))
     model.learn(64)
@@ -227,7 +227,7 @@ def test_the_safetensors_format_loads_what_the_zip_loads_without_pickle(tmp_path
     if algo is GRPO:
         model.save(tmp_path / "m.safetensors")
     else:
-        from sb3_grpo.common.checkpoints import atomic_save
+        from sb3_grpo.common.checkpoints.files import atomic_save
 
         atomic_save(model, tmp_path / "m.safetensors")
     with zipfile.ZipFile(tmp_path / "m.zip") as archive:

@@ -14,7 +14,7 @@ from stable_baselines3.common.logger import configure
 
 from sb3_grpo import GRPO
 from sb3_grpo.cli import main
-from sb3_grpo.sampling import checkpoint_algo
+from sb3_grpo.playback import checkpoint_algo
 from textrl_envs.sb3 import make_vec_env
 
 
@@ -82,14 +82,20 @@ def test_sample_bad_input(tmp_path, capsys):
 def test_every_algorithm_is_known_to_sample(tmp_path, capsys):
     """--algo names each algorithm of the package; auto tells them apart where their checkpoints differ."""
     import sb3_grpo
-    from sb3_grpo.sampling import ALGO_CLASSES
+    from sb3_grpo.playback import ALGO_CLASSES
 
-    assert set(ALGO_CLASSES) == {"ppo", "grpo", "dr-grpo", "dapo", "gspo", "cispo"}
+    assert set(ALGO_CLASSES) == {"ppo", "grpo", "dr-grpo", "dapo", "gspo", "cispo", "reinforce-pp"}
+    from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+
+    algorithms = {n for n in sb3_grpo.__all__ if isinstance(getattr(sb3_grpo, n), type)}
+    algorithms = {n for n in algorithms if issubclass(getattr(sb3_grpo, n), GroupOnPolicyAlgorithm)}
+    assert algorithms == {cls_name for module, cls_name in ALGO_CLASSES.values() if module == "sb3_grpo"}
     env = make_vec_env("TextGen-v0", n_envs=2, group_size=2, seed=0, device="cpu", max_new_tokens=3)
-    for name in ("dapo", "gspo", "cispo", "dr-grpo"):
+    for name in ("dapo", "gspo", "cispo", "dr-grpo", "reinforce-pp", "grpo"):
         cls = getattr(sb3_grpo, ALGO_CLASSES[name][1])
         cls("CausalLMPolicy", env, n_steps=4, batch_size=8, seed=0, device="cpu").save(tmp_path / f"{name}.zip")
-    assert checkpoint_algo(tmp_path / "dapo.zip") == "dapo" and checkpoint_algo(tmp_path / "dr-grpo.zip") == "dr-grpo"
+    for name in ("dapo", "dr-grpo", "reinforce-pp", "grpo"):
+        assert checkpoint_algo(tmp_path / f"{name}.zip") == name
     with pytest.raises(ValueError, match="GSPO or a CISPO checkpoint.*--algo gspo or --algo cispo"):
         checkpoint_algo(tmp_path / "gspo.zip")
     argv = ["sample", str(tmp_path / "cispo.zip"), "--env", "TextGen-v0", "--env-kwargs", '{"max_new_tokens": 3}']

@@ -15,7 +15,7 @@ from stable_baselines3 import PPO
 
 from sb3_grpo import GRPO
 from sb3_grpo.cli import main
-from sb3_grpo.sampling import gif_frame_ms
+from sb3_grpo.playback import gif_frame_ms
 from textrl_envs.rendering import transcript_frame
 from textrl_envs.sb3 import make_vec_env
 

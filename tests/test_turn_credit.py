@@ -14,7 +14,7 @@ from helpers import quiet
 from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_grpo import CISPO, DAPO, GRPO, GSPO, DrGRPO
-from sb3_grpo.common.groups import TurnGroupTracker
+from sb3_grpo.common.advantages.group_trackers import TurnGroupTracker
 from sb3_grpo.objectives import rloo_advantages, turn_returns_to_go, turn_rloo_advantages
 from textrl_envs.sb3 import make_vec_env
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from sb3_grpo.cli import main
-from sb3_grpo.common.io import LOCK_FILE, FolderBusyError, FolderLock, atomic_folder, to_jsonable, write_json_atomic
 from sb3_grpo.compare import runner as compare_mod
 from sb3_grpo.compare.config import CompareError, make_config
 from sb3_grpo.compare.report import write_report
 from sb3_grpo.compare.results import new_results, prepare_out_dir
+from sb3_grpo.file_io import LOCK_FILE, FolderBusyError, FolderLock, atomic_folder, to_jsonable, write_json_atomic
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -146,7 +146,7 @@ def test_folder_lock_refuses_a_second_holder_and_frees_on_release_or_death(tmp_p
     assert not (tmp_path / LOCK_FILE).exists()
     FolderLock(tmp_path).acquire().release()
     # a holder that dies (killed, no release) leaves a free lock: the kernel drops flock locks with the process
-    code = f"from sb3_grpo.common.io import FolderLock; FolderLock({str(tmp_path)!r}).acquire(); import os; os._exit(0)"
+    code = f"from sb3_grpo.file_io import FolderLock; FolderLock({str(tmp_path)!r}).acquire(); import os; os._exit(0)"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     FolderLock(tmp_path).acquire().release()
 

@@ -12,7 +12,7 @@ from helpers import assert_refused, case_ids
 
 import textrl_envs  # noqa: F401 (registers the env ids)
 from sb3_grpo import GRPO
-from sb3_grpo.policies.validation import check_window_fits, model_context
+from sb3_grpo.policies.policy_kwargs import check_window_fits, model_context
 from textrl_envs.core import MAX_WINDOW
 from textrl_envs.sb3 import make_vec_env
 

@@ -25,7 +25,7 @@ from stable_baselines3.common.evaluation import evaluate_policy  # noqa: E402
 from stable_baselines3.common.logger import configure  # noqa: E402
 
 from sb3_grpo import GRPO  # noqa: E402
-from sb3_grpo.common.vllm_engine import VLLMOptions, VLLMTurnQueues, score_turns  # noqa: E402
+from sb3_grpo.engines.vllm_engine import VLLMOptions, VLLMTurnQueues, score_turns  # noqa: E402
 from textrl_envs.sb3 import make_vec_env  # noqa: E402
 
 #: vLLM's float32 kernels against the training model's: the sampled tokens' log-probs agree to this (measured:
@@ -72,8 +72,8 @@ def _gap_after(model, push):
             if p.requires_grad:
                 p.add_(0.05 * th.randn(p.shape, generator=gen))
     if push:
-        model._vllm.push(model.policy, model._n_updates)
-    turns, engine_lps = model._vllm.generate(WINDOWS, [6] * len(WINDOWS), [11, 12, 13, 14], stop_ids=[])
+        model._rollout_engine.push(model.policy, model._n_updates)
+    turns, engine_lps = model._rollout_engine.generate(WINDOWS, [6] * len(WINDOWS), [11, 12, 13, 14], stop_ids=[])
     policy_lps, _ = score_turns(model.policy, WINDOWS, turns)
     assert [len(t) for t in turns] == [6] * len(WINDOWS)
     return max(float((lp - th.tensor(e)).abs().max()) for lp, e in zip(policy_lps, engine_lps, strict=True))
@@ -208,4 +208,4 @@ def test_a_short_run_learns_textgen_as_step_does(engine):
     assert before < 0.2
     assert after > 0.6, f"{engine}: reward {before:.2f} -> {after:.2f}"
     if engine == "vllm":
-        assert model._vllm.pushes == 7  # one push before each rollout after the first
+        assert model._rollout_engine.pushes == 7  # one push before each rollout after the first

@@ -1,9 +1,9 @@
 """The one validation layer: small pure checks of what a user passes, shared by every entry point.
 
 The env spec (:mod:`textrl_envs.core`), the single and the vector env, the SB3 adapter, and in ``sb3_grpo`` the
-algorithm (``sb3_grpo.common.arguments``), the policy (``sb3_grpo.policies.validation``), the CLI and the comparison
-config all check their arguments with these functions, before any work starts. Each returns the value in its plain
-Python form or raises:
+algorithm (``sb3_grpo.common.options.checks``), the policy (``sb3_grpo.policies.policy_kwargs``), the CLI and the
+comparison config all check their arguments with these functions, before any work starts. Each returns the value in its
+plain Python form or raises:
 
 - ``TypeError`` when the value has the wrong type (a string where a number belongs, ``True`` for a count);
 - ``ValueError`` when it has the right type but a wrong value: out of range, not one of the choices, and for

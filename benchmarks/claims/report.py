@@ -10,7 +10,7 @@ import numpy as np
 
 from benchmarks.claims import verdicts as V
 from benchmarks.claims.experiments import ABLATION_ARMS, BASELINE_ARMS, COLLAPSE_ARMS
-from sb3_grpo.common.io import save_figure_atomic, write_text_atomic
+from sb3_grpo.file_io import save_figure_atomic, write_text_atomic
 
 __all__ = ["CLAIMS", "evaluate_claims", "render_claims", "write_claims_report"]
 

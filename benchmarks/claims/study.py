@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.claims.experiments import BUDGETS, Budget, Job, phase_one, phase_two, plan_summary, tuned
-from sb3_grpo.common.io import to_jsonable, write_json_atomic
 from sb3_grpo.compare.results import RESULTS_FILE, environment_info, load_results
+from sb3_grpo.file_io import to_jsonable, write_json_atomic
 
 __all__ = ["CLAIMS_OUTPUTS", "check_claims_extra", "run_claims"]
 

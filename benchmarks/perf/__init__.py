@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.timing import make_row
-from sb3_grpo.common.io import write_text_atomic
+from sb3_grpo.file_io import write_text_atomic
 
 __all__ = ["SIZES", "make_row", "markdown_table", "measurements", "perf_page_body", "run_perf", "smoke_check"]
 

@@ -70,8 +70,13 @@ from sb3_grpo.callbacks.trackers import (
     run_config,
 )
 from sb3_grpo.callbacks.trainer_state import TrainerStateCallback
-from sb3_grpo.common.checkpoints import atomic_save, is_complete_checkpoint, latest_checkpoint, nonfinite_parameters
-from sb3_grpo.common.io import TMP_SUFFIX, atomic_write
+from sb3_grpo.common.checkpoints.files import (
+    atomic_save,
+    is_complete_checkpoint,
+    latest_checkpoint,
+    nonfinite_parameters,
+)
+from sb3_grpo.file_io import TMP_SUFFIX, atomic_write
 
 __all__ = [
     "SB3_FORMATS",

@@ -7,13 +7,14 @@ import os
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 from stable_baselines3.common.callbacks import CheckpointCallback
 
 from sb3_grpo.callbacks._common import TrainingAlertWarning, check_positive_int
-from sb3_grpo.common.checkpoints import _checkpoint_steps, nonfinite_parameters, resume_in_place
-from sb3_grpo.common.io import TMP_SUFFIX, atomic_write
-from sb3_grpo.common.run_record import OTHER_RUN, add_run_record, claim_folder, run_record
+from sb3_grpo.common.checkpoints.files import _checkpoint_steps, nonfinite_parameters, resume_in_place
+from sb3_grpo.common.checkpoints.run_record import OTHER_RUN, add_run_record, claim_folder, run_record
+from sb3_grpo.file_io import TMP_SUFFIX, atomic_write
 from textrl_envs.validation import check_choice
 
 __all__ = ["AtomicCheckpointCallback", "ElasticCheckpointCallback"]
@@ -42,7 +43,7 @@ class AtomicCheckpointCallback(CheckpointCallback):
         ``None`` keeps all.
     :param verbose: 2 prints every save.
     :param other_run: What to do when training starts with the folder holding another run's checkpoints (every
-        checkpoint records its run's configuration; see :func:`~sb3_grpo.common.run_record.claim_folder`):
+        checkpoint records its run's configuration; see :func:`~sb3_grpo.common.checkpoints.run_record.claim_folder`):
         ``"refuse"`` (the default: a ``ValueError`` naming the settings that differ), ``"resume"`` (take the folder
         over and write on), ``"overwrite"`` (move the other run's checkpoints into a ``replaced-...`` subfolder
         first).
@@ -86,6 +87,7 @@ class AtomicCheckpointCallback(CheckpointCallback):
         self.other_run = other_run
         self.n_skipped_nonfinite = 0
         self.last_checkpoint: Path | None = None
+        self._run_record: dict[str, Any] | None = None  # this run's configuration, read when training starts
 
     def _init_callback(self) -> None:
         super()._init_callback()
@@ -120,7 +122,7 @@ class AtomicCheckpointCallback(CheckpointCallback):
                 stacklevel=2,
             )
             return None
-        record = self.__dict__.get("_run_record") or run_record(self.model)
+        record = self._run_record or run_record(self.model)
 
         def save(tmp: str) -> None:
             self.model.save(tmp)
@@ -168,9 +170,9 @@ class ElasticCheckpointCallback(AtomicCheckpointCallback):
     every rank; ``model.learn(total_timesteps, callback=ElasticCheckpointCallback(...))`` then loads the newest
     complete checkpoint into the new model before training (weights, optimizer state, ``num_timesteps``, the update
     count, the schedules' position, the exploration RNG, the adaptive ``kl_coef``:
-    :func:`~sb3_grpo.common.checkpoints.resume_in_place`), and ``learn`` trains on to the same ``total_timesteps``.
-    On a first start there is no checkpoint and nothing changes. It works the same without torchrun (run the script
-    again after a crash).
+    :func:`~sb3_grpo.common.checkpoints.files.resume_in_place`), and ``learn`` trains on to the same
+    ``total_timesteps``. On a first start there is no checkpoint and nothing changes. It works the same without torchrun
+    (run the script again after a crash).
 
     The checkpoints are written at the start of a rollout, after the previous update, so a resumed run has the
     step count and the number of updates of a run that never died and loses at most ``save_freq`` updates of work.
@@ -188,7 +190,7 @@ class ElasticCheckpointCallback(AtomicCheckpointCallback):
         algorithms, windows or envs), ``"overwrite"`` (move them aside and start afresh); see
         :class:`AtomicCheckpointCallback`.
     :param trusted: Read the checkpoint's pickled entries without the allow-list (runs code from the file; see
-        :func:`~sb3_grpo.common.checkpoints.resume_in_place`). By default a checkpoint that names code is refused.
+        :func:`~sb3_grpo.common.checkpoints.files.resume_in_place`). By default a checkpoint that names code is refused.
     """
 
     def __init__(

@@ -16,7 +16,7 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
 from sb3_grpo.callbacks._common import TrainingAlertWarning, check_positive_int
-from sb3_grpo.common.checkpoints import atomic_save, latest_checkpoint, nonfinite_parameters
+from sb3_grpo.common.checkpoints.files import atomic_save, latest_checkpoint, nonfinite_parameters
 
 __all__ = ["EarlyStoppingCallback", "RollbackCallback"]
 

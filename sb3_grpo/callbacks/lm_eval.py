@@ -13,7 +13,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
 from sb3_grpo.callbacks._common import check_positive_int, env_chain
-from sb3_grpo.common.checkpoints import atomic_save
+from sb3_grpo.common.checkpoints.files import atomic_save
 
 __all__ = ["LMEvalCallback", "eval_metrics", "text_spec_of"]
 

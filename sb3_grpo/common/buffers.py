@@ -11,8 +11,8 @@ What GRPO stores about a rollout beyond SB3's :class:`~stable_baselines3.common.
   ``log pi_old(a|s)`` beside SB3's ``log_probs``, which under mixed exploration hold the behaviour mixture's
   ``log mu(a|s)``. Their ratio is the importance weight of GRPO's KL-to-reference estimate
   (:func:`~sb3_grpo.objectives.kl_k3_weighted_mean`). Everything else (storage, GAE, the random minibatch
-  order) is SB3's; GRPO also overwrites ``advantages`` for the group forms (:mod:`sb3_grpo.common.groups`). The
-  sequence buffer inherits
+  order) is SB3's; GRPO also overwrites ``advantages`` for the group forms
+  (:mod:`sb3_grpo.common.advantages.group_trackers`). The sequence buffer inherits
   the same fields.
 """
 
@@ -197,8 +197,8 @@ class SequenceRolloutBuffer(GRPODictRolloutBuffer):
     of its episode's final window, e.g. an env that dropped tokens on the left while the agent acted) is refused
     with an error (:meth:`check_windows`) rather than trained on wrong contexts.
 
-    ``carry_over`` (:mod:`sb3_grpo.common.carry_over`) changes what an update gets through :meth:`carry`: sequences
-    held from earlier rollouts join the minibatches, and this rollout's segments held for later are left out.
+    ``carry_over`` (:mod:`sb3_grpo.common.advantages.carry_over`) changes what an update gets through :meth:`carry`:
+    sequences held from earlier rollouts join the minibatches, and this rollout's segments held for later are left out.
 
     Minibatches are made of whole sequences in random order, about ``batch_size`` transitions each
     (:func:`pack_segments`), so they differ from PPO's random transitions; the loss of any set of

@@ -232,6 +232,12 @@ class FullyShardedDataParallel(DataParallel):
     fast path's packed sequences do not), and there are no idle steps.
     """
 
+    def __init__(self, world_size: int, rank: int) -> None:
+        super().__init__(world_size, rank)
+        self._units: list[th.nn.Module] = []  # the sharded units, once :meth:`shard` ran
+        self._optimizer_names: list[str] = []  # the optimizer's parameters by name (:meth:`shard`)
+        self._optimizer_flags: dict[str, Any] = {}  # the flags a one-process optimizer runs with
+
     def shard(self, policy: th.nn.Module) -> None:
         """Shard the policy's units and rebuild its optimizer over the shards (after rank 0's weights were broadcast
         by :meth:`start`, and after a frozen KL reference was copied: an FSDP module cannot be deep-copied, so the
@@ -281,7 +287,7 @@ class FullyShardedDataParallel(DataParallel):
 
     def release(self, policy: th.nn.Module) -> None:  # noqa: ARG002 (the seam's signature)
         """Reshard every unit: each rank drops its gathered copies (no collective call), keeping its shards."""
-        for unit in getattr(self, "_units", []):
+        for unit in self._units:
             unit.reshard()
 
     @contextlib.contextmanager
@@ -289,7 +295,7 @@ class FullyShardedDataParallel(DataParallel):
         """Free the units still gathered (:meth:`release`: by forwards since the rollout's end), reshard each unit
         after its forward for the update, and keep the units gathered again after it (for the next rollout)."""
         self.release(policy)
-        units = getattr(self, "_units", [])
+        units = self._units
         for unit in units:
             unit.set_reshard_after_forward(True, recurse=False)
         try:
@@ -355,7 +361,7 @@ class FullyShardedDataParallel(DataParallel):
         optim = {
             "state": {index[name]: value for name, value in optim["state"].items()},
             "param_groups": [
-                {**group, **getattr(self, "_optimizer_flags", {}), "params": [index[n] for n in group["params"]]}
+                {**group, **self._optimizer_flags, "params": [index[n] for n in group["params"]]}
                 for group in optim["param_groups"]
             ],
         }

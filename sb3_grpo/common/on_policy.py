@@ -1,43 +1,35 @@
 """
-The on-policy skeleton that every algorithm of the package shares: SB3's PPO loop, with the package's machinery.
+The on-policy skeleton every algorithm of the package shares: SB3's ``OnPolicyAlgorithm`` with PPO's arguments.
 
-:class:`GroupOnPolicyAlgorithm` is SB3's :class:`~stable_baselines3.common.on_policy_algorithm.OnPolicyAlgorithm`
-with PPO's arguments and ``collect_rollouts`` step for step, plus what any algorithm here reuses:
+:class:`GroupOnPolicyAlgorithm` keeps SB3's loop (``collect_rollouts``, ``train``'s epochs and minibatches, the
+optimizer step, the update's log) and calls the rooms that own the rest: the advantage forms
+(:mod:`sb3_grpo.common.advantages`), the rollout's additions (:mod:`sb3_grpo.common.rollout`), the rollout engine
+(:func:`sb3_grpo.engines.make_engine`, made once at set-up), the two update paths (:mod:`sb3_grpo.common.update`), fp16
+loss scaling (:mod:`sb3_grpo.common.update.loss_scaling`), the router term of mixture-of-experts LMs
+(:mod:`sb3_grpo.common.update.router_aux`), saving and loading
+(:class:`~sb3_grpo.common.checkpoints.save_load.CheckpointMixin`), the options an algorithm supports
+(:class:`~sb3_grpo.common.options.support.SupportedOptions`) and ``torch.distributed``
+(:mod:`sb3_grpo.common.data_parallel`).
 
-- group advantages (``advantage="group" | "group_mean" | "rloo" | "self_critical" | "group_turn"``) and
-  role-conditioned ones (``"role"``), :mod:`sb3_grpo.common.groups`,
-  ``carry_over`` (:mod:`sb3_grpo.common.carry_over`) and rewards scored in the background
-  (:mod:`sb3_grpo.common.deferred_rewards`), all through the rollout's state (:mod:`sb3_grpo.common.rollout`);
-- the two update paths (:mod:`sb3_grpo.common.batch_sources`), whose minibatches know their sequences, and
-  micro-batches (``micro_batch_size``: gradient accumulation, one optimizer step per minibatch);
-- non-finite handling (``nonfinite``, :mod:`sb3_grpo.common.nonfinite`) and the gradient-norm log and warning;
-- fp16 loss scaling (``torch.amp.GradScaler``) for a policy with ``autocast_dtype="float16"``: a step whose
-  gradient overflowed is skipped and counted (``train/skipped_overflow``), the scale halved;
-- the data-parallel seam (:mod:`sb3_grpo.common.data_parallel`): rank 0 logs and saves.
-
-A subclass (sb3-contrib's pattern) calls ``super().__init__(..., _init_setup_model=_init_setup_model)``, sets its own
-arguments, and calls ``self._setup_model()`` when ``_init_setup_model``; it writes its loss in
-:meth:`~GroupOnPolicyAlgorithm._minibatch_loss` (for a micro-batch, its share of the minibatch's loss:
-``Minibatch.share``; whole-minibatch statistics go in :meth:`~GroupOnPolicyAlgorithm._prepare_minibatch`) and may
-add terms to the update's log in :meth:`~GroupOnPolicyAlgorithm._record_own`. :class:`~sb3_grpo.GRPO`,
-:class:`~sb3_grpo.DrGRPO`, :class:`~sb3_grpo.DAPO`, :class:`~sb3_grpo.GSPO` and :class:`~sb3_grpo.CISPO` are the ones
-in the package.
+A subclass (sb3-contrib's pattern) calls ``super().__init__(..., _init_setup_model=False)``, sets its own arguments,
+and calls ``self._setup_model()`` when ``_init_setup_model``. It writes its loss in ``_minibatch_loss`` (for a
+micro-batch, its share of the minibatch's loss: ``Minibatch.share``; whole-minibatch statistics go in
+``_prepare_minibatch``), or, without a critic, subclasses :class:`~sb3_grpo.common.critic_free.CriticFreeAlgorithm`
+and writes only its policy term. It may log its own figures in ``_record_own``. The other hooks, each a no-op here:
+``_rollout_alpha`` (the exploration mixture's weight), ``_kl_reference`` (a frozen KL reference),
+``_check_buffer_class``, ``_after_update`` and ``_computes_as_ppo``.
 """
 
 from __future__ import annotations
 
-import io
 import math
-import os
 import warnings
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.base_class import maybe_make_env
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import Logger
@@ -53,72 +45,80 @@ from stable_baselines3.common.utils import FloatSchedule, explained_variance, ob
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo import distributed
-from sb3_grpo.common.arguments import (
-    check_argument_values,
-    check_carry_over,
-    check_learn_args,
-    check_ppo_batching,
-    resolve_carry_over,
+from sb3_grpo.common.advantages.carry_over import CarryOver
+from sb3_grpo.common.advantages.forms import advantage_form, check_advantage_env, make_group_tracker
+from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker
+from sb3_grpo.common.checkpoints.save_load import CheckpointMixin
+from sb3_grpo.common.data_parallel import make_data_parallel
+from sb3_grpo.common.options.checks import check_carry_over, check_learn_args, check_ppo_batching, resolve_carry_over
+from sb3_grpo.common.options.schedule_values import plain_number, scheduled_value
+from sb3_grpo.common.options.support import SupportedOptions
+from sb3_grpo.common.rollout.nonfinite import raise_non_finite
+from sb3_grpo.common.rollout.redistribution import (
+    RewardRedistribution,
+    check_redistribution_env,
+    check_redistribution_policy,
 )
-from sb3_grpo.common.batch_sources import make_batch_source, rollout_buffer_class_for
-from sb3_grpo.common.carry_over import CarryOver
-from sb3_grpo.common.checkpoints import existing_checkpoint
-from sb3_grpo.common.data_parallel import DATA_PARALLEL, make_data_parallel
-from sb3_grpo.common.engines import check_engine, check_engine_policy
-from sb3_grpo.common.groups import EpisodeGroupTracker, check_grouped_env, make_group_tracker
-from sb3_grpo.common.host_memory import release_free_heap
-from sb3_grpo.common.io import atomic_write, is_atomic_temp
-from sb3_grpo.common.nonfinite import raise_non_finite
-from sb3_grpo.common.redistribution import RewardRedistribution, check_redistribution_env
-from sb3_grpo.common.rollout import RolloutExtras, bootstrap_truncated, env_actions
-from sb3_grpo.common.safe_loading import checkpoint_source
-from sb3_grpo.common.safetensors_format import is_safetensors_path, save_safetensors
-from sb3_grpo.common.schedule_values import plain_number, scheduled_value
-from sb3_grpo.common.trainer_state import push_trainer_state
+from sb3_grpo.common.rollout.rollout_extras import RolloutExtras, bootstrap_truncated, env_actions
+from sb3_grpo.common.rollout.trainer_state_push import push_trainer_state
 from sb3_grpo.common.type_aliases import Minibatch
-from sb3_grpo.common.update_stats import LossTerms, MicroBatchStats, TrainStats
-from sb3_grpo.common.vllm_engine import VLLMEngine, check_vllm_model, vllm_options
+from sb3_grpo.common.update.batch_sources import make_batch_source, rollout_buffer_class_for
+from sb3_grpo.common.update.host_memory import release_free_heap
+from sb3_grpo.common.update.loss_scaling import (
+    grad_scaler_for,
+    scaled_backward,
+    skip_overflowed_step,
+    step_optimizer,
+    unscale_gradients,
+)
+from sb3_grpo.common.update.router_aux import with_router_aux
+from sb3_grpo.common.update.train_stats import LossTerms, MicroBatchStats, TrainStats
+from sb3_grpo.engines import engine_importance_cap, make_engine
 from sb3_grpo.objectives import pearson_corr
-from sb3_grpo.policies.models import BASE_WEIGHTS, base_missing_message, portable_policy_kwargs
 from sb3_grpo.policies.tokenizer_identity import check_policy_tokenizer
-from textrl_envs.gguf import gguf_available
-from textrl_envs.validation import check_choice, check_int
 
 __all__ = ["GroupOnPolicyAlgorithm"]
 
 SelfGroupOnPolicy = TypeVar("SelfGroupOnPolicy", bound="GroupOnPolicyAlgorithm")
 
 
-class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
+class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorithm):
     """
-    SB3's on-policy skeleton with PPO's arguments, group advantages, carry-over, deferred rewards, non-finite
-    handling and the data-parallel seam; a subclass defines the loss of a minibatch (:meth:`_minibatch_loss`).
+    SB3's on-policy skeleton with PPO's arguments and the options every algorithm of the package shares; a subclass
+    defines the loss of a minibatch.
 
-    PPO's arguments mean what they mean for SB3's ``PPO``; the shared ones beyond them:
+    PPO's arguments mean what they mean for SB3's ``PPO``. On a text env a step is one token: a rollout holds
+    ``n_steps * n_envs`` tokens, ``learn(total_timesteps)`` counts tokens too (in whole rollouts), and ``batch_size``
+    counts transitions, i.e. tokens (on the text fast path, whole sequences of about that many tokens), where TRL's
+    ``per_device_train_batch_size`` counts completions. The shared options beyond PPO's arguments:
 
     :param ent_coef: the entropy coefficient, a number or (unlike SB3's PPO) a schedule, a callable of the progress
         remaining as ``clip_range`` takes (e.g. ``lambda p: 0.01 * p``); evaluated once per update, logged as
         ``train/ent_coef``. A number is used as it is, so the loss is computed exactly as SB3's PPO computes it
-    :param advantage: ``"gae"`` (PPO's), or a group form: ``"group"`` (DeepSeekMath), ``"group_mean"`` (the group
-        mean as baseline, no std division: Dr.GRPO), ``"rloo"``, ``"self_critical"``, ``"group_turn"`` (interactive
-        episodes, credit per turn) or ``"role"`` (two-player games: SPIRAL's running baseline per game and the side
-        the learner played, no group needed) (:mod:`sb3_grpo.common.groups`)
-    :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
-    :param reward_redistribution: ``None`` (off), ``"attention"`` or ``"uniform"``: spread each episode's reward over
-        its steps before returns and advantages, its total kept (:mod:`sb3_grpo.common.redistribution`)
-    :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
-    :param carry_over: group forms on the text fast path: train the steps of an episode whose group has not finished
-        when the rollout ends in the first update after it has (:mod:`sb3_grpo.common.carry_over`); ``"auto"``: on
-        where it applies (:func:`~sb3_grpo.common.arguments.resolve_carry_over`)
+    :param advantage: ``"gae"`` (PPO's, with a critic) or a form without a critic: ``"group"`` (DeepSeekMath),
+        ``"group_mean"`` (Dr. GRPO's), ``"rloo"``, ``"self_critical"``, ``"group_turn"`` (interactive episodes, credit
+        per turn) or ``"role"`` (two-player games, no group needed); see :mod:`sb3_grpo.common.advantages.forms`
+    :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never);
+        ``train/grad_norm`` and ``train/grad_norm_max`` are logged at every update
+    :param nonfinite: ``"raise"`` (stop with an error naming the quantity and where, before the optimizer touches the
+        weights) or ``"skip"`` (drop and count): what to do with NaN/inf rewards, advantages, losses and gradients
+    :param carry_over: forms without a critic on the text fast path: train the steps of an episode whose advantage is
+        not known when the rollout ends in the first update after it is (:mod:`sb3_grpo.common.advantages.carry_over`);
+        ``"auto"``: on where it applies (:func:`~sb3_grpo.common.options.checks.resolve_carry_over`; ``carry_over_on``
+        says what it resolved to); ``False``: every update uses only its own rollout, as PPO's do
     :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
-        (whole sequences on the text fast path) and accumulate their gradients: one optimizer step per minibatch, the
-        same update as unsplit to float rounding, with the peak memory of a micro-batch (``None``: no split)
+        (on the text fast path: this many whole sequences, i.e. completions; a size, where TRL's
+        ``gradient_accumulation_steps`` is a count) and accumulate their gradients: one optimizer step per minibatch,
+        the same update as unsplit to float rounding, with the peak memory of a micro-batch (``None``: no split)
     :param data_parallel: under ``torchrun``: ``"ddp"`` (every rank holds the whole policy, gradients averaged by
         one all-reduce) or ``"fsdp"`` (parameters, gradients and optimizer state sharded over the ranks with FSDP2,
         :class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`); no effect on one process
-    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.common.engines`): ``"step"`` (SB3's loop, one
-        token per policy call; the reference) or ``"hf"`` (the policy's built-in decoder, a whole turn per row at a
-        time, the env still stepped token by token: the same tokens from the same draws)
+    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.engines`): ``"step"`` (SB3's loop, one token
+        per policy call; the reference), ``"hf"`` (the policy's built-in decoder, a whole turn per row at a time: the
+        same tokens from the same draws) or ``"vllm"`` (vLLM in the training process, an extra; or
+        :class:`~sb3_grpo.engines.vllm_engine.VLLMOptions`); the env is stepped token by token with each
+    :param reward_redistribution: ``None`` (off), ``"attention"`` or ``"uniform"``: spread each episode's reward over
+        its steps before returns and advantages, its total kept (:mod:`sb3_grpo.common.rollout.redistribution`)
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -166,12 +166,15 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         engine: str = "step",
         reward_redistribution: str | None = None,
     ):
+        # every argument (type, finiteness, range) and whether this algorithm supports the shared options' values is
+        # checked first, before any model is built; a subclass checks its own arguments before calling this
+        self.check_arguments(locals())
         # torch.distributed (torchrun): one GPU per rank, quiet ranks > 0 (see sb3_grpo.distributed); outside
         # torchrun this is the single-process seam and torch.distributed is never touched. load() builds with
         # _init_setup_model=False and makes no collective call (rank 0 alone may load a model).
         self._sync_ranks_at_setup = _init_setup_model
         on_cpu = str(device) != "auto" and th.device(device).type == "cpu"
-        self.data_parallel = check_choice("data_parallel", data_parallel, DATA_PARALLEL)
+        self.data_parallel = data_parallel
         self._data_parallel = make_data_parallel(backend="gloo" if on_cpu else None, mode=data_parallel)
         device = self._data_parallel.device(device)
         verbose = verbose if self._data_parallel.is_main else 0
@@ -222,26 +225,25 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self.grad_norm_warn = grad_norm_warn
         self.nonfinite = nonfinite
         self.carry_over = carry_over
-        if micro_batch_size is not None:
-            check_int("micro_batch_size", micro_batch_size, low=1, example=8)
         self.micro_batch_size = micro_batch_size
-        self.engine = check_engine(engine)
+        self.engine = engine
         self.reward_redistribution = reward_redistribution
         if reward_redistribution is not None and self.env is not None:
             check_redistribution_env(self.env, reward_redistribution)
+        # kept across set-ups, and restored by load() before _setup_model reads them
+        self._explore_rng: np.random.Generator | None = None  # the exploration RNG (a saved model's, once loaded)
+        self._lm_spec: dict[str, Any] | None = None  # the LM's spec, saved with the model (CheckpointMixin)
+        self._tracker_state: dict[str, Any] | None = None  # what the advantage tracker keeps across updates
+        self._full_state: dict[str, dict] | None = None  # while saving under FSDP: the gathered state
 
     # ------------------------------------------------------------------------------------------------------
     # What a subclass defines
     # ------------------------------------------------------------------------------------------------------
     def _minibatch_loss(
-        self,
-        minibatch: Minibatch,
-        clip_range: float,
-        clip_range_vf: float | None,
-        stats: TrainStats,
-        measure_kl: bool,
+        self, minibatch: Minibatch, clip_range: float, clip_range_vf: float | None, stats: TrainStats, measure_kl: bool
     ) -> LossTerms:
-        """The loss of one minibatch, with its statistics recorded in ``stats``.
+        """The loss of one minibatch, with its statistics recorded in ``stats`` (an algorithm without a critic inherits
+        it from :class:`~sb3_grpo.common.critic_free.CriticFreeAlgorithm`).
 
         :param minibatch: The minibatch (per transition, with its sequences: ``Minibatch.sequence_ids``).
         :param clip_range: The update's ``eps``.
@@ -260,8 +262,9 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         """
         return minibatch
 
-    def _rollout_alpha(self) -> float:
-        """The weight of the uniform mixture the rollout acts with (0: the policy's own draws)."""
+    def _rollout_alpha(self, progress_remaining: float) -> float:  # noqa: ARG002 (the hook's signature)
+        """The weight of the uniform mixture a rollout acts with at ``progress_remaining`` (0: the policy's own
+        draws)."""
         return 0.0
 
     def _kl_reference(self) -> tuple[BasePolicy | None, bool]:
@@ -270,10 +273,18 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
 
     def _check_buffer_class(self, buffer_class: type[RolloutBuffer]) -> None:
         """Refuse a rollout buffer class the model's settings cannot use, before anything is built."""
-        check_carry_over(buffer_class, getattr(self, "carry_over", False))
+        check_carry_over(buffer_class, self.carry_over)
 
     def _record_own(self, logger: Logger, clip_range: float) -> None:
         """Log the subclass's own figures of an update, after PPO's keys (nothing here)."""
+
+    def _after_update(self, stats: TrainStats) -> None:
+        """Called once per update, after its epochs and before its log (nothing here)."""
+
+    def _computes_as_ppo(self) -> bool:
+        """Whether this model must compute exactly what SB3's PPO computes, bit for bit (no shortcut that rounds
+        floats differently may run then). Here: never; :class:`~sb3_grpo.GRPO` with every extra off does."""
+        return False
 
     # ------------------------------------------------------------------------------------------------------
     # Setup
@@ -295,34 +306,24 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             self.rollout_buffer_class, self.policy_class, self.observation_space, self.action_space
         )
         self._check_buffer_class(self.rollout_buffer_class)
-        importance_cap = getattr(vllm_options(getattr(self, "engine", "step")), "importance_cap", None)
         #: whether carry_over is on (``"auto"`` resolved for this model's advantage, buffer and engine)
         self.carry_over_on = resolve_carry_over(
-            getattr(self, "carry_over", False), self.advantage, self.rollout_buffer_class, importance_cap
+            self.carry_over, self.advantage, self.rollout_buffer_class, engine_importance_cap(self.engine)
         )
-        if self.advantage not in ("gae", "role") and self.env is not None:
-            # warns when n_steps < the episodes' length (unless carry_over trains those steps later)
-            check_grouped_env(self.env, self.advantage, None if self.carry_over_on else self.n_steps)
-        # load() restores the saved exploration RNG before calling _setup_model: keep its state
-        loaded_explore_rng = self.__dict__.get("_explore_rng")
+        if self.env is not None:
+            # a grouped form warns when n_steps < the episodes' length (unless carry_over trains those steps later)
+            check_advantage_env(self.env, self.advantage, None if self.carry_over_on else self.n_steps)
+        loaded_explore_rng = self._explore_rng  # load() restores the saved exploration RNG before _setup_model
         # torch.distributed: rank r seeds with seed + 1000 * r; rank 0's weights are broadcast below
         data_parallel = self._data_parallel
         self.seed = data_parallel.seed(self.seed)
-        # load(path, base_model=...): a LoRA checkpoint's base model, found at a new place
-        self.policy_kwargs = _relocated_base(self.policy_kwargs, self.__dict__.pop("base_model", None))
-        self.policy_kwargs = _moved_model_folder(self.policy_kwargs, self.__dict__.get("_lm_spec"))
+        self.policy_kwargs = self._policy_kwargs_to_build()  # a loaded LoRA base or model folder at its new place
         super()._setup_model()
         check_policy_tokenizer(self.policy, self.env)  # the model's own tokenizer against the env's
-        check_engine_policy(getattr(self, "engine", "step"), self.policy, self.action_space)
-        self._vllm = None  # engine="vllm": the in-process vLLM engine, built once the model is complete (below)
-        # a model object in policy_kwargs is saved as its config (the weights are in the state dict), not pickled
-        self._lm_spec = getattr(self.policy, "lm_spec", None)
-        self.policy_kwargs = portable_policy_kwargs(
-            self.policy_kwargs, self._lm_spec, getattr(self.policy, "quantization", None)
-        )
+        self._keep_portable_policy_kwargs()
         if not data_parallel.is_main:
             self.set_logger(distributed.null_logger())
-        if getattr(self, "_sync_ranks_at_setup", False):
+        if self._sync_ranks_at_setup:
             data_parallel.start(self.policy, self.env.num_envs if self.env is not None else 0)
 
         # Initialize schedules for policy/value clipping (as PPO)
@@ -334,7 +335,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
 
         # nothing here draws from a random generator, so PPO's RNG stream is untouched
         self.ref_policy, kl = self._kl_reference()
-        if getattr(self, "_sync_ranks_at_setup", False):
+        if self._sync_ranks_at_setup:
             data_parallel.shard(self.policy)  # FSDP: after the reference's copy (an FSDP module cannot be copied)
         self.batch_source = make_batch_source(
             self.rollout_buffer_class,
@@ -351,28 +352,24 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self._group_tracker: EpisodeGroupTracker | None = None
         self._carry = CarryOver() if self.carry_over_on else None
         self._redistribution_steps: np.ndarray | None = None  # per env: steps of its running episode so far
-        if getattr(self, "reward_redistribution", None) == "attention" and not hasattr(self.policy, "lm"):
-            raise ValueError(
-                f"reward_redistribution='attention' reads the attention of the policy's language model, but "
-                f"{type(self.policy).__name__} has none; use a CausalLMPolicy, or reward_redistribution='uniform'"
-            )
+        check_redistribution_policy(self.reward_redistribution, self.policy)
         self._grad_norm_warned = False
         self._skipped_nonfinite = 0
         # fp16 autocast: scale the loss so that small gradients do not underflow (bf16 has fp32's range: no scaler)
-        fp16 = getattr(self.policy, "autocast_dtype", None) == "float16"
-        if fp16 and getattr(self, "data_parallel", "ddp") == "fsdp":
-            raise ValueError(
-                "fp16 loss scaling is not supported with data_parallel='fsdp' (its gradients are sharded); use "
-                "autocast_dtype='bfloat16' (no scaling needed) or data_parallel='ddp'"
-            )
-        self._grad_scaler = th.amp.GradScaler(self.device.type) if fp16 else None
+        self._grad_scaler = grad_scaler_for(self.policy, self.device, self.data_parallel)
         self._skipped_overflow = 0
+        self._router_aux_values: list[float] = []  # the update's router load-balancing losses (MoE LMs)
         self._current_ent_coef = self.current_ent_coef()
-        options = vllm_options(getattr(self, "engine", "step"))
-        if options is not None:
-            check_vllm_model(self)
-            n_envs = self.env.num_envs if self.env is not None else 1
-            self._vllm = VLLMEngine(self.policy, options, n_envs, seed=self.seed)
+        self._rollout_engine = make_engine(
+            self.engine,
+            self.policy,
+            self.action_space,
+            self.env.num_envs if self.env is not None else 1,
+            self.seed,
+            explore_alpha=self._rollout_alpha(1.0),
+            greedy_members=advantage_form(self.advantage).greedy_member,
+            carry_over=self.carry_over,
+        )
 
     def current_ent_coef(self) -> float:
         """The entropy coefficient now: ``ent_coef`` itself when it is a number, else its schedule at the current
@@ -380,87 +377,6 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         if callable(self.ent_coef):
             return scheduled_value("ent_coef", self.ent_coef, self._current_progress_remaining)
         return self.ent_coef
-
-    def save(
-        self,
-        path: str | os.PathLike | io.BufferedIOBase,
-        exclude: Iterable[str] | None = None,
-        include: Iterable[str] | None = None,
-    ) -> None:
-        """SB3's ``save`` (same signature), written atomically: to a temporary file in the same folder, flushed to
-        disk, then renamed over ``path`` (:func:`~sb3_grpo.common.io.atomic_write`), so a save that fails (a full
-        disk, Ctrl-C, a killed process) leaves the previous file at ``path`` intact. As in SB3, ``.zip`` is appended
-        to a name without a suffix; a file object is written directly. Under ``torch.distributed`` only rank 0
-        writes (the weights are the same everywhere; under ``data_parallel="fsdp"`` every rank must call it: the full
-        state is gathered to rank 0 first). ``rollout_buffer_class`` is saved as given (``None`` when the
-        algorithm chose it), so SB3's stock ``PPO`` can load the file and train on. A path ending in ``.safetensors``
-        is written in the format that cannot run code when loaded (:mod:`sb3_grpo.common.safetensors_format`).
-
-        :param path: The file (or a writable binary file object).
-        :param exclude: Names of parameters not to save (SB3's).
-        :param include: Names of parameters to save that are excluded by default (SB3's).
-        :raises ValueError: for an empty path or a folder.
-        :raises OSError: naming ``path`` when the file cannot be written (the previous one is kept).
-        """
-        self._full_state = self._data_parallel.full_state(self)  # FSDP: gathered from every rank's shards
-        self._tracker_state = self._group_tracker_state()
-        try:
-            if not self._data_parallel.is_main:
-                return
-            resolved = self.rollout_buffer_class
-            self.rollout_buffer_class = self.__dict__.get("_given_buffer_class", resolved)
-            try:
-                self._save_atomically(path, exclude, include)
-            finally:
-                self.rollout_buffer_class = resolved
-        finally:
-            self._full_state = None
-
-    def _save_atomically(
-        self, path: str | os.PathLike | io.BufferedIOBase, exclude: Iterable[str] | None, include: Iterable[str] | None
-    ) -> None:
-        if is_safetensors_path(path):  # the format that cannot run code: weights in safetensors, the rest JSON
-            save_safetensors(self, path, exclude, include)
-            return
-        if not isinstance(path, (str, os.PathLike)) or is_atomic_temp(path):  # a file object, or atomic_save's temp
-            super().save(path, exclude=exclude, include=include)
-            return
-        target = Path(os.path.expanduser(os.fspath(path)))
-        if os.fspath(path) == "" or target.is_dir():
-            raise ValueError(
-                f"save: path {os.fspath(path)!r} is {'empty' if os.fspath(path) == '' else 'a folder'}; give a file "
-                "path, e.g. model.save('runs/model.zip')"
-            )
-        if target.suffix == "":
-            target = target.with_suffix(".zip")
-        atomic_write(
-            target, lambda tmp: super(GroupOnPolicyAlgorithm, self).save(tmp, exclude=exclude, include=include)
-        )
-
-    def get_parameters(self) -> dict[str, dict]:
-        """SB3's ``get_parameters`` (the state dicts ``save`` writes); under ``data_parallel="fsdp"``, while saving,
-        the full state gathered from the shards."""
-        full = self.__dict__.get("_full_state")
-        return super().get_parameters() if full is None else full
-
-    def set_parameters(
-        self, load_path_or_dict: str | dict[str, Any], exact_match: bool = True, device: th.device | str = "auto"
-    ) -> None:
-        """SB3's ``set_parameters``; parameters saved without a KL reference (the model was trained with
-        ``kl_coef=0``) load into a model that has one (``load(path, kl_coef=0.1)``): the reference then starts as the
-        loaded policy, as a fresh model's starts as its initial policy."""
-        ref = getattr(self, "ref_policy", None)
-        if isinstance(load_path_or_dict, dict) and ref is not None and "ref_policy" not in load_path_or_dict:
-            if exact_match:
-                missing = set(self._get_torch_save_params()[0]) - set(load_path_or_dict) - {"ref_policy"}
-                if missing:
-                    raise ValueError(f"the parameters to load lack {sorted(missing)}; give a complete saved model")
-            super().set_parameters(load_path_or_dict, exact_match=False, device=device)
-            ref.load_state_dict(self.policy.state_dict())
-        else:
-            super().set_parameters(load_path_or_dict, exact_match=exact_match, device=device)
-        if getattr(self, "_vllm", None) is not None:
-            self._vllm.pushed_at = None  # new weights: pushed to vLLM before the next rollout
 
     def set_random_seed(self, seed: int | None = None) -> None:
         """SB3's ``set_random_seed`` (Python, NumPy, torch, action space, env), plus the exploration RNG.
@@ -474,22 +390,15 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     def _excluded_save_params(self) -> list[str]:
         # (the loss scaler is rebuilt by _setup_model: a loaded model starts again from the initial scale)
         own = ["ref_policy", "batch_source", "_data_parallel", "_group_tracker", "_sync_ranks_at_setup", "_carry"]
-        own += ["_redistribution_steps"]
-        own += ["_grad_scaler", "_full_state", "_given_buffer_class", "_vllm"]
+        own += ["_redistribution_steps", "_grad_scaler", "_router_aux_values", "_rollout_engine"]
         return [*super()._excluded_save_params(), *own]
-
-    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
-        state_dicts, tensors = super()._get_torch_save_params()
-        if getattr(self, "ref_policy", None) is not None:
-            state_dicts = [*state_dicts, "ref_policy"]
-        return state_dicts, tensors
 
     # ------------------------------------------------------------------------------------------------------
     # Rollout
     # ------------------------------------------------------------------------------------------------------
     def _rollout_group_tracker(self, env: VecEnv) -> EpisodeGroupTracker | None:
-        """The group advantages' tracker for ``env`` (kept across rollouts), or ``None`` for GAE."""
-        if self.advantage == "gae":
+        """The advantage form's tracker for ``env`` (kept across rollouts), or ``None`` for GAE."""
+        if advantage_form(self.advantage).critic:
             return None
         if self._group_tracker is None or self._group_tracker.n_envs != env.num_envs:
             state = self._group_tracker_state()  # the running tracker's, or a loaded model's
@@ -504,23 +413,17 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         tracker = self._group_tracker
         if tracker is not None and hasattr(tracker, "state_dict"):
             return tracker.state_dict()
-        return self.__dict__.get("_tracker_state")
+        return self._tracker_state
 
     def _rollout_redistribution(self, env: VecEnv, n_rollout_steps: int) -> RewardRedistribution | None:
         """``reward_redistribution``'s bookkeeping for a rollout of ``env`` (``None``: off); each env's running episode
         length is kept across rollouts."""
-        rule = getattr(self, "reward_redistribution", None)
-        if rule is None:
+        if self.reward_redistribution is None:
             return None
-        steps = getattr(self, "_redistribution_steps", None)
+        steps = self._redistribution_steps
         if steps is None or len(steps) != env.num_envs:
             steps = self._redistribution_steps = np.zeros(env.num_envs, dtype=np.int64)
-        return RewardRedistribution(rule, env.num_envs, n_rollout_steps, steps)
-
-    def _computes_as_ppo(self) -> bool:
-        """Whether this model must compute exactly what SB3's PPO computes, bit for bit (no shortcut that rounds
-        floats differently may run then). Here: never; :class:`~sb3_grpo.GRPO` with every extra off does."""
-        return False
+        return RewardRedistribution(self.reward_redistribution, env.num_envs, n_rollout_steps, steps)
 
     # Over 80 lines: SB3's OnPolicyAlgorithm.collect_rollouts step for step, kept in its shape so that the two read side
     # by side (the PPO equivalence rests on it); the additions are one call each into RolloutExtras
@@ -533,7 +436,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     ) -> bool:
         """
         Collect experiences and fill a ``RolloutBuffer``: SB3's ``OnPolicyAlgorithm.collect_rollouts`` step for step
-        (same calls, same order), plus the rollout's extras (:class:`~sb3_grpo.common.rollout.RolloutExtras`).
+        (same calls, same order), plus the rollout's extras
+        (:class:`~sb3_grpo.common.rollout.rollout_extras.RolloutExtras`).
 
         :param env: The training environment
         :param callback: Callback that will be called at each step (and at the beginning and end of the rollout)
@@ -552,15 +456,13 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         if self.use_sde:
             self.policy.reset_noise(env.num_envs)
         # the mixture's weight is fixed for the whole rollout (and kept for the update's log)
-        self._rollout_explore_alpha = self._rollout_alpha()
-        turn_engine = getattr(self, "_vllm", None)
-        if turn_engine is not None and turn_engine.pushed_at != self._n_updates:
-            turn_engine.push(self.policy, self._n_updates)  # the weights of the last update (or a load)
+        self._rollout_explore_alpha = self._rollout_alpha(self._current_progress_remaining)
+        self._rollout_engine.before_rollout(self.policy, self._n_updates)  # vLLM: the last update's weights
         extras = RolloutExtras.start(
             self.action_space,
             self._rollout_explore_alpha,
             self._rollout_group_tracker(env),
-            self.advantage == "self_critical",
+            advantage_form(self.advantage).greedy_member,
             self.nonfinite,
             rollout_buffer,
             env,
@@ -570,9 +472,8 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             carry=self._carry,
             on_accelerator=self.device.type != "cpu",
             exact_ppo=self._computes_as_ppo(),
-            engine=getattr(self, "engine", "step"),
+            engine=self._rollout_engine,
             redistribution=self._rollout_redistribution(env, n_rollout_steps),
-            turn_engine=turn_engine,
         )
 
         push_trainer_state(self, env)  # the rewards' trainer_state= (TRL's), as of this rollout
@@ -647,139 +548,10 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     # ------------------------------------------------------------------------------------------------------
     # Update
     # ------------------------------------------------------------------------------------------------------
-    def _optimizer_step(
-        self, terms: LossTerms | None, epoch: int, stats: TrainStats, accumulated: bool = False
-    ) -> None:
-        """Backward, gradient average over the ranks, clipping and the optimizer step, unless the loss or the
-        gradient is non-finite (``nonfinite``: raise, or skip and count). ``terms=None``: an idle step.
-        ``accumulated``: the micro-batches' backwards have already filled the gradients (:meth:`_micro_batch_loss`)."""
-        if terms is None or not math.isfinite(terms.value):
-            if terms is not None and self.nonfinite != "skip":
-                raise_non_finite("loss", self._n_updates, epoch, self.num_timesteps, terms.details)
-            if terms is not None:  # no step on this minibatch; counted in train/skipped_nonfinite
-                self._skipped_nonfinite += 1
-            # join the other ranks' step
-            self._data_parallel.idle_step(self.policy, self.max_grad_norm, getattr(self, "_grad_scaler", None))
-            return
-        if not accumulated:
-            self.policy.optimizer.zero_grad()
-            self._backward(terms.loss)
-        if not self.policy.optimizer.state:  # the first step allocates the optimizer's state: the update's peak
-            release_free_heap()
-        self._data_parallel.average_gradients(self.policy.parameters())
-        scaler = getattr(self, "_grad_scaler", None)
-        if scaler is not None:  # the true gradient (an overflow anywhere is in every rank's average: all skip)
-            scaler.unscale_(self.policy.optimizer)
-        # Clip grad norm (the returned norm is the one before clipping)
-        grad_norm = self._data_parallel.clip_grad_norm(self.policy.parameters(), self.max_grad_norm)
-        if not math.isfinite(grad_norm):
-            if scaler is not None:
-                # fp16 loss scaling: an overflow is expected; no step, the scale halves, counted
-                scaler.update()
-                self.policy.optimizer.zero_grad()
-                self._skipped_overflow += 1
-                return
-            if self.nonfinite != "skip":
-                details = {**terms.details, "grad_norm": grad_norm}
-                raise_non_finite("gradient", self._n_updates, epoch, self.num_timesteps, details)
-            self.policy.optimizer.zero_grad()  # drop the gradient: the weights and Adam's moments stay finite
-            self._skipped_nonfinite += 1
-            return
-        stats.grad_norms.append(grad_norm)
-        if scaler is not None:
-            scaler.step(self.policy.optimizer)  # the unscaled gradient, checked finite above
-            scaler.update()
-        else:
-            self.policy.optimizer.step()
-
-    def _backward(self, loss: th.Tensor) -> None:
-        """``loss.backward()``, of the scaled loss under fp16 loss scaling."""
-        scaler = getattr(self, "_grad_scaler", None)
-        (loss if scaler is None else scaler.scale(loss)).backward()
-
-    def _micro_batch_loss(
-        self,
-        minibatch: Minibatch,
-        clip_range: float,
-        clip_range_vf: float | None,
-        stats: TrainStats,
-        measure_kl: bool,
-    ) -> LossTerms:
-        """The minibatch's loss in micro-batches of ``micro_batch_size``, each one's backward run as soon as its loss
-        is known (gradients accumulate; the optimizer step follows in :meth:`_optimizer_step`).
-
-        Each micro-batch's :meth:`_minibatch_loss` is its share of the minibatch's loss (``Minibatch.share``): the
-        shares and their gradients add up to the unsplit minibatch's. The figures recorded in ``stats`` are the whole
-        minibatch's. After a non-finite share no backward runs (the rest are evaluated without a gradient, for the
-        log); the returned loss is then non-finite and :meth:`_optimizer_step` raises or skips as ``nonfinite`` says.
-        """
-        minibatch = self._prepare_minibatch(minibatch)
-        micro_stats = MicroBatchStats()
-        self.policy.optimizer.zero_grad()
-        total, details, finite = 0.0, {}, True
-        for part in self.batch_source.split(minibatch, self.micro_batch_size):
-            with th.enable_grad() if finite else th.no_grad():
-                terms = self._loss_with_router_aux(part, clip_range, clip_range_vf, micro_stats, measure_kl)
-            total += terms.value
-            for key, value in terms.details.items():
-                details[key] = details.get(key, 0.0) + value
-            if finite and math.isfinite(terms.value):
-                self._backward(terms.loss)
-            else:
-                finite = False
-            del terms  # the micro-batch's graph goes before the next forward
-        if not finite:
-            self.policy.optimizer.zero_grad()  # a partial sum must not reach the step
-        approx_kl = micro_stats.merge_into(stats, total)
-        return LossTerms(th.tensor(total), approx_kl, details, total)
-
-    def _loss_with_router_aux(
-        self,
-        minibatch: Minibatch,
-        clip_range: float,
-        clip_range_vf: float | None,
-        stats: TrainStats,
-        measure_kl: bool,
-    ) -> LossTerms:
-        """:meth:`_minibatch_loss`, plus ``router_aux_loss_coef * aux`` for a policy whose LM is a mixture-of-experts
-        architecture with ``policy_kwargs["router_aux_loss_coef"] > 0`` (TRL's name): ``aux`` is the mean over the
-        minibatch's forwards of their routers' load-balancing loss (Fedus et al. 2021;
-        :func:`~sb3_grpo.policies.moe.load_balancing_loss`), a micro-batch's weighted by its share; logged as
-        ``train/router_aux_loss``. With the coefficient 0 (the default) it is :meth:`_minibatch_loss` itself."""
-        coef = float(getattr(self.policy, "router_aux_loss_coef", 0.0) or 0.0)
-        if coef == 0.0:
-            return self._minibatch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
-        with self.policy.router_aux_losses() as losses:
-            terms = self._minibatch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
-        if not losses:  # e.g. evaluated without gradients (a non-finite micro-batch's log)
-            return terms
-        aux = th.stack(losses).mean()
-        self.__dict__.setdefault("_router_aux_values", []).append(float(aux.detach()))
-        term = coef * aux * (1.0 if minibatch.share is None else minibatch.share.fraction)
-        details = {**terms.details, "router_aux_loss": float(term.detach())}
-        return LossTerms(terms.loss + term, terms.approx_kl, details, terms.value + float(term.detach()))
-
-    def _stop_early(self, terms: LossTerms | None, epoch: int) -> bool:
-        """PPO's ``target_kl``: stop the epochs when ``approx_kl > 1.5 * target_kl``; under ``torch.distributed`` the
-        mean over the ranks, so all stop together (an idle step, ``terms=None``, adds nothing to the mean)."""
-        if self.target_kl is None:
-            return False
-        if terms is None:
-            approx_kl_div = self._data_parallel.mean(0.0, 0.0)
-        else:
-            approx_kl_div = self._data_parallel.mean(terms.approx_kl)
-        if approx_kl_div > 1.5 * self.target_kl:
-            if self.verbose >= 1 and terms is not None:
-                print(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl_div:.2f}")
-            return True
-        return False
-
-    def _after_update(self, stats: TrainStats) -> None:
-        """Called once per update, after its epochs and before its log (nothing here)."""
-
     def train(self) -> None:
         """
-        Update policy using the currently gathered rollout buffer (PPO's loop; the loss is :meth:`_minibatch_loss`).
+        Update policy using the currently gathered rollout buffer (PPO's loop; the loss is a subclass's
+        ``_minibatch_loss``).
         """
         # Switch to train mode (this affects batch norm / dropout)
         self.policy.set_training_mode(True)
@@ -805,16 +577,21 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
                 stats.approx_kl_divs = []
                 # approx_kl: every epoch's for target_kl, else only the last epoch's (the only ones logged, as PPO logs)
                 measure_kl = self.target_kl is not None or epoch == self.n_epochs - 1
+
+                def loss(part: Minibatch, part_stats: TrainStats, kl: bool = measure_kl) -> LossTerms:
+                    """A minibatch's (or a micro-batch's) loss, with the router term where it applies."""
+                    return self._loss_with_router_aux(part, clip_range, clip_range_vf, part_stats, kl)
+
                 # Do a complete pass on the rollout buffer (None: a data-parallel rank's idle step)
                 for minibatch in self._data_parallel.epoch(
                     self.batch_source.minibatches(self.rollout_buffer, self.batch_size)
                 ):
                     terms = None
-                    split = minibatch is not None and getattr(self, "micro_batch_size", None) is not None
+                    split = minibatch is not None and self.micro_batch_size is not None
                     if split:  # forward and backward micro-batch by micro-batch, the gradients accumulated
-                        terms = self._micro_batch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl)
+                        terms = self._micro_batch_loss(minibatch, loss, stats)
                     elif minibatch is not None:
-                        terms = self._loss_with_router_aux(minibatch, clip_range, clip_range_vf, stats, measure_kl)
+                        terms = loss(minibatch, stats)
                     if self._stop_early(terms, epoch):
                         if split:
                             self.policy.optimizer.zero_grad()  # the accumulated gradient takes no step
@@ -829,25 +606,121 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
         self._after_update(stats)
         self._record_update(stats, clip_range, clip_range_vf)
 
+    def _loss_with_router_aux(
+        self, minibatch: Minibatch, clip_range: float, clip_range_vf: float | None, stats: TrainStats, measure_kl: bool
+    ) -> LossTerms:
+        """The subclass's ``_minibatch_loss``, plus the router load-balancing term of a mixture-of-experts LM built
+        with ``router_aux_loss_coef > 0`` (:func:`~sb3_grpo.common.update.router_aux.with_router_aux`)."""
+        return with_router_aux(
+            self.policy,
+            lambda: self._minibatch_loss(minibatch, clip_range, clip_range_vf, stats, measure_kl),
+            minibatch.share,
+            self._router_aux_values,
+        )
+
+    def _micro_batch_loss(
+        self, minibatch: Minibatch, loss: Callable[[Minibatch, TrainStats], LossTerms], stats: TrainStats
+    ) -> LossTerms:
+        """The minibatch's loss in micro-batches of ``micro_batch_size``, each one's backward run as soon as its loss
+        (``loss(micro_batch, stats)``) is known (gradients accumulate; the optimizer step follows in
+        :meth:`_optimizer_step`).
+
+        Each micro-batch's loss is its share of the minibatch's (``Minibatch.share``): the shares and their gradients
+        add up to the unsplit minibatch's. The figures recorded in ``stats`` are the whole minibatch's. After a
+        non-finite share no backward runs (the rest are evaluated without a gradient, for the log); the returned loss
+        is then non-finite and :meth:`_optimizer_step` raises or skips as ``nonfinite`` says.
+        """
+        minibatch = self._prepare_minibatch(minibatch)
+        micro_stats = MicroBatchStats()
+        self.policy.optimizer.zero_grad()
+        total, details, finite = 0.0, {}, True
+        for part in self.batch_source.split(minibatch, self.micro_batch_size):
+            with th.enable_grad() if finite else th.no_grad():
+                terms = loss(part, micro_stats)
+            total += terms.value
+            for key, value in terms.details.items():
+                details[key] = details.get(key, 0.0) + value
+            if finite and math.isfinite(terms.value):
+                scaled_backward(terms.loss, self._grad_scaler)
+            else:
+                finite = False
+            del terms  # the micro-batch's graph goes before the next forward
+        if not finite:
+            self.policy.optimizer.zero_grad()  # a partial sum must not reach the step
+        approx_kl = micro_stats.merge_into(stats, total)
+        return LossTerms(th.tensor(total), approx_kl, details, total)
+
+    def _optimizer_step(
+        self, terms: LossTerms | None, epoch: int, stats: TrainStats, accumulated: bool = False
+    ) -> None:
+        """Backward, gradient average over the ranks, clipping and the optimizer step, unless the loss or the
+        gradient is non-finite (``nonfinite``: raise, or skip and count). ``terms=None``: an idle step.
+        ``accumulated``: the micro-batches' backwards have already filled the gradients (:meth:`_micro_batch_loss`)."""
+        optimizer = self.policy.optimizer
+        if terms is None or not math.isfinite(terms.value):
+            if terms is not None and self.nonfinite != "skip":
+                raise_non_finite("loss", self._n_updates, epoch, self.num_timesteps, terms.details)
+            if terms is not None:  # no step on this minibatch; counted in train/skipped_nonfinite
+                self._skipped_nonfinite += 1
+            # join the other ranks' step
+            self._data_parallel.idle_step(self.policy, self.max_grad_norm, self._grad_scaler)
+            return
+        if not accumulated:
+            optimizer.zero_grad()
+            scaled_backward(terms.loss, self._grad_scaler)
+        if not optimizer.state:  # the first step allocates the optimizer's state: the update's peak
+            release_free_heap()
+        self._data_parallel.average_gradients(self.policy.parameters())
+        unscale_gradients(self._grad_scaler, optimizer)
+        # Clip grad norm (the returned norm is the one before clipping)
+        grad_norm = self._data_parallel.clip_grad_norm(self.policy.parameters(), self.max_grad_norm)
+        if not math.isfinite(grad_norm):
+            if skip_overflowed_step(self._grad_scaler, optimizer):  # fp16: an overflow, expected; the scale halves
+                self._skipped_overflow += 1
+                return
+            if self.nonfinite != "skip":
+                details = {**terms.details, "grad_norm": grad_norm}
+                raise_non_finite("gradient", self._n_updates, epoch, self.num_timesteps, details)
+            optimizer.zero_grad()  # drop the gradient: the weights and Adam's moments stay finite
+            self._skipped_nonfinite += 1
+            return
+        stats.grad_norms.append(grad_norm)
+        step_optimizer(self._grad_scaler, optimizer)  # the unscaled gradient, checked finite above
+
+    def _stop_early(self, terms: LossTerms | None, epoch: int) -> bool:
+        """PPO's ``target_kl``: stop the epochs when ``approx_kl > 1.5 * target_kl``; under ``torch.distributed`` the
+        mean over the ranks, so all stop together (an idle step, ``terms=None``, adds nothing to the mean)."""
+        if self.target_kl is None:
+            return False
+        if terms is None:
+            approx_kl_div = self._data_parallel.mean(0.0, 0.0)
+        else:
+            approx_kl_div = self._data_parallel.mean(terms.approx_kl)
+        if approx_kl_div > 1.5 * self.target_kl:
+            if self.verbose >= 1 and terms is not None:
+                print(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl_div:.2f}")
+            return True
+        return False
+
     def _record_update(self, stats: TrainStats, clip_range: float, clip_range_vf: float | None) -> None:
-        """Log one update: PPO's keys (same names), the subclass's own (:meth:`_record_own`), and warn (once per
-        model) when the gradient norm before clipping passed ``grad_norm_warn``."""
+        """Log one update: PPO's keys (same names), the subclass's own (``_record_own``), and warn (once per model)
+        when the gradient norm before clipping passed ``grad_norm_warn``."""
         logger, buffer = self.logger, self.rollout_buffer
         stats.record(logger, kl=self.batch_source.reference is not None)
         if self.nonfinite == "skip":
             logger.record("train/skipped_nonfinite", self._skipped_nonfinite)
             self._skipped_nonfinite = 0
-        if getattr(self, "_grad_scaler", None) is not None:
+        if self._grad_scaler is not None:
             logger.record("train/skipped_overflow", self._skipped_overflow)
             logger.record("train/loss_scale", self._grad_scaler.get_scale())
             self._skipped_overflow = 0
-        if self.advantage == "gae":  # the critic-free forms train no value head: its fit would mean nothing
+        if advantage_form(self.advantage).critic:  # a form without a critic trains no value head: no fit to log
             logger.record(
                 "train/explained_variance", explained_variance(buffer.values.flatten(), buffer.returns.flatten())
             )
-        router_aux = self.__dict__.pop("_router_aux_values", None)
-        if router_aux:
-            logger.record("train/router_aux_loss", float(np.mean(router_aux)))
+        if self._router_aux_values:
+            logger.record("train/router_aux_loss", float(np.mean(self._router_aux_values)))
+            self._router_aux_values.clear()
         if hasattr(self.policy, "log_std"):
             logger.record("train/std", th.exp(self.policy.log_std).mean().item())
         logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
@@ -869,68 +742,6 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
                 )
         logger.record("train/value_return_corr", pearson_corr(buffer.values, buffer.returns))
 
-    @classmethod
-    def load(  # noqa: PYI019 (SB3's convention)
-        cls: type[SelfGroupOnPolicy],
-        path: Any,
-        env: GymEnv | None = None,
-        device: th.device | str = "auto",
-        custom_objects: dict[str, Any] | None = None,
-        print_system_info: bool = False,
-        force_reset: bool = True,
-        trusted: bool = False,
-        **kwargs: Any,
-    ) -> SelfGroupOnPolicy:
-        """
-        SB3's ``load``, with clear errors for a path that does not exist or a file that is not a complete saved
-        model (a torn write); see :func:`sb3_grpo.callbacks.latest_checkpoint` to find the newest complete one.
-
-        The arguments set on load (``kwargs`` and the values of ``custom_objects``, e.g. ``kl_coef=0.1``) run the same
-        checks as the constructor's (:meth:`_check_load_arguments`): a NaN or an out-of-range value is refused, naming
-        it. As in
-        SB3, ``device="cuda"`` on a machine without CUDA loads on the CPU (with a warning).
-
-        A LoRA model's checkpoint holds its adapters, not its base model, which loads again by its name or path (Hub
-        ids at the saved revision, from the Hugging Face cache with ``HF_HUB_OFFLINE=1``). A base that has moved is
-        given with ``base_model="<directory or Hub id>"`` (one more keyword argument); a base that cannot be found
-        is an error naming it and these ways out, and one whose weights differ from those the adapters were trained on
-        is refused.
-
-        Nothing in the file runs code unless ``trusted=True``: a ``.zip``'s pickled entries are decoded through an
-        allow-list of the classes SB3 and this package store (:mod:`sb3_grpo.common.unpickling`), and a
-        ``.safetensors`` file (``model.save("model.safetensors")``) is read as tensors and JSON
-        (:mod:`sb3_grpo.common.safetensors_format`). An entry outside the allow-list is refused, naming it.
-        """
-        # callables in custom_objects stand in for schedules that cannot be unpickled (rl-zoo's
-        # {"clip_range": lambda _: 0.0}): placeholders, not settings, so only the other values are checked
-        placed = {k: v for k, v in (custom_objects or {}).items() if not callable(v)}
-        cls._check_load_arguments({**placed, **kwargs})
-        device = _available_device(device)
-        if isinstance(path, (str, os.PathLike)):
-            path = existing_checkpoint(path)
-        path, custom_objects = checkpoint_source(path, custom_objects, trusted=trusted)
-        if isinstance(env, str):  # an env id, as the constructor takes it (SB3's load wants an env object)
-            env = maybe_make_env(env, 0)
-        return super().load(
-            path,
-            env=env,
-            device=device,
-            custom_objects=custom_objects,
-            print_system_info=print_system_info,
-            force_reset=force_reset,
-            **kwargs,
-        )
-
-    @classmethod
-    def _check_load_arguments(cls, args: dict[str, Any]) -> None:
-        """Check the arguments ``load`` sets (``kwargs``, ``custom_objects``) one by one, with the constructor's checks
-        (:func:`~sb3_grpo.common.arguments.check_argument_values`); a subclass with arguments of its own extends it.
-
-        :raises TypeError: naming an argument of a wrong type.
-        :raises ValueError: naming an argument with a wrong value.
-        """
-        check_argument_values(args)
-
     @distributed.peer_errors()  # a stalled or dead rank: one clear error on the others
     def learn(  # noqa: PYI019 (SB3's convention; typing.Self needs Python 3.11)
         self: SelfGroupOnPolicy,
@@ -943,7 +754,7 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
     ) -> SelfGroupOnPolicy:
         """SB3's ``learn``; ``tb_log_name`` defaults to the class's name (``"GRPO"``, ``"DrGRPO"``).
 
-        Its arguments are checked first (:func:`~sb3_grpo.common.arguments.check_learn_args`): a NaN or negative
+        Its arguments are checked first (:func:`~sb3_grpo.common.options.checks.check_learn_args`): a NaN or negative
         ``total_timesteps``, ``log_interval=0`` or a callback of the wrong type is refused, naming it, instead of
         training nothing or failing mid-run.
         """
@@ -956,57 +767,3 @@ class GroupOnPolicyAlgorithm(OnPolicyAlgorithm):
             reset_num_timesteps=reset_num_timesteps,
             progress_bar=progress_bar,
         )
-
-
-def _relocated_base(policy_kwargs: Any, base_model: Any) -> Any:
-    """On ``load(path, base_model=...)``: ``policy_kwargs["model"]`` pointed at ``base_model`` (a directory or Hub id),
-    where a LoRA checkpoint's base model is now; the checkpoint's fingerprint of the base checks it is the same."""
-    if base_model is None:
-        return policy_kwargs
-    if not isinstance(base_model, (str, os.PathLike)) or not os.fspath(base_model):
-        raise TypeError(f"load(base_model=...) must be a model directory or a Hub id (str), got {base_model!r}")
-    model = policy_kwargs.get("model") if isinstance(policy_kwargs, dict) else None
-    if isinstance(model, dict) and model.get("weights") == BASE_WEIGHTS:
-        return {**policy_kwargs, "model": {**model, "name_or_path": os.fspath(base_model)}}
-    if isinstance(model, (str, os.PathLike)):
-        return {**policy_kwargs, "model": os.fspath(base_model)}
-    raise ValueError(
-        "load(base_model=...) names where a LoRA checkpoint's base model is, but this checkpoint holds its full model "
-        "weights (it needs no base); load it without base_model"
-    )
-
-
-def _moved_model_folder(policy_kwargs: Any, lm_spec: Any) -> Any:
-    """On ``load``: a ``policy_kwargs["model"]`` folder that no longer exists (moved, deleted) is replaced by the LM's
-    config saved with the model (``_lm_spec``), with a warning; the weights come from the checkpoint, so the model
-    loads the same. A LoRA checkpoint without its base weights cannot: that is an error naming the base."""
-    model = policy_kwargs.get("model") if isinstance(policy_kwargs, dict) else None
-    if not isinstance(model, (str, os.PathLike)) or os.path.isdir(model) or not isinstance(lm_spec, dict):
-        return policy_kwargs
-    if gguf_available(model):  # a GGUF file or packaged model loads by its name (its checksum is checked then)
-        return policy_kwargs
-    if lm_spec.get("weights") == BASE_WEIGHTS:
-        raise FileNotFoundError(base_missing_message(os.fspath(model), lm_spec.get("revision")))
-    warnings.warn(
-        f"the model folder {os.fspath(model)!r} this model was built from no longer exists; building the LM from the "
-        "config saved in the checkpoint (the weights are the checkpoint's, so the model is the same)",
-        UserWarning,
-        stacklevel=4,
-    )
-    return {**policy_kwargs, "model": lm_spec}
-
-
-def _available_device(device: th.device | str) -> th.device | str:
-    """``device``, or the CPU (with a warning) for a CUDA device on a machine without CUDA, as SB3's ``load`` does."""
-    try:
-        wanted = th.device(device)
-    except (RuntimeError, TypeError):
-        return device  # the constructor's check names it
-    if wanted.type == "cuda" and not th.cuda.is_available():
-        warnings.warn(
-            f"load(device={str(device)!r}): CUDA is not available here, loading on the CPU (as SB3 does); pass "
-            "device='cpu' to silence this",
-            stacklevel=3,
-        )
-        return "cpu"
-    return device

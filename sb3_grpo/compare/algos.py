@@ -1,7 +1,8 @@
 """The named algorithms of ``sb3-grpo compare``: one row per name, a class and its keyword arguments.
 
-Every name maps to stock SB3 ``PPO`` or to :class:`sb3_grpo.GRPO` with a fixed set of arguments, so a row of
-a report can always be reproduced in three lines of Python::
+Every name maps to stock SB3 ``PPO`` or to one of the package's algorithms (``sb3_grpo.<class>``: GRPO, Dr. GRPO,
+DAPO, GSPO, CISPO, REINFORCE++) with a fixed set of arguments, so a row of a report can always be reproduced in three
+lines of Python::
 
     from sb3_grpo.compare.algos import ALGOS
     spec = ALGOS["grpo-group"]
@@ -19,9 +20,6 @@ from sb3_grpo.grpo.extras import EXTRAS_OFF
 #: Group size the comparison gives the envs of group-advantage algorithms when none is given.
 DEFAULT_GROUP_SIZE = 4
 
-#: The advantage forms that need no prompt groups: PPO's GAE and the role-conditioned baseline of two-player games.
-UNGROUPED_ADVANTAGES = ("gae", "role")
-
 #: GRPO with every extra switched off (:data:`sb3_grpo.grpo.extras.EXTRAS_OFF`'s switches): computes what SB3's
 #: ``PPO`` computes.
 OFF: dict[str, Any] = EXTRAS_OFF.switches()
@@ -33,7 +31,7 @@ class AlgoSpec:
 
     :param name: The name used on the command line (``ppo``, ``grpo``, ...).
     :param cls_name: ``"PPO"`` (stock ``stable_baselines3.PPO``) or the name of one of the package's algorithms
-        (``"GRPO"``, ``"DrGRPO"``, ``"DAPO"``, ``"GSPO"``, ``"CISPO"``: ``sb3_grpo.<name>``).
+        (``sb3_grpo.<name>``: ``"GRPO"``, ``"DrGRPO"``, ...).
     :param kwargs: Constructor arguments that define it (user overrides go on top).
     :param summary: One line for ``--help`` and the report.
     """
@@ -49,7 +47,7 @@ class AlgoSpec:
         advantage = self.kwargs.get("advantage")
         if advantage is None:
             advantage = constructor_defaults(self).get("advantage", "gae")
-        return advantage not in UNGROUPED_ADVANTAGES
+        return needs_groups(advantage)
 
     def algo_class(self) -> type:
         """The SB3 algorithm class (imported on demand): stock ``PPO``, or the package's class of that name."""
@@ -220,6 +218,13 @@ ALGOS: dict[str, AlgoSpec] = {
             "CISPO (MiniMax-M1): clipped, detached IS weight (cap 1.28, no floor), every token's gradient kept; "
             "grouped envs",
         ),
+        AlgoSpec(
+            "reinforce-pp",
+            "ReinforcePP",
+            {},
+            "REINFORCE++ (Hu 2025): token-level KL to the initial policy in the reward (0.01), returns-to-go "
+            "normalised over the whole batch, PPO's clip, no critic; no groups needed",
+        ),
     ]
 }
 
@@ -245,6 +250,14 @@ def _preset_specs() -> dict[str, AlgoSpec]:
 
 
 ALGOS.update(_preset_specs())
+
+
+def needs_groups(advantage: str) -> bool:
+    """Whether the advantage form ``advantage`` needs envs in prompt groups (its registration in
+    :mod:`sb3_grpo.common.advantages.forms`, imported here on demand: it pulls in torch)."""
+    from sb3_grpo.common.advantages.forms import advantage_form
+
+    return advantage_form(advantage).grouped
 
 
 def algo_table() -> str:

@@ -12,15 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sb3_grpo.common.io import to_jsonable
 from sb3_grpo.compare.algos import (
     ALGOS,
     DEFAULT_GROUP_SIZE,
-    UNGROUPED_ADVANTAGES,
     AlgoSpec,
     constructor_defaults,
     constructor_parameters,
+    needs_groups,
 )
+from sb3_grpo.file_io import to_jsonable
 from textrl_envs.hf_loading import cached_commit, hub_cache_dir, hub_offline, looks_like_hub_id
 from textrl_envs.validation import check_float
 
@@ -225,14 +225,14 @@ def check_hyperparameters(spec: AlgoSpec, hyperparameters: dict[str, Any], text:
     :param text: Text env (then ``policy_kwargs`` are checked against :class:`~sb3_grpo.policies.CausalLMPolicy`).
     :raises CompareError: naming the algorithm, the argument and what to pass.
     """
-    from sb3_grpo.common.arguments import check_grpo_args, check_ppo_args
+    from sb3_grpo.common.options.checks import check_ppo_args
 
     args = {**constructor_defaults(spec), **hyperparameters}
     try:
         if spec.cls_name == "PPO":
             check_ppo_args(args)
-        else:
-            check_grpo_args(args)
+        else:  # the package's algorithm: PPO's checks, the shared options and its support of them, its own
+            spec.algo_class().check_arguments(args)
         if text and args.get("policy_kwargs"):
             check_policy_kwargs(args["policy_kwargs"])
         if args.get("engine") == "vllm":
@@ -249,7 +249,7 @@ def check_vllm_available(args: dict[str, Any]) -> None:
     """
     import importlib.util
 
-    from sb3_grpo.common.vllm_engine import VLLM_INSTALL_HINT
+    from sb3_grpo.engines.vllm_engine import VLLM_INSTALL_HINT
 
     if importlib.util.find_spec("vllm") is None:
         raise ValueError(
@@ -272,7 +272,7 @@ def check_policy_kwargs(policy_kwargs: dict[str, Any]) -> None:
     :raises ValueError: for a value out of range.
     """
     from sb3_grpo.policies.causal_lm import CausalLMPolicy
-    from sb3_grpo.policies.validation import check_policy_args
+    from sb3_grpo.policies.policy_kwargs import check_policy_args
 
     params = inspect.signature(CausalLMPolicy.__init__).parameters
     taken = [n for n in params if n not in ("self", "observation_space", "action_space", "lr_schedule")]
@@ -343,7 +343,7 @@ def make_config(
     :param lm_eval: Evaluation during training: the keyword arguments of
         :func:`~sb3_grpo.compare.heldout.make_lm_eval` besides the env (``every``, ``prompts``, ``k``,
         ``success_threshold``, ``reference_model``); ``None``: none.
-    :param engine: The rollout engine (:mod:`sb3_grpo.common.engines`) of every algorithm that takes ``engine=``
+    :param engine: The rollout engine (:mod:`sb3_grpo.engines.turn_queues`) of every algorithm that takes ``engine=``
         (all but stock ``ppo``, which keeps SB3's loop); a per-algorithm override wins. ``None``: each class's default.
     :return: The config.
     """
@@ -377,7 +377,7 @@ def make_config(
     grouped = [
         a
         for a in unique
-        if ("advantage" in resolved[a] and resolved[a]["advantage"] not in UNGROUPED_ADVANTAGES)
+        if ("advantage" in resolved[a] and needs_groups(resolved[a]["advantage"]))
         or ("advantage" not in resolved[a] and ALGOS[a].grouped)
     ]
     group = _check_groups(grouped, env_id, text, n_envs, group_size)
@@ -425,7 +425,7 @@ def engine_overrides(engine: str | None, algos: Sequence[str], text: bool, env_i
     :raises CompareError: for an unknown engine, an engine other than ``"step"`` on a non-text env, or ``--algos``
         with no algorithm that takes it.
     """
-    from sb3_grpo.common.engines import check_engine
+    from sb3_grpo.engines import check_engine
 
     if engine is None:
         return {}

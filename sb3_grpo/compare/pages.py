@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sb3_grpo.common.io import atomic_write
 from sb3_grpo.compare.results import git_commit
+from sb3_grpo.file_io import atomic_write
 
 __all__ = ["git_commit", "hardware_summary", "results_stamp", "write_results_page"]
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from sb3_grpo.common.io import save_figure_atomic, write_text_atomic
 from sb3_grpo.compare import stats
 from sb3_grpo.compare.algos import ALGOS
+from sb3_grpo.file_io import save_figure_atomic, write_text_atomic
 
 #: The claim ``compare`` checks: about +15% reward and 30% lower seed-to-seed std than PPO (as fractions).
 CLAIM_REWARD_GAIN = 0.15

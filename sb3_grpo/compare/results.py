@@ -1,6 +1,6 @@
 """The out dir of a comparison and its ``results.json``: prepared before anything runs, written atomically.
 
-``results.json`` is rewritten after every run through :func:`~sb3_grpo.common.io.write_json_atomic` (temp file,
+``results.json`` is rewritten after every run through :func:`~sb3_grpo.file_io.write_json_atomic` (temp file,
 ``fsync``, ``os.replace``), so an interrupted comparison keeps every run that finished.
 """
 
@@ -18,8 +18,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sb3_grpo.common.io import LOCK_FILE, FolderBusyError, FolderLock, write_json_atomic
 from sb3_grpo.compare.config import CompareConfig, CompareError
+from sb3_grpo.file_io import LOCK_FILE, FolderBusyError, FolderLock, write_json_atomic
 
 __all__ = [
     "OUTPUT_NAMES",
@@ -62,7 +62,7 @@ def prepare_out_dir(
         curves.png, tensorboard/) and start afresh; other files are left alone.
     :param resume: Keep previous results and skip the runs they hold (a damaged results.json is refused now).
     :param outputs: The names ``overwrite`` removes.
-    :param lock: A :class:`~sb3_grpo.common.io.FolderLock` of ``out`` to take once the folder exists and before
+    :param lock: A :class:`~sb3_grpo.file_io.FolderLock` of ``out`` to take once the folder exists and before
         anything in it is removed (the caller releases it when the command ends); ``None``: no lock.
     :return: The folders created now, innermost first (empty when ``out`` existed): what
         :func:`discard_failed_out_dir` removes when the comparison then fails before any run completes.

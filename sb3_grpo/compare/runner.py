@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from sb3_grpo.common.io import to_jsonable, write_json_atomic, write_text_atomic
 from sb3_grpo.compare.algos import ALGOS, AlgoSpec
 from sb3_grpo.compare.config import TEXT_N_ENVS, CompareConfig, CompareError
 from sb3_grpo.compare.heldout import make_eval_callback
@@ -39,6 +38,7 @@ from sb3_grpo.compare.results import (
     load_results,
     new_results,
 )
+from sb3_grpo.file_io import to_jsonable, write_json_atomic, write_text_atomic
 
 EVAL_SEED_OFFSET = 10_000
 #: At most this many evaluation states are kept to measure the KL to the initial policy.

@@ -9,12 +9,12 @@ with four changes that the paper finds keep long-completion RL stable and effici
   divided by their number, so a long completion weighs by its tokens, not as one sequence.
 - **Soft overlong punishment** (section 3.4): a linear penalty over the last ``overlong_buffer`` tokens before
   ``max_completion_tokens``, added to the completion's return before the group advantage
-  (:func:`~sb3_grpo.objectives.overlong_penalty`, :mod:`sb3_grpo.dapo.sampling`).
+  (:func:`~sb3_grpo.objectives.overlong_penalty`, :mod:`sb3_grpo.dapo.shaping`).
 - **Dynamic sampling** (section 3.2): groups whose rewards are all equal have zero advantage and no signal; they are
   dropped and more rollouts are collected until the update holds ``min_informative_groups`` informative groups (at
   most ``max_sampling_rollouts`` rollouts), on the text fast path.
 
-No critic, no KL term; the skeleton is :class:`~sb3_grpo.common.on_policy.GroupOnPolicyAlgorithm`.
+No critic, no KL term; the skeleton is :class:`~sb3_grpo.common.critic_free.CriticFreeAlgorithm`.
 """
 
 from __future__ import annotations
@@ -27,32 +27,25 @@ from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.policies import ActorCriticPolicy
-from stable_baselines3.common.type_aliases import GymEnv, Schedule
+from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_grpo.common.arguments import check_grpo_args
+from sb3_grpo.common.advantages.forms import make_group_tracker
+from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker, env_episode_limit
 from sb3_grpo.common.buffers import SequenceRolloutBuffer
-from sb3_grpo.common.groups import EpisodeGroupTracker, env_episode_limit, make_group_tracker
-from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+from sb3_grpo.common.critic_free import CriticFreeAlgorithm
+from sb3_grpo.common.options.checks import check_clip_bounds
+from sb3_grpo.common.options.support import Supports
 from sb3_grpo.common.type_aliases import Minibatch, SequenceSamples
-from sb3_grpo.common.update_stats import LossTerms, TrainStats
-from sb3_grpo.dapo.sampling import ShapedGroupTracker
-from sb3_grpo.objectives import decoupled_clipped_surrogate
+from sb3_grpo.common.update.train_stats import TrainStats
+from sb3_grpo.dapo.shaping import ShapedGroupTracker
+from sb3_grpo.objectives import decoupled_clipped_surrogate, decoupled_eps
 from textrl_envs.validation import check_float, check_int
 
-__all__ = ["DAPO", "DAPO_ADVANTAGES"]
-
-#: The advantage forms DAPO takes: the group forms (it trains no critic); DeepSeekMath's ``"group"`` is the paper's.
-DAPO_ADVANTAGES = ("group", "group_mean", "rloo", "self_critical")
+__all__ = ["DAPO"]
 
 
-def decoupled_eps(ratio: th.Tensor, clip_range_low: float, clip_range_high: float) -> th.Tensor:
-    """Per token, the distance to the bound on the ratio's side of 1 (``eps_high`` above 1, ``eps_low`` below), so
-    that ``|r - 1| > eps`` says the ratio left ``[1 - eps_low, 1 + eps_high]`` (for the clip fractions)."""
-    return th.where(ratio > 1, th.full_like(ratio, clip_range_high), th.full_like(ratio, clip_range_low))
-
-
-class DAPO(GroupOnPolicyAlgorithm):
+class DAPO(CriticFreeAlgorithm):
     """
     DAPO: decoupled clip, token-level loss, soft overlong punishment and dynamic sampling, no critic.
 
@@ -63,13 +56,15 @@ class DAPO(GroupOnPolicyAlgorithm):
     with ``r_t = pi(a_t|s_t) / pi_old(a_t|s_t)`` and ``A_t`` the group advantage of ``t``'s episode, computed from
     returns with the overlong penalty added. It needs an env with groups (``group_size > 1``).
 
-    PPO's arguments mean what they mean for SB3's ``PPO``; ``clip_range`` (and its schedule) is ``eps_low`` unless
-    ``clip_range_low`` is given. ``vf_coef``, ``clip_range_vf`` and ``normalize_advantage`` have no effect.
+    PPO's arguments and the shared options are the skeleton's
+    (:class:`~sb3_grpo.common.on_policy.GroupOnPolicyAlgorithm`; ``clip_range`` and its schedule are ``eps_low`` unless
+    ``clip_range_low`` is given; ``vf_coef``, ``clip_range_vf`` and ``normalize_advantage`` have no effect); what it
+    supports of the shared options is :attr:`supports`. Its own:
 
     :param clip_range_low: ``eps_low``, the ratio's floor is ``1 - eps_low`` (``None``: ``clip_range``'s value)
     :param clip_range_high: ``eps_high``, the ratio's ceiling is ``1 + eps_high`` (the paper's 0.28)
     :param advantage: ``"group"`` (the paper's, the default), ``"group_mean"``, ``"rloo"`` or ``"self_critical"``
-        (group forms only: the overlong penalty and dynamic sampling work on groups)
+        (one return per episode of a group: the overlong penalty and dynamic sampling work on those)
     :param max_completion_tokens: ``L_max`` of the overlong penalty; ``None``: the env's episode budget
     :param overlong_buffer: ``L_cache``, the tokens before ``L_max`` over which the penalty grows linearly to
         ``-overlong_penalty_factor``; ``None``: a fifth of ``L_max`` (the paper's 4096 of 20480); ``0``: off
@@ -78,45 +73,22 @@ class DAPO(GroupOnPolicyAlgorithm):
         groups without signal are dropped and rollouts are collected until there are this many. ``None``: off
     :param max_sampling_rollouts: dynamic sampling's bound: at most this many rollouts per update (the update trains
         on what it has then)
-    :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this (None: never)
-    :param nonfinite: ``"raise"`` or ``"skip"``: what to do with NaN/inf rewards, advantages, losses and gradients
-    :param carry_over: train the steps of an episode whose group has not finished when the rollout ends in the first
-        update after it has (:mod:`sb3_grpo.common.carry_over`; the text fast path); ``"auto"`` (the default): on
-        where it applies, as :class:`~sb3_grpo.GRPO`'s
-    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.common.engines`): ``"step"`` (default, SB3's
-        loop), ``"hf"`` (the policy's built-in decoder) or ``"vllm"`` (the vLLM extra); see :class:`~sb3_grpo.GRPO`
     """
 
-    # Over 80 lines: PPO's signature plus DAPO's own arguments, kept in SB3's form
+    supports = Supports(
+        advantages=("group", "group_mean", "rloo", "self_critical"),
+        reward_redistribution=(),
+        advantage_note=(
+            "DAPO's overlong penalty and dynamic sampling act on each episode's return within its group, so it takes a "
+            "group advantage with one return per episode"
+        ),
+    )
+
     def __init__(
         self,
         policy: str | type[ActorCriticPolicy],
         env: GymEnv | str,
-        learning_rate: float | Schedule = 3e-4,
-        n_steps: int = 2048,
-        batch_size: int = 64,
-        n_epochs: int = 10,
-        gamma: float = 0.99,
-        gae_lambda: float = 0.95,
-        clip_range: float | Schedule = 0.2,
-        clip_range_vf: float | Schedule | None = None,
-        normalize_advantage: bool = True,
-        ent_coef: float | Schedule = 0.0,
-        vf_coef: float = 0.5,
-        max_grad_norm: float = 0.5,
-        use_sde: bool = False,
-        sde_sample_freq: int = -1,
-        rollout_buffer_class: type[RolloutBuffer] | None = None,
-        rollout_buffer_kwargs: dict[str, Any] | None = None,
-        target_kl: float | None = None,
-        stats_window_size: int = 100,
-        tensorboard_log: str | None = None,
-        policy_kwargs: dict[str, Any] | None = None,
-        verbose: int = 0,
-        seed: int | None = None,
-        device: th.device | str = "auto",
-        _init_setup_model: bool = True,
-        *,
+        *args: Any,
         clip_range_low: float | None = None,
         clip_range_high: float = 0.28,
         advantage: str = "group",
@@ -125,26 +97,10 @@ class DAPO(GroupOnPolicyAlgorithm):
         overlong_penalty_factor: float = 1.0,
         min_informative_groups: int | None = None,
         max_sampling_rollouts: int = 4,
-        grad_norm_warn: float | None = 1000.0,
-        nonfinite: str = "raise",
-        carry_over: bool | str = "auto",
-        engine: str = "step",
+        _init_setup_model: bool = True,
+        **kwargs: Any,
     ):
-        check_grpo_args(locals())  # PPO's arguments and the shared ones, before any model is built
-        if advantage in ("group_turn", "role"):
-            raise ValueError(
-                f"DAPO's overlong penalty and dynamic sampling act on each episode's return within its group, so it "
-                f"takes a group advantage, not {advantage!r}; use one of {DAPO_ADVANTAGES}, or GRPO, DrGRPO, GSPO or "
-                f"CISPO with advantage={advantage!r}"
-            )
-        if advantage not in DAPO_ADVANTAGES:
-            raise ValueError(
-                f"DAPO trains no critic, so its advantage is a group form: one of {DAPO_ADVANTAGES}, got "
-                f"{advantage!r}; use GRPO(advantage='gae') or SB3's PPO for GAE"
-            )
-        if clip_range_low is not None:
-            check_float("clip_range_low", clip_range_low, low=0, low_open=True, example=0.2)
-        check_float("clip_range_high", clip_range_high, low=0, low_open=True, example=0.28)
+        check_clip_bounds(clip_range_low, clip_range_high, low_example=0.2, high_example=0.28)
         if max_completion_tokens is not None:
             check_int("max_completion_tokens", max_completion_tokens, low=1, example=64)
         if overlong_buffer is not None:
@@ -153,39 +109,7 @@ class DAPO(GroupOnPolicyAlgorithm):
         if min_informative_groups is not None:
             check_int("min_informative_groups", min_informative_groups, low=1, example=8)
         check_int("max_sampling_rollouts", max_sampling_rollouts, low=1, example=4)
-        super().__init__(
-            policy,
-            env,
-            learning_rate=learning_rate,
-            n_steps=n_steps,
-            batch_size=batch_size,
-            n_epochs=n_epochs,
-            gamma=gamma,
-            gae_lambda=gae_lambda,
-            clip_range=clip_range,
-            clip_range_vf=clip_range_vf,
-            normalize_advantage=normalize_advantage,
-            ent_coef=ent_coef,
-            vf_coef=vf_coef,
-            max_grad_norm=max_grad_norm,
-            use_sde=use_sde,
-            sde_sample_freq=sde_sample_freq,
-            rollout_buffer_class=rollout_buffer_class,
-            rollout_buffer_kwargs=rollout_buffer_kwargs,
-            target_kl=target_kl,
-            stats_window_size=stats_window_size,
-            tensorboard_log=tensorboard_log,
-            policy_kwargs=policy_kwargs,
-            verbose=verbose,
-            seed=seed,
-            device=device,
-            _init_setup_model=_init_setup_model,
-            advantage=advantage,
-            grad_norm_warn=grad_norm_warn,
-            nonfinite=nonfinite,
-            carry_over=carry_over,
-            engine=engine,
-        )
+        super().__init__(policy, env, *args, advantage=advantage, _init_setup_model=_init_setup_model, **kwargs)
         self.clip_range_low = clip_range_low
         self.clip_range_high = clip_range_high
         if max_completion_tokens is None and self.env is not None:
@@ -232,7 +156,7 @@ class DAPO(GroupOnPolicyAlgorithm):
         return self.max_completion_tokens, self.overlong_buffer, self.overlong_penalty_factor
 
     def _rollout_group_tracker(self, env: VecEnv) -> EpisodeGroupTracker | None:
-        """The shaped tracker (:class:`~sb3_grpo.dapo.sampling.ShapedGroupTracker`), kept across rollouts."""
+        """The shaped tracker (:class:`~sb3_grpo.dapo.shaping.ShapedGroupTracker`), kept across rollouts."""
         if self._group_tracker is None or self._group_tracker.n_envs != env.num_envs:
             self._group_tracker = ShapedGroupTracker.like(
                 make_group_tracker(env, self.advantage),
@@ -242,11 +166,7 @@ class DAPO(GroupOnPolicyAlgorithm):
         return self._group_tracker
 
     def collect_rollouts(
-        self,
-        env: VecEnv,
-        callback: BaseCallback,
-        rollout_buffer: RolloutBuffer,
-        n_rollout_steps: int,
+        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:
         """
         The skeleton's rollout (SB3's ``collect_rollouts``), repeated for dynamic sampling: after each, the groups
@@ -299,39 +219,18 @@ class DAPO(GroupOnPolicyAlgorithm):
         low = clip_range if self.clip_range_low is None else self.clip_range_low
         return low, self.clip_range_high
 
-    def _minibatch_loss(
-        self,
-        minibatch: Minibatch,
-        clip_range: float,
-        clip_range_vf: float | None,
-        stats: TrainStats,
-        measure_kl: bool = True,
-    ) -> LossTerms:
-        """DAPO's loss of one minibatch (see the class), with its statistics recorded in ``stats``.
-
-        :param minibatch: The minibatch.
-        :param clip_range: The update's ``clip_range`` (``eps_low`` unless ``clip_range_low`` is given).
-        :param clip_range_vf: Unused (no critic).
-        :param stats: Where the per-minibatch figures go.
-        :param measure_kl: Compute ``approx_kl`` (PPO's early-stopping estimate).
-        """
-        del clip_range_vf  # no critic
-        _, log_prob, entropy = self.batch_source.evaluate(minibatch)
+    def _policy_loss(
+        self, minibatch: Minibatch, log_prob: th.Tensor, clip_range: float, stats: TrainStats
+    ) -> th.Tensor:
+        """DAPO's policy term (see the class); ``clip_range`` is ``eps_low`` unless ``clip_range_low`` is given."""
         advantages = minibatch.advantages
         low, high = self._clip_bounds(clip_range)
         ratio = th.exp(log_prob - minibatch.old_log_prob)
         surrogate = decoupled_clipped_surrogate(ratio, advantages, low, high)
-        # token-level: the sum over every token of the minibatch divided by their number (DAPO, section 3.3)
-        policy_loss = -surrogate.mean()
-        stats.pg_losses.append(policy_loss.item())
         stats.add_clip_fractions(ratio, decoupled_eps(ratio.detach(), low, high), advantages)
-        entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
-        stats.entropy_losses.append(entropy_loss.item())
-        loss = policy_loss + self._current_ent_coef * entropy_loss
-
-        approx_kl_div = stats.add_approx_kl(log_prob, minibatch.old_log_prob) if measure_kl else None
-        stats.last_loss = loss.item()
-        return LossTerms(loss, approx_kl_div, {"pg_loss": stats.pg_losses[-1]}, stats.last_loss)
+        # token-level: the sum over every token of the minibatch divided by their number (DAPO, section 3.3); a
+        # micro-batch's mean weighted by its share of the minibatch's tokens
+        return -surrogate.mean() * (1.0 if minibatch.share is None else minibatch.share.fraction)
 
     def _record_own(self, logger: Logger, clip_range: float) -> None:
         low, high = self._clip_bounds(clip_range)

@@ -4,11 +4,11 @@ The rollout stores the mixture's log-density, so the PPO ratio ``pi_new / mu_old
 (so ``approx_kl`` and the clip fraction are nonzero from the first epoch while ``alpha > 0``; keep ``target_kl``
 loose then). Since ``mu >= (1 - alpha) * pi_old``, a likely token's first ratio is about ``1 / (1 - alpha)``; above
 ``alpha = eps_pos / (1 + eps_pos)`` that is outside the clip range and positive advantages get no gradient, so
-GRPO warns at construction (:func:`~sb3_grpo.common.arguments.warn_if_exploration_clips`). Box actions: the uniform
+GRPO warns at construction (:func:`~sb3_grpo.grpo.arguments.warn_if_exploration_clips`). Box actions: the uniform
 density is ``1 / volume`` of the box the policy samples in (SB3 clips Gaussian samples only when passing them to
 the env, so densities are compared before clipping).
 
-:func:`explore_alpha_at` is the schedule; the draw itself is :func:`sb3_grpo.common.draws.sample_actions`.
+:func:`explore_alpha_at` is the schedule; the draw itself is :func:`sb3_grpo.engines.step.sample_actions`.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 ``GRPO`` keeps its arguments as attributes, as SB3's algorithms do (they are what ``save``, ``load(**kwargs)`` and a
 user's ``model.kl_coef`` read and write); :attr:`sb3_grpo.GRPO.extras` is their snapshot. :data:`EXTRAS_OFF` is the
 setting under which ``GRPO`` computes exactly what SB3's ``PPO`` computes, bit for bit; the rollout
-(:meth:`~sb3_grpo.common.rollout.RolloutExtras.start`'s ``exact_ppo``), the tests, ``compare``'s algorithm table and
-the benchmarks all take it from here. A new mechanism is a new field: it joins the comparison of
+(:meth:`~sb3_grpo.common.rollout.rollout_extras.RolloutExtras.start`'s ``exact_ppo``), the tests, ``compare``'s
+algorithm table and the benchmarks all take it from here. A new mechanism is a new field: it joins the comparison of
 :attr:`GRPOExtras.computes_as_ppo` by itself, so the bit-exact path can never miss it.
 """
 
@@ -37,10 +37,10 @@ class GRPOExtras:
     kl_target: float | None = None
     carry_over: bool | str = "auto"
     #: the rollout engine (``"step"``: SB3's loop, PPO's numbers; ``"hf"``: the built-in decoder, the same tokens with
-    #: log-probs and values equal to float rounding), see :mod:`sb3_grpo.common.engines`
+    #: log-probs and values equal to float rounding), see :mod:`sb3_grpo.engines.turn_queues`
     engine: str = "step"
     #: spread each episode's reward over its steps (``"attention"``, ``"uniform"``; ``None``: off), see
-    #: :mod:`sb3_grpo.common.redistribution`
+    #: :mod:`sb3_grpo.common.rollout.redistribution`
     reward_redistribution: str | None = None
 
     def __post_init__(self) -> None:

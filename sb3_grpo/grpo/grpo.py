@@ -12,6 +12,7 @@ schedule (:mod:`.exploration`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -19,14 +20,22 @@ import torch as th
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
-from stable_baselines3.common.type_aliases import GymEnv, Schedule
+from stable_baselines3.common.type_aliases import GymEnv
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from sb3_grpo.common.arguments import check_buffer_for_kl, check_grpo_args, warn_if_exploration_clips
+from sb3_grpo.common.advantages.forms import BUILT_IN_FORMS, advantage_form
 from sb3_grpo.common.on_policy import GroupOnPolicyAlgorithm
+from sb3_grpo.common.options.support import Supports
 from sb3_grpo.common.type_aliases import Minibatch
-from sb3_grpo.common.update_stats import LossTerms, TrainStats
+from sb3_grpo.common.update.train_stats import LossTerms, TrainStats
+from sb3_grpo.grpo.arguments import (
+    GRPO_CHECKS,
+    check_buffer_for_kl,
+    check_grpo_args,
+    warn_if_exploration_clips,
+    warn_if_slices_exceed_batch,
+)
 from sb3_grpo.grpo.exploration import explore_alpha_at
 from sb3_grpo.grpo.extras import GRPOExtras
 from sb3_grpo.grpo.kl import adapt_kl_coef, frozen_copy, kl_to_reference
@@ -40,93 +49,31 @@ class GRPO(GroupOnPolicyAlgorithm):
     """
     GRPO: gradient-regularized PPO with adaptive clipping, mixed exploration and group advantages.
 
-    A drop-in for SB3's :class:`~stable_baselines3.PPO` (same arguments, defaults, logging, save/load)
-    with these additions, each documented with its formula in :mod:`sb3_grpo.objectives`:
+    A drop-in for SB3's :class:`~stable_baselines3.PPO` (same arguments, defaults, logging, save/load) with these
+    additions, each with its formula in :mod:`sb3_grpo.objectives`:
 
-    - **Gradient-variance penalty** (``grad_var_coef = beta``): minimize ``pg_loss + beta * Var``, where
-      ``Var = (1/K) sum_k ||g_k - mean_j g_j||^2`` over the gradients of the clipped surrogate of ``K =
-      grad_var_slices`` slices of the minibatch, over ``grad_var_params``; differentiated by double backprop
-      (:mod:`sb3_grpo.grpo.penalty`, :func:`~sb3_grpo.objectives.gradient_variance`). For LMs restrict
-      ``grad_var_params`` to a few layers: the graph of ``K`` gradients is kept until the backward.
-    - **Adaptive clip** (``adaptive_clip = (s_pos, s_neg)``): per-sample range ``eps * s_pos`` where the
-      (normalized) advantage is positive, ``eps * s_neg`` otherwise; ``eps`` follows ``clip_range`` and its schedule.
+    - **Gradient-variance penalty** (``grad_var_coef = beta``): minimize ``pg_loss + beta * Var``, the variance of the
+      clipped surrogate's gradients over ``K = grad_var_slices`` slices of the minibatch, differentiated by double
+      backprop (:mod:`sb3_grpo.grpo.penalty`). For LMs restrict ``grad_var_params`` to a few layers.
+    - **Adaptive clip** (``adaptive_clip = (s_pos, s_neg)``): the clip range ``eps * s_pos`` where the advantage is
+      positive, ``eps * s_neg`` otherwise.
     - **Mixed exploration** (``explore_alpha``, ``explore_fraction``): act with ``(1 - alpha) * pi + alpha *
-      uniform``, ``alpha`` decaying linearly to 0 over the first ``explore_fraction`` of training; the rollout stores
-      the mixture's log-density, so the PPO ratio is an honest importance weight (:mod:`sb3_grpo.grpo.exploration`,
-      which also says why ``alpha`` above ``eps_pos / (1 + eps_pos)`` is warned about). Discrete, MultiDiscrete,
-      MultiBinary and bounded Box actions.
-    - **Advantage** (``advantage``): ``"gae"`` (PPO), or per completed group of episodes ``"group"``
-      (DeepSeekMath, arXiv 2402.03300: ``(r - mean_g) / (std_g + eps)``), ``"rloo"`` (Ahmadian et al. 2024,
-      arXiv 2402.14740) or ``"self_critical"`` (Rennie et al. 2017: the greedy member's reward is the baseline;
-      env ``i`` with ``i % group_size == 0`` acts greedily and is not trained on), or, for interactive episodes,
-      ``"group_turn"`` (turn-level credit: each turn's return-to-go minus the leave-one-out mean of the group's
-      members at the same turn, :func:`~sb3_grpo.objectives.turn_rloo_advantages`). Group forms train no critic,
-      skip minibatch advantage normalization, and need an env that reports ``group_size > 1`` and puts
-      ``info["group_id"]`` in every step's info (:mod:`sb3_grpo.common.groups`). ``"role"`` (two-player games:
-      SPIRAL's role-conditioned advantage, Liu et al. 2025, arXiv 2506.24119) compares each episode's return with a
-      running baseline of its game and the side the learner played (the final info's ``learner_player``); it trains
-      no critic either and needs no group.
-    - **KL to a reference** (``kl_coef``, ``kl_target``): ``kl_coef * KL`` is added to the loss, the k3 estimate
-      importance-weighted by ``pi_old / mu`` under mixed exploration, with Ziegler et al.'s controller of
-      ``kl_coef`` when ``kl_target`` is set (:mod:`sb3_grpo.grpo.kl`). The reference is a frozen copy of the initial
-      policy, or the policy's own ``reference_evaluate_actions`` (a LoRA model with its adapters off).
+      uniform``, ``alpha`` decaying linearly to 0; the ratio divides by the mixture's density
+      (:mod:`sb3_grpo.grpo.exploration`).
+    - **KL to a reference** (``kl_coef``, ``kl_target``): the k3 estimate to a frozen copy of the initial policy (or a
+      LoRA policy with its adapters off), importance-weighted under exploration, with Ziegler et al.'s controller
+      when ``kl_target`` is set (:mod:`sb3_grpo.grpo.kl`).
+    - **Advantage forms** (``advantage``): PPO's GAE, or a form without a critic, DeepSeekMath's ``"group"`` and the
+      others of :mod:`sb3_grpo.common.advantages.forms`.
 
-    Drop-in with its defaults on: every action space SB3 supports (Box of any shape included), the classic-control
-    envs, and SB3's identity checks, where it ends at least where ``PPO`` does (``tests/test_dropin.py``); a
-    ``batch_size`` below ``grad_var_slices`` warns and measures the penalty over fewer slices (none below 2 samples).
+    With ``grad_var_coef=0, adaptive_clip=None, explore_alpha=0, advantage="gae", kl_coef=0``
+    (:data:`~sb3_grpo.grpo.extras.EXTRAS_OFF`) every operation and every random draw is the one SB3's ``PPO``
+    performs: the parameters after ``learn()`` are PPO's, bit for bit (tested).
 
-    With ``grad_var_coef=0, adaptive_clip=None, explore_alpha=0, advantage="gae", kl_coef=0`` every
-    operation (and every random draw) is the one SB3's ``PPO`` performs, so the parameters after
-    ``learn()`` are identical to PPO's for the same seed (tested).
+    PPO's arguments mean what they mean for SB3's ``PPO``, and the shared options (``advantage``, ``nonfinite``,
+    ``carry_over``, ``micro_batch_size``, ``data_parallel``, ``engine``, ...) are the skeleton's
+    (:class:`~sb3_grpo.common.on_policy.GroupOnPolicyAlgorithm`); GRPO supports every value of each. Its own:
 
-    The update has two paths, chosen once at setup (:mod:`sb3_grpo.common.batch_sources`): SB3's per-transition
-    minibatches, or, for a ``CausalLMPolicy`` on a text env, the text fast path's whole sequences with one forward
-    each (:class:`~sb3_grpo.common.buffers.SequenceRolloutBuffer`).
-
-    Non-finite rewards, advantages, losses or gradients raise a ``RuntimeError`` naming the quantity and where,
-    before the optimizer touches the weights (``nonfinite="raise"``); ``nonfinite="skip"`` drops and counts them
-    instead (:mod:`sb3_grpo.common.nonfinite`). Either way no NaN reaches the weights.
-
-    Launched with ``torchrun``, ``GRPO`` trains data-parallel (:mod:`sb3_grpo.distributed`): rank 0's weights are
-    broadcast, rank ``r`` is seeded with ``seed + 1000 * r``, gradients are averaged, ``target_kl`` and the KL
-    controller use cross-rank means, and only rank 0 logs and saves. The update meets the other ranks only through
-    :mod:`sb3_grpo.common.data_parallel`; a ``GRPO`` built outside ``torchrun`` never touches ``torch.distributed``.
-
-    :param policy: The policy model to use (MlpPolicy, CnnPolicy, MultiInputPolicy, CausalLMPolicy, ...)
-    :param env: The environment to learn from (if registered in Gym, can be str)
-    :param learning_rate: The learning rate, it can be a function of the current progress remaining (1 to 0)
-    :param n_steps: The number of steps to run for each environment per update (on a text env a step is one token:
-        a rollout holds ``n_steps * n_envs`` tokens, and ``learn(total_timesteps)`` counts tokens too, in whole
-        rollouts)
-    :param batch_size: Minibatch size, in transitions: tokens on a text env (on the text fast path, whole sequences of
-        about that many tokens); TRL's ``per_device_train_batch_size`` counts completions instead
-    :param n_epochs: Number of epochs when optimizing the surrogate loss
-    :param gamma: Discount factor
-    :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator
-    :param clip_range: Clipping parameter ``eps``, it can be a function of the current progress remaining
-    :param clip_range_vf: Clipping parameter for the value function (None: no clipping)
-    :param normalize_advantage: Whether to normalize the advantage per minibatch (``"gae"`` only)
-    :param ent_coef: Entropy coefficient for the loss calculation; a number, or a schedule (a callable of the
-        progress remaining, as for ``clip_range``), evaluated once per update and logged as ``train/ent_coef``
-    :param vf_coef: Value function coefficient for the loss calculation (``"gae"`` only)
-    :param max_grad_norm: The maximum value for the gradient clipping
-    :param use_sde: Whether to use generalized State Dependent Exploration (gSDE)
-    :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE
-    :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected:
-        :class:`~sb3_grpo.common.buffers.SequenceRolloutBuffer` for a ``CausalLMPolicy`` on a text env, else GRPO's
-        subclass of SB3's ``RolloutBuffer`` / ``DictRolloutBuffer``; SB3's two stock classes, passed here, are
-        replaced by those subclasses too (same data and minibatches, plus the policy's own log-probs). Another
-        class works unless the KL term must be importance-weighted (``kl_coef > 0`` and ``explore_alpha > 0``),
-        which needs a subclass of :class:`~sb3_grpo.common.buffers.PolicyLogProbMixin`.
-    :param rollout_buffer_kwargs: Keyword arguments to pass to the rollout buffer on creation
-    :param target_kl: Stop the epochs of an update early when ``approx_kl > 1.5 * target_kl`` (as PPO)
-    :param stats_window_size: Window size for the rollout logging
-    :param tensorboard_log: the log location for tensorboard (if None, no logging)
-    :param policy_kwargs: additional arguments to be passed to the policy on creation
-    :param verbose: Verbosity level: 0 for no output, 1 for info messages, 2 for debug messages
-    :param seed: Seed for the pseudo random generators
-    :param device: Device (cpu, cuda, ...) on which the code should be run
-    :param _init_setup_model: Whether or not to build the network at the creation of the instance
     :param grad_var_coef: ``beta >= 0``, weight of the gradient-variance penalty (0 turns it off)
     :param grad_var_slices: ``K >= 2``, number of minibatch slices the variance is measured over
     :param grad_var_params: ``None`` (all trainable parameters) or a list of parameter-name prefixes
@@ -135,71 +82,17 @@ class GRPO(GroupOnPolicyAlgorithm):
     :param adaptive_clip: ``(scale for A > 0, scale for A <= 0)``, both positive; ``None`` turns it off
     :param explore_alpha: initial uniform-mixture weight in ``[0, 1]`` (0 turns it off)
     :param explore_fraction: fraction of ``total_timesteps`` over which ``alpha`` decays to 0, in ``(0, 1]``
-    :param advantage: ``"gae"``, ``"group"``, ``"group_mean"`` (Dr. GRPO's: no std division), ``"rloo"``,
-        ``"self_critical"``, ``"group_turn"`` (interactive envs: per-turn leave-one-out credit) or ``"role"`` (a
-        running baseline per game and role, SPIRAL's)
     :param kl_coef: weight of the k3 KL to the frozen reference policy (0 turns it off)
     :param kl_target: target KL for the adaptive controller of ``kl_coef`` (None: fixed ``kl_coef``)
-    :param grad_norm_warn: warn (once per model) when the gradient norm before clipping exceeds this
-        (None: never); ``train/grad_norm`` and ``train/grad_norm_max`` are logged at every update
-    :param nonfinite: ``"raise"`` (default) or ``"skip"``: what to do with NaN/inf rewards, advantages,
-        losses and gradients (see above)
-    :param carry_over: group forms on the text fast path: train the steps of an episode whose group has not finished
-        when the rollout ends in the first update after it has, with the episode's advantage, instead of with
-        advantage 0 in their own rollout's update (:mod:`sb3_grpo.common.carry_over`). ``"auto"`` (the default): on
-        with a group advantage that gives a sequence one advantage (not ``"gae"``, not ``"group_turn"``) on the text
-        fast path, unless vLLM's importance cap is set (:func:`~sb3_grpo.common.arguments.resolve_carry_over`;
-        ``carry_over_on`` says what it resolved to). ``False``: every update uses only its own rollout, as PPO's do.
-    :param micro_batch_size: split each minibatch's forward and backward into micro-batches of this many transitions
-        (on the text fast path: this many whole sequences, i.e. completions; a size, where TRL's
-        ``gradient_accumulation_steps`` is a count), accumulating their gradients into one optimizer step per minibatch:
-        the update equals the unsplit one to float rounding (advantages normalised over the whole minibatch, every
-        mean-over-transitions term weighted by the micro-batch's share), and the log shows the whole minibatch's
-        figures. ``None`` (default): one forward and backward per minibatch. Not with the gradient-variance penalty
-        (``grad_var_coef > 0``), whose ``K`` slice gradients must all be in one graph (see ``docs/guides/scaling.md``).
-    :param data_parallel: under ``torchrun``: ``"ddp"`` (default; every rank holds the whole policy) or ``"fsdp"``
-        (parameters, gradients and optimizer state sharded over the ranks with FSDP2: an LM's blocks, an MLP policy's
-        layers; :class:`~sb3_grpo.common.data_parallel.FullyShardedDataParallel`); no effect on one process
-    :param engine: who computes a text rollout's tokens (:mod:`sb3_grpo.common.engines`): ``"step"`` (default, SB3's
-        loop: one token per policy call, the reference; with every extra off, bit for bit PPO's) or ``"hf"`` (the
-        policy's built-in decoder computes a whole turn per row, and the env is stepped from per-row queues: the same
-        tokens from the same draws, log-probs and values equal to float rounding)
-    :param reward_redistribution: ``None`` (default: off), ``"attention"`` (the policy LM's last-layer attention from
-        the episode's final token over its completion) or ``"uniform"``: spread each episode's reward over its steps
-        before returns and advantages, the episode's total kept (:mod:`sb3_grpo.common.redistribution`); it changes
-        what a critic and GAE see, not a group advantage
     """
 
-    # Over 80 lines: PPO's signature plus GRPO's own arguments, kept in SB3's form so that the two read side by side
+    supports = Supports(advantages=BUILT_IN_FORMS)
+
     def __init__(
         self,
         policy: str | type[ActorCriticPolicy],
         env: GymEnv | str,
-        learning_rate: float | Schedule = 3e-4,
-        n_steps: int = 2048,
-        batch_size: int = 64,
-        n_epochs: int = 10,
-        gamma: float = 0.99,
-        gae_lambda: float = 0.95,
-        clip_range: float | Schedule = 0.2,
-        clip_range_vf: float | Schedule | None = None,
-        normalize_advantage: bool = True,
-        ent_coef: float | Schedule = 0.0,
-        vf_coef: float = 0.5,
-        max_grad_norm: float = 0.5,
-        use_sde: bool = False,
-        sde_sample_freq: int = -1,
-        rollout_buffer_class: type[RolloutBuffer] | None = None,
-        rollout_buffer_kwargs: dict[str, Any] | None = None,
-        target_kl: float | None = None,
-        stats_window_size: int = 100,
-        tensorboard_log: str | None = None,
-        policy_kwargs: dict[str, Any] | None = None,
-        verbose: int = 0,
-        seed: int | None = None,
-        device: th.device | str = "auto",
-        _init_setup_model: bool = True,
-        *,
+        *args: Any,
         grad_var_coef: float = 0.01,
         grad_var_slices: int = 4,
         grad_var_params: list[str] | None = None,
@@ -207,55 +100,16 @@ class GRPO(GroupOnPolicyAlgorithm):
         adaptive_clip: tuple[float, float] | None = (1.1, 0.9),
         explore_alpha: float = 0.05,
         explore_fraction: float = 0.5,
-        advantage: str = "gae",
         kl_coef: float = 0.0,
         kl_target: float | None = None,
-        grad_norm_warn: float | None = 1000.0,
-        nonfinite: str = "raise",
-        carry_over: bool | str = "auto",
-        micro_batch_size: int | None = None,
-        data_parallel: str = "ddp",
-        engine: str = "step",
-        reward_redistribution: str | None = None,
+        _init_setup_model: bool = True,
+        **kwargs: Any,
     ):
-        # every argument (PPO's and GRPO's: type, finiteness, range) is checked first, before any model is built
-        adaptive_clip = check_grpo_args(locals())
-        super().__init__(
-            policy,
-            env,
-            learning_rate=learning_rate,
-            n_steps=n_steps,
-            batch_size=batch_size,
-            n_epochs=n_epochs,
-            gamma=gamma,
-            gae_lambda=gae_lambda,
-            clip_range=clip_range,
-            clip_range_vf=clip_range_vf,
-            normalize_advantage=normalize_advantage,
-            ent_coef=ent_coef,
-            vf_coef=vf_coef,
-            max_grad_norm=max_grad_norm,
-            use_sde=use_sde,
-            sde_sample_freq=sde_sample_freq,
-            rollout_buffer_class=rollout_buffer_class,
-            rollout_buffer_kwargs=rollout_buffer_kwargs,
-            target_kl=target_kl,
-            stats_window_size=stats_window_size,
-            tensorboard_log=tensorboard_log,
-            policy_kwargs=policy_kwargs,
-            verbose=verbose,
-            seed=seed,
-            device=device,
-            _init_setup_model=_init_setup_model,
-            advantage=advantage,
-            grad_norm_warn=grad_norm_warn,
-            nonfinite=nonfinite,
-            carry_over=carry_over,
-            micro_batch_size=micro_batch_size,
-            data_parallel=data_parallel,
-            engine=engine,
-            reward_redistribution=reward_redistribution,
-        )
+        # GRPO's own arguments first (with micro_batch_size, which the penalty excludes), then the skeleton checks
+        # PPO's and the shared ones, all before any model is built
+        adaptive_clip = check_grpo_args({**locals(), "micro_batch_size": kwargs.get("micro_batch_size")})
+        super().__init__(policy, env, *args, _init_setup_model=_init_setup_model, **kwargs)
+        warn_if_slices_exceed_batch(grad_var_coef, grad_var_slices, self.batch_size)
         self.grad_var_coef = float(grad_var_coef)
         self.grad_var_slices = int(grad_var_slices)
         self.grad_var_params = list(grad_var_params) if grad_var_params is not None else None
@@ -266,13 +120,27 @@ class GRPO(GroupOnPolicyAlgorithm):
         self.kl_coef = float(kl_coef)
         self.kl_target = kl_target
 
-        if self.explore_alpha > 0 and getattr(self, "action_space", None) is not None:
+        if self.explore_alpha > 0 and self.env is not None:
             # raises a clear ValueError for unbounded Box or unsupported action spaces
             uniform_log_prob(self.action_space)
         warn_if_exploration_clips(self.explore_alpha, self.clip_range, self.adaptive_clip)
 
         if _init_setup_model:
             self._setup_model()
+
+    @classmethod
+    def check_arguments(cls, args: Mapping[str, Any]) -> None:
+        """The skeleton's checks (:meth:`~sb3_grpo.common.on_policy.GroupOnPolicyAlgorithm.check_arguments`) and
+        GRPO's own (:func:`~sb3_grpo.grpo.arguments.check_grpo_args`)."""
+        check_grpo_args(args)
+        super().check_arguments(args)
+
+    @classmethod
+    def _check_load_arguments(cls, args: dict[str, Any]) -> None:
+        super()._check_load_arguments(args)
+        for name, value in args.items():
+            if name in GRPO_CHECKS:
+                GRPO_CHECKS[name](name, value)
 
     @property
     def extras(self) -> GRPOExtras:
@@ -304,7 +172,7 @@ class GRPO(GroupOnPolicyAlgorithm):
                 "gradient_checkpointing to keep the penalty"
             )
         params = select_parameters(self.policy, self.grad_var_params) if self.grad_var_coef > 0 else []
-        self._grad_var = GradVarPenalty(params, normalize=getattr(self, "grad_var_normalize", False))
+        self._grad_var = GradVarPenalty(params, normalize=self.grad_var_normalize)
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_grad_var"]
@@ -316,8 +184,8 @@ class GRPO(GroupOnPolicyAlgorithm):
         """The exploration mixture's weight now (:func:`~sb3_grpo.grpo.exploration.explore_alpha_at`)."""
         return explore_alpha_at(self.explore_alpha, self.explore_fraction, self._current_progress_remaining)
 
-    def _rollout_alpha(self) -> float:
-        return self.current_explore_alpha()
+    def _rollout_alpha(self, progress_remaining: float) -> float:
+        return explore_alpha_at(self.explore_alpha, self.explore_fraction, progress_remaining)
 
     def _computes_as_ppo(self) -> bool:
         return self.extras.computes_as_ppo
@@ -329,7 +197,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         """PPO's per-minibatch advantage normalisation (GAE only: group advantages are already normalized, and the
         steps that have no complete group must keep advantage 0)."""
         # Normalization does not make sense if mini batchsize == 1, see GH issue #325
-        if self.normalize_advantage and self.advantage == "gae" and len(advantages) > 1:
+        if self.normalize_advantage and advantage_form(self.advantage).critic and len(advantages) > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         return advantages
 
@@ -359,7 +227,7 @@ class GRPO(GroupOnPolicyAlgorithm):
         """
         n_slices = min(self.grad_var_slices, len(minibatch.actions))
         use_grad_var = self.grad_var_coef > 0 and n_slices >= 2
-        use_critic = self.advantage == "gae"
+        use_critic = advantage_form(self.advantage).critic
         values, log_prob, entropy, slice_log_probs = evaluate_minibatch(
             self.batch_source, minibatch, n_slices if use_grad_var else 0
         )
@@ -456,7 +324,7 @@ def evaluate_minibatch(
     """The policy's ``(values, log_prob, entropy)`` on the minibatch, in one forward, or (``n_slices >= 2``: the
     gradient-variance penalty) one forward per slice, with the slices' log-probs (else ``[]``).
 
-    :param batch_source: The update path (:mod:`sb3_grpo.common.batch_sources`) that evaluates the minibatch.
+    :param batch_source: The update path (:mod:`sb3_grpo.common.update.batch_sources`) that evaluates the minibatch.
     :param minibatch: The minibatch.
     :param n_slices: The penalty's slices (below 2: one forward, no slices).
     """

@@ -14,7 +14,7 @@ states: a state reached after an explored token is still in the average. ``KL`` 
 1909.08593) proportional controller after each update (:func:`adapt_kl_coef`).
 
 The reference is a frozen copy of the initial policy, or a LoRA policy's own model with its adapters off; the
-batch source gives its log-probs (:meth:`~sb3_grpo.common.batch_sources.TransitionBatches.reference_log_prob`).
+batch source gives its log-probs (:meth:`~sb3_grpo.common.update.batch_sources.TransitionBatches.reference_log_prob`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import copy
 import numpy as np
 import torch as th
 
-from sb3_grpo.common.batch_sources import BatchSource
 from sb3_grpo.common.type_aliases import Minibatch
+from sb3_grpo.common.update.batch_sources import BatchSource
 from sb3_grpo.objectives import kl_k3_weighted_mean
 
 __all__ = ["KL_CONTROLLER_CLIP", "KL_CONTROLLER_GAIN", "adapt_kl_coef", "frozen_copy", "kl_to_reference"]

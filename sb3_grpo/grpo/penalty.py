@@ -5,7 +5,7 @@ slices, is :func:`~sb3_grpo.objectives.gradient_variance`; ``Var`` is differenti
 
 Where the cost goes. The slices are ``torch.tensor_split``'s ``K`` contiguous runs of the minibatch's transitions
 (:func:`slice_sizes`). GRPO evaluates each slice in its own forward (the batch sources' ``evaluate_slices``: always
-for an LM's sequences, for transitions from :data:`~sb3_grpo.common.batch_sources.SEPARATE_SLICES_MIN_PARAMS`
+for an LM's sequences, for transitions from :data:`~sb3_grpo.common.update.batch_sources.SEPARATE_SLICES_MIN_PARAMS`
 parameters; a sequence that a slice boundary cuts is evaluated in both slices, each keeping its own tokens), so slice
 ``k``'s surrogate depends on its own graph only: its gradient is one backward over about ``1/K`` of the minibatch, and
 the ``K`` of them together cost about one backward, instead of ``K`` backwards over the whole minibatch's graph (what

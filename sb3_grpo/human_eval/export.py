@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from sb3_grpo.common.io import write_text_atomic
+from sb3_grpo.file_io import write_text_atomic
 from sb3_grpo.human_eval.protocol import (
     ANCHORS,
     CALIBRATION,

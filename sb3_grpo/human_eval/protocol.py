@@ -73,7 +73,7 @@ def repair_ratings(folder: str | os.PathLike) -> str | None:
 
     :return: What was done, for the user (``None`` when the file was whole).
     """
-    from sb3_grpo.common.io import write_text_atomic
+    from sb3_grpo.file_io import write_text_atomic
 
     path = Path(folder) / RATINGS_FILE
     if not path.exists():

@@ -1,7 +1,7 @@
 """Policies for language models: :class:`CausalLMPolicy` wraps any Hugging Face causal LM as an SB3 policy.
 
 - :mod:`.causal_lm`: the policy (actor = the LM's next-token distribution, critic = a value head).
-- :mod:`.sampling`: logit processing (temperature, top-k, top-p) and categorical sampling.
+- :mod:`.token_sampling`: logit processing (temperature, top-k, top-p) and categorical sampling.
 - :mod:`.critics`: the separate critic (``separate_critic=True``).
 - :mod:`.decoder`: the built-in decoder of the ``"hf"`` rollout engine (:class:`LiveBatch`).
 - :mod:`.kv_cache`: the rollout KV cache; :mod:`.windows` its window math (pure functions), :mod:`.prefill_memo`
@@ -20,7 +20,7 @@ from sb3_grpo.policies.kv_cache import RolloutCache
 from sb3_grpo.policies.models import PortableModel, export_pretrained, lora_spec, model_spec
 from sb3_grpo.policies.moe import load_balancing_loss, mixture_log_probs, moe_spec
 from sb3_grpo.policies.prefill_memo import PrefillMemo
-from sb3_grpo.policies.sampling import process_logits, sample_categorical
+from sb3_grpo.policies.token_sampling import process_logits, sample_categorical
 from sb3_grpo.policies.windows import (
     extends_by_one,
     extension_lengths,

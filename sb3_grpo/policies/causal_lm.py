@@ -6,9 +6,9 @@ critic a scalar value head. During rollout the policy keeps a per-row KV cache (
 so that stock SB3 ``collect_rollouts`` runs one single-token forward per step instead of one per prefix.
 
 This module holds the policy. Its pieces live beside it in :mod:`sb3_grpo.policies`: the logit processing and
-sampling (:mod:`.sampling`), the separate critic (:mod:`.critics`), the rollout cache (:mod:`.kv_cache`) and its
+sampling (:mod:`.token_sampling`), the separate critic (:mod:`.critics`), the rollout cache (:mod:`.kv_cache`) and its
 window math (:mod:`.windows`, :mod:`.prefill_memo`), the update forward over whole sequences (:mod:`.sequences`,
-packed by :mod:`sb3_grpo.common.packing`), and loading and describing the Hugging Face model and its LoRA adapters
+packed by :mod:`sb3_grpo.policies.packing`), and loading and describing the Hugging Face model and its LoRA adapters
 (:mod:`.models`).
 """
 
@@ -48,17 +48,17 @@ from sb3_grpo.policies.models import (
     model_spec,
 )
 from sb3_grpo.policies.moe import moe_spec
-from sb3_grpo.policies.quantization import keep_training_layout, quantization_spec, quiet_8bit_casts
-from sb3_grpo.policies.sampling import process_logits, sample_categorical
-from sb3_grpo.policies.sequences import SequenceEvaluationMixin
-from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
-from sb3_grpo.policies.tokenizer_identity import TOKENIZER_CHECKS
-from sb3_grpo.policies.validation import (
+from sb3_grpo.policies.policy_kwargs import (
     check_layout,
     check_policy_args,
     check_token_range,
     check_window_fits,
 )
+from sb3_grpo.policies.quantization import keep_training_layout, quantization_spec, quiet_8bit_casts
+from sb3_grpo.policies.sequences import SequenceEvaluationMixin
+from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
+from sb3_grpo.policies.token_sampling import process_logits, sample_categorical
+from sb3_grpo.policies.tokenizer_identity import TOKENIZER_CHECKS
 from sb3_grpo.policies.windows import positions_from_mask, shared_prefixes, trim_padding
 from textrl_envs.validation import check_choice
 
@@ -113,7 +113,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
     **Packed update forward.** :meth:`evaluate_sequences` (the text fast path's update) gets a batch of episode
     segments of different lengths. With ``pack_sequences=True`` (default), right-aligned rows, and an LM that uses
     ``"sdpa"`` or ``"eager"`` attention, their valid tokens are laid end to end into rows as long as the longest
-    segment (first-fit decreasing, :mod:`sb3_grpo.common.packing`), with position ids restarting at each segment and a
+    segment (first-fit decreasing, :mod:`sb3_grpo.policies.packing`), with position ids restarting at each segment and a
     block-diagonal causal 4-D attention mask, so no token attends across segments. Every token's hidden state is the
     padded forward's up to float rounding, computed over fewer positions (``textrl-bench perf``'s update row: 1,434
     instead of 2,258). The first packed forward of a policy is checked against the padded one (hidden states at every

@@ -1,5 +1,5 @@
 """The built-in decoder of :class:`~sb3_grpo.policies.CausalLMPolicy`: a lean batched decode loop over the LM's own
-KV cache, for the ``"hf"`` rollout engine (:mod:`sb3_grpo.common.engines`).
+KV cache, for the ``"hf"`` rollout engine (:mod:`sb3_grpo.engines.turn_queues`).
 
 :class:`LiveBatch` holds the rows being decoded, each with its KV cache (one ``transformers.DynamicCache``, the rows
 right-aligned with a 2-D mask over its columns, as the rollout cache keeps them), its next position and the
@@ -8,8 +8,8 @@ into the batch; a window the policy's prefill memo holds, such as a prompt warme
 from it) and leave when their turn ends (:meth:`LiveBatch.advance`) or the env changed their window
 (:meth:`LiveBatch.remove`). Every :meth:`~LiveBatch.advance` is one single-token forward of all live rows, each drawing
 its next token as the policy's :meth:`~sb3_grpo.policies.CausalLMPolicy.forward` draws it: the processed
-distribution (temperature, top-k, top-p), inverse-transform sampling (:func:`.sampling.sample_categorical`) from the
-uniform the caller's table holds for that row and step, the mode for greedy rows, and the exploration mixture's
+distribution (temperature, top-k, top-p), inverse-transform sampling (:func:`.token_sampling.sample_categorical`) from
+the uniform the caller's table holds for that row and step, the mode for greedy rows, and the exploration mixture's
 uniform token where the table says the step explores. Rows that joined at different rollout steps share the
 forwards (continuous batching), so a reset row never decodes alone.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch as th
 
-from sb3_grpo.policies.sampling import categorical_tables, sample_categorical
+from sb3_grpo.policies.token_sampling import categorical_tables, sample_categorical
 from sb3_grpo.policies.windows import left_pad_columns
 
 __all__ = ["LiveBatch"]

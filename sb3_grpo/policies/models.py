@@ -22,7 +22,7 @@ import torch as th
 from stable_baselines3.common.type_aliases import PyTorchObs
 from torch import nn
 
-from sb3_grpo.common.io import to_jsonable
+from sb3_grpo.file_io import to_jsonable
 from textrl_envs.gguf import gguf_folder, gguf_name, gguf_revision, is_gguf_name
 from textrl_envs.hf_loading import cached_commit, load_from_hub, looks_like_hub_id, no_progress_bars
 

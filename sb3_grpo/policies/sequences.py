@@ -1,7 +1,7 @@
 """The policy's update forward over whole sequences: :meth:`SequenceEvaluationMixin.evaluate_sequences`.
 
 :class:`~sb3_grpo.policies.CausalLMPolicy` gets it from :class:`SequenceEvaluationMixin`: every generated token's
-log-prob, entropy and value in one forward per sequence, through a packed forward (:mod:`sb3_grpo.common.packing`)
+log-prob, entropy and value in one forward per sequence, through a packed forward (:mod:`sb3_grpo.policies.packing`)
 when it pays and the model honours 4-D masks (checked once against the padded forward), else a padded one. The mixin
 runs the LM only through the policy's ``_trunk``, ``_logits``, ``_distribution`` and critic, so its outputs follow the
 same rules as rollout (see "Packed update forward" on :class:`~sb3_grpo.policies.CausalLMPolicy`).
@@ -13,7 +13,7 @@ import warnings
 
 import torch as th
 
-from sb3_grpo.common.packing import first_fit_decreasing, packed_batch, suffix_lengths
+from sb3_grpo.policies.packing import first_fit_decreasing, packed_batch, suffix_lengths
 from sb3_grpo.policies.windows import positions_from_mask, trim_padding
 
 __all__ = ["SequenceEvaluationMixin"]
@@ -80,9 +80,10 @@ class SequenceEvaluationMixin:
         return hidden[rows, cols - (ids.shape[1] - t_ids.shape[1])]
 
     def _packed_hidden_at(self, ids: th.Tensor, mask: th.Tensor, rows: th.Tensor, cols: th.Tensor) -> th.Tensor | None:
-        """:meth:`_hidden_at` through a packed forward (:mod:`~sb3_grpo.common.packing`), or ``None`` when packing does
-        not apply (attention other than sdpa / eager, rows that are not right-aligned, a query on padding, or a layout
-        that would save less than a sixth of the positions) or failed its one-time check against the padded forward."""
+        """:meth:`_hidden_at` through a packed forward (:mod:`~sb3_grpo.policies.packing`), or ``None`` when packing
+        does not apply (attention other than sdpa / eager, rows that are not right-aligned, a query on padding, or a
+        layout that would save less than a sixth of the positions) or failed its one-time check against the padded
+        forward."""
         attn = getattr(self.lm.config, "_attn_implementation", None)
         if attn not in ("sdpa", "eager") or ids.shape[0] < 2:
             return None

@@ -39,22 +39,23 @@ ALGO_CLASSES = {
     "dapo": ("sb3_grpo", "DAPO"),
     "gspo": ("sb3_grpo", "GSPO"),
     "cispo": ("sb3_grpo", "CISPO"),
+    "reinforce-pp": ("sb3_grpo", "ReinforcePP"),
 }
 
 
 def checkpoint_algo(path: str | os.PathLike) -> str:
     """The ``--algo`` name of an SB3 checkpoint: a ``.safetensors`` checkpoint's recorded class, else from the
     attributes a ``.zip`` saved (DAPO's ``overlong_penalty_factor``, Dr. GRPO's ``max_completion_tokens``, GRPO's
-    ``grad_var_coef``; otherwise stock PPO).
+    ``grad_var_coef``, REINFORCE++'s ``kl_coef`` without it; otherwise stock PPO).
 
     :raises ValueError: for a file that is no checkpoint, or a ``.zip`` of GSPO or CISPO, which save the same
         attributes (``clip_range_low``, ``clip_range_high``): ``--algo`` must say which.
     """
-    from sb3_grpo.common.safetensors_format import is_safetensors_path, safetensors_algorithm
+    from sb3_grpo.common.checkpoints.safetensors_format import is_safetensors_path, safetensors_algorithm
 
     if is_safetensors_path(path):
         algorithm = safetensors_algorithm(path).rpartition(":")[2]
-        names = {"GRPO": "grpo", "DrGRPO": "dr-grpo", "PPO": "ppo", "DAPO": "dapo", "GSPO": "gspo", "CISPO": "cispo"}
+        names = {cls_name: name for name, (_, cls_name) in ALGO_CLASSES.items()}
         return names.get(algorithm, algorithm)
     try:
         with zipfile.ZipFile(path) as archive:
@@ -74,6 +75,8 @@ def checkpoint_algo(path: str | os.PathLike) -> str:
         )
     if "grad_var_coef" in data:
         return "grpo"
+    if "kl_coef" in data:  # a KL in the reward and none of GRPO's own arguments
+        return "reinforce-pp"
     return "ppo"
 
 
@@ -82,10 +85,10 @@ def load_checkpoint(
 ) -> Any:
     """Load an SB3 checkpoint (``.zip`` or ``.safetensors``) with its algorithm class (``algo="auto"``:
     :func:`checkpoint_algo`), running no code from the file unless ``trusted``
-    (:func:`~sb3_grpo.common.safe_loading.load_model`)."""
+    (:func:`~sb3_grpo.common.checkpoints.safe_loading.load_model`)."""
     import importlib
 
-    from sb3_grpo.common.safe_loading import load_model
+    from sb3_grpo.common.checkpoints.safe_loading import load_model
 
     name = checkpoint_algo(path) if algo == "auto" else algo
     if name not in ALGO_CLASSES:
@@ -267,12 +270,12 @@ def check_video_path(path: str | os.PathLike) -> str:
 
 def write_video(path: str | os.PathLike, frames: list[np.ndarray], fps: float) -> Path:
     """Write ``frames`` (``uint8`` arrays ``(H, W, 3)`` of one size) as a GIF (Pillow) or an mp4 (H.264, the ffmpeg
-    of imageio-ffmpeg), by ``path``'s suffix, atomically (:func:`~sb3_grpo.common.io.atomic_write`).
+    of imageio-ffmpeg), by ``path``'s suffix, atomically (:func:`~sb3_grpo.file_io.atomic_write`).
 
     A GIF shows each frame for ``1000 / fps`` ms rounded to 10 ms (the format's unit); Pillow merges a frame equal
     to the one before into it (one longer frame), so the total duration stays ``len(frames)`` times that.
     """
-    from sb3_grpo.common.io import atomic_write
+    from sb3_grpo.file_io import atomic_write
 
     kind = check_video_path(path)
     if not frames:

@@ -1,9 +1,10 @@
 """What the package's algorithms add to one rollout of SB3's ``collect_rollouts``: :class:`RolloutExtras`.
 
-The draws with the greedy members of self-critical groups and the exploration mixture (:mod:`.draws`), the
-bookkeeping that replaces GAE advantages by group advantages (:mod:`.groups`), the handling of non-finite rewards
-(:mod:`.nonfinite`), the policy's own log-probs for the buffer, rewards scored in the background
-(:mod:`.deferred_rewards`), ``carry_over`` (:mod:`.carry_over`), and the rollout's logs.
+The draws with the greedy members of self-critical groups and the exploration mixture (:mod:`sb3_grpo.engines.step`),
+the bookkeeping that replaces GAE advantages by group advantages (:mod:`sb3_grpo.common.advantages.group_trackers`), the
+handling of non-finite rewards (:mod:`.nonfinite`), the policy's own log-probs for the buffer, rewards scored in the
+background (:mod:`.deferred_rewards`), ``carry_over`` (:mod:`sb3_grpo.common.advantages.carry_over`), and the rollout's
+logs.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.vec_env import VecEnv
 
+from sb3_grpo.common.advantages.carry_over import CarryOver
+from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker
 from sb3_grpo.common.buffers import PolicyLogProbMixin
-from sb3_grpo.common.carry_over import CarryOver
-from sb3_grpo.common.deferred_rewards import DeferredRewards
-from sb3_grpo.common.draws import sample_actions
-from sb3_grpo.common.engines import TurnQueues, engine_name, text_spec
-from sb3_grpo.common.groups import EpisodeGroupTracker
-from sb3_grpo.common.nonfinite import NonFiniteEpisodes, check_advantages, check_log_probs
-from sb3_grpo.common.redistribution import RewardRedistribution
-from sb3_grpo.common.vllm_engine import VLLMTurnQueues, logprob_gap, vllm_options
+from sb3_grpo.common.rollout.deferred_rewards import DeferredRewards
+from sb3_grpo.common.rollout.nonfinite import NonFiniteEpisodes, check_advantages, check_log_probs
+from sb3_grpo.common.rollout.redistribution import RewardRedistribution
+from sb3_grpo.engines import RolloutEngine
+from sb3_grpo.engines.step import StepEngine, sample_actions
+from sb3_grpo.engines.turn_queues import TurnQueues
+from sb3_grpo.engines.vllm_engine import VLLMTurnQueues
 
 __all__ = ["RolloutExtras", "bootstrap_truncated", "env_actions"]
 
@@ -78,9 +80,8 @@ class RolloutExtras:
         # on an accelerator the draws' log-probs are checked at the rollout's end (:meth:`sample`)
         self.defer_draw_checks = False
         self.unchecked_log_probs: list[tuple[int, int, th.Tensor]] = []  # (row, timestep, log-probs)
-        # engine="hf" / "vllm": the tokens decoded a turn ahead (sb3_grpo.common.engines, .vllm_engine)
+        # engine="hf" / "vllm": the tokens decoded a turn ahead (sb3_grpo.engines); "step": none, drawn per step
         self.turns: TurnQueues | VLLMTurnQueues | None = None
-        self.importance_cap: float | None = None  # "vllm": the truncated importance weights' cap (None: off)
         self.redistribution: RewardRedistribution | None = None  # reward_redistribution (common.redistribution)
         self.policy: BasePolicy | None = None
 
@@ -101,8 +102,7 @@ class RolloutExtras:
         carry: CarryOver | None = None,
         on_accelerator: bool = False,
         exact_ppo: bool = False,
-        engine: Any = "step",
-        turn_engine: Any = None,
+        engine: RolloutEngine | None = None,
         redistribution: RewardRedistribution | None = None,
     ) -> RolloutExtras:
         """The state of a rollout of ``env`` about to start (the first arguments are the constructor's, with the env
@@ -115,10 +115,9 @@ class RolloutExtras:
         :param exact_ppo: The model must compute what SB3's PPO computes bit for bit: no batched prefill of the
             prompts and no batched bootstrap values, which round floats differently (``GRPO`` with every extra off,
             :attr:`sb3_grpo.grpo.extras.GRPOExtras.computes_as_ppo`).
-        :param engine: The rollout engine (:mod:`sb3_grpo.common.engines`): ``"step"`` draws each step's tokens in
-            its policy call, ``"hf"`` hands out tokens the policy's decoder computed a turn ahead, ``"vllm"`` (or
-            :class:`~sb3_grpo.common.vllm_engine.VLLMOptions`) the tokens ``turn_engine`` generated a turn ahead.
-        :param turn_engine: The ``"vllm"`` engine's :class:`~sb3_grpo.common.vllm_engine.VLLMEngine`.
+        :param engine: The model's rollout engine (:func:`sb3_grpo.engines.make_engine`; ``None``: ``"step"``), whose
+            per-row queues of this rollout hand out the tokens it computed a turn ahead (none for ``"step"``, whose
+            tokens are drawn in each step's policy call).
         :param redistribution: ``reward_redistribution``'s bookkeeping for this rollout (``None``: off).
         """
         extras = cls(
@@ -129,13 +128,11 @@ class RolloutExtras:
         extras.redistribution = redistribution
         extras.policy = policy
         extras.defer_draw_checks = on_accelerator
-        if engine_name(engine) == "vllm" and policy is not None:
-            extras.turns = vllm_turn_queues(turn_engine, policy, env, n_rollout_steps)
-            extras.importance_cap = vllm_options(engine).importance_cap
-        elif engine != "step" and policy is not None:
-            greedy = extras.greedy_envs
-            extras.turns = TurnQueues(
-                policy, env, n_rollout_steps, alpha, greedy, rng, action_space, needs_values=extras.needs_values
+        if engine is None:
+            engine = StepEngine()
+        if policy is not None:
+            extras.turns = engine.start(
+                policy, env, n_rollout_steps, alpha, extras.greedy_envs, rng, action_space, extras.needs_values
             )
         if not exact_ppo and policy is not None:  # a prefill of another batch rounds floats differently from PPO's
             warm_prefills(policy, env)
@@ -146,8 +143,9 @@ class RolloutExtras:
         self, policy: BasePolicy, obs_tensor: th.Tensor | dict[str, th.Tensor], row: int, timestep: int, n_updates: int
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """One step's actions, values, behaviour log-probs and the policy's own log-probs
-        (:func:`~sb3_grpo.common.draws.sample_actions`), the behaviour log-probs checked finite
-        (:func:`~sb3_grpo.common.nonfinite.check_log_probs`; ``row``, ``timestep`` and ``n_updates`` name the step)."""
+        (:func:`~sb3_grpo.engines.step.sample_actions`), the behaviour log-probs checked finite
+        (:func:`~sb3_grpo.common.rollout.nonfinite.check_log_probs`; ``row``, ``timestep`` and ``n_updates`` name the
+        step)."""
         # the rollout's last step needs no look-ahead when no bootstrap value reads it (the update changes the
         # parameters, so the cache is rebuilt anyway); a cache that survives extends by the token at the next call
         look_ahead = self.needs_values or row != self.n_rollout_steps - 1
@@ -183,7 +181,7 @@ class RolloutExtras:
 
     def check_draws(self, n_updates: int) -> None:
         """Check the log-probs of the draws that :meth:`sample` left unchecked (on an accelerator), in one host sync:
-        the first bad step raises (:func:`~sb3_grpo.common.nonfinite.check_log_probs`)."""
+        the first bad step raises (:func:`~sb3_grpo.common.rollout.nonfinite.check_log_probs`)."""
         if not self.unchecked_log_probs:
             return
         finite = th.stack([th.isfinite(lp).all() for _, _, lp in self.unchecked_log_probs])
@@ -215,8 +213,9 @@ class RolloutExtras:
 
     def land_rewards(self, rollout_buffer: RolloutBuffer) -> None:
         """Before returns and advantages: the rewards scored in the background, where ``step`` would have put them
-        (:class:`~sb3_grpo.common.deferred_rewards.DeferredRewards`), then, with ``reward_redistribution``, each
-        ended episode's reward spread over its steps (:class:`~sb3_grpo.common.redistribution.RewardRedistribution`).
+        (:class:`~sb3_grpo.common.rollout.deferred_rewards.DeferredRewards`), then, with ``reward_redistribution``, each
+        ended episode's reward spread over its steps
+        (:class:`~sb3_grpo.common.rollout.redistribution.RewardRedistribution`).
         """
         redistribution = self.redistribution
         if self.deferred is not None:
@@ -250,8 +249,8 @@ class RolloutExtras:
             for name, value in stats.items():  # the tracker's own figures (advantage="role": each baseline)
                 if name.startswith("role_baseline_"):
                     logger.record(f"rollout/{name}", value)
-        if isinstance(self.turns, VLLMTurnQueues):
-            self._engine_mismatch(rollout_buffer, logger)
+        if self.turns is not None:  # the engine's own correction of its tokens (vLLM's importance weights)
+            self.turns.finish(rollout_buffer, logger)
         self.nonfinite.drop(rollout_buffer)
         if self.nonfinite.nonfinite == "skip":
             logger.record("rollout/skipped_episodes", self.nonfinite.dropped_episodes)
@@ -260,29 +259,6 @@ class RolloutExtras:
             for name, value in self.carry.settle(rollout_buffer, self.tracker, dropped).items():
                 logger.record(f"rollout/{name}", value)
         check_advantages(rollout_buffer, timestep, n_updates, advantage)
-
-    def _engine_mismatch(self, rollout_buffer: RolloutBuffer, logger: Logger) -> None:
-        """The ``"vllm"`` engine: the gap between its log-probs and the policy's, and, with an ``importance_cap``,
-        each token's advantage weighted by ``min(pi_policy / pi_engine, cap)``."""
-        assert isinstance(self.turns, VLLMTurnQueues)
-        mean, worst = logprob_gap(*self.turns.consumed_log_probs())
-        logger.record("rollout/engine_logprob_gap", mean)
-        logger.record("rollout/engine_logprob_gap_max", worst)
-        if self.importance_cap is not None:
-            weights = self.turns.importance_weights(self.importance_cap)
-            rollout_buffer.advantages *= weights.astype(rollout_buffer.advantages.dtype)
-            logger.record("rollout/engine_importance_weight_mean", float(weights.mean()))
-            logger.record("rollout/engine_importance_weight_min", float(weights.min()))
-
-
-def vllm_turn_queues(engine: Any, policy: BasePolicy, env: VecEnv, n_steps: int) -> VLLMTurnQueues:
-    """The ``"vllm"`` engine's queues for a rollout of ``env`` (its text spec gives the stop tokens and the budget)."""
-    spec = text_spec(env)
-    stops = [] if spec is None else [spec.eos_token_id, *getattr(spec, "turn_end_ids", ())]
-    stop_ids = sorted({int(s) for s in stops if s is not None})
-    width = int(policy.observation_space["input_ids"].shape[-1])  # type: ignore[index]
-    budget = n_steps if spec is None else int(spec.max_agent_steps)
-    return VLLMTurnQueues(engine, policy, n_steps, env.num_envs, stop_ids, budget, width)
 
 
 def warm_prefills(policy: BasePolicy, env: VecEnv, max_rows_per_env: int = 4) -> int:

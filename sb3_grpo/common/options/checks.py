@@ -1,9 +1,11 @@
-"""Validation of GRPO's arguments: cheap checks that run before any model is built.
+"""The checks of the arguments every algorithm of the package takes: cheap, and run before any model is built.
 
-Every constructor argument, PPO's (:data:`PPO_CHECKS`) and GRPO's own (:data:`GRPO_CHECKS`), is checked here with
-the shared checks of :mod:`textrl_envs.validation` (type, finiteness, range, choice), so a bad value is refused with
-a message that names it, shows it and says what to pass instead; a NaN never quietly turns a mechanism off. The
-comparison (:mod:`sb3_grpo.compare.config`) runs the same checks on its hyperparameters before it writes anything.
+PPO's constructor arguments (:data:`PPO_CHECKS`) and the skeleton's shared options (:data:`SHARED_CHECKS`) are checked
+here with the shared checks of :mod:`textrl_envs.validation` (type, finiteness, range, choice), so a bad value is
+refused with a message that names it, shows it and says what to pass instead; a NaN never quietly turns a mechanism
+off. An algorithm's own arguments are checked in its folder (GRPO's: :mod:`sb3_grpo.grpo.arguments`); the comparison
+(:mod:`sb3_grpo.compare.config`) runs an algorithm's checks (``check_arguments``) on its hyperparameters before it
+writes anything.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sb3_grpo.common.buffers import PolicyLogProbMixin, SequenceRolloutBuffer
-from sb3_grpo.common.engines import check_engine
+from sb3_grpo.common.advantages.forms import ADVANTAGE_FORMS, advantage_form
+from sb3_grpo.common.buffers import SequenceRolloutBuffer
+from sb3_grpo.common.data_parallel import DATA_PARALLEL
+from sb3_grpo.common.rollout.redistribution import REDISTRIBUTIONS
+from sb3_grpo.engines import check_engine
 from textrl_envs.validation import (
     check_bool,
     check_choice,
@@ -28,27 +33,20 @@ from textrl_envs.validation import (
 )
 
 __all__ = [
-    "ADVANTAGES",
-    "CRITIC_FREE_ADVANTAGES",
-    "GRPO_CHECKS",
     "NONFINITE",
     "PPO_CHECKS",
+    "SHARED_CHECKS",
     "check_argument_values",
-    "check_buffer_for_kl",
+    "check_clip_bounds",
     "check_carry_over",
     "check_carry_over_value",
-    "resolve_carry_over",
-    "check_grpo_args",
     "check_learn_args",
     "check_ppo_args",
     "check_ppo_batching",
-    "warn_if_exploration_clips",
+    "check_shared_args",
+    "resolve_carry_over",
 ]
 
-#: The advantage forms (``advantage=``).
-ADVANTAGES = ("gae", "group", "group_mean", "rloo", "self_critical", "group_turn", "role")
-#: The advantage forms that train no critic (every one but GAE).
-CRITIC_FREE_ADVANTAGES = tuple(a for a in ADVANTAGES if a != "gae")
 #: What GRPO does with NaN/inf rewards, advantages, losses or gradients (``nonfinite=``).
 NONFINITE = ("raise", "skip")
 
@@ -145,27 +143,6 @@ def _check_policy_kwargs(name: str, value: Any) -> dict[str, Any] | None:
     return kwargs
 
 
-def _check_param_names(name: str, value: Any) -> list[str]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise TypeError(
-            f"{name} must be None (all trainable parameters) or a list of parameter-name prefixes, got {given(value)}; "
-            f"e.g. {name}=['action_net', 'mlp_extractor.policy_net']"
-        )
-    return list(value)
-
-
-def _check_adaptive_clip(name: str, value: Any) -> tuple[float, float]:
-    todo = "pass a pair of positive scales (for A > 0, for A <= 0), e.g. (1.1, 0.9), or None to turn it off"
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise TypeError(f"{name} must be a pair of positive scales or None, got {given(value)}; {todo}")
-    if len(value) != 2:
-        raise ValueError(f"{name} must be a pair of positive scales, got {len(value)} value(s) {tuple(value)}; {todo}")
-    pair = tuple(check_float(f"{name}[{i}]", v, hint=todo) for i, v in enumerate(value))
-    if not all(s > 0 for s in pair):
-        raise ValueError(f"{name} must be a pair of positive scales (for A > 0, for A <= 0), got {value}; {todo}")
-    return pair  # type: ignore[return-value]
-
-
 #: The checks of PPO's constructor arguments (SB3's ``PPO`` and GRPO take them): argument name -> check.
 PPO_CHECKS: dict[str, Check] = {
     "learning_rate": lambda n, v: check_schedule(n, v, low=0, example=3e-4),
@@ -194,29 +171,20 @@ PPO_CHECKS: dict[str, Check] = {
     "device": _check_device,
 }
 
-#: The checks of GRPO's own constructor arguments: argument name -> check.
-GRPO_CHECKS: dict[str, Check] = {
-    "grad_var_coef": lambda n, v: check_float(n, v, low=0, hint="0 turns the penalty off; e.g. grad_var_coef=0.01"),
-    "grad_var_slices": lambda n, v: check_int(n, v, low=2, example=4),
-    "grad_var_params": _optional(_check_param_names),
-    "grad_var_normalize": check_bool,
-    "adaptive_clip": _optional(_check_adaptive_clip),
-    "explore_alpha": lambda n, v: check_float(n, v, low=0, high=1, hint="0 turns exploration off; e.g. 0.05"),
-    "explore_fraction": lambda n, v: check_float(n, v, low=0, high=1, low_open=True, example=0.5),
-    "advantage": lambda n, v: check_choice(n, v, ADVANTAGES),
-    "kl_coef": lambda n, v: check_float(n, v, low=0, hint="0 turns the KL term off; e.g. kl_coef=0.04"),
-    "kl_target": _optional(lambda n, v: check_float(n, v, low=0, low_open=True, example=0.01)),
+#: The checks of the options every algorithm of the package takes beyond PPO's (the skeleton's keyword-only
+#: arguments): argument name -> check. Which values an algorithm supports is its declaration
+#: (:class:`~sb3_grpo.common.options.support.Supports`).
+SHARED_CHECKS: dict[str, Check] = {
+    "advantage": lambda n, v: check_choice(n, v, tuple(ADVANTAGE_FORMS)),
     "grad_norm_warn": _optional(lambda n, v: check_float(n, v, low=0, low_open=True, allow_inf=True, example=1000.0)),
     "nonfinite": lambda n, v: check_choice(
         n, v, NONFINITE, hint="'raise' stops with an error (the default), 'skip' drops bad episodes and minibatches"
     ),
     "carry_over": lambda _n, v: check_carry_over_value(v),
     "micro_batch_size": _optional(lambda n, v: check_int(n, v, low=1, example=8)),
-    "data_parallel": lambda n, v: check_choice(n, v, ("ddp", "fsdp")),
+    "data_parallel": lambda n, v: check_choice(n, v, DATA_PARALLEL),
     "engine": lambda _n, v: check_engine(v),
-    "reward_redistribution": _optional(
-        lambda n, v: check_choice(n, v, ("attention", "uniform"), hint="None turns it off")
-    ),
+    "reward_redistribution": _optional(lambda n, v: check_choice(n, v, REDISTRIBUTIONS, hint="None turns it off")),
 }
 
 
@@ -238,64 +206,60 @@ def check_ppo_args(args: Mapping[str, Any]) -> None:
 
 
 def check_argument_values(args: Mapping[str, Any]) -> None:
-    """Check each of ``args`` that PPO or GRPO takes on its own (:data:`PPO_CHECKS`, :data:`GRPO_CHECKS`; other keys
-    are ignored), without the checks of how they go together: what ``load(path, **kwargs)`` and ``custom_objects``
-    set over a saved model.
+    """Check each of ``args`` that PPO or the skeleton takes on its own (:data:`PPO_CHECKS`, :data:`SHARED_CHECKS`;
+    other keys are ignored), without the checks of how they go together: what ``load(path, **kwargs)`` and
+    ``custom_objects`` set over a saved model.
 
     :raises TypeError: naming the first argument of a wrong type.
     :raises ValueError: naming the first argument with a wrong value (NaN and infinities included).
     """
     for name, value in args.items():
-        check = PPO_CHECKS.get(name) or GRPO_CHECKS.get(name)
+        check = PPO_CHECKS.get(name) or SHARED_CHECKS.get(name)
         if check is not None:
             check(name, value)
 
 
-def check_grpo_args(args: Mapping[str, Any]) -> tuple[float, float] | None:
-    """Check every argument of :class:`~sb3_grpo.GRPO` present in ``args``: PPO's (:func:`check_ppo_args`), GRPO's
-    own (:data:`GRPO_CHECKS`), and how they go together. Runs before any model is built.
+def check_shared_args(args: Mapping[str, Any], advantages: tuple[str, ...] | None = None) -> None:
+    """Check the shared options present in ``args`` (:data:`SHARED_CHECKS`) and how they go together with the
+    advantage form. Runs before any model is built.
 
-    :param args: Argument name -> value (``GRPO.__init__`` passes its ``locals()``; other keys are ignored).
-    :return: ``adaptive_clip`` as a pair of floats (or ``None``).
+    :param args: Argument name -> value (other keys are ignored).
+    :param advantages: The forms the algorithm takes, which the message names for an ``advantage`` that is no form at
+        all (``None``: every registered form).
     :raises TypeError: naming the first argument of a wrong type.
     :raises ValueError: naming the first argument with a wrong value, or two that do not go together.
     """
-    check_ppo_args(args)
-    for name, check in GRPO_CHECKS.items():
-        if name in args:
-            check(name, args[name])
-    grad_var_coef, grad_var_slices = args.get("grad_var_coef", 0.0), args.get("grad_var_slices", 2)
-    batch_size = args.get("batch_size")
-    if grad_var_coef > 0 and batch_size is not None and grad_var_slices > batch_size:
-        # as PPO with a small batch: warn and train (the loss takes min(K, minibatch size) slices)
-        warnings.warn(
-            f"GRPO: grad_var_slices={grad_var_slices} is more than batch_size={batch_size}: the gradient-variance "
-            f"penalty uses min(grad_var_slices, minibatch size) slices (one sample each), and none for minibatches "
-            "of fewer than 2 samples (the penalty is then off). Raise batch_size or lower grad_var_slices to "
-            "measure it over more samples",
-            stacklevel=3,
-        )
-    if args.get("kl_target") is not None and not args.get("kl_coef", 0.0) > 0:
-        raise ValueError("kl_target adapts kl_coef multiplicatively; give a starting kl_coef > 0")
-    if args.get("carry_over") is True and args.get("advantage", "gae") == "gae":
+    for name, check in SHARED_CHECKS.items():
+        if name not in args:
+            continue
+        value = args[name]
+        if name == "advantage" and not (isinstance(value, str) and value in ADVANTAGE_FORMS):
+            check_choice(name, value, advantages or tuple(ADVANTAGE_FORMS))
+        check(name, value)
+    form = advantage_form(args.get("advantage", "gae"))
+    if args.get("carry_over") is True and form.critic:
         raise ValueError(
             "carry_over=True holds the steps of episodes whose group advantage is not known yet, so it needs a group "
             "advantage: pass advantage='group' (or 'rloo', 'self_critical', 'role'), or carry_over=False"
         )
-    if args.get("carry_over") is True and args.get("advantage") == "group_turn":
+    if args.get("carry_over") is True and form.per_token:
         raise ValueError(
-            "carry_over=True trains a held sequence with one advantage, but advantage='group_turn' gives each turn its "
-            "own; pass carry_over=False (and n_steps of a few episode lengths, so few episodes straddle two rollouts)"
+            f"carry_over=True trains a held sequence with one advantage, but advantage={form.name!r} gives the steps "
+            "of an episode advantages of their own (per turn or per token); pass carry_over=False (and n_steps of a "
+            "few episode lengths, so few episodes straddle two rollouts)"
         )
-    if args.get("micro_batch_size") is not None and grad_var_coef > 0:
-        raise ValueError(
-            f"micro_batch_size={args['micro_batch_size']} splits each minibatch's backward, but the gradient-variance "
-            f"penalty (grad_var_coef={grad_var_coef}) is a function of all K slice gradients of the whole minibatch at "
-            "once, so it cannot be accumulated micro-batch by micro-batch; pass grad_var_coef=0 to use micro-batches, "
-            "or micro_batch_size=None to keep the penalty"
-        )
-    adaptive_clip = args.get("adaptive_clip")
-    return None if adaptive_clip is None else _check_adaptive_clip("adaptive_clip", adaptive_clip)
+
+
+def check_clip_bounds(clip_range_low: Any, clip_range_high: Any, low_example: float, high_example: float) -> None:
+    """The bounds of a decoupled clip (``clip_range_low``: ``None`` or ``> 0``; ``clip_range_high > 0``), as DAPO, GSPO
+    and CISPO take them.
+
+    :raises TypeError: naming a bound of a wrong type.
+    :raises ValueError: naming a bound with a wrong value.
+    """
+    if clip_range_low is not None:
+        check_float("clip_range_low", clip_range_low, low=0, low_open=True, example=low_example)
+    check_float("clip_range_high", clip_range_high, low=0, low_open=True, example=high_example)
 
 
 def check_learn_args(total_timesteps: Any, callback: Any, log_interval: Any, tb_log_name: Any) -> int:
@@ -331,34 +295,6 @@ def check_learn_args(total_timesteps: Any, callback: Any, log_interval: Any, tb_
                 f"them, got {given(item)}; e.g. callback=CheckpointCallback(1000, 'ckpt')"
             )
     return total_timesteps
-
-
-def warn_if_exploration_clips(explore_alpha: float, clip_range: Any, adaptive_clip: tuple[float, float] | None) -> None:
-    """Warn when the exploration mixture alone puts the first epoch's ratio outside the clip range.
-
-    The stored old log-prob is the mixture's, ``mu >= (1 - alpha) * pi_old``, so before any update the ratio
-    ``pi / mu`` of a likely token is about ``1 / (1 - alpha)``. Once that exceeds ``1 + eps_pos`` (``eps`` times
-    the positive scale of ``adaptive_clip``), i.e. ``alpha > eps_pos / (1 + eps_pos)``, the clipped objective
-    gives positive-advantage tokens no gradient from the first step on.
-
-    :param explore_alpha: The initial mixture weight.
-    :param clip_range: ``eps`` or its schedule (evaluated at the start of training).
-    :param adaptive_clip: The clip scales, or ``None``.
-    """
-    eps = clip_range(1.0) if callable(clip_range) else clip_range
-    if explore_alpha <= 0 or not isinstance(eps, (int, float)):
-        return
-    eps_pos = float(eps) * (adaptive_clip[0] if adaptive_clip is not None else 1.0)
-    threshold = eps_pos / (1.0 + eps_pos)
-    if explore_alpha > threshold:
-        start_ratio = 1.0 / (1.0 - explore_alpha) if explore_alpha < 1 else float("inf")
-        warnings.warn(
-            f"GRPO: explore_alpha={explore_alpha:g} makes the PPO ratio of likely tokens start near "
-            f"1 / (1 - alpha) = {start_ratio:.3g}, above the clip bound 1 + {eps_pos:.3g}: "
-            f"tokens with positive advantage would get no gradient. Use explore_alpha <= {threshold:.3g} "
-            "or a wider clip_range",
-            stacklevel=4,
-        )
 
 
 def check_ppo_batching(batch_size: int, n_steps: int, n_envs: int | None, normalize_advantage: bool) -> None:
@@ -408,8 +344,10 @@ def resolve_carry_over(carry_over: bool | str, advantage: str, buffer_class: typ
     weights each rollout's own steps)."""
     if carry_over != "auto":
         return bool(carry_over)
+    form = advantage_form(advantage)
     return (
-        advantage not in ("gae", "group_turn")
+        not form.critic
+        and not form.per_token
         and issubclass(buffer_class, SequenceRolloutBuffer)
         and importance_cap is None
     )
@@ -426,19 +364,4 @@ def check_carry_over(buffer_class: type, carry_over: bool | str) -> None:
             f"carry_over=True holds the text fast path's sequences until their group advantage is known; the rollout "
             f"buffer here is {buffer_class.__name__}. Use a CausalLMPolicy on a text env with rollout_buffer_class="
             "None (GRPO's default), or carry_over=False"
-        )
-
-
-def check_buffer_for_kl(buffer_class: type, kl_coef: float, explore_alpha: float) -> None:
-    """With ``kl_coef > 0`` and ``explore_alpha > 0`` the KL estimate is weighted by ``pi / mu``, so the buffer must
-    store the policy's own log-probs beside the mixture's.
-
-    :raises ValueError: when ``buffer_class`` does not (it is not a ``PolicyLogProbMixin``).
-    """
-    if kl_coef > 0 and explore_alpha > 0 and not issubclass(buffer_class, PolicyLogProbMixin):
-        raise ValueError(
-            f"kl_coef > 0 with explore_alpha > 0 weights the KL estimate by pi / mu, so the rollout buffer must "
-            f"store the policy's own log-probs beside the mixture's; {buffer_class.__name__} does "
-            "not. Use rollout_buffer_class=None (GRPO's default), a subclass of "
-            "sb3_grpo.common.buffers.PolicyLogProbMixin, or explore_alpha=0"
         )

@@ -25,8 +25,8 @@ import numpy as np
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.vec_env import VecEnv, VecMonitor
 
-from sb3_grpo.common.groups import EpisodeGroupTracker
-from sb3_grpo.common.nonfinite import NonFiniteEpisodes
+from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker
+from sb3_grpo.common.rollout.nonfinite import NonFiniteEpisodes
 
 __all__ = ["DeferredRewards"]
 

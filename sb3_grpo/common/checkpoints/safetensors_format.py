@@ -11,7 +11,7 @@ another package) is refused at save time, naming it.
 Loading (``GRPO.load("model.safetensors")``, :func:`safetensors_source` for any SB3 class) parses the JSON and the
 tensors and hands them to SB3's own ``load`` as ``custom_objects`` and in-memory state dicts: nothing from the file
 goes through pickle. A class the JSON names must pass the same allow-list as the restricted unpickler
-(:func:`sb3_grpo.common.unpickling.allowed_global`) unless the file is trusted.
+(:func:`sb3_grpo.common.checkpoints.unpickling.allowed_global`) unless the file is trusted.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import torch as th
 
-from sb3_grpo.common.io import atomic_write
-from sb3_grpo.common.unpickling import UntrustedCheckpointError, allowed_global
+from sb3_grpo.common.checkpoints.unpickling import UntrustedCheckpointError, allowed_global
+from sb3_grpo.file_io import atomic_write
 
 __all__ = [
     "FORMAT_NAME",
@@ -344,7 +344,7 @@ def _system_info() -> str:
 def save_safetensors(
     model: Any, path: str | os.PathLike, exclude: Iterable[str] | None = None, include: Iterable[str] | None = None
 ) -> Path:
-    """Save an SB3 algorithm as one safetensors file (atomically, :func:`~sb3_grpo.common.io.atomic_write`).
+    """Save an SB3 algorithm as one safetensors file (atomically, :func:`~sb3_grpo.file_io.atomic_write`).
 
     :param model: Any SB3 algorithm.
     :param path: The file; it must end in ``.safetensors``.

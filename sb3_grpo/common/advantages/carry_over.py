@@ -1,16 +1,17 @@
 """GRPO's ``carry_over``: the steps of an episode whose group advantage is not known when its rollout ends are trained
 on in the update after it becomes known, instead of with advantage 0 in their own rollout's update.
 
-A group advantage needs the returns of every member of the group (:class:`~sb3_grpo.common.groups.EpisodeGroupTracker`).
-An episode still running when the rollout ends, or one that ended while another member of its group still runs, has
-none yet: without ``carry_over`` its steps of this rollout get advantage 0 and teach nothing (the share of steps that
-do teach is logged as ``rollout/frac_steps_nonzero_advantage``; on TextGen-v0 with ``n_steps`` equal to the
-completion budget it is about half). With ``carry_over`` those steps are set aside, as whole sequences of the text
-fast path (:class:`~sb3_grpo.common.buffers.SequenceSamples`, the episode's window as it stood at the rollout's
-end), and join the minibatches of the first update after their group completes, with the episode's advantage. Every
-step is then trained on exactly once, with its episode's advantage; the price is staleness: a step carried over
-``k`` rollouts is trained by a policy ``k`` updates newer than the one that sampled it, which the PPO ratio against
-the stored behaviour log-prob (and its clip) accounts for, as in PPO's later epochs.
+A group advantage needs the returns of every member of the group
+(:class:`~sb3_grpo.common.advantages.group_trackers.EpisodeGroupTracker`). An episode still running when the rollout
+ends, or one that ended while another member of its group still runs, has none yet: without ``carry_over`` its steps of
+this rollout get advantage 0 and teach nothing (the share of steps that do teach is logged as
+``rollout/frac_steps_nonzero_advantage``; on TextGen-v0 with ``n_steps`` equal to the completion budget it is about
+half). With ``carry_over`` those steps are set aside, as whole sequences of the text fast path
+(:class:`~sb3_grpo.common.buffers.SequenceSamples`, the episode's window as it stood at the rollout's end), and join the
+minibatches of the first update after their group completes, with the episode's advantage. Every step is then trained on
+exactly once, with its episode's advantage; the price is staleness: a step carried over ``k`` rollouts is trained by a
+policy ``k`` updates newer than the one that sampled it, which the PPO ratio against the stored behaviour log-prob (and
+its clip) accounts for, as in PPO's later epochs.
 
 What is never trained on: the steps of episodes whose group never completes (its oldest pending groups dropped past
 the tracker's ``max_pending_groups``), of greedy members (``advantage="self_critical"``), and of episodes dropped for a
@@ -25,8 +26,8 @@ import math
 import numpy as np
 import torch as th
 
+from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker
 from sb3_grpo.common.buffers import SequenceRolloutBuffer
-from sb3_grpo.common.groups import EpisodeGroupTracker
 from sb3_grpo.common.type_aliases import SequenceSamples
 
 __all__ = ["CarryOver"]

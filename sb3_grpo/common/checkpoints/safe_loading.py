@@ -2,9 +2,10 @@
 file run.
 
 :func:`checkpoint_source` is what ``GRPO.load`` (and every algorithm of this package), ``sb3-grpo sample``,
-``human-eval export --env`` and :func:`~sb3_grpo.common.checkpoints.resume_in_place` go through: an SB3 ``.zip`` has
-its pickled entries decoded by the restricted unpickler (:func:`~sb3_grpo.common.unpickling.safe_custom_objects`),
-a ``.safetensors`` file is read as JSON and tensors (:func:`~sb3_grpo.common.safetensors_format.safetensors_source`).
+``human-eval export --env`` and :func:`~sb3_grpo.common.checkpoints.files.resume_in_place` go through: an SB3
+``.zip`` has its pickled entries decoded by the restricted unpickler
+(:func:`~sb3_grpo.common.checkpoints.unpickling.safe_custom_objects`), a ``.safetensors`` file is read as JSON and
+tensors (:func:`~sb3_grpo.common.checkpoints.safetensors_format.safetensors_source`).
 :func:`load_model` does the same for any SB3 algorithm class, stock ``PPO`` included.
 """
 
@@ -14,8 +15,8 @@ import io
 import os
 from typing import Any
 
-from sb3_grpo.common.safetensors_format import is_safetensors_path, safetensors_source
-from sb3_grpo.common.unpickling import safe_custom_objects
+from sb3_grpo.common.checkpoints.safetensors_format import is_safetensors_path, safetensors_source
+from sb3_grpo.common.checkpoints.unpickling import safe_custom_objects
 
 __all__ = ["checkpoint_source", "load_model"]
 

@@ -7,7 +7,7 @@ step.
 :class:`EpisodeGroupTracker` keeps what it needs across rollouts (running returns of unfinished episodes,
 returns of group members that finished earlier), so a group whose members finish in different rollouts still
 gets its baseline. :class:`RoleBaselineTracker` keeps a running baseline per game and role instead (SPIRAL).
-:func:`make_group_tracker` builds the tracker an advantage form needs for a VecEnv.
+Which tracker an advantage form uses is the form's registration (:mod:`.forms`).
 """
 
 from __future__ import annotations
@@ -21,14 +21,7 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_grpo.objectives import (
-    group_advantages,
-    group_mean_advantages,
-    rloo_advantages,
-    role_ema_advantages,
-    self_critical_advantages,
-    turn_rloo_advantages,
-)
+from sb3_grpo.objectives import role_ema_advantages, turn_rloo_advantages
 
 __all__ = [
     "GROUPED_ENV_HINT",
@@ -38,7 +31,8 @@ __all__ = [
     "TurnGroupTracker",
     "check_grouped_env",
     "env_group_size",
-    "make_group_tracker",
+    "env_is_interactive",
+    "warn_if_episodes_straddle",
 ]
 
 GroupAdvantageFn = Callable[[th.Tensor, th.Tensor, th.Tensor], tuple[th.Tensor, th.Tensor]]
@@ -71,8 +65,8 @@ class EpisodeGroupTracker:
     finish first (short completions). The steps an episode took in earlier rollouts were trained on with
     advantage 0 (each rollout is trained on once, when it ends, before later returns are known): keep
     ``n_steps`` well above the episode length so few episodes straddle two rollouts, or let GRPO's ``carry_over``
-    (:mod:`sb3_grpo.common.carry_over`) train them later, by the episode keys below. GRPO warns at
-    construction when ``n_steps`` is shorter than the env's episodes (:func:`check_grouped_env`); the share of
+    (:mod:`sb3_grpo.common.advantages.carry_over`) train them later, by the episode keys below. GRPO warns at
+    construction when ``n_steps`` is shorter than the env's episodes (:func:`warn_if_episodes_straddle`); the share of
     steps that get an advantage is logged as ``rollout/frac_steps_nonzero_advantage``.
 
     Every episode has a key (an int, given when it starts and kept across rollouts). After :meth:`compute`,
@@ -532,37 +526,22 @@ def warn_if_episodes_straddle(env: VecEnv, advantage: str, n_steps: int) -> None
     )
 
 
-def check_grouped_env(env: VecEnv, advantage: str, n_steps: int | None = None) -> int:
-    """The env's ``group_size``, after checking that it suits the group advantage form ``advantage``.
+def check_grouped_env(env: VecEnv, advantage: str) -> int:
+    """The env's ``group_size``, after checking that it has groups, as the group advantage form ``advantage`` needs.
 
     :param env: The VecEnv.
-    :param advantage: ``"group"``, ``"group_mean"``, ``"rloo"``, ``"self_critical"`` or ``"group_turn"``.
-    :param n_steps: Steps per env per rollout; warns when shorter than the env's episodes
-        (:func:`warn_if_episodes_straddle`). ``None``: no such check.
+    :param advantage: The form's name (for the message).
     :return: ``group_size`` (> 1).
-    :raises ValueError: for an env without groups, (self-critical) ``n_envs`` not a multiple of the group size, or
-        (``"group_turn"``) a text env without interaction.
+    :raises ValueError: for an env without groups.
     """
     group_size = env_group_size(env)
     if group_size is None or group_size <= 1:
         raise ValueError(
             f"advantage={advantage!r} needs an env with group_size > 1, {GROUPED_ENV_HINT}; "
-            f"this env reports group_size={group_size}. An ungrouped env needs an advantage with a critic: "
-            "GRPO(advantage='gae') or SB3's PPO (DAPO, DrGRPO, GSPO and CISPO train no critic and need groups)"
+            f"this env reports group_size={group_size}. An ungrouped env needs an advantage without groups: "
+            "GRPO(advantage='gae') or SB3's PPO (DAPO, DrGRPO, GSPO and CISPO train no critic and need groups), or "
+            "ReinforcePP, whose advantage is normalised over the batch"
         )
-    if advantage == "self_critical" and env.num_envs % group_size != 0:
-        raise ValueError(
-            f"advantage='self_critical' makes env i with i % group_size == 0 act greedily, so n_envs "
-            f"({env.num_envs}) must be a multiple of group_size ({group_size})"
-        )
-    if advantage == "group_turn" and env_is_interactive(env) is False:
-        raise ValueError(
-            "advantage='group_turn' credits each turn of an interactive episode, but this text env has no "
-            "interaction (its episodes are one turn). Use an interactive env (GuessNumber-v0, ToolArithmetic-v0, or "
-            "interaction=...), or advantage='rloo', which is what 'group_turn' computes for one-turn episodes"
-        )
-    if n_steps is not None:
-        warn_if_episodes_straddle(env, advantage, n_steps)
     return group_size
 
 
@@ -575,33 +554,3 @@ def env_is_interactive(env: VecEnv) -> bool | None:
         return None
     kinds = {getattr(s, "interaction", None) is not None for s in specs}
     return kinds.pop() if len(kinds) == 1 else None
-
-
-def make_group_tracker(env: VecEnv, advantage: str) -> EpisodeGroupTracker:
-    """The :class:`EpisodeGroupTracker` of advantage form ``advantage`` for ``env``.
-
-    ``"group"``: DeepSeekMath's ``(r - mean_g) / (std_g + eps)``; ``"group_mean"``: Dr. GRPO's ``r - mean_g``;
-    ``"rloo"``: the leave-one-out baseline;
-    ``"self_critical"``: env ``i`` with ``i % group_size == 0`` acts greedily and its reward is its group's baseline;
-    ``"group_turn"``: turn-level leave-one-out credit of interactive episodes (:class:`TurnGroupTracker`);
-    ``"role"``: SPIRAL's running baseline per game and role (:class:`RoleBaselineTracker`; no group needed).
-
-    :param env: The VecEnv (grouped, for every form but ``"role"``).
-    :param advantage: ``"group"``, ``"group_mean"``, ``"rloo"``, ``"self_critical"``, ``"group_turn"`` or ``"role"``.
-    """
-    if advantage == "role":
-        return RoleBaselineTracker(env.num_envs)
-    group_size = check_grouped_env(env, advantage)
-    if advantage == "group_turn":
-        return TurnGroupTracker(env.num_envs, group_size)
-    greedy = None
-    if advantage == "group":
-        advantage_fn = _ignore_greedy(group_advantages)
-    elif advantage == "group_mean":
-        advantage_fn = _ignore_greedy(group_mean_advantages)
-    elif advantage == "rloo":
-        advantage_fn = _ignore_greedy(rloo_advantages)
-    else:
-        advantage_fn = self_critical_advantages
-        greedy = np.arange(env.num_envs) % group_size == 0
-    return EpisodeGroupTracker(env.num_envs, group_size, advantage_fn, greedy_envs=greedy)

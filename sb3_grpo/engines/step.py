@@ -1,5 +1,5 @@
-"""One rollout step's draw: the policy's actions, values and log-probs, with the greedy members of self-critical
-groups and, optionally, uniform-mixture exploration.
+"""The ``"step"`` engine (:class:`StepEngine`, the reference): SB3's loop as it is, each step's tokens drawn in its own
+policy call, with the greedy members of self-critical groups and, optionally, uniform-mixture exploration.
 
 :func:`sample_actions` returns both the behaviour log-prob (the mixture's while ``alpha > 0``, which the PPO ratio
 divides by) and the policy's own (the KL estimate's importance weight). With ``alpha == 0`` and no greedy members it
@@ -23,7 +23,7 @@ from stable_baselines3.common.policies import BasePolicy
 
 from sb3_grpo.objectives import mixture_log_prob, uniform_log_prob, uniform_sample
 
-__all__ = ["sample_actions"]
+__all__ = ["StepEngine", "sample_actions"]
 
 
 _UNCHECKED_LOCK = threading.Lock()
@@ -54,6 +54,25 @@ def unchecked_distributions() -> Iterator[None]:
                 th.distributions.Distribution.set_default_validate_args(_checked_before)
 
 
+class StepEngine:
+    """``engine="step"``: no tokens are computed ahead; the rollout draws each step's in its policy call
+    (:func:`sample_actions`). With every extra off it is bit for bit the call SB3's PPO makes."""
+
+    name = "step"
+    #: no importance correction: the tokens are the policy's own draws
+    importance_cap = None
+
+    def before_rollout(self, policy: BasePolicy, n_updates: int) -> None:
+        """Nothing to prepare: the policy draws each step itself."""
+
+    def weights_changed(self) -> None:
+        """Nothing holds a copy of the weights."""
+
+    def start(self, *args: Any, **kwargs: Any) -> None:
+        """No per-rollout queues (``None``): the rollout calls :func:`sample_actions` each step."""
+        return None
+
+
 def sample_actions(
     policy: BasePolicy,
     obs_tensor: th.Tensor | dict[str, th.Tensor],
@@ -77,8 +96,8 @@ def sample_actions(
     actions it has just drawn from it, and torch checks both by default (parameters not NaN, each action in the
     support): on CartPole's MLP that is about a fifth of the policy's call, and on a GPU each check is a host sync.
     A drawn action is in its distribution's support, and NaN parameters show as a non-finite log-prob, which the
-    caller checks in one reduction instead (:func:`~sb3_grpo.common.nonfinite.check_log_probs`). PyTorch's advice for
-    speed is to turn these checks off (pytorch/pytorch#48743); here only for the draw, not globally.
+    caller checks in one reduction instead (:func:`~sb3_grpo.common.rollout.nonfinite.check_log_probs`). PyTorch's
+    advice for speed is to turn these checks off (pytorch/pytorch#48743); here only for the draw, not globally.
 
     :param policy: The acting policy.
     :param obs_tensor: The step's observations, as tensors.

@@ -94,7 +94,7 @@ class NonFiniteEpisodes:
 
 def check_log_probs(log_probs: th.Tensor, row: int, timestep: int, n_updates: int) -> None:
     """Raise when a rollout step's behaviour log-probs are not all finite: the policy's distribution had NaN/inf
-    parameters (the draw skips torch's own checks, :func:`~sb3_grpo.common.draws.sample_actions`),
+    parameters (the draw skips torch's own checks, :func:`~sb3_grpo.engines.step.sample_actions`),
     and its actions are not draws of any distribution. Raised in both ``nonfinite`` modes: the policy itself is
     broken, not one episode.
 

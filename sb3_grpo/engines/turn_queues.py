@@ -1,7 +1,7 @@
-"""The rollout engine seam: who computes the tokens of a text rollout.
+"""The ``"hf"`` rollout engine (:class:`DecoderEngine`): the policy's built-in decoder computes whole turns ahead.
 
 ``engine="step"`` (the default, the reference) is SB3's loop as it is: one policy call per env step, each computing
-one token per row (:func:`~sb3_grpo.common.draws.sample_actions`). ``engine="hf"`` has the policy's built-in decoder
+one token per row (:func:`~sb3_grpo.engines.step.sample_actions`). ``engine="hf"`` has the policy's built-in decoder
 (:class:`~sb3_grpo.policies.LiveBatch`) decode whole turns ahead, keeps the tokens in per-row queues
 (:class:`TurnQueues`), and hands the loop one token per row per step from them. The env, its rewards and replies,
 SB3's callbacks, the monitor and the buffer see the transitions they see with ``"step"``, one token at a time.
@@ -37,49 +37,49 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo.objectives import mixture_log_prob, uniform_log_prob, uniform_sample
 
-__all__ = ["ENGINES", "TurnQueues", "check_engine", "check_engine_policy", "engine_name"]
-
-#: The rollout engines: ``"step"`` (SB3's loop, one token per policy call), ``"hf"`` (the built-in decoder) and
-#: ``"vllm"`` (vLLM in the training process, an optional extra: :mod:`sb3_grpo.common.vllm_engine`).
-ENGINES = ("step", "hf", "vllm")
+__all__ = ["DecoderEngine", "TurnQueues", "check_decoder_policy", "next_window", "text_spec"]
 
 
-def check_engine(engine: Any) -> Any:
-    """``engine`` if it names a rollout engine (or is a :class:`~sb3_grpo.common.vllm_engine.VLLMOptions`), else a
-    ``ValueError`` that lists them."""
-    from sb3_grpo.common.vllm_engine import VLLMOptions
+class DecoderEngine:
+    """``engine="hf"``: the policy's built-in decoder computes each row's turn ahead, into :class:`TurnQueues` made
+    for each rollout."""
 
-    if isinstance(engine, VLLMOptions):
-        return engine
-    if not isinstance(engine, str) or engine not in ENGINES:
-        raise ValueError(
-            f"engine must be one of {', '.join(repr(e) for e in ENGINES)}, got {engine!r}; 'step' computes one token "
-            "per env step (SB3's loop), 'hf' decodes a whole turn per row with the policy's built-in decoder, 'vllm' "
-            "with vLLM (an optional extra; VLLMOptions(...) sets its options)"
-        )
-    return engine
+    name = "hf"
+    #: no importance correction: the decoder draws from the policy's own distribution, with the step path's draws
+    importance_cap = None
+
+    def before_rollout(self, policy: BasePolicy, n_updates: int) -> None:
+        """Nothing to prepare: the decoder is the policy's own."""
+
+    def weights_changed(self) -> None:
+        """Nothing holds a copy of the weights."""
+
+    def start(self, *args: Any, **kwargs: Any) -> TurnQueues:
+        """The queues of one rollout: ``(policy, env, n_steps, alpha, greedy_envs, rng, action_space, needs_values)``,
+        :class:`TurnQueues`' arguments."""
+        return TurnQueues(*args, **kwargs)
 
 
-def engine_name(engine: Any) -> str:
-    """The engine's name: ``"vllm"`` for :class:`~sb3_grpo.common.vllm_engine.VLLMOptions`, else the string."""
-    return engine if isinstance(engine, str) else "vllm"
-
-
-def check_engine_policy(engine: str, policy: BasePolicy, action_space: spaces.Space) -> None:
-    """Refuse an engine the policy cannot run, when the model is built (``"vllm"``:
-    :func:`~sb3_grpo.common.vllm_engine.check_vllm_model`)."""
-    if engine_name(engine) in ("step", "vllm"):
-        return
+def check_decoder_policy(policy: BasePolicy, action_space: spaces.Space) -> None:
+    """Refuse a policy the built-in decoder cannot run, when the model is built."""
     if not callable(getattr(policy, "turn_decoder", None)) or not isinstance(action_space, spaces.Discrete):
         raise ValueError(
-            f"engine={engine!r} decodes tokens with the policy's built-in decoder, which {type(policy).__name__} does "
-            "not have (it needs CausalLMPolicy on a text env); use engine='step'"
+            f"engine='hf' decodes tokens with the policy's built-in decoder, which {type(policy).__name__} does not "
+            "have (it needs CausalLMPolicy on a text env); use engine='step'"
         )
     if getattr(policy, "separate_critic", False):
         raise ValueError(
-            f"engine={engine!r} values states by the value head on the decoder's hidden states; a separate critic "
+            "engine='hf' values states by the value head on the decoder's hidden states; a separate critic "
             "(separate_critic=True) reads whole windows, which the decoder does not build: use engine='step'"
         )
+
+
+def next_window(ids: th.Tensor, mask: th.Tensor, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    """The window each row shows after its action, if the env appends it and nothing else (shifted left by one)."""
+    return (
+        th.cat([ids[:, 1:], actions[:, None]], dim=1),
+        th.cat([mask[:, 1:], th.ones_like(mask[:, :1])], dim=1),
+    )
 
 
 def text_spec(env: VecEnv) -> Any:
@@ -173,6 +173,9 @@ class TurnQueues:
         """The step's episode ends: those rows' queues are discarded."""
         self.ended = np.asarray(dones, dtype=bool).copy()
 
+    def finish(self, rollout_buffer: Any, logger: Any) -> None:
+        """After the rollout's advantages: nothing to correct (the tokens are the policy's own draws)."""
+
     def _write(self, rows: th.Tensor, steps: th.Tensor, tokens: th.Tensor, log_probs: th.Tensor, values: th.Tensor):
         self.tokens[rows, steps] = tokens
         self.log_probs[rows, steps] = log_probs
@@ -181,7 +184,7 @@ class TurnQueues:
 
     def sample(self, policy: BasePolicy, obs_tensor: Any, t: int) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """Rollout step ``t``'s actions, values, behaviour log-probs and the policy's own log-probs, as
-        :func:`~sb3_grpo.common.draws.sample_actions` returns them."""
+        :func:`~sb3_grpo.engines.step.sample_actions` returns them."""
         ids, mask = policy._parse_obs(obs_tensor)  # type: ignore[attr-defined]
         if self.expected is None:
             same = np.zeros(len(self.until), dtype=bool)
@@ -206,10 +209,7 @@ class TurnQueues:
         actions = self.tokens[:, t]
         values = self.values[:, t]
         log_probs = self.log_probs[:, t]
-        self.expected = (
-            th.cat([ids[:, 1:], actions[:, None]], dim=1),
-            th.cat([mask[:, 1:], th.ones_like(mask[:, :1])], dim=1),
-        )
+        self.expected = next_window(ids, mask, actions)
         behaviour = log_probs
         if self.alpha > 0:
             mixed = mixture_log_prob(log_probs, uniform_log_prob(self.action_space, actions), self.alpha)

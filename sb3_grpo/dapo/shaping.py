@@ -9,8 +9,8 @@ DAPO's reward shaping and group filtering, in the group tracker: :class:`ShapedG
   penalty: the buffer's rewards and SB3's episode log (``rollout/ep_rew_mean``) keep the env's rewards.
 - **Groups without signal** (:func:`~sb3_grpo.objectives.informative_groups`): with ``drop_uninformative`` the members
   of a completed group whose returns are all equal are marked not valid (their advantage would be 0 anyway), so
-  :attr:`~sb3_grpo.common.groups.EpisodeGroupTracker.resolved` says ``None`` for them and DAPO leaves their sequences
-  out of the update (``carry_over`` drops their held steps too).
+  :attr:`~sb3_grpo.common.advantages.group_trackers.EpisodeGroupTracker.resolved` says ``None`` for them and DAPO leaves
+  their sequences out of the update (``carry_over`` drops their held steps too).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch as th
 
-from sb3_grpo.common.groups import EpisodeGroupTracker, GroupAdvantageFn
+from sb3_grpo.common.advantages.group_trackers import EpisodeGroupTracker, GroupAdvantageFn
 from sb3_grpo.objectives import informative_groups, overlong_penalty
 
 __all__ = ["ShapedGroupTracker"]
@@ -29,8 +29,8 @@ __all__ = ["ShapedGroupTracker"]
 
 class ShapedGroupTracker(EpisodeGroupTracker):
     """
-    :class:`~sb3_grpo.common.groups.EpisodeGroupTracker` with DAPO's overlong penalty on episode returns and its
-    filter of groups whose returns are all equal.
+    :class:`~sb3_grpo.common.advantages.group_trackers.EpisodeGroupTracker` with DAPO's overlong penalty on episode
+    returns and its filter of groups whose returns are all equal.
 
     :param n_envs: number of envs of the VecEnv
     :param group_size: episodes per group round
@@ -63,7 +63,7 @@ class ShapedGroupTracker(EpisodeGroupTracker):
     @classmethod
     def like(cls, tracker: EpisodeGroupTracker, **kwargs: Any) -> ShapedGroupTracker:
         """A shaped tracker with the settings of ``tracker`` (e.g. one of
-        :func:`~sb3_grpo.common.groups.make_group_tracker`).
+        :func:`~sb3_grpo.common.advantages.forms.make_group_tracker`).
 
         :param tracker: The tracker to copy the envs, group size, advantage and greedy envs from.
         :param kwargs: ``overlong`` and ``drop_uninformative``.
