@@ -25,3 +25,17 @@ def workdir(tmp_path, monkeypatch):
     """A fresh working directory (the bad-input tests check that a refused command leaves nothing in it)."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def gguf_cache(tmp_path_factory):
+    """One cache of converted GGUF models for the session (``TEXTRL_CACHE``; the pytest workers share it and the
+    conversion holds a lock), so SmolLM2 is converted once per test run."""
+    root = tmp_path_factory.getbasetemp().parent / "textrl-cache"
+    old = os.environ.get("TEXTRL_CACHE")
+    os.environ["TEXTRL_CACHE"] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop("TEXTRL_CACHE", None)
+    else:
+        os.environ["TEXTRL_CACHE"] = old

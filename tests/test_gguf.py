@@ -45,19 +45,6 @@ needs_smollm2 = pytest.mark.skipif(_smollm2_missing() is not None, reason=str(_s
 
 
 @pytest.fixture(scope="session")
-def gguf_cache(tmp_path_factory):
-    """One converted-model cache for the session (the pytest workers share it; the conversion holds a lock)."""
-    root = tmp_path_factory.getbasetemp().parent / "textrl-cache"
-    old = os.environ.get("TEXTRL_CACHE")
-    os.environ["TEXTRL_CACHE"] = str(root)
-    yield root
-    if old is None:
-        os.environ.pop("TEXTRL_CACHE", None)
-    else:
-        os.environ["TEXTRL_CACHE"] = old
-
-
-@pytest.fixture(scope="session")
 def smollm2_folder(gguf_cache):
     return gguf_folder(SMOLLM2)
 

@@ -77,11 +77,20 @@ def test_keep_leaves_the_count_and_a_number_sets_it(monkeypatch):
     assert th.get_num_threads() == 3
 
 
-def test_a_large_lm_keeps_the_default_pool(monkeypatch):
+def test_a_large_lm_uses_every_usable_core_and_says_so(monkeypatch, caplog):
     policy = _policy()
     monkeypatch.setattr(threads, "SMALL_LM_PARAMETERS", sum(p.numel() for p in policy.lm.parameters()) - 1)
-    _forward(policy)
-    assert th.get_num_threads() == 2
+    monkeypatch.setattr(threads, "usable_cores", lambda: 3)
+    with caplog.at_level("INFO", logger="sb3_grpo.policies.threads"):
+        _forward(policy)
+    assert th.get_num_threads() == 3
+    assert "torch intra-op threads: 3, for a large LM of" in caplog.text and "SB3_GRPO_CPU_THREADS" in caplog.text
+
+
+def test_the_small_lm_choice_is_stated_in_the_log(caplog):
+    with caplog.at_level("INFO", logger="sb3_grpo.policies.threads"):
+        _forward(_policy())
+    assert "torch intra-op threads: 1, for a small LM of" in caplog.text
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1"])

@@ -133,7 +133,8 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
     (``torch.set_num_threads(1)``, process-wide) when the LM is small (at most
     :data:`~sb3_grpo.policies.threads.SMALL_LM_PARAMETERS` parameters, as the bundled LM is), as the ``sb3-grpo``
     command line does: tiny matrix products are fastest on one thread, and on a busy machine the default pool (one
-    thread per core) can make a run ten times slower. A count the user chose is kept: ``OMP_NUM_THREADS`` or
+    thread per core) can make a run ten times slower. A larger LM (a real model) gets every usable core. The choice
+    is logged (INFO). A count the user chose is kept: ``OMP_NUM_THREADS`` or
     ``MKL_NUM_THREADS`` set, or ``torch.set_num_threads`` called after importing ``sb3_grpo``. The environment
     variable ``SB3_GRPO_CPU_THREADS`` overrides the rule: ``keep`` leaves torch's count alone, an integer ``N`` sets
     ``N`` threads (:mod:`sb3_grpo.policies.threads`). The thread count changes the speed, not the results.

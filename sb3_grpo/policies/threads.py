@@ -1,4 +1,5 @@
-"""The CPU thread default of :class:`~sb3_grpo.policies.CausalLMPolicy`: one torch intra-op thread for a small LM.
+"""The CPU thread default of :class:`~sb3_grpo.policies.CausalLMPolicy`: one torch intra-op thread for a small LM,
+every usable core for a real one.
 
 A small LM (the bundled tiny GPT-2, anything up to :data:`SMALL_LM_PARAMETERS` parameters) runs many tiny matrix
 products, one single-token forward per generated token. Splitting each over torch's default pool of intra-op threads
@@ -14,6 +15,11 @@ the ``sb3-grpo`` command line does, unless the user has chosen a thread count:
 - :data:`THREADS_ENV` (``SB3_GRPO_CPU_THREADS``) says otherwise: ``keep`` leaves torch's thread count alone, a
   positive integer ``N`` sets ``N`` threads instead of one, ``auto`` (or unset) is the rule above.
 
+A larger LM (a real model: SmolLM2-135M, Qwen2.5-0.5B) is the opposite case: each product is big enough to split, and
+a run on a dedicated machine should use its cores, so the rule sets every core this process may run on
+(``os.sched_getaffinity``), under the same exceptions. Either choice is stated in the log (the ``sb3_grpo`` logger,
+at INFO), with the model's size and how to override it.
+
 One thread is also what the command line and the tests run at, so a script gets their results bit for bit. Other
 thread counts give the same episodes up to float rounding: the backward pass sums gradients in another order
 (after two updates of the bundled LM the parameters differ by about 1e-6, tested).
@@ -26,7 +32,7 @@ import os
 
 import torch as th
 
-__all__ = ["SMALL_LM_PARAMETERS", "THREADS_ENV", "apply_cpu_thread_default", "cpu_thread_setting"]
+__all__ = ["SMALL_LM_PARAMETERS", "THREADS_ENV", "apply_cpu_thread_default", "cpu_thread_setting", "usable_cores"]
 
 #: The environment variable that overrides the default: ``auto`` (default), ``keep``, or a thread count.
 THREADS_ENV = "SB3_GRPO_CPU_THREADS"
@@ -70,9 +76,18 @@ def _user_chose_threads() -> bool:
     return th.get_num_threads() != _THREADS_AT_IMPORT
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask; ``os.cpu_count()`` where the OS has none)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS and Windows have no affinity mask
+        return max(1, os.cpu_count() or 1)
+
+
 def apply_cpu_thread_default(n_parameters: int) -> int | None:
     """Set torch's intra-op thread count for an LM of ``n_parameters`` parameters running on the CPU (the rule in
-    the module docstring).
+    the module docstring: one thread up to :data:`SMALL_LM_PARAMETERS`, every usable core above), and say so in the
+    log.
 
     :param n_parameters: the LM's parameter count.
     :return: the thread count set, or ``None`` when torch's was left as it was.
@@ -81,12 +96,16 @@ def apply_cpu_thread_default(n_parameters: int) -> int | None:
     setting = cpu_thread_setting()
     if setting == "keep":
         return None
+    why = f"{THREADS_ENV}={setting}"
     if setting == "auto":
-        if _user_chose_threads() or n_parameters > SMALL_LM_PARAMETERS:
+        if _user_chose_threads():
             return None
-        setting, _auto_applied = 1, True
+        small = n_parameters <= SMALL_LM_PARAMETERS
+        setting, _auto_applied = (1 if small else usable_cores()), True
+        size = "small" if small else "large"
+        why = f"a {size} LM of {n_parameters / 1e6:.1f}M parameters on the CPU"
     if th.get_num_threads() != setting:
-        logger.info("torch intra-op threads %d -> %d (set %s=keep to leave them)", th.get_num_threads(), setting,
-                    THREADS_ENV)  # fmt: skip
         th.set_num_threads(setting)
+    logger.info("torch intra-op threads: %d, for %s (%s=N sets N, keep leaves torch's count)", setting, why,
+                THREADS_ENV)  # fmt: skip
     return setting

