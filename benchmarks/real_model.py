@@ -46,12 +46,24 @@ MODEL = "smollm2-135m-instruct"
 #: The tasks the study knows: reasoning-gym task name -> (its config, its prompt budget, what it is).
 TASKS: dict[str, tuple[dict[str, Any], int, str]] = {
     "basic_arithmetic": (
-        {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"]},
+        {
+            "min_terms": 2,
+            "max_terms": 2,
+            "min_digits": 1,
+            "max_digits": 2,
+            "operators": ["+", "-"],
+            "allow_negation": False,
+            "allow_parentheses": False,
+        },
         80,
-        "signed sums and differences of two 1-2 digit numbers",
-    ),
+        "sums and differences of two numbers of 1-2 digits (no negative operands)",
+    ),  # fmt: skip
     "chain_sum": ({"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}, 80, "chains of 2-3 terms"),
-    "leg_counting": ({}, 160, "word problem: count the legs of a list of animals"),
+    "leg_counting": (
+        {"min_animals": 1, "max_animals": 1, "min_instances": 1, "max_instances": 2},
+        160,
+        "word problem: the legs of one or two animals of one kind",
+    ),
     "letter_counting": ({}, 112, "count a letter's occurrences in a text"),
     "gsm_symbolic": ({}, 224, "grade-school math word problems (GSM8K templates)"),
 }
