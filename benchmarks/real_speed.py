@@ -1,0 +1,381 @@
+"""Speed on a real model: SmolLM2-135M-Instruct's rollouts and updates against ``generate``, a plain forward and
+backward, and the machine's own limits.
+
+One run, side by side, on the CPU (every figure a median of ``--repeats`` timed calls, the calls of a comparison
+alternating, so a load spike on a shared machine lands on both sides):
+
+* **the machine's limits**: the matmul rate (GFLOP/s of a 2048 x 2048 product, float32 and bfloat16, per thread
+  count) and the memory bandwidth (GB/s of a 512 MB copy, bytes read plus written);
+* **rollouts**: tokens/s of GRPO's ``collect_rollouts`` with ``engine="step"`` and ``engine="hf"`` against
+  ``generate(do_sample=True)`` of exactly as many tokens, on ``Arithmetic-v0`` in instruct mode (SmolLM2's chat
+  template, about 50-token prompts), with EOS on (episodes end at ``<|im_end|>`` and the loop starts new ones) and
+  off (every row writes its whole budget), per batch size, thread count and dtype; and each against the **roofline**:
+  a decode step of batch ``B`` needs ``2 * P * B`` FLOPs (``P`` the parameters of the model's matrix products, the
+  LM head included, plus attention's) and reads every weight once, so it takes at least
+  ``max(FLOPs / matmul rate, weight bytes / bandwidth)``, and ``B`` tokens per such step is the most the hardware
+  allows;
+* **updates**: one ``train()`` of DeepSeekMath's GRPO (the study's set-up: LoRA, and a full fine-tune) on a collected
+  rollout, against a plain Hugging Face forward and backward of the same batches (every token's log-probability, one
+  backward), as tokens/s and as a share of the matmul rate (``6 * P`` FLOPs a token);
+* **peak memory** of a rollout and of a rollout plus an update, each in its own process (peak RSS minus the RSS
+  with the model loaded).
+
+``--shape-05b`` adds the rollout rows of a 0.5B model of Qwen2-0.5B's shape, built from its config with random
+weights (the speed does not depend on the weights)::
+
+    textrl-bench real-speed --batches 16 64 --threads 1 2 --page docs/results/real_speed.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+MODEL = "smollm2-135m-instruct"
+LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+#: Qwen2-0.5B's shape (its config.json), for the 0.5B rows.
+QWEN2_05B = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+             "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+             "max_position_embeddings": 32768, "tie_word_embeddings": True, "rope_theta": 1_000_000.0}  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="textrl-bench real-speed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--batches", type=int, nargs="+", default=[16, 64], help="rollout batch sizes (envs)")
+    p.add_argument("--tokens", type=int, nargs="+", default=[32], help="new tokens per rollout step budget")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts")
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="model dtypes")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per figure (median)")
+    p.add_argument("--update-batch", type=int, default=32, help="envs of the rollout the update trains on")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory rows (two child processes)")
+    p.add_argument("--shape-05b", action="store_true", help="add rollout rows of a Qwen2-0.5B-shaped model")
+    p.add_argument("--out", default="runs/real-speed", help="folder of results.json")
+    p.add_argument("--page", default=None, help="write the results page here (e.g. docs/results/real_speed.md)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a memory measurement's own process
+    return p
+
+
+# -- the machine ------------------------------------------------------------------------------------------------
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_gflops(dtype: str, n: int = 2048, repeats: int = 5) -> float:
+    """GFLOP/s of an ``n x n`` matrix product in ``dtype`` at torch's current thread count."""
+    import torch as th
+
+    a, b = th.randn(n, n).to(getattr(th, dtype)), th.randn(n, n).to(getattr(th, dtype))
+    return 2 * n**3 / _median_seconds(lambda: a @ b, repeats) / 1e9
+
+
+def copy_gbps(mb: int = 512, repeats: int = 5) -> float:
+    """GB/s of copying a ``mb`` MB float32 tensor into another (bytes read plus bytes written)."""
+    import torch as th
+
+    src = th.ones(mb * 2**20 // 4)
+    dst = th.empty_like(src)
+    return 2 * src.numel() * 4 / _median_seconds(lambda: dst.copy_(src), repeats) / 1e9
+
+
+def matmul_parameters(lm: Any) -> int:
+    """Parameters of the model's matrix products (every ``nn.Linear``, the LM head included; embeddings are lookups)."""
+    from torch import nn
+
+    return sum(m.weight.numel() for m in lm.modules() if isinstance(m, nn.Linear))
+
+
+def roofline_tokens_per_s(
+    lm: Any, batch: int, context: int, gflops: float, gbps: float, weight_bytes: int
+) -> tuple[float, str]:
+    """The most tokens/s a decode step of ``batch`` rows at ``context`` tokens allows: ``batch`` tokens per
+    ``max(FLOPs / rate, bytes / bandwidth)``, and which bound is the limit (``"compute"`` or ``"memory"``)."""
+    cfg = lm.config
+    attention = 4 * cfg.num_hidden_layers * context * cfg.hidden_size  # scores and the weighted sum, per token
+    flops = batch * (2 * matmul_parameters(lm) + attention)
+    compute, memory = flops / (gflops * 1e9), weight_bytes / (gbps * 1e9)
+    return batch / max(compute, memory), "compute" if compute >= memory else "memory"
+
+
+# -- rollouts ------------------------------------------------------------------------------------------------------
+
+
+def arithmetic_env(batch: int, tokens: int, eos: bool) -> Any:
+    """``Arithmetic-v0`` in instruct mode on SmolLM2's tokenizer; without EOS, the same rendered prompts and a
+    tokenizer without an EOS token, so every row writes its whole budget."""
+    import gymnasium as gym
+
+    import textrl_envs  # noqa: F401  (registers the ids)
+    from textrl_envs.core import load_tokenizer
+    from textrl_envs.sb3 import make_vec_env
+
+    kwargs: dict[str, Any] = {"tokenizer": MODEL, "instruct": True}
+    if not eos:
+        spec = gym.make("Arithmetic-v0", **kwargs).unwrapped.text_spec
+        tok = load_tokenizer(MODEL)
+        tok.eos_token = None
+        prompts = [{"prompt": p, "answer": a} for p, a in zip(spec.prompt_texts, spec.metadata["answer"])]
+        kwargs = {"tokenizer": tok, "prompts": prompts, "max_prompt_tokens": spec.max_prompt_tokens}
+    return make_vec_env("Arithmetic-v0", n_envs=batch, seed=0, device="cpu", max_new_tokens=tokens, **kwargs)
+
+
+def rollout_timer(lm: Any, env: Any, tokens: int, engine: str) -> Any:
+    """One GRPO ``collect_rollouts`` of ``tokens`` steps with ``engine``, each call from an empty cache."""
+    from benchmarks.perf.rollout import collector
+
+    return collector(env, tokens, "cpu", lm=lm, engine=engine)
+
+
+def generate_timer(lm: Any, env: Any, tokens: int) -> Any:
+    """``generate(do_sample=True)`` of exactly ``tokens`` new tokens for the env's first prompts."""
+    import torch as th
+
+    obs = env.reset()
+    ids, mask = th.as_tensor(obs["input_ids"]), th.as_tensor(obs["attention_mask"])
+    width = int(mask.sum(1).max())
+    ids, mask = ids[:, -width:], mask[:, -width:]
+
+    def generate() -> None:
+        with th.inference_mode():
+            lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, top_p=1.0, max_new_tokens=tokens,
+                        min_new_tokens=tokens, pad_token_id=2)  # fmt: skip
+
+    return generate, width
+
+
+def rollout_rows(lm: Any, label: str, batch: int, tokens: int, threads: int, dtype: str, limits: dict, repeats: int):
+    """The rollout rows of one set-up: step, hf and generate, EOS on and off, with the roofline."""
+    from benchmarks.timing import interleaved
+
+    rows = []
+    weight_bytes = sum(p.numel() * p.element_size() for p in lm.parameters())
+    for eos in (True, False):
+        env = arithmetic_env(batch, tokens, eos)
+        gen, prompt_width = generate_timer(lm, env, tokens)
+        timers = {"step": rollout_timer(lm, env, tokens, "step"), "hf": rollout_timer(lm, env, tokens, "hf"),
+                  "generate": gen}  # fmt: skip
+        wall, _ = interleaved(timers, repeats)
+        roof, bound = roofline_tokens_per_s(lm, batch, prompt_width + tokens // 2, limits[(threads, dtype)]["gflops"],
+                                            limits[threads]["gbps"], weight_bytes)  # fmt: skip
+        n = batch * tokens
+        for engine in ("step", "hf", "generate"):
+            rate = n / wall[engine]
+            rows.append({"model": label, "batch": batch, "tokens": tokens, "threads": threads, "dtype": dtype,
+                         "eos": eos, "engine": engine, "tokens_per_s": rate,
+                         "vs_generate": rate / (n / wall["generate"]), "roofline": roof, "of_roofline": rate / roof,
+                         "bound": bound})  # fmt: skip
+        env.close()
+    return rows
+
+
+# -- updates ----------------------------------------------------------------------------------------------------
+
+
+def update_rows(lm_name: str, batch: int, tokens: int, threads: int, gflops: float, repeats: int) -> list[dict]:
+    """DeepSeekMath's GRPO ``train()`` on one collected rollout (LoRA, and a full fine-tune) against a plain forward
+    and backward of the batches that update forwards."""
+    rows = []
+    for mode in ("lora", "full"):
+        row = _update_pair(lm_name, mode, batch, tokens, gflops, repeats)
+        rows.append({"mode": mode, "threads": threads, "batch": batch, "tokens": tokens, **row})
+    return rows
+
+
+def _update_pair(lm_name: str, mode: str, batch: int, tokens: int, gflops: float, repeats: int) -> dict:
+    import torch as th
+
+    from benchmarks.perf.update import _collected, _update_on
+    from benchmarks.timing import interleaved
+    from sb3_grpo.presets import make_preset
+    from textrl_envs.sb3 import make_vec_env
+
+    env = make_vec_env("Arithmetic-v0", n_envs=batch, group_size=8, seed=0, device="cpu", tokenizer=MODEL,
+                       instruct=True, max_new_tokens=tokens)  # fmt: skip
+    policy_kwargs = {"model": lm_name, **({"lora": LORA} if mode == "lora" else {})}
+    model = _collected(make_preset("deepseek-grpo", "CausalLMPolicy", env, n_steps=tokens, batch_size=batch * tokens,
+                                   learning_rate=1e-5, seed=0, device="cpu", policy_kwargs=policy_kwargs))  # fmt: skip
+    buffer = model.rollout_buffer
+    ours = _update_on(model, lambda: buffer)
+    body = model.policy.lm
+    seen: list[tuple[th.Tensor, th.Tensor]] = []
+
+    def record(_module, _args, kw) -> None:
+        seen.append((kw["input_ids"].clone(), kw["attention_mask"].clone()))
+
+    hook = body.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        ours()
+    finally:
+        hook.remove()
+    batches = [b for b in seen if b[0].dim() == 2 and b[0].shape[1] > 1]  # the update's forwards only
+
+    def plain() -> None:
+        for ids, mask in batches:
+            logits = body(input_ids=ids, attention_mask=mask).logits[:, :-1]
+            logp = th.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+            (-(logp * mask[:, 1:]).sum() / mask[:, 1:].sum()).backward()
+        model.policy.optimizer.zero_grad(set_to_none=True)
+
+    wall, _ = interleaved({"ours": ours, "plain": plain}, repeats)
+    env.close()
+    positions = sum(int(ids.numel()) for ids, _ in batches)
+    trained, flops = model.n_steps * model.n_envs, 6 * matmul_parameters(body) * positions
+    return {"positions": positions, "ours_tokens_per_s": trained / wall["ours"],
+            "plain_tokens_per_s": trained / wall["plain"], "vs_plain": wall["plain"] / wall["ours"],
+            "ours_of_matmul": flops / wall["ours"] / 1e9 / gflops,
+            "plain_of_matmul": flops / wall["plain"] / 1e9 / gflops}  # fmt: skip
+
+
+# -- peak memory (each phase in its own process) ----------------------------------------------------------------
+
+
+def memory_child(spec: dict) -> None:
+    """Measure one phase in this process and print ``{"base", "peak"}`` (MB) as its last line."""
+    import torch as th
+
+    from benchmarks.perf.memory import rss_mb
+    from benchmarks.perf.update import _collected
+    from sb3_grpo.presets import make_preset
+    from textrl_envs.sb3 import make_vec_env
+
+    th.set_num_threads(spec["threads"])
+    env = make_vec_env("Arithmetic-v0", n_envs=spec["batch"], group_size=8, seed=0, device="cpu", tokenizer=MODEL,
+                       instruct=True, max_new_tokens=spec["tokens"])  # fmt: skip
+    policy_kwargs = {"model": MODEL, **({"lora": LORA} if spec["mode"] == "lora" else {})}
+    model = make_preset("deepseek-grpo", "CausalLMPolicy", env, n_steps=spec["tokens"],
+                        batch_size=spec["batch"] * spec["tokens"], seed=0, device="cpu",
+                        policy_kwargs=policy_kwargs)  # fmt: skip
+    base = rss_mb()
+    _collected(model)
+    if spec["phase"] == "update":
+        model.train()
+    print(json.dumps({"base": base, "peak": rss_mb()}))
+
+
+def memory_rows(batch: int, tokens: int, threads: int) -> list[dict]:
+    rows = []
+    for mode in ("lora", "full"):
+        for phase in ("rollout", "update"):
+            spec = {"mode": mode, "phase": phase, "batch": batch, "tokens": tokens, "threads": threads}
+            cmd = [sys.executable, "-m", "benchmarks.real_speed", "--child", json.dumps(spec)]
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True)
+            measured = json.loads(out.stdout.strip().splitlines()[-1])
+            rows.append({**spec, "base_mb": measured["base"], "peak_mb": measured["peak"],
+                         "phase_mb": measured["peak"] - measured["base"]})  # fmt: skip
+    return rows
+
+
+# -- the page ------------------------------------------------------------------------------------------------------
+
+
+def page_body(result: dict) -> str:
+    lim = result["limits"]
+    lines = ["Measured side by side in one run on this machine's CPU (medians; the calls of a comparison alternate).",
+             "", "## The machine's limits", "", "| threads | float32 matmul GFLOP/s | bfloat16 matmul GFLOP/s | "
+             "copy GB/s |", "|---|---|---|---|"]  # fmt: skip
+    for t in sorted({int(k.split("/")[0]) for k in lim}):
+        f32, b16 = lim.get(f"{t}/float32", {}).get("gflops"), lim.get(f"{t}/bfloat16", {}).get("gflops")
+        gbps = lim.get(f"{t}/float32", {}).get("gbps")
+        lines.append(f"| {t} | {f32:.0f} | {'–' if b16 is None else f'{b16:.0f}'} | {gbps:.1f} |")
+    lines += ["", "## Rollouts", "",
+              "Tokens/s of a whole rollout (`collect_rollouts`: the env, the sampling and the buffer included) against "
+              "`generate` of as many tokens, and against the roofline of a decode step (the lower of the compute and "
+              "the bandwidth bound; `bound` says which one limits).", "",
+              "| model | dtype | threads | batch | new tokens | EOS | engine | tokens/s | vs generate | roofline "
+              "tokens/s | of roofline | bound |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in result["rollouts"]:
+        lines.append(f"| {r['model']} | {r['dtype']} | {r['threads']} | {r['batch']} | {r['tokens']} | "
+                     f"{'on' if r['eos'] else 'off'} | {r['engine']} | {r['tokens_per_s']:.0f} | "
+                     f"{r['vs_generate']:.2f}x | {r['roofline']:.0f} | {r['of_roofline']:.0%} | "
+                     f"{r['bound']} |")  # fmt: skip
+    lines += ["", "## Updates", "",
+              "One `train()` of DeepSeekMath's GRPO (one epoch, the whole rollout as one minibatch) against a plain "
+              "Hugging Face forward and backward of the same batches; tokens/s counts the rollout's generated tokens, "
+              "`of matmul` is `6 * P * positions` FLOPs over the time, as a share of the float32 matmul rate.", "",
+              "| mode | threads | batch | positions | ours tokens/s | plain tokens/s | ours vs plain | ours of "
+              "matmul | plain of matmul |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in result["updates"]:
+        lines.append(f"| {r['mode']} | {r['threads']} | {r['batch']} | {r['positions']} | "
+                     f"{r['ours_tokens_per_s']:.1f} | {r['plain_tokens_per_s']:.1f} | {r['vs_plain']:.2f}x | "
+                     f"{r['ours_of_matmul']:.0%} | {r['plain_of_matmul']:.0%} |")  # fmt: skip
+    if result.get("memory"):
+        lines += ["", "## Peak memory", "", "Each phase in its own process: peak RSS, and above the RSS once the model "
+                  "and env are built.", "", "| mode | phase | batch | new tokens | peak MB | phase MB |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for r in result["memory"]:
+            lines.append(f"| {r['mode']} | {r['phase']} | {r['batch']} | {r['tokens']} | {r['peak_mb']:.0f} | "
+                         f"{r['phase_mb']:.0f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.child:
+        memory_child(json.loads(args.child))
+        return 0
+    import torch as th
+
+    from sb3_grpo.policies.models import load_lm
+
+    result: dict[str, Any] = {"limits": {}, "rollouts": [], "updates": [], "memory": []}
+    limits: dict[Any, dict] = {}
+    for threads in args.threads:
+        th.set_num_threads(threads)
+        limits[threads] = {"gbps": copy_gbps()}
+        for dtype in args.dtypes:
+            limits[(threads, dtype)] = {"gflops": matmul_gflops(dtype)}
+            result["limits"][f"{threads}/{dtype}"] = {"gflops": limits[(threads, dtype)]["gflops"],
+                                                      "gbps": limits[threads]["gbps"]}  # fmt: skip
+        print(f"[real-speed] limits at {threads} threads: {result['limits']}", flush=True)
+    models = [(MODEL, lambda dtype: load_lm(MODEL, getattr(th, dtype)))]
+    if args.shape_05b:
+        models.append(("qwen2-0.5b shape", lambda dtype: load_lm({"config": QWEN2_05B}, getattr(th, dtype))))
+    for label, build in models:
+        for dtype in args.dtypes:
+            lm = build(dtype)
+            for threads in args.threads:
+                th.set_num_threads(threads)
+                for batch in args.batches:
+                    for tokens in args.tokens:
+                        rows = rollout_rows(lm, label, batch, tokens, threads, dtype, limits, args.repeats)
+                        result["rollouts"] += rows
+                        print(f"[real-speed] {label} {dtype} {threads}t b{batch} t{tokens}: "
+                              + ", ".join(f"{r['engine']}{'' if r['eos'] else '/noeos'} {r['tokens_per_s']:.0f}"
+                                          for r in rows), flush=True)  # fmt: skip
+            del lm
+    for threads in args.threads:
+        th.set_num_threads(threads)
+        rows = update_rows(MODEL, args.update_batch, args.tokens[0], threads, limits[(threads, "float32")]["gflops"],
+                           args.repeats)  # fmt: skip
+        result["updates"] += rows
+        print(f"[real-speed] updates at {threads} threads: {rows}", flush=True)
+    if not args.no_memory:
+        result["memory"] = memory_rows(args.update_batch, args.tokens[0], max(args.threads))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    if args.page:
+        from sb3_grpo.compare.pages import write_results_page
+
+        command = "textrl-bench real-speed " + shlex.join(argv if argv is not None else sys.argv[1:])
+        write_results_page(args.page, "Speed on a real model: SmolLM2-135M-Instruct on the CPU", page_body(result),
+                           command)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
