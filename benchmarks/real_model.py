@@ -379,11 +379,9 @@ def planned_runs(args) -> list[tuple[str, str, int]]:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     side = args.side_task or tasks[0]
-    plan = []
-    for task in tasks:
-        for arm in arms:
-            if arm != "grpo" and task != side:
-                continue
+    plan = []  # GRPO on every task first (the study's main question), then the other arms on the side task
+    for arm in sorted(arms, key=lambda a: a != "grpo"):
+        for task in tasks if arm == "grpo" else [side]:
             for seed in range(1 if arm == "full" else args.seeds):
                 plan.append((task, arm, seed))
     return plan

@@ -404,7 +404,7 @@ def test_a_prompt_seen_before_is_served_from_the_prefill_memo(factory):
         policy.value_head.bias.add_(1.0)  # new parameters: the memo is stale
         with count_lm_calls(policy) as calls:
             policy(_windows([prompts[2]] * 2))
-        assert calls[0] == (2, 4)  # prefilled again
+        assert calls[0] == (1, 4)  # prefilled again (once: the two rows share the window)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -753,3 +753,38 @@ def test_a_model_whose_cache_cannot_be_spliced_warns_once_and_recomputes():
         expected = recompute.predict_values(tensors)
     th.testing.assert_close(values, expected)
     th.testing.assert_close(again, expected)
+
+
+@pytest.mark.parametrize("factory", [tiny_gpt2, tiny_llama])
+def test_rows_starting_on_the_same_prompt_share_one_prefill(factory):
+    """A prompt group's members that start together (the first rollout step, or the same auto-reset step) need one
+    forward of their prompt, not one each; the outputs are the full recompute's."""
+    policy = make_policy(factory())
+    full = make_policy(factory(), use_cache=False)
+    full.load_state_dict(policy.state_dict())
+    prompts = [[5, 6, 7]] * 3 + [[8, 9]] * 3  # two groups of three
+    with th.no_grad(), count_lm_calls(policy) as calls:
+        _, values, _ = policy(_windows(prompts))
+    assert calls == [(2, 3), (6, 1)]  # one row per distinct prompt (trimmed to its longest), then the look-ahead
+    with th.no_grad():
+        _, want, _ = full(_windows(prompts))
+        np.testing.assert_allclose(values, want, atol=1e-5)
+        mixed = [[5, 6, 7], [10, 11], [5, 6, 7], [10, 11]]  # one prompt from the memo, one new one twice
+        with count_lm_calls(policy) as calls:
+            _, values, _ = policy(_windows(mixed))
+        assert calls == [(1, 2), (4, 1)]
+        _, want, _ = full(_windows(mixed))
+        np.testing.assert_allclose(values, want, atol=1e-5)
+
+
+def test_the_prefill_memo_budget_follows_the_models_keys_and_values():
+    from transformers import LlamaConfig
+
+    from sb3_grpo.policies.prefill_memo import MEMO_MAX_BYTES, MEMO_MIN_BYTES, MEMO_TOKENS, memo_budget
+
+    # SmolLM2-135M's shape: 30 layers, 3 key-value heads of 64: 2 * 30 * 3 * 64 * 4 bytes = 46,080 bytes a token
+    smol = LlamaConfig(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    assert memo_budget(smol, 4) == 46_080 * MEMO_TOKENS
+    assert memo_budget(LlamaConfig(num_hidden_layers=1, num_attention_heads=1, hidden_size=8), 4) == MEMO_MIN_BYTES
+    assert memo_budget(LlamaConfig(num_hidden_layers=80, num_attention_heads=64, hidden_size=8192), 2) == MEMO_MAX_BYTES
+    assert make_policy()._rollout_cache.memo.max_bytes == MEMO_MIN_BYTES  # a tiny model keeps the old budget

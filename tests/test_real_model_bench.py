@@ -41,6 +41,7 @@ def test_the_plan_runs_every_arm_on_the_side_task_and_grpo_on_all():
     assert ("leg_counting", "grpo", 1) in plan and ("leg_counting", "ppo", 0) not in plan
     assert [r for r in plan if r[1] == "full"] == [("basic_arithmetic", "full", 0)]
     assert sum(r[1] == "ppo" for r in plan) == 2 and len(plan) == 2 + 2 + 2 + 1 + 2
+    assert [r[1] for r in plan[:4]] == ["grpo"] * 4  # GRPO on both tasks comes first
 
 
 def fake_results(n_items=8):

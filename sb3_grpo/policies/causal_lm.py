@@ -54,6 +54,7 @@ from sb3_grpo.policies.policy_kwargs import (
     check_token_range,
     check_window_fits,
 )
+from sb3_grpo.policies.prefill_memo import memo_budget
 from sb3_grpo.policies.quantization import keep_training_layout, quantization_spec, quiet_8bit_casts
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
 from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
@@ -310,6 +311,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
             parameters=self.parameters,
             lm_config=self.lm.config,
             model_name=type(self.lm).__name__,
+            memo_bytes=memo_budget(self.lm.config, next(self.lm.parameters()).element_size()),
         )
         self.train(False)
         self._build_optimizer(lr_schedule)

@@ -180,6 +180,19 @@ def extension_pays(tail: int, batch: int, redo_positions: int) -> bool:
     return batch * (tail - 1) < redo_positions
 
 
+def distinct_rows(windows: list[tuple[int, ...]], rows: list[int]) -> list[int]:
+    """``rows`` without those whose window an earlier row of ``rows`` has: one forward per distinct window (the members
+    of a prompt group that start an episode in the same step share it through the memo).
+
+    >>> distinct_rows([(1, 2), (3,), (1, 2)], [0, 1, 2])
+    [0, 1]
+    """
+    first: dict[tuple[int, ...], int] = {}
+    for i in rows:
+        first.setdefault(windows[i], i)
+    return list(first.values())
+
+
 class RolloutCache:
     """The rollout KV cache of one policy: a ``_BatchCache`` per batch size (the last two used).
 
@@ -201,6 +214,8 @@ class RolloutCache:
         ``model_type``).
     :param step_trunk: ``trunk`` for one new token per row (the decoding steps), e.g. a lean forward of the same
         numbers (``None``: ``trunk``).
+    :param memo_bytes: The prefill memo's budget (``None``: :class:`~sb3_grpo.policies.prefill_memo.PrefillMemo`'s
+        default).
     """
 
     def __init__(
@@ -212,6 +227,7 @@ class RolloutCache:
         lm_config: Any,
         model_name: str | None = None,
         step_trunk: Callable[..., th.Tensor] | None = None,
+        memo_bytes: int | None = None,
     ):
         self._model_name = model_name or str(getattr(lm_config, "model_type", None) or type(lm_config).__name__)
         self._trunk = trunk
@@ -229,7 +245,7 @@ class RolloutCache:
         #: always extends (a measuring and testing knob).
         self.cheaper_path = True
         self._param_list: list[th.Tensor] | None = None
-        self.memo = PrefillMemo()
+        self.memo = PrefillMemo() if memo_bytes is None else PrefillMemo(memo_bytes)
 
     def reset(self) -> None:
         """Drop every batch's cache and the prefill memo (the next call recomputes all rows)."""
@@ -259,7 +275,9 @@ class RolloutCache:
             self.memo.clear()
             self.memo.version = version
         windows = self.memo.windows(ids, mask)
-        missing = [i for i, window in enumerate(windows) if window and self.memo.get(window) is None]
+        missing = distinct_rows(
+            windows, [i for i, window in enumerate(windows) if window and self.memo.get(window) is None]
+        )
         if not missing or not self.supported:
             return 0
         rows = th.as_tensor(missing, device=ids.device)
@@ -304,15 +322,16 @@ class RolloutCache:
             windows = self.memo.windows(ids, mask)
         found = [self.memo.get(w) for w in windows]
         missing = [i for i, entry in enumerate(found) if entry is None]
-        if len(missing) == len(found):
+        distinct = distinct_rows(windows, missing)  # a group's members starting together share one forward
+        if len(missing) == len(found) and len(distinct) == len(missing):
             computed = self._compute_prefill(ids, mask)
             self.memo.remember(windows, *computed)
             return computed
-        if missing:
-            rows = th.as_tensor(missing, device=ids.device)
+        if distinct:
+            rows = th.as_tensor(distinct, device=ids.device)
             computed = self._compute_prefill(ids[rows], mask[rows])
-            self.memo.remember([windows[i] for i in missing], *computed)
-            for i in missing:
+            self.memo.remember([windows[i] for i in distinct], *computed)
+            for i in missing:  # the distinct rows and the rows that share their windows
                 found[i] = self.memo.get(windows[i])
             if any(entry is None for entry in found):  # not kept (an empty window, over the budget): no shortcut
                 return self._compute_prefill(ids, mask)

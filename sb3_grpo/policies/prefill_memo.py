@@ -13,7 +13,30 @@ import torch as th
 
 from sb3_grpo.policies.windows import left_pad_columns
 
-__all__ = ["PrefillMemo"]
+__all__ = ["MEMO_TOKENS", "PrefillMemo", "memo_budget"]
+
+#: The prefill memo keeps about this many tokens' keys and values (a few dozen prompt windows of a real model), within
+#: :data:`MEMO_MIN_BYTES` and :data:`MEMO_MAX_BYTES`.
+MEMO_TOKENS = 16_384
+MEMO_MIN_BYTES = 64 * 2**20
+MEMO_MAX_BYTES = 2**30
+
+
+def memo_budget(lm_config: Any, dtype_bytes: int) -> int:
+    """The prefill memo's budget for an LM: :data:`MEMO_TOKENS` tokens of its keys and values (``2 * layers *
+    key-value heads * head size * dtype_bytes`` a token), at least 64 MiB (a small LM's whole prompt set) and at most
+    1 GiB. SmolLM2-135M in float32 keeps about 750 MB, some 280 of its chat prompts of Arithmetic-v0's size.
+
+    :param lm_config: The LM's Hugging Face config.
+    :param dtype_bytes: Bytes of one cached number (4 for float32).
+    """
+    layers = getattr(lm_config, "num_hidden_layers", None) or getattr(lm_config, "n_layer", None) or 1
+    heads = getattr(lm_config, "num_attention_heads", None) or getattr(lm_config, "n_head", None) or 1
+    kv_heads = getattr(lm_config, "num_key_value_heads", None) or heads
+    hidden = getattr(lm_config, "hidden_size", None) or getattr(lm_config, "n_embd", None) or 1
+    head_dim = getattr(lm_config, "head_dim", None) or hidden // heads
+    per_token = 2 * int(layers) * int(kv_heads) * int(head_dim) * int(dtype_bytes)
+    return int(min(MEMO_MAX_BYTES, max(MEMO_MIN_BYTES, per_token * MEMO_TOKENS)))
 
 
 class PrefillMemo:
