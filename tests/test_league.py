@@ -70,7 +70,7 @@ def test_league_bad_input():
 # -- snapshots are frozen copies; the callback keeps the league -------------------------------------------------------
 
 
-def _model(league, n_envs=4, group_size=2, advantage="group"):
+def _model(league, n_envs=4, group_size=2, advantage="group", **kwargs):
     from helpers import quiet
 
     from sb3_grpo import GRPO
@@ -78,7 +78,7 @@ def _model(league, n_envs=4, group_size=2, advantage="group"):
     env = make_vec_env("TicTacToe-v0", n_envs=n_envs, group_size=group_size, seed=0, device="cpu",
                        interaction=SelfPlay(TicTacToe(), league))  # fmt: skip
     hp = {"n_steps": 12, "batch_size": 16, "n_epochs": 1, "learning_rate": 1e-2, "seed": 0, "device": "cpu"}
-    return quiet(GRPO("CausalLMPolicy", env, advantage=advantage, **hp))
+    return quiet(GRPO("CausalLMPolicy", env, advantage=advantage, **hp, **kwargs))
 
 
 def test_snapshots_are_frozen_and_the_opponent_never_trains():
@@ -223,3 +223,43 @@ def test_policy_opponent_on_the_kv_cache_writes_the_moves_of_the_recompute_path(
         PolicyOpponent(ScriptedPolicy([0], 10), engine="cache")
     with pytest.raises(ValueError, match="engine must be one of auto, cache, recompute"):
         PolicyOpponent(frozen.policy, engine="kv")
+
+
+def test_lora_snapshots_share_the_base_and_keep_their_adapters():
+    """A league of LoRA snapshots holds one base: a snapshot's frozen base weights are the learner's own tensors, its
+    adapters and value head its own copies; it plays as the learner played when it was taken, however the learner
+    trains on, and exactly like a full copy (the older path) does."""
+    from helpers import TINY_LORA
+
+    from textrl_envs.games.policy import copy_policy
+
+    pytest.importorskip("peft", reason='LoRA snapshots need peft: pip install "textrl[lora]"')
+    league = League(fixed={"random": "random"})
+    model = _model(league, advantage="gae", policy_kwargs={"lora": TINY_LORA})  # gae: every update moves it
+    learner = model.policy
+    snap = PolicyOpponent.snapshot(learner, max_turn_tokens=3)
+    frozen = snap.policy
+    base = {n: p for n, p in learner.named_parameters() if not p.requires_grad}
+    mine = dict(frozen.named_parameters())
+    assert base and all(mine[n].data_ptr() == p.data_ptr() for n, p in base.items())  # shared, not copied
+    trainable = [n for n, p in learner.named_parameters() if p.requires_grad]
+    assert any("lora_" in n for n in trainable)
+    assert all(mine[n].data_ptr() != dict(learner.named_parameters())[n].data_ptr() for n in trainable)
+    assert frozen.optimizer is None and not frozen.training and not any(p.requires_grad for p in mine.values())
+    rebuilt = type(learner)(**learner._get_constructor_parameters())  # the older path: a whole new policy
+    rebuilt.load_state_dict(learner.state_dict())
+    rebuilt.set_training_mode(False)
+    full = PolicyOpponent(rebuilt, max_turn_tokens=3)
+    game = TicTacToe()
+    state = game.play(game.initial(None), 5)
+    text = "Tic-tac-toe, you are x. ....o.... x="
+
+    def moves(opp, seed=3):
+        return opp.moves([OpponentTurn(game, state, 1, text, np.random.default_rng(seed + i)) for i in range(4)])
+
+    taken = moves(snap)
+    assert taken == moves(full)
+    model.learn(12 * 4, reset_num_timesteps=False)  # the learner's adapters move on
+    assert any(not th.equal(p, mine[n]) for n, p in learner.named_parameters() if "lora_" in n)
+    assert moves(snap) == taken
+    assert copy_policy(learner).optimizer is None  # copy_policy takes the policy's own frozen copy

@@ -303,16 +303,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         if gradient_checkpointing:
             self._enable_gradient_checkpointing()
         self.action_dist = CategoricalDistribution(self.n_actions)
-        self._rollout_cache = RolloutCache(
-            trunk=self._trunk,
-            step_trunk=self._step_trunk,
-            logits=self._logits,
-            value=self._value,
-            parameters=self.parameters,
-            lm_config=self.lm.config,
-            model_name=type(self.lm).__name__,
-            memo_bytes=memo_budget(self.lm.config, next(self.lm.parameters()).element_size()),
-        )
+        self._rollout_cache = self._new_rollout_cache()
         self.train(False)
         self._build_optimizer(lr_schedule)
 
@@ -588,6 +579,44 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
     def reset_cache(self) -> None:
         """Drop every rollout KV cache (the next call recomputes all rows)."""
         self._rollout_cache.reset()
+
+    def _new_rollout_cache(self) -> RolloutCache:
+        """An empty rollout KV cache over this policy's forward pieces."""
+        return RolloutCache(
+            trunk=self._trunk,
+            step_trunk=self._step_trunk,
+            logits=self._logits,
+            value=self._value,
+            parameters=self.parameters,
+            lm_config=self.lm.config,
+            model_name=type(self.lm).__name__,
+            memo_bytes=memo_budget(self.lm.config, next(self.lm.parameters()).element_size()),
+        )
+
+    def frozen_copy(self) -> CausalLMPolicy:
+        """A copy that plays as this policy does now and never changes: its trainable tensors (LoRA adapters, the value
+        head; every weight of a full fine-tune) copied, the frozen ones (a LoRA policy's base model) shared with this
+        policy rather than copied, no optimizer, an empty rollout cache, eval mode, no gradients.
+
+        What an opponent snapshot needs (:meth:`textrl_envs.games.PolicyOpponent.snapshot`): a league of LoRA
+        snapshots of a real model holds one base and one small set of adapters per member. The shared base is never
+        written (LoRA keeps it frozen), so training this policy does not change the copy.
+        """
+        import copy
+
+        memo: dict[int, Any] = {id(t): t for t in self.parameters() if not t.requires_grad}
+        memo.update({id(t): t for t in self.lm.buffers()})  # the model's constant tables (rotary frequencies)
+        # neither the optimizer nor the cached keys and values belong to a frozen copy (the cache is rebuilt empty
+        # below), nor the last step's distribution (tensors of a graph)
+        memo[id(self.optimizer)] = None
+        memo[id(self._rollout_cache)] = None
+        memo[id(self.action_dist)] = CategoricalDistribution(self.n_actions)
+        frozen = copy.deepcopy(self, memo)
+        frozen._rollout_cache = frozen._new_rollout_cache()
+        frozen.set_training_mode(False)
+        for param in frozen.parameters():
+            param.requires_grad_(False)
+        return frozen
 
     def warm_prefills(self, obs: PyTorchObs) -> int:
         """Prefill these windows into the rollout cache's memo in one batched forward (no-op without the cache):

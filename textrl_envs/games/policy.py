@@ -190,11 +190,16 @@ class PolicyOpponent(Opponent):
 
 
 def copy_policy(policy: Any) -> Any:
-    """A copy of ``policy`` that shares no tensor with it: rebuilt from SB3's constructor parameters and loaded
-    with its state dict (a policy in the middle of a rollout holds cached tensors that ``deepcopy`` refuses), or
-    a deep copy of a policy that is not an SB3 one."""
+    """A copy of ``policy`` that plays as it does now, whatever training does to it later: the policy's own
+    ``frozen_copy()`` where it has one (``sb3_grpo``'s ``CausalLMPolicy``: a LoRA policy's frozen base is shared, not
+    copied, so a league of snapshots of a real model holds one base), else a copy that shares no tensor with it,
+    rebuilt from SB3's constructor parameters and loaded with its state dict (a policy in the middle of a rollout
+    holds cached tensors that ``deepcopy`` refuses), or a deep copy of a policy that is not an SB3 one."""
     import torch
 
+    frozen_copy = getattr(policy, "frozen_copy", None)
+    if callable(frozen_copy):
+        return frozen_copy()
     make = getattr(policy, "_get_constructor_parameters", None)
     if make is None:
         return copy.deepcopy(policy)
