@@ -9,7 +9,14 @@ import pytest
 import torch as th
 from test_policies import V, W, count_lm_calls, make_policy, tiny_gpt2, tiny_llama, tiny_qwen2
 
-from sb3_grpo.policies.packing import first_fit_decreasing, packed_batch, suffix_lengths
+from sb3_grpo.policies.packing import (
+    PrefixGroups,
+    first_fit_decreasing,
+    packed_batch,
+    shared_prefix_groups,
+    suffix_lengths,
+    tightest_layout,
+)
 
 # -- layout -------------------------------------------------------------------------------------------------------
 
@@ -93,7 +100,7 @@ def test_packed_forward_equals_padded_forward_and_gradients(build):
     with count_lm_calls(packed) as calls, warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback warning
         out_packed = packed.evaluate_sequences(ids, mask, act)
-    assert calls[0][0] < ids.shape[0] and calls[0][1] == W  # the packed forward ran: fewer rows
+    assert calls[0][0] * calls[0][1] < ids.numel()  # the packed forward ran: fewer positions
     assert packed.pack_sequences and packed._packing_verified
     out_padded = padded.evaluate_sequences(ids, mask, act)
     for a, b in zip(out_packed, out_padded):
@@ -112,7 +119,8 @@ def test_packed_forward_equals_padded_forward_and_gradients(build):
 def test_packing_skipped_when_it_would_not_pay():
     policy = make_policy(tiny_gpt2())
     ids, mask, act = ragged_batch()
-    mask[:] = 1  # every row full width: nothing to pack
+    mask[:] = 1  # every row full width, and no two rows begin alike: nothing to pack or share
+    ids[:, :2] = th.stack([th.arange(ids.shape[0]) // V + 4, th.arange(ids.shape[0]) % V], dim=1)
     act[:, 0] = False
     with count_lm_calls(policy) as calls:
         policy.evaluate_sequences(ids, mask, act)
@@ -138,3 +146,145 @@ def test_model_ignoring_4d_masks_falls_back_with_a_warning():
     want = reference.evaluate_sequences(ids, mask, act)
     for a, b in zip(got, want):
         np.testing.assert_allclose(a.detach(), b.detach(), atol=1e-6)
+
+
+# -- shared prefixes ------------------------------------------------------------------------------------------------
+
+
+def grouped_batch(seed: int = 0, groups: int = 3, size: int = 4):
+    """GRPO-like right-aligned windows: ``groups`` prompts (sharing a common head) with ``size`` completions each."""
+    rng = np.random.default_rng(seed)
+    head = rng.integers(4, V, 3)
+    rows = []
+    for _ in range(groups):
+        prompt = np.concatenate([head, rng.integers(4, V, int(rng.integers(2, 5)))])
+        for _ in range(size):
+            completion = rng.integers(4, V, int(rng.integers(1, 5)))
+            rows.append((prompt, completion))
+    width = max(len(p) + len(c) for p, c in rows)
+    ids = np.zeros((len(rows), width), np.int64)
+    mask = np.zeros((len(rows), width), np.int64)
+    act = np.zeros((len(rows), width), bool)
+    for b, (prompt, completion) in enumerate(rows):
+        seq = np.concatenate([prompt, completion])
+        ids[b, width - len(seq) :], mask[b, width - len(seq) :] = seq, 1
+        act[b, width - len(completion) :] = True
+    order = rng.permutation(len(rows))  # a shuffled minibatch: group members are not neighbours
+    return th.as_tensor(ids[order]), th.as_tensor(mask[order]), th.as_tensor(act[order])
+
+
+def brute_force_savings(seqs: list[list[int]], max_unit: int) -> int:
+    """The most slots any grouping into runs of the sorted order saves (every partition tried)."""
+    seqs = sorted(seqs)
+
+    def lcp(a, b):
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    def best(i):
+        if i == len(seqs):
+            return 0
+        top = best(i + 1)
+        for j in range(i + 2, len(seqs) + 1):
+            shared = min(lcp(seqs[k], seqs[k + 1]) for k in range(i, j - 1))
+            unit = sum(len(s) for s in seqs[i:j]) - (j - i - 1) * shared
+            if unit <= max_unit:
+                top = max(top, (j - i - 1) * shared + best(j))
+        return top
+
+    return best(0)
+
+
+def test_shared_prefix_groups_share_exactly_and_save_the_most():
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        count = int(rng.integers(1, 8))
+        seqs = [rng.integers(0, 3, int(rng.integers(1, 6))).tolist() for _ in range(count)]
+        width = max(map(len, seqs))
+        ids = th.zeros(count, width, dtype=th.long)
+        for b, s in enumerate(seqs):
+            ids[b, width - len(s) :] = th.tensor(s)
+        lengths = th.tensor([len(s) for s in seqs])
+        max_unit = width + int(rng.integers(0, 8))
+        groups = shared_prefix_groups(ids, lengths, max_unit)
+        for g, shared in enumerate(groups.shared.tolist()):
+            members = [seqs[b] for b in np.flatnonzero(groups.group == g)]
+            assert all(m[:shared] == members[0][:shared] and len(m) >= shared for m in members)
+        units = groups.unit_lengths(lengths.numpy())
+        assert units.max() <= max_unit
+        assert int(lengths.sum()) - int(units.sum()) == brute_force_savings(seqs, max_unit)
+
+
+def test_packed_batch_with_shared_prefixes_matches_a_brute_force_construction():
+    seqs = [[5, 6, 7, 8], [5, 6, 9], [5, 6, 7, 8, 10], [11, 12]]
+    width = 5
+    ids = th.zeros(len(seqs), width, dtype=th.long)
+    for b, s in enumerate(seqs):
+        ids[b, width - len(s) :] = th.tensor(s)
+    lengths = th.tensor([len(s) for s in seqs])
+    groups = PrefixGroups(np.array([0, 0, 0, 1]), np.array([2, 0]))
+    units = groups.unit_lengths(lengths.numpy())
+    assert units.tolist() == [2 + 2 + 1 + 3, 2]
+    batch = packed_batch(ids, lengths, int(units.max()), groups=groups)
+    owner = {}  # (row, slot) -> (segment or "prefix of group g", position)
+    for b, s in enumerate(seqs):
+        for w, token in enumerate(s):
+            r, c = (int(x) for x in batch.slots(th.tensor([b]), th.tensor([w])))
+            assert int(batch.input_ids[r, c]) == token and int(batch.position_ids[r, c]) == w
+            key = ("prefix", int(groups.group[b])) if w < groups.shared[groups.group[b]] else ("own", b)
+            assert owner.setdefault((r, c), key) == key  # a prefix slot is shared, an own slot is not
+    rows, cap = batch.input_ids.shape
+    assert rows * cap < sum(map(len, seqs)) + cap  # the prefix [5, 6] is laid down once
+    for r in range(rows):
+        for q in range(cap):
+            for k in range(cap):
+                a, b = owner.get((r, q)), owner.get((r, k))
+                if a is None:
+                    want = q == k
+                elif b is None or k > q:
+                    want = False
+                elif b[0] == "prefix":
+                    want = a[0] == "prefix" and a[1] == b[1] or a[0] == "own" and groups.group[a[1]] == b[1]
+                else:
+                    want = a == b
+                assert bool(batch.attention_mask[r, 0, q, k]) == want, (r, q, k)
+
+
+@pytest.mark.parametrize("build", [tiny_llama, eager_gpt2])
+def test_shared_prefix_forward_equals_padded_forward_and_gradients(build):
+    packed, padded = make_policy(build()), make_policy(build(), pack_sequences=False)
+    padded.load_state_dict(packed.state_dict())
+    ids, mask, act = grouped_batch()
+    lengths = suffix_lengths(mask)
+    with count_lm_calls(packed) as calls, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out_packed = packed.evaluate_sequences(ids, mask, act)
+    rows, cap = calls[0]
+    assert rows * cap < int(lengths.sum())  # fewer positions than the tokens: prompts computed once per group
+    assert packed._packing_verified
+    out_padded = padded.evaluate_sequences(ids, mask, act)
+    for a, b in zip(out_packed, out_padded):
+        np.testing.assert_allclose(a.detach(), b.detach(), atol=2e-5)
+    for policy, out in ((packed, out_packed), (padded, out_padded)):
+        policy.optimizer.zero_grad()
+        (out[0].sum() + 0.1 * out[1].sum() + (out[2] ** 2).sum()).backward()
+    for (name, p), q in zip(packed.named_parameters(), padded.parameters()):
+        if p.grad is None:
+            assert q.grad is None, name
+            continue
+        np.testing.assert_allclose(p.grad, q.grad, atol=2e-5, rtol=1e-4, err_msg=name)
+
+
+def test_tightest_layout_is_valid_and_never_worse_than_the_longest_width():
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        lengths = rng.integers(1, 40, int(rng.integers(1, 20)))
+        capacity, (row, offset, rows) = tightest_layout(lengths)
+        assert lengths.max() <= capacity <= 2 * lengths.max()
+        assert np.all(offset + lengths <= capacity)
+        plain = first_fit_decreasing(lengths, int(lengths.max()))
+        assert rows * capacity <= plain[2] * int(lengths.max())
+    # two units of 3 and two of 2: rows of 5 hold them in 2 rows (10 slots) where rows of 3 need 4 (12 slots)
+    assert tightest_layout(np.array([3, 3, 2, 2]))[0] == 5

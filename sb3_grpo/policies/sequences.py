@@ -13,10 +13,14 @@ import warnings
 
 import torch as th
 
-from sb3_grpo.policies.packing import first_fit_decreasing, packed_batch, suffix_lengths
+from sb3_grpo.policies.packing import packed_batch, shared_prefix_groups, suffix_lengths, tightest_layout
 from sb3_grpo.policies.windows import positions_from_mask, trim_padding
 
-__all__ = ["SequenceEvaluationMixin"]
+__all__ = ["MAX_SHARED_UNIT", "SequenceEvaluationMixin"]
+
+#: The longest unit (a shared prefix and the tokens of the segments that share it) one packed row holds, in tokens,
+#: when no single segment is longer: attention within a row grows with its square.
+MAX_SHARED_UNIT = 1024
 
 
 class SequenceEvaluationMixin:
@@ -93,15 +97,17 @@ class SequenceEvaluationMixin:
         within = cols - (ids.shape[1] - lengths[rows])  # each query's position within its sequence
         if bool((within < 0).any()):
             return None
-        capacity = int(lengths.max())
-        layout = first_fit_decreasing(lengths.cpu().numpy(), capacity)
-        if layout[2] * 6 > ids.shape[0] * 5:
+        longest = int(lengths.max())
+        groups = shared_prefix_groups(ids, lengths, max(longest, MAX_SHARED_UNIT))
+        units = groups.unit_lengths(lengths.cpu().numpy())
+        capacity, layout = tightest_layout(units)
+        if layout[2] * capacity * 6 > ids.shape[0] * longest * 5:
             return None
         mask_dtype = th.bool if attn == "sdpa" else next(self.lm.parameters()).dtype
         try:
-            batch = packed_batch(ids, lengths, capacity, mask_dtype, layout=layout)
+            batch = packed_batch(ids, lengths, capacity, mask_dtype, layout=layout, groups=groups)
             hidden = self._trunk(batch.input_ids, batch.attention_mask, batch.position_ids)
-            out = hidden[batch.row[rows], batch.offset[rows] + within]
+            out = hidden[batch.slots(rows, within)]
         except (RuntimeError, ValueError, TypeError) as err:
             return self._packing_failed(f"the packed forward raised {type(err).__name__}: {err}")
         if not self._packing_verified:
