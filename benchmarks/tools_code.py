@@ -12,8 +12,8 @@ time, and the training's wall time::
 
 The bundled LM is a GPT-2-sized model trained on movie reviews and arithmetic: it has never seen a tool call or Python,
 so the page shows both tasks running end to end inside training (rollouts, tool calls answered, programs sandboxed,
-rewards scored, updates), not that they are learned. A real instruct model (SmolLM2-135M-Instruct from its GGUF file)
-needs the GGUF model loader.
+rewards scored, updates), not that they are learned. The page has not been run on a real instruct model (see "Train a
+real model on a CPU" for SmolLM2-135M-Instruct).
 """
 
 from __future__ import annotations
@@ -154,8 +154,8 @@ def page_body(results: list[dict[str, Any]], episodes: int) -> str:
         "",
         "The bundled LM (GPT-2 sized, trained on movie reviews and arithmetic) has never seen a tool call or Python, "
         "so these rewards stay near 0: the page shows both tasks running end to end inside training, not that they "
-        "are learned. Training a real instruct model on them (SmolLM2-135M-Instruct from its GGUF file) needs the GGUF "
-        "model loader, which this build does not have.",
+        "are learned. This page has not been run on a real instruct model; the guide "
+        "[Train a real model on a CPU](../guides/real_model.md) shows how to train SmolLM2-135M-Instruct.",
     ]
     return "\n".join(lines) + "\n"
 
