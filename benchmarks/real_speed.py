@@ -211,30 +211,23 @@ def _update_pair(lm_name: str, mode: str, batch: int, tokens: int, gflops: float
     buffer = model.rollout_buffer
     ours = _update_on(model, lambda: buffer)
     body = model.policy.lm
-    seen: list[tuple[th.Tensor, th.Tensor]] = []
-
-    def record(_module, _args, kw) -> None:
-        seen.append((kw["input_ids"].clone(), kw["attention_mask"].clone()))
-
-    hook = body.register_forward_pre_hook(record, with_kwargs=True)
-    try:
-        ours()
-    finally:
-        hook.remove()
-    batches = [b for b in seen if b[0].dim() == 2 and b[0].shape[1] > 1]  # the update's forwards only
+    # the same sequences (each episode's prompt and completion), as a plain Hugging Face loop would batch them:
+    # left-padded to the longest, one forward and backward of the completion tokens' log-likelihood
+    sequences = [(seq.input_ids.long(), seq.attention_mask.long(), seq.action_mask)
+                 for seq in buffer.get_sequences(model.batch_size)]  # fmt: skip
 
     def plain() -> None:
-        for ids, mask in batches:
+        for ids, mask, act in sequences:
             logits = body(input_ids=ids, attention_mask=mask).logits[:, :-1]
             logp = th.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-            (-(logp * mask[:, 1:]).sum() / mask[:, 1:].sum()).backward()
+            (-(logp * act[:, 1:]).sum() / act[:, 1:].sum()).backward()
         model.policy.optimizer.zero_grad(set_to_none=True)
 
     wall, _ = interleaved({"ours": ours, "plain": plain}, repeats)
     env.close()
-    positions = sum(int(ids.numel()) for ids, _ in batches)
-    trained, flops = model.n_steps * model.n_envs, 6 * matmul_parameters(body) * positions
-    return {"positions": positions, "ours_tokens_per_s": trained / wall["ours"],
+    real_tokens = sum(int(mask.sum()) for _, mask, _ in sequences)  # the sequences' tokens: the useful work
+    trained, flops = model.n_steps * model.n_envs, 6 * matmul_parameters(body) * real_tokens
+    return {"sequence_tokens": real_tokens, "ours_tokens_per_s": trained / wall["ours"],
             "plain_tokens_per_s": trained / wall["plain"], "vs_plain": wall["plain"] / wall["ours"],
             "ours_of_matmul": flops / wall["ours"] / 1e9 / gflops,
             "plain_of_matmul": flops / wall["plain"] / 1e9 / gflops}  # fmt: skip
@@ -303,13 +296,15 @@ def page_body(result: dict) -> str:
                      f"{r['vs_generate']:.2f}x | {r['roofline']:.0f} | {r['of_roofline']:.0%} | "
                      f"{r['bound']} |")  # fmt: skip
     lines += ["", "## Updates", "",
-              "One `train()` of DeepSeekMath's GRPO (one epoch, the whole rollout as one minibatch) against a plain "
-              "Hugging Face forward and backward of the same batches; tokens/s counts the rollout's generated tokens, "
-              "`of matmul` is `6 * P * positions` FLOPs over the time, as a share of the float32 matmul rate.", "",
-              "| mode | threads | batch | positions | ours tokens/s | plain tokens/s | ours vs plain | ours of "
+              "One `train()` of DeepSeekMath's GRPO (one epoch, the whole rollout as one minibatch, the KL "
+              "reference's forward included) against a plain Hugging Face forward and backward of the same sequences "
+              "(each episode's prompt and completion, left-padded to the longest); tokens/s counts the rollout's "
+              "generated tokens, `of matmul` is `6 * P * sequence tokens` FLOPs over the time, as a share of the "
+              "float32 matmul rate (above 100% where shared prompts are computed once).", "",
+              "| mode | threads | batch | sequence tokens | ours tokens/s | plain tokens/s | ours vs plain | ours of "
               "matmul | plain of matmul |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in result["updates"]:
-        lines.append(f"| {r['mode']} | {r['threads']} | {r['batch']} | {r['positions']} | "
+        lines.append(f"| {r['mode']} | {r['threads']} | {r['batch']} | {r['sequence_tokens']} | "
                      f"{r['ours_tokens_per_s']:.1f} | {r['plain_tokens_per_s']:.1f} | {r['vs_plain']:.2f}x | "
                      f"{r['ours_of_matmul']:.0%} | {r['plain_of_matmul']:.0%} |")  # fmt: skip
     if result.get("memory"):
