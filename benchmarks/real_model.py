@@ -360,6 +360,23 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The settings every run of one study shares: a resumed study refuses others.
+SETTINGS = ("timesteps", "n_envs", "group_size", "n_steps", "max_new_tokens", "temperature", "lora_lr", "full_lr",
+            "eval_items", "samples")  # fmt: skip
+
+
+def check_settings(results: dict[str, Any], args) -> None:
+    """Record the study's settings in ``results``, or refuse settings that differ from those its runs used."""
+    asked = {name: getattr(args, name) for name in SETTINGS}
+    recorded = results.setdefault("settings", asked)
+    differ = {name: (recorded.get(name), value) for name, value in asked.items() if recorded.get(name) != value}
+    if differ and (results["runs"] or results["before"]):
+        said = ", ".join(f"--{name.replace('_', '-')} {old} (not {new})" for name, (old, new) in differ.items())
+        raise SystemExit(f"the study in this folder ran with {said}; rerun with those settings, or start another "
+                         "study with --out NEW_FOLDER (or --fresh to discard this one)")  # fmt: skip
+    results["settings"] = asked
+
+
 def load_results(path: Path, fresh: bool) -> dict[str, Any]:
     if path.is_file() and not fresh:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -401,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = load_results(out / "results.json", args.fresh)
+    check_settings(results, args)
     if not args.page_only:
         from sb3_grpo.policies.models import load_lm
 

@@ -119,3 +119,16 @@ def test_the_speed_bench_smoke(tmp_path, gguf_cache):
     assert {r["mode"] for r in result["updates"]} == {"lora", "full"}
     text = page.read_text()
     assert "## The machine's limits" in text and "## Rollouts" in text and "## Updates" in text
+
+
+def test_a_resumed_study_refuses_other_settings(tmp_path):
+    out = tmp_path / "study"
+    out.mkdir()
+    results = {"before": {}, "runs": {"basic_arithmetic/grpo/0": {}}}
+    rm.check_settings(results, rm.build_parser().parse_args(["--timesteps", "64"]))  # an old file: adopted
+    assert results["settings"]["timesteps"] == 64
+    rm.save_results(out / "results.json", results)
+    before = (out / "results.json").read_bytes()
+    with pytest.raises(SystemExit, match="--timesteps 64 \\(not 128\\).*--out NEW_FOLDER"):
+        rm.main(["--timesteps", "128", "--out", str(out), "--page-only"])
+    assert (out / "results.json").read_bytes() == before  # nothing written
