@@ -115,7 +115,10 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
     segments of different lengths. With ``pack_sequences=True`` (default), right-aligned rows, and an LM that uses
     ``"sdpa"`` or ``"eager"`` attention, their valid tokens are laid end to end into rows as long as the longest
     segment (first-fit decreasing, :mod:`sb3_grpo.policies.packing`), with position ids restarting at each segment and a
-    block-diagonal causal 4-D attention mask, so no token attends across segments. Every token's hidden state is the
+    block-diagonal causal 4-D attention mask, so no token attends across segments. Segments that begin alike (the
+    completions of one group share their prompt) share those tokens: the common prefix is laid down once, then each
+    segment's own tokens, which see the prefix and themselves only (a tree mask;
+    :func:`~sb3_grpo.policies.packing.shared_prefix_groups`). Every token's hidden state is the
     padded forward's up to float rounding, computed over fewer positions (``textrl-bench perf``'s update row: 1,434
     instead of 2,258). The first packed forward of a policy is checked against the padded one (hidden states at every
     action position of the segments that share its fullest packed row, within float tolerance); a model that does not
