@@ -47,6 +47,21 @@ HP = {"n_epochs": 2, "learning_rate": 3e-4, "gamma": 1.0, "gae_lambda": 1.0, "en
 FAST = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "kl_coef": 0.0}
 
 
+#: A real model trains LoRA adapters of this shape (the real-model study's).
+LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+#: Tokens a chat model may write for one move (a short sentence).
+CHAT_MOVE_TOKENS = 24
+
+
+def model_setup(model: str | None) -> tuple[dict, dict, dict]:
+    """``(env kwargs, policy kwargs, LM-opponent kwargs)``: the bundled LM in text mode, or ``model`` (a path, a Hub
+    id or a packaged name such as ``smollm2-135m-instruct``) in instruct mode with LoRA, its opponents speaking chat."""
+    if model is None:
+        return {}, {}, {}
+    env = {"tokenizer": model, "instruct": True}
+    return env, {"model": model, "lora": LORA}, {"tokenizer": model, "chat": True, "max_turn_tokens": CHAT_MOVE_TOKENS}
+
+
 def interval(values: list[float]) -> tuple[float, float]:
     """Mean and the half-width of its 95% t-interval over seeds (0 for a single seed)."""
     x = np.asarray(values, dtype=float)
@@ -55,16 +70,22 @@ def interval(values: list[float]) -> tuple[float, float]:
     return float(x.mean()), T975.get(len(x) - 1, 1.96) * float(x.std(ddof=1)) / math.sqrt(len(x))
 
 
-def evaluate(model, game_id: str, game, opponent, episodes: int, seed: int) -> dict[str, float]:
+def evaluate(
+    model, game_id: str, game, opponent, episodes: int, seed: int, real: str | None = None
+) -> dict[str, float]:
     """Win rate, mean payoff and share of games lost by an illegal move, over ``episodes`` sampled games, half
-    of them moving first and half second (``payoff_first``, ``payoff_second``: each side's mean payoff)."""
+    of them moving first and half second (``payoff_first``, ``payoff_second``: each side's mean payoff); ``real``:
+    the real model's name (instruct mode)."""
     from textrl_envs.games import SelfPlay
     from textrl_envs.sb3 import make_vec_env
 
+    env_kwargs = model_setup(real)[0]
     out: dict[str, list[float]] = {"win": [], "payoff": [], "illegal": []}
     for side, name in ((0, "first"), (1, "second")):
-        env = make_vec_env(game_id, n_envs=16, seed=seed + SIDE_SEED * side, device="cpu",
-                           interaction=SelfPlay(game, opponent, learner_player=side))  # fmt: skip
+        play = SelfPlay(game, opponent, learner_player=side, chat=real is not None)
+        env = make_vec_env(
+            game_id, n_envs=16, seed=seed + SIDE_SEED * side, device="cpu", interaction=play, **env_kwargs
+        )
         obs = env.reset()
         returns, illegal = [], []
         while len(returns) < episodes // 2:
@@ -72,7 +93,7 @@ def evaluate(model, game_id: str, game, opponent, episodes: int, seed: int) -> d
             obs, _, dones, infos = env.step(actions)
             for i in np.flatnonzero(dones):
                 returns.append(float(infos[i]["episode"]["r"]))
-                illegal.append(infos[i]["transcript"][-1]["text"].startswith(" loss (illegal)"))
+                illegal.append(lost_by_illegal_move(infos[i]["transcript"][-1]["text"]))
         env.close()
         r = np.asarray(returns[: episodes // 2])
         out["win"] += list(r > 0)
@@ -80,6 +101,11 @@ def evaluate(model, game_id: str, game, opponent, episodes: int, seed: int) -> d
         out["illegal"] += illegal[: episodes // 2]
         out[f"payoff_{name}"] = [float(r.mean())]
     return {k: float(np.mean(v)) for k, v in out.items()}
+
+
+def lost_by_illegal_move(last: str) -> bool:
+    """Whether a game's last message says the learner lost by an illegal or unreadable move (text or chat mode)."""
+    return last.startswith(" loss (illegal)") or "Your move was not a legal move." in last
 
 
 def heuristic_bounds(game) -> dict[str, float]:
@@ -101,17 +127,23 @@ def run_one(game_name: str, seed: int, args) -> dict:
     from textrl_envs.sb3 import make_vec_env
 
     game_id, game = GAME_IDS[game_name], make_game(game_name)
+    env_kwargs, policy_kwargs, lm_opponent = model_setup(args.model)
     league = League(sampling=args.sampling, fixed={"random": "random"})
     group_size = args.group_size if args.advantage != "role" else 1
     env = make_vec_env(game_id, n_envs=args.n_envs, group_size=group_size, seed=SEED_STRIDE * seed, device="cpu",
-                       interaction=SelfPlay(game, league))  # fmt: skip
+                       interaction=SelfPlay(game, league, chat=args.model is not None), **env_kwargs)  # fmt: skip
     model = GRPO("CausalLMPolicy", env, n_steps=args.n_steps, batch_size=args.n_steps * args.n_envs // 2,
-                 advantage=args.advantage, seed=seed, device="cpu", verbose=0,
+                 advantage=args.advantage, seed=seed, device="cpu", verbose=0, policy_kwargs=policy_kwargs,
                  **{**HP, "learning_rate": args.learning_rate}, **FAST)  # fmt: skip
-    untrained = PolicyOpponent.snapshot(model.policy, name="untrained")
+    untrained = PolicyOpponent.snapshot(model.policy, name="untrained", **lm_opponent)
     opponents = {"random": "random", "heuristic": "heuristic", "untrained": untrained}
     eval_seed = 10_000 + SEED_STRIDE * seed
-    before = {k: evaluate(model, game_id, game, o, args.eval_episodes, eval_seed) for k, o in opponents.items()}
+
+    def evaluate_all() -> dict[str, dict[str, float]]:
+        return {k: evaluate(model, game_id, game, o, args.eval_episodes, eval_seed, args.model)
+                for k, o in opponents.items()}  # fmt: skip
+
+    before = evaluate_all()
 
     class Ratings(BaseCallback):
         def __init__(self):
@@ -126,13 +158,14 @@ def run_one(game_name: str, seed: int, args) -> dict:
 
     ratings = Ratings()
     t0 = time.perf_counter()
-    model.learn(args.timesteps, callback=[LeagueCallback(league, snapshot_every=args.snapshot_every), ratings])
+    snapshots = LeagueCallback(league, snapshot_every=args.snapshot_every, opponent_kwargs=lm_opponent)
+    model.learn(args.timesteps, callback=[snapshots, ratings])
     seconds = time.perf_counter() - t0
-    after = {k: evaluate(model, game_id, game, o, args.eval_episodes, eval_seed) for k, o in opponents.items()}
+    after = evaluate_all()
     # an earlier snapshot of this run (the one taken halfway through training), met in training as a league member
     snaps = [m for m in league.members if m.snapshot]
     earlier = snaps[len(snaps) // 2]
-    after["earlier"] = evaluate(model, game_id, game, earlier.opponent, args.eval_episodes, eval_seed)
+    after["earlier"] = evaluate(model, game_id, game, earlier.opponent, args.eval_episodes, eval_seed, args.model)
     after["earlier"]["name"] = earlier.name
     return {"before": before, "after": after, "curve": ratings.curve, "seconds": seconds,
             "members": {m.name: round(m.rating) for m in league.members}}  # fmt: skip
@@ -255,13 +288,44 @@ def bounds_section(results: dict[str, list[dict]]) -> tuple[list[str], dict[str,
     return lines, bounds
 
 
+def gap_fraction(run: dict, bound: float) -> float | None:
+    """The share of the exploitability gap against the heuristic that training closed: (payoff after - payoff
+    before) / (best response's payoff - payoff before); ``None`` where there was no gap (the learner already scored
+    the best response's payoff)."""
+    before, after = run["before"]["heuristic"]["payoff"], run["after"]["heuristic"]["payoff"]
+    gap = bound - before
+    return None if gap <= 1e-9 else (after - before) / gap
+
+
+def gap_section(results: dict[str, list[dict]], bounds: dict[str, dict[str, float]]) -> list[str]:
+    """The table of the gap closed against the heuristic, per game."""
+    lines = ["", "## The exploitability gap closed against the heuristic", "",
+             "Per seed, (payoff after - payoff before) / (best response's payoff - payoff before) against the "
+             "heuristic, both sides: 0 is no progress, 1 is the best response's score, below 0 is worse than "
+             "before. Mean and 95% t-interval over seeds.", "",
+             "| game | best response | payoff before | payoff after | gap closed |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for game, runs in results.items():
+        bound = bounds[game]["payoff"]
+        fractions = [f for f in (gap_fraction(r, bound) for r in runs) if f is not None]
+        cells = [interval([r[when]["heuristic"]["payoff"] for r in runs]) for when in ("before", "after")]
+        closed = "no gap" if not fractions else "{:.2f} ± {:.2f}".format(*interval(fractions))
+        lines.append(f"| {game} | {bound:.3f} | {cells[0][0]:.2f} ± {cells[0][1]:.2f} | "
+                     f"{cells[1][0]:.2f} ± {cells[1][1]:.2f} | {closed} |")  # fmt: skip
+    return lines
+
+
 def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, float]] | None = None,
          figure: str | None = None) -> str:  # fmt: skip
     """The results page's body (the stamp and title are :func:`~sb3_grpo.compare.pages.write_results_page`'s)."""
     how = ("role-conditioned advantages (SPIRAL's running baseline per game and role, no groups)"
            if args.advantage == "role" else f"{args.advantage} advantages, groups of {args.group_size}")  # fmt: skip
+    policy = ("the bundled LM" if args.model is None else
+              f"`{args.model}` in instruct mode (the rules, boards and moves in plain language through its chat "
+              f"template; its LM opponents speak chat too, {CHAT_MOVE_TOKENS} tokens a move) with LoRA "
+              f"r={LORA['r']}")  # fmt: skip
     lines = [
-        f"GRPO ({how}, learning rate {args.learning_rate:g}) on the bundled LM, {args.timesteps} steps (tokens) "
+        f"GRPO ({how}, learning rate {args.learning_rate:g}) on {policy}, {args.timesteps} steps (tokens) "
         f"per run, {args.n_envs} envs, against a league of its own frozen snapshots (one every "
         f"{args.snapshot_every} updates) and a random opponent, one drawn per episode (`{args.sampling}`). "
         f"Evaluated before and after training on {args.eval_episodes} games per opponent (half moving first, "
@@ -320,6 +384,7 @@ def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, floa
         cells = [interval([r["after"]["earlier"][key] for r in runs]) for key in ("win", "payoff", "illegal")]
         names = sorted({r["after"]["earlier"]["name"] for r in runs})
         lines.append(f"| {game} | {', '.join(names)} | " + " | ".join(f"{m:.2f} ± {h:.2f}" for m, h in cells) + " |")
+    lines += gap_section(results, bounds)
     summary = []
     for game, runs in results.items():
         ok = [beats([r["after"][o]["payoff"] for r in runs]) for o in ("untrained", "heuristic")]
@@ -341,6 +406,43 @@ def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, floa
     return "\n".join(lines)
 
 
+#: The settings every run kept in one ``--results`` file shares.
+SETTINGS = ("timesteps", "n_envs", "group_size", "n_steps", "snapshot_every", "eval_episodes", "advantage",
+            "learning_rate", "sampling", "model")  # fmt: skip
+
+
+def load_runs(path: str | None, args) -> dict[str, dict]:
+    """The runs kept in ``path`` (``game/seed`` -> result), refusing a file made with other settings."""
+    import json
+
+    if not path or not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        kept = json.load(f)
+    asked = {k: getattr(args, k) for k in SETTINGS}
+    differ = [f"--{k.replace('_', '-')} {kept['settings'].get(k)!r} (not {v!r})" for k, v in asked.items()
+              if kept["settings"].get(k) != v]  # fmt: skip
+    if differ:
+        raise SystemExit(f"the runs in {path} were made with {', '.join(differ)}; rerun with those settings, or "
+                         "pass another --results file")  # fmt: skip
+    return kept["runs"]
+
+
+def save_runs(path: str, args, runs: dict[str, dict]) -> None:
+    import json
+
+    from sb3_grpo.file_io import atomic_write
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    data = {"settings": {k: getattr(args, k) for k in SETTINGS}, "runs": runs}
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+
+    atomic_write(path, write)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="textrl-bench selfplay", description=__doc__.split("\n")[0])
@@ -359,6 +461,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="runs at a time, each in its own process")
     p.add_argument("--timing", action="store_true", help="also time the LM opponent's two engines")
     p.add_argument("--out", default="docs/results/selfplay.md")
+    p.add_argument("--model", default=None,
+                   help="a real instruct model (e.g. smollm2-135m-instruct): instruct mode, LoRA, chat opponents "
+                        "(default: the bundled LM in text mode)")  # fmt: skip
+    p.add_argument("--results", default=None,
+                   help="keep each finished run here (JSON) and skip it when the command runs again")  # fmt: skip
     args = p.parse_args(argv)
     games = [g.strip() for g in args.games.split(",") if g.strip()]
     unknown = [g for g in games if g not in GAME_IDS]
@@ -366,10 +473,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown game(s) {unknown}; known: {', '.join(GAME_IDS)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     jobs = [(game, seed) for game in games for seed in range(args.seeds)]
-    done: dict[tuple[str, int], dict] = {}
+    stored = load_runs(args.results, args)
+    done: dict[tuple[str, int], dict] = {
+        key: stored[f"{key[0]}/{key[1]}"] for key in jobs if f"{key[0]}/{key[1]}" in stored
+    }
+    jobs = [key for key in jobs if key not in done]
 
     def report(key, r):
         done[key] = r
+        if args.results:
+            stored[f"{key[0]}/{key[1]}"] = r
+            save_runs(args.results, args, stored)
         after = {k: round(v["payoff"], 2) for k, v in r["after"].items()}
         print(*key, "payoff after", after, f"{r['seconds']:.0f}s", flush=True)
 

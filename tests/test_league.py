@@ -263,3 +263,50 @@ def test_lora_snapshots_share_the_base_and_keep_their_adapters():
     assert any(not th.equal(p, mine[n]) for n, p in learner.named_parameters() if "lora_" in n)
     assert moves(snap) == taken
     assert copy_policy(learner).optimizer is None  # copy_policy takes the policy's own frozen copy
+
+
+def test_a_chat_opponent_reads_its_side_as_chat_messages_and_writes_free_text(tmp_path):
+    """In chat mode an LM opponent reads its own side of the game as chat messages (the rules and each board as user
+    messages, its moves as assistant messages) rendered with the chat template, stops at the end-of-turn token,
+    and its free-text move is read as a chat learner's is."""
+    import re
+
+    from helpers import chat_tokenizer_folder
+    from transformers import AutoTokenizer
+
+    from textrl_envs.games.nim import NimState
+
+    folder = chat_tokenizer_folder(tmp_path / "chat")
+    tok = AutoTokenizer.from_pretrained(folder)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    game = Nim()
+    move = tok(" I take 2 stones.", add_special_tokens=False)["input_ids"]
+    policy = ScriptedPolicy([*move, end], len(tok), width=200)
+    opponent = PolicyOpponent(policy, tokenizer=folder, max_turn_tokens=24, chat=True, name="chatty")
+    assert opponent.turn_end[0] == end
+    env = gym.make("Nim-v0", tokenizer=folder, instruct=True,
+                   interaction=SelfPlay(game, opponent, learner_player=1, chat=True))  # fmt: skip
+    env.reset(seed=0)
+    calls = policy.calls
+    assert calls == len(move) + 1  # one token per call, the end-of-turn token last
+    first = tok.decode([i for i in policy.read[0][0].tolist() if i != tok.pad_token_id])
+    heap = int(re.search(r"There are (\d+) stones left", first).group(1))
+    board = game.chat_render(NimState(heap, 0), 0)
+    want = tok.apply_chat_template([{"role": "user", "content": f"{game.chat_intro}\n\n{board}"}],
+                                   add_generation_prompt=True, tokenize=False)  # fmt: skip
+    assert first == want
+    # the learner answers; the opponent's second turn reads its first move back as an assistant message
+    for t in tok(" I take 1.", add_special_tokens=False)["input_ids"] + [end]:
+        env.step(t)
+    second = tok.decode([i for i in policy.read[calls][0].tolist() if i != tok.pad_token_id])
+    assert second.startswith(want) and "<|im_start|>assistant\n I take 2 stones.<|im_end|>" in second
+    assert second.count("<|im_start|>user") == 2 and second.endswith("<|im_start|>assistant\n")
+    # both moves landed: 2 stones taken by the opponent (read from its free text), 1 by the learner
+    assert f"There are {heap - 3} stones left" in second.rsplit("<|im_start|>user", 1)[1]
+    # a chat opponent in a game that is not in chat mode is refused with what to do
+    with pytest.raises(ValueError, match="speaks chat, but this game is not in chat mode.*chat=True"):
+        SelfPlay(Nim(), PolicyOpponent(policy, chat=True, tokenizer=folder))
+    # one that meets a game in text mode through a league: refused when it is to move, saying what to do
+    turn = OpponentTurn(game, NimState(5, 0), 0, "Nim, take 1-3.", np.random.default_rng(0))
+    with pytest.raises(ValueError, match="speaks chat.*no chat messages.*SelfPlay\\(..., chat=True\\)"):
+        opponent.moves([turn])

@@ -40,6 +40,9 @@ class OpponentTurn:
     :ivar text: The conversation from the opponent's side: the intro, the boards it was shown and its own moves,
         ending with the board it must move on (what an LM opponent reads).
     :ivar rng: The episode's generator (draw the opponent's randomness from it).
+    :ivar messages: In chat mode (``SelfPlay(chat=True)``), the same conversation as chat messages: a user message
+        with the rules and each board (:meth:`~textrl_envs.games.base.Game.chat_render`), an assistant message with
+        each of the opponent's own moves (what a chat-speaking LM opponent reads); ``None`` otherwise.
     """
 
     game: Game
@@ -47,12 +50,16 @@ class OpponentTurn:
     player: int
     text: str
     rng: np.random.Generator
+    messages: tuple[dict[str, str], ...] | None = None
 
 
 class Opponent:
     """Base class: override :meth:`moves` (or :meth:`move`, one turn at a time)."""
 
     name = "opponent"
+    #: Its moves are free text, read as a chat model's are (:meth:`~textrl_envs.games.base.Game.chat_read`); the
+    #: others write the game's own move texts (:meth:`~textrl_envs.games.base.Game.move_text`).
+    chat = False
 
     def move(self, turn: OpponentTurn) -> str:
         """The move text of one turn."""

@@ -47,7 +47,13 @@ class PolicyOpponent(Opponent):
     :param deterministic: Greedy moves instead of sampled ones.
     :param name: How the opponent is named in logs.
     :param engine: ``"auto"``, ``"cache"`` or ``"recompute"`` (see above).
+    :param chat: Speak as an instruct model: read the turn's chat messages (``OpponentTurn.messages``, which
+        ``SelfPlay(chat=True)`` gives) rendered with the tokenizer's chat template and a generation prompt, end a move
+        at the template's end-of-turn token, and write free text that the game reads as it reads a chat learner's
+        moves. Give it ``max_turn_tokens`` for a sentence (e.g. 24) and the env's ``tokenizer``.
     """
+
+    chat = False
 
     def __init__(
         self,
@@ -58,6 +64,7 @@ class PolicyOpponent(Opponent):
         deterministic: bool = False,
         name: str = "policy",
         engine: str = "auto",
+        chat: bool = False,
     ) -> None:
         from textrl_envs.core import load_tokenizer
 
@@ -68,7 +75,15 @@ class PolicyOpponent(Opponent):
         self.policy, self.tokenizer = policy, load_tokenizer(tokenizer)
         self.max_turn_tokens, self.deterministic, self.name = int(max_turn_tokens), bool(deterministic), name
         eos = self.tokenizer.eos_token_id
-        self.turn_end = tuple(turn_end) if turn_end is not None else (() if eos is None else (int(eos),))
+        ends = [] if eos is None else [int(eos)]
+        self.chat, self.template = bool(chat), None
+        if self.chat:
+            from textrl_envs.chat import end_of_turn_id, resolve_chat_template
+
+            self.template = resolve_chat_template(self.tokenizer, True)
+            eot = end_of_turn_id(self.tokenizer, self.template)
+            ends = ends if eot is None or eot in ends else [eot, *ends]
+        self.turn_end = tuple(turn_end) if turn_end is not None else tuple(ends)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos or 0)
         self.width = int(policy.observation_space["input_ids"].shape[0])
         if engine not in ENGINES:
@@ -106,7 +121,7 @@ class PolicyOpponent(Opponent):
     def moves(self, turns: Sequence[OpponentTurn]) -> list[str]:
         if not turns:
             return []
-        convs = [list(self.tokenizer(t.text, add_special_tokens=False, verbose=False)["input_ids"]) for t in turns]
+        convs = [self._conversation(t) for t in turns]
         written: list[list[int]] = [[] for _ in turns]
         rows = list(range(len(turns)))
         if self.engine == "cache":
@@ -115,9 +130,26 @@ class PolicyOpponent(Opponent):
             self._decode_on_cache(convs, turns, fits, written)
             rows = [i for i in rows if len(convs[i]) + self.max_turn_tokens - 1 > self.width]
         self._decode_recomputing(convs, turns, rows, written)
+        if self.chat:  # the move as the model wrote it, without its end-of-turn token
+            return [self.tokenizer.decode([t for t in w if t not in self.turn_end]) for w in written]
         # the turn-end token stays in the text (the tokenizer reads it back as that token), so the opponent's side of
         # the conversation holds the same tokens a learner's window would; games read past it
         return [self.tokenizer.decode(w, skip_special_tokens=False) for w in written]
+
+    def _conversation(self, turn: OpponentTurn) -> list[int]:
+        """The token ids the opponent reads: its side of the conversation as text, or (chat) its chat messages
+        rendered with a generation prompt."""
+        if not self.chat:
+            return list(self.tokenizer(turn.text, add_special_tokens=False, verbose=False)["input_ids"])
+        if turn.messages is None:
+            raise ValueError(
+                f"PolicyOpponent {self.name!r} speaks chat (chat=True) but the turn has no chat messages: play it in "
+                "an instruct-mode game (SelfPlay(..., chat=True), or instruct=True on the env)"
+            )
+        from textrl_envs.chat import render
+
+        text = render(self.tokenizer, self.template, list(turn.messages), where=f"{self.name}'s turn")
+        return list(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
     def _draw(self, probs: np.ndarray, turn: OpponentTurn) -> int:
         """The reference path's token: the mode, or inverse transform sampling with one draw of the episode's

@@ -46,7 +46,9 @@ class SelfPlay(Interaction):
     :param chat: Speak to an instruct model (instruct mode): the boards are the game's plain-language
         :meth:`~textrl_envs.games.base.Game.chat_render`, the learner's moves are read from free text
         (:meth:`~textrl_envs.games.base.Game.chat_read`), the end is :meth:`~textrl_envs.games.base.Game.chat_result`.
-        The opponent's side is unchanged.
+        Each opponent turn also carries the opponent's side as chat messages (``OpponentTurn.messages``), which a
+        chat-speaking opponent reads (``PolicyOpponent(chat=True)``: its moves are read from free text too); the
+        other opponents write the game's own move texts, as in text mode.
     """
 
     def __init__(
@@ -61,6 +63,11 @@ class SelfPlay(Interaction):
         if chat and not game.chat_intro:
             raise ValueError(f"{type(game).__name__} has no chat mode (no chat_intro / chat_render); pass chat=False")
         self.game, self.opponent, self.learner_player = game, as_opponent(opponent), learner_player
+        if self.opponent.chat and not chat:
+            raise ValueError(
+                f"opponent {self.opponent!r} speaks chat, but this game is not in chat mode: pass "
+                "SelfPlay(..., chat=True) (instruct mode)"
+            )
         self.chat = bool(chat)
 
     # -- an episode -----------------------------------------------------------------------------------------------
@@ -75,6 +82,7 @@ class SelfPlay(Interaction):
             "opponent": opponent,
             "rng": rng,
             "opponent_text": prompt,  # the conversation from the opponent's side
+            "opponent_messages": [],  # the same, as chat messages (chat mode)
             "result": None,
         }
         if self.game.to_move(state["game"]) != learner:
@@ -140,13 +148,22 @@ class SelfPlay(Interaction):
             for s in group:
                 player = 1 - s["learner"]
                 s["opponent_text"] += self.game.render(s["game"], player)
-                turns.append(OpponentTurn(self.game, s["game"], player, s["opponent_text"], s["rng"]))
+                messages = None
+                if self.chat:
+                    board = self.game.chat_render(s["game"], player)
+                    first = not s["opponent_messages"]
+                    content = f"{self.game.chat_intro}\n\n{board}" if first else board
+                    s["opponent_messages"].append({"role": "user", "content": content})
+                    messages = tuple(s["opponent_messages"])
+                turns.append(OpponentTurn(self.game, s["game"], player, s["opponent_text"], s["rng"], messages))
             moves = opponent.moves(turns)
             if not isinstance(moves, (list, tuple)) or len(moves) != len(turns):
                 raise ValueError(f"opponent {opponent!r} returned {moves!r} for {len(turns)} turns; one move text each")
             for s, move in zip(group, moves):
                 s["opponent_text"] += move
-                s["game"], _ = self.game.step_text(s["game"], move)
+                if self.chat:
+                    s["opponent_messages"].append({"role": "assistant", "content": move})
+                s["game"], _ = self.game.step_text(s["game"], move, chat=opponent.chat)
 
     def __repr__(self) -> str:
         chat = ", chat=True" if self.chat else ""

@@ -1,0 +1,66 @@
+"""``textrl-bench selfplay``: the exploitability-gap figure by hand, and a tiny run on a chat model that resumes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import selfplay as sp
+
+
+def _run(before: float, after: float) -> dict:
+    return {"before": {"heuristic": {"payoff": before}}, "after": {"heuristic": {"payoff": after}}}
+
+
+def test_the_gap_closed_by_hand():
+    # from -1 to -0.5 against a best response worth +1: a quarter of the gap of 2
+    assert sp.gap_fraction(_run(-1.0, -0.5), 1.0) == pytest.approx(0.25)
+    assert sp.gap_fraction(_run(-1.0, -1.0), 1.0) == 0.0
+    assert sp.gap_fraction(_run(0.0, -0.5), 0.5) == pytest.approx(-1.0)  # worse than before
+    assert sp.gap_fraction(_run(0.5, 0.5), 0.5) is None  # no gap to close
+    lines = sp.gap_section({"nim": [_run(-1.0, -0.5), _run(-1.0, 0.0)]}, {"nim": {"payoff": 1.0}})
+    row = next(line for line in lines if line.startswith("| nim |"))
+    assert "| 1.000 | -1.00 ± 0.00 | -0.25 ± " in row and "| 0.38 ± " in row  # fractions 0.25 and 0.5
+
+
+def test_lost_by_illegal_move_reads_both_modes():
+    assert sp.lost_by_illegal_move(" loss (illegal)")
+    assert sp.lost_by_illegal_move("<|im_start|>user\nYou lose. Your move was not a legal move.<|im_end|>")
+    assert not sp.lost_by_illegal_move(" loss (opponent illegal)")
+    assert not sp.lost_by_illegal_move("You win. My move was not legal.")
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_model(tmp_path_factory):
+    """A tiny random Llama with ChatML's tokenizer, saved as a folder (a stand-in for a real instruct model)."""
+    from helpers import chat_tokenizer_folder
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-chat")
+    chat_tokenizer_folder(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return str(folder)
+
+
+def test_a_tiny_chat_model_run_resumes_and_writes_its_page(tmp_path, tiny_chat_model):
+    pytest.importorskip("peft", reason='the real-model mode trains LoRA: pip install "textrl[lora]"')
+    out, kept = tmp_path / "page.md", tmp_path / "runs.json"
+    argv = ["--games", "nim", "--seeds", "1", "--timesteps", "64", "--n-envs", "4", "--group-size", "2",
+            "--n-steps", "16", "--eval-episodes", "4", "--model", tiny_chat_model, "--results", str(kept),
+            "--out", str(out)]  # fmt: skip
+    assert sp.main(argv) == 0
+    run = json.loads(kept.read_text())["runs"]["nim/0"]
+    assert set(run["after"]) == {"random", "heuristic", "untrained", "earlier"}
+    assert all(0.0 <= run["after"][o]["illegal"] <= 1.0 for o in run["after"])
+    text = out.read_text()
+    assert "in instruct mode" in text and "## The exploitability gap closed against the heuristic" in text
+    stamp = kept.stat().st_mtime_ns
+    assert sp.main(argv) == 0  # kept: nothing trains again
+    assert kept.stat().st_mtime_ns == stamp
+    with pytest.raises(SystemExit, match="--timesteps 64 \\(not 128\\)"):
+        sp.main([*argv[:4], "--timesteps", "128", *argv[6:]])
