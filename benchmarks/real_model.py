@@ -344,6 +344,10 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
                 word, side = ("raises", "excludes") if up else ("does not clearly raise", "includes")
                 verdicts.append(f"- {task}, {arm}: {word} held-out pass@1 ({d_mean:+.3f}; the t-interval {side} "
                                 "no change).")  # fmt: skip
+    missing = [f"{t}/{a}/{s}" for t, a, s in planned_runs(args) if f"{t}/{a}/{s}" not in results["runs"]]
+    if missing:
+        verdicts.append(f"- Not run yet ({len(missing)} of the {len(planned_runs(args))} runs this command plans; "
+                        f"running it again goes on from here): {', '.join(missing)}.")  # fmt: skip
     lines += ["", "## Verdicts", "", *verdicts]
     if figure:
         lines += ["", "## Learning curves", "", f"![rollout reward against timesteps]({figure})"]

