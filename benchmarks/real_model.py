@@ -64,6 +64,12 @@ TASKS: dict[str, tuple[dict[str, Any], int, str]] = {
         160,
         "word problem: the legs of one or two animals of one kind",
     ),
+    "aiw": (
+        {"task_types": ["siblings"], "task_type_weights": [1.0]},
+        96,
+        'word problem: "X has N sisters and M brothers. How many sisters does X\'s brother have?" (Alice in '
+        "Wonderland, Nezhurina et al. 2024, arXiv 2406.02061)",
+    ),
     "letter_counting": ({}, 112, "count a letter's occurrences in a text"),
     "gsm_symbolic": ({}, 224, "grade-school math word problems (GSM8K templates)"),
 }
@@ -108,6 +114,10 @@ def env_kwargs(task: str, size: int, max_new_tokens: int) -> dict[str, Any]:
     """The env's arguments for ``task`` (items of generator seed 0, reasoning-gym's ``seed=`` argument, unless
     given)."""
     config, prompt_tokens, _ = TASKS[task]
+    if task == "aiw":  # reasoning-gym wants its enum for the question kinds
+        from reasoning_gym.logic.aiw import TaskType
+
+        config = {**config, "task_types": [TaskType(t) for t in config["task_types"]]}
     return {"task": task, "task_kwargs": config, "size": size, "tokenizer": MODEL, "instruct": True,
             "max_new_tokens": max_new_tokens, "max_prompt_tokens": prompt_tokens}  # fmt: skip
 
@@ -348,7 +358,7 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
     if missing:
         verdicts.append(f"- Not run yet ({len(missing)} of the {len(planned_runs(args))} runs this command plans; "
                         f"running it again goes on from here): {', '.join(missing)}.")  # fmt: skip
-    lines += ["", "## Verdicts", "", *verdicts]
+    lines += ["", "## Verdicts", "", *verdicts, *dropped_tasks(results, args)]
     if figure:
         lines += ["", "## Learning curves", "", f"![rollout reward against timesteps]({figure})"]
     lines += ["", "## Examples (greedy, first held-out items)", ""]
@@ -379,6 +389,29 @@ def check_settings(results: dict[str, Any], args) -> None:
         raise SystemExit(f"the study in this folder ran with {said}; rerun with those settings, or start another "
                          "study with --out NEW_FOLDER (or --fresh to discard this one)")  # fmt: skip
     results["settings"] = asked
+
+
+def dropped_tasks(results: dict[str, Any], args) -> list[str]:
+    """A paragraph per task that has runs but is no longer in ``--tasks``: how far it got, and why GRPO had little
+    to learn from (the untrained model's sampled accuracy ``p`` leaves ``1 - (1 - p)^G`` of the groups of ``G`` with a
+    correct answer, the only groups whose advantages are not all 0)."""
+    asked = {t.strip() for t in args.tasks.split(",")}
+    out = []
+    for task in sorted({r["task"] for r in results["runs"].values()} - asked):
+        rs = [r for r in results["runs"].values() if r["task"] == task]
+        before = results["before"][task]
+        p = before["mean_sampled"]
+        after = np.mean([r["after"]["mean_sampled"] for r in rs])
+        informative = 1 - (1 - p) ** args.group_size
+        out.append(
+            f"- {task} was dropped after {len(rs)} run(s) and another task took its place: greedy pass@1 "
+            f"{before['pass1']:.3f} before, {np.mean([r['after']['pass1'] for r in rs]):.3f} after; sampled "
+            f"accuracy {p:.3f} before, {after:.3f} after. With {p:.1%} of sampled answers right, "
+            f"{informative:.0%} of the groups of {args.group_size} hold a correct answer, the only groups whose "
+            "advantages are not all 0: too little to learn from in this budget. The untrained model's greedy "
+            f"answers: {'; '.join(repr(x[:60]) for x in before['examples'])}."
+        )
+    return out
 
 
 def load_results(path: Path, fresh: bool) -> dict[str, Any]:

@@ -133,3 +133,17 @@ def test_a_resumed_study_refuses_other_settings(tmp_path):
     with pytest.raises(SystemExit, match="--timesteps 64 \\(not 128\\).*--out NEW_FOLDER"):
         rm.main(["--timesteps", "128", "--out", str(out), "--page-only"])
     assert (out / "results.json").read_bytes() == before  # nothing written
+
+
+def test_a_dropped_task_is_explained_from_its_figures():
+    results = fake_results()
+    results["before"]["leg_counting"] = {"pass1": 0.0, "mean_sampled": 0.02, "samples": 4, "examples": ["1"]}
+    results["runs"]["leg_counting/grpo/0"] = {"task": "leg_counting", "after": {"pass1": 0.0, "mean_sampled": 0.03}}
+    args = rm.build_parser().parse_args(["--tasks", "basic_arithmetic"])
+    (line,) = rm.dropped_tasks(results, args)
+    # 2% of samples right: 1 - 0.98^8 = 14.9% of the groups of 8 hold a correct answer
+    assert (
+        line.startswith("- leg_counting was dropped after 1 run(s)") and "sampled accuracy 0.020 before, 0.030" in line
+    )
+    assert "15% of the groups of 8" in line
+    assert rm.dropped_tasks(results, rm.build_parser().parse_args(["--tasks", "basic_arithmetic,leg_counting"])) == []
