@@ -92,20 +92,18 @@ def eager_gpt2():
     return tiny_gpt2(attn_implementation="eager")
 
 
-@pytest.mark.parametrize("build", [tiny_gpt2, tiny_llama, tiny_qwen2, eager_gpt2])
-def test_packed_forward_equals_padded_forward_and_gradients(build):
+def packed_equals_padded(build, ids, mask, act) -> tuple[int, int]:
+    """Check that a packed policy's ``evaluate_sequences`` and the gradients of a loss on all three outputs equal a
+    padded twin's; the ``(rows, width)`` of the packed forward."""
     packed, padded = make_policy(build()), make_policy(build(), pack_sequences=False)
     padded.load_state_dict(packed.state_dict())
-    ids, mask, act = ragged_batch()
     with count_lm_calls(packed) as calls, warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback warning
         out_packed = packed.evaluate_sequences(ids, mask, act)
-    assert calls[0][0] * calls[0][1] < ids.numel()  # the packed forward ran: fewer positions
     assert packed.pack_sequences and packed._packing_verified
     out_padded = padded.evaluate_sequences(ids, mask, act)
     for a, b in zip(out_packed, out_padded):
         np.testing.assert_allclose(a.detach(), b.detach(), atol=2e-5)
-    # gradients of a loss on all three outputs
     for policy, out in ((packed, out_packed), (padded, out_padded)):
         policy.optimizer.zero_grad()
         (out[0].sum() + 0.1 * out[1].sum() + (out[2] ** 2).sum()).backward()
@@ -114,6 +112,14 @@ def test_packed_forward_equals_padded_forward_and_gradients(build):
             assert q.grad is None, name
             continue
         np.testing.assert_allclose(p.grad, q.grad, atol=2e-5, rtol=1e-4, err_msg=name)
+    return calls[0]
+
+
+@pytest.mark.parametrize("build", [tiny_gpt2, tiny_llama, tiny_qwen2, eager_gpt2])
+def test_packed_forward_equals_padded_forward_and_gradients(build):
+    ids, mask, act = ragged_batch()
+    rows, width = packed_equals_padded(build, ids, mask, act)
+    assert rows * width < ids.numel()  # the packed forward ran: fewer positions
 
 
 def test_packing_skipped_when_it_would_not_pay():
@@ -254,27 +260,9 @@ def test_packed_batch_with_shared_prefixes_matches_a_brute_force_construction():
 
 @pytest.mark.parametrize("build", [tiny_llama, eager_gpt2])
 def test_shared_prefix_forward_equals_padded_forward_and_gradients(build):
-    packed, padded = make_policy(build()), make_policy(build(), pack_sequences=False)
-    padded.load_state_dict(packed.state_dict())
     ids, mask, act = grouped_batch()
-    lengths = suffix_lengths(mask)
-    with count_lm_calls(packed) as calls, warnings.catch_warnings():
-        warnings.simplefilter("error")
-        out_packed = packed.evaluate_sequences(ids, mask, act)
-    rows, cap = calls[0]
-    assert rows * cap < int(lengths.sum())  # fewer positions than the tokens: prompts computed once per group
-    assert packed._packing_verified
-    out_padded = padded.evaluate_sequences(ids, mask, act)
-    for a, b in zip(out_packed, out_padded):
-        np.testing.assert_allclose(a.detach(), b.detach(), atol=2e-5)
-    for policy, out in ((packed, out_packed), (padded, out_padded)):
-        policy.optimizer.zero_grad()
-        (out[0].sum() + 0.1 * out[1].sum() + (out[2] ** 2).sum()).backward()
-    for (name, p), q in zip(packed.named_parameters(), padded.parameters()):
-        if p.grad is None:
-            assert q.grad is None, name
-            continue
-        np.testing.assert_allclose(p.grad, q.grad, atol=2e-5, rtol=1e-4, err_msg=name)
+    rows, width = packed_equals_padded(build, ids, mask, act)
+    assert rows * width < int(mask.sum())  # fewer positions than tokens: prompts computed once per group
 
 
 def test_tightest_layout_is_valid_and_never_worse_than_the_longest_width():
