@@ -14,6 +14,11 @@ opponent's two engines timed. ``--jobs N`` runs N seeds at a time in their own p
 
     python -m benchmarks.selfplay --games tictactoe,nim,kuhn --seeds 5 --timesteps 6144 --advantage role \\
         --eval-episodes 128 --timing --jobs 4 --out docs/results/selfplay.md
+
+``--model smollm2-135m-instruct`` plays a real instruct model instead: the games in instruct mode (chat), LoRA
+adapters, and LM opponents (the untrained model, the league's snapshots) that speak chat too, sharing the frozen
+base. ``--results FILE`` keeps each finished run, so that a long study runs in parts; the page then also gives the
+share of the exploitability gap against the heuristic that training closed.
 """
 
 from __future__ import annotations
