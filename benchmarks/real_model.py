@@ -352,8 +352,9 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
             if len(rs) > 1:
                 up = d_mean - d_half > 0
                 word, side = ("raises", "excludes") if up else ("does not clearly raise", "includes")
+                why = "" if up else " " + signal_clause(before["mean_sampled"], args.group_size)
                 verdicts.append(f"- {task}, {arm}: {word} held-out pass@1 ({d_mean:+.3f}; the t-interval {side} "
-                                "no change).")  # fmt: skip
+                                f"no change).{why}")  # fmt: skip
     missing = [f"{t}/{a}/{s}" for t, a, s in planned_runs(args) if f"{t}/{a}/{s}" not in results["runs"]]
     if missing:
         verdicts.append(f"- Not run yet ({len(missing)} of the {len(planned_runs(args))} runs this command plans; "
@@ -402,16 +403,22 @@ def dropped_tasks(results: dict[str, Any], args) -> list[str]:
         before = results["before"][task]
         p = before["mean_sampled"]
         after = np.mean([r["after"]["mean_sampled"] for r in rs])
-        informative = 1 - (1 - p) ** args.group_size
         out.append(
             f"- {task} was dropped after {len(rs)} run(s) and another task took its place: greedy pass@1 "
             f"{before['pass1']:.3f} before, {np.mean([r['after']['pass1'] for r in rs]):.3f} after; sampled "
-            f"accuracy {p:.3f} before, {after:.3f} after. With {p:.1%} of sampled answers right, "
-            f"{informative:.0%} of the groups of {args.group_size} hold a correct answer, the only groups whose "
-            "advantages are not all 0: too little to learn from in this budget. The untrained model's greedy "
-            f"answers: {'; '.join(repr(x[:60]) for x in before['examples'])}."
+            f"accuracy {p:.3f} before, {after:.3f} after. {signal_clause(p, args.group_size)} The untrained model's "
+            f"greedy answers: {'; '.join(repr(x[:60]) for x in before['examples'])}."
         )
     return out
+
+
+def signal_clause(sampled: float, group_size: int) -> str:
+    """What the untrained model's sampled accuracy leaves GRPO to learn from: the share of groups with a correct
+    answer, the only groups whose advantages are not all 0."""
+    informative = 1 - (1 - sampled) ** group_size
+    return (f"With {sampled:.1%} of the untrained model's sampled answers right, {informative:.0%} of the groups of "
+            f"{group_size} hold a correct answer, the only groups whose advantages are not all 0: little to learn "
+            "from in this budget.")  # fmt: skip
 
 
 def load_results(path: Path, fresh: bool) -> dict[str, Any]:
