@@ -412,13 +412,19 @@ def dropped_tasks(results: dict[str, Any], args) -> list[str]:
     return out
 
 
+#: Below this share of groups holding a correct answer, a task gives GRPO too little signal to learn in one run.
+SCARCE_SIGNAL = 0.25
+
+
 def signal_clause(sampled: float, group_size: int) -> str:
     """What the untrained model's sampled accuracy leaves GRPO to learn from: the share of groups with a correct
     answer, the only groups whose advantages are not all 0."""
     informative = 1 - (1 - sampled) ** group_size
-    return (f"With {sampled:.1%} of the untrained model's sampled answers right, {informative:.0%} of the groups of "
-            f"{group_size} hold a correct answer, the only groups whose advantages are not all 0: little to learn "
-            "from in this budget.")  # fmt: skip
+    said = (f"With {sampled:.1%} of the untrained model's sampled answers right, {informative:.0%} of the groups of "
+            f"{group_size} hold a correct answer, the only groups whose advantages are not all 0")  # fmt: skip
+    if informative < SCARCE_SIGNAL:
+        return said + ": little to learn from in this budget."
+    return said + ": the signal was there, and this budget and learning rate did not turn it into accuracy."
 
 
 def load_results(path: Path, fresh: bool) -> dict[str, Any]:

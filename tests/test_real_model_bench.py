@@ -145,5 +145,7 @@ def test_a_dropped_task_is_explained_from_its_figures():
     assert (
         line.startswith("- leg_counting was dropped after 1 run(s)") and "sampled accuracy 0.020 before, 0.030" in line
     )
-    assert "15% of the groups of 8" in line
+    assert "15% of the groups of 8" in line and "little to learn from" in line
+    # 7% right: 1 - 0.93^8 = 44% of the groups have signal; not "little"
+    assert "the signal was there" in rm.signal_clause(0.07, 8) and "44% of the groups" in rm.signal_clause(0.07, 8)
     assert rm.dropped_tasks(results, rm.build_parser().parse_args(["--tasks", "basic_arithmetic,leg_counting"])) == []
