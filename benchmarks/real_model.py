@@ -434,12 +434,9 @@ def load_results(path: Path, fresh: bool) -> dict[str, Any]:
 
 
 def save_results(path: Path, results: dict[str, Any]) -> None:
-    from sb3_grpo.file_io import atomic_write
+    from sb3_grpo.file_io import write_json_atomic
 
-    def write(tmp: str) -> None:
-        Path(tmp).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-
-    atomic_write(path, write)
+    write_json_atomic(path, results)
 
 
 def planned_runs(args) -> list[tuple[str, str, int]]:

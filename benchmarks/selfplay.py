@@ -434,18 +434,10 @@ def load_runs(path: str | None, args) -> dict[str, dict]:
 
 
 def save_runs(path: str, args, runs: dict[str, dict]) -> None:
-    import json
-
-    from sb3_grpo.file_io import atomic_write
+    from sb3_grpo.file_io import write_json_atomic
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    data = {"settings": {k: getattr(args, k) for k in SETTINGS}, "runs": runs}
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-
-    atomic_write(path, write)
+    write_json_atomic(path, {"settings": {k: getattr(args, k) for k in SETTINGS}, "runs": runs})
 
 
 def main(argv: list[str] | None = None) -> int:

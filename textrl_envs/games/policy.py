@@ -53,8 +53,6 @@ class PolicyOpponent(Opponent):
         moves. Give it ``max_turn_tokens`` for a sentence (e.g. 24) and the env's ``tokenizer``.
     """
 
-    chat = False
-
     def __init__(
         self,
         policy: Any,
