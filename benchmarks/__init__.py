@@ -9,7 +9,20 @@ imports this package. Commands that measure figures for the docs write their res
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 #: Where the results pages of the docs live: ``docs/results/`` of the checkout these benchmarks run from.
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+def changed_settings(recorded: Mapping[str, Any], asked: Mapping[str, Any]) -> list[str]:
+    """The settings a resumed study asks for that differ from those its kept runs used, as the options that would
+    restore them: ``["--timesteps 64 (not 128)", ...]`` (empty: nothing changed).
+
+    :param recorded: The settings the kept runs were made with, by argparse name (``n_envs``).
+    :param asked: The settings of this command, by the same names.
+    """
+    return [f"--{name.replace('_', '-')} {recorded.get(name)!r} (not {value!r})" for name, value in asked.items()
+            if recorded.get(name) != value]  # fmt: skip

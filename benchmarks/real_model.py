@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import changed_settings
 from sb3_grpo.compare.pages import write_results_page
 
 MODEL = "smollm2-135m-instruct"
@@ -384,11 +385,10 @@ def check_settings(results: dict[str, Any], args) -> None:
     """Record the study's settings in ``results``, or refuse settings that differ from those its runs used."""
     asked = {name: getattr(args, name) for name in SETTINGS}
     recorded = results.setdefault("settings", asked)
-    differ = {name: (recorded.get(name), value) for name, value in asked.items() if recorded.get(name) != value}
+    differ = changed_settings(recorded, asked)
     if differ and (results["runs"] or results["before"]):
-        said = ", ".join(f"--{name.replace('_', '-')} {old} (not {new})" for name, (old, new) in differ.items())
-        raise SystemExit(f"the study in this folder ran with {said}; rerun with those settings, or start another "
-                         "study with --out NEW_FOLDER (or --fresh to discard this one)")  # fmt: skip
+        raise SystemExit(f"the study in this folder ran with {', '.join(differ)}; rerun with those settings, or "
+                         "start another study with --out NEW_FOLDER (or --fresh to discard this one)")  # fmt: skip
     results["settings"] = asked
 
 

@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from benchmarks import changed_settings
 from sb3_grpo.compare.pages import write_results_page
 
 GAME_IDS = {"tictactoe": "TicTacToe-v0", "nim": "Nim-v0", "kuhn": "KuhnPoker-v0"}
@@ -425,8 +426,7 @@ def load_runs(path: str | None, args) -> dict[str, dict]:
     with open(path, encoding="utf-8") as f:
         kept = json.load(f)
     asked = {k: getattr(args, k) for k in SETTINGS}
-    differ = [f"--{k.replace('_', '-')} {kept['settings'].get(k)!r} (not {v!r})" for k, v in asked.items()
-              if kept["settings"].get(k) != v]  # fmt: skip
+    differ = changed_settings(kept["settings"], asked)
     if differ:
         raise SystemExit(f"the runs in {path} were made with {', '.join(differ)}; rerun with those settings, or "
                          "pass another --results file")  # fmt: skip
