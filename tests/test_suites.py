@@ -277,8 +277,11 @@ def test_no_network_at_run_time():
         f"for task in {['leg_counting', 'spell_backward', 'word_ladder', 'arc_1d']!r}:\n"
         f"    env = gym.make({RG!r}, task=task, size=2)\n"
         "    env.reset(seed=0)\n"
-        "    for _ in range(3):\n"
-        "        env.step(env.action_space.sample())\n"
+        "    env.action_space.seed(0)\n"
+        "    done = False\n"
+        "    while not done:  # to the end, so that the answer is scored\n"
+        "        _, _, terminated, truncated, _ = env.step(env.action_space.sample())\n"
+        "        done = terminated or truncated\n"
         "print('ok')\n"
     )
     env = dict(os.environ, HF_HUB_OFFLINE="1")
