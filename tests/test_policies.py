@@ -36,6 +36,8 @@ from sb3_grpo.policies import (
     process_logits,
     sample_categorical,
 )
+from sb3_grpo.policies.kv_cache import SHARED_PREFILL_MIN
+from sb3_grpo.policies.windows import common_prefix_length
 from textrl_envs.sb3 import make_vec_env
 
 V = 60  # env vocabulary (len(tokenizer))
@@ -775,6 +777,53 @@ def test_rows_starting_on_the_same_prompt_share_one_prefill(factory):
         assert calls == [(1, 2), (4, 1)]
         _, want, _ = full(_windows(mixed))
         np.testing.assert_allclose(values, want, atol=1e-5)
+
+
+def test_common_prefix_length_by_brute_force():
+    gen = th.Generator().manual_seed(0)
+    for _ in range(200):
+        lengths = th.randint(1, 9, (3,), generator=gen).tolist()
+        rows = [th.randint(1, 4, (n,), generator=gen).tolist() for n in lengths]
+        for row in rows[1:]:
+            if th.rand(1, generator=gen) < 0.5:  # often a long shared start
+                row[: len(rows[0])] = rows[0][: len(row)]
+        w = _windows(rows)
+        want = 0
+        while want < min(map(len, rows)) - 1 and len({row[want] for row in rows}) == 1:
+            want += 1
+        assert common_prefix_length(w["input_ids"], w["attention_mask"]) == want, rows
+    holed = _windows([[5, 6, 7], [5, 6, 8]])
+    holed["attention_mask"][0, -2] = 0  # not a suffix of ones: nothing is assumed
+    assert common_prefix_length(holed["input_ids"], holed["attention_mask"]) == 0
+
+
+@pytest.mark.parametrize("factory", [tiny_gpt2, tiny_llama])
+def test_prompts_that_begin_alike_run_their_shared_tokens_once(factory):
+    """Prompts with a common start (a chat template's system message) prefill it once, then each prompt's own tokens
+    over a copy of its cache; the outputs, then and at the decoding steps after, are the full recompute's."""
+    policy = make_policy(factory())
+    full = make_policy(factory(), use_cache=False)
+    full.load_state_dict(policy.state_dict())
+    system = [3, 1, 4, 1, 5, 9, 2, 6, 5]  # 9 shared tokens: at least SHARED_PREFILL_MIN
+    assert len(system) >= SHARED_PREFILL_MIN
+    rows = [system + [7], system + [8, 10, 11], system + [12, 13]]
+    with th.no_grad():
+        with count_lm_calls(policy) as calls:
+            _, values, _ = policy(_windows(rows))
+        assert calls == [(1, 9), (3, 3), (3, 1)]  # the shared tokens, each prompt's own ones, the look-ahead
+        for step in range(3):  # the prefill's outputs, then two decoding steps (the longest row fills the window)
+            _, want, _ = full(_windows(rows))
+            np.testing.assert_allclose(values, want, atol=1e-5)
+            logits = policy.get_distribution(_windows(rows)).distribution.logits
+            np.testing.assert_allclose(logits, full.get_distribution(_windows(rows)).distribution.logits, atol=1e-5)
+            if step < 2:
+                rows = [row + [20 + step + b] for b, row in enumerate(rows)]  # decode on from the shared prefill
+                _, values, _ = policy(_windows(rows))
+        prompts = [system + [12, 13], system + [7], system + [8, 10, 11]]  # every env reset onto a prompt seen before
+        with count_lm_calls(policy) as calls:
+            _, values, _ = policy(_windows(prompts))
+        assert calls == [(3, 1)]  # the prompts came from the prefill memo: it kept what the shared prefill computed
+        np.testing.assert_allclose(values, full(_windows(prompts))[1], atol=1e-5)
 
 
 def test_the_prefill_memo_budget_follows_the_models_keys_and_values():

@@ -74,6 +74,11 @@ they are prefilled in one batched forward into the :class:`PrefillMemo`, so ever
 prompt's keys/values from the memo instead of running a forward. The outputs are the prefill's (a batched forward of
 other rows: equal up to float rounding, as every memo entry is); only the number of forwards changes.
 
+*Shared starts prefilled once.* The prompts of a text task usually begin alike (a chat template's system message,
+an instruction). A prefill whose rows share their first :data:`SHARED_PREFILL_MIN` tokens or more runs those once,
+copies their keys/values to every row, and runs each row's own tokens over them
+(:meth:`RolloutCache._compute_shared_prefill`); the result is laid out as a full prefill's, so the memo keeps it.
+
 Leading cache columns masked for every row are cropped after each step, so the cache stays within ``W`` columns
 (plus at most one hole per replaced token in an episode). The cache is dropped when the parameters change (a
 version counter over the parameters' in-place update counters, plus ``set_training_mode(True)``) and is never
@@ -93,6 +98,7 @@ import torch as th
 
 from sb3_grpo.policies.prefill_memo import PrefillMemo
 from sb3_grpo.policies.windows import (
+    common_prefix_length,
     extends_by_one,
     extension_lengths,
     left_pad_columns,
@@ -102,11 +108,13 @@ from sb3_grpo.policies.windows import (
 )
 
 __all__ = [
+    "SHARED_PREFILL_MIN",
     "PrefillMemo",
     "RolloutCache",
     "extends_by_one",
     "extension_pays",
     "extension_lengths",
+    "gather_columns",
     "left_pad_columns",
     "positions_from_mask",
     "realign_columns",
@@ -148,6 +156,16 @@ class _BatchCache:
     prev_values: th.Tensor | None = None
 
 
+def gather_columns(cache: Any, kv_mask: th.Tensor, index: th.Tensor) -> th.Tensor:
+    """Read every row's cache columns through ``index`` (``[B, L]``: new column ``c`` of row ``b`` is old column
+    ``index[b, c]``): the keys and values of ``cache`` in place, and the mask returned."""
+    for layer in cache.layers:
+        b, h, length, d = layer.keys.shape
+        gather = index.view(b, 1, length, 1).expand(b, h, length, d)
+        layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
+    return kv_mask.gather(1, index)
+
+
 class _Rows(NamedTuple):
     """How each row of a call relates to the cached window (see :meth:`RolloutCache._classify`)."""
 
@@ -162,6 +180,11 @@ class _Rows(NamedTuple):
 # --------------------------------------------------------------------------------------------------------------
 # The cache
 # --------------------------------------------------------------------------------------------------------------
+
+
+#: A prefill runs the leading tokens its rows share once when there are at least this many (a chat template's system
+#: message is 20-30 tokens); below it, the extra forward costs more than it saves.
+SHARED_PREFILL_MIN = 8
 
 
 def extension_pays(tail: int, batch: int, redo_positions: int) -> bool:
@@ -338,10 +361,15 @@ class RolloutCache:
         return self.memo.assemble(found, self._lm_config)  # type: ignore[arg-type]
 
     def _compute_prefill(self, ids: th.Tensor, mask: th.Tensor) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
-        """Full forward of some rows, building their cache: ``(cache, kv_mask, logits, values)``."""
+        """Full forward of some rows, building their cache: ``(cache, kv_mask, logits, values)``. Rows that begin
+        alike (:data:`SHARED_PREFILL_MIN` tokens or more) run those tokens once (:meth:`_compute_shared_prefill`)."""
         from transformers import DynamicCache
 
         t_ids, t_mask = trim_padding(ids, mask)
+        if t_ids.shape[0] > 1:
+            split = common_prefix_length(t_ids, t_mask)
+            if split >= SHARED_PREFILL_MIN:
+                return self._compute_shared_prefill(t_ids, t_mask, split, ids, mask)
         cache = DynamicCache(config=self._lm_config)
         hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask), cache=cache)[:, -1]
         if not self._cache_layers_ok(cache):
@@ -352,6 +380,43 @@ class RolloutCache:
             self._logits(hidden),
             self._value(hidden, ids, mask),
         )
+
+    def _compute_shared_prefill(
+        self, ids: th.Tensor, mask: th.Tensor, split: int, full_ids: th.Tensor, full_mask: th.Tensor
+    ) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
+        """:meth:`_compute_prefill` of rows whose first ``split`` valid tokens are the same: one forward of those
+        tokens, its cache copied to every row, then one forward of each row's own tokens over it (each row's tokens in
+        the last columns of the new block, masked dummies before them, as :meth:`_step` feeds replies). The columns
+        are then put back in the prefill's layout (each row's valid columns last and contiguous), so the result is
+        the full prefill's, up to float rounding.
+
+        :param ids: ``[B, L]`` the rows, padding trimmed; ``mask`` their mask.
+        :param split: The shared leading tokens (:func:`~sb3_grpo.policies.windows.common_prefix_length`).
+        :param full_ids: The rows as given (for the value head); ``full_mask`` their mask.
+        """
+        from transformers import DynamicCache
+
+        batch = ids.shape[0]
+        own = mask.sum(dim=1) - split  # each row's tokens after the shared ones (>= 1)
+        tail = int(own.max())
+        longest = int(own.argmax())  # its shared tokens sit just left of its own `tail` ones
+        shared = ids[longest : longest + 1, ids.shape[1] - tail - split : ids.shape[1] - tail]
+        cache = DynamicCache(config=self._lm_config)
+        ones = th.ones_like(shared)
+        self._trunk(shared, ones, positions_from_mask(ones), cache=cache)
+        if not self._cache_layers_ok(cache):
+            raise _CacheUnsupported
+        for layer in cache.layers:
+            layer.keys = layer.keys.expand(batch, -1, -1, -1).contiguous()
+            layer.values = layer.values.expand(batch, -1, -1, -1).contiguous()
+        col = th.arange(tail, device=ids.device).unsqueeze(0)
+        new_mask = (col >= (tail - own).unsqueeze(1)).long()
+        new_tok = th.where(new_mask.bool(), ids[:, -tail:], th.zeros_like(ids[:, -tail:]))
+        new_mask = new_mask.to(mask.dtype)
+        kv_mask = th.cat([th.ones(batch, split, dtype=mask.dtype, device=ids.device), new_mask], dim=1)
+        hidden = self._trunk(new_tok, kv_mask, positions_from_mask(kv_mask)[:, split:], cache=cache)[:, -1]
+        kv_mask = gather_columns(cache, kv_mask, realign_columns(kv_mask, tail, tail - own))
+        return cache, kv_mask, self._logits(hidden), self._value(hidden, full_ids, full_mask)
 
     def _cache_layers_ok(self, cache: Any) -> bool:
         from transformers.cache_utils import DynamicLayer
@@ -512,11 +577,7 @@ class RolloutCache:
     @staticmethod
     def _reorder(state: _BatchCache, index: th.Tensor) -> None:
         """Read every row's cache columns (keys, values and mask) through ``index`` (``[B, L]``)."""
-        state.kv_mask = state.kv_mask.gather(1, index)
-        for layer in state.cache.layers:
-            b, h, length, d = layer.keys.shape
-            gather = index.view(b, 1, length, 1).expand(b, h, length, d)
-            layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
+        state.kv_mask = gather_columns(state.cache, state.kv_mask, index)
 
     def look_ahead(self, ids: th.Tensor, mask: th.Tensor, actions: th.Tensor) -> None:
         """Extend the batch cache by the tokens just chosen, computing the *next* step's outputs now.

@@ -14,6 +14,7 @@ import numpy as np
 import torch as th
 
 __all__ = [
+    "common_prefix_length",
     "extends_by_one",
     "extension_lengths",
     "left_pad_columns",
@@ -127,6 +128,28 @@ def trim_padding(ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]
     any_valid = mask.any(dim=0)
     start = int(any_valid.nonzero()[0, 0]) if bool(any_valid.any()) else mask.shape[1] - 1
     return ids[:, start:], mask[:, start:]
+
+
+def common_prefix_length(ids: th.Tensor, mask: th.Tensor) -> int:
+    """How many leading valid tokens every row of a right-aligned batch shares, leaving each row at least one token
+    of its own (0 when the masks are not suffixes of ones, or a row is empty).
+
+    The prompts of a text task usually begin alike (a chat template's system message, an instruction); a prefill
+    can run those tokens once and each row's own tokens over a copy of their cache.
+
+    :param ids: ``[B, L]`` right-aligned ids.
+    :param mask: ``[B, L]`` attention mask, a suffix of ones in each row.
+    """
+    batch, width = ids.shape
+    lengths = mask.sum(dim=1)
+    shortest = int(lengths.min()) if batch else 0
+    if shortest < 2 or not bool((mask == (th.arange(width, device=mask.device) >= width - lengths[:, None])).all()):
+        return 0
+    starts = width - lengths
+    cols = th.arange(shortest - 1, device=ids.device)
+    left = ids.gather(1, starts[:, None] + cols[None, :])  # each row's first tokens, left-aligned
+    same = (left == left[:1]).all(dim=0)
+    return int(same.long().cumprod(0).sum())
 
 
 def shared_prefixes(ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
