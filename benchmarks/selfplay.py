@@ -99,7 +99,7 @@ def evaluate(
             obs, _, dones, infos = env.step(actions)
             for i in np.flatnonzero(dones):
                 returns.append(float(infos[i]["episode"]["r"]))
-                illegal.append(lost_by_illegal_move(infos[i]["transcript"][-1]["text"]))
+                illegal.append(infos[i]["forfeit"] == "learner")
         env.close()
         r = np.asarray(returns[: episodes // 2])
         out["win"] += list(r > 0)
@@ -107,11 +107,6 @@ def evaluate(
         out["illegal"] += illegal[: episodes // 2]
         out[f"payoff_{name}"] = [float(r.mean())]
     return {k: float(np.mean(v)) for k, v in out.items()}
-
-
-def lost_by_illegal_move(last: str) -> bool:
-    """Whether a game's last message says the learner lost by an illegal or unreadable move (text or chat mode)."""
-    return last.startswith(" loss (illegal)") or "Your move was not a legal move." in last
 
 
 def heuristic_bounds(game) -> dict[str, float]:

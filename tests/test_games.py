@@ -184,6 +184,12 @@ def test_learner_plays_both_sides_and_an_illegal_move_loses():
     assert sides == {0, 1}
     r, term, _, info, _ = play(env, [" 7"], seed=3)
     assert term and r == -1.0 and info["transcript"][-1]["text"] == " loss (illegal)"
+    assert info["forfeit"] == "learner"
+    r, term, _, info, _ = play(env, [" 1"] * 60, seed=3)  # legal moves to the end
+    assert term and r in (-1.0, 1.0) and info["forfeit"] == ""
+    env = gym.make("TicTacToe-v0", interaction=SelfPlay(TicTacToe(), lambda turn: " zz", learner_player=0))
+    r, term, _, info, _ = play(env, [" 1"], seed=0)
+    assert term and r == 1.0 and info["forfeit"] == "opponent"
 
 
 def test_nim_heuristic_learner_beats_random_on_every_winnable_heap():

@@ -274,5 +274,6 @@ def test_games_speak_plain_language_by_hand():
     play = SelfPlay(nim, opponent="heuristic", learner_player=0, chat=True)
     episode = play.start("", {}, np.random.default_rng(0))
     assert play.reply(episode, "Answer: 7", 1) == ("You lose. Your move was not a legal move.", -1.0, True)
+    assert play.episode_info(episode)["forfeit"] == "learner"  # what an illegal-move rate counts, in either mode
     with pytest.raises(ValueError, match="no chat mode"):
         SelfPlay(Game(), chat=True)  # the base class states no rules

@@ -24,13 +24,6 @@ def test_the_gap_closed_by_hand():
     assert "| 1.000 | -1.00 ± 0.00 | -0.25 ± " in row and "| 0.38 ± " in row  # fractions 0.25 and 0.5
 
 
-def test_lost_by_illegal_move_reads_both_modes():
-    assert sp.lost_by_illegal_move(" loss (illegal)")
-    assert sp.lost_by_illegal_move("<|im_start|>user\nYou lose. Your move was not a legal move.<|im_end|>")
-    assert not sp.lost_by_illegal_move(" loss (opponent illegal)")
-    assert not sp.lost_by_illegal_move("You win. My move was not legal.")
-
-
 @pytest.fixture(scope="module")
 def tiny_chat_model(tmp_path_factory):
     """A tiny random Llama with ChatML's tokenizer, saved as a folder (a stand-in for a real instruct model)."""

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from textrl_envs.games.base import Game
+from textrl_envs.games.base import Forfeit, Game
 from textrl_envs.games.opponents import Opponent, OpponentTurn, as_opponent
 from textrl_envs.interaction import Interaction, Reply
 
@@ -120,12 +120,18 @@ class SelfPlay(Interaction):
 
     def episode_info(self, state: dict[str, Any]) -> dict[str, Any]:
         """The final info's ``learner_player`` (the side the learner played: 0 first, 1 second), ``game`` (the
-        game's name) and ``opponent`` (the name of the opponent it met): what role-conditioned advantages
-        (``advantage="role"``) and per-opponent win rates read."""
+        game's name), ``opponent`` (the name of the opponent it met) and ``forfeit`` (who lost by an unreadable or
+        illegal move: ``"learner"``, ``"opponent"``, or ``""`` for a game played to its end): what role-conditioned
+        advantages (``advantage="role"``), per-opponent win rates and illegal-move rates read."""
+        final = state["game"]
+        forfeit = ""
+        if isinstance(final, Forfeit):
+            forfeit = "learner" if final.player == state["learner"] else "opponent"
         return {
             "learner_player": int(state["learner"]),
             "game": self.game.name,
             "opponent": str(getattr(state["opponent"], "name", type(state["opponent"]).__name__)),
+            "forfeit": forfeit,
         }
 
     # -- helpers --------------------------------------------------------------------------------------------------
