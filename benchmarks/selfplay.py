@@ -495,7 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     figure = rating_figure(results, os.path.splitext(args.out)[0] + "-ratings.png")
     command = shlex.join(["textrl-bench", "selfplay", *argv])
     body = page(results, args, timings, figure)
-    out = write_results_page(args.out, "Self-play on the two-player text games", body, command)
+    title = "Self-play on the two-player text games"
+    title += f": {args.model}" if args.model else ": the bundled 1M-parameter LM (small-model results)"
+    out = write_results_page(args.out, title, body, command)
     print(f"wrote {out}")
     return 0
 
