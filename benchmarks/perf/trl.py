@@ -55,7 +55,15 @@ class LoopConfig:
     :param completions: Completions each loop samples (at least; whole updates).
     :param lr: Learning rate of both.
     :param beta: KL coefficient of both.
-    :param model: ``"bundled"`` (the bundled LM) or ``"tiny"`` (:data:`TINY_GPT2`, seeded random weights).
+    :param model: ``"bundled"`` (the bundled LM), ``"tiny"`` (:data:`TINY_GPT2`, seeded random weights), or a GGUF
+        model's name or path (``"smollm2-135m-instruct"``: both load its converted folder, :mod:`textrl_envs.gguf`).
+    :param task: ``"textgen"`` (TextGen-v0 and its sentiment reward) or a reasoning-gym task of the real-model study
+        (:data:`benchmarks.real_model.TASKS`: ``ReasoningGym-v0``, in instruct mode for a GGUF model; both score a
+        completion with the env's grader).
+    :param eval_items: Held-out items of a reasoning-gym task on which each trained model's greedy accuracy is
+        measured after training (the real-model study's held-out seed; 0: none). Not part of the timed loop.
+    :param lora: LoRA on both sides (the real-model study's adapters, :data:`benchmarks.real_model.LORA`; TRL through
+        peft), else a full fine-tune.
     :param device: Ours: ``"auto"`` or a device; TRL runs on the CPU unless this is CUDA.
     :param window: Updates averaged for the reward curve's smoothing.
     :param ours_envs: Envs of our loop (``None``: ``N``). ``N`` envs x ``T`` steps sample more than ``N`` completions
@@ -77,11 +85,18 @@ class LoopConfig:
     window: int = 3
     ours_envs: int | None = None
     ours_completions: int | None = None
+    task: str = "textgen"
+    lora: bool = False
+    eval_items: int = 0
 
 
 #: The two comparisons ``textrl-bench perf`` prints: the default one, and small batches on a tiny model with beta 0.
 DEFAULT = LoopConfig()
 SMALL = LoopConfig(n_envs=16, group_size=8, tokens=16, completions=512, beta=0.0, model="tiny")
+#: SmolLM2-135M-Instruct with LoRA on basic_arithmetic, as the real-model study trains it (groups of 8, 48 tokens,
+#: lr 2e-4, KL 0.04).
+REAL = LoopConfig(n_envs=32, group_size=8, tokens=48, completions=768, lr=2e-4, beta=0.04,
+                  model="smollm2-135m-instruct", task="basic_arithmetic", lora=True, eval_items=128)  # fmt: skip
 
 
 def trl_available() -> bool:
@@ -92,11 +107,14 @@ def trl_available() -> bool:
 def _model_path(cfg: LoopConfig) -> str:
     """A directory holding the LM both loops load (TRL builds its models from a path)."""
     from textrl_envs.assets import lm_path
+    from textrl_envs.gguf import gguf_folder, is_gguf_name
 
     if cfg.model == "bundled":
         return str(lm_path())
+    if is_gguf_name(cfg.model):
+        return gguf_folder(cfg.model)
     if cfg.model != "tiny":
-        raise ValueError(f"model must be 'bundled' or 'tiny', got {cfg.model!r}")
+        raise ValueError(f"model must be 'bundled', 'tiny' or a GGUF model's name or path, got {cfg.model!r}")
     import torch as th
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
@@ -117,18 +135,69 @@ def _model_path(cfg: LoopConfig) -> str:
     return path
 
 
-def _spec() -> tuple[list[str], Any]:
-    """TextGen-v0's prompts and reward, as the env uses them."""
+def _task(cfg: LoopConfig) -> tuple[str, dict[str, Any]]:
+    """The env id and keyword arguments of ``cfg.task`` (with ``cfg.tokens`` as the completion budget)."""
+    from textrl_envs.gguf import is_gguf_name
+
+    if cfg.task == "textgen":
+        return "TextGen-v0", {"max_new_tokens": cfg.tokens}
+    from benchmarks.real_model import TASKS, env_kwargs
+
+    if cfg.task not in TASKS:
+        raise ValueError(f"task must be 'textgen' or one of {', '.join(TASKS)}, got {cfg.task!r}")
+    kwargs = env_kwargs(cfg.task, 1000, cfg.tokens)
+    if not is_gguf_name(cfg.model):  # the small LMs: plain prompts, the bundled tokenizer
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("tokenizer", "instruct", "max_prompt_tokens")}
+    return "ReasoningGym-v0", kwargs
+
+
+def _spec(cfg: LoopConfig) -> Any:
+    """The env's text spec for ``cfg.task``: its prompts (rendered as the env renders them) and its scorer."""
     import gymnasium as gym
 
     import textrl_envs  # noqa: F401  (registers the envs)
 
-    env = gym.make("TextGen-v0")
+    env_id, kwargs = _task(cfg)
+    env = gym.make(env_id, **kwargs)
     try:
-        spec = env.unwrapped.text_spec
-        return list(spec.prompt_texts), spec.reward
+        return env.unwrapped.text_spec
     finally:
         env.close()
+
+
+def heldout_accuracy(lm: Any, cfg: LoopConfig) -> float | None:
+    """Greedy accuracy of ``lm`` on ``cfg.eval_items`` held-out items of ``cfg.task`` (the real-model study's held-out
+    generator seed, scored by the env's grader), or ``None`` without a held-out set."""
+    if cfg.task == "textgen" or cfg.eval_items <= 0:
+        return None
+    import gymnasium as gym
+
+    from benchmarks.real_model import HELDOUT_SEED, complete
+
+    env_id, kwargs = _task(cfg)
+    spec = gym.make(env_id, **{**kwargs, "size": cfg.eval_items}, seed=HELDOUT_SEED).unwrapped.text_spec
+    items = list(range(len(spec.prompt_texts)))
+    was_training = lm.training
+    lm.eval()
+    try:
+        return float((spec.score(items, complete(lm, spec, items, None)) >= 1.0).mean())
+    finally:
+        lm.train(was_training)
+
+
+def lora_spec(cfg: LoopConfig) -> dict[str, Any]:
+    """The LoRA adapters both sides add: the real-model study's (:data:`benchmarks.real_model.LORA`) on a GGUF
+    model, the same rank on a GPT-2's attention and projections otherwise."""
+    from benchmarks.real_model import LORA
+    from textrl_envs.gguf import is_gguf_name
+
+    if is_gguf_name(cfg.model):
+        return dict(LORA)
+    return {**LORA, "target_modules": ["c_attn", "c_proj"]}
+
+
+def _lora_kwargs(cfg: LoopConfig) -> dict[str, Any]:
+    return {"lora": lora_spec(cfg)} if cfg.lora else {}
 
 
 def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
@@ -146,14 +215,8 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
     from textrl_envs.sb3 import make_vec_env
 
     n_envs = cfg.ours_envs or cfg.n_envs
-    env = make_vec_env(
-        "TextGen-v0",
-        n_envs=n_envs,
-        group_size=cfg.group_size,
-        max_new_tokens=cfg.tokens,
-        seed=seed,
-        device=cfg.device,
-    )
+    env_id, env_kwargs = _task(cfg)
+    env = make_vec_env(env_id, n_envs=n_envs, group_size=cfg.group_size, seed=seed, device=cfg.device, **env_kwargs)
     kwargs = _grpo_kwargs(cfg, n_envs, seed, grpo_kwargs)
     with warnings.catch_warnings():  # a minibatch larger than the rollout is meant here (see _grpo_kwargs)
         warnings.filterwarnings("ignore", message="You have specified a mini-batch size")
@@ -169,6 +232,7 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
         record.cpu_at.append(cpu)
     env.close()
     return {
+        "heldout": heldout_accuracy(model.policy.lm, cfg),
         "impl": "ours",
         "wall_s": wall,
         "cpu_s": cpu,
@@ -202,7 +266,7 @@ def _grpo_kwargs(cfg: LoopConfig, n_envs: int, seed: int, grpo_kwargs: dict[str,
         "kl_coef": cfg.beta,
         "seed": seed,
         "device": cfg.device,
-        "policy_kwargs": {"model": _model_path(cfg), **optimizer},
+        "policy_kwargs": {"model": _model_path(cfg), **optimizer, **_lora_kwargs(cfg)},
         **grpo_kwargs,
     }
     return kwargs
@@ -268,17 +332,21 @@ def _recorders(completions: int) -> tuple[Any, Any]:
     return record, Curve(record)
 
 
-def _dataset(prompts: list[str]) -> Any:
+def _dataset(prompts: list[str], repeats: int = 1) -> Any:
+    """The prompts, ``repeats`` times over, as TRL's training set, each with its ``index`` among the env's prompts
+    (the reward reads it)."""
     from datasets import Dataset
 
+    columns = {"prompt": prompts * repeats, "index": list(range(len(prompts))) * repeats}
     try:
-        return Dataset.from_dict({"prompt": prompts})
+        return Dataset.from_dict(columns)
     except Exception:  # noqa: BLE001  (a datasets / pyarrow mismatch): a generator-backed dataset serves as well
         from datasets import IterableDataset
 
         def rows(prompts: list[str]) -> Any:
-            for p in prompts:
-                yield {"prompt": p}
+            for _ in range(repeats):
+                for i, p in enumerate(prompts):
+                    yield {"prompt": p, "index": i}
 
         return IterableDataset.from_generator(rows, gen_kwargs={"prompts": prompts})
 
@@ -294,18 +362,16 @@ def run_trl(cfg: LoopConfig, seed: int) -> dict:
     from textrl_envs.assets import tokenizer_path
     from textrl_envs.devices import resolve_device
 
-    prompts, env_reward = _spec()
+    spec = _spec(cfg)
     curve: list[tuple[float, int, float]] = []
     start = [0.0, 0.0]  # wall and CPU clocks at the start
     count = [0]
 
-    def sentiment(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:  # noqa: ARG001  (TRL's reward signature)
-        rewards = [float(r) for r in env_reward(list(prompts), list(completions))]
+    def record(rewards: list[float]) -> None:
         count[0] += len(rewards)
         curve.append((time.perf_counter() - start[0], count[0], statistics.fmean(rewards)))  # timed at its step's end
-        return rewards
 
-    sentiment.__name__ = "sentiment"
+    env_reward = trl_reward(spec, "sentiment" if cfg.task == "textgen" else cfg.task, record)
     on_cuda = resolve_device(cfg.device).type == "cuda"
     steps = math.ceil(cfg.completions / cfg.n_envs)
     config = GRPOConfig(
@@ -338,12 +404,16 @@ def run_trl(cfg: LoopConfig, seed: int) -> dict:
         seed=seed,
         data_seed=seed,
     )
+    model_path = _model_path(cfg)
+    tokenizer = model_path if cfg.model not in ("bundled", "tiny") else str(tokenizer_path())
+    prompts = list(spec.prompt_texts)
     trainer = GRPOTrainer(
-        model=_model_path(cfg),
-        reward_funcs=sentiment,
+        model=model_path,
+        reward_funcs=env_reward,
         args=config,
-        processing_class=AutoTokenizer.from_pretrained(str(tokenizer_path())),
-        train_dataset=_dataset(prompts * max(1, cfg.n_envs // cfg.group_size)),
+        processing_class=AutoTokenizer.from_pretrained(tokenizer),
+        train_dataset=_dataset(prompts, max(1, cfg.n_envs // cfg.group_size)),
+        peft_config=_peft_config(cfg) if cfg.lora else None,
     )
     step_ends: list[tuple[float, float]] = []
     trainer.add_callback(_StepEnd(step_ends, start))
@@ -356,6 +426,7 @@ def run_trl(cfg: LoopConfig, seed: int) -> dict:
     ends = [step_ends[i] if i < len(step_ends) else (wall, cpu) for i in range(len(curve))]
     timed = [(end[0], n, r) for end, (_, n, r) in zip(ends, curve, strict=True)]
     return {
+        "heldout": heldout_accuracy(trainer.model, cfg),
         "impl": "TRL",
         "wall_s": wall,
         "cpu_s": cpu,
@@ -364,6 +435,27 @@ def run_trl(cfg: LoopConfig, seed: int) -> dict:
         "curve": timed,
         "cpu_at": [end[1] for end in ends],
     }
+
+
+def trl_reward(spec: Any, name: str, record: Any = None) -> Any:
+    """The env's reward as a TRL reward function: each completion scored by ``spec`` on the item its prompt's
+    ``index`` column names; ``record`` (if given) gets each batch's rewards."""
+
+    def reward(prompts: list[str], completions: list[str], index: list[int], **kwargs: Any) -> list[float]:  # noqa: ARG001  (TRL's reward signature)
+        rewards = [float(r) for r in spec.score([int(i) for i in index], list(completions))]
+        if record is not None:
+            record(rewards)
+        return rewards
+
+    reward.__name__ = name
+    return reward
+
+
+def _peft_config(cfg: LoopConfig) -> Any:
+    """:func:`lora_spec` as a peft config for TRL."""
+    from peft import LoraConfig
+
+    return LoraConfig(task_type="CAUSAL_LM", lora_dropout=0.0, **lora_spec(cfg))
 
 
 def _StepEnd(times: list[tuple[float, float]], start: list[float]) -> Any:  # noqa: N802  (builds a class: transformers is lazy)
@@ -447,7 +539,13 @@ def compare_loops(cfg: LoopConfig, seeds: list[int], log: Any = print, **grpo_kw
                 "trl_cpu_time": cpu_time_to_reward(results["TRL"], threshold, cfg.window),
             }
         )
-    return {"config": asdict(cfg), "grpo_kwargs": grpo_kwargs, "runs": runs, "summary": summarize(runs)}
+    result = {"config": asdict(cfg), "grpo_kwargs": grpo_kwargs, "runs": runs, "summary": summarize(runs)}
+    if cfg.eval_items > 0 and cfg.task != "textgen":
+        from transformers import AutoModelForCausalLM
+
+        untrained = AutoModelForCausalLM.from_pretrained(_model_path(cfg))
+        result["summary"]["heldout_before"] = heldout_accuracy(untrained, cfg)
+    return result
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -465,6 +563,8 @@ def summarize(runs: list[dict]) -> dict:
             "completions_per_cpu_s": med([r[name]["completions"] / r[name]["cpu_s"] for r in runs]),
             "final_reward": med([final_reward(r[name]["curve"], 3) for r in runs]),
         }
+        if all(r[name].get("heldout") is not None for r in runs):
+            out[name]["heldout"] = med([r[name]["heldout"] for r in runs])
     # the share of sampled steps that ours trained with an advantage: per run the mean over its updates
     out["ours"]["advantaged"] = med([statistics.fmean(r["ours"]["advantaged"]) for r in runs])
     inf = float("inf")
