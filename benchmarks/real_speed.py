@@ -7,9 +7,11 @@ alternating, so a load spike on a shared machine lands on both sides):
 * **the machine's limits**: the matmul rate (GFLOP/s of a 2048 x 2048 product, float32 and bfloat16, per thread
   count) and the memory bandwidth (GB/s of a 512 MB copy, bytes read plus written);
 * **rollouts**: tokens/s of GRPO's ``collect_rollouts`` with ``engine="step"`` and ``engine="hf"`` against
-  ``generate(do_sample=True)`` of exactly as many tokens, on ``Arithmetic-v0`` in instruct mode (SmolLM2's chat
-  template, about 50-token prompts), with EOS on (episodes end at ``<|im_end|>`` and the loop starts new ones) and
-  off (every row writes its whole budget), per batch size, thread count and dtype; and each against the **roofline**:
+  ``generate(do_sample=True)`` on the same prompts, on ``Arithmetic-v0`` in instruct mode (SmolLM2's chat template,
+  about 50-token prompts), with EOS on (episodes end at ``<|im_end|>`` and the loop starts new ones; ``generate``
+  stops each row at ``<|im_end|>``, and its rate counts the tokens up to it, as a user's generation of these answers
+  would) and off (every row writes its whole budget, ``generate`` as many tokens), per batch size, thread count and
+  dtype; and each against the **roofline**:
   a decode step of batch ``B`` needs ``2 * P * B`` FLOPs (``P`` the parameters of the model's matrix products, the
   LM head included, plus attention's) and reads every weight once, so it takes at least
   ``max(FLOPs / matmul rate, weight bytes / bandwidth)``, and ``B`` tokens per such step is the most the hardware
@@ -140,21 +142,40 @@ def rollout_timer(lm: Any, env: Any, tokens: int, engine: str) -> Any:
     return collector(env, tokens, "cpu", lm=lm, engine=engine)
 
 
-def generate_timer(lm: Any, env: Any, tokens: int) -> Any:
-    """``generate(do_sample=True)`` of exactly ``tokens`` new tokens for the env's first prompts."""
+def generate_timer(lm: Any, env: Any, tokens: int, eos: bool = False) -> Any:
+    """``generate(do_sample=True)`` for the env's first prompts: ``tokens`` new tokens each, or (``eos``) up to the
+    env's end-of-episode token, as a user's generation of these answers stops. Returns the timer, the prompts' width
+    and ``counted``, the tokens each call generated (with ``eos``: each row's tokens up to and including its first end
+    token, what the env counts as the episode's steps; padding after it is not counted)."""
     import torch as th
 
     obs = env.reset()
     ids, mask = th.as_tensor(obs["input_ids"]), th.as_tensor(obs["attention_mask"])
     width = int(mask.sum(1).max())
     ids, mask = ids[:, -width:], mask[:, -width:]
+    end = env.get_attr("text_spec")[0].eos_token_id if eos else None
+    counted: list[int] = []
 
     def generate() -> None:
+        stop = {"eos_token_id": end} if eos else {"min_new_tokens": tokens}
         with th.inference_mode():
-            lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, top_p=1.0, max_new_tokens=tokens,
-                        min_new_tokens=tokens, pad_token_id=2)  # fmt: skip
+            out = lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, top_p=1.0,
+                              max_new_tokens=tokens, pad_token_id=2, **stop)[:, width:]  # fmt: skip
+        counted.append(generated_tokens(out, end))
 
-    return generate, width
+    return generate, width, counted
+
+
+def generated_tokens(out: Any, end: int | None) -> int:
+    """Tokens of ``generate``'s new columns ``out`` (``[B, T]``) that a rollout would have sampled: each row up to and
+    including its first ``end`` token (all of them without one, or with ``end=None``)."""
+    import torch as th
+
+    if end is None:
+        return int(out.numel())
+    hit = out == end
+    first = th.where(hit.any(1), hit.float().argmax(1) + 1, th.full_like(hit[:, 0], out.shape[1], dtype=th.long))
+    return int(first.sum())
 
 
 def rollout_rows(lm: Any, label: str, batch: int, tokens: int, threads: int, dtype: str, limits: dict, repeats: int):
@@ -165,19 +186,19 @@ def rollout_rows(lm: Any, label: str, batch: int, tokens: int, threads: int, dty
     weight_bytes = sum(p.numel() * p.element_size() for p in lm.parameters())
     for eos in (True, False):
         env = arithmetic_env(batch, tokens, eos)
-        gen, prompt_width = generate_timer(lm, env, tokens)
+        gen, prompt_width, counted = generate_timer(lm, env, tokens, eos)
         timers = {"step": rollout_timer(lm, env, tokens, "step"), "hf": rollout_timer(lm, env, tokens, "hf"),
                   "generate": gen}  # fmt: skip
         wall, _ = interleaved(timers, repeats)
         roof, bound = roofline_tokens_per_s(lm, batch, prompt_width + tokens // 2, limits[(threads, dtype)]["gflops"],
                                             limits[threads]["gbps"], weight_bytes)  # fmt: skip
-        n = batch * tokens
+        n = {"step": batch * tokens, "hf": batch * tokens, "generate": float(statistics.median(counted))}
         for engine in ("step", "hf", "generate"):
-            rate = n / wall[engine]
+            rate = n[engine] / wall[engine]
             rows.append({"model": label, "batch": batch, "tokens": tokens, "threads": threads, "dtype": dtype,
                          "eos": eos, "engine": engine, "tokens_per_s": rate,
-                         "vs_generate": rate / (n / wall["generate"]), "roofline": roof, "of_roofline": rate / roof,
-                         "bound": bound})  # fmt: skip
+                         "vs_generate": rate / (n["generate"] / wall["generate"]), "roofline": roof,
+                         "of_roofline": rate / roof, "bound": bound})  # fmt: skip
         env.close()
     return rows
 
@@ -286,8 +307,11 @@ def page_body(result: dict) -> str:
         lines.append(f"| {t} | {f32:.0f} | {'–' if b16 is None else f'{b16:.0f}'} | {gbps:.1f} |")
     lines += ["", "## Rollouts", "",
               "Tokens/s of a whole rollout (`collect_rollouts`: the env, the sampling and the buffer included) against "
-              "`generate` of as many tokens, and against the roofline of a decode step (the lower of the compute and "
-              "the bandwidth bound; `bound` says which one limits).", "",
+              "`generate` on the same prompts, and against the roofline of a decode step (the lower of the compute and "
+              "the bandwidth bound; `bound` says which one limits). With EOS on, a rollout's episodes end at "
+              "`<|im_end|>` and new ones start (each with its prompt's prefill), and `generate` stops each row there: "
+              "its tokens/s counts the tokens up to the end token, not the padding after it. With EOS off, every row "
+              "of both writes its whole budget.", "",
               "| model | dtype | threads | batch | new tokens | EOS | engine | tokens/s | vs generate | roofline "
               "tokens/s | of roofline | bound |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in result["rollouts"]:

@@ -116,6 +116,16 @@ def test_the_most_common_answer_control_counts_the_held_out_answers(gguf_cache):
     assert got == {"answer": mode, "accuracy": answers.count(mode) / 40}
 
 
+def test_generate_is_counted_up_to_each_rows_end_token():
+    import torch as th
+
+    from benchmarks import real_speed as rs
+
+    out = th.tensor([[5, 2, 0, 0], [5, 6, 7, 8], [2, 0, 0, 0]])  # the end token is 2; 0 is padding after it
+    assert rs.generated_tokens(out, 2) == 2 + 4 + 1  # up to and including the end token; a row without one: all
+    assert rs.generated_tokens(out, None) == 12
+
+
 def test_the_roofline_by_hand():
     from types import SimpleNamespace
 
