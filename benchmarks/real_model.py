@@ -384,7 +384,7 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
                 if up and majority:
                     why = " " + control_clause(float(np.mean(p1)), majority)
                 verdicts.append(f"- {task}, {arm}: {word} held-out pass@1 ({d_mean:+.3f}; the t-interval {side} "
-                                f"no change).{why}")  # fmt: skip
+                                f"no change).{why} {sampled_clause(before, rs, args.temperature)}")  # fmt: skip
     missing = [f"{t}/{a}/{s}" for t, a, s in planned_runs(args) if f"{t}/{a}/{s}" not in results["runs"]]
     if missing:
         verdicts.append(f"- Not run yet ({len(missing)} of the {len(planned_runs(args))} runs this command plans; "
@@ -454,6 +454,16 @@ def signal_clause(sampled: float, group_size: int) -> str:
     if informative < SCARCE_SIGNAL:
         return said + ": little to learn from in this budget."
     return said + ": the signal was there, and this budget and learning rate did not turn it into accuracy."
+
+
+def sampled_clause(before: dict[str, Any], runs: list[dict[str, Any]], temperature: float) -> str:
+    """How the share of right sampled answers moved: the policy's own distribution, which GRPO trains. It can rise
+    while the greedy answer, the distribution's mode, has not yet changed."""
+    after = [r["after"]["mean_sampled"] for r in runs]
+    d_mean, d_half = t_interval([a - before["mean_sampled"] for a in after])
+    word, side = ("rose", "excludes") if d_mean - d_half > 0 else ("did not clearly rise", "includes")
+    return (f"Its sampled answers (temperature {temperature:g}) {word}: {before['mean_sampled']:.3f} right before, "
+            f"{fmt_ci(*t_interval(after))} after ({d_mean:+.3f}; the t-interval {side} no change).")  # fmt: skip
 
 
 def control_clause(after: float, majority: dict[str, Any]) -> str:

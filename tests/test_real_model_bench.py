@@ -45,11 +45,13 @@ def test_the_plan_runs_every_arm_on_the_side_task_and_grpo_on_all():
 
 
 def fake_results(n_items=8):
-    before = {"greedy": [0] * n_items, "sampled_correct": [0] * n_items, "pass1": 0.0, "pass@2": 0.0, "examples": ["a"]}
+    before = {"greedy": [0] * n_items, "sampled_correct": [0] * n_items, "pass1": 0.0, "pass@2": 0.0, "examples": ["a"],
+              "mean_sampled": 0.05}  # fmt: skip
     runs = {}
     for seed in range(3):
         greedy = [1] * (seed + 2) + [0] * (n_items - seed - 2)
-        after = {"greedy": greedy, "pass1": np.mean(greedy), "pass@2": 0.5, "examples": ["b"]}
+        after = {"greedy": greedy, "pass1": np.mean(greedy), "pass@2": 0.5, "examples": ["b"],
+                 "mean_sampled": 0.2 + 0.05 * seed}  # fmt: skip
         runs[f"basic_arithmetic/grpo/{seed}"] = {
             "task": "basic_arithmetic", "arm": "grpo", "seed": seed, "seconds": 60.0, "tokens_per_s": 10.0,
             "curve": [[32, 1.0, 0.1], [64, 2.0, 0.3]], "after": after, "load_before": 1.0, "load_after": 1.5,
@@ -64,6 +66,8 @@ def test_the_page_states_each_change_with_its_intervals_and_a_verdict():
     # pass@1 after: 2/8, 3/8, 4/8 -> mean 0.375; the change over seeds has the same spread
     assert "| 0.000 | 0.375 ± " in row
     assert "- basic_arithmetic, grpo: raises held-out pass@1 (+0.375" in body
+    # sampled: 0.20, 0.25, 0.30 after 0.05: changes +0.15..+0.25, sd 0.05, half-width 4.303 * 0.05 / sqrt(3) = 0.124
+    assert "Its sampled answers (temperature 1) rose: 0.050 right before, 0.250 ± 0.124 after (+0.200; " in body
     assert "![rollout reward against timesteps](curves.png)" in body
     assert "- Not run yet (" in body and "basic_arithmetic/ppo/0" in body  # the plan's other arms are named
 
