@@ -17,6 +17,7 @@ pytest.importorskip("peft", reason="the experts are LoRA adapters: pip install '
 
 from sb3_grpo import GRPO
 from sb3_grpo.policies import CausalLMPolicy
+from sb3_grpo.policies.kv_cache import SHARED_PREFILL_MIN
 from sb3_grpo.policies.moe import load_balancing_loss, mixture_log_probs, moe_spec, router_shape
 from sb3_grpo.policies.token_sampling import sample_categorical
 from sb3_grpo.policies.windows import positions_from_mask
@@ -166,14 +167,18 @@ def test_one_expert_is_plain_lora():
         assert th.allclose(a, b, atol=1e-6)
 
 
-def test_sequence_path_equals_per_token_path_and_the_rollout_cache():
+@pytest.mark.parametrize("shared_start", [False, True])
+def test_sequence_path_equals_per_token_path_and_the_rollout_cache(shared_start):
     """Rollout with the KV cache (each expert's keys/values in its own layers), the per-transition update and the
-    one-forward-per-sequence update give the same log-probs and values: the PPO ratio starts at 1."""
+    one-forward-per-sequence update give the same log-probs and values: the PPO ratio starts at 1. With a shared
+    start, the prompts' first 8 tokens are the same, and the prefill runs them once for every expert."""
     p = moe_policy(3)
     steps = 5
     ids, mask = windows(4, seed=5)
     mask[:, :steps] = 0  # room for the generated tokens: each prompt is W - steps tokens or fewer
     ids = ids.masked_fill(mask == 0, 0)
+    if shared_start:
+        ids[:, steps : steps + SHARED_PREFILL_MIN] = ids[0, steps : steps + SHARED_PREFILL_MIN]
     rollout_lp, rollout_v, obs_seen = [], [], []
     th.manual_seed(0)
     with th.no_grad():
