@@ -379,8 +379,11 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
             )
             if len(rs) > 1:
                 up = d_mean - d_half > 0
-                word, side = ("raises", "excludes") if up else ("does not clearly raise", "includes")
-                why = "" if up else " " + signal_clause(before["mean_sampled"], args.group_size)
+                down = d_mean + d_half < 0
+                word, side = ("raises", "excludes") if up else ("lowers", "excludes") if down else \
+                    ("does not clearly raise", "includes")  # fmt: skip
+                grouped = arm != "ppo"  # PPO learns from a value head, not from groups
+                why = "" if up or not grouped else " " + signal_clause(before["mean_sampled"], args.group_size)
                 if up and majority:
                     why = " " + control_clause(float(np.mean(p1)), majority)
                 verdicts.append(f"- {task}, {arm}: {word} held-out pass@1 ({d_mean:+.3f}; the t-interval {side} "

@@ -72,6 +72,21 @@ def test_the_page_states_each_change_with_its_intervals_and_a_verdict():
     assert "- Not run yet (" in body and "basic_arithmetic/ppo/0" in body  # the plan's other arms are named
 
 
+def test_a_ppo_verdict_says_lowers_and_gives_no_group_signal():
+    args = rm.build_parser().parse_args(["--samples", "2"])
+    results = fake_results()
+    results["before"]["basic_arithmetic"]["pass1"] = 0.9  # every seed ends below: 0.25, 0.375, 0.5
+    for run in list(results["runs"].values()):
+        key = f"basic_arithmetic/ppo/{run['seed']}"
+        results["runs"][key] = {**run, "arm": "ppo"}
+    body = rm.page_body(results, args, None)
+    line = next(x for x in body.splitlines() if x.startswith("- basic_arithmetic, ppo:"))
+    assert line.startswith("- basic_arithmetic, ppo: lowers held-out pass@1 (-0.525; the t-interval excludes no")
+    assert "groups" not in line  # PPO has no groups
+    grpo = next(x for x in body.splitlines() if x.startswith("- basic_arithmetic, grpo:"))
+    assert "lowers" in grpo
+
+
 def test_the_page_sets_a_raised_accuracy_against_the_most_common_answer():
     args = rm.build_parser().parse_args(["--samples", "2"])
     results = fake_results()
