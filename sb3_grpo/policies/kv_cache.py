@@ -101,6 +101,7 @@ from sb3_grpo.policies.windows import (
     common_prefix_length,
     extends_by_one,
     extension_lengths,
+    last_tokens_block,
     left_pad_columns,
     positions_from_mask,
     realign_columns,
@@ -409,9 +410,7 @@ class RolloutCache:
         for layer in cache.layers:
             layer.keys = layer.keys.expand(batch, -1, -1, -1).contiguous()
             layer.values = layer.values.expand(batch, -1, -1, -1).contiguous()
-        col = th.arange(tail, device=ids.device).unsqueeze(0)
-        new_mask = (col >= (tail - own).unsqueeze(1)).long()
-        new_tok = th.where(new_mask.bool(), ids[:, -tail:], th.zeros_like(ids[:, -tail:]))
+        new_tok, new_mask = last_tokens_block(ids, own, tail)
         new_mask = new_mask.to(mask.dtype)
         kv_mask = th.cat([th.ones(batch, split, dtype=mask.dtype, device=ids.device), new_mask], dim=1)
         hidden = self._trunk(new_tok, kv_mask, positions_from_mask(kv_mask)[:, split:], cache=cache)[:, -1]
@@ -558,10 +557,8 @@ class RolloutCache:
             new_mask = step.long().unsqueeze(1)
             pos = (n_valid - 1).clamp(min=0)
         else:  # some row adds an interactive reply: row b's k[b] tokens in the last k[b] of `tail` new columns
-            col = th.arange(tail, device=ids.device).unsqueeze(0)
-            new_mask = (col >= (tail - k).unsqueeze(1)).long()  # masked dummy columns before each row's tokens
-            new_tok = th.where(new_mask.bool(), ids[:, -tail:], th.zeros_like(ids[:, -tail:]))
-            pos = (n_valid - tail + col).clamp(min=0)
+            new_tok, new_mask = last_tokens_block(ids, k, tail)  # masked dummy columns before each row's tokens
+            pos = (n_valid - tail + th.arange(tail, device=ids.device).unsqueeze(0)).clamp(min=0)
         kv_mask = th.cat([state.kv_mask, new_mask], dim=1)
         trunk = self._step_trunk if tail == 1 else self._trunk
         hidden = trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]

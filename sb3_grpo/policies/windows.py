@@ -17,6 +17,7 @@ __all__ = [
     "common_prefix_length",
     "extends_by_one",
     "extension_lengths",
+    "last_tokens_block",
     "left_pad_columns",
     "positions_from_mask",
     "realign_columns",
@@ -128,6 +129,20 @@ def trim_padding(ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]
     any_valid = mask.any(dim=0)
     start = int(any_valid.nonzero()[0, 0]) if bool(any_valid.any()) else mask.shape[1] - 1
     return ids[:, start:], mask[:, start:]
+
+
+def last_tokens_block(ids: th.Tensor, counts: th.Tensor, width: int) -> tuple[th.Tensor, th.Tensor]:
+    """The last ``width`` columns of ``ids`` as a block of new tokens for a cached forward: row ``b``'s last
+    ``counts[b]`` tokens at the block's end, masked dummy tokens (id 0) before them.
+
+    :param ids: ``[B, L]`` right-aligned ids.
+    :param counts: ``[B]`` each row's new tokens (``0 <= counts[b] <= width``).
+    :param width: The block's width (the largest count).
+    :return: ``(tokens, mask)``, both ``[B, width]`` long.
+    """
+    col = th.arange(width, device=ids.device).unsqueeze(0)
+    mask = (col >= (width - counts).unsqueeze(1)).long()
+    return th.where(mask.bool(), ids[:, -width:], th.zeros_like(ids[:, -width:])), mask
 
 
 def common_prefix_length(ids: th.Tensor, mask: th.Tensor) -> int:
