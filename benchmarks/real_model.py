@@ -535,10 +535,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[real-model] {key}: pass@1 {results['before'][task]['pass1']:.3f} -> {r['after']['pass1']:.3f} "
                   f"in {r['seconds'] / 60:.1f} min", flush=True)  # fmt: skip
             save_results(out / "results.json", results)
-    for task, before in results["before"].items():
-        if "majority" not in before:  # cheap: reasoning-gym's items and the tokenizer, no model
-            before["majority"] = majority_baseline(task, args, heldout_spec(task, args))
-            save_results(out / "results.json", results)
+    missing_controls = [task for task, before in results["before"].items() if "majority" not in before]
+    for task in missing_controls:  # cheap: reasoning-gym's items and the tokenizer, no model
+        results["before"][task]["majority"] = majority_baseline(task, args, heldout_spec(task, args))
+    if missing_controls:
+        save_results(out / "results.json", results)
     if args.page and results["runs"]:
         page = Path(args.page)
         figure = curves_figure(list(results["runs"].values()), page.with_name(page.stem + "-curves.png"))

@@ -165,10 +165,15 @@ def _spec(cfg: LoopConfig) -> Any:
         env.close()
 
 
+def has_heldout(cfg: LoopConfig) -> bool:
+    """Whether trained models are scored on held-out items (a reasoning-gym task and ``eval_items > 0``)."""
+    return cfg.task != "textgen" and cfg.eval_items > 0
+
+
 def heldout_accuracy(lm: Any, cfg: LoopConfig) -> float | None:
     """Greedy accuracy of ``lm`` on ``cfg.eval_items`` held-out items of ``cfg.task`` (the real-model study's held-out
     generator seed, scored by the env's grader), or ``None`` without a held-out set."""
-    if cfg.task == "textgen" or cfg.eval_items <= 0:
+    if not has_heldout(cfg):
         return None
     import gymnasium as gym
 
@@ -540,7 +545,7 @@ def compare_loops(cfg: LoopConfig, seeds: list[int], log: Any = print, **grpo_kw
             }
         )
     result = {"config": asdict(cfg), "grpo_kwargs": grpo_kwargs, "runs": runs, "summary": summarize(runs)}
-    if cfg.eval_items > 0 and cfg.task != "textgen":
+    if has_heldout(cfg):
         from transformers import AutoModelForCausalLM
 
         untrained = AutoModelForCausalLM.from_pretrained(_model_path(cfg))
