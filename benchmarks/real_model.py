@@ -36,7 +36,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,9 +44,28 @@ from benchmarks import changed_settings
 from sb3_grpo.compare.pages import write_results_page
 
 MODEL = "smollm2-135m-instruct"
-#: The tasks the study knows: reasoning-gym task name -> (its config, its prompt budget, what it is).
-TASKS: dict[str, tuple[dict[str, Any], int, str]] = {
-    "basic_arithmetic": (
+
+
+class StudyTask(NamedTuple):
+    """A task of the study: its reasoning-gym config, its prompt budget, what it is, and whether its training reward
+    keeps reasoning-gym's partial credit (``ReasoningGym-v0``'s ``partial_credit=``)."""
+
+    config: dict[str, Any]
+    prompt_tokens: int
+    description: str
+    partial_credit: bool = True
+
+
+#: Why a task trains on the all-or-nothing reward (stated on the page).
+ALL_OR_NOTHING_WHY = (
+    "reasoning-gym's default grader gives an answer that contains the right one part of the credit "
+    '(len(right) / len(given)), so the untrained model\'s habitual "appears 10 times" earns 0.5 on every item whose '
+    "answer is 1 or 0, over half of them: a reward the policy can raise without counting"
+)
+
+#: The tasks the study knows, by reasoning-gym task name.
+TASKS: dict[str, StudyTask] = {
+    "basic_arithmetic": StudyTask(
         {
             "min_terms": 2,
             "max_terms": 2,
@@ -59,25 +78,28 @@ TASKS: dict[str, tuple[dict[str, Any], int, str]] = {
         80,
         "sums and differences of two numbers of 1-2 digits (no negative operands)",
     ),  # fmt: skip
-    "chain_sum": ({"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}, 80, "chains of 2-3 terms"),
-    "leg_counting": (
+    "chain_sum": StudyTask(
+        {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}, 80, "chains of 2-3 terms"
+    ),
+    "leg_counting": StudyTask(
         {"min_animals": 1, "max_animals": 1, "min_instances": 1, "max_instances": 2},
         160,
         "word problem: the legs of one or two animals of one kind",
     ),
-    "aiw": (
+    "aiw": StudyTask(
         {"task_types": ["siblings"], "task_type_weights": [1.0]},
         96,
         'word problem: "X has N sisters and M brothers. How many sisters does X\'s brother have?" (Alice in '
         "Wonderland, Nezhurina et al. 2024, arXiv 2406.02061)",
     ),
-    "letter_counting": (
+    "letter_counting": StudyTask(
         {"min_words": 3, "max_words": 5},
         112,
         'word task: how many times a letter appears in a text of 3-5 words ("How many times does the letter \\"h\\" '
         'appear in the text: ...?")',
+        partial_credit=False,
     ),
-    "gsm_symbolic": ({}, 224, "grade-school math word problems (GSM8K templates)"),
+    "gsm_symbolic": StudyTask({}, 224, "grade-school math word problems (GSM8K templates)"),
 }
 ARMS = ("grpo", "ppo", "drgrpo", "full")
 LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
@@ -119,13 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
 def env_kwargs(task: str, size: int, max_new_tokens: int) -> dict[str, Any]:
     """The env's arguments for ``task`` (items of generator seed 0, reasoning-gym's ``seed=`` argument, unless
     given)."""
-    config, prompt_tokens, _ = TASKS[task]
+    config, prompt_tokens, _, partial_credit = TASKS[task]
     if task == "aiw":  # reasoning-gym wants its enum for the question kinds
         from reasoning_gym.logic.aiw import TaskType
 
         config = {**config, "task_types": [TaskType(t) for t in config["task_types"]]}
     return {"task": task, "task_kwargs": config, "size": size, "tokenizer": MODEL, "instruct": True,
-            "max_new_tokens": max_new_tokens, "max_prompt_tokens": prompt_tokens}  # fmt: skip
+            "max_new_tokens": max_new_tokens, "max_prompt_tokens": prompt_tokens,
+            "partial_credit": partial_credit}  # fmt: skip
 
 
 def make_model(arm: str, venv, seed: int, args) -> Any:
@@ -270,7 +293,8 @@ def run_one(task: str, arm: str, seed: int, args, spec) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     after = evaluate(model.policy.lm, spec, args.samples, seed, args.temperature)
     venv.close()
-    return {"task": task, "arm": arm, "seed": seed, "seconds": seconds, "timesteps": int(model.num_timesteps),
+    return {"task": task, "arm": arm, "seed": seed, "partial_credit": TASKS[task].partial_credit,
+            "seconds": seconds, "timesteps": int(model.num_timesteps),
             "tokens_per_s": model.num_timesteps / seconds, "curve": curve.points, "after": after,
             "load_before": load, "load_after": os.getloadavg()[0]}  # fmt: skip
 
@@ -350,6 +374,7 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
         f"r={LORA['r']} on {', '.join(LORA['target_modules'])} at lr {args.lora_lr:g} (the full fine-tune at "
         f"{args.full_lr:g}), {args.threads} torch threads.",
         "",
+        *reward_paragraph(results),
         "The control: *most common answer* is the held-out accuracy of always giving the training items' most "
         "common answer. A policy can reach it by learning the prior alone; above it, the question is being read.",
         "",
@@ -482,6 +507,46 @@ def load_results(path: Path, fresh: bool) -> dict[str, Any]:
     return {"before": {}, "runs": {}}
 
 
+def set_aside_other_rewards(results: dict[str, Any]) -> list[str]:
+    """Move the runs trained on another reward than their task's present one (``partial_credit``; runs that did not
+    record it used reasoning-gym's default, partial credit) to ``results["set_aside"]``, so that they are run again
+    and the page reports them apart. Returns their keys."""
+
+    def other_reward(run: dict[str, Any]) -> bool:
+        return run["task"] in TASKS and run.get("partial_credit", True) != TASKS[run["task"]].partial_credit
+
+    moved = [key for key, run in results["runs"].items() if other_reward(run)]
+    for key in moved:
+        run = results["runs"].pop(key)
+        run.setdefault("partial_credit", True)
+        results.setdefault("set_aside", {})[key] = run
+    return moved
+
+
+def reward_paragraph(results: dict[str, Any]) -> list[str]:
+    """How each task's training reward scores, and what the runs set aside for another reward showed: their rollout
+    reward (first rollout, mean of the last three) against their held-out share of right sampled answers."""
+    tasks = sorted({r["task"] for r in results["runs"].values()})
+    exact = [t for t in tasks if not TASKS[t].partial_credit]
+    if not exact:
+        return []
+    lines = [f"Training rewards: {', '.join(t for t in tasks if t not in exact) or 'no task'} with reasoning-gym's "
+             f"own grader; {', '.join(exact)} all-or-nothing (1 for the right answer, else 0), because "
+             f"{ALL_OR_NOTHING_WHY}. Held-out accuracy counts only right answers in every case."]  # fmt: skip
+    for task in exact:
+        old = [r for r in results.get("set_aside", {}).values() if r["task"] == task and r["partial_credit"]]
+        if not old:
+            continue
+        first = np.mean([r["curve"][0][2] for r in old])
+        last = np.mean([np.mean([p[2] for p in r["curve"][-3:]]) for r in old])
+        before = results["before"][task]["mean_sampled"]
+        after = np.mean([r["after"]["mean_sampled"] for r in old])
+        lines[0] += (f" Trained on that grader ({len(old)} run(s) of {', '.join(sorted({r['arm'] for r in old}))}), "
+                     f"{task}'s rollout reward rose from {first:.3f} to {last:.3f} while its held-out share of right "
+                     f"sampled answers went from {before:.3f} to {after:.3f}.")  # fmt: skip
+    return lines + [""]
+
+
 def save_results(path: Path, results: dict[str, Any]) -> None:
     from sb3_grpo.file_io import write_json_atomic
 
@@ -515,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results = load_results(out / "results.json", args.fresh)
     check_settings(results, args)
+    for key in set_aside_other_rewards(results):
+        print(f"[real-model] {key}: trained on another reward than its task's present one; set aside, to run again")
     if not args.page_only:
         from sb3_grpo.policies.models import load_lm
 

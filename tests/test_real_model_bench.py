@@ -207,3 +207,37 @@ def test_a_dropped_task_is_explained_from_its_figures():
     # 7% right: 1 - 0.93^8 = 44% of the groups have signal; not "little"
     assert "the signal was there" in rm.signal_clause(0.07, 8) and "44% of the groups" in rm.signal_clause(0.07, 8)
     assert rm.dropped_tasks(results, rm.build_parser().parse_args(["--tasks", "basic_arithmetic,leg_counting"])) == []
+
+
+def test_runs_trained_on_another_reward_are_set_aside_and_reported():
+    """letter_counting trains all-or-nothing: its runs on reasoning-gym's partial credit (those that recorded no
+    reward ran on it) leave the results, to run again, and the page gives their rollout reward and held-out figures."""
+    assert rm.TASKS["letter_counting"].partial_credit is False and rm.TASKS["basic_arithmetic"].partial_credit
+    assert rm.env_kwargs("letter_counting", 4, 48)["partial_credit"] is False
+    results = fake_results()
+    results["before"]["letter_counting"] = {**results["before"]["basic_arithmetic"], "mean_sampled": 0.04}
+    old = next(iter(results["runs"].values()))
+    for seed, (first, last3) in enumerate([(0.0, [0.1, 0.2, 0.3]), (0.1, [0.3, 0.3, 0.3])]):
+        curve = [[32, 1.0, first], *[[64 + i, 2.0, r] for i, r in enumerate(last3)]]
+        after = {**old["after"], "mean_sampled": 0.05 + 0.02 * seed}
+        results["runs"][f"letter_counting/grpo/{seed}"] = {**old, "task": "letter_counting", "seed": seed,
+                                                           "curve": curve, "after": after}  # fmt: skip
+    results["runs"]["letter_counting/grpo/1"]["partial_credit"] = True
+    moved = rm.set_aside_other_rewards(results)
+    assert sorted(moved) == ["letter_counting/grpo/0", "letter_counting/grpo/1"]
+    assert sorted(results["runs"]) == [f"basic_arithmetic/grpo/{s}" for s in range(3)]
+    assert all(r["partial_credit"] is True for r in results["set_aside"].values())
+    assert rm.set_aside_other_rewards(results) == []  # nothing left to move
+    new = {**old, "task": "letter_counting", "seed": 0, "partial_credit": False}
+    results["runs"]["letter_counting/grpo/0"] = new
+    assert rm.set_aside_other_rewards(results) == []  # a run on the task's present reward stays
+    body = rm.page_body(results, rm.build_parser().parse_args(["--samples", "2"]), None)
+    line = next(x for x in body.splitlines() if x.startswith("Training rewards:"))
+    assert line.startswith("Training rewards: basic_arithmetic with reasoning-gym's own grader; letter_counting "
+                           "all-or-nothing (1 for the right answer, else 0), because")  # fmt: skip
+    # first rollouts 0.0 and 0.1 -> 0.050; last three 0.2 and 0.3 -> 0.250; sampled after 0.05 and 0.07 -> 0.060
+    assert ("(2 run(s) of grpo), letter_counting's rollout reward rose from 0.050 to 0.250 while its held-out share "
+            "of right sampled answers went from 0.040 to 0.060.") in line  # fmt: skip
+    assert "Training rewards" not in rm.page_body(
+        fake_results(), rm.build_parser().parse_args(["--samples", "2"]), None
+    )

@@ -96,6 +96,37 @@ def test_the_correct_answer_gets_the_full_score(task):
     assert (expected is None) == any("score_answer raised" in str(w.message) for w in caught)
 
 
+@pytest.mark.parametrize("vector", [False, True])
+def test_partial_credit_off_keeps_only_full_scores(vector):
+    """reasoning-gym's default scorer gives an answer that contains the right one len(right) / len(given); with
+    partial_credit=False that answer scores 0 and the right one still scores 1."""
+    kwargs = {"task": "letter_counting", "task_kwargs": {"min_words": 3, "max_words": 5}, "size": 6, "seed": 5}
+    items = gym.make(RG, **kwargs).unwrapped.suite.items
+    answers = [item["answer"] for item in items]
+    padded = [a + "0" for a in answers]  # contains the right answer: partial credit len(a) / (len(a) + 1)
+    by_hand = [len(a) / (len(a) + 1) for a in answers]
+    for partial_credit, expected in ((True, by_hand), (False, [0.0] * len(items))):
+        if vector:
+            reward = gym.make_vec(RG, num_envs=2, device="cpu", partial_credit=partial_credit, **kwargs).suite.reward
+        else:
+            reward = gym.make(RG, partial_credit=partial_credit, **kwargs).unwrapped.suite.reward
+        columns = {key: [item[key] for item in items] for key in ("question", "answer", "metadata")}
+        assert reward.score(None, padded, **columns) == pytest.approx(expected)
+        assert reward.score(None, answers, **columns) == [1.0] * len(items)
+    from textrl_envs.suites.reasoning import ReasoningGymSuite
+
+    columns = {key: [item[key] for item in items] for key in ("question", "answer", "metadata")}
+    for partial_credit, expected in ((True, by_hand[0]), (False, 0.0)):  # instruct mode reads "Answer: ..." lines
+        suite = ReasoningGymSuite(instruct=True, partial_credit=partial_credit, **kwargs)
+        got = suite.reward.score(None, [f"Counting.\nAnswer: {padded[0]}"], **{k: v[:1] for k, v in columns.items()})
+        assert got == pytest.approx([expected])
+    env = gym.make(RG, partial_credit=False, max_new_tokens=8, **kwargs)  # and through the env's step
+    env.reset(options={"prompt_index": 0})
+    assert run_answer(env, padded[0])[0] == 0.0
+    env.reset(options={"prompt_index": 0})
+    assert run_answer(env, answers[0])[0] == 1.0
+
+
 def test_seeded_generator_fixes_the_items_and_reset_options_pick_them():
     a = gym.make(RG, task="chain_sum", size=6, seed=11).unwrapped
     b = gym.make(RG, task="chain_sum", size=6, seed=11).unwrapped
@@ -251,6 +282,7 @@ def test_bad_levels(kwargs, match):
         ({"template": "{question} {other}"}, ValueError, "does not format with question= alone"),
         ({"answer_format": "json"}, ValueError, "answer_format must be one of"),
         ({"prompts": ["hi"]}, TypeError, "takes no prompts="),
+        ({"partial_credit": 1}, TypeError, r"partial_credit must be True \(the task's own score\) or False"),
     ],
 )
 def test_bad_arguments(kwargs, error, match):

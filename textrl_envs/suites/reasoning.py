@@ -338,10 +338,16 @@ class ReasoningGymReward(RewardModel):
     With ``format_weight > 0`` a completion that states its answer in ``style`` (``"answer-line"``, ``"boxed"``:
     :func:`~textrl_envs.rewards.answers.in_answer_style`) gets ``format_weight`` more (instruct mode's format bonus).
 
+    Partial credit: reasoning-gym's default scorer gives an answer that contains the right one
+    ``len(right) / len(given)``, so ``"10"`` earns 0.5 on an item whose answer is ``"1"`` and another whose answer is
+    ``"0"``. A policy learns to write such answers. ``partial_credit=False`` scores a completion 1.0 when the
+    task's score is 1.0 and 0.0 otherwise (the all-or-nothing reward of DeepSeekMath's and TRL's verifiable tasks).
+
     :param dataset: The reasoning-gym dataset whose items the prompts are.
     :param answer_format: See :func:`extract_answer`.
     :param format_weight: The format bonus (>= 0; 0: none).
     :param style: The answer style the bonus checks.
+    :param partial_credit: ``True``: the task's own score in ``[0, 1]``; ``False``: 1.0 for a full score, else 0.0.
     """
 
     required_kwargs = ("question", "answer", "metadata")
@@ -352,8 +358,14 @@ class ReasoningGymReward(RewardModel):
         answer_format: str | Callable[[str], str | None] = "plain",
         format_weight: float = 0.0,
         style: str = "answer-line",
+        partial_credit: bool = True,
     ) -> None:
         super().__init__(name=f"reasoning-gym:{type(dataset).__name__}")
+        if not isinstance(partial_credit, bool):
+            raise TypeError(
+                f"partial_credit must be True (the task's own score) or False (1.0 for a full score, else 0.0), "
+                f"got {partial_credit!r}"
+            )
         if not callable(answer_format) and answer_format not in ANSWER_FORMATS:
             raise ValueError(
                 f"answer_format must be one of {ANSWER_FORMATS} or a callable str -> str | None, got {answer_format!r}"
@@ -361,6 +373,7 @@ class ReasoningGymReward(RewardModel):
         self.dataset = dataset
         self.answer_format = answer_format
         self.format_weight, self.style = float(format_weight), style
+        self.partial_credit = partial_credit
         self._warned = False
 
     def score(self, prompts, completions, question, answer, metadata, **kwargs) -> list[float]:  # noqa: ARG002  (RewardModel.score signature)
@@ -380,7 +393,7 @@ class ReasoningGymReward(RewardModel):
     def _score_one(self, completion: str, entry: dict[str, Any]) -> float:
         given = extract_answer(completion, self.answer_format)
         try:
-            return float(self.dataset.score_answer(given, entry))
+            score = float(self.dataset.score_answer(given, entry))
         except Exception as err:  # noqa: BLE001  (a scorer's bug on odd text scores 0; training goes on)
             if not self._warned:
                 self._warned = True
@@ -389,6 +402,7 @@ class ReasoningGymReward(RewardModel):
                     stacklevel=2,
                 )
             return 0.0
+        return score if self.partial_credit or score >= 1.0 else 0.0
 
 
 # -- the suite behind one env -----------------------------------------------------------------------------------
@@ -407,6 +421,7 @@ class ReasoningGymSuite:
         and a ``level`` prompt column.
     :param instruct: The env's ``instruct=`` (:mod:`textrl_envs.instruct`): when on, answers are read as free text's
         final answer (``answer_format`` defaults to ``"final"``) and its format bonus joins the reward.
+    :param partial_credit: Whether the reward keeps the task's partial credit (:class:`ReasoningGymReward`).
     """
 
     def __init__(
@@ -419,6 +434,7 @@ class ReasoningGymSuite:
         answer_format: str | Callable[[str], str | None] | None = None,
         levels: Any = None,
         instruct: Any = None,
+        partial_credit: bool = True,
     ) -> None:
         from textrl_envs.instruct import resolve_instruct
 
@@ -426,14 +442,16 @@ class ReasoningGymSuite:
         self.dataset = make_dataset(task, task_kwargs, size, seed, levels)
         fmt = resolve_instruct(instruct)
         if fmt is None:
-            self.reward = ReasoningGymReward(self.dataset, answer_format or "plain")
+            self.reward = ReasoningGymReward(self.dataset, answer_format or "plain", partial_credit=partial_credit)
         else:
             if fmt.check is not None:
                 raise ValueError(
                     f"{REASONING_GYM.env_id} grades answers with each task's own score_answer; instruct check= does "
                     "not apply (leave it None)"
                 )
-            self.reward = ReasoningGymReward(self.dataset, answer_format or "final", fmt.format_weight, fmt.style)
+            self.reward = ReasoningGymReward(
+                self.dataset, answer_format or "final", fmt.format_weight, fmt.style, partial_credit
+            )
         self.items: list[dict[str, Any]] = [self.dataset[i] for i in range(len(self.dataset))]
 
     def prompts(self) -> list[dict[str, Any]]:
@@ -474,7 +492,7 @@ class ReasoningGymSuite:
         return {"answer": item["answer"], "metadata": item["metadata"]}
 
 
-_SUITE_ARGS = ("task", "task_kwargs", "size", "seed", "template", "answer_format", "levels")
+_SUITE_ARGS = ("task", "task_kwargs", "size", "seed", "template", "answer_format", "levels", "partial_credit")
 
 
 def _split_suite_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -520,6 +538,9 @@ class ReasoningGymEnv(TextGenEnv):
     completion by ``answer_format``: ``"plain"`` (default) the completion stripped, ``"tag"`` the last
     ``<answer>...</answer>``, ``"prefix"`` the line after the last ``answer:``, or a callable. Another
     ``reward=`` replaces it and gets ``question``, ``answer`` and ``metadata`` lists (TRL's convention).
+    ``partial_credit=False`` keeps only full scores (1.0, else 0.0): reasoning-gym's default scorer gives an answer
+    that contains the right one part of the credit (``"10"`` earns 0.5 where the answer is ``"1"``), which a policy
+    learns to game on tasks whose answers are small numbers.
 
     ## Starting State
     An item drawn uniformly with the env's ``np_random``; ``reset(options={"prompt_index": i})`` starts on
@@ -532,10 +553,10 @@ class ReasoningGymEnv(TextGenEnv):
 
     ## Arguments
     ``gym.make("ReasoningGym-v0", task="leg_counting", task_kwargs=None, size=500, seed=0,
-    template="{question}", answer_format="plain", levels=None, reward=None, tokenizer=None, max_new_tokens=16,
-    max_prompt_tokens=96, prompt_truncation="left", ...)``. ``task_kwargs`` is the task's reasoning-gym config
-    (``{"min_animals": 2, "max_animals": 3}``), or ``{name: config}`` for several tasks; ``size`` and ``seed``
-    are the env's own arguments. ``prompts=`` is not accepted (the items are the prompts).
+    template="{question}", answer_format="plain", levels=None, partial_credit=True, reward=None, tokenizer=None,
+    max_new_tokens=16, max_prompt_tokens=96, prompt_truncation="left", ...)``. ``task_kwargs`` is the task's
+    reasoning-gym config (``{"min_animals": 2, "max_animals": 3}``), or ``{name: config}`` for several tasks; ``size``
+    and ``seed`` are the env's own arguments. ``prompts=`` is not accepted (the items are the prompts).
 
     ``instruct=True`` (an instruct model, e.g. ``tokenizer="smollm2-135m-instruct"``; :mod:`textrl_envs.instruct`)
     asks the question in a chat with an instruction that states the answer format, reads the final answer from
