@@ -47,7 +47,14 @@ def test_ctrl_c_stops_a_process_whose_reward_hangs_at_once(tmp_path):
     script.write_text(
         textwrap.dedent(
             """
-            import os, signal, threading
+            import os, signal, sys, threading
+            # A terminal's Ctrl-C reaches a process that turns SIGINT into KeyboardInterrupt. A process started from
+            # a test runner inherits the runner's SIGINT state (ignored or blocked, after some libraries' child
+            # processes): restore a terminal's, and say what was inherited.
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+            print("inherited SIGINT:", signal.getsignal(signal.SIGINT), "blocked:", sorted(blocked), file=sys.stderr)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             import numpy as np
             from textrl_envs.vector import TextGenVectorEnv
 
@@ -70,8 +77,9 @@ def test_ctrl_c_stops_a_process_whose_reward_hangs_at_once(tmp_path):
         out, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.communicate()
-        pytest.fail("the process did not exit after Ctrl-C: a reward thread kept it alive")
+        out, err = proc.communicate()
+        pytest.fail(f"the process did not exit after Ctrl-C: a reward thread kept it alive; stdout {out[-500:]!r}, "
+                    f"stderr {err[-2000:]!r}")  # fmt: skip
     assert b"waiting" in out and b"KeyboardInterrupt" in err
     assert proc.returncode != 0 and time.monotonic() - start < 45
 
