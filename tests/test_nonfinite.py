@@ -311,3 +311,40 @@ def test_call_reward_timeout():
         call_reward(own_timeout, ["p"], ["a"], timeout=5)
     with pytest.raises(ValueError, match="reward_timeout must be None .* or a positive number of seconds"):
         call_reward(quick, ["p"], ["a"], timeout=0)
+
+
+def test_timed_reward_calls_reuse_one_thread_and_replace_one_that_timed_out():
+    """A thread per call cost a thread start per finished batch; one worker thread per caller is reused, a worker
+    still busy with a call that timed out is replaced, and a caller's worker stops when the caller ends."""
+    import gc
+
+    seen, release = [], threading.Event()
+
+    def where(_prompts, completions):
+        seen.append(threading.current_thread())
+        return [1.0] * len(completions)
+
+    def hangs(_prompts, completions):
+        seen.append(threading.current_thread())
+        release.wait(10)
+        return [0.0] * len(completions)
+
+    call_reward(where, ["p"], ["a"], timeout=5)
+    call_reward(where, ["p"], ["a"], timeout=5)
+    assert seen[0] is seen[1] and seen[0] is not threading.current_thread() and seen[0].daemon
+    try:
+        with pytest.raises(RewardTimeoutError):
+            call_reward(hangs, ["p"], ["a"], timeout=0.2)
+        assert seen[2] is seen[0]
+        call_reward(where, ["p"], ["a"], timeout=5)  # the old worker still hangs: a new one answers at once
+        assert seen[3] is not seen[2] and seen[2].is_alive()
+    finally:
+        release.set()
+    caller = threading.Thread(target=call_reward, args=(where, ["p"], ["a"]), kwargs={"timeout": 5})
+    caller.start()
+    caller.join(5)
+    gc.collect()
+    worker = seen[4]
+    assert worker is not seen[3]  # each calling thread has its own
+    worker.join(5)
+    assert not worker.is_alive()  # its caller ended: it stopped too

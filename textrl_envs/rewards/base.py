@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import math
 import numbers
+import queue
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -74,28 +76,62 @@ class RewardTimeoutError(TimeoutError):
     """A reward model ran longer than its ``reward_timeout`` (see :func:`call_reward`)."""
 
 
+class _TimedCalls:
+    """The daemon thread that runs one calling thread's timed calls, one at a time.
+
+    A thread per call cost a thread start per reward call (hundreds of microseconds on a busy machine, several times
+    the env step it served); this thread is started once and reused. When the calling thread ends, its
+    :class:`_TimedCalls` is collected and the thread stops. A call that times out (or is interrupted) keeps the thread
+    busy: the caller abandons it and gets a new one for its next call.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, args=(self._jobs,), name=name, daemon=True).start()
+        weakref.finalize(self, self._jobs.put, None)  # collected with its caller: the thread's loop ends
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue) -> None:
+        while (job := jobs.get()) is not None:
+            fn, box, done = job
+            try:
+                box["out"] = fn()
+            except BaseException as exc:  # handed to the caller
+                box["exc"] = exc
+            done.set()
+
+    def call(self, fn: Callable[[], Any], timeout: float) -> dict[str, Any] | None:
+        """``{"out": ...}`` or ``{"exc": ...}`` of ``fn()``, or ``None`` if it did not finish within ``timeout``."""
+        box: dict[str, Any] = {}
+        done = threading.Event()
+        self._jobs.put((fn, box, done))
+        return box if done.wait(timeout) else None
+
+
+_timed_calls = threading.local()
+
+
 def call_with_timeout(fn: Callable[[], Any], timeout: float, on_timeout: Callable[[], Exception]) -> Any:
     """Run ``fn()`` in a daemon worker thread and wait at most ``timeout`` seconds for it.
 
     A Python thread cannot be killed: on timeout the worker is abandoned (it is a daemon, so it never
     keeps the interpreter alive) and ``on_timeout()`` is raised in the caller; what ``fn`` raises is
-    re-raised in the caller. Rewards (:func:`call_reward`) and interactive replies
-    (:func:`textrl_envs.interaction.answer_turns`) both run through it.
+    re-raised in the caller. Each calling thread reuses one worker for its calls (:class:`_TimedCalls`). Rewards
+    (:func:`call_reward`), interactive replies (:func:`textrl_envs.interaction.answer_turns`) and tools all run
+    through it.
     """
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["out"] = fn()
-        except BaseException as exc:  # handed to the caller below
-            box["exc"] = exc
-
-    caller = threading.current_thread().name  # the reward worker's thread: its name shows in the timeout thread's
-    name = f"{caller}/timeout" if caller.startswith("textrl-") else "textrl-timeout"
-    worker = threading.Thread(target=work, name=name, daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
+    worker = getattr(_timed_calls, "worker", None)
+    if worker is None:
+        caller = threading.current_thread().name  # the reward worker's thread: its name shows in the timeout thread's
+        worker = _timed_calls.worker = _TimedCalls(f"{caller}/timeout" if caller.startswith("textrl-") else
+                                                   "textrl-timeout")  # fmt: skip
+    try:
+        box = worker.call(fn, timeout)
+    except BaseException:  # Ctrl-C while waiting: fn may still run there
+        _timed_calls.worker = None
+        raise
+    if box is None:
+        _timed_calls.worker = None  # still running fn: abandoned
         raise on_timeout()
     if "exc" in box:
         raise box["exc"]
