@@ -48,20 +48,15 @@ MODEL = "smollm2-135m-instruct"
 
 class StudyTask(NamedTuple):
     """A task of the study: its reasoning-gym config, its prompt budget, what it is, and whether its training reward
-    keeps reasoning-gym's partial credit (``ReasoningGym-v0``'s ``partial_credit=``)."""
+    keeps reasoning-gym's partial credit (``ReasoningGym-v0``'s ``partial_credit=``; ``all_or_nothing_why``: why
+    not, stated on the page)."""
 
     config: dict[str, Any]
     prompt_tokens: int
     description: str
     partial_credit: bool = True
+    all_or_nothing_why: str = ""
 
-
-#: Why a task trains on the all-or-nothing reward (stated on the page).
-ALL_OR_NOTHING_WHY = (
-    "reasoning-gym's default grader gives an answer that contains the right one part of the credit "
-    '(len(right) / len(given)), so the untrained model\'s habitual "appears 10 times" earns 0.5 on every item whose '
-    "answer is 1 or 0, over half of them: a reward the policy can raise without counting"
-)
 
 #: The tasks the study knows, by reasoning-gym task name.
 TASKS: dict[str, StudyTask] = {
@@ -98,6 +93,11 @@ TASKS: dict[str, StudyTask] = {
         'word task: how many times a letter appears in a text of 3-5 words ("How many times does the letter \\"h\\" '
         'appear in the text: ...?")',
         partial_credit=False,
+        all_or_nothing_why=(
+            "reasoning-gym's default grader gives an answer that contains the right one part of the credit "
+            '(len(right) / len(given)), so the untrained model\'s habitual "appears 10 times" earns 0.5 on every item '
+            "whose answer is 1 or 0, over half of them: a reward the policy can raise without counting"
+        ),
     ),
     "gsm_symbolic": StudyTask({}, 224, "grade-school math word problems (GSM8K templates)"),
 }
@@ -141,14 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
 def env_kwargs(task: str, size: int, max_new_tokens: int) -> dict[str, Any]:
     """The env's arguments for ``task`` (items of generator seed 0, reasoning-gym's ``seed=`` argument, unless
     given)."""
-    config, prompt_tokens, _, partial_credit = TASKS[task]
+    study = TASKS[task]
+    config = study.config
     if task == "aiw":  # reasoning-gym wants its enum for the question kinds
         from reasoning_gym.logic.aiw import TaskType
 
         config = {**config, "task_types": [TaskType(t) for t in config["task_types"]]}
     return {"task": task, "task_kwargs": config, "size": size, "tokenizer": MODEL, "instruct": True,
-            "max_new_tokens": max_new_tokens, "max_prompt_tokens": prompt_tokens,
-            "partial_credit": partial_credit}  # fmt: skip
+            "max_new_tokens": max_new_tokens, "max_prompt_tokens": study.prompt_tokens,
+            "partial_credit": study.partial_credit}  # fmt: skip
 
 
 def make_model(arm: str, venv, seed: int, args) -> Any:
@@ -531,9 +532,10 @@ def reward_paragraph(results: dict[str, Any]) -> list[str]:
     if not exact:
         return []
     lines = [f"Training rewards: {', '.join(t for t in tasks if t not in exact) or 'no task'} with reasoning-gym's "
-             f"own grader; {', '.join(exact)} all-or-nothing (1 for the right answer, else 0), because "
-             f"{ALL_OR_NOTHING_WHY}. Held-out accuracy counts only right answers in every case."]  # fmt: skip
+             f"own grader; {', '.join(exact)} all-or-nothing (1 for the right answer, else 0). Held-out accuracy "
+             "counts only right answers in every case."]  # fmt: skip
     for task in exact:
+        lines[0] += f" {task}: {TASKS[task].all_or_nothing_why}."
         old = [r for r in results.get("set_aside", {}).values() if r["task"] == task and r["partial_credit"]]
         if not old:
             continue
@@ -542,7 +544,7 @@ def reward_paragraph(results: dict[str, Any]) -> list[str]:
         before = results["before"][task]["mean_sampled"]
         after = np.mean([r["after"]["mean_sampled"] for r in old])
         lines[0] += (f" Trained on that grader ({len(old)} run(s) of {', '.join(sorted({r['arm'] for r in old}))}), "
-                     f"{task}'s rollout reward rose from {first:.3f} to {last:.3f} while its held-out share of right "
+                     f"{task}'s rollout reward went from {first:.3f} to {last:.3f} and its held-out share of right "
                      f"sampled answers went from {before:.3f} to {after:.3f}.")  # fmt: skip
     return lines + [""]
 

@@ -234,9 +234,10 @@ def test_runs_trained_on_another_reward_are_set_aside_and_reported():
     body = rm.page_body(results, rm.build_parser().parse_args(["--samples", "2"]), None)
     line = next(x for x in body.splitlines() if x.startswith("Training rewards:"))
     assert line.startswith("Training rewards: basic_arithmetic with reasoning-gym's own grader; letter_counting "
-                           "all-or-nothing (1 for the right answer, else 0), because")  # fmt: skip
+                           "all-or-nothing (1 for the right answer, else 0). Held-out accuracy counts only right "
+                           "answers in every case. letter_counting: reasoning-gym's default grader gives")  # fmt: skip
     # first rollouts 0.0 and 0.1 -> 0.050; last three 0.2 and 0.3 -> 0.250; sampled after 0.05 and 0.07 -> 0.060
-    assert ("(2 run(s) of grpo), letter_counting's rollout reward rose from 0.050 to 0.250 while its held-out share "
+    assert ("(2 run(s) of grpo), letter_counting's rollout reward went from 0.050 to 0.250 and its held-out share "
             "of right sampled answers went from 0.040 to 0.060.") in line  # fmt: skip
     assert "Training rewards" not in rm.page_body(
         fake_results(), rm.build_parser().parse_args(["--samples", "2"]), None
