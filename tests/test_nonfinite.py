@@ -348,3 +348,22 @@ def test_timed_reward_calls_reuse_one_thread_and_replace_one_that_timed_out():
     assert worker is not seen[3]  # each calling thread has its own
     worker.join(5)
     assert not worker.is_alive()  # its caller ended: it stopped too
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_makes_timed_reward_calls_with_its_own_worker():
+    """A child forked after the parent's worker started has no such thread: its calls must not wait on it."""
+
+    def quick(_prompts, completions):
+        return [1.0] * len(completions)
+
+    call_reward(quick, ["p"], ["a"], timeout=5)  # the parent's worker exists
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 if the call is answered, 1 otherwise (a timeout after 2 s)
+        try:
+            ok = call_reward(quick, ["p"], ["a"], timeout=2).tolist() == [1.0]
+        except BaseException:  # noqa: BLE001  (any failure is the child's exit status)
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import queue
 import threading
 import warnings
@@ -99,6 +100,7 @@ class _TimedCalls:
             except BaseException as exc:  # handed to the caller
                 box["exc"] = exc
             done.set()
+            del job, fn, box, done  # keep no reference to a finished call's inputs and results while idle
 
     def call(self, fn: Callable[[], Any], timeout: float) -> dict[str, Any] | None:
         """``{"out": ...}`` or ``{"exc": ...}`` of ``fn()``, or ``None`` if it did not finish within ``timeout``."""
@@ -109,6 +111,16 @@ class _TimedCalls:
 
 
 _timed_calls = threading.local()
+
+
+def _forget_timed_calls() -> None:
+    """A forked child has none of its parent's threads, the workers included: its callers start their own."""
+    global _timed_calls
+    _timed_calls = threading.local()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_timed_calls)
 
 
 def call_with_timeout(fn: Callable[[], Any], timeout: float, on_timeout: Callable[[], Exception]) -> Any:
