@@ -479,6 +479,11 @@ class ReasoningGymSuite:
                 "prompts= (for your own prompts and a reasoning-gym scorer, use TextGen-style envs with "
                 "prompts=[...] and reward=ReasoningGymReward(dataset))"
             )
+        if kwargs.get("reward") is not None and not self.reward.partial_credit:
+            raise TypeError(
+                f"{REASONING_GYM.env_id}: partial_credit=False sets how the task's own grader scores, and reward= "
+                "replaces that grader; pass one of them (your reward decides its own partial credit)"
+            )
         out = dict(kwargs, task=REASONING_GYM.env_id, prompts=self.prompts())
         if out.get("reward") is None:
             out["reward"] = self.reward
