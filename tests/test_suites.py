@@ -282,7 +282,7 @@ def test_bad_levels(kwargs, match):
         ({"template": "{question} {other}"}, ValueError, "does not format with question= alone"),
         ({"answer_format": "json"}, ValueError, "answer_format must be one of"),
         ({"prompts": ["hi"]}, TypeError, "takes no prompts="),
-        ({"partial_credit": 1}, TypeError, r"partial_credit must be True \(the task's own score\) or False"),
+        ({"partial_credit": 1}, TypeError, r"partial_credit must be True or False, got 1"),
         ({"partial_credit": False, "reward": lambda p, c: [0.0] * len(c)}, TypeError, "reward= replaces that grader"),
     ],
 )

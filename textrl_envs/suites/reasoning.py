@@ -29,6 +29,7 @@ from textrl_envs.rewards.answers import final_answer, in_answer_style
 from textrl_envs.rewards.base import RewardModel
 from textrl_envs.suites import import_extra
 from textrl_envs.tasks import REASONING_GYM
+from textrl_envs.validation import check_bool
 from textrl_envs.vector import TextGenVectorEnv
 
 #: The reasoning-gym task made when none is named.
@@ -361,11 +362,7 @@ class ReasoningGymReward(RewardModel):
         partial_credit: bool = True,
     ) -> None:
         super().__init__(name=f"reasoning-gym:{type(dataset).__name__}")
-        if not isinstance(partial_credit, bool):
-            raise TypeError(
-                f"partial_credit must be True (the task's own score) or False (1.0 for a full score, else 0.0), "
-                f"got {partial_credit!r}"
-            )
+        partial_credit = check_bool("partial_credit", partial_credit)
         if not callable(answer_format) and answer_format not in ANSWER_FORMATS:
             raise ValueError(
                 f"answer_format must be one of {ANSWER_FORMATS} or a callable str -> str | None, got {answer_format!r}"
@@ -438,6 +435,7 @@ class ReasoningGymSuite:
     ) -> None:
         from textrl_envs.instruct import resolve_instruct
 
+        partial_credit = check_bool("partial_credit", partial_credit)  # before the items are generated
         self.template = check_template(template)
         self.dataset = make_dataset(task, task_kwargs, size, seed, levels)
         fmt = resolve_instruct(instruct)
