@@ -59,13 +59,17 @@ LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj
 CHAT_MOVE_TOKENS = 24
 
 
-def model_setup(model: str | None) -> tuple[dict, dict, dict]:
+def model_setup(model: str | None, dtype: str = "float32") -> tuple[dict, dict, dict]:
     """``(env kwargs, policy kwargs, LM-opponent kwargs)``: the bundled LM in text mode, or ``model`` (a path, a Hub
-    id or a packaged name such as ``smollm2-135m-instruct``) in instruct mode with LoRA, its opponents speaking chat."""
+    id or a packaged name such as ``smollm2-135m-instruct``) in instruct mode with LoRA, its opponents speaking chat.
+    ``dtype``: the LM's weights (``"bfloat16"``: the frozen base in bfloat16, its LoRA adapters and the value head in
+    float32, as in QLoRA's recipe without the quantization; the league's snapshots share that base)."""
+    policy = {} if dtype == "float32" else {"dtype": dtype}
     if model is None:
-        return {}, {}, {}
+        return {}, policy, {}
     env = {"tokenizer": model, "instruct": True}
-    return env, {"model": model, "lora": LORA}, {"tokenizer": model, "chat": True, "max_turn_tokens": CHAT_MOVE_TOKENS}
+    opponent = {"tokenizer": model, "chat": True, "max_turn_tokens": CHAT_MOVE_TOKENS}
+    return env, {"model": model, "lora": LORA, **policy}, opponent
 
 
 def interval(values: list[float]) -> tuple[float, float]:
@@ -128,7 +132,7 @@ def run_one(game_name: str, seed: int, args) -> dict:
     from textrl_envs.sb3 import make_vec_env
 
     game_id, game = GAME_IDS[game_name], make_game(game_name)
-    env_kwargs, policy_kwargs, lm_opponent = model_setup(args.model)
+    env_kwargs, policy_kwargs, lm_opponent = model_setup(args.model, args.dtype)
     league = League(sampling=args.sampling, fixed={"random": "random"})
     group_size = args.group_size if args.advantage != "role" else 1
     env = make_vec_env(game_id, n_envs=args.n_envs, group_size=group_size, seed=SEED_STRIDE * seed, device="cpu",
@@ -325,6 +329,8 @@ def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, floa
               f"`{args.model}` in instruct mode (the rules, boards and moves in plain language through its chat "
               f"template; its LM opponents speak chat too, {CHAT_MOVE_TOKENS} tokens a move) with LoRA "
               f"r={LORA['r']}")  # fmt: skip
+    if args.dtype != "float32":
+        policy += f", its frozen weights in {args.dtype} (the adapters and the value head in float32)"
     lines = [
         f"GRPO ({how}, learning rate {args.learning_rate:g}) on {policy}, {args.timesteps} steps (tokens) "
         f"per run, {args.n_envs} envs, against a league of its own frozen snapshots (one every "
@@ -409,7 +415,7 @@ def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, floa
 
 #: The settings every run kept in one ``--results`` file shares.
 SETTINGS = ("timesteps", "n_envs", "group_size", "n_steps", "snapshot_every", "eval_episodes", "advantage",
-            "learning_rate", "sampling", "model")  # fmt: skip
+            "learning_rate", "sampling", "model", "dtype")  # fmt: skip
 
 
 def load_runs(path: str | None, args) -> dict[str, dict]:
@@ -456,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None,
                    help="a real instruct model (e.g. smollm2-135m-instruct): instruct mode, LoRA, chat opponents "
                         "(default: the bundled LM in text mode)")  # fmt: skip
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="the LM's weights: bfloat16 keeps LoRA adapters and the value head in float32 (fast where "
+                        "the CPU or GPU has native bfloat16)")  # fmt: skip
     p.add_argument("--results", default=None,
                    help="keep each finished run here (JSON) and skip it when the command runs again")  # fmt: skip
     args = p.parse_args(argv)

@@ -44,16 +44,24 @@ def test_a_tiny_chat_model_run_resumes_and_writes_its_page(tmp_path, tiny_chat_m
     pytest.importorskip("peft", reason='the real-model mode trains LoRA: pip install "textrl[lora]"')
     out, kept = tmp_path / "page.md", tmp_path / "runs.json"
     argv = ["--games", "nim", "--seeds", "1", "--timesteps", "64", "--n-envs", "4", "--group-size", "2",
-            "--n-steps", "16", "--eval-episodes", "4", "--model", tiny_chat_model, "--results", str(kept),
-            "--out", str(out)]  # fmt: skip
+            "--n-steps", "16", "--eval-episodes", "4", "--model", tiny_chat_model, "--dtype", "bfloat16",
+            "--results", str(kept), "--out", str(out)]  # fmt: skip
     assert sp.main(argv) == 0
     run = json.loads(kept.read_text())["runs"]["nim/0"]
     assert set(run["after"]) == {"random", "heuristic", "untrained", "earlier"}
     assert all(0.0 <= run["after"][o]["illegal"] <= 1.0 for o in run["after"])
     text = out.read_text()
     assert "in instruct mode" in text and "## The exploitability gap closed against the heuristic" in text
+    assert "frozen weights in bfloat16" in text
     stamp = kept.stat().st_mtime_ns
     assert sp.main(argv) == 0  # kept: nothing trains again
     assert kept.stat().st_mtime_ns == stamp
     with pytest.raises(SystemExit, match="--timesteps 64 \\(not 128\\)"):
         sp.main([*argv[:4], "--timesteps", "128", *argv[6:]])
+
+
+def test_dtype_reaches_the_policy_kwargs():
+    policy = sp.model_setup("some/model", "bfloat16")[1]
+    assert policy["dtype"] == "bfloat16" and policy["lora"] == sp.LORA
+    assert "dtype" not in sp.model_setup("some/model")[1]
+    assert sp.model_setup(None, "bfloat16")[1] == {"dtype": "bfloat16"}
