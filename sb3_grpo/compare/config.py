@@ -273,6 +273,7 @@ def check_policy_kwargs(policy_kwargs: dict[str, Any]) -> None:
     """
     from sb3_grpo.policies.causal_lm import CausalLMPolicy
     from sb3_grpo.policies.policy_kwargs import check_policy_args
+    from textrl_envs.gguf import gguf_source, is_gguf_name
 
     params = inspect.signature(CausalLMPolicy.__init__).parameters
     taken = [n for n in params if n not in ("self", "observation_space", "action_space", "lr_schedule")]
@@ -291,7 +292,12 @@ def check_policy_kwargs(policy_kwargs: dict[str, Any]) -> None:
                 "model folder; pass a folder written by model.save_pretrained(folder) (or warm-start --out), a Hub id, "
                 "or leave it out for the bundled LM"
             )
-    if isinstance(model, (str, os.PathLike)) and not os.path.isdir(model):
+    if is_gguf_name(model):  # a .gguf file or a packaged model: it must be here now (converted at the first run)
+        try:
+            gguf_source(model)
+        except FileNotFoundError as err:
+            raise ValueError(f"policy_kwargs['model'] = {os.fspath(model)!r}: {err}") from None
+    elif isinstance(model, (str, os.PathLike)) and not os.path.isdir(model):
         if not looks_like_hub_id(str(model)):
             raise ValueError(
                 f"policy_kwargs['model'] = {model!r} is neither a directory nor a Hub id; pass a local model "

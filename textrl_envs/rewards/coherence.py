@@ -30,8 +30,10 @@ class Coherence(RewardModel):
     asks the policy not to drift into text its starting point would not write (a reward-side counterpart of a
     KL penalty).
 
-    :param path: Local causal-LM directory (default: the bundled LM, :func:`textrl_envs.assets.lm_path`);
-        its tokenizer is loaded from the same directory unless ``tokenizer`` is given. Nothing is downloaded.
+    :param path: Local causal-LM directory (default: the bundled LM, :func:`textrl_envs.assets.lm_path`), a ``.gguf``
+        file or a packaged model's name such as ``"smollm2-135m-instruct"`` (:func:`textrl_envs.gguf.gguf_folder`:
+        converted once into a plain folder in the cache); its tokenizer is loaded from the same directory unless
+        ``tokenizer`` is given. Nothing is downloaded.
     :param tokenizer: A tokenizer object or directory (default: the bundled tokenizer with the bundled LM).
     :param device: ``"cpu"`` (default), ``"auto"`` (CUDA when available), ``"cuda:0"``, a ``torch.device``.
     :param batch_size: Texts per forward pass.
@@ -54,15 +56,18 @@ class Coherence(RewardModel):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from textrl_envs.assets import lm_path, tokenizer_path
+        from textrl_envs.gguf import gguf_folder, is_gguf_name
 
         if path is None:
             path = lm_path()
             tokenizer = tokenizer_path() if tokenizer is None else tokenizer
+        elif is_gguf_name(path):  # its plain folder, converted once into the cache
+            path = gguf_folder(path)
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise ValueError(
-                f"reference LM path {path!r} is not a directory; pass a local Hugging Face causal-LM directory "
-                "(nothing is downloaded)"
+                f"reference LM path {path!r} is not a directory; pass a local Hugging Face causal-LM directory, a "
+                ".gguf file or a packaged model's name (nothing is downloaded)"
             )
         self.path = path
         if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
