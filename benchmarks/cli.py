@@ -19,6 +19,7 @@ and the studies behind the README's figures, each also ``python -m benchmarks.<m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import shlex
@@ -144,11 +145,19 @@ def _add_claims(sub: Any) -> None:
             "claim with its effect and 95% interval), curves.png, profiles.png, tensorboard logs; and, when the "
             "study completes, claims.md as the results page docs/results/claims.md (not for --budget smoke).\n\n"
             "Budgets: smoke (a couple of CPU-minutes, for tests), default (about 40 CPU-minutes: 20 minutes on 2 "
-            "cores with --workers 2), full (the README's table; about 5.5 CPU-hours, 2.7 hours with --workers 2).\n\n"
+            "cores with --workers 2), full (the README's table; about 5.5 CPU-hours, 2.7 hours with --workers 2), "
+            "real (claims 1, 2 and 4 on a real instruct model with LoRA, SmolLM2-135M-Instruct unless --model says "
+            "otherwise; its page is claims_real.md).\n\n"
             "Ctrl-C keeps the runs that finished; --resume completes them."
         ),
     )
     c.add_argument("--budget", choices=list(BUDGETS), default="default", help="how much to run (default default)")
+    c.add_argument(
+        "--model",
+        default=None,
+        help=f"with --budget real: the instruct model trained with LoRA (a path, a Hub id or a packaged name; default "
+        f"{BUDGETS['real'].model})",
+    )
     c.add_argument("--out", default=None, help="output folder (default: a fresh runs/claims-<budget>-<timestamp>)")
     c.add_argument(
         "--workers", type=positive_int, default=1, help="runs at a time, one process each (default 1; 2 on 2 cores)"
@@ -221,6 +230,8 @@ def _claims(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Seq
         check_claims_extra()
     except ImportError as err:
         parser.error(str(err))
+    if args.model is not None and args.budget != "real":
+        parser.error(f"--model trains a real instruct model: use it with --budget real, not {args.budget}")
     out = Path(args.out) if args.out else Path("runs") / time.strftime(f"claims-{args.budget}-%Y%m%d-%H%M%S")
     lock = FolderLock(out, what="--out")  # held until the process ends: one study per out dir at a time
     try:
@@ -239,6 +250,7 @@ def _run_claims(args: argparse.Namespace, argv: Sequence[str], out: Path) -> int
     """The claims study itself, once ``out`` is prepared and locked."""
     import torch as th
 
+    from benchmarks.claims.experiments import BUDGETS
     from benchmarks.claims.study import run_claims
 
     th.set_num_threads(args.threads)
@@ -246,8 +258,11 @@ def _run_claims(args: argparse.Namespace, argv: Sequence[str], out: Path) -> int
     print(f"textrl-bench claims: budget {args.budget}, {args.workers} worker(s) -> {out}/", flush=True)
     start = time.perf_counter()
     try:
+        budget = BUDGETS[args.budget]
+        if args.model is not None:
+            budget = dataclasses.replace(budget, model=args.model)
         results = run_claims(
-            args.budget, out, command, resume=args.resume, workers=args.workers, progress=not args.no_progress
+            budget, out, command, resume=args.resume, workers=args.workers, progress=not args.no_progress
         )
     except KeyboardInterrupt:
         print(
@@ -258,7 +273,7 @@ def _run_claims(args: argparse.Namespace, argv: Sequence[str], out: Path) -> int
         return EXIT_INTERRUPTED
     print(f"done in {time.perf_counter() - start:.0f} s: {out}/claims.md, {out}/results.json")
     print(f"tensorboard: tensorboard --logdir {out}")
-    page = _page_path(args, "claims.md", args.budget == "smoke")
+    page = _page_path(args, "claims_real.md" if args.budget == "real" else "claims.md", args.budget == "smoke")
     if page is not None and results["status"] == "complete":
         _claims_page(out, page, command, results)
     return 0 if results["status"] == "complete" else 1

@@ -163,3 +163,111 @@ def test_workers_exit_when_the_claims_parent_is_killed(tmp_path):
         time.sleep(0.2)
     os.kill(worker, 9)
     pytest.fail(f"worker {worker} outlived its killed parent by 15 s")
+
+
+# -- the real-model budget: claims 1, 2 and 4 on an instruct model with LoRA -------------------------------------
+
+
+def test_the_real_budget_runs_the_long_text_claims_only():
+    from benchmarks.claims.experiments import REAL_MODEL, Budget
+
+    real = BUDGETS["real"]
+    assert real.model == REAL_MODEL and set(real.experiments) == {"tune", "long", "curriculum"}
+    assert real.seeds >= 5  # the seeds per arm the claims need at least
+    with pytest.raises(ValueError, match="long-text experiments only"):
+        Budget("x", 2, 2, 1, 2, 1, 64, 64, 64, 64, 4, model="m", experiments=("tune", "long", "collapse"))
+    with pytest.raises(ValueError, match="add 'tune'"):
+        Budget("x", 2, 2, 1, 2, 1, 64, 64, 64, 64, 4, experiments=("long",))
+    with pytest.raises(ValueError, match="add 'long'"):
+        Budget("x", 2, 2, 1, 2, 1, 64, 64, 64, 64, 4, experiments=("tune", "curriculum"))
+    with pytest.raises(ValueError, match="unknown experiment"):
+        Budget("x", 2, 2, 1, 2, 1, 64, 64, 64, 64, 4, experiments=("tune", "longg"))
+
+
+def test_model_needs_the_real_budget(capsys):
+    with pytest.raises(SystemExit):
+        main(["claims", "--budget", "smoke", "--model", "some/model", "--no-progress"])
+    assert "--budget real" in capsys.readouterr().err
+
+
+def _long_runs(finals_by_arm: dict[tuple[str, str], list[float]], untrained: float) -> dict[str, dict]:
+    runs = {"untrained/LongReview-v0": {"experiment": "untrained", "arm": "LongReview-v0", "status": "complete",
+                                        "final": {"reward_mean": untrained}}}  # fmt: skip
+    for (experiment, arm), values in finals_by_arm.items():
+        for seed, value in enumerate(values):
+            runs[f"{experiment}/{arm}/seed{seed}"] = {
+                "experiment": experiment, "arm": arm, "seed": seed, "status": "complete",
+                "final": {"reward_mean": value}, "curve": {"steps": [1, 2], "reward": [0.0, value]},
+            }  # fmt: skip
+    return runs
+
+
+def test_a_long_text_verdict_is_read_only_where_every_arm_beats_the_untrained_policy():
+    from benchmarks.claims import verdicts as V
+    from benchmarks.claims.report import evaluate_claims
+
+    learned = [1.50, 1.52, 1.55, 1.58, 1.60]
+    flat = [1.00, 1.02, 0.98, 1.01, 0.99]  # around the untrained 1.0
+    both = _long_runs({("long", "grpo"): learned, ("long", "ppo"): [x - 0.4 for x in learned],
+                       ("curriculum", "grpo+curriculum"): learned}, untrained=1.0)  # fmt: skip
+    claims = evaluate_claims(both, ("tune", "long", "curriculum"))
+    assert set(claims) == {"reward", "stability", "curriculum"}
+    # grpo ~1.55 against ppo ~1.15 (both above 1.0): +35%, beyond the claimed +15%, read as it is
+    assert claims["reward"]["verdict"] == "supported" and "gate" not in claims["reward"]
+    one_flat = _long_runs({("long", "grpo"): learned, ("long", "ppo"): flat,
+                           ("curriculum", "grpo+curriculum"): learned}, untrained=1.0)  # fmt: skip
+    gated = evaluate_claims(one_flat, ("tune", "long", "curriculum"))
+    assert gated["reward"]["verdict_ungated"] == "supported"  # +55% over a PPO that learned nothing ...
+    assert gated["reward"]["verdict"] == "inconclusive" and "`long/ppo`" in gated["reward"]["gate"]  # ... not read
+    assert "gate" not in gated["curriculum"]  # it compares two arms that learned
+    # by hand: the IQM interval of an arm against the untrained figure
+    assert V.above_untrained({"value": 1.5, "low": 1.4, "high": 1.6}, 1.0) is True
+    assert V.above_untrained({"value": 1.5, "low": 0.9, "high": 1.6}, 1.0) is False
+    assert V.above_untrained({"value": 1.5, "low": float("nan"), "high": float("nan")}, 1.0) is None
+    assert V.above_untrained({"value": 1.5, "low": 1.4, "high": 1.6}, None) is None
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_model(tmp_path_factory):
+    """A tiny random Llama with ChatML's tokenizer, saved as a folder (a stand-in for a real instruct model)."""
+    from helpers import chat_tokenizer_folder
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-chat")
+    chat_tokenizer_folder(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return str(folder)
+
+
+def test_a_real_model_study_trains_lora_on_chat_reviews_and_reports_three_claims(tmp_path, tiny_chat_model):
+    pytest.importorskip("peft", reason='the real budget trains LoRA: pip install "textrl[lora]"')
+    from dataclasses import replace
+
+    from benchmarks.claims.experiments import REVIEW_REQUESTS
+
+    budget = replace(BUDGETS["smoke"], name="real", model=tiny_chat_model, experiments=("tune", "long", "curriculum"))
+    out = tmp_path / "real"
+    out.mkdir()
+    results = study.run_claims(budget, out, "textrl-bench claims --budget real", progress=False, log=lambda *_: None)
+    runs = results["runs"]
+    assert results["status"] == "complete" and all(r["status"] == "complete" for r in runs.values())
+    assert {r["experiment"] for r in runs.values()} == {"untrained", "tune", "long", "curriculum"}
+    assert [k for k in runs if k.startswith("untrained/")] == ["untrained/LongReview-v0"]
+    for job in phase_one(budget):  # every run: the chat reviews, LoRA on the model, the model as its own reference
+        kwargs = job.cfg.env_kwargs
+        assert kwargs["chat_template"] is True and kwargs["prompts"] == list(REVIEW_REQUESTS)
+        assert kwargs["reward_kwargs"]["components"][1] == ["coherence", 1.0, {"path": tiny_chat_model}]
+        policy = job.cfg.hyperparameters[job.algo]["policy_kwargs"]
+        assert policy["model"] == tiny_chat_model and policy["lora"]["r"] == 8
+    text = (out / "claims.md").read_text()
+    table = text[text.index("## Verdicts") : text.index("## How the verdicts")]
+    assert sum(table.count(v) for v in VERDICTS) == 3  # claims 1, 2 and 4
+    assert "Not run in this study: claim 3 (collapse), claim 5 (baselines), the ablation." in text
+    assert f"Policy: `{tiny_chat_model}` with LoRA" in text and "above untrained (" in text
+    assert "## Claim 3" not in text and "## Ablation" not in text and "## Tuning" in text
+    # two seeds per arm: no interval, so no arm is shown to beat the untrained policy and no verdict is read
+    assert table.count("not read:") == 3

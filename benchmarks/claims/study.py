@@ -11,7 +11,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.claims.experiments import BUDGETS, Budget, Job, phase_one, phase_two, plan_summary, tuned
+from benchmarks.claims.experiments import (
+    BUDGETS,
+    Budget,
+    Job,
+    phase_one,
+    phase_two,
+    phase_two_runs,
+    plan_summary,
+    tuned,
+)
 from sb3_grpo.compare.results import RESULTS_FILE, environment_info, load_results
 from sb3_grpo.file_io import to_jsonable, write_json_atomic
 
@@ -139,7 +148,8 @@ def run_claims(
     jobs += study.more()
     study.save()
     steps = sum(j.steps for j in jobs) + _phase_two_steps(budget) * (not study.second_phase_started)
-    bar = Progress(len(jobs) + (0 if study.second_phase_started else 3 * budget.seeds), steps, progress is not False)
+    later = 0 if study.second_phase_started else phase_two_runs(budget)
+    bar = Progress(len(jobs) + later, steps, progress is not False)
     started = time.perf_counter()
     try:
         run_jobs(jobs, out, study.on_done, bar, more=study.more, workers=workers)
@@ -156,7 +166,7 @@ def run_claims(
 
 
 def _phase_two_steps(budget: Budget) -> int:
-    return 3 * budget.seeds * budget.long_steps
+    return phase_two_runs(budget) * budget.long_steps
 
 
 def _finish(study: _Study, status: str, wall: float | None) -> None:

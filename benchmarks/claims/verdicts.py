@@ -33,6 +33,8 @@ from sb3_grpo.compare.stats import CONTRADICTED, INCONCLUSIVE, SUPPORTED, combin
 
 __all__ = [
     "COLLAPSE_MIN_ROLLOUTS",
+    "CLAIM_ARMS",
+    "above_untrained",
     "arm_runs",
     "claim_curriculum",
     "claim_collapse",
@@ -40,6 +42,7 @@ __all__ = [
     "claim_self_critical",
     "claim_stability",
     "collapsed",
+    "gate_on_untrained",
     "judge",
 ]
 
@@ -182,6 +185,51 @@ def claim_self_critical(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 _BASELINES = ("ppo-seq", "ppo-selfcritical", "ppo-group")
+
+#: The arms (experiment, arm) each long-text claim compares: each must have learned something, its final reward
+#: above the untrained policy's, before the claim's verdict is read.
+CLAIM_ARMS = {
+    "reward": (("long", "grpo"), ("long", "ppo")),
+    "stability": (("long", "grpo"), ("long", "ppo")),
+    "curriculum": (("curriculum", "grpo+curriculum"), ("long", "grpo")),
+}
+
+
+def above_untrained(iqm: dict[str, float], untrained: float | None) -> bool | None:
+    """Whether an arm's IQM interval (``_est`` of :func:`~sb3_grpo.compare.stats.iqm_estimate`) lies above the
+    untrained policy's final reward: ``None`` when there is no untrained figure or no interval (too few seeds)."""
+    if untrained is None or iqm.get("low") is None or math.isnan(iqm["low"]):
+        return None
+    return bool(iqm["low"] > untrained)
+
+
+def gate_on_untrained(
+    claims: dict[str, dict[str, Any]], runs: dict[str, dict[str, Any]], untrained: float | None
+) -> dict[str, dict[str, Any]]:
+    """The claims with each long-text verdict withheld (``inconclusive``, the reason under ``gate``) where an arm it
+    compares is not shown to beat the untrained policy (``untrained``: its final reward on ``LongReview-v0``): a
+    comparison of arms that learned nothing says nothing about the claim. The verdict it would have had is kept under
+    ``verdict_ungated``. Claims not listed in :data:`CLAIM_ARMS`, and every claim when ``untrained`` is ``None``, are
+    returned as they are."""
+    out = dict(claims)
+    for name, arms in CLAIM_ARMS.items():
+        if name not in out or untrained is None:
+            continue
+        short = []
+        for experiment, arm in arms:
+            f = finals(arm_runs(runs, experiment, arm))
+            if not f or above_untrained(_est(stats.iqm_estimate(f, seed=12)), untrained) is not True:
+                short.append(f"`{experiment}/{arm}`")
+        if short:
+            claim = dict(out[name])
+            claim["verdict_ungated"] = claim["verdict"]
+            claim["verdict"] = INCONCLUSIVE
+            claim["gate"] = (
+                f"not read: {', '.join(short)} not shown to beat the untrained policy ({untrained:.3f}; its IQM "
+                "interval must lie above it)"
+            )
+            out[name] = claim
+    return out
 
 
 def arm_table(runs: dict[str, dict[str, Any]], experiment: str, arms: list[str], baseline: str) -> list[dict[str, Any]]:
