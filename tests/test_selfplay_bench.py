@@ -65,3 +65,35 @@ def test_dtype_reaches_the_policy_kwargs():
     assert policy["dtype"] == "bfloat16" and policy["lora"] == sp.LORA
     assert "dtype" not in sp.model_setup("some/model")[1]
     assert sp.model_setup(None, "bfloat16")[1] == {"dtype": "bfloat16"}
+
+
+def _eval(payoff: float, illegal: float) -> dict:
+    return {"payoff": payoff, "illegal": illegal, "win": float(payoff > 0)}
+
+
+def _game_run(before: tuple[float, float], after: tuple[float, float]) -> dict:
+    return {when: {o: _eval(*pair) for o in ("random", "heuristic", "untrained")}
+            for when, pair in (("before", before), ("after", after))}  # fmt: skip
+
+
+def test_the_goals_by_hand():
+    # tic-tac-toe: payoff -1 -> 0.2 and 0.4 against every opponent, illegal moves 0.9 -> 0.02 and 0.04
+    ttt = [_game_run((-1.0, 0.9), (0.2, 0.02)), _game_run((-1.0, 0.9), (0.4, 0.04))]
+    # Kuhn poker: -0.5 -> -0.4 against every opponent: a tenth of a gap of 0.611 ... below 0: not beaten
+    kuhn = [_game_run((-0.5, 0.5), (-0.4, 0.3)), _game_run((-0.5, 0.5), (-0.4, 0.3))]
+    bounds = {"tictactoe": {"payoff": 0.5}, "kuhn": {"payoff": 0.111}}
+    text = "\n".join(sp.goals_section({"tictactoe": ttt, "kuhn": kuhn}, bounds))
+    # t-interval of (0.2, 0.4): 0.30 ± 12.706 * 0.1414 / sqrt(2) = 0.30 ± 1.27: holds 0, so not met
+    assert "| beat untrained play at tictactoe (payoff interval above 0) | 0.30 ± 1.27 | no |" in text
+    assert "| beat random play at kuhn (payoff interval above 0) | -0.40 ± 0.00 | no |" in text
+    # illegal after: 0.03 ± 12.706 * 0.01414 / sqrt(2) = 0.03 ± 0.13, not under 5% with its interval
+    assert "under 5% | 0.03 ± 0.13 (before training 0.90) | no |" in text
+    # the gap closed: tic-tac-toe (0.2 + 1) / 1.5 = 0.8 and (0.4 + 1) / 1.5 = 0.933: 0.87 ± 0.85 (better than
+    # Kuhn's 0.1 / 0.611 = 0.16)
+    assert "(the best: tictactoe) | 0.87 ± 0.85 | no |" in text
+    assert (
+        "How far off: tic-tac-toe's illegal moves: 90% of the games before training, 3% after (interval up to "
+        "16%; the goal: under 5%); the gap closed: 87% on tictactoe, the better game (interval down to 2%)" in text
+    )
+    sure = [_game_run((-1.0, 0.9), (0.3, 0.01))] * 2  # no spread: every interval is a point
+    assert "Every goal is met." in "\n".join(sp.goals_section({"tictactoe": sure}, {"tictactoe": {"payoff": 0.5}}))
