@@ -19,8 +19,9 @@ ablation   ``TextGen-v0``    PPO, each GRPO mechanism alone, all but one, all, a
 The ``real`` budget runs claims 1, 2 and 4 (``tune``, ``long``, ``curriculum``) on a real instruct model with LoRA
 (:data:`REAL_MODEL`, SmolLM2-135M-Instruct): ``LongReview-v0`` in chat form, a neutral request for a review
 (:data:`REVIEW_REQUESTS`) answered in 96 tokens and rewarded for positive sentiment, fluency under the model itself
-(its frozen starting point, as :class:`~textrl_envs.rewards.Coherence`'s reference) and no repeated bigrams. The
-untrained model's reviews are as often negative as positive, so the sentiment term leaves room to learn.
+(its frozen starting point, as :class:`~textrl_envs.rewards.Coherence`'s reference) and no repeated bigrams. Asked
+for a review with no sentiment named, the untrained model writes negative ones as well as positive ones, so the
+sentiment term leaves room to learn.
 
 Every run is :func:`sb3_grpo.compare.runner.run_one` (train, then a separate evaluation) plus the probes of
 :mod:`.diagnostics`; runs are independent processes' work (``--workers``), written to ``results.json`` as each one
@@ -196,8 +197,8 @@ BUDGETS: dict[str, Budget] = {
     # 63 seeds per arm of long and curriculum: what resolves a 30% lower seed-to-seed std (claim 2) with 80% power
     # (stats.seeds_to_resolve_std_ratio(0.7))
     "full": Budget("full", 63, 16, 10, 8, 2, 16384, 8192, 8192, 8192, 64),
-    # claims 1, 2 and 4 on SmolLM2-135M-Instruct with LoRA: 5 seeds per arm, 3 tuning trials per algorithm, 96-token
-    # reviews; a run of 6144 tokens and its 32-episode evaluation take a few minutes on 2 cores
+    # claims 1, 2 and 4 on SmolLM2-135M-Instruct with LoRA: 5 seeds per arm (the fewest at which the percentile
+    # bootstrap's intervals mean something), 3 tuning trials per algorithm, 96-token reviews
     "real": Budget(
         "real", 5, 0, 0, 3, 1, 6144, 3072, 0, 0, 32, model=REAL_MODEL, experiments=("tune", "long", "curriculum")
     ),
