@@ -39,3 +39,19 @@ def gguf_cache(tmp_path_factory):
         os.environ.pop("TEXTRL_CACHE", None)
     else:
         os.environ["TEXTRL_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory):
+    """A tiny random Llama with ChatML's tokenizer, saved as a folder (a stand-in for a real instruct model)."""
+    from helpers import chat_tokenizer_folder
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-chat")
+    chat_tokenizer_folder(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return str(folder)

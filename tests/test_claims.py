@@ -227,22 +227,6 @@ def test_a_long_text_verdict_is_read_only_where_every_arm_beats_the_untrained_po
     assert V.above_untrained({"value": 1.5, "low": 1.4, "high": 1.6}, None) is None
 
 
-@pytest.fixture(scope="module")
-def tiny_chat_model(tmp_path_factory):
-    """A tiny random Llama with ChatML's tokenizer, saved as a folder (a stand-in for a real instruct model)."""
-    from helpers import chat_tokenizer_folder
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    folder = tmp_path_factory.mktemp("tiny-chat")
-    chat_tokenizer_folder(folder)
-    tok = AutoTokenizer.from_pretrained(folder)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(folder)
-    return str(folder)
-
-
 def test_a_real_model_study_trains_lora_on_chat_reviews_and_reports_three_claims(tmp_path, tiny_chat_model):
     pytest.importorskip("peft", reason='the real budget trains LoRA: pip install "textrl[lora]"')
     from dataclasses import replace

@@ -24,22 +24,6 @@ def test_the_gap_closed_by_hand():
     assert "| 1.000 | -1.00 ± 0.00 | -0.25 ± " in row and "| 0.38 ± " in row  # fractions 0.25 and 0.5
 
 
-@pytest.fixture(scope="module")
-def tiny_chat_model(tmp_path_factory):
-    """A tiny random Llama with ChatML's tokenizer, saved as a folder (a stand-in for a real instruct model)."""
-    from helpers import chat_tokenizer_folder
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    folder = tmp_path_factory.mktemp("tiny-chat")
-    chat_tokenizer_folder(folder)
-    tok = AutoTokenizer.from_pretrained(folder)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(folder)
-    return str(folder)
-
-
 def test_a_tiny_chat_model_run_resumes_and_writes_its_page(tmp_path, tiny_chat_model):
     pytest.importorskip("peft", reason='the real-model mode trains LoRA: pip install "textrl[lora]"')
     out, kept = tmp_path / "page.md", tmp_path / "runs.json"
