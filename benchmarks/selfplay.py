@@ -515,8 +515,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="a real instruct model (e.g. smollm2-135m-instruct): instruct mode, LoRA, chat opponents "
                         "(default: the bundled LM in text mode)")  # fmt: skip
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="the LM's weights: bfloat16 keeps LoRA adapters and the value head in float32 (fast where "
-                        "the CPU or GPU has native bfloat16)")  # fmt: skip
+                   help="the LM's weights: bfloat16 halves the frozen base's memory and keeps the LoRA adapters and "
+                        "the value head in float32")  # fmt: skip
     p.add_argument("--results", default=None,
                    help="keep each finished run here (JSON) and skip it when the command runs again")  # fmt: skip
     args = p.parse_args(argv)
