@@ -470,6 +470,10 @@ SETTINGS = ("timesteps", "n_envs", "group_size", "n_steps", "snapshot_every", "e
             "learning_rate", "sampling", "model", "dtype")  # fmt: skip
 
 
+#: The settings added after the first kept runs, with the value those runs had.
+SETTING_DEFAULTS = {"dtype": "float32"}
+
+
 def load_runs(path: str | None, args) -> dict[str, dict]:
     """The runs kept in ``path`` (``game/seed`` -> result), refusing a file made with other settings."""
     import json
@@ -479,7 +483,8 @@ def load_runs(path: str | None, args) -> dict[str, dict]:
     with open(path, encoding="utf-8") as f:
         kept = json.load(f)
     asked = {k: getattr(args, k) for k in SETTINGS}
-    differ = changed_settings(kept["settings"], asked)
+    # a file written before a setting existed was made with that setting's default
+    differ = changed_settings({**SETTING_DEFAULTS, **kept["settings"]}, asked)
     if differ:
         raise SystemExit(f"the runs in {path} were made with {', '.join(differ)}; rerun with those settings, or "
                          "pass another --results file")  # fmt: skip

@@ -40,6 +40,11 @@ def test_a_tiny_chat_model_run_resumes_and_writes_its_page(tmp_path, tiny_chat_m
     stamp = kept.stat().st_mtime_ns
     assert sp.main(argv) == 0  # kept: nothing trains again
     assert kept.stat().st_mtime_ns == stamp
+    settings = json.loads(kept.read_text())
+    del settings["settings"]["dtype"]  # a file from before --dtype existed: made in float32
+    kept.write_text(json.dumps(settings))
+    with pytest.raises(SystemExit, match="--dtype 'float32' \\(not 'bfloat16'\\)"):
+        sp.main(argv)
     with pytest.raises(SystemExit, match="--timesteps 64 \\(not 128\\)"):
         sp.main([*argv[:4], "--timesteps", "128", *argv[6:]])
 
