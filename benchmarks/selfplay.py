@@ -336,8 +336,9 @@ def goals_section(results: dict[str, list[dict]], bounds: dict[str, dict[str, fl
     unmet = []
     for game, runs in results.items():
         for opp in ("untrained", "random"):
-            m, h = interval([r["after"][opp]["payoff"] for r in runs])
-            met = m - h > 0
+            payoffs = [r["after"][opp]["payoff"] for r in runs]
+            m, h = interval(payoffs)
+            met = beats(payoffs) == "yes"
             lines.append(f"| beat {opp} play at {game} (payoff interval above 0) | {m:.2f} ± {h:.2f} | "
                          f"{'yes' if met else 'no'} |")  # fmt: skip
     if "tictactoe" in results:

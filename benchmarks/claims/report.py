@@ -9,7 +9,16 @@ from typing import Any
 import numpy as np
 
 from benchmarks.claims import verdicts as V
-from benchmarks.claims.experiments import ABLATION_ARMS, BASELINE_ARMS, COLLAPSE_ARMS, EXPERIMENTS, LONG_ENV
+from benchmarks.claims.experiments import (
+    ABLATION_ARMS,
+    BASELINE_ARMS,
+    COLLAPSE_ARMS,
+    EXPERIMENT_ENV,
+    EXPERIMENTS,
+    LONG_ENV,
+    REASONING_ENV,
+    SHORT_ENV,
+)
 from sb3_grpo.file_io import save_figure_atomic, write_text_atomic
 
 __all__ = ["CLAIMS", "evaluate_claims", "render_claims", "write_claims_report"]
@@ -46,6 +55,11 @@ def evaluate_claims(
     }
     claims = {name: judge(runs) for name, judge in judged.items() if CLAIMS[name][1] in experiments}
     return V.gate_on_untrained(claims, runs, untrained_rewards(runs).get(LONG_ENV))
+
+
+def planned_experiments(results: dict[str, Any]) -> list[str] | tuple[str, ...]:
+    """The experiments the study's plan runs (every one for a study recorded before a budget named them)."""
+    return results.get("plan", {}).get("budget", {}).get("experiments") or EXPERIMENTS
 
 
 def untrained_rewards(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -217,7 +231,7 @@ def _tuning(results: dict[str, Any]) -> list[str]:
 def render_claims(results: dict[str, Any]) -> str:
     """The text of ``claims.md`` (the sections of the experiments the study's plan ran)."""
     runs = results["runs"]
-    experiments = results.get("plan", {}).get("budget", {}).get("experiments") or EXPERIMENTS
+    experiments = planned_experiments(results)
     claims = evaluate_claims(runs, experiments)
     untrained = untrained_rewards(runs)
     lines = _header(results) + ["## Verdicts", ""] + verdict_table(claims) + [""]
@@ -235,42 +249,24 @@ def render_claims(results: dict[str, Any]) -> str:
             "",
         ]
     lines += DEFINITIONS
-    base = untrained.get(LONG_ENV)
-    if "long" in experiments:
-        lines += [
-            f"## Claims 1, 2, 4: long generation (`{LONG_ENV}`)",
-            "",
-            *_table(V.arm_table(runs, "long", ["ppo", "grpo"], "ppo"), "ppo", base),
-            "",
-        ]
-    if "curriculum" in experiments:
-        rows = V.arm_table(runs, "curriculum", ["grpo+curriculum"], "grpo+curriculum")
-        lines += [*_table(rows, "grpo+curriculum", base), ""]
-    if "collapse" in experiments:
-        rows = V.arm_table(runs, "collapse", list(COLLAPSE_ARMS), "ppo-seq")
-        lines += [
-            "## Claim 3: collapse on `Arithmetic-v0` at an aggressive learning rate",
-            "",
-            *_table(rows, "ppo-seq", untrained.get("Arithmetic-v0")),
-            "",
-        ]
-    if "baselines" in experiments:
-        noise = ", ".join(f"`{a}` {_num(v)}" for a, v in claims["self_critical"]["noise"].items())
-        rows = V.arm_table(runs, "baselines", list(BASELINE_ARMS), "ppo-seq")
-        lines += [
-            f"## Claim 5: baselines on `TextGen-v0` (gradient noise per arm: {noise})",
-            "",
-            *_table(rows, "ppo-seq", untrained.get("TextGen-v0")),
-            "",
-        ]
-    if "ablation" in experiments:
-        rows = V.arm_table(runs, "ablation", list(ABLATION_ARMS), "ppo-seq")
-        lines += [
-            "## Ablation: GRPO's mechanisms on `TextGen-v0` (compare's defaults)",
-            "",
-            *_table(rows, "ppo-seq", untrained.get("TextGen-v0")),
-            "",
-        ]
+    noise = claims.get("self_critical", {}).get("noise", {})
+    sections = [  # (experiment, heading or None, arms, baseline)
+        ("long", f"## Claims 1, 2, 4: long generation (`{LONG_ENV}`)", ["ppo", "grpo"], "ppo"),
+        ("curriculum", None, ["grpo+curriculum"], "grpo+curriculum"),
+        ("collapse", f"## Claim 3: collapse on `{REASONING_ENV}` at an aggressive learning rate", COLLAPSE_ARMS,
+         "ppo-seq"),
+        ("baselines", f"## Claim 5: baselines on `{SHORT_ENV}` (gradient noise per arm: "
+         + ", ".join(f"`{a}` {_num(v)}" for a, v in noise.items()) + ")", BASELINE_ARMS, "ppo-seq"),
+        ("ablation", f"## Ablation: GRPO's mechanisms on `{SHORT_ENV}` (compare's defaults)", ABLATION_ARMS, "ppo-seq"),
+    ]  # fmt: skip
+    for experiment, heading, arms, baseline in sections:
+        if experiment in experiments:
+            rows = V.arm_table(runs, experiment, list(arms), baseline)
+            lines += [
+                *([heading, ""] if heading else []),
+                *_table(rows, baseline, untrained.get(EXPERIMENT_ENV[experiment])),
+                "",
+            ]
     lines += [
         "*above untrained*: whether the arm's IQM interval lies above the untrained policy's final reward on the same "
         "env (`–`: no interval); a long-text verdict is read only where every arm it compares does. *grad norm*: the "
@@ -300,7 +296,7 @@ def _plot_curves(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    planned = results.get("plan", {}).get("budget", {}).get("experiments") or EXPERIMENTS
+    planned = planned_experiments(results)
     experiments = [e for e in ("long", "curriculum", "collapse", "baselines", "ablation") if e in planned]
     fig, axes = plt.subplots(1, len(experiments), figsize=(4.2 * len(experiments), 3.6), dpi=100, squeeze=False)
     axes = axes[0]

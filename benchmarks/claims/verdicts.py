@@ -35,6 +35,7 @@ __all__ = [
     "COLLAPSE_MIN_ROLLOUTS",
     "CLAIM_ARMS",
     "above_untrained",
+    "arm_iqm",
     "arm_runs",
     "claim_curriculum",
     "claim_collapse",
@@ -90,6 +91,12 @@ def _mean(values: list[float]) -> float:
 
 def _est(e: stats.Estimate) -> dict[str, float]:
     return e.as_dict()
+
+
+def arm_iqm(final_rewards: list[float]) -> dict[str, float]:
+    """The IQM of an arm's final rewards with its bootstrap interval: the figure of the arm tables and of the
+    untrained check alike."""
+    return _est(stats.iqm_estimate(final_rewards, seed=12))
 
 
 def claim_reward(runs: dict[str, dict[str, Any]], claimed: float = 0.15) -> dict[str, Any]:
@@ -212,15 +219,15 @@ def gate_on_untrained(
     ``verdict_ungated``. Claims not listed in :data:`CLAIM_ARMS`, and every claim when ``untrained`` is ``None``, are
     returned as they are."""
     out = dict(claims)
+    if untrained is None:
+        return out
+    shown = {}  # each arm once, though several claims compare it
+    for experiment, arm in {pair for arms in CLAIM_ARMS.values() for pair in arms}:
+        f = finals(arm_runs(runs, experiment, arm))
+        shown[experiment, arm] = bool(f) and above_untrained(arm_iqm(f), untrained) is True
     for name, arms in CLAIM_ARMS.items():
-        if name not in out or untrained is None:
-            continue
-        short = []
-        for experiment, arm in arms:
-            f = finals(arm_runs(runs, experiment, arm))
-            if not f or above_untrained(_est(stats.iqm_estimate(f, seed=12)), untrained) is not True:
-                short.append(f"`{experiment}/{arm}`")
-        if short:
+        short = [f"`{experiment}/{arm}`" for experiment, arm in arms if not shown[experiment, arm]]
+        if name in out and short:
             claim = dict(out[name])
             claim["verdict_ungated"] = claim["verdict"]
             claim["verdict"] = INCONCLUSIVE
@@ -241,7 +248,7 @@ def arm_table(runs: dict[str, dict[str, Any]], experiment: str, arms: list[str],
     for arm in arms:
         rs = arm_runs(runs, experiment, arm)
         f = finals(rs)
-        row: dict[str, Any] = {"arm": arm, "seeds": len(f), "iqm": _est(stats.iqm_estimate(f, seed=12))}
+        row: dict[str, Any] = {"arm": arm, "seeds": len(f), "iqm": arm_iqm(f)}
         if arm != baseline:
             row["vs_baseline"] = _est(stats.relative_difference(f, base, seed=13))
             row["probability_of_improvement"] = _est(stats.probability_of_improvement(f, base, seed=14))
