@@ -136,6 +136,29 @@ def test_prompts_prefilled_before_the_rollout_save_a_forward_per_reset():
     assert n_warm <= N_STEPS + 3 < n_cold  # look-aheads, the prompt batch, the first observation, the last value
 
 
+def test_prompt_table_is_warmed_only_when_small_next_to_the_rollout():
+    """The warm prefills the env's prompt table when its tokens are at most ``WARM_TOKEN_SHARE`` of the rollout's
+    generated tokens, and skips it (0 prompts, no call) one step below that."""
+    import math
+
+    from sb3_grpo.common.rollout.rollout_extras import WARM_TOKEN_SHARE, warm_prefills
+
+    env = make_vec_env("TextGen-v0", n_envs=N_ENVS, group_size=2, seed=7, device="cpu", max_new_tokens=8)
+    table = env.prompt_windows(10**6)
+    calls = []
+
+    class Policy:
+        def warm_prefills(self, obs):
+            calls.append(obs)
+            return len(obs["input_ids"])
+
+    steps = math.ceil(int(table[1].sum()) / (WARM_TOKEN_SHARE * N_ENVS))
+    assert warm_prefills(Policy(), env, steps - 1) == 0 and not calls
+    assert warm_prefills(Policy(), env, steps) == len(table[0])
+    np.testing.assert_array_equal(calls[0]["input_ids"].numpy(), table[0])
+    env.close()
+
+
 def test_truncated_episodes_valued_in_one_batch_equal_one_call_each(monkeypatch):
     """With an extra on, the step's truncated episodes get ``gamma * V(terminal obs)`` from one ``predict_values``
     call; the buffer is the one SB3's one call per episode gives (same rewards, returns and advantages)."""
