@@ -199,3 +199,27 @@ def test_rollouts_through_the_lean_step_equal_the_models_forward_to_the_bit(engi
     for a, b in zip(lean, plain, strict=True):
         for name in a:
             np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_appended_columns_equal_cat_and_leave_earlier_views_unchanged():
+    """The lean step's cache growth: the same tensor as ``th.cat`` after every append, through a refill when the
+    room runs out, a cropped cache and rows gathered; the views handed out earlier keep their numbers."""
+    from types import SimpleNamespace
+
+    from sb3_grpo.policies.lean_step import SPARE_COLUMNS, _append_column
+
+    gen = th.Generator().manual_seed(0)
+    layer = SimpleNamespace(keys=th.randn(3, 2, 5, 4, generator=gen))
+    expected = layer.keys.clone()
+    views = []
+    for step in range(SPARE_COLUMNS + 12):  # past the first buffer's room
+        new = th.randn(layer.keys.shape[0], 2, 1, 4, generator=gen)
+        layer.keys = _append_column(layer, "keys", new)
+        expected = th.cat([expected, new], dim=-2)
+        assert th.equal(layer.keys, expected)
+        views.append((layer.keys, expected.clone()))
+        if step == 7:  # the rollout cache crops leading columns
+            layer.keys, expected = layer.keys[..., 2:, :], expected[..., 2:, :]
+        if step == 20:  # and gathers rows
+            layer.keys, expected = layer.keys[[2, 0]], expected[[2, 0]]
+    assert all(th.equal(view, numbers) for view, numbers in views)
