@@ -261,3 +261,44 @@ def test_bootstrap_truncated_batched_matches_per_episode_and_skips_the_others():
         assert out[True][2] == 1 and out[True][3] == 1
         assert out[True][0] != 1 and out[True][1] != 1
         env.close()
+
+
+def test_last_values_only_where_an_episode_goes_on():
+    """GAE's last bootstrap: no call without a critic or when every episode ended (zeros, which GAE multiplies by 0:
+    SB3's advantages to the bit); with ``by_rows`` only the running envs' rows are valued, else one call of all."""
+    from gymnasium import spaces as gym_spaces
+    from stable_baselines3.common.buffers import RolloutBuffer
+
+    from sb3_grpo.common.rollout.rollout_extras import last_values
+
+    calls = []
+
+    class Critic:
+        def predict_values(self, obs):
+            calls.append(obs["x"].clone())
+            return obs["x"][:, :1].float() * 10
+
+    obs = {"x": np.arange(8).reshape(4, 2)}
+    done = np.array([True, False, True, False])
+    cpu = th.device("cpu")
+    assert not last_values(Critic(), obs, done, False, True, cpu).any() and not calls
+    assert not last_values(Critic(), obs, np.ones(4, dtype=bool), True, True, cpu).any() and not calls
+    values = last_values(Critic(), obs, done, True, True, cpu)
+    np.testing.assert_array_equal(values.numpy().ravel(), [0, 20, 0, 60])
+    np.testing.assert_array_equal(calls.pop().numpy(), obs["x"][~done])
+    values = last_values(Critic(), obs, done, True, False, cpu)
+    np.testing.assert_array_equal(values.numpy().ravel(), [0, 20, 40, 60])
+    assert len(calls.pop()) == 4
+
+    def advantages(last):  # GAE over a random buffer whose last step ended every episode
+        buffer = RolloutBuffer(5, gym_spaces.Box(-1, 1, (1,)), gym_spaces.Discrete(2), n_envs=4, gamma=0.9)
+        rng = np.random.default_rng(0)
+        for _ in range(5):
+            value, log_prob = th.as_tensor(rng.normal(size=4)), th.as_tensor(rng.normal(size=4))
+            buffer.add(rng.normal(size=(4, 1)), rng.integers(2, size=(4, 1)), rng.normal(size=4),
+                       rng.random(4) < 0.3, value, log_prob)  # fmt: skip
+        buffer.compute_returns_and_advantage(last_values=last, dones=np.ones(4, dtype=bool))
+        return buffer.advantages, buffer.returns
+
+    for ours, sb3 in zip(advantages(th.zeros(4, 1)), advantages(th.randn(4, 1))):
+        np.testing.assert_array_equal(ours, sb3)

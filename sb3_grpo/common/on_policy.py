@@ -59,7 +59,7 @@ from sb3_grpo.common.rollout.redistribution import (
     check_redistribution_env,
     check_redistribution_policy,
 )
-from sb3_grpo.common.rollout.rollout_extras import RolloutExtras, bootstrap_truncated, env_actions
+from sb3_grpo.common.rollout.rollout_extras import RolloutExtras, bootstrap_truncated, env_actions, last_values
 from sb3_grpo.common.rollout.trainer_state_push import push_trainer_state
 from sb3_grpo.common.type_aliases import Minibatch
 from sb3_grpo.common.update.batch_sources import make_batch_source, rollout_buffer_class_for
@@ -528,11 +528,9 @@ class GroupOnPolicyAlgorithm(CheckpointMixin, SupportedOptions, OnPolicyAlgorith
             self._last_episode_starts = dones
 
         with th.no_grad():
-            # Compute value for the last timestep (GAE only: group advantages do not bootstrap)
-            if extras.needs_values:
-                values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
-            else:
-                values = th.zeros((env.num_envs, 1), device=self.device)
+            # Compute value for the last timestep (GAE only, and only where an episode goes on)
+            by_rows = extras.batched_bootstrap
+            values = last_values(self.policy, new_obs, dones, extras.needs_values, by_rows, self.device)
 
         extras.land_rewards(rollout_buffer)  # rewards scored in the background, before returns and advantages
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)

@@ -17,6 +17,7 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.policies import BasePolicy
+from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_grpo.common.advantages.carry_over import CarryOver
@@ -306,6 +307,32 @@ def env_actions(policy: BasePolicy, action_space: spaces.Space, actions: np.ndar
         # as we are sampling from an unbounded Gaussian distribution
         return np.clip(actions, action_space.low, action_space.high)
     return actions
+
+
+def last_values(
+    policy: BasePolicy, obs: Any, dones: np.ndarray, needs_values: bool, by_rows: bool, device: th.device
+) -> th.Tensor:
+    """The values of a rollout's last observations ``obs``, which GAE's last step bootstraps from: ``[num_envs, 1]``.
+
+    Zeros where nothing reads them: without a critic (``needs_values=False``: group advantages), and for the envs
+    whose episode ended at the last step, whose next value GAE multiplies by 0 (their observation is a new episode's
+    first, whose value costs an LM a prompt prefill). When no env is still running, no call is made; the advantages
+    and returns are SB3's to the bit. Otherwise, with ``by_rows``, only the running envs' observations are valued
+    (a :class:`~sb3_grpo.policies.CausalLMPolicy` serves them from its look-ahead, with no forward); without it, one
+    call of every env's, as SB3 makes it (``exact_ppo`` of :meth:`RolloutExtras.start`).
+
+    :param dones: The last step's ``dones``.
+    :param by_rows: Value only the running envs' rows (floats may round differently from a call of all of them).
+    """
+    values = th.zeros((len(dones), 1), device=device)
+    running = ~np.asarray(dones, dtype=bool)
+    if not needs_values or not running.any():
+        return values
+    if by_rows and not running.all() and isinstance(obs, (dict, np.ndarray)):
+        rows = {key: value[running] for key, value in obs.items()} if isinstance(obs, dict) else obs[running]
+        values[th.as_tensor(running, device=device)] = policy.predict_values(obs_as_tensor(rows, device)).reshape(-1, 1)
+        return values
+    return policy.predict_values(obs_as_tensor(obs, device))  # type: ignore[arg-type]
 
 
 def bootstrap_truncated(
