@@ -27,9 +27,23 @@ from textrl_envs.sb3 import make_vec_env
 VOCAB = 300  # the vocabulary of the models built here (the tiny models have their config's)
 
 
+def tiny_llama_lora():
+    """The tiny Llama with peft LoRA adapters on every projection (dropout on, which eval mode turns off), their B
+    matrices drawn at random so that the adapters change the outputs."""
+    peft = pytest.importorskip("peft", reason="LoRA needs the lora extra (pip install peft)")
+    lm = tiny_llama()
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft.get_peft_model(lm, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=targets))
+    with th.no_grad():
+        for name, param in lm.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5, generator=th.Generator().manual_seed(len(name)))
+    return lm
+
+
 #: The LM bodies (``base_model``) of the tiny models the policy tests use; Qwen2's and Llama's with grouped-query
-#: attention (4 query heads over 2 key/value heads), Qwen2's with biased projections.
-MODELS = {"gpt2": tiny_gpt2, "llama": tiny_llama, "qwen2": tiny_qwen2}
+#: attention (4 query heads over 2 key/value heads), Qwen2's with biased projections; the Llama with LoRA adapters.
+MODELS = {"gpt2": tiny_gpt2, "llama": tiny_llama, "qwen2": tiny_qwen2, "llama-lora": tiny_llama_lora}
 
 
 def _body(name, dtype=th.float32):
@@ -118,7 +132,8 @@ def test_lean_step_refuses_what_is_not_the_stock_model():
     assert lean_step(Qwen2Model(windowed).eval()) is None
 
 
-def test_lean_step_is_off_for_lora_and_on_for_the_plain_policy():
+def test_lean_step_is_off_for_a_gpt2_with_lora_and_on_for_the_plain_policy():
+    """GPT-2's step multiplies its weights itself, so LoRA layers there take the model's forward."""
     pytest.importorskip("peft", reason="LoRA needs the lora extra (pip install peft)")
     env = make_vec_env("TextGen-v0", n_envs=2, seed=0, device="cpu", max_new_tokens=4)
     plain = quiet(GRPO("CausalLMPolicy", env, n_steps=4, batch_size=8, device="cpu"))

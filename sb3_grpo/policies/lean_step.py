@@ -14,8 +14,10 @@ the new column into spare room that a layer keeps beyond its columns, and the la
 first ones (the same numbers: attention reads a view as it reads a copy).
 
 It reads the weights at each call (a step after an optimizer update sees the new weights) and serves only a model
-whose modules are the stock ones: in eval mode, with no forward hooks (FSDP, user hooks), no LoRA or quantized
-layers (their classes differ) and the config options the stock attention takes. Anything else gets ``None``, and the
+whose modules are the stock ones: in eval mode, with no forward hooks (FSDP, user hooks), no quantized layers
+(their classes differ) and the config options the stock attention takes. LoRA layers (peft's, over plain linear
+layers) are taken in the Llama family, whose step calls each projection as the model's forward does; GPT-2's step
+multiplies its weights itself, so a GPT-2 with LoRA uses the model's forward. Anything else gets ``None``, and the
 decoder uses the model's forward.
 
 Architectures: GPT-2 (``GPT2Model``), and the Llama family with rotary embeddings, RMSNorm, grouped-query attention
@@ -178,11 +180,19 @@ def _stock_llama(body: nn.Module) -> bool:
     norms = [body.norm, *(n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm))]
     norm_class = type(body.norm)
     return (
-        _all_of(linears, nn.Linear)
+        all(type(m) is nn.Linear or _lora_linear(m) for m in linears)
         and _all_of(norms, norm_class)
         and norm_class.__name__.endswith("RMSNorm")
         and type(body.embed_tokens) is nn.Embedding
         and all(getattr(layer.self_attn, "q_norm", None) is None for layer in layers)
+    )
+
+
+def _lora_linear(module: nn.Module) -> bool:
+    """A peft LoRA layer over a plain ``nn.Linear``: the Llama step calls its projections as modules, as the model's
+    forward does, so the adapters' arithmetic is the layer's own either way."""
+    return type(module).__module__.startswith("peft.tuners.lora") and type(getattr(module, "base_layer", None)) is (
+        nn.Linear
     )
 
 
