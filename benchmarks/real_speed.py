@@ -199,7 +199,9 @@ def prompt_workload(ids: Any, mask: Any) -> tuple[int, int, int]:
     """``(distinct prompts, their mean tokens, prefill tokens)`` of a batch of prompt windows. The prefill tokens are
     the distinct prefixes of the prompts (the nodes of their trie): what a rollout must compute at least, as each
     prompt token's keys and values depend only on the tokens up to it."""
-    windows = {tuple(i for i, m in zip(row, keep) if m) for row, keep in zip(ids.tolist(), mask.tolist())}
+    from sb3_grpo.policies.prefill_memo import PrefillMemo
+
+    windows = set(PrefillMemo.windows(ids, mask))
     prefixes = {window[:n] for window in windows for n in range(1, len(window) + 1)}
     return len(windows), round(sum(map(len, windows)) / len(windows)), len(prefixes)
 

@@ -191,9 +191,8 @@ def _stock_llama(body: nn.Module) -> bool:
 def _lora_linear(module: nn.Module) -> bool:
     """A peft LoRA layer over a plain ``nn.Linear``: the Llama step calls its projections as modules, as the model's
     forward does, so the adapters' arithmetic is the layer's own either way."""
-    return type(module).__module__.startswith("peft.tuners.lora") and type(getattr(module, "base_layer", None)) is (
-        nn.Linear
-    )
+    base = getattr(module, "base_layer", None)
+    return type(module).__module__.startswith("peft.tuners.lora") and type(base) is nn.Linear
 
 
 def _rms_norm(norm: Any, x: th.Tensor) -> th.Tensor:
