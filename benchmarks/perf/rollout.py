@@ -60,7 +60,9 @@ def text_env(n_envs: int, tokens: int, device: Any, eos: bool = True, env_id: st
 
 def collector(env: Any, tokens: int, device: Any, lm: Any = None, **grpo_kwargs: Any) -> Any:
     """A callable running one ``GRPO.collect_rollouts`` of ``tokens`` steps (GRPO's defaults unless overridden),
-    starting each time without cache, as a rollout after an update does."""
+    starting each time without cache, as a rollout after an update does, from new episodes (``env.reset()``, so
+    collectors can share ``env``)."""
+    import numpy as np
     from stable_baselines3.common.logger import configure
 
     from sb3_grpo import GRPO
@@ -83,6 +85,10 @@ def collector(env: Any, tokens: int, device: Any, lm: Any = None, **grpo_kwargs:
 
     def collect() -> None:
         model.policy.reset_cache()  # as after an update: no cache and no prefill memo carried over
+        # Start from the env's fresh episodes, not from the observation this model saw last: a bench may share one env
+        # between collectors, and a stale observation would make the first step's prefill miss the env's prompts.
+        model._last_obs = env.reset()
+        model._last_episode_starts = np.ones(env.num_envs, dtype=bool)
         model.collect_rollouts(env, callback, model.rollout_buffer, n_rollout_steps=tokens)
 
     return collect
