@@ -44,6 +44,7 @@ from benchmarks import changed_settings
 from sb3_grpo.compare.pages import write_results_page
 
 MODEL = "smollm2-135m-instruct"
+TITLE = "Learning on a real model: SmolLM2-135M-Instruct on 2 CPU cores"
 
 
 class StudyTask(NamedTuple):
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="start over: ignore the results already in --out")
     p.add_argument("--page", default=None, help="write the results page here (e.g. docs/results/real_model.md)")
     p.add_argument("--page-only", action="store_true", help="write the page from --out's results, run nothing")
+    p.add_argument("--title", default=TITLE, help="the page's title (a second study's page needs its own)")
     return p
 
 
@@ -613,8 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         page = Path(args.page)
         figure = curves_figure(list(results["runs"].values()), page.with_name(page.stem + "-curves.png"))
         command = "textrl-bench real-model " + shlex.join(argv if argv is not None else sys.argv[1:])
-        write_results_page(page, "Learning on a real model: SmolLM2-135M-Instruct on 2 CPU cores",
-                           page_body(results, args, figure), command)  # fmt: skip
+        write_results_page(page, args.title, page_body(results, args, figure), command)
         print(f"[real-model] wrote {page} ({platform.node()})")
     return 0
 
