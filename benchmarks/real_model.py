@@ -249,8 +249,17 @@ def majority_baseline(task: str, args, spec) -> dict[str, Any]:
     train = gym.make("ReasoningGym-v0", **env_kwargs(task, 1000, args.max_new_tokens)).unwrapped.suite.items
     answer, _ = Counter(str(item["answer"]) for item in train).most_common(1)[0]
     items = list(range(len(spec.prompt_texts)))
-    accuracy = float(np.mean(spec.score(items, [answer] * len(items)) >= 1.0))
-    return {"answer": answer, "accuracy": accuracy}
+    right = spec.score(items, [f"Answer: {answer}"] * len(items)) >= 1.0
+    others = [i for i in items if not right[i]]
+    return {"answer": answer, "accuracy": float(np.mean(right)), "others": others}
+
+
+def beyond_prior(greedy: list[int], majority: dict[str, Any]) -> float | None:
+    """Greedy accuracy on the held-out items whose answer is not the most common one (``majority["others"]``): what
+    a policy gets right by reading the question, as learning the prior alone scores 0 there (``None``: no such
+    items)."""
+    others = majority["others"]
+    return float(np.mean([greedy[i] for i in others])) if others else None
 
 
 def heldout_spec(task: str, args):
@@ -379,11 +388,14 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
         "",
         *reward_paragraph(results),
         "The control: *most common answer* is the held-out accuracy of always giving the training items' most "
-        "common answer. A policy can reach it by learning the prior alone; above it, the question is being read.",
+        "common answer. A policy can reach it by learning the prior alone; above it, the question is being read. "
+        "*Other answers* is the greedy pass@1 on the held-out items whose answer is not the most common one, before "
+        "and after: learning the prior alone scores 0 there.",
         "",
         "| task | arm | seeds | most common answer | pass@1 before | pass@1 after | change (t, seeds) | "
-        f"change (bootstrap) | pass@{args.samples} before | pass@{args.samples} after | minutes / run | tokens/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"change (bootstrap) | other answers: pass@1 before, after | pass@{args.samples} before | "
+        f"pass@{args.samples} after | minutes / run | tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     verdicts = []
     for task in sorted({r["task"] for r in runs}):
@@ -399,9 +411,15 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
             d_mean, d_half = t_interval(deltas)
             majority = before.get("majority")
             control = f"{majority['answer']!r}: {majority['accuracy']:.3f}" if majority else "-"
+            others = "-"
+            if majority and "others" in majority and majority["others"]:
+                after_others = [beyond_prior(r["after"]["greedy"], majority) for r in rs]
+                others = (f"{beyond_prior(before['greedy'], majority):.3f}, "
+                          f"{fmt_ci(*t_interval(after_others))} ({len(majority['others'])} items)")  # fmt: skip
             lines.append(
                 f"| {task} | {arm} | {len(rs)} | {control} | {before['pass1']:.3f} | {fmt_ci(*t_interval(p1))} | "
-                f"{fmt_ci(d_mean, d_half)} | [{lo:+.3f}, {hi:+.3f}] | {before[f'pass@{args.samples}']:.3f} | "
+                f"{fmt_ci(d_mean, d_half)} | [{lo:+.3f}, {hi:+.3f}] | {others} | "
+                f"{before[f'pass@{args.samples}']:.3f} | "
                 f"{fmt_ci(*t_interval(pk))} | {np.mean([r['seconds'] for r in rs]) / 60:.1f} | "
                 f"{np.mean([r['tokens_per_s'] for r in rs]):.0f} |"
             )
@@ -413,7 +431,7 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
                 grouped = arm != "ppo"  # PPO learns from a value head, not from groups
                 why = "" if up or not grouped else " " + signal_clause(before["mean_sampled"], args.group_size)
                 if up and majority:
-                    why = " " + control_clause(float(np.mean(p1)), majority)
+                    why = " " + control_clause(float(np.mean(p1)), majority, before["greedy"], rs)
                 verdicts.append(f"- {task}, {arm}: {word} held-out pass@1 ({d_mean:+.3f}; the t-interval {side} "
                                 f"no change).{why} {sampled_clause(before, rs, args.temperature)}")  # fmt: skip
     missing = [f"{t}/{a}/{s}" for t, a, s in planned_runs(args) if f"{t}/{a}/{s}" not in results["runs"]]
@@ -497,11 +515,26 @@ def sampled_clause(before: dict[str, Any], runs: list[dict[str, Any]], temperatu
             f"{fmt_ci(*t_interval(after))} after ({d_mean:+.3f}; the t-interval {side} no change).")  # fmt: skip
 
 
-def control_clause(after: float, majority: dict[str, Any]) -> str:
-    """How a raised accuracy stands against the most-common-answer control."""
+def control_clause(
+    after: float, majority: dict[str, Any], greedy_before: list[int] | None = None, runs: list[dict] = ()
+) -> str:  # fmt: skip
+    """How a raised accuracy stands against the most-common-answer control, and (given the untrained model's
+    ``greedy_before`` and the ``runs``) on the items the prior gets wrong (:func:`beyond_prior`)."""
     where = "above" if after > majority["accuracy"] else "not above"
-    return (f"Its pass@1 after, {after:.3f}, is {where} always answering {majority['answer']!r} "
+    text = (f"Its pass@1 after, {after:.3f}, is {where} always answering {majority['answer']!r} "
             f"({majority['accuracy']:.3f}).")  # fmt: skip
+    if greedy_before is None or not runs or not majority.get("others"):
+        return text
+    mean, half = t_interval([beyond_prior(r["after"]["greedy"], majority) for r in runs])
+    first = beyond_prior(greedy_before, majority)
+    if mean - half > first:
+        reading = "it rose, so the policy answers questions that the prior gets wrong"
+    elif mean + half < first:
+        reading = "it fell: the gain is the prior's, paid for with questions it answered before"
+    else:
+        reading = "no clear change, so the gain is the prior's"
+    return (f"{text} On the {len(majority['others'])} items whose answer is not {majority['answer']!r}, its pass@1 "
+            f"went from {first:.3f} to {fmt_ci(mean, half)}: {reading}.")  # fmt: skip
 
 
 def load_results(path: Path, fresh: bool) -> dict[str, Any]:
@@ -606,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[real-model] {key}: pass@1 {results['before'][task]['pass1']:.3f} -> {r['after']['pass1']:.3f} "
                   f"in {r['seconds'] / 60:.1f} min", flush=True)  # fmt: skip
             save_results(out / "results.json", results)
-    missing_controls = [task for task, before in results["before"].items() if "majority" not in before]
+    missing_controls = [task for task, b in results["before"].items() if "others" not in b.get("majority", {})]
     for task in missing_controls:  # cheap: reasoning-gym's items and the tokenizer, no model
         results["before"][task]["majority"] = majority_baseline(task, args, heldout_spec(task, args))
     if missing_controls:

