@@ -17,6 +17,9 @@ The arms (``--arms``), on each task of ``--tasks`` (3 seeds each by default):
 * ``drgrpo``: Dr. GRPO (``make_preset("dr-grpo")``) with the same LoRA;
 * ``full``: DeepSeekMath's GRPO as a full fine-tune (every weight), at ``--full-lr``, one seed.
 
+``--screen`` evaluates the untrained model on other tasks without training them (a table on the page): what each
+would give GRPO to learn from, the way to choose a task before spending runs on it.
+
 Every run's result is written to ``<out>/results.json`` as soon as it ends, and a rerun skips the runs already there,
 so the study can run in parts (``--resume`` is the default; ``--fresh`` starts over). The page is rewritten from all
 the results so far::
@@ -101,6 +104,19 @@ TASKS: dict[str, StudyTask] = {
         ),
     ),
     "gsm_symbolic": StudyTask({}, 224, "grade-school math word problems (GSM8K templates)"),
+    "family_relationships": StudyTask(
+        {"min_family_size": 4, "max_family_size": 4}, 192, "logic: a family of four, one relation asked (one word)"
+    ),
+    "needle_haystack": StudyTask(
+        {"min_num_statements": 5, "max_num_statements": 8}, 192, "reading: who likes what, among 5-8 statements"
+    ),
+    "syllogism": StudyTask({}, 160, "logic: does a conclusion follow from two premises (yes or no)"),
+    "word_sequence_reversal": StudyTask({"min_words": 3, "max_words": 4}, 112, "word task: reverse 3-4 words"),
+    "number_sequence": StudyTask(
+        {"min_terms": 4, "max_terms": 6, "min_value": -20, "max_value": 20, "max_complexity": 1},
+        96,
+        "pattern: the next number of a short sequence",
+    ),
 }
 ARMS = ("grpo", "ppo", "drgrpo", "full")
 LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
@@ -134,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page", default=None, help="write the results page here (e.g. docs/results/real_model.md)")
     p.add_argument("--page-only", action="store_true", help="write the page from --out's results, run nothing")
     p.add_argument("--title", default=TITLE, help="the page's title (a second study's page needs its own)")
+    p.add_argument("--screen", default="", help="tasks to screen: the untrained model's accuracy on each, no training")
+    p.add_argument("--screen-items", type=int, default=48, help="held-out items per screened task")
     return p
 
 
@@ -262,13 +280,23 @@ def beyond_prior(greedy: list[int], majority: dict[str, Any]) -> float | None:
     return float(np.mean([greedy[i] for i in others])) if others else None
 
 
-def heldout_spec(task: str, args):
+def heldout_spec(task: str, args, items: int | None = None):
+    """The env spec of ``items`` (default ``--eval-items``) held-out items of ``task``."""
     import gymnasium as gym
 
     import textrl_envs  # noqa: F401  (registers the ids)
 
-    env = gym.make("ReasoningGym-v0", seed=HELDOUT_SEED, **env_kwargs(task, args.eval_items, args.max_new_tokens))
+    size = args.eval_items if items is None else items
+    env = gym.make("ReasoningGym-v0", seed=HELDOUT_SEED, **env_kwargs(task, size, args.max_new_tokens))
     return env.unwrapped.text_spec
+
+
+def screen_task(lm, task: str, args) -> dict[str, Any]:
+    """What a task offers GRPO before any training: the untrained model's greedy and sampled accuracy on
+    ``--screen-items`` held-out items, and the most-common-answer control."""
+    spec = heldout_spec(task, args, args.screen_items)
+    found = evaluate(lm, spec, args.samples, 0, args.temperature)
+    return {**found, "items": args.screen_items, "majority": majority_baseline(task, args, spec)}
 
 
 # -- one run ------------------------------------------------------------------------------------------------------
@@ -438,7 +466,7 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
     if missing:
         verdicts.append(f"- Not run yet ({len(missing)} of the {len(planned_runs(args))} runs this command plans; "
                         f"running it again goes on from here): {', '.join(missing)}.")  # fmt: skip
-    lines += ["", "## Verdicts", "", *verdicts, *dropped_tasks(results, args)]
+    lines += ["", "## Verdicts", "", *verdicts, *dropped_tasks(results, args), *screen_section(results, args)]
     if figure:
         lines += ["", "## Learning curves", "", f"![rollout reward against timesteps]({figure})"]
     lines += ["", "## Examples (greedy, first held-out items)", ""]
@@ -492,6 +520,30 @@ def dropped_tasks(results: dict[str, Any], args) -> list[str]:
 
 #: Below this share of groups holding a correct answer, a task gives GRPO too little signal to learn in one run.
 SCARCE_SIGNAL = 0.25
+
+
+def screen_section(results: dict[str, Any], args) -> list[str]:
+    """The page's table of screened tasks (``--screen``): what each offered GRPO before training."""
+    screened = results.get("screen", {})
+    if not screened:
+        return []
+    k = args.samples
+    lines = ["", "## Tasks screened for a word or logic task", "",
+             "The untrained model on held-out items of tasks that were candidates for the study, before any training: "
+             f"greedy pass@1, the share of its sampled answers that are right (temperature {args.temperature:g}), the "
+             f"share of GRPO's groups of {args.group_size} that would hold a right answer (the only groups whose "
+             "advantages are not all 0), and the most-common-answer control.", "",
+             "| task | what it asks | items | pass@1 | sampled right | groups with a right answer | "
+             f"pass@{k} | most common answer | first greedy reply |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for task, found in sorted(screened.items()):
+        p = found["mean_sampled"]
+        majority = found["majority"]
+        reply = found["examples"][0][:80].replace("|", "/").replace("\n", " ")
+        lines.append(f"| {task} | {TASKS[task].description} | {found['items']} | {found['pass1']:.3f} | {p:.3f} | "
+                     f"{1 - (1 - p) ** args.group_size:.0%} | {found[f'pass@{k}']:.3f} | "
+                     f"{majority['answer']!r}: {majority['accuracy']:.3f} | {reply!r} |")  # fmt: skip
+    return lines
 
 
 def signal_clause(sampled: float, group_size: int) -> str:
@@ -602,17 +654,35 @@ def planned_runs(args) -> list[tuple[str, str, int]]:
     return plan
 
 
+def check_names(args) -> None:
+    """Refuse unknown tasks and arms before anything runs."""
+    for what, names, known in (("task", args.tasks, TASKS), ("task to screen", args.screen, TASKS),
+                               ("arm", args.arms, ARMS)):  # fmt: skip
+        for name in (n.strip() for n in names.split(",") if n.strip()):
+            if name not in known:
+                raise SystemExit(f"unknown {what} {name!r}; known: {', '.join(known)}")
+
+
+def run_screen(results: dict[str, Any], args, path: Path) -> None:
+    """Screen the ``--screen`` tasks not screened yet (:func:`screen_task`), saving after each."""
+    todo = [t.strip() for t in args.screen.split(",") if t.strip() and t.strip() not in results.get("screen", {})]
+    if not todo:
+        return
+    from sb3_grpo.policies.models import load_lm
+
+    lm = load_lm(MODEL, None)
+    for task in todo:
+        print(f"[real-model] {task}: screening the untrained model", flush=True)
+        results.setdefault("screen", {})[task] = screen_task(lm, task, args)
+        save_results(path, results)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import torch as th
 
     th.set_num_threads(args.threads)
-    for task in args.tasks.split(","):
-        if task not in TASKS:
-            raise SystemExit(f"unknown task {task!r}; known: {', '.join(TASKS)}")
-    for arm in args.arms.split(","):
-        if arm not in ARMS:
-            raise SystemExit(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
+    check_names(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = load_results(out / "results.json", args.fresh)
@@ -639,6 +709,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[real-model] {key}: pass@1 {results['before'][task]['pass1']:.3f} -> {r['after']['pass1']:.3f} "
                   f"in {r['seconds'] / 60:.1f} min", flush=True)  # fmt: skip
             save_results(out / "results.json", results)
+    if not args.page_only:
+        run_screen(results, args, out / "results.json")
     missing_controls = [task for task, b in results["before"].items() if "others" not in b.get("majority", {})]
     for task in missing_controls:  # cheap: reasoning-gym's items and the tokenizer, no model
         results["before"][task]["majority"] = majority_baseline(task, args, heldout_spec(task, args))

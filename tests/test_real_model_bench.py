@@ -125,9 +125,13 @@ def test_a_tiny_study_runs_resumes_and_writes_its_page(tmp_path, gguf_cache):
     out, page = tmp_path / "study", tmp_path / "page.md"
     argv = ["--tasks", "basic_arithmetic", "--arms", "grpo", "--seeds", "1", "--timesteps", "16", "--n-envs", "4",
             "--group-size", "2", "--n-steps", "4", "--max-new-tokens", "8", "--eval-items", "4", "--samples", "2",
-            "--threads", "1", "--out", str(out), "--page", str(page)]  # fmt: skip
+            "--threads", "1", "--out", str(out), "--page", str(page), "--screen", "syllogism",
+            "--screen-items", "2"]  # fmt: skip
     assert rm.main(argv) == 0
     results = json.loads((out / "results.json").read_text())
+    screened = results["screen"]["syllogism"]
+    assert screened["items"] == 2 and len(screened["greedy"]) == 2 and screened["majority"]["answer"] in ("Yes", "No")
+    assert "## Tasks screened for a word or logic task" in page.read_text()
     run = results["runs"]["basic_arithmetic/grpo/0"]
     assert run["timesteps"] >= 16 and len(run["after"]["greedy"]) == 4 and run["after"]["samples"] == 2
     assert "Learning on a real model" in page.read_text() and (tmp_path / "page-curves.png").is_file()
@@ -295,3 +299,18 @@ def test_runs_trained_on_another_reward_are_set_aside_and_reported():
     assert "Training rewards" not in rm.page_body(
         fake_results(), rm.build_parser().parse_args(["--samples", "2"]), None
     )
+
+
+def test_the_screen_table_gives_each_tasks_signal():
+    """Sampled accuracy 0.1 leaves 1 - 0.9^8 = 57% of the groups of 8 with a right answer."""
+    args = rm.build_parser().parse_args(["--samples", "2"])
+    results = fake_results()
+    results["screen"] = {"syllogism": {"items": 4, "pass1": 0.25, "mean_sampled": 0.1, "pass@2": 0.2,
+                                       "examples": ["No, it does not\nfollow | at all"],
+                                       "majority": {"answer": "Yes", "accuracy": 0.75, "others": [3]}}}  # fmt: skip
+    body = rm.page_body(results, args, None)
+    row = next(line for line in body.splitlines() if line.startswith("| syllogism |"))
+    assert row == ("| syllogism | logic: does a conclusion follow from two premises (yes or no) | 4 | 0.250 | 0.100 | "
+                   "57% | 0.200 | 'Yes': 0.750 | 'No, it does not follow / at all' |")  # fmt: skip
+    with pytest.raises(SystemExit, match="unknown task to screen 'nope'"):
+        rm.check_names(rm.build_parser().parse_args(["--screen", "syllogism,nope"]))
