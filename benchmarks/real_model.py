@@ -460,6 +460,8 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
                 why = "" if up or not grouped else " " + signal_clause(before["mean_sampled"], args.group_size)
                 if up and majority:
                     why = " " + control_clause(float(np.mean(p1)), majority, before["greedy"], rs)
+                elif majority and majority.get("others") and grouped:
+                    why += " " + prior_clause(before["greedy"], majority, rs)
                 verdicts.append(f"- {task}, {arm}: {word} held-out pass@1 ({d_mean:+.3f}; the t-interval {side} "
                                 f"no change).{why} {sampled_clause(before, rs, args.temperature)}")  # fmt: skip
     missing = [f"{t}/{a}/{s}" for t, a, s in planned_runs(args) if f"{t}/{a}/{s}" not in results["runs"]]
@@ -571,22 +573,31 @@ def control_clause(
     after: float, majority: dict[str, Any], greedy_before: list[int] | None = None, runs: list[dict] = ()
 ) -> str:  # fmt: skip
     """How a raised accuracy stands against the most-common-answer control, and (given the untrained model's
-    ``greedy_before`` and the ``runs``) on the items the prior gets wrong (:func:`beyond_prior`)."""
+    ``greedy_before`` and the ``runs``) on the items the prior gets wrong (:func:`prior_clause`)."""
     where = "above" if after > majority["accuracy"] else "not above"
     text = (f"Its pass@1 after, {after:.3f}, is {where} always answering {majority['answer']!r} "
             f"({majority['accuracy']:.3f}).")  # fmt: skip
     if greedy_before is None or not runs or not majority.get("others"):
         return text
+    return f"{text} {prior_clause(greedy_before, majority, runs, raised=True)}"
+
+
+def prior_clause(greedy_before: list[int], majority: dict[str, Any], runs: list[dict], raised: bool = False) -> str:
+    """How pass@1 moved on the held-out items whose answer is not the most common one (:func:`beyond_prior`), with
+    each seed's pass@1 on all items; ``raised``: the arm raised pass@1, and the clause says whether the prior
+    explains it."""
     mean, half = t_interval([beyond_prior(r["after"]["greedy"], majority) for r in runs])
     first = beyond_prior(greedy_before, majority)
     if mean - half > first:
         reading = "it rose, so the policy answers questions that the prior gets wrong"
     elif mean + half < first:
-        reading = "it fell: the gain is the prior's, paid for with questions it answered before"
+        paid = ": the gain is the prior's, paid for with questions it answered before"
+        reading = "it fell" + (paid if raised else "")
     else:
-        reading = "no clear change, so the gain is the prior's"
-    return (f"{text} On the {len(majority['others'])} items whose answer is not {majority['answer']!r}, its pass@1 "
-            f"went from {first:.3f} to {fmt_ci(mean, half)}: {reading}.")  # fmt: skip
+        reading = "no clear change" + (", so the gain is the prior's" if raised else "")
+    seeds = ", ".join(f"{r['after']['pass1']:.3f}" for r in runs)
+    return (f"On the {len(majority['others'])} items whose answer is not {majority['answer']!r}, its pass@1 went from "
+            f"{first:.3f} to {fmt_ci(mean, half)}: {reading} (pass@1 on all items, per seed: {seeds}).")  # fmt: skip
 
 
 def load_results(path: Path, fresh: bool) -> dict[str, Any]:

@@ -114,6 +114,11 @@ def test_the_page_reads_the_items_the_prior_gets_wrong():
         run["after"]["greedy"][5] = 1
     body = rm.page_body(results, args, None)
     assert "went from 0.000 to 0.250 ± 0.000: it rose, so the policy answers questions that the prior" in body
+    assert "(pass@1 on all items, per seed: 0.250, 0.375, 0.500)." in body
+    results["before"]["basic_arithmetic"]["pass1"] = 0.9  # now every seed lowers pass@1: the clause stays
+    body = rm.page_body(results, args, None)
+    line = next(x for x in body.splitlines() if x.startswith("- basic_arithmetic, grpo: lowers"))
+    assert "0.000 to 0.250 ± 0.000: it rose, so the policy answers questions that the prior gets wrong (pass@1" in line
     assert rm.beyond_prior([1, 0, 1, 1], {"others": [1, 2]}) == 0.5 and rm.beyond_prior([1], {"others": []}) is None
 
 
