@@ -4,7 +4,7 @@
 
     textrl-bench perf --quick                          # every throughput / memory row, small sizes, rough ratios
     textrl-bench perf --smoke                          # every row at the smallest sizes: checks each gives a figure
-    textrl-bench perf --only update rollout            # some rows; writes docs/results/perf.md unless --no-page
+    textrl-bench perf --only update rollout            # some rows (a results page only with --page PATH.md)
     textrl-bench claims --budget default --workers 2   # the claims study, about 20 minutes on 2 idle cores
     textrl-bench report runs/claims-default-...        # rewrite claims.md from a claims out dir's results.json
     textrl-bench trl --preset small                    # the complete loop against TRL's GRPOTrainer (trl extra)
@@ -93,7 +93,8 @@ def _add_page_options(p: argparse.ArgumentParser, name: str) -> None:
         "--page",
         default=None,
         metavar="PATH.md",
-        help=f"the results page to write (default {RESULTS_DIR / name}; smoke runs write none unless given)",
+        help=f"the results page to write (default {RESULTS_DIR / name}; smoke runs, and perf runs of some rows "
+        "(--only), write none unless given)",
     )
     page.add_argument("--no-page", action="store_true", help="write no results page")
 
@@ -167,14 +168,15 @@ def _add_claims(sub: Any) -> None:
     c.set_defaults(subparser=c)
 
 
-def _page_path(args: argparse.Namespace, name: str, smoke: bool) -> Path | None:
-    """The results page a command writes: ``--page``, else ``RESULTS_DIR / name`` (none for ``--no-page`` or a smoke
-    run: its figures check the code, they are not measurements)."""
+def _page_path(args: argparse.Namespace, name: str, smoke: bool, partial: bool = False) -> Path | None:
+    """The results page a command writes: ``--page``, else ``RESULTS_DIR / name`` (none for ``--no-page``, for a smoke
+    run, whose figures check the code and are not measurements, or for a ``partial`` run of some of the page's rows,
+    which would replace the page's other rows)."""
     if args.no_page:
         return None
     if args.page:
         return Path(args.page)
-    return None if smoke else RESULTS_DIR / name
+    return None if smoke or partial else RESULTS_DIR / name
 
 
 def _perf(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
@@ -201,7 +203,12 @@ def _perf(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Seque
     except KeyboardInterrupt:
         print(f"\ninterrupted; measurements so far are in {out}/perf.json", file=sys.stderr)
         return EXIT_INTERRUPTED
-    page = _page_path(args, "perf.md", args.smoke)
+    page = _page_path(args, "perf.md", args.smoke, partial=args.only is not None)
+    if page is None and args.only is not None and not args.no_page and not args.smoke:
+        print(
+            f"no results page written: a run of some rows (--only) would replace the other rows of "
+            f"{RESULTS_DIR / 'perf.md'}; pass --page PATH.md to write one (the figures are in {out}/perf.md)"
+        )
     if page is not None:
         command = shlex.join(["textrl-bench", *argv])
         write_results_page(page, "Throughput and memory", perf_page_body(result), command, info=result["environment"])
