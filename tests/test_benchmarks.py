@@ -118,13 +118,15 @@ def test_claims_page_is_claims_md_with_a_stamp(tmp_path):
         ([], True, None),  # a smoke run's figures are not measurements
         (["--page", "elsewhere.md"], True, Path("elsewhere.md")),
         (["--no-page"], False, None),
+        (["--only", "env"], False, None),  # some rows: the default page would lose its others
+        (["--only", "env", "--page", "env.md"], False, Path("env.md")),
     ],
 )
 def test_which_results_page_perf_writes(argv, smoke, expected):
     from benchmarks.cli import _page_path, build_parser
 
     args = build_parser().parse_args(["perf", *argv])
-    page = _page_path(args, "perf.md", smoke)
+    page = _page_path(args, "perf.md", smoke, partial=args.only is not None)
     assert page == expected
 
 

@@ -588,20 +588,3 @@ def test_report_rewrites_the_results_page_with_the_runs_own_command_and_commit(t
     assert "- Commit: `0123abc`\n" in text
     assert f"- Command: `{shlex.join(['sb3-grpo', *argv])}`" in text
     assert (page.parent / "cartpole-curves.png").is_file() and "](cartpole-curves.png)" in text
-
-
-def test_a_perf_run_of_some_rows_writes_no_page_unless_asked():
-    """``--only`` measures some of the page's rows: writing the default page would drop the others."""
-    import argparse
-    from pathlib import Path
-
-    from benchmarks.cli import RESULTS_DIR, _page_path
-
-    def args(**kw):
-        return argparse.Namespace(**{"page": None, "no_page": False, **kw})
-
-    assert _page_path(args(), "perf.md", smoke=False) == RESULTS_DIR / "perf.md"
-    assert _page_path(args(), "perf.md", smoke=False, partial=True) is None
-    assert _page_path(args(page="x.md"), "perf.md", smoke=False, partial=True) == Path("x.md")
-    assert _page_path(args(no_page=True), "perf.md", smoke=False) is None
-    assert _page_path(args(), "perf.md", smoke=True) is None
