@@ -440,7 +440,7 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
             majority = before.get("majority")
             control = f"{majority['answer']!r}: {majority['accuracy']:.3f}" if majority else "-"
             others = "-"
-            if majority and "others" in majority and majority["others"]:
+            if majority and majority.get("others"):
                 after_others = [beyond_prior(r["after"]["greedy"], majority) for r in rs]
                 others = (f"{beyond_prior(before['greedy'], majority):.3f}, "
                           f"{fmt_ci(*t_interval(after_others))} ({len(majority['others'])} items)")  # fmt: skip
@@ -504,7 +504,7 @@ def dropped_tasks(results: dict[str, Any], args) -> list[str]:
     """A paragraph per task that has runs but is no longer in ``--tasks``: how far it got, and why GRPO had little
     to learn from (the untrained model's sampled accuracy ``p`` leaves ``1 - (1 - p)^G`` of the groups of ``G`` with a
     correct answer, the only groups whose advantages are not all 0)."""
-    asked = {t.strip() for t in args.tasks.split(",")}
+    asked = set(names(args.tasks))
     out = []
     for task in sorted({r["task"] for r in results["runs"].values()} - asked):
         rs = [r for r in results["runs"].values() if r["task"] == task]
@@ -543,15 +543,21 @@ def screen_section(results: dict[str, Any], args) -> list[str]:
         majority = found["majority"]
         reply = found["examples"][0][:80].replace("|", "/").replace("\n", " ")
         lines.append(f"| {task} | {TASKS[task].description} | {found['items']} | {found['pass1']:.3f} | {p:.3f} | "
-                     f"{1 - (1 - p) ** args.group_size:.0%} | {found[f'pass@{k}']:.3f} | "
+                     f"{informative_share(p, args.group_size):.0%} | {found[f'pass@{k}']:.3f} | "
                      f"{majority['answer']!r}: {majority['accuracy']:.3f} | {reply!r} |")  # fmt: skip
     return lines
+
+
+def informative_share(sampled: float, group_size: int) -> float:
+    """The share of groups of ``group_size`` answers that hold at least one right one when a ``sampled`` share of
+    answers is right: ``1 - (1 - p)^G``, the groups whose advantages are not all 0."""
+    return 1 - (1 - sampled) ** group_size
 
 
 def signal_clause(sampled: float, group_size: int) -> str:
     """What the untrained model's sampled accuracy leaves GRPO to learn from: the share of groups with a correct
     answer, the only groups whose advantages are not all 0."""
-    informative = 1 - (1 - sampled) ** group_size
+    informative = informative_share(sampled, group_size)
     said = (f"With {sampled:.1%} of the untrained model's sampled answers right, {informative:.0%} of the groups of "
             f"{group_size} hold a correct answer, the only groups whose advantages are not all 0")  # fmt: skip
     if informative < SCARCE_SIGNAL:
@@ -654,8 +660,7 @@ def save_results(path: Path, results: dict[str, Any]) -> None:
 
 
 def planned_runs(args) -> list[tuple[str, str, int]]:
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    tasks, arms = names(args.tasks), names(args.arms)
     side = args.side_task or tasks[0]
     plan = []  # GRPO on every task first (the study's main question), then the other arms on the side task
     for arm in sorted(arms, key=lambda a: a != "grpo"):
@@ -665,18 +670,23 @@ def planned_runs(args) -> list[tuple[str, str, int]]:
     return plan
 
 
+def names(listed: str) -> list[str]:
+    """The names of a comma-separated option (``"a, b,"`` -> ``["a", "b"]``)."""
+    return [name.strip() for name in listed.split(",") if name.strip()]
+
+
 def check_names(args) -> None:
     """Refuse unknown tasks and arms before anything runs."""
-    for what, names, known in (("task", args.tasks, TASKS), ("task to screen", args.screen, TASKS),
-                               ("arm", args.arms, ARMS)):  # fmt: skip
-        for name in (n.strip() for n in names.split(",") if n.strip()):
+    for what, listed, known in (("task", args.tasks, TASKS), ("task to screen", args.screen, TASKS),
+                                ("arm", args.arms, ARMS)):  # fmt: skip
+        for name in names(listed):
             if name not in known:
                 raise SystemExit(f"unknown {what} {name!r}; known: {', '.join(known)}")
 
 
 def run_screen(results: dict[str, Any], args, path: Path) -> None:
     """Screen the ``--screen`` tasks not screened yet (:func:`screen_task`), saving after each."""
-    todo = [t.strip() for t in args.screen.split(",") if t.strip() and t.strip() not in results.get("screen", {})]
+    todo = [task for task in names(args.screen) if task not in results.get("screen", {})]
     if not todo:
         return
     from sb3_grpo.policies.models import load_lm
