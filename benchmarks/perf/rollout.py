@@ -61,7 +61,8 @@ def text_env(n_envs: int, tokens: int, device: Any, eos: bool = True, env_id: st
 def collector(env: Any, tokens: int, device: Any, lm: Any = None, **grpo_kwargs: Any) -> Any:
     """A callable running one ``GRPO.collect_rollouts`` of ``tokens`` steps (GRPO's defaults unless overridden),
     starting each time without cache, as a rollout after an update does, from new episodes (``env.reset()``, so
-    collectors can share ``env``)."""
+    collectors can share ``env``). Its ``model`` attribute is the GRPO model (its logger keeps the last rollout's
+    records)."""
     import numpy as np
     from stable_baselines3.common.logger import configure
 
@@ -91,6 +92,7 @@ def collector(env: Any, tokens: int, device: Any, lm: Any = None, **grpo_kwargs:
         model._last_episode_starts = np.ones(env.num_envs, dtype=bool)
         model.collect_rollouts(env, callback, model.rollout_buffer, n_rollout_steps=tokens)
 
+    collect.model = model
     return collect
 
 
