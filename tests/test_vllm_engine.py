@@ -221,3 +221,11 @@ def test_the_speed_bench_reads_vllms_logprob_gap():
     timer()
     mean, worst = engine_logprob_gap(timer)
     assert 0 <= mean <= worst < LOGPROB_TOLERANCE
+
+
+def test_the_speed_bench_takes_one_thread_count_with_vllm(capsys):
+    from benchmarks import real_speed
+
+    with pytest.raises(SystemExit) as err:
+        real_speed.main(["--engines", "vllm", "--threads", "1", "2", "--out", "unused"])
+    assert err.value.code == 2 and "one --threads value" in capsys.readouterr().err
