@@ -199,6 +199,8 @@ def generate_timer(lm: Any, env: Any, tokens: int, eos: bool = False) -> Any:
     counted)."""
     import torch as th
 
+    from benchmarks.perf.rollout import generated_tokens
+
     obs = env.reset()
     ids, mask = th.as_tensor(obs["input_ids"]), th.as_tensor(obs["attention_mask"])
     width = int(mask.sum(1).max())
@@ -225,18 +227,6 @@ def prompt_workload(ids: Any, mask: Any) -> tuple[int, int, int]:
     windows = set(PrefillMemo.windows(ids, mask))
     prefixes = {window[:n] for window in windows for n in range(1, len(window) + 1)}
     return len(windows), round(sum(map(len, windows)) / len(windows)), len(prefixes)
-
-
-def generated_tokens(out: Any, end: int | None) -> int:
-    """Tokens of ``generate``'s new columns ``out`` (``[B, T]``) that a rollout would have sampled: each row up to and
-    including its first ``end`` token (all of them without one, or with ``end=None``)."""
-    import torch as th
-
-    if end is None:
-        return int(out.numel())
-    hit = out == end
-    first = th.where(hit.any(1), hit.float().argmax(1) + 1, th.full_like(hit[:, 0], out.shape[1], dtype=th.long))
-    return int(first.sum())
 
 
 def rollout_rows(

@@ -76,7 +76,7 @@ def make_row(
 
 def rate_row(
     name: str,
-    n: float,
+    n: float | tuple[float, float],
     times: tuple[dict[Any, float], dict[Any, float]],
     keys: tuple[Any, Any],
     unit: str,
@@ -86,7 +86,7 @@ def rate_row(
     """A throughput row from :func:`interleaved`'s medians: ``n`` units of work per call, ours against the baseline.
 
     :param name: What is measured against what.
-    :param n: Units of work (tokens, env steps) one timed call does.
+    :param n: Units of work (tokens, env steps) one timed call does, or ``(ours, baseline)`` where they differ.
     :param times: ``(wall, cpu)`` from :func:`interleaved`.
     :param keys: ``(ours, baseline)``: the timers' names.
     :param unit: The throughput's unit.
@@ -94,8 +94,16 @@ def rate_row(
     :param target: The target on the ratio.
     """
     (wall, cpu), (ours, base) = times, keys
+    n_ours, n_base = n if isinstance(n, tuple) else (n, n)
     return make_row(
-        name, n / wall[ours], n / wall[base], unit, notes, True, cpu=(n / cpu[ours], n / cpu[base]), target=target
+        name,
+        n_ours / wall[ours],
+        n_base / wall[base],
+        unit,
+        notes,
+        True,
+        cpu=(n_ours / cpu[ours], n_base / cpu[base]),
+        target=target,
     )
 
 

@@ -198,3 +198,27 @@ def test_the_trl_comparison_runs_on_a_reasoning_task_and_scores_held_out_items()
     assert result["summary"]["heldout_before"] in (0.0, 0.25, 0.5, 0.75, 1.0)
     with pytest.raises(ValueError, match="task must be 'textgen' or one of"):
         trl._task(trl.with_overrides(cfg, task="no_such_task"))
+
+
+def test_a_rate_row_can_count_each_sides_work():
+    from benchmarks.timing import rate_row
+
+    times = ({"ours": 2.0, "base": 1.0}, {"ours": 4.0, "base": 1.0})
+    row = rate_row("r", (100, 30), times, ("ours", "base"), "tokens/s", "setup", target=(">=", 1.0))
+    assert (row["ours"], row["baseline"]) == (50.0, 30.0) and row["ratio"] == pytest.approx(50 / 30)
+    assert row["cpu_ratio"] == pytest.approx(25 / 30) and row["met"] is True
+
+
+def test_generate_stopping_at_eos_counts_the_tokens_up_to_it():
+    import warnings
+
+    from benchmarks.perf.rollout import generator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full, stopping = generator(8, 24, "cpu"), generator(8, 24, "cpu", eos=True)
+    for _ in range(3):
+        full(), stopping()
+    assert full.counted == [8 * 24] * 3  # min_new_tokens: every row writes the whole budget
+    # the bundled LM ends most of its 24-token texts early: fewer tokens, each row at least one (its EOS)
+    assert all(8 <= n < 8 * 24 for n in stopping.counted)

@@ -181,11 +181,11 @@ def test_the_most_common_answer_control_scores_a_word_answer(gguf_cache):
 def test_generate_is_counted_up_to_each_rows_end_token():
     import torch as th
 
-    from benchmarks import real_speed as rs
+    from benchmarks.perf.rollout import generated_tokens
 
     out = th.tensor([[5, 2, 0, 0], [5, 6, 7, 8], [2, 0, 0, 0]])  # the end token is 2; 0 is padding after it
-    assert rs.generated_tokens(out, 2) == 2 + 4 + 1  # up to and including the end token; a row without one: all
-    assert rs.generated_tokens(out, None) == 12
+    assert generated_tokens(out, 2) == 2 + 4 + 1  # up to and including the end token; a row without one: all
+    assert generated_tokens(out, None) == 12
 
 
 def test_the_roofline_by_hand():
