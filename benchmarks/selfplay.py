@@ -113,6 +113,67 @@ def evaluate(
     return {k: float(np.mean(v)) for k, v in out.items()}
 
 
+def untrained_replies(game_name: str, model: str, episodes: int = 16, seed: int = 0, shown: int = 3) -> dict:
+    """What the untrained ``model`` writes when it is asked for a move: ``episodes`` games against the random player
+    (half moving first, half second, replies sampled as in training), with the share of its turns whose reply states
+    a legal move (every turn but the last of a game it forfeits) and ``shown`` replies that did not (the last turn of
+    the first games it forfeited)."""
+    import warnings
+
+    from sb3_grpo import GRPO
+    from textrl_envs.games import SelfPlay, make_game
+    from textrl_envs.sb3 import make_vec_env
+
+    game_id, game = GAME_IDS[game_name], make_game(game_name)
+    env_kwargs = model_setup(model)[0]
+    turns = forfeits = 0
+    bad: list[str] = []
+    for side in (0, 1):
+        env = make_vec_env(game_id, n_envs=episodes // 2, seed=seed + SIDE_SEED * side, device="cpu",
+                           interaction=SelfPlay(game, "random", learner_player=side, chat=True),
+                           **env_kwargs)  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the rollout buffer's size: this model only predicts
+            lm = GRPO("CausalLMPolicy", env, n_steps=8, batch_size=8 * env.num_envs, seed=seed, device="cpu",
+                      policy_kwargs={"model": model})  # fmt: skip
+        obs, ended = env.reset(), 0
+        while ended < episodes // 2:
+            actions, _ = lm.predict(obs, deterministic=False)
+            obs, _, dones, infos = env.step(actions)
+            for i in np.flatnonzero(dones):
+                if ended >= episodes // 2:
+                    break
+                ended += 1
+                said = [t["text"] for t in infos[i]["transcript"] if t["role"] == "agent"]
+                turns += len(said)
+                if infos[i]["forfeit"] == "learner":
+                    forfeits += 1
+                    bad.append(said[-1] if said else "")
+        env.close()
+    return {
+        "episodes": episodes,
+        "turns": turns,
+        "legal": (turns - forfeits) / max(turns, 1),
+        "unreadable": bad[:shown],
+    }
+
+
+def replies_section(replies: dict[str, dict]) -> list[str]:
+    """Why games are lost by illegal moves: the untrained model's replies (:func:`untrained_replies`)."""
+    lines = ["", "## Why games are lost by illegal moves", "",
+             "The untrained model asked for a move, in games against the random player (replies sampled as in "
+             "training): the share of its turns whose reply stated a legal move, and replies that did not. A game "
+             "ends at the first reply that states no legal move, so a tic-tac-toe game of 3-5 learner turns is lost "
+             "that way far more often than a single turn is.", "",
+             "| game | games | turns | replies stating a legal move | replies that did not (first 80 characters) |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for game, r in replies.items():
+        shown = " / ".join("`" + " ".join(text.split())[:80].replace("`", "'").replace("|", "/") + "`"
+                           for text in r["unreadable"]) or "–"  # fmt: skip
+        lines.append(f"| {game} | {r['episodes']} | {r['turns']} | {r['legal']:.0%} | {shown} |")
+    return lines
+
+
 def heuristic_bounds(game) -> dict[str, float]:
     """What the best response to the game's heuristic scores (exact, :func:`~textrl_envs.games.analysis.
     best_response`): its payoff moving first, second and on average over both, and its win rate over both."""
@@ -371,8 +432,20 @@ def goals_section(results: dict[str, list[dict]], bounds: dict[str, dict[str, fl
     return lines
 
 
+def earlier_section(results: dict[str, list[dict]]) -> list[str]:
+    """The learner after training against an earlier snapshot of its own run."""
+    lines = ["", "Against an earlier snapshot of the same run (the one taken halfway through training, a league "
+             "member it met in training), after training:", "",
+             "| game | snapshot | win rate | payoff | illegal |", "|---|---|---|---|---|"]  # fmt: skip
+    for game, runs in results.items():
+        cells = [interval([r["after"]["earlier"][key] for r in runs]) for key in ("win", "payoff", "illegal")]
+        names = sorted({r["after"]["earlier"]["name"] for r in runs})
+        lines.append(f"| {game} | {', '.join(names)} | " + " | ".join(f"{m:.2f} ± {h:.2f}" for m, h in cells) + " |")
+    return lines
+
+
 def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, float]] | None = None,
-         figure: str | None = None) -> str:  # fmt: skip
+         figure: str | None = None, replies: dict[str, dict] | None = None) -> str:  # fmt: skip
     """The results page's body (the stamp and title are :func:`~sb3_grpo.compare.pages.write_results_page`'s)."""
     how = ("role-conditioned advantages (SPIRAL's running baseline per game and role, no groups)"
            if args.advantage == "role" else f"{args.advantage} advantages, groups of {args.group_size}")  # fmt: skip
@@ -435,16 +508,12 @@ def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, floa
             m, h = interval([r["after"]["heuristic"][f"payoff_{side}"] for r in runs])
             cells.append(f"{m:.2f} ± {h:.2f} ({bounds[game][side]:.2f})")
         lines.append(f"| {game} | {cells[0]} | {cells[1]} |")
-    lines += ["", "Against an earlier snapshot of the same run (the one taken halfway through training, a league "
-              "member it met in training), after training:", "",
-              "| game | snapshot | win rate | payoff | illegal |", "|---|---|---|---|---|"]  # fmt: skip
-    for game, runs in results.items():
-        cells = [interval([r["after"]["earlier"][key] for r in runs]) for key in ("win", "payoff", "illegal")]
-        names = sorted({r["after"]["earlier"]["name"] for r in runs})
-        lines.append(f"| {game} | {', '.join(names)} | " + " | ".join(f"{m:.2f} ± {h:.2f}" for m, h in cells) + " |")
+    lines += earlier_section(results)
     lines += gap_section(results, bounds)
     if args.model is not None:
         lines += goals_section(results, bounds)
+    if replies:
+        lines += replies_section(replies)
     summary = []
     for game, runs in results.items():
         ok = [beats([r["after"][o]["payoff"] for r in runs]) for o in ("untrained", "heuristic")]
@@ -561,7 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     timings = {game: opponent_timing(game) for game in games if game != "tictactoe"} if args.timing else None
     figure = rating_figure(results, os.path.splitext(args.out)[0] + "-ratings.png")
     command = shlex.join(["textrl-bench", "selfplay", *argv])
-    body = page(results, args, timings, figure)
+    replies = {game: untrained_replies(game, args.model) for game in games} if args.model else None
+    body = page(results, args, timings, figure, replies)
     title = "Self-play on the two-player text games"
     title += f": {args.model}" if args.model else ": the bundled 1M-parameter LM (small-model results)"
     out = write_results_page(args.out, title, body, command)

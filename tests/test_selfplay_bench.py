@@ -37,6 +37,7 @@ def test_a_tiny_chat_model_run_resumes_and_writes_its_page(tmp_path, tiny_chat_m
     text = out.read_text()
     assert "in instruct mode" in text and "## The exploitability gap closed against the heuristic" in text
     assert "frozen weights in bfloat16" in text
+    assert "## Why games are lost by illegal moves" in text and "| nim | 16 |" in text
     stamp = kept.stat().st_mtime_ns
     assert sp.main(argv) == 0  # kept: nothing trains again
     assert kept.stat().st_mtime_ns == stamp
@@ -86,3 +87,10 @@ def test_the_goals_by_hand():
     )
     sure = [_game_run((-1.0, 0.9), (0.3, 0.01))] * 2  # no spread: every interval is a point
     assert "Every goal is met." in "\n".join(sp.goals_section({"tictactoe": sure}, {"tictactoe": {"payoff": 0.5}}))
+
+
+def test_the_replies_section_quotes_replies_on_one_line():
+    replies = {"kuhn": {"episodes": 16, "turns": 20, "legal": 0.25,
+                        "unreadable": ["The golden\nhour | `x`", "King"]}}  # fmt: skip
+    text = "\n".join(sp.replies_section(replies))
+    assert "| kuhn | 16 | 20 | 25% | `The golden hour / 'x'` / `King` |" in text
