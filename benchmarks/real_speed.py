@@ -408,8 +408,13 @@ def page_body(result: dict) -> str:
                   "`engine=\"vllm\"` samples each turn in vLLM and scores it with one forward of the training policy; "
                   "the two log-probs of a sampled token differ by the kernels' rounding (and by any difference in "
                   "the two implementations). The gap is the absolute difference over the last timed rollout's "
-                  "tokens.", "",
-                  "| model | dtype | threads | batch | group | EOS | mean gap | largest gap |",
+                  "tokens.", ""]  # fmt: skip
+        setup = result.get("vllm")
+        if setup:
+            lines += [f"vLLM {setup['version']} (its CPU build), in this process, allocator and OpenMP runtime "
+                      f"preloaded: {'yes' if setup['ld_preload'] else 'no'} (LD_PRELOAD; every row of this run shares "
+                      f"it), OMP_NUM_THREADS={setup['omp_threads'] or 'unset'}.", ""]  # fmt: skip
+        lines += ["| model | dtype | threads | batch | group | EOS | mean gap | largest gap |",
                   "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in gaps:
             mean, worst = r["logprob_gap"]
@@ -452,6 +457,11 @@ def main(argv: list[str] | None = None) -> int:
     from sb3_grpo.policies.models import load_lm
 
     result: dict[str, Any] = {"limits": {}, "rollouts": [], "updates": [], "memory": []}
+    if "vllm" in args.engines:
+        import vllm
+
+        result["vllm"] = {"version": vllm.__version__, "ld_preload": bool(os.environ.get("LD_PRELOAD")),
+                          "omp_threads": os.environ.get("OMP_NUM_THREADS")}  # fmt: skip
     limits: dict[Any, dict] = {}
     for threads in args.threads:
         th.set_num_threads(threads)

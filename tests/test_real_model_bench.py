@@ -220,9 +220,12 @@ def test_the_speed_page_shows_an_engines_logprob_gap():
                 "bound": "compute", "logprob_gap": gap}  # fmt: skip
 
     result = {"limits": {"1/float32": {"gflops": 100.0, "gbps": 10.0}}, "updates": [], "memory": [],
-              "rollouts": [row("step"), row("vllm", (2.5e-6, 3.1e-5)), row("generate")]}  # fmt: skip
+              "rollouts": [row("step"), row("vllm", (2.5e-6, 3.1e-5)), row("generate")],
+              "vllm": {"version": "0.32.0", "ld_preload": True, "omp_threads": "2"}}  # fmt: skip
     text = rs.page_body(result)
     assert "| m | float32 | 1 | 16 | 8 | on | 2.5e-06 | 3.1e-05 |" in text
+    assert "vLLM 0.32.0 (its CPU build)" in text and "preloaded: yes" in text and "OMP_NUM_THREADS=2" in text
+    assert "## Updates" not in text  # a rollouts-only run
     result["rollouts"] = [row("step"), row("generate")]
     assert "log-probs against the policy's" not in rs.page_body(result)  # no engine of its own: no gap section
 
