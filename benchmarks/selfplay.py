@@ -115,9 +115,9 @@ def evaluate(
 
 def untrained_replies(game_name: str, model: str, episodes: int = 16, seed: int = 0, shown: int = 3) -> dict:
     """What the untrained ``model`` writes when it is asked for a move: ``episodes`` games against the random player
-    (half moving first, half second, replies sampled as in training), with the share of its turns whose reply states
-    a legal move (every turn but the last of a game it forfeits) and ``shown`` replies that did not (the last turn of
-    the first games it forfeited)."""
+    (half moving first, half second, one per env, replies sampled as in training), with the share of its turns whose
+    reply states a legal move (every turn but the last of a game it forfeits) and ``shown`` replies that did not (the
+    last turn of the first games it forfeited)."""
     import warnings
 
     from sb3_grpo import GRPO
@@ -136,14 +136,12 @@ def untrained_replies(game_name: str, model: str, episodes: int = 16, seed: int 
             warnings.simplefilter("ignore")  # the rollout buffer's size: this model only predicts
             lm = GRPO("CausalLMPolicy", env, n_steps=8, batch_size=8 * env.num_envs, seed=seed, device="cpu",
                       policy_kwargs={"model": model})  # fmt: skip
-        obs, ended = env.reset(), 0
-        while ended < episodes // 2:
+        obs, ended = env.reset(), np.zeros(env.num_envs, dtype=bool)
+        while not ended.all():  # each env's first game only: the games that end first are not a fair sample
             actions, _ = lm.predict(obs, deterministic=False)
             obs, _, dones, infos = env.step(actions)
-            for i in np.flatnonzero(dones):
-                if ended >= episodes // 2:
-                    break
-                ended += 1
+            for i in np.flatnonzero(dones & ~ended):
+                ended[i] = True
                 said = [t["text"] for t in infos[i]["transcript"] if t["role"] == "agent"]
                 turns += len(said)
                 if infos[i]["forfeit"] == "learner":
