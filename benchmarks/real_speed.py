@@ -177,9 +177,6 @@ def rollout_timer(lm: Any, env: Any, tokens: int, engine: str) -> Any:
 
     if engine != "vllm":
         return collector(env, tokens, "cpu", lm=lm, engine=engine)
-    import gc
-
-    gc.collect()  # drop the last set-up's vLLM engine now: one destroyed later takes vLLM's process-wide state with it
     timer = collector(env, tokens, "cpu", lm=lm, engine=engine, explore_alpha=0.0)
     timer()
     return timer

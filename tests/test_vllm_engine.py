@@ -212,13 +212,9 @@ def test_a_short_run_learns_textgen_as_step_does(engine):
 
 
 def test_the_speed_bench_reads_vllms_logprob_gap():
-    import gc
-
     from benchmarks.perf.rollout import collector, text_env
     from benchmarks.real_speed import engine_logprob_gap
 
-    # the earlier tests' engines are dropped now: one destroyed later would take vLLM's process-wide groups with it
-    gc.collect()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         timer = collector(text_env(N_ENVS, 8, "cpu"), 8, "cpu", engine="vllm", explore_alpha=0.0)

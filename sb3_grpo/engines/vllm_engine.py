@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import glob
 import os
 import sys
@@ -286,6 +287,9 @@ class VLLMEngine:
         }
         if policy.device.type != "cpu":
             kwargs["gpu_memory_utilization"] = 0.3
+        # an engine dropped earlier but not yet collected would, when the collector destroys it later, take vLLM's
+        # process-wide parallel groups with it, and this engine would fail at its first generate: collect it now
+        gc.collect()
         with _quiet_vllm():
             self.llm = vllm.LLM(**kwargs)
         self._sampling_params = vllm.SamplingParams
