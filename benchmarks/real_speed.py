@@ -191,6 +191,18 @@ def engine_logprob_gap(timer: Any) -> tuple[float, float] | None:
     return float(records["rollout/engine_logprob_gap"]), float(records["rollout/engine_logprob_gap_max"])
 
 
+def engine_time_split(timer: Any) -> dict[str, float] | None:
+    """Where the last rollout of a :func:`rollout_timer` spent its time in an engine that samples outside the policy:
+    seconds in the engine's ``generate`` and in the policy's scoring forward, and the number of ``generate`` calls
+    and of rows they carried (``None`` for the other engines)."""
+    records = timer.model.logger.name_to_value
+    if "rollout/engine_generate_s" not in records:
+        return None
+    return {"generate_s": float(records["rollout/engine_generate_s"]),
+            "score_s": float(records["rollout/engine_score_s"]), "calls": int(records["rollout/engine_calls"]),
+            "requests": int(records["rollout/engine_requests"])}  # fmt: skip
+
+
 def generate_timer(lm: Any, env: Any, tokens: int, eos: bool = False) -> Any:
     """``generate(do_sample=True)`` for the env's first prompts: ``tokens`` new tokens each, or (``eos``) up to the
     env's end-of-episode token, as a user's generation of these answers stops. Returns the timer, the prompts'
@@ -253,12 +265,13 @@ def rollout_rows(
             for engine in (*engines, "generate"):
                 rate = n[engine] / wall[engine]
                 gap = None if engine == "generate" else engine_logprob_gap(timers[engine])
+                split = None if engine == "generate" else engine_time_split(timers[engine])
                 rows.append({"model": label, "batch": batch, "group": group, "tokens": tokens, "threads": threads,
                              "dtype": dtype, "eos": eos, "engine": engine, "tokens_per_s": rate,
                              "vs_generate": rate / (n["generate"] / wall["generate"]), "roofline": roof,
                              "of_roofline": rate / roof, "bound": bound, "prompts": prompts,
                              "prompt_tokens": prompt_tokens, "prefill_tokens": prefill_tokens,
-                             "logprob_gap": gap})  # fmt: skip
+                             "logprob_gap": gap, "time_split": split, "seconds": wall[engine]})  # fmt: skip
             env.close()
     return rows
 
@@ -420,6 +433,7 @@ def page_body(result: dict) -> str:
             mean, worst = r["logprob_gap"]
             lines.append(f"| {r['model']} | {r['dtype']} | {r['threads']} | {r['batch']} | {r.get('group', 1)} | "
                          f"{'on' if r['eos'] else 'off'} | {mean:.2g} | {worst:.2g} |")  # fmt: skip
+    lines += time_split_section([r for r in result["rollouts"] if r.get("time_split")])
     if result["updates"]:
         lines += update_section(result["updates"])
     if result.get("memory"):
@@ -430,6 +444,32 @@ def page_body(result: dict) -> str:
             lines.append(f"| {r['mode']} | {r['phase']} | {r['batch']} | {r['tokens']} | {r['peak_mb']:.0f} | "
                          f"{r['phase_mb']:.0f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def time_split_section(rows: list[dict]) -> list[str]:
+    """The page's table of where an engine's rollout time went (:func:`engine_time_split`): in its ``generate``
+    calls, in the policy's scoring forward, and elsewhere (the env, the buffer, the queues), for the last timed
+    rollout of each row."""
+    if not rows:
+        return []
+    lines = ["", "## Where vLLM's rollout time goes", "",
+             "The last timed rollout of each vLLM row, split: seconds in vLLM's `LLM.generate` (one call per step at "
+             "which rows need a new turn: the first step, and each step at which episodes end and new ones start, "
+             "for those rows alone), in the training policy's forward that scores each turn, and the rest (the env, "
+             "the buffer, the queues). `rollout s` is the row's median rollout time, the split that of its last timed "
+             "rollout; `rows per call` is the mean batch vLLM was given.", "",
+             "| model | dtype | threads | batch | group | EOS | rollout s | in generate | in scoring | rest | "
+             "generate calls | rows per call |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        split, total = r["time_split"], r["seconds"]
+        rest = max(total - split["generate_s"] - split["score_s"], 0.0)
+        lines.append(f"| {r['model']} | {r['dtype']} | {r['threads']} | {r['batch']} | {r.get('group', 1)} | "
+                     f"{'on' if r['eos'] else 'off'} | {total:.1f} | {split['generate_s']:.1f} "
+                     f"({split['generate_s'] / total:.0%}) | {split['score_s']:.1f} ({split['score_s'] / total:.0%}) | "
+                     f"{rest:.1f} ({rest / total:.0%}) | {split['calls']} | "
+                     f"{split['requests'] / max(split['calls'], 1):.1f} |")  # fmt: skip
+    return lines
 
 
 def check_engines(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

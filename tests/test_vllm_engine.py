@@ -13,6 +13,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+import time
 import warnings
 
 import numpy as np
@@ -211,16 +212,23 @@ def test_a_short_run_learns_textgen_as_step_does(engine):
         assert model._rollout_engine.pushes == 7  # one push before each rollout after the first
 
 
-def test_the_speed_bench_reads_vllms_logprob_gap():
+def test_the_speed_bench_reads_vllms_logprob_gap_and_time_split():
     from benchmarks.perf.rollout import collector, text_env
-    from benchmarks.real_speed import engine_logprob_gap
+    from benchmarks.real_speed import engine_logprob_gap, engine_time_split
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         timer = collector(text_env(N_ENVS, 8, "cpu"), 8, "cpu", engine="vllm", explore_alpha=0.0)
     timer()
+    start = time.perf_counter()
+    timer()
+    elapsed = time.perf_counter() - start
     mean, worst = engine_logprob_gap(timer)
     assert 0 <= mean <= worst < LOGPROB_TOLERANCE
+    split = engine_time_split(timer)  # the last rollout's: within its wall time, every row asked for at the start
+    assert 0 < split["generate_s"] and 0 < split["score_s"]
+    assert split["generate_s"] + split["score_s"] <= elapsed
+    assert split["calls"] >= 1 and split["requests"] >= N_ENVS
 
 
 def test_the_speed_bench_takes_one_thread_count_with_vllm(capsys):

@@ -12,12 +12,15 @@ request, drawn from torch's generator, so that a seeded run repeats.
 **Log-probs and values come from the training policy.** vLLM's kernels do not compute the training model's numbers to
 the bit, so the PPO ratio's behaviour log-prob and the critic's values are the training policy's: one forward of each
 row's window and the tokens vLLM generated (:func:`score_turns`). The gap between the two log-probs is logged as
-``rollout/engine_logprob_gap`` (mean absolute) and ``rollout/engine_logprob_gap_max``. The tokens were drawn from
-vLLM's distribution, not the policy's, so the rollout is slightly off-policy; ``VLLMOptions(importance_cap=C)``
-corrects it with truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you
-off-policy RL training"; TRL's ``vllm_importance_sampling_correction``): each token's advantage is multiplied by
-``min(exp(log pi_policy - log pi_engine), C)``, which for the clipped surrogate is the same as weighting the token's
-loss term (``min`` is positively homogeneous, and the weight is positive and not differentiated).
+``rollout/engine_logprob_gap`` (mean absolute) and ``rollout/engine_logprob_gap_max``; where the rollout's time went as
+``rollout/engine_generate_s`` (seconds in vLLM's ``generate``), ``rollout/engine_score_s`` (in the scoring forward),
+``rollout/engine_calls`` and ``rollout/engine_requests`` (``generate`` calls, and the rows they carried). The tokens
+were drawn from vLLM's distribution, not the policy's, so the rollout is slightly off-policy;
+``VLLMOptions(importance_cap=C)`` corrects it with truncated importance sampling (Yao et al. 2025, "Your efficient RL
+framework secretly brings you off-policy RL training"; TRL's ``vllm_importance_sampling_correction``): each token's
+advantage is multiplied by ``min(exp(log pi_policy - log pi_engine), C)``, which for the clipped surrogate is the same
+as weighting the token's loss term (``min`` is positively homogeneous, and the weight is positive and not
+differentiated).
 
 **Weights.** The engine starts from the policy's LM exported as a Hugging Face directory (LoRA merged), and before
 each rollout that follows an update (or a load) the policy's current weights are pushed into it through the
@@ -42,6 +45,7 @@ import glob
 import os
 import sys
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -448,6 +452,9 @@ class VLLMTurnQueues:
         self.ended = np.ones(n_envs, dtype=bool)
         self.expected: tuple[th.Tensor, th.Tensor] | None = None
         self.requests = 0  # rows sent to vLLM
+        self.calls = 0  # LLM.generate calls
+        self.generate_seconds = 0.0  # wall time in vLLM's generate
+        self.score_seconds = 0.0  # wall time in the policy's scoring forward (score_turns)
 
     def note_dones(self, dones: np.ndarray) -> None:
         """The step's episode ends: those rows' queues are discarded."""
@@ -457,9 +464,14 @@ class VLLMTurnQueues:
         windows = [ids[r][mask[r].bool()].tolist() for r in rows]
         budget = [max(1, min(self.max_turn_tokens, self.n_steps - t, self.width - len(w) + 1)) for w in windows]
         seeds = [int(self.seeds[t, r]) for r in rows]
+        start = time.perf_counter()
         turns, engine_lps = self.engine.generate(windows, budget, seeds, self.stop_ids)
-        self.requests += len(rows)
+        scored = time.perf_counter()
         log_probs, values = score_turns(policy, windows, turns)
+        self.generate_seconds += scored - start
+        self.score_seconds += time.perf_counter() - scored
+        self.requests += len(rows)
+        self.calls += 1
         for r, turn, lp, v, elp in zip(rows, turns, log_probs, values, engine_lps, strict=True):
             n = len(turn)
             self.tokens[r, t : t + n] = th.as_tensor(turn, device=self.tokens.device)
@@ -488,11 +500,15 @@ class VLLMTurnQueues:
         return actions, values.unsqueeze(-1), log_probs, log_probs
 
     def finish(self, rollout_buffer: Any, logger: Any) -> None:
-        """After the rollout's advantages: log the gap between vLLM's log-probs and the policy's, and, with an
-        ``importance_cap``, weight each token's advantage by ``min(pi_policy / pi_engine, cap)``."""
+        """After the rollout's advantages: log the gap between vLLM's log-probs and the policy's and where the time
+        went, and, with an ``importance_cap``, weight each token's advantage by ``min(pi_policy / pi_engine, cap)``."""
         mean, worst = logprob_gap(*self.consumed_log_probs())
         logger.record("rollout/engine_logprob_gap", mean)
         logger.record("rollout/engine_logprob_gap_max", worst)
+        logger.record("rollout/engine_calls", self.calls)
+        logger.record("rollout/engine_requests", self.requests)
+        logger.record("rollout/engine_generate_s", self.generate_seconds)
+        logger.record("rollout/engine_score_s", self.score_seconds)
         cap = self.engine.importance_cap
         if cap is not None:
             weights = self.importance_weights(cap)
