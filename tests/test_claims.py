@@ -255,3 +255,41 @@ def test_a_real_model_study_trains_lora_on_chat_reviews_and_reports_three_claims
     assert "## Claim 3" not in text and "## Ablation" not in text and "## Tuning" in text
     # two seeds per arm: no interval, so no arm is shown to beat the untrained policy and no verdict is read
     assert table.count("not read:") == 3
+    # each trained run records the reward's three terms per rollout, and the page gives them per arm
+    for run in (r for r in runs.values() if r["experiment"] == "long"):
+        terms = run["reward_terms"]
+        assert set(terms) == {"sentiment", "coherence", "repetition"}
+        assert all(
+            len(t["series"]) >= 1 and t["first"] == pytest.approx(t["series"][0], abs=1e-5) for t in terms.values()
+        )
+    assert "## Reward terms" in text and "| long | grpo | 2 |" in text
+
+
+def test_reward_terms_average_each_term_over_a_rollouts_episodes():
+    from benchmarks.claims.diagnostics import RewardTerms
+    from benchmarks.claims.report import reward_terms_section
+    from textrl_envs.rewards import CompositeReward
+
+    reward = CompositeReward([["length", 1.0, {"min_words": 3, "max_words": 4}], ["repetition", 1.0, {"n": 1}]])
+    reward([""], ["a b c d"])  # scored before the run: not counted
+    terms = RewardTerms([reward])
+    terms._init_callback()
+    per_rollout = [["a b c d", "a a"], [], ["a b c d e f g h"]]  # the second rollout scores nothing
+    expected: dict[str, list[float]] = {}
+    for completions in per_rollout:
+        if completions:
+            _, parts = reward.score_components([""] * len(completions), completions)
+            for label, scores in parts.items():
+                expected.setdefault(label, []).append(float(np.mean(scores)))
+        terms._on_rollout_end()
+    assert set(terms.series) == {"length", "repetition"} and len(terms.series["length"]) == 2
+    for label, values in expected.items():
+        np.testing.assert_allclose(terms.series[label], values)
+    summary = terms.summary()
+    assert summary["length"]["last"] == pytest.approx(np.mean(expected["length"]))
+    runs = {"long/grpo/seed0": {"experiment": "long", "arm": "grpo", "reward_terms": summary},
+            "long/grpo/seed1": {"experiment": "long", "arm": "grpo", "reward_terms": summary},
+            "untrained/x": {"experiment": "untrained", "arm": "x"}}  # fmt: skip
+    first, last = summary["length"]["first"], summary["length"]["last"]
+    assert f"| long | grpo | 2 | {first:.3f} -> {last:.3f} |" in "\n".join(reward_terms_section(runs))
+    assert reward_terms_section({"untrained/x": runs["untrained/x"]}) == []

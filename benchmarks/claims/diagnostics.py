@@ -11,6 +11,8 @@
   ``Var / ((1/K) sum_k ||g_k||^2)`` (:func:`~sb3_grpo.objectives.relative_gradient_variance`). It draws its
   minibatches with the algorithm's own sampler and puts NumPy's and torch's random state back afterwards, so a
   probed run trains exactly as an unprobed one. Only for :class:`~sb3_grpo.GRPO` (which ``ppo-seq`` is).
+- :class:`RewardTerms` keeps, per rollout, the mean of each term of a composite reward over the episodes scored in
+  it: which term a trained arm raised, and which it gave up for it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 
-__all__ = ["UPDATE_KEYS", "GradientNoiseProbe", "UpdateLog"]
+__all__ = ["UPDATE_KEYS", "GradientNoiseProbe", "RewardTerms", "UpdateLog"]
 
 #: The ``train/*`` figures :class:`UpdateLog` keeps (those an algorithm does not log are skipped).
 UPDATE_KEYS = (
@@ -65,6 +67,44 @@ class UpdateLog(BaseCallback):
     def summary(self) -> dict[str, float]:
         """The mean of each figure over the updates (``nan``-free; keys without values are left out)."""
         return {key: float(np.mean(v)) for key, v in self.records.items() if v}
+
+
+class RewardTerms(BaseCallback):
+    """Per rollout, the mean of each composite-reward term over the episodes scored in it: ``series[label]`` is one
+    value per rollout (a rollout in which no episode was scored adds none). Read from the reward itself
+    (:meth:`~textrl_envs.rewards.CompositeReward.pop_component_means`), so rewards scored in the background count.
+
+    :param rewards: The composite rewards to read (default: those of the training env; none for a plain reward).
+    """
+
+    def __init__(self, rewards: list[Any] | None = None) -> None:
+        super().__init__()
+        self.series: dict[str, list[float]] = {}
+        self._rewards = rewards
+
+    def _init_callback(self) -> None:
+        from sb3_grpo.callbacks.completions import composite_rewards
+
+        if self._rewards is None:
+            self._rewards = composite_rewards(self.training_env)
+        for reward in self._rewards:
+            reward.pop_component_means()  # count from this run's first rollout
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        for reward in self._rewards or ():
+            for label, mean in reward.pop_component_means().items():
+                self.series.setdefault(str(label), []).append(float(mean))
+
+    def summary(self) -> dict[str, Any]:
+        """Each term's mean in the first rollout, over the last three, and its whole series."""
+        return {
+            label: {"first": values[0], "last": float(np.mean(values[-3:])), "series": [round(v, 5) for v in values]}
+            for label, values in self.series.items()
+            if values
+        }
 
 
 class GradientNoiseProbe(BaseCallback):

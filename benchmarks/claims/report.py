@@ -273,6 +273,7 @@ def render_claims(results: dict[str, Any]) -> str:
         "gradient norm before clipping to `max_grad_norm`, mean over updates; *grad_var*: GRPO's logged penalty "
         "value; *clip frac + / -*: fraction of samples clipped where the advantage is positive / not.",
         "",
+        *reward_terms_section(runs),
         *(_tuning(results) if "tune" in experiments else []),
         "![training curves](curves.png)",
         "",
@@ -280,6 +281,32 @@ def render_claims(results: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def reward_terms_section(runs: dict[str, dict[str, Any]]) -> list[str]:
+    """A table of each composite-reward term per experiment and arm: its mean over seeds in the first rollout (the
+    untrained policy's samples) and over the last three (:class:`~benchmarks.claims.diagnostics.RewardTerms`), so
+    that a trained arm's total is read term by term. Empty when no run recorded terms."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in runs.values():
+        if run.get("reward_terms"):
+            groups.setdefault((run["experiment"], run["arm"]), []).append(run["reward_terms"])
+    if not groups:
+        return []
+    labels = list(dict.fromkeys(label for terms in groups.values() for t in terms for label in t))
+    lines = ["## Reward terms", "",
+             "Each term of the composite reward, mean over seeds of its mean over the episodes of the first rollout "
+             "(the untrained policy's samples) -> of the last three rollouts.", "",
+             "| experiment | arm | seeds | " + " | ".join(labels) + " |",
+             "|---|---|---|" + "---|" * len(labels)]  # fmt: skip
+    for (experiment, arm), terms in sorted(groups.items()):
+        cells = []
+        for label in labels:
+            found = [t[label] for t in terms if label in t]
+            cells.append(f"{np.mean([f['first'] for f in found]):.3f} -> {np.mean([f['last'] for f in found]):.3f}"
+                         if found else "–")  # fmt: skip
+        lines.append(f"| {experiment} | {arm} | {len(terms)} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def write_claims_report(results: dict[str, Any], out: Path) -> None:

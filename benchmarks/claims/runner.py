@@ -53,19 +53,22 @@ def execute(job: Job, out: Path, report: Callable[[int, float | None], None] | N
     :param out: The study's out dir (tensorboard logs go to ``out/<experiment>/<arm>/tensorboard/...``).
     :param report: Progress callback ``f(env_steps, latest_reward)``.
     """
-    from benchmarks.claims.diagnostics import GradientNoiseProbe, UpdateLog
+    from benchmarks.claims.diagnostics import GradientNoiseProbe, RewardTerms, UpdateLog
     from sb3_grpo.compare.runner import evaluate_untrained, run_one
 
     base = {"key": job.key, "experiment": job.experiment, "arm": job.arm, "algo": job.algo, "seed": job.seed}
     if job.untrained:
         return {**base, "status": "complete", "fingerprint": job.fingerprint(), "final": evaluate_untrained(job.cfg)}
-    updates, probe = UpdateLog(), GradientNoiseProbe()
-    callbacks = [updates] + ([probe] if job.probe else []) + ([_curriculum_callback(job)] if job.curriculum else [])
+    updates, probe, terms = UpdateLog(), GradientNoiseProbe(), RewardTerms()
+    callbacks = [updates, terms] + ([probe] if job.probe else [])
+    callbacks += [_curriculum_callback(job)] if job.curriculum else []
     run = run_one(job.cfg, job.algo, job.seed, out / job.experiment / job.arm, report=report, callbacks=callbacks)
     run.update(base)
     run["fingerprint"] = job.fingerprint()
     run["updates"] = updates.summary()
     run["grad_norm_series"] = updates.records.get("train/grad_norm", [])
+    if terms.series:
+        run["reward_terms"] = terms.summary()
     if job.probe:
         run["probe"] = probe.summary()
     return run
