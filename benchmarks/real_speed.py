@@ -191,6 +191,17 @@ def engine_logprob_gap(timer: Any) -> tuple[float, float] | None:
     return float(records["rollout/engine_logprob_gap"]), float(records["rollout/engine_logprob_gap_max"])
 
 
+def last_call_clock(fn: Any, name: str, last: dict[str, float]) -> Any:
+    """``fn``, timed: each call puts its wall seconds in ``last[name]``."""
+
+    def call() -> None:
+        start = time.perf_counter()
+        fn()
+        last[name] = time.perf_counter() - start
+
+    return call
+
+
 def engine_time_split(timer: Any) -> dict[str, float] | None:
     """Where the last rollout of a :func:`rollout_timer` spent its time in an engine that samples outside the policy:
     seconds in the engine's ``generate`` and in the policy's scoring forward, and the number of ``generate`` calls
@@ -256,8 +267,9 @@ def rollout_rows(
             env = arithmetic_env(batch, tokens, eos, group)
             gen, (prompts, prompt_tokens, prefill_tokens), counted = generate_timer(lm, env, tokens, eos)
             timers = {engine: rollout_timer(lm, env, tokens, engine) for engine in engines}
-            timers["generate"] = gen
-            wall, _ = interleaved(timers, repeats)
+            last: dict[str, float] = {}  # each engine's last timed rollout, the one its time split is of
+            clocked = {engine: last_call_clock(timer, engine, last) for engine, timer in timers.items()}
+            wall, _ = interleaved({**clocked, "generate": gen}, repeats)
             roof, bound = roofline_tokens_per_s(lm, batch, tokens, prefill_tokens, prompt_tokens,
                                                 limits[(threads, dtype)]["gflops"], limits[threads]["gbps"],
                                                 weight_bytes)  # fmt: skip
@@ -271,7 +283,8 @@ def rollout_rows(
                              "vs_generate": rate / (n["generate"] / wall["generate"]), "roofline": roof,
                              "of_roofline": rate / roof, "bound": bound, "prompts": prompts,
                              "prompt_tokens": prompt_tokens, "prefill_tokens": prefill_tokens,
-                             "logprob_gap": gap, "time_split": split, "seconds": wall[engine]})  # fmt: skip
+                             "logprob_gap": gap, "time_split": split,
+                             "seconds": last.get(engine, wall[engine])})  # fmt: skip
             env.close()
     return rows
 
@@ -456,8 +469,8 @@ def time_split_section(rows: list[dict]) -> list[str]:
              "The last timed rollout of each vLLM row, split: seconds in vLLM's `LLM.generate` (one call per step at "
              "which rows need a new turn: the first step, and each step at which episodes end and new ones start, "
              "for those rows alone), in the training policy's forward that scores each turn, and the rest (the env, "
-             "the buffer, the queues). `rollout s` is the row's median rollout time, the split that of its last timed "
-             "rollout; `rows per call` is the mean batch vLLM was given.", "",
+             "the buffer, the queues), of the row's last timed rollout; `rows per call` is the mean batch vLLM was "
+             "given.", "",
              "| model | dtype | threads | batch | group | EOS | rollout s | in generate | in scoring | rest | "
              "generate calls | rows per call |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip

@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import importlib.util
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -243,6 +244,10 @@ def test_the_speed_page_splits_an_engines_rollout_time():
     # 10 s in all: 6 in generate, 1.5 scoring, 2.5 elsewhere; 70 rows over 4 calls
     assert "| m | float32 | 2 | 64 | 8 | on | 10.0 | 6.0 (60%) | 1.5 (15%) | 2.5 (25%) | 4 | 17.5 |" in text
     assert rs.time_split_section([]) == []
+    last: dict[str, float] = {}
+    clock = rs.last_call_clock(lambda: time.sleep(0.02), "vllm", last)
+    clock()
+    assert last["vllm"] >= 0.02  # the total a row's split is read against: its own last rollout's
 
 
 def test_the_speed_bench_refuses_vllm_where_it_is_missing(capsys):
