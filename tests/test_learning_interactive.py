@@ -12,9 +12,6 @@ gained 0.116 on an Intel Xeon and 0.043 on an AMD EPYC, so the evaluation is mad
 smaller gains a different machine gives.
 """
 
-#: Episodes of each evaluation (before and after training).
-EPISODES = 2048
-
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,6 +24,9 @@ from helpers import quiet
 # the study's settings and evaluation, so that the test pins exactly the run the README reports
 from benchmarks import learn_interactive
 from sb3_grpo.common.buffers import SequenceRolloutBuffer
+
+#: Episodes of each evaluation (before and after training).
+EPISODES = 2048
 
 
 def _seeds() -> list[int]:

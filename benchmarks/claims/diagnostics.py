@@ -73,6 +73,8 @@ class RewardTerms(BaseCallback):
     """Per rollout, the mean of each composite-reward term over the episodes scored in it: ``series[label]`` is one
     value per rollout (a rollout in which no episode was scored adds none). Read from the reward itself
     (:meth:`~textrl_envs.rewards.CompositeReward.pop_component_means`), so rewards scored in the background count.
+    Popping resets the reward's count, so it must be the run's only reader: not beside a
+    :class:`~sb3_grpo.callbacks.CompletionLogger` that logs components (the claims runs attach none).
 
     :param rewards: The composite rewards to read (default: those of the training env; none for a plain reward).
     """
