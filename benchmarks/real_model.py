@@ -110,7 +110,11 @@ TASKS: dict[str, StudyTask] = {
     "needle_haystack": StudyTask(
         {"min_num_statements": 5, "max_num_statements": 8}, 192, "reading: who likes what, among 5-8 statements"
     ),
-    "syllogism": StudyTask({}, 160, "logic: does a conclusion follow from two premises (yes or no)"),
+    "syllogism": StudyTask(
+        {"invalid_ratio": 0.5},
+        160,
+        "logic: does a conclusion follow from two premises (yes or no; half of them follow)",
+    ),
     "word_sequence_reversal": StudyTask({"min_words": 3, "max_words": 4}, 112, "word task: reverse 3-4 words"),
     "calendar_arithmetic": StudyTask(
         {"tasks": ["weekday_offset"], "offset_upper_bound": 7},

@@ -42,7 +42,14 @@ def chat_dir(tmp_path_factory):
         ("Answer:\nsee below: 12", "12"),  # an empty answer line: the last number
         ("It costs 1,000 dollars", "1,000"),
         ("ANSWER: -7", "-7"),
-        ("no number at all", None),
+        ("a reply without a number", None),
+        ("No, it does not logically follow that all cats are dogs.", "No"),  # a verdict the reply opens with
+        ("**yes**. The premises say so.", "Yes"),
+        ("The answer is: true", "True"),  # a verdict on the answer line, capitalized
+        ("Answer: **no**.", "No"),
+        ("No problem: 2 + 3 = 5", "5"),  # a number comes first
+        ("Nothing follows.", None),  # 'No' only as a whole word
+        ("Maybe. Yes.", None),  # a verdict only where the reply opens
     ],
 )
 def test_final_answer(text, answer):

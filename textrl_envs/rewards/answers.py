@@ -5,9 +5,11 @@ the way graders of math benchmarks do, in order of precedence:
 
 1. the content of the last ``\\boxed{...}`` (braces balanced), the DeepSeekMath / MATH convention;
 2. the rest of the line after the last ``Answer:`` (any case; ``answer is`` too), without a closing period (of a
-   whole equation such as ``58 + 26 = 84``, what follows the last ``=``)
+   whole equation such as ``58 + 26 = 84``, what follows the last ``=``; a verdict such as ``yes`` capitalized as in 4)
    (a number check reads the first number there: ``Answer: 42 apples`` is 42);
-3. the last number in the text.
+3. the last number in the text;
+4. a verdict the reply opens with, ``Yes``/``No``/``True``/``False`` (any case, as capitalized here), the way a chat
+   model answers a yes-or-no question ("No, it does not follow...").
 
 :func:`answers_match` compares it with the reference answer by one of :data:`CHECKS`: ``"math"`` with Hugging Face's
 Math-Verify (``pip install "textrl[math]"``), which reads numbers, fractions, LaTeX and sets; ``"number"``, equal as
@@ -48,6 +50,8 @@ MATH_INSTALL_HINT = 'pip install "textrl[math]"  (or: pip install math-verify)'
 _ANSWER = re.compile(r"\banswer(?:\s+is\s*:?|\s*[:=])[ \t]*", re.IGNORECASE)
 _ANSWER_LINE = re.compile(r"^[ \t*]*answer[ \t*]*:[ \t*]*\S", re.IGNORECASE | re.MULTILINE)
 _NUMBER = re.compile(r"[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?")
+_VERDICT = re.compile(r"[\s*\"'(]*(yes|no|true|false)\b", re.IGNORECASE)
+_VERDICT_ALONE = re.compile(r"[\s*\"'(]*(yes|no|true|false)[\s*\"')!.]*", re.IGNORECASE)
 
 
 def final_answer_text(completion: Any) -> str:
@@ -88,6 +92,8 @@ def final_answer(text: str) -> str | None:
     '\\\\frac{3}{4}'
     >>> final_answer("5 - 3 = 2")
     '2'
+    >>> final_answer("no, it does not logically follow.")
+    'No'
     """
     boxed = _boxed(text)
     if boxed:
@@ -97,10 +103,16 @@ def final_answer(text: str) -> str | None:
         line = text[match.end() :].split("\n", 1)[0].strip().rstrip(".").strip()
         equation = _EQUATION.fullmatch(line)  # "Answer: 58 + 26 = 84" states 84
         line = equation.group(1).strip() if equation else line
+        verdict = _VERDICT_ALONE.fullmatch(line)
+        if verdict:  # "Answer: **yes**" states the verdict "Yes"
+            return verdict.group(1).capitalize()
         if line:
             return line
     numbers = _NUMBER.findall(text)
-    return numbers[-1].strip() if numbers else None
+    if numbers:
+        return numbers[-1].strip()
+    verdict = _VERDICT.match(text)
+    return verdict.group(1).capitalize() if verdict else None
 
 
 def in_answer_style(text: str, style: str) -> bool:
