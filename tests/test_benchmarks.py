@@ -222,3 +222,45 @@ def test_generate_stopping_at_eos_counts_the_tokens_up_to_it():
     assert full.counted == [8 * 24] * 3  # min_new_tokens: every row writes the whole budget
     # the bundled LM ends most of its 24-token texts early: fewer tokens, each row at least one (its EOS)
     assert all(8 <= n < 8 * 24 for n in stopping.counted)
+
+
+def test_the_trl_comparison_resumes_from_its_json_file(tmp_path, monkeypatch):
+    """``--json`` saves after each seed and ``--resume`` keeps the seeds it holds: only the others run, and the
+    summary covers all; a file of other settings is refused."""
+    from benchmarks import trl_loops
+    from benchmarks.perf import trl
+    from sb3_grpo.file_io import write_json_atomic
+
+    ran = []
+
+    def fake_loop(name):
+        def run(cfg, seed, **_kwargs):
+            ran.append((name, seed))
+            curve = [(1.0, 4, 0.1), (2.0, 8, 0.2 + seed), (3.0, 12, 0.3 + seed)]
+            return {"curve": curve, "cpu_at": [1.0, 2.0, 3.0], "wall_s": 3.0, "cpu_s": 3.0, "completions": 12,
+                    "advantaged": [1.0]}  # fmt: skip
+
+        return run
+
+    monkeypatch.setattr(trl, "trl_available", lambda: True)
+    monkeypatch.setattr(trl, "run_ours", fake_loop("ours"))
+    monkeypatch.setattr(trl, "run_trl", fake_loop("TRL"))
+    saved = []
+    cfg = trl.with_overrides(trl.SMALL, completions=12)
+    first = trl.compare_loops(cfg, [0], log=lambda _m: None, on_seed=lambda runs: saved.append(len(runs)))
+    assert ran == [("ours", 0), ("TRL", 0)] and saved == [1]
+    path = tmp_path / "trl.json"
+    write_json_atomic(path, first)
+    measured = trl_loops.earlier_runs(path, cfg, {})
+    assert list(measured) == [0]
+    ran.clear()
+    both = trl.compare_loops(cfg, [0, 1], log=lambda _m: None, measured=measured)
+    assert ran == [("TRL", 1), ("ours", 1)]  # seed 0 kept; seed 1 runs, TRL first as in a run of both
+    assert [r["seed"] for r in both["runs"]] == [0, 1] and both["runs"][0] == json.loads(json.dumps(first["runs"][0]))
+    assert both["summary"]["ours"]["final_reward"] == pytest.approx((0.2 + (0.1 + 1.2 + 1.3) / 3) / 2)
+    assert trl_loops.earlier_runs(tmp_path / "none.json", cfg, {}) == {}
+    with pytest.raises(ValueError, match=r"other settings \(differing: lr\)"):
+        trl_loops.earlier_runs(path, trl.with_overrides(cfg, lr=0.5), {})
+    with pytest.raises(ValueError, match=r"differing: --ours"):
+        trl_loops.earlier_runs(path, cfg, {"n_epochs": 2})
+    assert json.loads(path.read_text())["runs"][0]["seed"] == 0

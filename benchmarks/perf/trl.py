@@ -33,6 +33,7 @@ import statistics
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -508,12 +509,22 @@ def final_reward(curve: list[tuple[float, int, float]], window: int) -> float:
     return statistics.fmean(r for _, _, r in curve[-window:])
 
 
-def compare_loops(cfg: LoopConfig, seeds: list[int], log: Any = print, **grpo_kwargs: Any) -> dict:
+def compare_loops(
+    cfg: LoopConfig,
+    seeds: list[int],
+    log: Any = print,
+    measured: dict[int, dict] | None = None,
+    on_seed: Callable[[list[dict]], None] | None = None,
+    **grpo_kwargs: Any,
+) -> dict:
     """Both loops per seed (alternating which goes first), their time to TRL's final reward, and the medians.
 
     :param cfg: The comparison.
     :param seeds: Seeds (one pair of loops each).
     :param log: Where progress lines go.
+    :param measured: Runs of some of ``seeds`` measured before, by seed (an earlier result's ``runs``, of the same
+        ``cfg`` and ``grpo_kwargs``: the caller checks): kept as they are, not run again.
+    :param on_seed: Called with the runs so far after each seed this call runs (to save them).
     :param grpo_kwargs: Overrides of our GRPO's arguments.
     :return: ``{"config", "runs": [{"seed", "ours", "TRL", "threshold", "ours_time", "trl_time"}], "summary"}``.
     """
@@ -527,6 +538,10 @@ def compare_loops(cfg: LoopConfig, seeds: list[int], log: Any = print, **grpo_kw
         th.cuda.synchronize()
     runs = []
     for i, seed in enumerate(seeds):
+        if measured and seed in measured:
+            log(f"seed {seed}: measured before, kept")
+            runs.append(measured[seed])
+            continue
         order = [("ours", lambda s=seed: run_ours(cfg, s, **grpo_kwargs)), ("TRL", lambda s=seed: run_trl(cfg, s))]
         results = {}
         for name, fn in order if i % 2 == 0 else order[::-1]:
@@ -544,6 +559,8 @@ def compare_loops(cfg: LoopConfig, seeds: list[int], log: Any = print, **grpo_kw
                 "trl_cpu_time": cpu_time_to_reward(results["TRL"], threshold, cfg.window),
             }
         )
+        if on_seed is not None:
+            on_seed(runs)
     result = {"config": asdict(cfg), "grpo_kwargs": grpo_kwargs, "runs": runs, "summary": summarize(runs)}
     if has_heldout(cfg):
         from transformers import AutoModelForCausalLM
