@@ -113,7 +113,8 @@ TASKS: dict[str, StudyTask] = {
     "syllogism": StudyTask(
         {"invalid_ratio": 0.5},
         160,
-        "logic: does a conclusion follow from two premises (yes or no; half of them follow)",
+        "logic: does a conclusion follow from two premises (Yes or No, half the items each; a reply that opens with "
+        "its verdict states it)",
     ),
     "word_sequence_reversal": StudyTask({"min_words": 3, "max_words": 4}, 112, "word task: reverse 3-4 words"),
     "calendar_arithmetic": StudyTask(
@@ -299,6 +300,43 @@ def beyond_prior(greedy: list[int], majority: dict[str, Any]) -> float | None:
     return float(np.mean([greedy[i] for i in others])) if others else None
 
 
+def heldout_answers(task: str, args) -> list[str]:
+    """The reference answers of the ``--eval-items`` held-out items of ``task`` (reasoning-gym's items, no model)."""
+    import gymnasium as gym
+
+    import textrl_envs  # noqa: F401  (registers the ids)
+
+    env = gym.make("ReasoningGym-v0", seed=HELDOUT_SEED, **env_kwargs(task, args.eval_items, args.max_new_tokens))
+    return [str(item["answer"]) for item in env.unwrapped.suite.items]
+
+
+#: A task whose held-out answers take at most this many values (yes or no, a few small numbers) gets its accuracy
+#: per answer on the page: a policy that shifts toward one answer trades one column for another.
+FEW_ANSWERS = 3
+
+
+def answer_clause(answers: list[str], greedy_before: list[int], runs: list[dict]) -> str:
+    """Greedy pass@1 on the held-out items of each answer, before and after (t-interval over ``runs``), and their
+    mean (balanced accuracy: at most 1 / (number of answers) for a policy that ignores the question); ``""`` for a
+    task of more than :data:`FEW_ANSWERS` answers."""
+    values = sorted(set(answers))
+    if len(values) > FEW_ANSWERS:
+        return ""
+
+    def on(greedy: list[int], value: str) -> float:
+        return float(np.mean([g for g, a in zip(greedy, answers) if a == value]))
+
+    parts = []
+    for value in values:
+        after = t_interval([on(r["after"]["greedy"], value) for r in runs])
+        parts.append(f"{value!r} ({answers.count(value)} items) {on(greedy_before, value):.3f} to {fmt_ci(*after)}")
+    balanced = t_interval([float(np.mean([on(r["after"]["greedy"], v) for v in values])) for r in runs])
+    before = float(np.mean([on(greedy_before, v) for v in values]))
+    return (f"Per answer, greedy pass@1 before to after: {'; '.join(parts)}; their mean (balanced accuracy, at most "
+            f"{1 / len(values):.2f} for a policy that ignores the question) {before:.3f} to "
+            f"{fmt_ci(*balanced)}.")  # fmt: skip
+
+
 def heldout_spec(task: str, args, items: int | None = None):
     """The env spec of ``items`` (default ``--eval-items``) held-out items of ``task``."""
     import gymnasium as gym
@@ -433,6 +471,10 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
         f"r={LORA['r']} on {', '.join(LORA['target_modules'])} at lr {args.lora_lr:g} (the full fine-tune at "
         f"{args.full_lr:g}), {args.threads} torch threads.",
         "",
+        "Tasks: "
+        + "; ".join(f"{task}, {TASKS[task].description}" for task in sorted({r["task"] for r in runs}) if task in TASKS)
+        + ".",
+        "",
         *reward_paragraph(results),
         "The control: *most common answer* is the held-out accuracy of always giving the training items' most "
         "common answer. A policy can reach it by learning the prior alone; above it, the question is being read. "
@@ -481,6 +523,9 @@ def page_body(results: dict[str, Any], args, figure: str | None) -> str:
                     why = " " + control_clause(float(np.mean(p1)), majority, before["greedy"], rs)
                 elif majority and majority.get("others") and grouped:
                     why += " " + prior_clause(before["greedy"], majority, rs)
+                if before.get("answers") and grouped:
+                    why += " " + answer_clause(before["answers"], before["greedy"], rs)
+                why = why.rstrip()
                 verdicts.append(f"- {task}, {arm}: {word} held-out pass@1 ({d_mean:+.3f}; the t-interval {side} "
                                 f"no change).{why} {sampled_clause(before, rs, args.temperature)}")  # fmt: skip
     missing = [f"{t}/{a}/{s}" for t, a, s in planned_runs(args) if f"{t}/{a}/{s}" not in results["runs"]]
@@ -756,7 +801,10 @@ def main(argv: list[str] | None = None) -> int:
     missing_controls = [task for task, b in results["before"].items() if "others" not in b.get("majority", {})]
     for task in missing_controls:  # cheap: reasoning-gym's items and the tokenizer, no model
         results["before"][task]["majority"] = majority_baseline(task, args, heldout_spec(task, args))
-    if missing_controls:
+    missing_answers = [task for task, b in results["before"].items() if "answers" not in b]
+    for task in missing_answers:  # cheap as well
+        results["before"][task]["answers"] = heldout_answers(task, args)
+    if missing_controls or missing_answers:
         save_results(out / "results.json", results)
     if args.page and results["runs"]:
         page = Path(args.page)

