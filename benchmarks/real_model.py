@@ -78,7 +78,9 @@ TASKS: dict[str, StudyTask] = {
         "sums and differences of two numbers of 1-2 digits (no negative operands)",
     ),  # fmt: skip
     "chain_sum": StudyTask(
-        {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}, 80, "chains of 2-3 terms"
+        {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2},
+        80,
+        "sums and differences of 2-3 numbers of 1-2 digits (the result may be negative)",
     ),
     "leg_counting": StudyTask(
         {"min_animals": 1, "max_animals": 1, "min_instances": 1, "max_instances": 2},
