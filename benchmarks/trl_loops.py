@@ -95,7 +95,7 @@ def report_lines(cfg: Any, result: dict, version: str, threads: int) -> list[str
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="textrl-bench trl", description=__doc__.splitlines()[0])
     parser.add_argument("--trl-path", default=None, help="a directory to put first on sys.path (where TRL lives)")
     parser.add_argument(
         "--preset",
