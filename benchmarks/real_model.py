@@ -304,12 +304,7 @@ def beyond_prior(greedy: list[int], majority: dict[str, Any]) -> float | None:
 
 def heldout_answers(task: str, args) -> list[str]:
     """The reference answers of the ``--eval-items`` held-out items of ``task`` (reasoning-gym's items, no model)."""
-    import gymnasium as gym
-
-    import textrl_envs  # noqa: F401  (registers the ids)
-
-    env = gym.make("ReasoningGym-v0", seed=HELDOUT_SEED, **env_kwargs(task, args.eval_items, args.max_new_tokens))
-    return [str(item["answer"]) for item in env.unwrapped.suite.items]
+    return [str(item["answer"]) for item in heldout_env(task, args).suite.items]
 
 
 #: A task whose held-out answers take at most this many values (yes or no, a few small numbers) gets its accuracy
@@ -339,15 +334,19 @@ def answer_clause(answers: list[str], greedy_before: list[int], runs: list[dict]
             f"{fmt_ci(*balanced)}.")  # fmt: skip
 
 
-def heldout_spec(task: str, args, items: int | None = None):
-    """The env spec of ``items`` (default ``--eval-items``) held-out items of ``task``."""
+def heldout_env(task: str, args, items: int | None = None):
+    """The (unwrapped) env of ``items`` (default ``--eval-items``) held-out items of ``task``."""
     import gymnasium as gym
 
     import textrl_envs  # noqa: F401  (registers the ids)
 
     size = args.eval_items if items is None else items
-    env = gym.make("ReasoningGym-v0", seed=HELDOUT_SEED, **env_kwargs(task, size, args.max_new_tokens))
-    return env.unwrapped.text_spec
+    return gym.make("ReasoningGym-v0", seed=HELDOUT_SEED, **env_kwargs(task, size, args.max_new_tokens)).unwrapped
+
+
+def heldout_spec(task: str, args, items: int | None = None):
+    """The env spec of ``items`` (default ``--eval-items``) held-out items of ``task``."""
+    return heldout_env(task, args, items).text_spec
 
 
 def screen_task(lm, task: str, args) -> dict[str, Any]:
