@@ -53,13 +53,15 @@ TITLE = "Learning on a real model: SmolLM2-135M-Instruct on 2 CPU cores"
 class StudyTask(NamedTuple):
     """A task of the study: its reasoning-gym config, its prompt budget, what it is, and whether its training reward
     keeps reasoning-gym's partial credit (``ReasoningGym-v0``'s ``partial_credit=``; ``all_or_nothing_why``: why
-    not, stated on the page)."""
+    not, stated on the page). ``source`` names the reasoning-gym task when the study's name differs (a variant of a
+    task under its own name, e.g. an easier config)."""
 
     config: dict[str, Any]
     prompt_tokens: int
     description: str
     partial_credit: bool = True
     all_or_nothing_why: str = ""
+    source: str = ""
 
 
 #: The tasks the study knows, by reasoning-gym task name.
@@ -117,6 +119,13 @@ TASKS: dict[str, StudyTask] = {
         160,
         "logic: does a conclusion follow from two premises (Yes or No, half the items each; a reply that opens with "
         "its verdict states it)",
+    ),
+    "syllogism_converse": StudyTask(
+        {"allow_some": False, "allow_some_not": False, "invalid_ratio": 0.5, "inversion_probability": 1.0},
+        160,
+        'logic: does the converse of one of two premises follow ("No A are B" gives "No B are A", "All A are B" gives '
+        '"Some B are A"; quantifiers All and No; Yes or No, half the items each)',
+        source="syllogism",
     ),
     "word_sequence_reversal": StudyTask({"min_words": 3, "max_words": 4}, 112, "word task: reverse 3-4 words"),
     "calendar_arithmetic": StudyTask(
@@ -189,7 +198,7 @@ def env_kwargs(task: str, size: int, max_new_tokens: int) -> dict[str, Any]:
         from reasoning_gym.logic.aiw import TaskType
 
         config = {**config, "task_types": [TaskType(t) for t in config["task_types"]]}
-    return {"task": task, "task_kwargs": config, "size": size, "tokenizer": MODEL, "instruct": True,
+    return {"task": study.source or task, "task_kwargs": config, "size": size, "tokenizer": MODEL, "instruct": True,
             "max_new_tokens": max_new_tokens, "max_prompt_tokens": study.prompt_tokens,
             "partial_credit": study.partial_credit}  # fmt: skip
 
