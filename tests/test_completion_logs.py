@@ -74,7 +74,10 @@ def test_composite_components_are_logged_each_rollout(tmp_path):
     model = PPO("MultiInputPolicy", env, n_steps=8, batch_size=16, n_epochs=1, seed=0, device="cpu")
     model.set_logger(configure_logger(tmp_path, ["csv"]))
     cb = CompletionLogger(every_n_rollouts=1, n_samples=100, path=tmp_path / "c.jsonl")
-    model.learn(16 * 3, callback=cb)
+    from benchmarks.claims.diagnostics import RewardTerms
+
+    beside = RewardTerms()  # a second reader of the same reward: each reads every episode
+    model.learn(16 * 3, callback=[cb, beside])
     model.logger.close()
     import csv
 
@@ -88,6 +91,8 @@ def test_composite_components_are_logged_each_rollout(tmp_path):
         chars = [len(r["completion"]) for r in episodes]
         assert float(row["reward/_count"]) == pytest.approx(np.mean(words))
         assert float(row["reward/_chars"]) == pytest.approx(np.mean(chars))
+        assert beside.series["_count"][k] == pytest.approx(np.mean(words))
+        assert beside.series["_chars"][k] == pytest.approx(np.mean(chars))
         for r, w, c in zip(episodes, words, chars):
             assert r["reward"] == pytest.approx(w + 0.1 * c, rel=1e-5)
 

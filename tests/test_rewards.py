@@ -385,6 +385,23 @@ def test_composite_component_means_since_last_pop():
     assert c.pop_component_means() == {"_as_number": approx(2.0), "_tens": approx(40.0)}
     with pytest.raises(ValueError, match="normalize must be one of"):
         CompositeReward([(_as_number, 1.0)], normalize="zscore")
+
+
+def test_composite_readers_each_count_from_their_own_last_read():
+    c = CompositeReward([(_as_number, 1.0), (_tens, -1.0)])
+    c(["p"], ["9"])  # before either reader: neither sees it
+    early, late = c.component_reader(), None
+    c(["p"] * 2, ["1", "2"])
+    late = c.component_reader()
+    c(["p"], ["6"])
+    assert c.pop_component_means() == {"_as_number": approx(18 / 4), "_tens": approx((810 + 10 + 40 + 360) / 4)}
+    assert early.pop() == {"_as_number": approx(3.0), "_tens": approx((10 + 40 + 360) / 3)}
+    assert late.pop() == {"_as_number": approx(6.0), "_tens": approx(360.0)}
+    assert early.pop() == {} and late.pop() == {}  # the other's read took nothing from either
+    c(["p"], ["2"])
+    assert late.pop() == {"_as_number": approx(2.0), "_tens": approx(40.0)}
+    assert early.pop() == {"_as_number": approx(2.0), "_tens": approx(40.0)}
+    assert c.pop_component_means() == {"_as_number": approx(2.0), "_tens": approx(40.0)}
     made = make_reward("composite", components={"length": 1.0}, normalize="running")
     assert made.normalize == "running"
 

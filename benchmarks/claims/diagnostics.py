@@ -72,9 +72,8 @@ class UpdateLog(BaseCallback):
 class RewardTerms(BaseCallback):
     """Per rollout, the mean of each composite-reward term over the episodes scored in it: ``series[label]`` is one
     value per rollout (a rollout in which no episode was scored adds none). Read from the reward itself
-    (:meth:`~textrl_envs.rewards.CompositeReward.pop_component_means`), so rewards scored in the background count.
-    Popping resets the reward's count, so it must be the run's only reader: not beside a
-    :class:`~sb3_grpo.callbacks.CompletionLogger` that logs components (the claims runs attach none).
+    (a :meth:`~textrl_envs.rewards.CompositeReward.component_reader` of its own), so rewards scored in the background
+    count, and other readers (a :class:`~sb3_grpo.callbacks.CompletionLogger`) take nothing from it.
 
     :param rewards: The composite rewards to read (default: those of the training env; none for a plain reward).
     """
@@ -83,21 +82,21 @@ class RewardTerms(BaseCallback):
         super().__init__()
         self.series: dict[str, list[float]] = {}
         self._rewards = rewards
+        self._readers: list[Any] = []
 
     def _init_callback(self) -> None:
         from sb3_grpo.callbacks.completions import composite_rewards
 
         if self._rewards is None:
             self._rewards = composite_rewards(self.training_env)
-        for reward in self._rewards:
-            reward.pop_component_means()  # count from this run's first rollout
+        self._readers = [reward.component_reader() for reward in self._rewards]  # from this run's first rollout
 
     def _on_step(self) -> bool:
         return True
 
     def _on_rollout_end(self) -> None:
-        for reward in self._rewards or ():
-            for label, mean in reward.pop_component_means().items():
+        for reader in self._readers:
+            for label, mean in reader.pop().items():
                 self.series.setdefault(str(label), []).append(float(mean))
 
     def summary(self) -> dict[str, Any]:

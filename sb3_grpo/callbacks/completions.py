@@ -124,11 +124,11 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) ->
 
 def composite_rewards(env: Any) -> list[Any]:
     """The reward models of ``env`` (an SB3 VecEnv or a gymnasium env, wrappers included) that report component
-    means (:meth:`~textrl_envs.rewards.CompositeReward.pop_component_means`), each once."""
+    means (:meth:`~textrl_envs.rewards.CompositeReward.component_reader`), each once."""
     found: list[Any] = []
     for obj in env_chain(env):
         reward = getattr(getattr(obj, "text_spec", None), "reward", None)
-        if callable(getattr(reward, "pop_component_means", None)) and all(reward is not r for r in found):
+        if callable(getattr(reward, "component_reader", None)) and all(reward is not r for r in found):
             found.append(reward)
     return found
 
@@ -186,7 +186,7 @@ class CompletionLogger(BaseCallback):
         self._collecting = False
         self._seen = 0
         self._kept: list[tuple[int, dict]] = []
-        self._rewards: list[Any] = []
+        self._readers: list[Any] = []  # one ComponentMeanReader per composite reward of the env
         #: The rows written, by rollout (the latest last).
         self.samples: list[list[dict[str, Any]]] = []
 
@@ -199,9 +199,8 @@ class CompletionLogger(BaseCallback):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.verbose >= 1:
                 print(f"CompletionLogger: samples to {self.path}")
-        self._rewards = composite_rewards(self.training_env) if self.log_components else []
-        for reward in self._rewards:
-            reward.pop_component_means()  # start counting with this training run
+        rewards = composite_rewards(self.training_env) if self.log_components else []
+        self._readers = [reward.component_reader() for reward in rewards]  # counting from this training run
 
     def _on_rollout_start(self) -> None:
         self._rollout += 1
@@ -229,8 +228,8 @@ class CompletionLogger(BaseCallback):
         return True
 
     def _on_rollout_end(self) -> None:
-        for reward in self._rewards:
-            for label, mean in reward.pop_component_means().items():
+        for reader in self._readers:
+            for label, mean in reader.pop().items():
                 self.logger.record(f"reward/{label}", mean)
         if not self._collecting or not self._kept:
             return

@@ -41,7 +41,7 @@ from textrl_envs.rewards.answers import FinalAnswerReward
 from textrl_envs.rewards.base import RewardModel, call_reward
 from textrl_envs.rewards.code import UnitTests
 from textrl_envs.rewards.coherence import Coherence
-from textrl_envs.rewards.composite import CompositeReward
+from textrl_envs.rewards.composite import ComponentMeanReader, CompositeReward
 from textrl_envs.rewards.constraints import KeywordCoverage, LengthPenalty, RepetitionPenalty
 from textrl_envs.rewards.match import ArithmeticReward, ExactMatch, IncreasingNumbersReward
 from textrl_envs.rewards.metrics import distinct_n, mean_length, pass_at_k, perplexity, repetition_rate
@@ -53,6 +53,7 @@ __all__ = [
     "ArithmeticReward",
     "Bleu",
     "Coherence",
+    "ComponentMeanReader",
     "CompositeReward",
     "ExactMatch",
     "FinalAnswerReward",

@@ -108,8 +108,9 @@ class CompositeReward(RewardModel):
     episode's ``info["reward_components"]``, and :class:`~sb3_grpo.callbacks.CompletionLogger` logs them per
     episode). After each call, :attr:`last_components`
     maps each component's label to its scores (unweighted) for logging, and
-    :meth:`pop_component_means` gives each component's mean score since it was last called (what
-    :class:`~sb3_grpo.callbacks.CompletionLogger` logs as ``reward/<label>``).
+    :meth:`pop_component_means` gives each component's mean score since it was last called. A reader of its own
+    (:meth:`component_reader`: what :class:`~sb3_grpo.callbacks.CompletionLogger` logs as ``reward/<label>``) counts
+    from its own last read, so several readers of one reward each see every episode.
 
     Components on different scales (a 0/1 correctness score beside a length penalty in words) can be put on one
     scale before they are weighted, as TRL's GRPO does with its ``normalize_then_sum`` aggregation:
@@ -146,8 +147,10 @@ class CompositeReward(RewardModel):
         #: Unweighted scores of each component on the last batch, by label.
         self.last_components: dict[str, np.ndarray] = {}
         self._moments = {label: RunningMoments() for label, _, _ in self.components}
-        self._sums: dict[str, list[float]] = {label: [0.0, 0] for label, _, _ in self.components}
+        # every finite score so far, per label: [sum, count] (readers take differences, so nothing resets them)
+        self._totals: dict[str, list[float]] = {label: [0.0, 0] for label, _, _ in self.components}
         self._lock = threading.Lock()  # an env may score in a background worker while a callback reads the means
+        self._own_reader = ComponentMeanReader(self)
 
     @property
     def weights(self) -> dict[str, float]:
@@ -222,8 +225,8 @@ class CompositeReward(RewardModel):
         with self._lock:
             for label, values in last.items():
                 finite = values[np.isfinite(values)]
-                self._sums[label][0] += float(finite.sum())
-                self._sums[label][1] += int(finite.size)
+                self._totals[label][0] += float(finite.sum())
+                self._totals[label][1] += int(finite.size)
         self.last_components = last
         if not scored.all():
             return [float(t) if s else None for t, s in zip(total, scored)], last
@@ -242,13 +245,22 @@ class CompositeReward(RewardModel):
         moments.update(applies)
         return normalize_scores(values, moments.mean, moments.std)
 
+    def component_totals(self) -> dict[str, tuple[float, int]]:
+        """Each component's sum of finite (unweighted, unnormalised) scores and their count, over every episode
+        scored so far."""
+        with self._lock:
+            return {label: (total, int(n)) for label, (total, n) in self._totals.items()}
+
+    def component_reader(self) -> ComponentMeanReader:
+        """A reader of the component means that counts from now on and from its own last read, whoever else reads:
+        what a callback that logs them holds."""
+        return ComponentMeanReader(self)
+
     def pop_component_means(self) -> dict[str, float]:
         """Each component's mean (unweighted, unnormalised) score over the episodes scored since the last call
-        (components with nothing scored are left out); starts the next count."""
-        with self._lock:
-            means = {label: total / n for label, (total, n) in self._sums.items() if n}
-            self._sums = {label: [0.0, 0] for label in self._sums}
-        return means
+        (components with nothing scored are left out); starts the next count. Readers made by
+        :meth:`component_reader` keep their own counts, untouched by this one."""
+        return self._own_reader.pop()
 
     def to(self, device: Any) -> CompositeReward:
         """Move every component that has tensors to ``device``."""
@@ -259,6 +271,30 @@ class CompositeReward(RewardModel):
 
     def __repr__(self) -> str:
         return f"CompositeReward({[(label, w) for label, _, w in self.components]!r})"
+
+
+class ComponentMeanReader:
+    """Reads a :class:`CompositeReward`'s component means since its own last read (:meth:`pop`), from the reward's
+    running totals: readers never reset anything, so each sees every episode however many there are.
+
+    :param reward: The reward to read; counting starts when the reader is made.
+    """
+
+    def __init__(self, reward: CompositeReward) -> None:
+        self.reward = reward
+        self._seen = reward.component_totals()
+
+    def pop(self) -> dict[str, float]:
+        """Each component's mean score over the episodes scored since this reader last read (components with
+        nothing new are left out)."""
+        now = self.reward.component_totals()
+        means = {}
+        for label, (total, n) in now.items():
+            seen_total, seen_n = self._seen.get(label, (0.0, 0))
+            if n > seen_n:
+                means[label] = (total - seen_total) / (n - seen_n)
+        self._seen = now
+        return means
 
 
 def reward_sum(rewards: list[Any]) -> CompositeReward:
