@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory rows (two child processes)")
     p.add_argument("--no-updates", action="store_true", help="skip the update rows (rollouts only)")
     p.add_argument("--shape-05b", action="store_true", help="add rollout rows of a Qwen2-0.5B-shaped model")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one rollout of each engine per set-up: where its time goes")  # fmt: skip
     p.add_argument("--out", default="runs/real-speed", help="folder of results.json")
     p.add_argument("--page", default=None, help="write the results page here (e.g. docs/results/real_speed.md)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a memory measurement's own process
@@ -254,10 +256,12 @@ def prompt_workload(ids: Any, mask: Any) -> tuple[int, int, int]:
 
 def rollout_rows(
     lm: Any, label: str, batch: int, tokens: int, threads: int, dtype: str, limits: dict, repeats: int,
-    groups: tuple[int, ...] = (1, 8), engines: tuple[str, ...] = ("step", "hf"),
+    groups: tuple[int, ...] = (1, 8), engines: tuple[str, ...] = ("step", "hf"), profile: bool = False,
 ) -> list[dict]:  # fmt: skip
     """The rollout rows of one set-up: each of ``engines`` and generate, EOS on and off, each prompt group size, with
-    the roofline."""
+    the roofline; with ``profile``, each engine row also holds the split of one more, profiled rollout
+    (:func:`~benchmarks.rollout_profile.profile_rollout`)."""
+    from benchmarks.rollout_profile import profile_rollout
     from benchmarks.timing import interleaved
 
     rows = []
@@ -285,6 +289,8 @@ def rollout_rows(
                              "prompt_tokens": prompt_tokens, "prefill_tokens": prefill_tokens,
                              "logprob_gap": gap, "time_split": split,
                              "seconds": last.get(engine, wall[engine])})  # fmt: skip
+                if profile and engine != "generate":
+                    rows[-1]["profile"] = profile_rollout(timers[engine], env, warm=False)
             env.close()
     return rows
 
@@ -400,6 +406,8 @@ def update_section(updates: list[dict]) -> list[str]:
 
 
 def page_body(result: dict) -> str:
+    from benchmarks.rollout_profile import profile_section
+
     lim = result["limits"]
     lines = ["Measured side by side in one run on this machine's CPU (medians; the calls of a comparison alternate).",
              "", "## The machine's limits", "", "| threads | float32 matmul GFLOP/s | bfloat16 matmul GFLOP/s | "
@@ -447,6 +455,7 @@ def page_body(result: dict) -> str:
             lines.append(f"| {r['model']} | {r['dtype']} | {r['threads']} | {r['batch']} | {r.get('group', 1)} | "
                          f"{'on' if r['eos'] else 'off'} | {mean:.2g} | {worst:.2g} |")  # fmt: skip
     lines += time_split_section([r for r in result["rollouts"] if r.get("time_split")])
+    lines += profile_section([r for r in result["rollouts"] if r.get("profile")])
     if result["updates"]:
         lines += update_section(result["updates"])
     if result.get("memory"):
@@ -535,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
                 for batch in args.batches:
                     for tokens in args.tokens:
                         rows = rollout_rows(lm, label, batch, tokens, threads, dtype, limits, args.repeats,
-                                            tuple(args.groups), tuple(args.engines))  # fmt: skip
+                                            tuple(args.groups), tuple(args.engines), args.profile)  # fmt: skip
                         result["rollouts"] += rows
                         print(f"[real-speed] {label} {dtype} {threads}t b{batch} t{tokens}: "
                               + ", ".join(f"{r['engine']}{'' if r['eos'] else '/noeos'} {r['tokens_per_s']:.0f}"

@@ -397,3 +397,42 @@ def test_the_screen_table_gives_each_tasks_signal():
                    "57% | 0.200 | 'Yes': 0.750 | 'No, it does not follow / at all' |")  # fmt: skip
     with pytest.raises(SystemExit, match="unknown task to screen 'nope'"):
         rm.check_names(rm.build_parser().parse_args(["--screen", "syllogism,nope"]))
+
+
+def test_a_profiles_split_by_hand():
+    from benchmarks.rollout_profile import split_profile
+
+    attention = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    ops = [("aten::addmm", 3.0, 10), ("aten::mm", 1.0, 5), (attention, 0.5, 2), ("aten::copy_", 0.25, 40),
+           ("aten::multinomial", 0.25, 1)]  # fmt: skip
+    split = split_profile(6.0, 1.5, ops)
+    assert (split["matmul"], split["attention"], split["other"]) == (4.0, 0.5, 0.5)
+    assert split["outside"] == 1.0 and split["env"] == 1.5 and split["op_calls"] == 58
+    assert [t["op"] for t in split["top"][:2]] == ["aten::addmm", "aten::mm"]
+    assert split_profile(1.0, 0.0, ops)["outside"] == 0.0  # operators over the wall time: nothing outside, not less
+
+
+def test_a_profiled_rollout_clocks_the_env_and_restores_its_step():
+    import torch as th
+
+    from benchmarks.rollout_profile import profile_rollout, profile_section
+
+    class Env:
+        def step(self, actions):
+            time.sleep(0.05)
+            return actions
+
+    env, a = Env(), th.randn(256, 256)
+
+    def collect():
+        for _ in range(4):
+            env.step(a @ a)
+
+    split = profile_rollout(collect, env)
+    assert 0.2 <= split["env"] <= split["wall_s"]  # four steps of 50 ms, inside the rollout
+    assert split["matmul"] > 0 and any(t["op"] in ("aten::mm", "aten::matmul") for t in split["top"])
+    assert "step" not in vars(env) and env.step(1) == 1  # the class's own step again
+    row = {"model": "m", "dtype": "float32", "threads": 1, "batch": 2, "group": 1, "tokens": 2, "eos": True,
+           "engine": "step", "profile": split}  # fmt: skip
+    text = "\n".join(profile_section([row]))
+    assert "## Where a rollout's time goes" in text and "| m | float32 | 1 | 2 | 1 | on | step |" in text
