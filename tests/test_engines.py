@@ -93,6 +93,25 @@ def test_hf_engine_rollouts_equal_the_step_engine(kwargs):
         th.testing.assert_close(hf_model.policy.state_dict()[key], value, atol=1e-5, rtol=1e-4)
 
 
+def test_hf_engine_rows_join_into_the_slots_of_rows_that_left(monkeypatch):
+    """With EOS on, a row whose episode ended rejoins the decoder's batch in the slot it left, written in place, so
+    no join copies the batch's cache (the rollouts equal the step engine's: above)."""
+    from sb3_grpo.policies.decoder import LiveBatch
+
+    calls = {"_fill": 0, "_append": 0}
+    for name in calls:
+        method = getattr(LiveBatch, name)
+
+        def counted(self, *args, _method=method, _name=name):
+            calls[_name] += 1
+            return _method(self, *args)
+
+        monkeypatch.setattr(LiveBatch, name, counted)
+    _, rollouts = _learn("hf", explore_alpha=0.0)
+    assert sum(int(r["episode_starts"].sum()) for r in rollouts) > 2 * N_ENVS  # episodes ended and rows rejoined
+    assert calls["_fill"] > 0 and calls["_append"] == 0
+
+
 def test_hf_engine_with_interactive_replies_equals_the_step_engine():
     _, step = _learn("step", _guess_env, explore_alpha=0.0, advantage="group")
     _, hf = _learn("hf", _guess_env, explore_alpha=0.0, advantage="group")

@@ -227,14 +227,22 @@ def test_appended_columns_equal_cat_and_leave_earlier_views_unchanged():
     layer = SimpleNamespace(keys=th.randn(3, 2, 5, 4, generator=gen))
     expected = layer.keys.clone()
     views = []
+    storages = []
     for step in range(SPARE_COLUMNS + 12):  # past the first buffer's room
         new = th.randn(layer.keys.shape[0], 2, 1, 4, generator=gen)
         layer.keys = _append_column(layer, "keys", new)
         expected = th.cat([expected, new], dim=-2)
         assert th.equal(layer.keys, expected)
         views.append((layer.keys, expected.clone()))
-        if step == 7:  # the rollout cache crops leading columns
+        storages.append(layer.keys.untyped_storage().data_ptr())
+        if step == 7:  # the rollout cache crops leading columns: the buffer goes on past them, nothing copied
             layer.keys, expected = layer.keys[..., 2:, :], expected[..., 2:, :]
+        if step == 9:  # the decoder writes a joining row into a left row's slot, in place
+            row = th.randn(2, layer.keys.shape[-2], 4, generator=gen)
+            layer.keys[1], expected[1] = row, row
         if step == 20:  # and gathers rows
             layer.keys, expected = layer.keys[[2, 0]], expected[[2, 0]]
-    assert all(th.equal(view, numbers) for view, numbers in views)
+    assert all(th.equal(view[[0, 2]], numbers[[0, 2]]) for view, numbers in views[:10])  # row 1 was rewritten
+    assert all(th.equal(view, numbers) for view, numbers in views[10:])
+    assert len(set(storages[:20])) == 1  # one buffer through the crop and the slot write (its room: 5 + 32 columns)
+    assert storages[21] != storages[20]  # the gathered rows: a new buffer

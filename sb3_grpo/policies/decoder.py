@@ -17,7 +17,7 @@ forwards (continuous batching), so a reset row never decodes alone.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch as th
 
@@ -76,15 +76,18 @@ class LiveBatch:
         empty = th.zeros(0, dtype=th.long, device=uniforms.device)
         self.rows, self.steps, self.positions, self.decoded = empty, empty, empty, empty
         self.greedy = th.zeros(0, dtype=th.bool, device=uniforms.device)
+        self.alive = th.zeros(0, dtype=th.bool, device=uniforms.device)  # slots holding a row (others: left, masked)
+        self._n_alive = 0
         self.logits: th.Tensor | None = None  # [b, V] raw logits of each live row's next token
         self.values: th.Tensor | None = None  # [b] values of the states they are drawn in
         self.forwards = 0  # single-token forwards run (one per advance that continues any row)
 
     def __len__(self) -> int:
-        return int(self.rows.shape[0])
+        return self._n_alive
 
     def live_rows(self) -> list[int]:
-        return self.rows.tolist()
+        rows = self.rows if self._n_alive == len(self.rows) else self.rows[self.alive]
+        return rows.tolist()
 
     # ---------------------------------------------------------------------------------------------------------
     # Joining and leaving
@@ -92,7 +95,8 @@ class LiveBatch:
 
     def add(self, rows: th.Tensor, ids: th.Tensor, mask: th.Tensor, step: int, greedy: th.Tensor) -> None:
         """Prefill the windows of ``rows`` (env rows not live now), whose next token is for rollout step ``step``,
-        and splice them into the batch."""
+        and put them into the batch: into the slots of rows that left, in place, where their windows fit the cache,
+        else appended (the whole cache copied)."""
         from transformers.cache_utils import DynamicLayer
 
         windows = [list(w) for w in self.policy._rollout_cache.memo.windows(ids, mask)] if self.remember_ends else []
@@ -103,37 +107,100 @@ class LiveBatch:
                 f"engine='hf' splices rows into one KV cache, which this model's cache layers ({', '.join(other)}, "
                 "e.g. sliding-window attention) do not allow; use engine='step'"
             )
-        if self.remember_ends:
-            self.windows = windows if self.cache is None or len(self) == 0 else self.windows + windows
         n = rows.shape[0]
         steps = th.full((n,), step, dtype=th.long, device=rows.device)
         positions = mask.sum(dim=-1)
         if self.cache is None or len(self) == 0:
             self.cache, self.kv_mask, self.logits, self.values = cache, mask, logits, values
-            self.rows, self.steps, self.positions = rows, steps, positions
-            self.decoded, self.greedy = th.zeros_like(rows), greedy
+            self.rows, self.steps, self.positions = rows.clone(), steps, positions  # slots are written in place
+            self.decoded, self.greedy = th.zeros_like(rows), greedy.clone()
+            self.alive, self._n_alive = th.ones_like(rows, dtype=th.bool), n
+            self.windows = windows
             return
-        length = max(self.kv_mask.shape[1], mask.shape[1])
-        self.kv_mask = th.cat([left_pad_columns(self.kv_mask, length, dim=1), left_pad_columns(mask, length, dim=1)])
-        for layer, new in zip(self.cache.layers, cache.layers, strict=True):
-            layer.keys = th.cat([left_pad_columns(layer.keys, length), left_pad_columns(new.keys, length)])
-            layer.values = th.cat([left_pad_columns(layer.values, length), left_pad_columns(new.values, length)])
-        self.logits, self.values = th.cat([self.logits, logits]), th.cat([self.values, values])
-        self.rows, self.steps = th.cat([self.rows, rows]), th.cat([self.steps, steps])
-        self.positions = th.cat([self.positions, positions])
-        self.decoded, self.greedy = th.cat([self.decoded, th.zeros_like(rows)]), th.cat([self.greedy, greedy])
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        new = _Joining(layers, mask, logits, values, rows, steps, positions, greedy, windows)
+        free = (~self.alive).nonzero().squeeze(1)
+        if free.numel() and mask.shape[1] > self.kv_mask.shape[1]:
+            self._compact()  # windows longer than the cache: no slot fits them
+        elif free.numel():
+            filled = min(n, int(free.numel()))
+            self._fill(free[:filled], new.part(0, filled))
+            if filled == n:
+                return
+            new = new.part(filled, n)
+        self._append(new)
+
+    def _fill(self, slots: th.Tensor, new: _Joining) -> None:
+        """Write joining rows into the slots of rows that left, in place (left-padded to the cache's columns)."""
+        length = self.kv_mask.shape[1]
+        self.kv_mask[slots] = left_pad_columns(new.mask, length, dim=1)
+        for layer, joining in zip(self.cache.layers, new.layers, strict=True):
+            layer.keys[slots] = left_pad_columns(joining[0], length)
+            layer.values[slots] = left_pad_columns(joining[1], length)
+        self.logits[slots], self.values[slots] = new.logits, new.values
+        self.rows[slots], self.steps[slots], self.positions[slots] = new.rows, new.steps, new.positions
+        self.decoded[slots], self.greedy[slots] = 0, new.greedy
+        self.alive[slots] = True
+        self._n_alive += len(new.rows)
+        if self.remember_ends:
+            for slot, window in zip(slots.tolist(), new.windows, strict=True):
+                self.windows[slot] = window
+
+    def _append(self, new: _Joining) -> None:
+        """Append joining rows to the batch (every layer's cache copied once, left-padded to the longer)."""
+        length = max(self.kv_mask.shape[1], new.mask.shape[1])
+        self.kv_mask = th.cat(
+            [left_pad_columns(self.kv_mask, length, dim=1), left_pad_columns(new.mask, length, dim=1)]
+        )
+        for layer, (keys, values) in zip(self.cache.layers, new.layers, strict=True):
+            layer.keys = th.cat([left_pad_columns(layer.keys, length), left_pad_columns(keys, length)])
+            layer.values = th.cat([left_pad_columns(layer.values, length), left_pad_columns(values, length)])
+        self.logits, self.values = th.cat([self.logits, new.logits]), th.cat([self.values, new.values])
+        self.rows, self.steps = th.cat([self.rows, new.rows]), th.cat([self.steps, new.steps])
+        self.positions = th.cat([self.positions, new.positions])
+        self.decoded = th.cat([self.decoded, th.zeros_like(new.rows)])
+        self.greedy = th.cat([self.greedy, new.greedy])
+        self.alive = th.cat([self.alive, th.ones_like(new.rows, dtype=th.bool)])
+        self._n_alive += len(new.rows)
+        if self.remember_ends:
+            self.windows = self.windows + new.windows
 
     def remove(self, rows: th.Tensor) -> None:
         """Drop these env rows from the batch (those not in it are ignored)."""
         if len(self) and rows.numel():
-            self._keep(~th.isin(self.rows, rows))
+            self._leave(self.alive & th.isin(self.rows, rows))
 
-    def _keep(self, keep: th.Tensor) -> None:
+    def _leave(self, leaving: th.Tensor) -> None:
+        """These slots' rows leave the batch: their slots stay, masked, until rows join into them (or the batch is
+        compacted, :meth:`_compact`), so that a row leaving copies no cache."""
+        n = int(leaving.sum())
+        if not n:
+            return
+        self.alive = self.alive & ~leaving
+        self._n_alive -= n
+        self.kv_mask[leaving] = 0
+        if self.remember_ends:
+            for slot in leaving.nonzero().squeeze(1).tolist():
+                self.windows[slot] = []
+        if self._n_alive == 0:
+            self._clear()
+        else:
+            self._crop()
+
+    def _clear(self) -> None:
+        self.cache, self.kv_mask, self.logits, self.values = None, None, None, None
+        empty = self.rows[:0]
+        self.rows, self.steps, self.positions, self.decoded = empty, empty, empty, empty
+        self.greedy, self.alive, self._n_alive, self.windows = self.greedy[:0], self.alive[:0], 0, []
+
+    def _compact(self) -> None:
+        """Drop the slots of rows that left (every layer's cache gathered once)."""
+        keep = self.alive
         if bool(keep.all()):
             return
         self.kv_mask, self.logits, self.values = self.kv_mask[keep], self.logits[keep], self.values[keep]
         self.rows, self.steps, self.positions = self.rows[keep], self.steps[keep], self.positions[keep]
-        self.decoded, self.greedy = self.decoded[keep], self.greedy[keep]
+        self.decoded, self.greedy, self.alive = self.decoded[keep], self.greedy[keep], self.alive[keep]
         if self.remember_ends:
             self.windows = [w for w, k in zip(self.windows, keep.tolist(), strict=True) if k]
         for layer in self.cache.layers:
@@ -158,59 +225,94 @@ class LiveBatch:
     def advance(self, write: Writer) -> bool:
         """Draw every live row's next token (``write`` stores it), drop the rows whose turn ended, and run the
         single-token forward of the others. Returns whether any row's turn ended."""
+        if 2 * len(self) < len(self.rows):
+            self._compact()  # most slots empty: fewer rows to run than a copy of the cache costs
         policy = self.policy
-        log_probs, probs = categorical_tables(policy._processed(self.logits))
-        values = self.values
-        steps, rows = self.steps, self.rows
+        full = len(self) == len(self.rows)
+        live = None if full else self.alive.nonzero().squeeze(1)
+
+        def pick(t: th.Tensor) -> th.Tensor:
+            return t if live is None else t[live]
+
+        log_probs, probs = categorical_tables(policy._processed(pick(self.logits)))
+        values, steps, rows, greedy = pick(self.values), pick(self.steps), pick(self.rows), pick(self.greedy)
         chosen = sample_categorical(probs, self.uniforms[steps, rows])
-        chosen = th.where(self.greedy, probs.argmax(dim=-1), chosen)
+        chosen = th.where(greedy, probs.argmax(dim=-1), chosen)
         chosen = th.where(self.explore[steps, rows], self.explore_tokens[steps, rows], chosen)
         write(rows, steps, chosen, log_probs.gather(-1, chosen[:, None]).squeeze(-1), values)
-        self.steps, self.decoded = steps + 1, self.decoded + 1
-        ended = th.isin(chosen, self.stop_ids) | (self.steps >= self.n_steps) | (self.decoded >= self.max_turn_tokens)
-        fits = self.positions < self.width  # the env's window can hold another token
+        steps, decoded = steps + 1, pick(self.decoded) + 1
+        ended = th.isin(chosen, self.stop_ids) | (steps >= self.n_steps) | (decoded >= self.max_turn_tokens)
+        fits = pick(self.positions) < self.width  # the env's window can hold another token
         ended |= ~fits
+        wanted = fits & ~th.isin(chosen, self.terminal_ids)  # rows whose end state's value may be read
+        if live is None:
+            self.steps, self.decoded, tokens = steps, decoded, chosen
+        else:  # back into the slots; empty slots feed a masked dummy token
+            self.steps[live], self.decoded[live] = steps, decoded
+            tokens = th.zeros_like(self.rows)
+            tokens[live] = chosen
+            ended, wanted = self._slots(live, ended), self._slots(live, wanted)
         if self.remember_ends:
-            for window, token in zip(self.windows, chosen.tolist(), strict=True):
-                window.append(token)
-            # the rows whose end state's value may be read: those not terminated by their token
-            wanted = fits & ~th.isin(chosen, self.terminal_ids)
+            slots = range(len(self.rows)) if live is None else live.tolist()
+            for slot, token in zip(slots, chosen.tolist(), strict=True):
+                self.windows[slot].append(token)
             if bool((ended & wanted).any()):
-                return self._forward_and_remember(chosen, ended, wanted)
-        keep = ~ended
-        if not bool(keep.any()):
-            self.cache, self.kv_mask, self.logits, self.values = None, None, None, None
-            empty = self.rows[:0]
-            self.rows, self.steps, self.positions, self.decoded, self.greedy = (
-                empty,
-                empty,
-                empty,
-                empty,
-                self.greedy[:0],
-            )
-            return True
-        any_ended = not bool(keep.all())
-        self._keep(keep)
-        self._forward(chosen[keep])
+                return self._forward_and_remember(tokens, ended, wanted)
+        any_ended = bool(ended.any())
+        self._leave(ended)
+        if len(self):
+            self._forward(tokens)
         return any_ended
 
-    def _forward_and_remember(self, chosen: th.Tensor, ended: th.Tensor, kept: th.Tensor) -> bool:
-        """:meth:`advance`'s forward of the ``kept`` rows (those going on, and those whose turn ended in a state whose
-        value may be read), the latter's windows then put into the policy's prefill memo before they leave."""
-        chosen, ended = chosen[kept], ended[kept]
-        self._keep(kept)
+    def _slots(self, live: th.Tensor, values: th.Tensor) -> th.Tensor:
+        """A per-slot mask from one value per live row (``False`` in the empty slots)."""
+        out = th.zeros_like(self.alive)
+        out[live] = values
+        return out
+
+    def _forward_and_remember(self, tokens: th.Tensor, ended: th.Tensor, wanted: th.Tensor) -> bool:
+        """:meth:`advance`'s forward of the rows going on and of those whose turn ended in a state whose value may be
+        read (``ended & wanted``), the latter's windows then put into the policy's prefill memo before they leave.
+        Masks are per slot."""
+        self._leave(ended & ~wanted)
         if len(self):
-            self._forward(chosen)
-            keys = [tuple(w) if e else () for w, e in zip(self.windows, ended.tolist(), strict=True)]
+            self._forward(tokens)
+            ending = (ended & self.alive).tolist()
+            keys = [tuple(w) if e else () for w, e in zip(self.windows, ending, strict=True)]
             self.policy._rollout_cache.memo.remember(keys, self.cache, self.kv_mask, self.logits, self.values)
-            self._keep(~ended)
-        if not len(self):
-            self.cache = None
+            self._leave(ended & self.alive)
         return True
 
-    def _forward(self, chosen: th.Tensor) -> None:
+    def _forward(self, tokens: th.Tensor) -> None:
+        """One single-token forward of every slot (``tokens`` per slot): an empty slot sees only its own dummy token,
+        whose column is masked afterwards, and keeps its position."""
         self.kv_mask = th.cat([self.kv_mask, th.ones_like(self.kv_mask[:, :1])], dim=1)
-        hidden = self.policy._step_trunk(chosen[:, None], self.kv_mask, self.positions[:, None], self.cache)[:, -1]
+        hidden = self.policy._step_trunk(tokens[:, None], self.kv_mask, self.positions[:, None], self.cache)[:, -1]
         self.logits, self.values = self.policy._logits(hidden), self.policy._value(hidden, None, None)
-        self.positions = self.positions + 1
+        if len(self) == len(self.rows):
+            self.positions = self.positions + 1
+        else:
+            self.kv_mask[:, -1] = self.alive.to(self.kv_mask.dtype)
+            self.positions = self.positions + self.alive.to(self.positions.dtype)
         self.forwards += 1
+
+
+class _Joining(NamedTuple):
+    """Rows joining the batch, prefilled: each layer's ``(keys, values)`` and the per-row tensors."""
+
+    layers: list[tuple[th.Tensor, th.Tensor]]
+    mask: th.Tensor
+    logits: th.Tensor
+    values: th.Tensor
+    rows: th.Tensor
+    steps: th.Tensor
+    positions: th.Tensor
+    greedy: th.Tensor
+    windows: list[list[int]]
+
+    def part(self, start: int, stop: int) -> _Joining:
+        """Rows ``start:stop`` of them."""
+        cut = slice(start, stop)
+        return _Joining([(k[cut], v[cut]) for k, v in self.layers], self.mask[cut], self.logits[cut],
+                        self.values[cut], self.rows[cut], self.steps[cut], self.positions[cut], self.greedy[cut],
+                        self.windows[cut])  # fmt: skip

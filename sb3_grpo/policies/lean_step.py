@@ -108,31 +108,44 @@ def _append_column(layer: Any, name: str, new: th.Tensor) -> th.Tensor:
     """``th.cat([getattr(layer, name), new], dim=-2)`` (``[B, H, S, D]`` and ``[B, H, 1, D]``) without copying the old
     columns: the result is a view of a buffer the layer keeps (``layer._lean_spare[name]``) with room beyond them.
 
-    The old tensor is the buffer's first ``S`` columns when the last call made it and nothing replaced it since; then
-    the new column is written after them and the view widened. Anything else (a cache the model's own forward grew by
-    ``cat``, rows gathered, leading columns cropped, a full buffer) gets a new buffer with the old columns copied in
-    and :data:`SPARE_COLUMNS` or ``S // 2`` columns of room. Writing column ``S`` changes no tensor anyone holds:
-    every view handed out covers at most the first ``S`` columns.
+    The old tensor is ``S`` consecutive columns of the buffer when the last call made it and nothing replaced it since
+    (its leading columns may have been cropped since: a view further into the buffer); then the new column is written
+    after them and the view widened. Anything else (a cache the model's own forward grew by ``cat``, rows gathered, a
+    full buffer) gets a new buffer with the old columns copied in and :data:`SPARE_COLUMNS` or ``S // 2`` columns of
+    room. Writing the column after the view changes no tensor anyone holds: every view handed out ends at or before
+    it.
     """
     old = getattr(layer, name)
     spare = layer.__dict__.setdefault("_lean_spare", {})
     buf = spare.get(name)
     b, h, n, d = old.shape
-    if (
-        buf is None
-        or buf.shape[-2] <= n
-        or buf.shape[:2] != (b, h)
-        or buf.shape[-1] != d
-        or buf.dtype != old.dtype
-        or buf.device != old.device
-        or old.data_ptr() != buf.data_ptr()
-        or old.stride() != buf.stride()
-    ):
+    start = _column_offset(old, buf)
+    if start is None or start + n >= buf.shape[-2]:
         buf = old.new_empty(b, h, n + max(SPARE_COLUMNS, n // 2), d)
         buf[:, :, :n].copy_(old)
         spare[name] = buf
-    buf[:, :, n : n + 1].copy_(new)
-    return buf[:, :, : n + 1]
+        start = 0
+    buf[:, :, start + n : start + n + 1].copy_(new)
+    return buf[:, :, start : start + n + 1]
+
+
+def _column_offset(old: th.Tensor, buf: th.Tensor | None) -> int | None:
+    """The first buffer column of ``old`` when ``old`` is ``buf[:, :, s : s + n]`` for some ``s`` (the view the last
+    call made, or that view with leading columns cropped), else ``None``."""
+    if (
+        buf is None
+        or buf.shape[:2] != old.shape[:2]
+        or buf.shape[-1] != old.shape[-1]
+        or buf.dtype != old.dtype
+        or buf.device != old.device
+        or old.stride() != buf.stride()
+    ):
+        return None
+    step = buf.stride(-2) * buf.element_size()
+    offset, rest = divmod(old.data_ptr() - buf.data_ptr(), step)
+    if rest or offset < 0 or offset + old.shape[-2] > buf.shape[-2]:
+        return None
+    return offset
 
 
 def _attention_mask(mask: th.Tensor) -> th.Tensor | None:
