@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also profile one rollout of each engine per set-up: where its time goes")  # fmt: skip
     p.add_argument("--out", default="runs/real-speed", help="folder of results.json")
     p.add_argument("--page", default=None, help="write the results page here (e.g. docs/results/real_speed.md)")
+    p.add_argument("--title", default=None, help="the page's title (a second page of other set-ups needs its own)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a memory measurement's own process
     return p
 
@@ -565,8 +566,8 @@ def main(argv: list[str] | None = None) -> int:
         from sb3_grpo.compare.pages import write_results_page
 
         command = "textrl-bench real-speed " + shlex.join(argv if argv is not None else sys.argv[1:])
-        title = "Speed on a real model: SmolLM2-135M-Instruct on the CPU"
-        if "vllm" in args.engines:
+        title = args.title or "Speed on a real model: SmolLM2-135M-Instruct on the CPU"
+        if "vllm" in args.engines and not args.title:
             title += ", with vLLM's CPU build"
         write_results_page(args.page, title, page_body(result), command)
     return 0
