@@ -86,8 +86,15 @@ class LiveBatch:
         return self._n_alive
 
     def live_rows(self) -> list[int]:
-        rows = self.rows if self._n_alive == len(self.rows) else self.rows[self.alive]
-        return rows.tolist()
+        """The env rows being decoded (the batch's slots may also hold rows that left: not these)."""
+        return self._live(self.rows).tolist()
+
+    def live_steps(self) -> list[int]:
+        """The rollout step each live row's next token is for, in :meth:`live_rows`' order."""
+        return self._live(self.steps).tolist()
+
+    def _live(self, values: th.Tensor) -> th.Tensor:
+        return values if self._n_alive == len(self.rows) else values[self.alive]
 
     # ---------------------------------------------------------------------------------------------------------
     # Joining and leaving

@@ -210,7 +210,7 @@ class PolicyOpponent(Opponent):
             batch.add(torch.arange(n, device=device), ids, mask, 0, greedy)
             while len(batch):
                 if not self.deterministic:
-                    live, steps = batch.rows.tolist(), batch.steps.tolist()
+                    live, steps = batch.live_rows(), batch.live_steps()
                     draws = [turns[rows[r]].rng.random() for r in live]
                     uniforms[steps, live, 0] = torch.as_tensor(draws, dtype=torch.float32, device=device)
                 batch.advance(write)
