@@ -54,7 +54,9 @@ class StudyTask(NamedTuple):
     """A task of the study: its reasoning-gym config, its prompt budget, what it is, and whether its training reward
     keeps reasoning-gym's partial credit (``ReasoningGym-v0``'s ``partial_credit=``; ``all_or_nothing_why``: why
     not, stated on the page). ``source`` names the reasoning-gym task when the study's name differs (a variant of a
-    task under its own name, e.g. an easier config)."""
+    task under its own name, e.g. an easier config). ``format_weight`` adds instruct mode's format bonus to the training
+    reward (a reply that ends with its ``Answer:`` line gets that much more; held-out accuracy counts right answers
+    only): for a task whose replies are words, which the parser reads only from an answer line."""
 
     config: dict[str, Any]
     prompt_tokens: int
@@ -62,6 +64,7 @@ class StudyTask(NamedTuple):
     partial_credit: bool = True
     all_or_nothing_why: str = ""
     source: str = ""
+    format_weight: float = 0.0
 
 
 #: The tasks the study knows, by reasoning-gym task name.
@@ -138,6 +141,21 @@ TASKS: dict[str, StudyTask] = {
         {"n_people": 2, "depth_constraint": 2, "width_constraint": 2},
         256,
         "logic: two islanders, each a knight (always truthful) or a knave (always lies), and what each says",
+    ),
+    "needle_haystack_short": StudyTask(
+        {"min_num_statements": 2, "max_num_statements": 3},
+        128,
+        'reading: who likes what, among 2-3 statements ("Tayo accepts the color red. Ayan bears playing rugby. Who '
+        'bears playing rugby?"; the answer is a name from the text)',
+        source="needle_haystack",
+    ),
+    "family_relationships_three": StudyTask(
+        {"min_family_size": 3, "max_family_size": 3},
+        160,
+        "logic: a couple and their child, one relation asked (one word: husband, wife, mother, son, ...; a format "
+        "bonus of 0.1 in training for the answer line)",
+        source="family_relationships",
+        format_weight=0.1,
     ),
     "number_sequence": StudyTask(
         {"min_terms": 4, "max_terms": 6, "min_value": -20, "max_value": 20, "max_complexity": 1},
@@ -375,8 +393,11 @@ def run_one(task: str, arm: str, seed: int, args, spec) -> dict[str, Any]:
     from textrl_envs.sb3 import make_vec_env
 
     group = 1 if arm == "ppo" else args.group_size
+    kwargs = env_kwargs(task, 1000, args.max_new_tokens)
+    if TASKS[task].format_weight:
+        kwargs["instruct"] = {"format_weight": TASKS[task].format_weight}
     venv = make_vec_env("ReasoningGym-v0", n_envs=args.n_envs, group_size=group, seed=1000 * seed, device="cpu",
-                        **env_kwargs(task, 1000, args.max_new_tokens))  # fmt: skip
+                        **kwargs)  # fmt: skip
     model = make_model(arm, venv, seed, args)
 
     class Curve(BaseCallback):

@@ -73,7 +73,7 @@ SIZES: dict[str, dict[str, Any]] = {
     "full": {"r": 3, "env": (256, 320), "small": (16, 32), "large": 128, "reward_rollouts": 2, "gpt2": (16, 32),
              "interactive": (16, 96), "update_steps": 64, "long": (16, 96, 32), "penalty": (8, 16, 16),
              "mlp_steps": None, "cartpole": (16384, None), "memory": "gpt2-small", "gpt2_config": None},
-    "quick": {"r": 1, "env": (64, 64), "small": (8, 16), "large": 32, "reward_rollouts": 1, "gpt2": (4, 8),
+    "quick": {"r": 1, "env": (256, 128), "small": (8, 16), "large": 32, "reward_rollouts": 1, "gpt2": (4, 8),
               "interactive": (8, 32), "update_steps": 16, "long": (4, 96, 8), "penalty": (4, 8, 8),
               "mlp_steps": None, "cartpole": (4096, None), "memory": "bundled", "gpt2_config": None},
     # the GPT-2 rows on GPT-2-small's vocabulary but 2 x 64 (the penalty's double backward through 124M parameters

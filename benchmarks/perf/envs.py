@@ -1,9 +1,11 @@
 """The vector env's rows: against ``SyncVectorEnv`` (a cheap reward, and the env's default reward), ``device="auto"``
 against ``device="cpu"``, and random actions over the whole vocabulary (special tokens included) against word tokens.
 
-Actions are drawn beforehand, so only the env is timed. Random word tokens never end an episode early; random tokens
-over the whole vocabulary include EOS, which ends episodes at random steps (and the pad token, which does not).
-"""
+Actions are drawn beforehand, so only the env is timed. The batched env's step has a fixed cost (tens of microseconds
+of numpy calls) and ``SyncVectorEnv``'s grows with each env, so the ratio grows with the number of envs: the rows run
+256 envs, the size at which a batched env pays; at 64 envs the fixed cost weighs about twice as much. Random word
+tokens never end an episode early; random tokens over the whole vocabulary include EOS, which ends episodes at random
+steps (and the pad token, which does not)."""
 
 from __future__ import annotations
 
@@ -83,6 +85,7 @@ def vector_env_vs_sync(
         "env steps/s",
         f"{env_id}, {num_envs} envs on {device}, {max_new_tokens}-token episodes, {steps} random-token steps x "
         f"{repeats} (median), {reward}",
+        target=None if default_reward else (">=", 20.0),
     )
 
 
