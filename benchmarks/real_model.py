@@ -221,6 +221,15 @@ def env_kwargs(task: str, size: int, max_new_tokens: int) -> dict[str, Any]:
             "partial_credit": study.partial_credit}  # fmt: skip
 
 
+def training_env_kwargs(task: str, max_new_tokens: int) -> dict[str, Any]:
+    """:func:`env_kwargs` of the training items, with the task's format bonus in the reward (held-out accuracy is
+    measured without it)."""
+    kwargs = env_kwargs(task, 1000, max_new_tokens)
+    if TASKS[task].format_weight:
+        kwargs["instruct"] = {"format_weight": TASKS[task].format_weight}
+    return kwargs
+
+
 def make_model(arm: str, venv, seed: int, args) -> Any:
     """The algorithm of ``arm`` on ``venv``."""
     from sb3_grpo import CausalLMPolicy
@@ -393,11 +402,8 @@ def run_one(task: str, arm: str, seed: int, args, spec) -> dict[str, Any]:
     from textrl_envs.sb3 import make_vec_env
 
     group = 1 if arm == "ppo" else args.group_size
-    kwargs = env_kwargs(task, 1000, args.max_new_tokens)
-    if TASKS[task].format_weight:
-        kwargs["instruct"] = {"format_weight": TASKS[task].format_weight}
     venv = make_vec_env("ReasoningGym-v0", n_envs=args.n_envs, group_size=group, seed=1000 * seed, device="cpu",
-                        **kwargs)  # fmt: skip
+                        **training_env_kwargs(task, args.max_new_tokens))  # fmt: skip
     model = make_model(arm, venv, seed, args)
 
     class Curve(BaseCallback):

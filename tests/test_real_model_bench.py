@@ -195,6 +195,25 @@ def test_the_most_common_answer_control_scores_a_word_answer(gguf_cache):
     assert got["others"] == [i for i, answer in enumerate(answers) if answer != got["answer"]]
 
 
+def test_a_format_bonus_is_in_the_training_reward_and_not_the_held_out_score(gguf_cache):
+    """family_relationships_three trains with a format bonus for the answer line; held-out accuracy counts right
+    answers only (a score of 1.0 or more): a formatted wrong answer gets the bonus in training and is wrong held out."""
+    import gymnasium as gym
+
+    task = "family_relationships_three"
+    weight = rm.TASKS[task].format_weight
+    assert weight > 0
+    train = gym.make("ReasoningGym-v0", **rm.training_env_kwargs(task, 32)).unwrapped.text_spec
+    held = rm.heldout_spec(task, rm.build_parser().parse_args(["--eval-items", "4"]))
+    for spec in (train, held):
+        items = [0, 1]
+        right = [f"Answer: {spec.metadata['answer'][i]}" for i in items]
+        wrong = ["Answer: platypus", "the platypus"]
+        bonus = weight if spec is train else 0.0
+        np.testing.assert_allclose(spec.score(items, right), [1.0 + bonus] * 2)
+        np.testing.assert_allclose(spec.score(items, wrong), [bonus, 0.0])
+
+
 def test_generate_is_counted_up_to_each_rows_end_token():
     import torch as th
 
