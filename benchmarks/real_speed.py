@@ -415,8 +415,15 @@ def page_body(result: dict) -> str:
              "copy GB/s |", "|---|---|---|---|"]  # fmt: skip
     for t in sorted({int(k.split("/")[0]) for k in lim}):
         f32, b16 = lim.get(f"{t}/float32", {}).get("gflops"), lim.get(f"{t}/bfloat16", {}).get("gflops")
-        gbps = lim.get(f"{t}/float32", {}).get("gbps")
-        lines.append(f"| {t} | {f32:.0f} | {'–' if b16 is None else f'{b16:.0f}'} | {gbps:.1f} |")
+        gbps = next(v["gbps"] for k, v in lim.items() if int(k.split("/")[0]) == t)
+        lines.append(f"| {t} | {'–' if f32 is None else f'{f32:.0f}'} | {'–' if b16 is None else f'{b16:.0f}'} | "
+                     f"{gbps:.1f} |")  # fmt: skip
+    if "load" in result:
+        start, end = result["load"]
+        lines += ["", f"Machine load (1-minute load average) at the run's start and end: {start:.1f} to {end:.1f} on "
+                  f"{os.cpu_count()} cores. A load above the run's thread count means other work shared the cores: "
+                  "the ratios, measured side by side, hold, but the limits above were measured under that load too, "
+                  "and a quiet machine's are higher (and its roofline shares lower)."]  # fmt: skip
     lines += ["", "## Rollouts", "",
               "Tokens/s of a whole rollout (`collect_rollouts`: the env, the sampling and the buffer included) against "
               "`generate` on the same prompts, and against the roofline: the most tokens/s the hardware allows for "
@@ -519,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sb3_grpo.policies.models import load_lm
 
-    result: dict[str, Any] = {"limits": {}, "rollouts": [], "updates": [], "memory": []}
+    result: dict[str, Any] = {"limits": {}, "rollouts": [], "updates": [], "memory": [], "load": [os.getloadavg()[0]]}
     if "vllm" in args.engines:
         import vllm
 
@@ -559,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[real-speed] updates at {threads} threads: {rows}", flush=True)
     if not args.no_memory:
         result["memory"] = memory_rows(args.update_batch, args.tokens[0], max(args.threads))
+    result["load"].append(os.getloadavg()[0])
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)

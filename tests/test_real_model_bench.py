@@ -267,6 +267,18 @@ def test_the_speed_page_shows_an_engines_logprob_gap():
     assert "log-probs against the policy's" not in rs.page_body(result)  # no engine of its own: no gap section
 
 
+def test_the_speed_page_states_the_machine_load_and_a_bfloat16_only_run():
+    from benchmarks import real_speed as rs
+
+    result = {"limits": {"1/bfloat16": {"gflops": 200.0, "gbps": 20.0}}, "updates": [], "memory": [],
+              "rollouts": [], "load": [1.04, 1.96]}  # fmt: skip
+    text = rs.page_body(result)
+    assert "| 1 | – | 200 | 20.0 |" in text
+    assert "load average) at the run's start and end: 1.0 to 2.0 on" in text
+    del result["load"]  # a run that did not record it (an older results.json): no line
+    assert "load average" not in rs.page_body(result)
+
+
 def test_the_speed_page_splits_an_engines_rollout_time():
     from benchmarks import real_speed as rs
 
