@@ -25,8 +25,11 @@ alternating, so a load spike on a shared machine lands on both sides):
 * **peak memory** of a rollout and of a rollout plus an update, each in its own process (peak RSS minus the RSS
   with the model loaded).
 
-``--shape-05b`` adds the rollout rows of a 0.5B model of Qwen2-0.5B's shape, built from its config with random
-weights (the speed does not depend on the weights)::
+``--shape-05b`` adds the rollout rows of a model of Qwen2-0.5B's shape, built from its config with random weights
+(the speed does not depend on the weights), with the env tokenizer's vocabulary (SmolLM2's 49,152 tokens instead of
+Qwen2's 151,936): the policy's head computes the logits of the env's actions only, so with Qwen2's vocabulary
+``generate`` would compute three times the policy's logits and the roofline would count them. That model has 0.40B
+parameters (Qwen2-0.5B: 0.49B, of which 0.14B are its tied embedding)::
 
     textrl-bench real-speed --batches 16 64 --threads 1 2 --groups 1 8 --page docs/results/real_speed.md
 """
@@ -46,9 +49,9 @@ from typing import Any
 MODEL = "smollm2-135m-instruct"
 ENGINES = ("step", "hf", "vllm")
 LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
-#: Qwen2-0.5B's shape (its config.json), for the 0.5B rows.
+#: Qwen2-0.5B's shape (its config.json), for the 0.5B rows, with the env tokenizer's vocabulary (SmolLM2's).
 QWEN2_05B = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-             "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+             "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 49152,
              "max_position_embeddings": 32768, "tie_word_embeddings": True, "rope_theta": 1_000_000.0}  # fmt: skip
 
 
@@ -71,7 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--update-batch", type=int, default=32, help="envs of the rollout the update trains on")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory rows (two child processes)")
     p.add_argument("--no-updates", action="store_true", help="skip the update rows (rollouts only)")
-    p.add_argument("--shape-05b", action="store_true", help="add rollout rows of a Qwen2-0.5B-shaped model")
+    p.add_argument(
+        "--shape-05b",
+        action="store_true",
+        help="add rollout rows of a model of Qwen2-0.5B's shape (with the env's vocabulary)",
+    )
     p.add_argument("--profile", action="store_true",
                    help="also profile one rollout of each engine per set-up: where its time goes")  # fmt: skip
     p.add_argument("--out", default="runs/real-speed", help="folder of results.json")
@@ -543,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[real-speed] limits at {threads} threads: {result['limits']}", flush=True)
     models = [(MODEL, lambda dtype: load_lm(MODEL, getattr(th, dtype)))]
     if args.shape_05b:
-        models.append(("qwen2-0.5b shape", lambda dtype: load_lm({"config": QWEN2_05B}, getattr(th, dtype))))
+        models.append(("qwen2-0.5b body", lambda dtype: load_lm({"config": QWEN2_05B}, getattr(th, dtype))))
     for label, build in models:
         for dtype in args.dtypes:
             lm = build(dtype)
