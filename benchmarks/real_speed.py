@@ -413,6 +413,21 @@ def update_section(updates: list[dict]) -> list[str]:
     return lines
 
 
+#: The name of the rows of ``--shape-05b``'s model on the page.
+BODY_05B = "qwen2-0.5b body"
+
+
+def _body_05b_note(result: dict) -> list[str]:
+    """What the ``--shape-05b`` rows ran, where the page has them."""
+    if not any(r["model"] == BODY_05B for r in result["rollouts"]):
+        return []
+    return ["", f"`{BODY_05B}` is a model of Qwen2-0.5B's shape (24 layers, hidden size 896, MLP 4864, grouped-query "
+            "attention) with random weights and the env tokenizer's vocabulary, SmolLM2's 49,152 tokens instead of "
+            "Qwen2's 151,936: 0.40B parameters. The policy computes the logits of the env's actions only, so with "
+            "Qwen2's vocabulary `generate` would compute three times its logits, and the roofline would count "
+            "them."]  # fmt: skip
+
+
 def page_body(result: dict) -> str:
     from benchmarks.rollout_profile import profile_section
 
@@ -441,7 +456,7 @@ def page_body(result: dict) -> str:
               "With EOS on, a rollout's episodes end at `<|im_end|>` and new ones start (each with its prompt's "
               "prefill, which the roofline does not count), and `generate` stops each row there: its tokens/s counts "
               "the tokens up to the end token, not the padding after it. With EOS off, every row of both writes its "
-              "whole budget.", "",
+              "whole budget.", *_body_05b_note(result), "",
               "| model | dtype | threads | batch | group | new tokens | EOS | engine | tokens/s | vs generate | "
               "roofline tokens/s | of roofline | bound |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -550,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[real-speed] limits at {threads} threads: {result['limits']}", flush=True)
     models = [(MODEL, lambda dtype: load_lm(MODEL, getattr(th, dtype)))]
     if args.shape_05b:
-        models.append(("qwen2-0.5b body", lambda dtype: load_lm({"config": QWEN2_05B}, getattr(th, dtype))))
+        models.append((BODY_05B, lambda dtype: load_lm({"config": QWEN2_05B}, getattr(th, dtype))))
     for label, build in models:
         for dtype in args.dtypes:
             lm = build(dtype)

@@ -267,7 +267,7 @@ def test_the_speed_page_shows_an_engines_logprob_gap():
     assert "log-probs against the policy's" not in rs.page_body(result)  # no engine of its own: no gap section
 
 
-def test_the_speed_page_states_the_machine_load_and_a_bfloat16_only_run():
+def test_the_speed_page_states_the_machine_load_a_bfloat16_only_run_and_the_05b_model():
     from benchmarks import real_speed as rs
 
     result = {"limits": {"1/bfloat16": {"gflops": 200.0, "gbps": 20.0}}, "updates": [], "memory": [],
@@ -277,6 +277,11 @@ def test_the_speed_page_states_the_machine_load_and_a_bfloat16_only_run():
     assert "load average) at the run's start and end: 1.0 to 2.0 on" in text
     del result["load"]  # a run that did not record it (an older results.json): no line
     assert "load average" not in rs.page_body(result)
+    assert rs.BODY_05B not in rs.page_body(result)  # no 0.5B rows: no note on them
+    result["rollouts"] = [{"model": rs.BODY_05B, "dtype": "float32", "threads": 1, "batch": 16, "group": 8,
+                           "tokens": 32, "eos": True, "engine": "step", "tokens_per_s": 40.0, "vs_generate": 1.5,
+                           "roofline": 99.0, "of_roofline": 0.4, "bound": "compute"}]  # fmt: skip
+    assert "the env tokenizer's vocabulary, SmolLM2's 49,152 tokens" in rs.page_body(result)
 
 
 def test_the_speed_page_splits_an_engines_rollout_time():
