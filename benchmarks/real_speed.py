@@ -421,10 +421,12 @@ def _body_05b_note(result: dict) -> list[str]:
     """What the ``--shape-05b`` rows ran, where the page has them."""
     if not any(r["model"] == BODY_05B for r in result["rollouts"]):
         return []
-    return ["", f"`{BODY_05B}` is a model of Qwen2-0.5B's shape (24 layers, hidden size 896, MLP 4864, grouped-query "
-            "attention) with random weights and the env tokenizer's vocabulary, SmolLM2's 49,152 tokens instead of "
-            "Qwen2's 151,936: 0.40B parameters. The policy computes the logits of the env's actions only, so with "
-            "Qwen2's vocabulary `generate` would compute three times its logits, and the roofline would count "
+    shape = QWEN2_05B
+    return ["", f"`{BODY_05B}` is a model of Qwen2-0.5B's shape ({shape['num_hidden_layers']} layers, hidden size "
+            f"{shape['hidden_size']}, MLP {shape['intermediate_size']}, grouped-query attention) with random weights "
+            f"and the env tokenizer's vocabulary, SmolLM2's {shape['vocab_size']:,} tokens instead of Qwen2's "
+            "151,936: 0.40B parameters. The policy computes the logits of the env's actions only, so with Qwen2's "
+            "vocabulary `generate` would compute three times its logits, and the roofline would count "
             "them."]  # fmt: skip
 
 
