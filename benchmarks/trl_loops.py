@@ -25,6 +25,17 @@ untrained model's (``--task``, ``--model``, ``--lora``/``--no-lora``, ``--eval-i
 
     textrl-bench trl --preset real --seeds 0 1 2 --page docs/results/trl_real.md
 
+``--eval-every N`` also scores each loop's held-out accuracy every ``N`` completions (copies of the trainable weights
+taken during the timed run, scored after it), and the report adds each loop's time to TRL's final held-out accuracy.
+
+``--side ours`` or ``--side TRL`` runs one loop only, so that two processes (one thread each) can measure the two
+side by side; ``--merge FILE`` then reads the other process's ``--json`` file, and the seeds that hold both loops make
+the report::
+
+    textrl-bench trl --preset real --eval-every 192 --side ours --json runs/ours.json &
+    textrl-bench trl --preset real --eval-every 192 --side TRL --json runs/trl.json; wait
+    textrl-bench trl --preset real --eval-every 192 --json runs/both.json --merge runs/ours.json runs/trl.json
+
 ``--ours '{"n_epochs": 2}'`` passes other arguments to our GRPO (the rest of the set-up stays TRL's).
 """
 
@@ -50,6 +61,32 @@ def _curve(points: list) -> str:
     return ", ".join(f"{t:.1f}s/{n}:{r:+.2f}" for t, n, r in points)
 
 
+def _heldout_lines(cfg: Any, result: dict) -> list[str]:
+    """The report's held-out accuracy: the untrained model's, each loop's after training per seed, and, with
+    held-out curves, each loop's time to TRL's final held-out accuracy and its curve."""
+    s = result["summary"]
+    lines = [f"\nheld-out greedy accuracy ({cfg.eval_items} items), untrained: {s['heldout_before']:.3f}"]
+    for name in ("ours", "TRL"):
+        accs = ", ".join(f"{r[name]['heldout']:.3f}" for r in result["runs"])
+        lines.append(f"  {name:4s} after training, per seed: {accs}; median {s[name]['heldout']:.3f}")
+    if "time_to_trl_heldout" not in s:
+        return lines
+    lines.append(f"held-out accuracy every {cfg.eval_every} completions; curves: wall s/completions:accuracy")
+    for run in result["runs"]:
+        lines.append(f"  seed {run['seed']}: threshold (TRL's final held-out accuracy) {run['heldout_threshold']:.3f}")
+        for name, key in (("ours", "ours"), ("TRL", "trl")):
+            reached = run[f"{key}_heldout_time"]
+            at = "never" if reached is None else f"{reached:.1f} s"
+            points = ", ".join(f"{t:.1f}s/{n}:{a:.3f}" for t, n, a in run[name]["heldout_curve"])
+            lines.append(f"    {name:4s} reached it at {at}: {points}")
+    t = s["time_to_trl_heldout"]
+    lines.append(
+        f"  medians: ours {t['ours']:.1f} s, TRL {t['TRL']:.1f} s; time to TRL's final held-out accuracy: TRL / ours "
+        f"= x{t['ratio']:.2f} (above 1: ours gets there sooner)"
+    )
+    return lines
+
+
 def report_lines(cfg: Any, result: dict, version: str, threads: int) -> list[str]:
     """The printed report of :func:`benchmarks.perf.trl.compare_loops`'s result: per seed, then the medians."""
     lines = [f"{cfg}", f"TRL {version}, {threads} torch thread(s); curves: wall s/completions:reward"]
@@ -69,10 +106,7 @@ def report_lines(cfg: Any, result: dict, version: str, threads: int) -> list[str
             lines.append(f"       {_curve(r['curve'])}")
     s = result["summary"]
     if s.get("heldout_before") is not None:
-        lines.append(f"\nheld-out greedy accuracy ({cfg.eval_items} items), untrained: {s['heldout_before']:.3f}")
-        for name in ("ours", "TRL"):
-            accs = ", ".join(f"{r[name]['heldout']:.3f}" for r in result["runs"])
-            lines.append(f"  {name:4s} after training, per seed: {accs}; median {s[name]['heldout']:.3f}")
+        lines += _heldout_lines(cfg, result)
     t, tc = s["time_to_trl_final"], s.get("cpu_time_to_trl_final")
     lines.append("\nmedians over the seeds:")
     for name in ("ours", "TRL"):
@@ -108,6 +142,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--task", default=None, help="textgen, or a reasoning-gym task of textrl-bench real-model")
     parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=None, help="LoRA on both sides")
     parser.add_argument("--eval-items", type=int, default=None, help="held-out items scored after training")
+    parser.add_argument(
+        "--eval-every", type=int, default=None, help="completions between held-out scores of each loop (0: at the end)"
+    )
+    parser.add_argument(
+        "--side",
+        choices=["both", "ours", "TRL"],
+        default="both",
+        help="run one loop only (its runs go to --json, for --merge in a later call)",
+    )
+    parser.add_argument(
+        "--merge", nargs="+", default=[], metavar="FILE", help="--json files of the same settings whose loops to keep"
+    )
     parser.add_argument("--completions", type=int, default=None, help="completions each loop samples")
     parser.add_argument("--n-envs", type=int, default=None, help="completions per update (N)")
     parser.add_argument("--group-size", type=int, default=None, help="completions per prompt (G)")
@@ -154,8 +200,16 @@ def main(argv: list[str] | None = None) -> dict:
     grpo_kwargs = json.loads(args.ours)
     if args.resume and not args.json:
         parser.error("--resume keeps the seeds of the --json file: pass --json PATH")
+    if cfg.eval_every and not (cfg.eval_items and cfg.task != "textgen"):
+        parser.error("--eval-every scores held-out items: it needs a reasoning-gym --task and --eval-items")
+    if args.side != "both" and not args.json:
+        parser.error(f"--side {args.side} runs one loop: pass --json PATH to keep its runs for --merge")
+    earlier = [*([Path(args.json)] if args.resume else []), *map(Path, args.merge)]
+    missing = [str(path) for path in earlier[int(args.resume) :] if not path.exists()]
+    if missing:
+        parser.error(f"--merge: no such file: {', '.join(missing)}")
     try:
-        measured = earlier_runs(Path(args.json), cfg, grpo_kwargs) if args.resume else {}
+        measured = merge_runs([earlier_runs(path, cfg, grpo_kwargs) for path in earlier])
     except ValueError as err:
         parser.error(str(err))
 
@@ -171,8 +225,13 @@ def main(argv: list[str] | None = None) -> dict:
         log=lambda m: print(m, file=sys.stderr, flush=True),
         measured=measured,
         on_seed=save,
+        sides=trl.SIDES if args.side == "both" else (args.side,),
         **grpo_kwargs,
     )
+    if result["summary"] is None:  # --side: one loop per seed; the report needs both
+        write_json_atomic(Path(args.json), result)
+        print(f"one loop measured per seed; its runs are in {args.json}: --merge it with the other loop's file")
+        return result
     import trl as trl_package
 
     lines = report_lines(cfg, result, trl_package.__version__, args.threads)
@@ -190,13 +249,28 @@ def main(argv: list[str] | None = None) -> dict:
             "to TRL's final reward, so a faster loop may run on toward it), and the line after it names our GRPO's "
             "other arguments (`carry_over=True` trains the steps of a group that a rollout's end cut, in the next "
             "update, instead of giving them advantage 0). CPU seconds are this process's, steadier than wall time "
-            "on a shared machine.\n\n```\n"
+            "on a shared machine. With `eval_every`, each loop's trainable weights were copied every that many "
+            "completions during the timed run and scored on the held-out items after it: the held-out curves, and "
+            "each loop's time to TRL's final held-out accuracy.\n\n```\n"
         )
         write_results_page(page, "GRPO loop against TRL's GRPOTrainer", body + "\n".join(lines) + "\n```\n", command)
         print(f"results page: {page}")
     if args.json:
         write_json_atomic(Path(args.json), result)
     return result
+
+
+def merge_runs(found: list[dict[int, dict]]) -> dict[int, dict]:
+    """Runs of several ``--json`` files (:func:`earlier_runs`) merged by seed: each seed keeps every loop that one of
+    them measured (the first file's, where two hold the same loop)."""
+    merged: dict[int, dict] = {}
+    for runs in found:
+        for seed, run in runs.items():
+            held = merged.setdefault(seed, {"seed": seed})
+            for name in ("ours", "TRL"):
+                if name in run and name not in held:
+                    held[name] = run[name]
+    return merged
 
 
 def earlier_runs(path: Path, cfg: Any, grpo_kwargs: dict) -> dict[int, dict]:

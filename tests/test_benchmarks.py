@@ -192,14 +192,44 @@ def test_the_trl_comparison_runs_on_a_reasoning_task_and_scores_held_out_items()
     answers = [str(items[i]["answer"]) for i in (0, 1)]
     scores = reward([], [answers[0], answers[0], answers[1]], index=[0, 1, 1])  # right, item 0's answer to 1, right
     assert scores == [1.0, float(answers[0] == answers[1]), 1.0]
-    result = trl.compare_loops(cfg, [0], log=lambda _m: None)
+    result = trl.compare_loops(trl.with_overrides(cfg, eval_every=4), [0], log=lambda _m: None)
     run = result["runs"][0]
     for name in ("ours", "TRL"):
         assert run[name]["completions"] >= 8 and all(0.0 <= r <= 1.0 for _, _, r in run[name]["curve"])
         assert run[name]["heldout"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+        # a snapshot scored before the end, then the trained model's own point
+        curve = run[name]["heldout_curve"]
+        assert len(curve) >= 2 and curve[-1] == [run[name]["wall_s"], run[name]["completions"], run[name]["heldout"]]
+        assert 4 <= curve[0][1] < curve[-1][1] and curve[0][0] < curve[-1][0]
+    assert run["heldout_threshold"] == run["TRL"]["heldout"] and run["trl_heldout_time"] <= run["TRL"]["wall_s"]
     assert result["summary"]["heldout_before"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert "time_to_trl_heldout" in result["summary"]
     with pytest.raises(ValueError, match="task must be 'textgen' or one of"):
         trl._task(trl.with_overrides(cfg, task="no_such_task"))
+
+
+def test_held_out_snapshots_score_the_weights_of_their_time_and_restore_the_trained_ones(monkeypatch):
+    """Each copy is scored with the weights it copied (here the score reads them back), copies at or past the
+    run's end are left to the final point, and the module ends with its trained weights."""
+    import torch as th
+
+    from benchmarks.perf import trl
+
+    module = th.nn.Linear(1, 1, bias=False)
+    module.requires_grad_(True)
+    monkeypatch.setattr(trl, "heldout_accuracy", lambda lm, _cfg: float(lm.weight.item()))
+    snapshots = trl.HeldoutSnapshots(every=10)
+    for completions, value in ((6, 1.0), (12, 2.0), (15, 3.0), (31, 4.0), (40, 5.0)):
+        with th.no_grad():
+            module.weight.fill_(value)
+        snapshots.take(module, wall=float(completions), completions=completions)
+    # copies at the first update at or past 10, 20 (31 passes 20 and 30 at once) and 40
+    assert [c for _, c, _ in snapshots.taken] == [12, 31, 40]
+    curve = snapshots.curve(module, module, cfg=None, final=(40.0, 40, 0.9))
+    assert curve == [[12.0, 12, 2.0], [31.0, 31, 4.0], [40.0, 40, 0.9]]
+    assert module.weight.item() == 5.0
+    assert trl.time_to_accuracy(curve, 4.0) == 31.0 and trl.time_to_accuracy(curve, 9.0) is None
+    assert trl.HeldoutSnapshots(every=0).taken == [] and not trl.HeldoutSnapshots(every=0).take(module, 1.0, 99)
 
 
 def test_a_rate_row_can_count_each_sides_work():
@@ -266,3 +296,17 @@ def test_the_trl_comparison_resumes_from_its_json_file(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"differing: --ours"):
         trl_loops.earlier_runs(path, cfg, {"n_epochs": 2})
     assert json.loads(path.read_text())["runs"][0]["seed"] == 0
+
+    # one loop per process, merged afterwards: each call runs only its side, the merge runs nothing
+    ran.clear()
+    ours_only = trl.compare_loops(cfg, [2, 3], log=lambda _m: None, sides=("ours",))
+    trl_only = trl.compare_loops(cfg, [2, 3], log=lambda _m: None, sides=("TRL",))
+    assert sorted(ran) == [("TRL", 2), ("TRL", 3), ("ours", 2), ("ours", 3)]
+    assert ours_only["summary"] is None and set(ours_only["runs"][0]) == {"seed", "ours"}
+    for name, part in (("ours.json", ours_only), ("trl.json", trl_only)):
+        write_json_atomic(tmp_path / name, part)
+    merged = trl_loops.merge_runs([trl_loops.earlier_runs(tmp_path / n, cfg, {}) for n in ("ours.json", "trl.json")])
+    ran.clear()
+    whole = trl.compare_loops(cfg, [2, 3], log=lambda _m: None, measured=merged)
+    assert ran == [] and whole["summary"]["ours"]["final_reward"] == pytest.approx((4.6 / 3 + 6.6 / 3) / 2)
+    assert whole["runs"][0]["ours"] == json.loads(json.dumps(ours_only["runs"][0]["ours"]))

@@ -39,8 +39,19 @@ from typing import Any
 
 from sb3_grpo.grpo.extras import EXTRAS_OFF
 
-__all__ = ["LoopConfig", "compare_loops", "run_ours", "run_trl", "time_to_reward", "trl_available"]
+__all__ = [
+    "HeldoutSnapshots",
+    "LoopConfig",
+    "compare_loops",
+    "run_ours",
+    "run_trl",
+    "time_to_accuracy",
+    "time_to_reward",
+    "trl_available",
+]
 
+#: The two loops compared.
+SIDES = ("ours", "TRL")
 NOT_INSTALLED = "TRL not installed: pip install trl (or put it on PYTHONPATH) to run this comparison"
 #: A tiny GPT-2 for the small-batch case: 2 layers, 64 wide (the bundled tokenizer's vocabulary).
 TINY_GPT2 = {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 128}
@@ -73,6 +84,11 @@ class LoopConfig:
     :param ours_completions: Completions our loop may sample (``None``: ``completions``). The figure compared is the
         time to TRL's final reward; more completions let a loop whose rollouts are faster run on toward it within
         TRL's wall time instead of stopping at TRL's sample count.
+    :param eval_every: Completions between held-out snapshots (0: the held-out accuracy after training only; needs
+        ``eval_items``). Each loop copies its trainable weights at the end of the first update at or past every
+        multiple; after the timed run each copy is scored on the held-out items, which gives each loop a held-out
+        accuracy curve against wall time and the time to TRL's final held-out accuracy. A copy of a full fine-tune
+        holds the whole model.
     """
 
     n_envs: int = 64
@@ -89,6 +105,7 @@ class LoopConfig:
     task: str = "textgen"
     lora: bool = False
     eval_items: int = 0
+    eval_every: int = 0
 
 
 #: The two comparisons ``textrl-bench perf`` prints: the default one, and small batches on a tiny model with beta 0.
@@ -191,6 +208,69 @@ def heldout_accuracy(lm: Any, cfg: LoopConfig) -> float | None:
         lm.train(was_training)
 
 
+class HeldoutSnapshots:
+    """Copies of a model's trainable weights taken during a timed run (:meth:`take`), scored on the held-out items
+    after it (:meth:`curve`): a loop's held-out accuracy against wall time, at no cost to the time measured but the
+    copies.
+
+    :param every: Completions between copies (0: none).
+    """
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.next = every
+        self.taken: list[tuple[float, int, dict[str, Any]]] = []
+
+    def take(self, module: Any, wall: float, completions: int) -> None:
+        """Copy ``module``'s trainable weights if ``completions`` reached the next multiple of ``every``."""
+        if self.every <= 0 or completions < self.next:
+            return
+        self.taken.append((wall, completions, _trainable(module)))
+        while self.next <= completions:
+            self.next += self.every
+
+    def curve(self, module: Any, lm: Any, cfg: LoopConfig, final: tuple[float, int, float]) -> list[list[float]]:
+        """``[(wall s, completions, held-out accuracy), ...]``: each copy taken before the run's end scored with
+        :func:`heldout_accuracy` (loaded into ``module``, whose ``lm`` generates), then ``final``, the trained model's
+        point; ``module`` is left with the weights it had."""
+        import torch as th
+
+        trained = _trainable(module)
+        points = []
+        try:
+            for wall, completions, weights in self.taken:
+                if completions >= final[1]:
+                    continue
+                _load_trainable(module, weights)
+                points.append([wall, completions, heldout_accuracy(lm, cfg)])
+        finally:
+            with th.no_grad():
+                _load_trainable(module, trained)
+        return [*points, list(final)]
+
+
+def _trainable(module: Any) -> dict[str, Any]:
+    return {name: p.detach().clone() for name, p in module.named_parameters() if p.requires_grad}
+
+
+def _load_trainable(module: Any, weights: dict[str, Any]) -> None:
+    import torch as th
+
+    params = dict(module.named_parameters())
+    with th.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
+
+
+def time_to_accuracy(curve: list[list[float]], threshold: float) -> float | None:
+    """The wall time of the first point of a held-out ``curve`` (:meth:`HeldoutSnapshots.curve`) whose accuracy
+    reaches ``threshold``, or ``None``."""
+    for wall, _, accuracy in curve:
+        if accuracy >= threshold - 1e-12:
+            return wall
+    return None
+
+
 def lora_spec(cfg: LoopConfig) -> dict[str, Any]:
     """The LoRA adapters both sides add: the real-model study's (:data:`benchmarks.real_model.LORA`) on a GGUF
     model, the same rank on a GPT-2's attention and projections otherwise."""
@@ -228,7 +308,8 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
         warnings.filterwarnings("ignore", message="You have specified a mini-batch size")
         model = GRPO("CausalLMPolicy", env, **kwargs)
     model.set_logger(configure(None, []))
-    record, curve = _recorders(cfg.ours_completions or cfg.completions)
+    snapshots = HeldoutSnapshots(cfg.eval_every if has_heldout(cfg) else 0)
+    record, curve = _recorders(cfg.ours_completions or cfg.completions, snapshots)
     w0, c0 = time.perf_counter(), time.process_time()
     record.start, record.cpu_start = w0, c0
     model.learn(10**12, callback=[record, curve])
@@ -237,8 +318,10 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
         record.curve.append((wall, record.count, record.pending))
         record.cpu_at.append(cpu)
     env.close()
+    heldout = heldout_accuracy(model.policy.lm, cfg)
     return {
-        "heldout": heldout_accuracy(model.policy.lm, cfg),
+        "heldout": heldout,
+        "heldout_curve": _heldout_curve(snapshots, model.policy, model.policy.lm, cfg, (wall, record.count, heldout)),
         "impl": "ours",
         "wall_s": wall,
         "cpu_s": cpu,
@@ -248,6 +331,11 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
         "cpu_at": record.cpu_at,
         "advantaged": record.advantaged,
     }
+
+
+def _heldout_curve(snapshots: HeldoutSnapshots, module: Any, lm: Any, cfg: LoopConfig, final: tuple) -> Any:
+    """A loop's held-out curve (:meth:`HeldoutSnapshots.curve`), or ``None`` without snapshots."""
+    return snapshots.curve(module, lm, cfg, final) if snapshots.every > 0 and final[2] is not None else None
 
 
 def _grpo_kwargs(cfg: LoopConfig, n_envs: int, seed: int, grpo_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -278,10 +366,10 @@ def _grpo_kwargs(cfg: LoopConfig, n_envs: int, seed: int, grpo_kwargs: dict[str,
     return kwargs
 
 
-def _recorders(completions: int) -> tuple[Any, Any]:
+def _recorders(completions: int, snapshots: HeldoutSnapshots | None = None) -> tuple[Any, Any]:
     """The callbacks of :func:`run_ours` (SB3 imported here, lazily): a ``Record`` of each rollout's rewards that stops
     learning once ``completions`` completions are sampled, and a ``Curve`` of ``(wall s, completions, mean reward)``
-    after each update."""
+    after each update (where ``snapshots`` may copy the policy's weights)."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     class Record(BaseCallback):
@@ -333,6 +421,8 @@ def _recorders(completions: int) -> tuple[Any, Any]:
                 r.curve.append((time.perf_counter() - r.start, r.count, r.pending))
                 r.cpu_at.append(time.process_time() - r.cpu_start)
                 del r.pending
+                if snapshots is not None:
+                    snapshots.take(self.model.policy, r.curve[-1][0], r.count)
 
     record = Record()
     return record, Curve(record)
@@ -422,7 +512,8 @@ def run_trl(cfg: LoopConfig, seed: int) -> dict:
         peft_config=_peft_config(cfg) if cfg.lora else None,
     )
     step_ends: list[tuple[float, float]] = []
-    trainer.add_callback(_StepEnd(step_ends, start))
+    snapshots = HeldoutSnapshots(cfg.eval_every if has_heldout(cfg) else 0)
+    trainer.add_callback(_StepEnd(step_ends, start, snapshots, cfg.n_envs))
     w0, c0 = time.perf_counter(), time.process_time()
     start[0], start[1] = w0, c0
     with contextlib.redirect_stdout(io.StringIO()):  # the trainer prints its end-of-training metrics
@@ -431,8 +522,10 @@ def run_trl(cfg: LoopConfig, seed: int) -> dict:
     # each point's time: when the optimizer step that trained on it ended
     ends = [step_ends[i] if i < len(step_ends) else (wall, cpu) for i in range(len(curve))]
     timed = [(end[0], n, r) for end, (_, n, r) in zip(ends, curve, strict=True)]
+    heldout = heldout_accuracy(trainer.model, cfg)
     return {
-        "heldout": heldout_accuracy(trainer.model, cfg),
+        "heldout": heldout,
+        "heldout_curve": _heldout_curve(snapshots, trainer.model, trainer.model, cfg, (wall, count[0], heldout)),
         "impl": "TRL",
         "wall_s": wall,
         "cpu_s": cpu,
@@ -464,13 +557,15 @@ def _peft_config(cfg: LoopConfig) -> Any:
     return LoraConfig(task_type="CAUSAL_LM", lora_dropout=0.0, **lora_spec(cfg))
 
 
-def _StepEnd(times: list[tuple[float, float]], start: list[float]) -> Any:  # noqa: N802  (builds a class: transformers is lazy)
-    """A ``TrainerCallback`` appending the wall and CPU seconds since ``start`` at the end of every optimizer step."""
+def _StepEnd(times: list[tuple[float, float]], start: list[float], snapshots: HeldoutSnapshots, per_step: int) -> Any:  # noqa: N802  (builds a class: transformers is lazy)
+    """A ``TrainerCallback`` appending the wall and CPU seconds since ``start`` at the end of every optimizer step
+    (of ``per_step`` completions), where ``snapshots`` may copy the model's weights."""
     from transformers import TrainerCallback
 
     class StepEnd(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ARG002  (TRL's callback signature)
             times.append((time.perf_counter() - start[0], time.process_time() - start[1]))
+            snapshots.take(kwargs["model"], times[-1][0], state.global_step * per_step)
 
     return StepEnd()
 
@@ -515,6 +610,7 @@ def compare_loops(
     log: Any = print,
     measured: dict[int, dict] | None = None,
     on_seed: Callable[[list[dict]], None] | None = None,
+    sides: tuple[str, ...] = SIDES,
     **grpo_kwargs: Any,
 ) -> dict:
     """Both loops per seed (alternating which goes first), their time to TRL's final reward, and the medians.
@@ -523,10 +619,13 @@ def compare_loops(
     :param seeds: Seeds (one pair of loops each).
     :param log: Where progress lines go.
     :param measured: Runs of some of ``seeds`` measured before, by seed (an earlier result's ``runs``, of the same
-        ``cfg`` and ``grpo_kwargs``: the caller checks): kept as they are, not run again.
+        ``cfg`` and ``grpo_kwargs``: the caller checks): the loops they hold are kept as they are, not run again.
     :param on_seed: Called with the runs so far after each seed this call runs (to save them).
+    :param sides: The loops this call may run (``("ours",)`` or ``("TRL",)``: one side, so that two processes can
+        measure the two loops side by side and their results be merged).
     :param grpo_kwargs: Overrides of our GRPO's arguments.
-    :return: ``{"config", "runs": [{"seed", "ours", "TRL", "threshold", "ours_time", "trl_time"}], "summary"}``.
+    :return: ``{"config", "runs": [{"seed", "ours", "TRL", "threshold", "ours_time", "trl_time", ...}], "summary"}``;
+        a run missing a loop holds only the loop it has, and then ``summary`` is ``None``.
     """
     import torch as th
 
@@ -536,38 +635,52 @@ def compare_loops(
         raise ImportError(NOT_INSTALLED)
     if resolve_device(cfg.device).type == "cuda":
         th.cuda.synchronize()
+    runners = {"ours": lambda s: run_ours(cfg, s, **grpo_kwargs), "TRL": lambda s: run_trl(cfg, s)}
     runs = []
     for i, seed in enumerate(seeds):
-        if measured and seed in measured:
+        results = {name: loop for name, loop in (measured or {}).get(seed, {}).items() if name in SIDES}
+        todo = [name for name in (SIDES if i % 2 == 0 else SIDES[::-1]) if name in sides and name not in results]
+        if not todo:
             log(f"seed {seed}: measured before, kept")
-            runs.append(measured[seed])
-            continue
-        order = [("ours", lambda s=seed: run_ours(cfg, s, **grpo_kwargs)), ("TRL", lambda s=seed: run_trl(cfg, s))]
-        results = {}
-        for name, fn in order if i % 2 == 0 else order[::-1]:
+        for name in todo:
             log(f"seed {seed}: {name} ...")
-            results[name] = fn()
-        threshold = final_reward(results["TRL"]["curve"], cfg.window)
-        runs.append(
-            {
-                "seed": seed,
-                **results,
-                "threshold": threshold,
-                "ours_time": time_to_reward(results["ours"]["curve"], threshold, cfg.window),
-                "trl_time": time_to_reward(results["TRL"]["curve"], threshold, cfg.window),
-                "ours_cpu_time": cpu_time_to_reward(results["ours"], threshold, cfg.window),
-                "trl_cpu_time": cpu_time_to_reward(results["TRL"], threshold, cfg.window),
-            }
-        )
-        if on_seed is not None:
+            results[name] = runners[name](seed)
+        runs.append(seed_run(seed, results, cfg))
+        if todo and on_seed is not None:
             on_seed(runs)
-    result = {"config": asdict(cfg), "grpo_kwargs": grpo_kwargs, "runs": runs, "summary": summarize(runs)}
-    if has_heldout(cfg):
+    complete = all(set(SIDES) <= set(run) for run in runs)
+    result = {"config": asdict(cfg), "grpo_kwargs": grpo_kwargs, "runs": runs,
+              "summary": summarize(runs) if complete else None}  # fmt: skip
+    if complete and has_heldout(cfg):
         from transformers import AutoModelForCausalLM
 
         untrained = AutoModelForCausalLM.from_pretrained(_model_path(cfg))
         result["summary"]["heldout_before"] = heldout_accuracy(untrained, cfg)
     return result
+
+
+def seed_run(seed: int, results: dict[str, dict], cfg: LoopConfig) -> dict:
+    """One seed's record: the loops it has, and, when it has both, each one's time to TRL's final reward (wall and
+    CPU) and, with held-out curves, to TRL's final held-out accuracy."""
+    run: dict[str, Any] = {"seed": seed, **results}
+    if not set(SIDES) <= set(results):
+        return run
+    threshold = final_reward(results["TRL"]["curve"], cfg.window)
+    run.update(
+        threshold=threshold,
+        ours_time=time_to_reward(results["ours"]["curve"], threshold, cfg.window),
+        trl_time=time_to_reward(results["TRL"]["curve"], threshold, cfg.window),
+        ours_cpu_time=cpu_time_to_reward(results["ours"], threshold, cfg.window),
+        trl_cpu_time=cpu_time_to_reward(results["TRL"], threshold, cfg.window),
+    )
+    if all(results[name].get("heldout_curve") for name in SIDES):
+        target = results["TRL"]["heldout"]
+        run.update(
+            heldout_threshold=target,
+            ours_heldout_time=time_to_accuracy(results["ours"]["heldout_curve"], target),
+            trl_heldout_time=time_to_accuracy(results["TRL"]["heldout_curve"], target),
+        )
+    return run
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -590,7 +703,10 @@ def summarize(runs: list[dict]) -> dict:
     # the share of sampled steps that ours trained with an advantage: per run the mean over its updates
     out["ours"]["advantaged"] = med([statistics.fmean(r["ours"]["advantaged"]) for r in runs])
     inf = float("inf")
-    for key, suffix in (("time_to_trl_final", "time"), ("cpu_time_to_trl_final", "cpu_time")):
+    timed = [("time_to_trl_final", "time"), ("cpu_time_to_trl_final", "cpu_time")]
+    if all("heldout_threshold" in r for r in runs):
+        timed.append(("time_to_trl_heldout", "heldout_time"))
+    for key, suffix in timed:
         ours_t = med([r[f"ours_{suffix}"] if r.get(f"ours_{suffix}") is not None else inf for r in runs])
         trl_t = med([r[f"trl_{suffix}"] if r.get(f"trl_{suffix}") is not None else inf for r in runs])
         out[key] = {"ours": ours_t, "TRL": trl_t, "ratio": trl_t / ours_t if ours_t > 0 else None}
