@@ -265,19 +265,24 @@ def test_games_speak_plain_language_by_hand():
     ttt = make_game("tictactoe")
     state = play_moves(ttt, ttt.initial(None), [" 5", " 1"])
     assert ttt.chat_render(state, 0) == (
-        "O | 2 | 3\n--+---+--\n4 | X | 6\n--+---+--\n7 | 8 | 9\n\nFree cells: 2, 3, 4, 6, 7, 8, 9. Your move (X)?"
+        "O | 2 | 3\n--+---+--\n4 | X | 6\n--+---+--\n7 | 8 | 9\n\nFree cells: 2, 3, 4, 6, 7, 8, 9. "
+        "Your move (X): reply with the number of a free cell."
     )
     assert ttt.chat_render(state, 1).startswith("X | 2 | 3\n--+---+--\n4 | O | 6")  # each side is X
     assert ttt.parse(state, "5 is taken, so I take 3.\nAnswer: 3", chat=True) == 3  # the stated answer
     assert ttt.parse(state, "Answer: 5", chat=True) is None  # taken: illegal
     kuhn = make_game("kuhn")
     hand = kuhn.play(kuhn.initial(np.random.default_rng(0)), "p")
-    assert kuhn.chat_render(hand, 1).endswith("So far: I passed. Do you pass or bet?")
+    assert kuhn.chat_render(hand, 1).endswith("So far: I passed. Do you pass or bet? Reply with one word: pass or bet.")
     assert kuhn.chat_read("I have the King, so I bet.") == "b" and kuhn.chat_read("Answer: fold") == "p"
     facing = kuhn.play(hand, "b")
-    assert kuhn.chat_render(facing, 0).endswith("So far: You passed, I bet. Do you fold (pass) or call (bet)?")
+    assert kuhn.chat_render(facing, 0).endswith(
+        "So far: You passed, I bet. Do you fold (pass) or call (bet)? Reply with one word: fold or call."
+    )
     nim = make_game("nim")
-    assert nim.chat_render(nim.initial_distribution()[0][0], 0) == "There are 5 stones left. You may take 1, 2 or 3."
+    assert nim.chat_render(nim.initial_distribution()[0][0], 0) == (
+        "There are 5 stones left. You may take 1, 2 or 3: reply with the number of stones you take."
+    )
     play = SelfPlay(nim, opponent="heuristic", learner_player=0, chat=True)
     episode = play.start("", {}, np.random.default_rng(0))
     assert play.reply(episode, "Answer: 7", 1) == ("You lose. Your move was not a legal move.", -1.0, True)

@@ -97,7 +97,8 @@ class Game:
         raise NotImplementedError(f"{type(self).__name__} has no heuristic")
 
     def chat_render(self, state: Any, player: int) -> str:
-        """The position as ``player`` sees it, in plain language for an instruct model, with the legal moves."""
+        """The position as ``player`` sees it, in plain language for an instruct model, with the legal moves and the
+        reply it asks for (a free cell's number, one word, ...)."""
         raise NotImplementedError(f"{type(self).__name__} has no chat mode")
 
     # -- shared by every game ---------------------------------------------------------------------------------

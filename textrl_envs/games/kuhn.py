@@ -86,8 +86,9 @@ class KuhnPoker(Game):
         said = [("You" if (i % 2) == player else "I") + " " + names[m] for i, m in enumerate(state.history)]
         card = {"J": "the Jack", "Q": "the Queen", "K": "the King"}[CARDS[state.cards[player]]]
         so_far = ("So far: " + ", ".join(said) + ". ") if said else "You act first. "
-        options = "fold (pass) or call (bet)" if state.history.endswith("b") else "pass or bet"
-        return f"Your card is {card}. {so_far}Do you {options}?"
+        facing = state.history.endswith("b")
+        options, words = ("fold (pass) or call (bet)", "fold or call") if facing else ("pass or bet", "pass or bet")
+        return f"Your card is {card}. {so_far}Do you {options}? Reply with one word: {words}."
 
     def chat_result(self, state, player: int) -> str:
         inner = getattr(state, "state", state)

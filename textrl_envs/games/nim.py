@@ -76,7 +76,8 @@ class Nim(Game):
         legal = self.legal(state)
         choices = ", ".join(map(str, legal[:-1])) + (f" or {legal[-1]}" if len(legal) > 1 else str(legal[-1]))
         stones = "stone" if state.heap == 1 else "stones"
-        return f"There {'is' if state.heap == 1 else 'are'} {state.heap} {stones} left. You may take {choices}."
+        there = f"There {'is' if state.heap == 1 else 'are'} {state.heap} {stones} left."
+        return f"{there} You may take {choices}: reply with the number of stones you take."
 
     def move_text(self, move: int) -> str:
         return f" {move}"

@@ -82,7 +82,9 @@ class TicTacToe(Game):
         cells = [marks.get(c, str(i + 1)) for i, c in enumerate(state.cells)]
         rows = [" | ".join(cells[r : r + 3]) for r in (0, 3, 6)]
         free = ", ".join(str(m) for m in self.legal(state))
-        return "\n--+---+--\n".join(rows) + f"\n\nFree cells: {free}. Your move (X)?"
+        return (
+            "\n--+---+--\n".join(rows) + f"\n\nFree cells: {free}. Your move (X): reply with the number of a free cell."
+        )
 
     def move_text(self, move: int) -> str:
         return f" {move}"
