@@ -230,25 +230,13 @@ def generate_timer(lm: Any, env: Any, tokens: int, eos: bool = False) -> Any:
     workload (:func:`prompt_workload`) and ``counted``, the tokens each call generated (with ``eos``: each row's tokens
     up to and including its first end token, what the env counts as the episode's steps; padding after it is not
     counted)."""
-    import torch as th
 
-    from benchmarks.perf.rollout import generated_tokens
+    from benchmarks.perf.rollout import prompt_windows, sampling_generate
 
-    obs = env.reset()
-    ids, mask = th.as_tensor(obs["input_ids"]), th.as_tensor(obs["attention_mask"])
-    width = int(mask.sum(1).max())
-    ids, mask = ids[:, -width:], mask[:, -width:]
+    ids, mask = prompt_windows(env.reset())
     end = env.get_attr("text_spec")[0].eos_token_id if eos else None
-    counted: list[int] = []
-
-    def generate() -> None:
-        stop = {"eos_token_id": end} if eos else {"min_new_tokens": tokens}
-        with th.inference_mode():
-            out = lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, top_p=1.0,
-                              max_new_tokens=tokens, pad_token_id=2, **stop)[:, width:]  # fmt: skip
-        counted.append(generated_tokens(out, end))
-
-    return generate, prompt_workload(ids, mask), counted
+    generate = sampling_generate(lm, ids, mask, tokens, end, pad=2)
+    return generate, prompt_workload(ids, mask), generate.counted
 
 
 def prompt_workload(ids: Any, mask: Any) -> tuple[int, int, int]:

@@ -112,7 +112,6 @@ def generator(n_envs: int, tokens: int, device: Any, lm: Any = None, eos: bool =
     ``eos``) of at most ``tokens``, each row stopping at the env's EOS token as a user's generation stops; its
     ``counted`` list then gets, per call, the tokens of each row up to and including its EOS
     (:func:`generated_tokens`), the padding after it not counted."""
-    import torch as th
     from transformers import AutoModelForCausalLM
 
     from textrl_envs.assets import lm_path
@@ -123,30 +122,39 @@ def generator(n_envs: int, tokens: int, device: Any, lm: Any = None, eos: bool =
     obs = env.reset()
     end = env.get_attr("text_spec")[0].eos_token_id
     env.close()
-    ids, mask = th.as_tensor(obs["input_ids"]), th.as_tensor(obs["attention_mask"])
-    width = int(mask.sum(1).max())
-    ids, mask = ids[:, -width:].to(dev), mask[:, -width:].to(dev)
+    ids, mask = (t.to(dev) for t in prompt_windows(obs))
     if lm is None:
         lm = AutoModelForCausalLM.from_pretrained(lm_path(), local_files_only=True)
     lm = lm.to(dev).eval()
     pad = lm.config.pad_token_id if lm.config.pad_token_id is not None else 0
+    return sampling_generate(lm, ids, mask, tokens, end if eos else None, pad)
 
-    stop = {"eos_token_id": end} if eos else {"min_new_tokens": tokens}
+
+def prompt_windows(obs: dict) -> tuple[Any, Any]:
+    """The token ids and attention mask of a batch of observations, cut to the longest prompt (the left padding
+    that every row has dropped)."""
+    import torch as th
+
+    ids, mask = th.as_tensor(obs["input_ids"]), th.as_tensor(obs["attention_mask"])
+    width = int(mask.sum(1).max())
+    return ids[:, -width:], mask[:, -width:]
+
+
+def sampling_generate(lm: Any, ids: Any, mask: Any, tokens: int, end: int | None, pad: int) -> Any:
+    """A callable running ``lm.generate(do_sample=True)`` (no top-k or top-p) on the prompt windows ``ids`` /
+    ``mask``: ``tokens`` new tokens each, or (``end`` given) at most ``tokens``, each row stopping at ``end``. Its
+    ``counted`` list gets, per call, the tokens generated (:func:`generated_tokens`: with ``end``, each row's up to
+    and including its first ``end``)."""
+    import torch as th
+
+    stop = {"eos_token_id": end} if end is not None else {"min_new_tokens": tokens}
     counted: list[int] = []
 
     def generate() -> None:
-        with th.no_grad():
-            out = lm.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                do_sample=True,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=tokens,
-                pad_token_id=pad,
-                **stop,
-            )
-        counted.append(generated_tokens(out[:, ids.shape[1] :], end if eos else None))
+        with th.inference_mode():
+            out = lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, top_p=1.0,
+                              max_new_tokens=tokens, pad_token_id=pad, **stop)  # fmt: skip
+        counted.append(generated_tokens(out[:, ids.shape[1] :], end))
 
     generate.counted = counted
     return generate
