@@ -5,11 +5,15 @@ put on ``PYTHONPATH``); :func:`trl_available` says whether it can be imported. `
 (:mod:`benchmarks.trl_loops`) is the command-line front end, and ``textrl-bench perf`` takes four rows from here.
 
 Both loops run until they have sampled (at least) the same number of completions, on the same task, LM, tokenizer,
-prompts, reward and seed, one after the other in one process. Each records, per update, the wall time since its start
-and the mean reward of the completions the update trains on. The figure users care about is the wall time to reach a
-reward: the threshold is TRL's final reward (the mean of its last ``window`` updates), and each loop's time is the
-first moment the mean of its last ``window`` updates reaches it (TRL reaches it by its end, by construction; ours may
-not, then its time is ``None``).
+prompts, reward and seed, one after the other in one process (or each in its own process at the same time, one loop
+per call: ``compare_loops(sides=...)``, their runs merged afterwards). Each records, per update, the wall time since
+its start and the mean reward of the completions the update trains on. The figure users care about is the wall time
+to reach a reward: the threshold is TRL's final reward (the mean of its last ``window`` updates), and each loop's time
+is the first moment the mean of its last ``window`` updates reaches it (TRL reaches it by its end, by construction;
+ours may not, then its time is ``None``). With held-out items (``eval_items``) and ``eval_every``, the same is
+measured on held-out accuracy: each loop's trainable weights are copied every ``eval_every`` completions and scored
+after the timed run (:class:`HeldoutSnapshots`), and each loop's time is the first copy that scores at least TRL's
+final held-out accuracy.
 
 Settings in both (see :class:`LoopConfig`): group size ``G``, completions of at most ``T`` tokens, ``N`` completions
 per update (ours: ``N`` envs x ``T`` steps per rollout; an env whose episode ends on EOS starts its group's next prompt
