@@ -157,6 +157,13 @@ TASKS: dict[str, StudyTask] = {
         source="family_relationships",
         format_weight=0.1,
     ),
+    "simple_geometry": StudyTask(
+        {"min_sides": 3, "max_sides": 3},
+        160,
+        "geometry word problem: a triangle's last interior angle from the other two (\"A convex polygon has 3 sides. "
+        "The measures of the first 2 interior angles are: 75.0°, 40.0°. Find the measure of the last interior "
+        'angle."; 180 minus their sum)',
+    ),
     "number_sequence": StudyTask(
         {"min_terms": 4, "max_terms": 6, "min_value": -20, "max_value": 20, "max_complexity": 1},
         96,
