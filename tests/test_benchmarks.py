@@ -232,6 +232,30 @@ def test_held_out_snapshots_score_the_weights_of_their_time_and_restore_the_trai
     assert trl.HeldoutSnapshots(every=0).taken == [] and not trl.HeldoutSnapshots(every=0).take(module, 1.0, 99)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the trl extra: pip install trl")
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--side", "ours"], "--side ours runs one loop: pass --json PATH"),
+        (["--eval-every", "64"], "--eval-every scores held-out items: it needs a reasoning-gym --task"),
+        (["--json", "x.json", "--merge", "missing.json"], "--merge: no such file: missing.json"),
+    ],
+)
+def test_the_trl_comparison_refuses_settings_it_cannot_run(args, said, capsys, tmp_path, monkeypatch):
+    import torch as th
+
+    from benchmarks import trl_loops
+
+    monkeypatch.chdir(tmp_path)
+    threads = th.get_num_threads()
+    try:
+        with pytest.raises(SystemExit):
+            trl_loops.main(["--preset", "small", *args])
+    finally:
+        th.set_num_threads(threads)
+    assert said in capsys.readouterr().err
+
+
 def test_a_rate_row_can_count_each_sides_work():
     from benchmarks.timing import rate_row
 
