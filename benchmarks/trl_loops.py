@@ -87,11 +87,15 @@ def _heldout_lines(cfg: Any, result: dict) -> list[str]:
     return lines
 
 
-def report_lines(cfg: Any, result: dict, version: str, threads: int) -> list[str]:
-    """The printed report of :func:`benchmarks.perf.trl.compare_loops`'s result: per seed, then the medians."""
+def report_lines(cfg: Any, result: dict, version: str, threads: int, command: str | None = None) -> list[str]:
+    """The printed report of :func:`benchmarks.perf.trl.compare_loops`'s result: per seed, then the medians; the
+    commands that measured the loops when another than ``command`` did (runs merged from ``--json`` files)."""
     lines = [f"{cfg}", f"TRL {version}, {threads} torch thread(s); curves: wall s/completions:reward"]
     if result.get("grpo_kwargs"):
         lines.insert(1, f"ours also with {json.dumps(result['grpo_kwargs'], sort_keys=True)}")
+    measured_by = {run[n]["measured_by"] for run in result["runs"] for n in ("ours", "TRL") if "measured_by" in run[n]}
+    if measured_by - {command}:
+        lines += ["loops measured by:", *(f"  {c}" for c in sorted(measured_by))]
     for run in result["runs"]:
         lines.append(f"\nseed {run['seed']}: threshold (TRL's final reward) {run['threshold']:+.3f}")
         for name in ("ours", "TRL"):
@@ -215,7 +219,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     from sb3_grpo.file_io import write_json_atomic
 
+    command = shlex.join(["textrl-bench", "trl", *(sys.argv[1:] if argv is None else argv)])
+
     def save(runs: list[dict]) -> None:
+        mark_measured(runs, command)
         if args.json:
             write_json_atomic(Path(args.json), {"config": asdict(cfg), "grpo_kwargs": grpo_kwargs, "runs": runs})
 
@@ -228,19 +235,19 @@ def main(argv: list[str] | None = None) -> dict:
         sides=trl.SIDES if args.side == "both" else (args.side,),
         **grpo_kwargs,
     )
+    mark_measured(result["runs"], command)
     if result["summary"] is None:  # --side: one loop per seed; the report needs both
         write_json_atomic(Path(args.json), result)
         print(f"one loop measured per seed; its runs are in {args.json}: --merge it with the other loop's file")
         return result
     import trl as trl_package
 
-    lines = report_lines(cfg, result, trl_package.__version__, args.threads)
+    lines = report_lines(cfg, result, trl_package.__version__, args.threads, command)
     print("\n" + "\n".join(lines))
     page = None if args.no_page else Path(args.page) if args.page else RESULTS_DIR / "trl.md"
     if page is not None:
         from sb3_grpo.compare.pages import write_results_page
 
-        command = shlex.join(["textrl-bench", "trl", *(sys.argv[1:] if argv is None else argv)])
         body = (
             "Reward against wall time of both loops, per seed, then the medians over the seeds. Both run TRL's "
             "settings (first line of the report); `ours_envs` is our loop's number of envs (an env whose episode "
@@ -258,6 +265,14 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         write_json_atomic(Path(args.json), result)
     return result
+
+
+def mark_measured(runs: list[dict], command: str) -> None:
+    """Name ``command`` as what measured each loop of ``runs`` that no earlier command did."""
+    for run in runs:
+        for name in ("ours", "TRL"):
+            if name in run:
+                run[name].setdefault("measured_by", command)
 
 
 def merge_runs(found: list[dict[int, dict]]) -> dict[int, dict]:
@@ -291,7 +306,9 @@ def earlier_runs(path: Path, cfg: Any, grpo_kwargs: dict) -> dict[int, dict]:
             f"{path} holds runs of other settings (differing: {', '.join(changed) or 'its layout'}): pass the "
             "settings it was written with, or another --json path to start a new comparison"
         )
-    return {int(run["seed"]): run for run in earlier.get("runs", [])}
+    runs = earlier.get("runs", [])
+    mark_measured(runs, f"(the command that wrote {path})")  # a file written before the commands were recorded
+    return {int(run["seed"]): run for run in runs}
 
 
 if __name__ == "__main__":

@@ -294,7 +294,7 @@ def test_the_trl_comparison_resumes_from_its_json_file(tmp_path, monkeypatch):
             ran.append((name, seed))
             curve = [(1.0, 4, 0.1), (2.0, 8, 0.2 + seed), (3.0, 12, 0.3 + seed)]
             return {"curve": curve, "cpu_at": [1.0, 2.0, 3.0], "wall_s": 3.0, "cpu_s": 3.0, "completions": 12,
-                    "advantaged": [1.0]}  # fmt: skip
+                    "updates": 3, "advantaged": [1.0]}  # fmt: skip
 
         return run
 
@@ -306,6 +306,7 @@ def test_the_trl_comparison_resumes_from_its_json_file(tmp_path, monkeypatch):
     first = trl.compare_loops(cfg, [0], log=lambda _m: None, on_seed=lambda runs: saved.append(len(runs)))
     assert ran == [("ours", 0), ("TRL", 0)] and saved == [1]
     path = tmp_path / "trl.json"
+    trl_loops.mark_measured(first["runs"], "textrl-bench trl --json trl.json")  # as the command-line run saves them
     write_json_atomic(path, first)
     measured = trl_loops.earlier_runs(path, cfg, {})
     assert list(measured) == [0]
@@ -328,9 +329,17 @@ def test_the_trl_comparison_resumes_from_its_json_file(tmp_path, monkeypatch):
     assert sorted(ran) == [("TRL", 2), ("TRL", 3), ("ours", 2), ("ours", 3)]
     assert ours_only["summary"] is None and set(ours_only["runs"][0]) == {"seed", "ours"}
     for name, part in (("ours.json", ours_only), ("trl.json", trl_only)):
+        if name == "ours.json":  # the other file is one written before the commands were recorded
+            trl_loops.mark_measured(part["runs"], "textrl-bench trl --side ours")
         write_json_atomic(tmp_path / name, part)
     merged = trl_loops.merge_runs([trl_loops.earlier_runs(tmp_path / n, cfg, {}) for n in ("ours.json", "trl.json")])
     ran.clear()
     whole = trl.compare_loops(cfg, [2, 3], log=lambda _m: None, measured=merged)
     assert ran == [] and whole["summary"]["ours"]["final_reward"] == pytest.approx((4.6 / 3 + 6.6 / 3) / 2)
     assert whole["runs"][0]["ours"] == json.loads(json.dumps(ours_only["runs"][0]["ours"]))
+    # the report names what measured each loop: the command, or the file a command wrote
+    lines = trl_loops.report_lines(cfg, whole, "1.0", 1, "textrl-bench trl --merge ours.json trl.json")
+    assert lines[lines.index("loops measured by:") + 1 :][:2] == [
+        f"  (the command that wrote {tmp_path / 'trl.json'})",
+        "  textrl-bench trl --side ours",
+    ]
