@@ -237,8 +237,6 @@ class HeldoutSnapshots:
         """``[(wall s, completions, held-out accuracy), ...]``: each copy taken before the run's end scored with
         :func:`heldout_accuracy` (loaded into ``module``, whose ``lm`` generates), then ``final``, the trained model's
         point; ``module`` is left with the weights it had."""
-        import torch as th
-
         trained = _trainable(module)
         points = []
         try:
@@ -248,8 +246,7 @@ class HeldoutSnapshots:
                 _load_trainable(module, weights)
                 points.append([wall, completions, heldout_accuracy(lm, cfg)])
         finally:
-            with th.no_grad():
-                _load_trainable(module, trained)
+            _load_trainable(module, trained)
         return [*points, list(final)]
 
 
