@@ -258,7 +258,9 @@ def main(argv: list[str] | None = None) -> dict:
             "update, instead of giving them advantage 0). CPU seconds are this process's, steadier than wall time "
             "on a shared machine. With `eval_every`, each loop's trainable weights were copied every that many "
             "completions during the timed run and scored on the held-out items after it: the held-out curves, and "
-            "each loop's time to TRL's final held-out accuracy.\n\n```\n"
+            "each loop's time to TRL's final held-out accuracy. Loops merged from `--json` files (`--merge`) were "
+            "measured by the commands listed under *loops measured by*; with `--side ours` and `--side TRL`, each "
+            "ran one loop, and the two can run at the same time, one thread each.\n\n```\n"
         )
         write_results_page(page, "GRPO loop against TRL's GRPOTrainer", body + "\n".join(lines) + "\n```\n", command)
         print(f"results page: {page}")
