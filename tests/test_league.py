@@ -281,7 +281,7 @@ def test_a_chat_opponent_reads_its_side_as_chat_messages_and_writes_free_text(tm
     end = tok.convert_tokens_to_ids("<|im_end|>")
     game = Nim()
     move = tok(" I take 2 stones.", add_special_tokens=False)["input_ids"]
-    policy = ScriptedPolicy([*move, end], len(tok), width=200)
+    policy = ScriptedPolicy([*move, end], len(tok), width=256)  # room for both turns of the conversation
     opponent = PolicyOpponent(policy, tokenizer=folder, max_turn_tokens=24, chat=True, name="chatty")
     assert opponent.turn_end[0] == end
     env = gym.make("Nim-v0", tokenizer=folder, instruct=True,
