@@ -208,10 +208,10 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--eval-every scores held-out items: it needs a reasoning-gym --task and --eval-items")
     if args.side != "both" and not args.json:
         parser.error(f"--side {args.side} runs one loop: pass --json PATH to keep its runs for --merge")
-    earlier = [*([Path(args.json)] if args.resume else []), *map(Path, args.merge)]
-    missing = [str(path) for path in earlier[int(args.resume) :] if not path.exists()]
+    missing = [path for path in args.merge if not Path(path).exists()]
     if missing:
         parser.error(f"--merge: no such file: {', '.join(missing)}")
+    earlier = [*([Path(args.json)] if args.resume else []), *map(Path, args.merge)]
     try:
         measured = merge_runs([earlier_runs(path, cfg, grpo_kwargs) for path in earlier])
     except ValueError as err:

@@ -233,10 +233,12 @@ class HeldoutSnapshots:
         while self.next <= completions:
             self.next += self.every
 
-    def curve(self, module: Any, lm: Any, cfg: LoopConfig, final: tuple[float, int, float]) -> list[list[float]]:
+    def curve(self, module: Any, lm: Any, cfg: LoopConfig, final: tuple[float, int, float]) -> list[list[float]] | None:
         """``[(wall s, completions, held-out accuracy), ...]``: each copy taken before the run's end scored with
         :func:`heldout_accuracy` (loaded into ``module``, whose ``lm`` generates), then ``final``, the trained model's
-        point; ``module`` is left with the weights it had."""
+        point; ``module`` is left with the weights it had. ``None`` when no copies were asked for (``every`` 0)."""
+        if self.every <= 0:
+            return None
         trained = _trainable(module)
         points = []
         try:
@@ -322,7 +324,7 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
     heldout = heldout_accuracy(model.policy.lm, cfg)
     return {
         "heldout": heldout,
-        "heldout_curve": _heldout_curve(snapshots, model.policy, model.policy.lm, cfg, (wall, record.count, heldout)),
+        "heldout_curve": snapshots.curve(model.policy, model.policy.lm, cfg, (wall, record.count, heldout)),
         "impl": "ours",
         "wall_s": wall,
         "cpu_s": cpu,
@@ -332,11 +334,6 @@ def run_ours(cfg: LoopConfig, seed: int, **grpo_kwargs: Any) -> dict:
         "cpu_at": record.cpu_at,
         "advantaged": record.advantaged,
     }
-
-
-def _heldout_curve(snapshots: HeldoutSnapshots, module: Any, lm: Any, cfg: LoopConfig, final: tuple) -> Any:
-    """A loop's held-out curve (:meth:`HeldoutSnapshots.curve`), or ``None`` without snapshots."""
-    return snapshots.curve(module, lm, cfg, final) if snapshots.every > 0 and final[2] is not None else None
 
 
 def _grpo_kwargs(cfg: LoopConfig, n_envs: int, seed: int, grpo_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -526,7 +523,7 @@ def run_trl(cfg: LoopConfig, seed: int) -> dict:
     heldout = heldout_accuracy(trainer.model, cfg)
     return {
         "heldout": heldout,
-        "heldout_curve": _heldout_curve(snapshots, trainer.model, trainer.model, cfg, (wall, count[0], heldout)),
+        "heldout_curve": snapshots.curve(trainer.model, trainer.model, cfg, (wall, count[0], heldout)),
         "impl": "TRL",
         "wall_s": wall,
         "cpu_s": cpu,
