@@ -56,7 +56,7 @@ FAST = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "kl_c
 #: A real model trains LoRA adapters of this shape (the real-model study's).
 LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 #: Tokens a chat model may write for one move (a short sentence).
-CHAT_MOVE_TOKENS = 24
+CHAT_MOVE_TOKENS = 6
 
 
 def model_setup(model: str | None, dtype: str = "float32") -> tuple[dict, dict, dict]:

@@ -289,3 +289,56 @@ def test_games_speak_plain_language_by_hand():
     assert play.episode_info(episode)["forfeit"] == "learner"  # what an illegal-move rate counts, in either mode
     with pytest.raises(ValueError, match="no chat mode"):
         SelfPlay(Game(), chat=True)  # the base class states no rules
+
+
+def test_a_reply_prefix_starts_each_turn_and_its_first_move_counts(chat_dir):
+    """In chat mode a game writes its reply prefix after every generation prompt but the last (the result's), and
+    reads the move the text after it states first; ``reply_prefix=""`` keeps the free-text reading."""
+    from transformers import AutoTokenizer
+
+    from textrl_envs.games import SelfPlay, make_game
+
+    ttt = make_game("tictactoe")
+    assert ttt.chat_reply_prefix == "I take cell"
+    prefixed = SelfPlay(ttt, opponent="heuristic", learner_player=0, chat=True)
+    plain = SelfPlay(ttt, opponent="heuristic", learner_player=0, chat=True, reply_prefix="")
+    assert prefixed.reply_prefix == "I take cell" and plain.reply_prefix == ""
+    assert SelfPlay(ttt).reply_prefix == ""  # text mode: none
+    for play, cell in ((prefixed, 1), (plain, 3)):
+        episode = play.start("", {}, np.random.default_rng(0))
+        play.reply(episode, " 1, then 3 next.\nAnswer: 3", 1)
+        assert episode["game"].cells[cell - 1] == 0  # the learner's mark: the first move, or the stated answer
+    tok = AutoTokenizer.from_pretrained(chat_dir)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    env = gym.make("TicTacToe-v0", tokenizer=chat_dir, instruct=True,
+                   interaction=SelfPlay(ttt, opponent="heuristic", learner_player=0, chat=True))  # fmt: skip
+
+    def text(obs):
+        return tok.decode([i for i, m in zip(obs["input_ids"].tolist(), obs["attention_mask"].tolist()) if m])
+
+    obs, _ = env.reset(seed=0)
+    assert text(obs).endswith("Your move (X): reply with the number of a free cell.<|im_end|>\n"
+                              "<|im_start|>assistant\nI take cell")  # fmt: skip
+    for t in tok(" 1", add_special_tokens=False)["input_ids"] + [end]:
+        obs, reward, terminated, _, info = env.step(t)
+    assert not terminated and text(obs).endswith("<|im_start|>assistant\nI take cell")
+    assert text(obs).count("I take cell 1<|im_end|>") == 1  # the prefix and the move, one assistant message
+    for t in tok(" X", add_special_tokens=False)["input_ids"] + [end]:  # no cell: the game is lost
+        obs, reward, terminated, _, info = env.step(t)
+    assert terminated and reward == -1.0 and info["forfeit"] == "learner"
+    assert text(obs).endswith("You lose. Your move was not a legal move.<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"reply_prefix": "I take cell"}, ValueError, "starts a chat model's replies: pass chat=True"),
+        ({"chat": True, "reply_prefix": "I take cell "}, ValueError, "ends in whitespace.*'I take cell'"),
+        ({"chat": True, "reply_prefix": 3}, TypeError, "reply_prefix must be a str"),
+    ],
+)
+def test_bad_reply_prefix(kwargs, error, match):
+    from textrl_envs.games import SelfPlay, make_game
+
+    with pytest.raises(error, match=match):
+        SelfPlay(make_game("tictactoe"), **kwargs)

@@ -265,10 +265,12 @@ def test_lora_snapshots_share_the_base_and_keep_their_adapters():
     assert copy_policy(learner).optimizer is None  # copy_policy takes the policy's own frozen copy
 
 
-def test_a_chat_opponent_reads_its_side_as_chat_messages_and_writes_free_text(tmp_path):
+@pytest.mark.parametrize("reply_prefix", [None, ""], ids=["game-prefix", "no-prefix"])
+def test_a_chat_opponent_reads_its_side_as_chat_messages_and_writes_free_text(tmp_path, reply_prefix):
     """In chat mode an LM opponent reads its own side of the game as chat messages (the rules and each board as user
-    messages, its moves as assistant messages) rendered with the chat template, stops at the end-of-turn token,
-    and its free-text move is read as a chat learner's is."""
+    messages, its moves as assistant messages) rendered with the chat template and the game's reply prefix (none
+    with ``reply_prefix=""``), stops at the end-of-turn token, and its free-text move is read as a chat learner's
+    is."""
     import re
 
     from helpers import chat_tokenizer_folder
@@ -280,13 +282,16 @@ def test_a_chat_opponent_reads_its_side_as_chat_messages_and_writes_free_text(tm
     tok = AutoTokenizer.from_pretrained(folder)
     end = tok.convert_tokens_to_ids("<|im_end|>")
     game = Nim()
-    move = tok(" I take 2 stones.", add_special_tokens=False)["input_ids"]
+    prefix = game.chat_reply_prefix if reply_prefix is None else reply_prefix
+    assert prefix in ("I take", "")
+    said = " 2 stones." if prefix else " I take 2 stones."  # the move as the opponent writes it after the prefix
+    move = tok(said, add_special_tokens=False)["input_ids"]
     policy = ScriptedPolicy([*move, end], len(tok), width=256)  # room for both turns of the conversation
     opponent = PolicyOpponent(policy, tokenizer=folder, max_turn_tokens=24, chat=True, name="chatty")
     assert opponent.turn_end[0] == end
-    env = gym.make("Nim-v0", tokenizer=folder, instruct=True,
-                   interaction=SelfPlay(game, opponent, learner_player=1, chat=True))  # fmt: skip
-    env.reset(seed=0)
+    play = SelfPlay(game, opponent, learner_player=1, chat=True, reply_prefix=reply_prefix)
+    env = gym.make("Nim-v0", tokenizer=folder, instruct=True, interaction=play)
+    obs, _ = env.reset(seed=0)
     calls = policy.calls
     assert calls == len(move) + 1  # one token per call, the end-of-turn token last
     first = tok.decode([i for i in policy.read[0][0].tolist() if i != tok.pad_token_id])
@@ -294,13 +299,16 @@ def test_a_chat_opponent_reads_its_side_as_chat_messages_and_writes_free_text(tm
     board = game.chat_render(NimState(heap, 0), 0)
     want = tok.apply_chat_template([{"role": "user", "content": f"{game.chat_intro}\n\n{board}"}],
                                    add_generation_prompt=True, tokenize=False)  # fmt: skip
-    assert first == want
+    assert first == want + prefix
+    # the learner's window ends with the generation prompt and the prefix too: its move is the text after it
+    seen = tok.decode([i for i, m in zip(obs["input_ids"].tolist(), obs["attention_mask"].tolist()) if m])
+    assert seen.endswith("<|im_start|>assistant\n" + prefix)
     # the learner answers; the opponent's second turn reads its first move back as an assistant message
-    for t in tok(" I take 1.", add_special_tokens=False)["input_ids"] + [end]:
+    for t in tok(" 1." if prefix else " I take 1.", add_special_tokens=False)["input_ids"] + [end]:
         env.step(t)
     second = tok.decode([i for i in policy.read[calls][0].tolist() if i != tok.pad_token_id])
-    assert second.startswith(want) and "<|im_start|>assistant\n I take 2 stones.<|im_end|>" in second
-    assert second.count("<|im_start|>user") == 2 and second.endswith("<|im_start|>assistant\n")
+    assert second.startswith(want) and f"<|im_start|>assistant\n{prefix}{said}<|im_end|>" in second
+    assert second.count("<|im_start|>user") == 2 and second.endswith("<|im_start|>assistant\n" + prefix)
     # both moves landed: 2 stones taken by the opponent (read from its free text), 1 by the learner
     assert f"There are {heap - 3} stones left" in second.rsplit("<|im_start|>user", 1)[1]
     # a chat opponent in a game that is not in chat mode is refused with what to do

@@ -319,7 +319,7 @@ class TextGenEnv(TextSpecAccess, gym.Env):
             )  # fmt: skip
             reward, self._nonfinite = float(rewards[0]), self._nonfinite or bool(bad[0])
             if replies[0] is not None:
-                ids = self._replies(written_reply(spec, replies[0], token))
+                ids = self._replies(written_reply(spec, replies[0], token, bool(done[0])))
                 self._append(ids)
                 self._generated.extend(ids)
                 self._transcript.append({"role": "env", "text": replies[0]})

@@ -85,6 +85,11 @@ class Interaction:
     #: with a chat template, the env writes each reply as a user message (:func:`~textrl_envs.chat.chat_reply`).
     writes_chat: bool = False
 
+    #: With a chat template, the start of every agent turn, written by the env after the template's generation prompt
+    #: (an assistant prefill: ``"I take cell"`` makes a cell's number the model's likely next token). The text
+    #: :meth:`reply` reads is what the agent writes after it. ``""`` (the default): none.
+    reply_prefix: str = ""
+
     def start(self, prompt: str, metadata: Mapping[str, Any], rng: np.random.Generator) -> Any:  # noqa: ARG002  (the protocol's signature; this default keeps no state)
         """Begin an episode and return its state (``None`` by default).
 

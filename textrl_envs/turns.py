@@ -33,6 +33,7 @@ __all__ = [
     "TurnResult",
     "turn_episode_ends",
     "turns_over",
+    "turn_prefix",
     "written_opening",
     "written_reply",
 ]
@@ -118,22 +119,34 @@ class ReplyEncoder:
         return ids
 
 
-def written_reply(spec: EpisodeSpec, reply: str, last_token: int) -> str:
+def turn_prefix(spec: EpisodeSpec) -> str:
+    """The text the env writes at the start of each agent turn: the interaction's
+    :attr:`~textrl_envs.interaction.Interaction.reply_prefix` with a chat template, else ``""``."""
+    if spec.chat_template is None or getattr(spec.interaction, "writes_chat", False):
+        return ""
+    return str(getattr(spec.interaction, "reply_prefix", "") or "")
+
+
+def written_reply(spec: EpisodeSpec, reply: str, last_token: int, done: bool = False) -> str:
     """A reply as the observation holds it: as it is, or with a chat template, stripped, as a user message after the
     assistant's turn and before the next one's generation prompt (:func:`~textrl_envs.chat.chat_reply`; the turn's
-    end-of-turn marker is written too unless the agent's ``last_token`` was it)."""
+    end-of-turn marker is written too unless the agent's ``last_token`` was it), then the next turn's
+    :func:`turn_prefix` unless the reply ends the episode (``done``)."""
     if spec.chat_template is None or getattr(spec.interaction, "writes_chat", False):
         return reply  # no template, or an interaction that renders its replies itself (tool results)
-    return chat_reply(spec.tokenizer, spec.chat_template, reply.strip(), last_token in spec.turn_end_ids)
+    written = chat_reply(spec.tokenizer, spec.chat_template, reply.strip(), last_token in spec.turn_end_ids)
+    return written if done else written + turn_prefix(spec)
 
 
 def written_opening(spec: EpisodeSpec, opening: str | None) -> str | None:
     """An episode's opening as the observation holds it: as it is, or, when the prompts were rendered with an open
     user message (:attr:`~textrl_envs.core.EpisodeSpec.chat_open`), what completes that message and asks the
-    assistant (:func:`~textrl_envs.chat.chat_opening`; also when the opening is ``None``)."""
+    assistant (:func:`~textrl_envs.chat.chat_opening`; also when the opening is ``None``); then the first turn's
+    :func:`turn_prefix` (after a prompt that already asks the assistant, the prefix is the whole opening)."""
+    prefix = turn_prefix(spec)
     if not spec.chat_open:
-        return opening
-    return chat_opening(spec.tokenizer, spec.chat_template, opening)
+        return (opening or "") + prefix if prefix else opening
+    return chat_opening(spec.tokenizer, spec.chat_template, opening) + prefix
 
 
 def who(spec: EpisodeSpec) -> str:
@@ -228,10 +241,10 @@ class TurnBook:
         )
         out.rewards[over] = rewards
         self.nonfinite[over] |= bad
-        for e, text, reply in zip(over.tolist(), texts, reply_texts):
+        for e, text, reply, ends in zip(over.tolist(), texts, reply_texts, done):
             self.transcripts[e].append({"role": "agent", "text": text})
             if reply is not None:
-                ids = self.encode(written_reply(spec, reply, self.conversation[e][-1]))
+                ids = self.encode(written_reply(spec, reply, self.conversation[e][-1], bool(ends)))
                 self.transcripts[e].append({"role": "env", "text": reply})
                 self.conversation[e].extend(ids)
                 used[e] += len(ids)

@@ -10,7 +10,8 @@ arenas: the player learns the format from the result.
 For an instruct (chat) model a game also speaks plain language (:class:`~textrl_envs.games.SelfPlay` with
 ``chat=True``): :attr:`Game.chat_intro` states the rules, :meth:`Game.chat_render` shows the position with the legal
 moves listed, :meth:`Game.chat_read` reads the move from free text (the final answer first: ``Answer: 5``), and
-:meth:`Game.chat_result` tells the end.
+:meth:`Game.chat_result` tells the end. :attr:`Game.chat_reply_prefix` starts each of the model's replies for it
+(``"I take cell"``); the move is then the first one its text states (:meth:`Game.read`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class Game:
     intro = ""
     #: The rules for an instruct model, the first user message of a chat (``""``: no chat mode).
     chat_intro = ""
+    #: How an instruct model's reply starts, written for it (an assistant prefill, :class:`SelfPlay`'s default
+    #: ``reply_prefix``): the words before the move (``"I take cell"``), so that its next token states one.
+    chat_reply_prefix = ""
 
     def initial(self, rng: np.random.Generator) -> Any:
         """The starting state (chance, such as a deal, drawn from ``rng``)."""

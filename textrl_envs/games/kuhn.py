@@ -39,6 +39,7 @@ class KuhnPoker(Game):
 
     name = "kuhn"
     intro = "Kuhn, 0 pass 1 bet."
+    chat_reply_prefix = "I choose to"
     chat_intro = (
         "Let's play Kuhn poker. The deck has three cards, Jack < Queen < King; we each put 1 chip in and get one "
         "card. On your turn you either pass (check, or fold to a bet) or bet (bet 1 chip, or call a bet). A hand "

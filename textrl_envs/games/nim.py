@@ -35,6 +35,7 @@ class Nim(Game):
     """
 
     name = "nim"
+    chat_reply_prefix = "I take"
 
     def __init__(self, low: int = 5, high: int = 12, max_take: int = 3) -> None:
         if not 1 <= low <= high:

@@ -43,6 +43,8 @@ class OpponentTurn:
     :ivar messages: In chat mode (``SelfPlay(chat=True)``), the same conversation as chat messages: a user message
         with the rules and each board (:meth:`~textrl_envs.games.base.Game.chat_render`), an assistant message with
         each of the opponent's own moves (what a chat-speaking LM opponent reads); ``None`` otherwise.
+    :ivar reply_prefix: In chat mode, how the opponent's reply starts, written for it after the generation prompt
+        (:class:`~textrl_envs.games.SelfPlay`'s ``reply_prefix``); its move is the text it writes after it.
     """
 
     game: Game
@@ -51,6 +53,7 @@ class OpponentTurn:
     text: str
     rng: np.random.Generator
     messages: tuple[dict[str, str], ...] | None = None
+    reply_prefix: str = ""
 
 
 class Opponent:

@@ -136,7 +136,7 @@ class PolicyOpponent(Opponent):
 
     def _conversation(self, turn: OpponentTurn) -> list[int]:
         """The token ids the opponent reads: its side of the conversation as text, or (chat) its chat messages
-        rendered with a generation prompt."""
+        rendered with a generation prompt and the turn's reply prefix."""
         if not self.chat:
             return list(self.tokenizer(turn.text, add_special_tokens=False, verbose=False)["input_ids"])
         if turn.messages is None:
@@ -147,6 +147,7 @@ class PolicyOpponent(Opponent):
         from textrl_envs.chat import render
 
         text = render(self.tokenizer, self.template, list(turn.messages), where=f"{self.name}'s turn")
+        text += turn.reply_prefix
         return list(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
     def _draw(self, probs: np.ndarray, turn: OpponentTurn) -> int:

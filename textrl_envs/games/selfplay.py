@@ -49,10 +49,20 @@ class SelfPlay(Interaction):
         Each opponent turn also carries the opponent's side as chat messages (``OpponentTurn.messages``), which a
         chat-speaking opponent reads (``PolicyOpponent(chat=True)``: its moves are read from free text too); the
         other opponents write the game's own move texts, as in text mode.
+    :param reply_prefix: In chat mode, how each reply of the learner (and of a chat-speaking LM opponent) starts,
+        written for it after the chat template's generation prompt (an assistant prefill): ``None`` takes the game's
+        :attr:`~textrl_envs.games.base.Game.chat_reply_prefix` (tic-tac-toe ``"I take cell"``); ``""`` writes none.
+        With a prefix, a move is the first one the reply states (:meth:`~textrl_envs.games.base.Game.read`); without
+        one, its final answer (:meth:`~textrl_envs.games.base.Game.chat_read`).
     """
 
     def __init__(
-        self, game: Game, opponent: Any = "random", learner_player: int | None = None, chat: bool = False
+        self,
+        game: Game,
+        opponent: Any = "random",
+        learner_player: int | None = None,
+        chat: bool = False,
+        reply_prefix: str | None = None,
     ) -> None:
         if not isinstance(game, Game):
             raise TypeError(f"game must be a textrl_envs.games Game (TicTacToe(), Nim(), KuhnPoker()); got {game!r}")
@@ -69,6 +79,7 @@ class SelfPlay(Interaction):
                 "SelfPlay(..., chat=True) (instruct mode)"
             )
         self.chat = bool(chat)
+        self.reply_prefix = check_reply_prefix(reply_prefix, game, self.chat)
 
     # -- an episode -----------------------------------------------------------------------------------------------
 
@@ -103,7 +114,7 @@ class SelfPlay(Interaction):
                 continue
             if game.over(state["game"]):  # the opponent's first move ended it: this turn only collects the result
                 continue
-            state["game"], _ = game.step_text(state["game"], text, chat=self.chat)
+            state["game"], _ = game.step_text(state["game"], text, chat=self.chat and not self.reply_prefix)
             if not game.over(state["game"]):
                 waiting.append(state)
         self._opponent_moves(waiting)
@@ -161,16 +172,41 @@ class SelfPlay(Interaction):
                     content = f"{self.game.chat_intro}\n\n{board}" if first else board
                     s["opponent_messages"].append({"role": "user", "content": content})
                     messages = tuple(s["opponent_messages"])
-                turns.append(OpponentTurn(self.game, s["game"], player, s["opponent_text"], s["rng"], messages))
+                turns.append(
+                    OpponentTurn(self.game, s["game"], player, s["opponent_text"], s["rng"], messages, self.reply_prefix)
+                )
             moves = opponent.moves(turns)
             if not isinstance(moves, (list, tuple)) or len(moves) != len(turns):
                 raise ValueError(f"opponent {opponent!r} returned {moves!r} for {len(turns)} turns; one move text each")
             for s, move in zip(group, moves):
                 s["opponent_text"] += move
                 if self.chat:
-                    s["opponent_messages"].append({"role": "assistant", "content": move})
-                s["game"], _ = self.game.step_text(s["game"], move, chat=opponent.chat)
+                    s["opponent_messages"].append({"role": "assistant", "content": self.reply_prefix + move})
+                free_text = opponent.chat and not self.reply_prefix
+                s["game"], _ = self.game.step_text(s["game"], move, chat=free_text)
 
     def __repr__(self) -> str:
         chat = ", chat=True" if self.chat else ""
+        if self.chat and self.reply_prefix != self.game.chat_reply_prefix:
+            chat += f", reply_prefix={self.reply_prefix!r}"
         return f"SelfPlay({self.game!r}, opponent={self.opponent!r}, learner_player={self.learner_player}{chat})"
+
+
+def check_reply_prefix(reply_prefix: str | None, game: Game, chat: bool) -> str:
+    """:class:`SelfPlay`'s reply prefix: the game's (``None``) in chat mode, ``""`` in text mode.
+
+    :raises ValueError: a prefix outside chat mode, one that is not text, or one that ends in whitespace (the
+        model writes the space before its move itself, as its tokenizer joins them).
+    """
+    if reply_prefix is None:
+        return game.chat_reply_prefix if chat else ""
+    if not isinstance(reply_prefix, str):
+        raise TypeError(f"reply_prefix must be a str (or None: the game's own); got {reply_prefix!r}")
+    if reply_prefix and not chat:
+        raise ValueError(f"reply_prefix={reply_prefix!r} starts a chat model's replies: pass chat=True, or leave it out")
+    if reply_prefix != reply_prefix.rstrip():
+        raise ValueError(
+            f"reply_prefix={reply_prefix!r} ends in whitespace: end it at the last word ({reply_prefix.rstrip()!r}); "
+            "the model writes the space before its move with the move's own token"
+        )
+    return reply_prefix

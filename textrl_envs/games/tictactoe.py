@@ -44,6 +44,7 @@ class TicTacToe(Game):
 
     name = "tictactoe"
     intro = "Tic-tac-toe, you are x."
+    chat_reply_prefix = "I take cell"
     chat_intro = (
         "Let's play tic-tac-toe. You are X and I am O; the first to get three in a row, column or diagonal wins. "
         "The cells are numbered 1 to 9, row by row from the top left, and the board shows each free cell's number. "

@@ -306,8 +306,9 @@ def game_question(game: str, prompt: str) -> str:  # noqa: ARG001  (the instruct
 
 
 def game_chat_interaction(game: str):
-    """A game's :class:`~textrl_envs.games.SelfPlay` in instruct mode: plain-language boards, moves read from free
-    text, against a random opponent."""
+    """A game's :class:`~textrl_envs.games.SelfPlay` in instruct mode: plain-language boards, each reply started for
+    the model with the game's :attr:`~textrl_envs.games.base.Game.chat_reply_prefix` and its move read from the text
+    after it, against a random opponent."""
     from textrl_envs.games.catalog import make_game
     from textrl_envs.games.selfplay import SelfPlay
 
@@ -315,12 +316,13 @@ def game_chat_interaction(game: str):
 
 
 def game_instruct(game: str, max_turns: int, max_new_tokens: int) -> InstructDefaults:
-    """A game's instruct mode: the rules, boards and moves in plain language; 24 tokens a move."""
+    """A game's instruct mode: the rules, boards and moves in plain language; each reply starts with the game's
+    prefix (``"I take cell"``), then 6 tokens a move."""
     return InstructDefaults(
         question=functools.partial(game_question, game),
         interaction=functools.partial(game_chat_interaction, game),
         max_turns=max_turns,
-        max_turn_tokens=24,
+        max_turn_tokens=6,
         max_new_tokens=max_new_tokens,
         max_prompt_tokens=192,
     )
