@@ -449,7 +449,8 @@ def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, floa
            if args.advantage == "role" else f"{args.advantage} advantages, groups of {args.group_size}")  # fmt: skip
     policy = ("the bundled LM" if args.model is None else
               f"`{args.model}` in instruct mode (the rules, boards and moves in plain language through its chat "
-              f"template; its LM opponents speak chat too, {CHAT_MOVE_TOKENS} tokens a move) with LoRA "
+              f"template, each reply started with the game's prefix, such as \"I take cell\", and its move read "
+              f"from the first {CHAT_MOVE_TOKENS} tokens after it; its LM opponents speak chat too) with LoRA "
               f"r={LORA['r']}")  # fmt: skip
     if args.dtype != "float32":
         policy += f", its frozen weights in {args.dtype} (the adapters and the value head in float32)"
