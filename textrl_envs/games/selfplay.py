@@ -172,9 +172,8 @@ class SelfPlay(Interaction):
                     content = f"{self.game.chat_intro}\n\n{board}" if first else board
                     s["opponent_messages"].append({"role": "user", "content": content})
                     messages = tuple(s["opponent_messages"])
-                turns.append(
-                    OpponentTurn(self.game, s["game"], player, s["opponent_text"], s["rng"], messages, self.reply_prefix)
-                )
+                prefix = self.reply_prefix
+                turns.append(OpponentTurn(self.game, s["game"], player, s["opponent_text"], s["rng"], messages, prefix))
             moves = opponent.moves(turns)
             if not isinstance(moves, (list, tuple)) or len(moves) != len(turns):
                 raise ValueError(f"opponent {opponent!r} returned {moves!r} for {len(turns)} turns; one move text each")
@@ -203,7 +202,9 @@ def check_reply_prefix(reply_prefix: str | None, game: Game, chat: bool) -> str:
     if not isinstance(reply_prefix, str):
         raise TypeError(f"reply_prefix must be a str (or None: the game's own); got {reply_prefix!r}")
     if reply_prefix and not chat:
-        raise ValueError(f"reply_prefix={reply_prefix!r} starts a chat model's replies: pass chat=True, or leave it out")
+        raise ValueError(
+            f"reply_prefix={reply_prefix!r} starts a chat model's replies: pass chat=True, or leave it out"
+        )
     if reply_prefix != reply_prefix.rstrip():
         raise ValueError(
             f"reply_prefix={reply_prefix!r} ends in whitespace: end it at the last word ({reply_prefix.rstrip()!r}); "
