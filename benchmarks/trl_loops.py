@@ -51,6 +51,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.perf.trl import SIDES
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -66,7 +68,7 @@ def _heldout_lines(cfg: Any, result: dict) -> list[str]:
     held-out curves, each loop's time to TRL's final held-out accuracy and its curve."""
     s = result["summary"]
     lines = [f"\nheld-out greedy accuracy ({cfg.eval_items} items), untrained: {s['heldout_before']:.3f}"]
-    for name in ("ours", "TRL"):
+    for name in SIDES:
         accs = ", ".join(f"{r[name]['heldout']:.3f}" for r in result["runs"])
         lines.append(f"  {name:4s} after training, per seed: {accs}; median {s[name]['heldout']:.3f}")
     if "time_to_trl_heldout" not in s:
@@ -93,12 +95,12 @@ def report_lines(cfg: Any, result: dict, version: str, threads: int, command: st
     lines = [f"{cfg}", f"TRL {version}, {threads} torch thread(s); curves: wall s/completions:reward"]
     if result.get("grpo_kwargs"):
         lines.insert(1, f"ours also with {json.dumps(result['grpo_kwargs'], sort_keys=True)}")
-    measured_by = {run[n]["measured_by"] for run in result["runs"] for n in ("ours", "TRL") if "measured_by" in run[n]}
+    measured_by = {run[n]["measured_by"] for run in result["runs"] for n in SIDES if "measured_by" in run[n]}
     if measured_by - {command}:
         lines += ["loops measured by:", *(f"  {c}" for c in sorted(measured_by))]
     for run in result["runs"]:
         lines.append(f"\nseed {run['seed']}: threshold (TRL's final reward) {run['threshold']:+.3f}")
-        for name in ("ours", "TRL"):
+        for name in SIDES:
             r = run[name]
             key = "ours" if name == "ours" else "trl"
             reached, cpu = run[f"{key}_time"], run.get(f"{key}_cpu_time")
@@ -113,7 +115,7 @@ def report_lines(cfg: Any, result: dict, version: str, threads: int, command: st
         lines += _heldout_lines(cfg, result)
     t, tc = s["time_to_trl_final"], s.get("cpu_time_to_trl_final")
     lines.append("\nmedians over the seeds:")
-    for name in ("ours", "TRL"):
+    for name in SIDES:
         r = s[name]
         lines.append(
             f"  {name:4s} wall {r['wall_s']:.1f} s, {r['completions_per_s']:.1f} completions/s "
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument(
         "--side",
-        choices=["both", "ours", "TRL"],
+        choices=["both", *SIDES],
         default="both",
         help="run one loop only (its runs go to --json, for --merge in a later call)",
     )
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
         log=lambda m: print(m, file=sys.stderr, flush=True),
         measured=measured,
         on_seed=save,
-        sides=trl.SIDES if args.side == "both" else (args.side,),
+        sides=SIDES if args.side == "both" else (args.side,),
         **grpo_kwargs,
     )
     mark_measured(result["runs"], command)
@@ -272,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict:
 def mark_measured(runs: list[dict], command: str) -> None:
     """Name ``command`` as what measured each loop of ``runs`` that no earlier command did."""
     for run in runs:
-        for name in ("ours", "TRL"):
+        for name in SIDES:
             if name in run:
                 run[name].setdefault("measured_by", command)
 
@@ -284,7 +286,7 @@ def merge_runs(found: list[dict[int, dict]]) -> dict[int, dict]:
     for runs in found:
         for seed, run in runs.items():
             held = merged.setdefault(seed, {"seed": seed})
-            for name in ("ours", "TRL"):
+            for name in SIDES:
                 if name in run and name not in held:
                     held[name] = run[name]
     return merged

@@ -689,7 +689,7 @@ def summarize(runs: list[dict]) -> dict:
         return statistics.median(values)
 
     out: dict[str, Any] = {}
-    for name in ("ours", "TRL"):
+    for name in SIDES:
         out[name] = {
             "wall_s": med([r[name]["wall_s"] for r in runs]),
             "completions_per_s": med([r[name]["completions"] / r[name]["wall_s"] for r in runs]),
