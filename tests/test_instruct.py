@@ -342,3 +342,35 @@ def test_bad_reply_prefix(kwargs, error, match):
 
     with pytest.raises(error, match=match):
         SelfPlay(make_game("tictactoe"), **kwargs)
+
+
+def test_an_interactions_reply_prefix_follows_a_prompt_that_asks_the_assistant(chat_dir):
+    """An interaction that does not speak first gets its reply prefix right after the prompt's generation prompt, and
+    after each reply; the vector env writes the same windows as the single env."""
+    from transformers import AutoTokenizer
+
+    from textrl_envs.tasks.interactions import GuessNumber
+
+    class PrefixedGuess(GuessNumber):
+        reply_prefix = "My guess:"
+
+    tok = AutoTokenizer.from_pretrained(chat_dir)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    kwargs = {"tokenizer": chat_dir, "instruct": True, "interaction": PrefixedGuess(1, 8, chat=True)}
+    env = gym.make("GuessNumber-v0", **kwargs)
+    vec = gym.make_vec("GuessNumber-v0", num_envs=1, device="cpu", **kwargs)
+    assert not env.unwrapped.text_spec.chat_open  # the prompt ends with the generation prompt itself
+    a, _ = env.reset(seed=3)
+    b, _ = vec.reset(seed=3)
+
+    def text(obs):
+        ids, mask = np.asarray(obs["input_ids"]).reshape(-1), np.asarray(obs["attention_mask"]).reshape(-1)
+        return tok.decode([i for i, m in zip(ids.tolist(), mask.tolist()) if m])
+
+    assert text(a).endswith("<|im_start|>assistant\nMy guess:") and text(a) == text(b)
+    for t in tok(" 4", add_special_tokens=False)["input_ids"] + [end]:
+        a, *_ = env.step(t)
+        b, *_ = vec.step(np.array([t]))
+        assert text(a) == text(b)
+    assert text(a).endswith("<|im_end|>\n<|im_start|>assistant\nMy guess:")
+    assert "My guess: 4<|im_end|>" in text(a)
