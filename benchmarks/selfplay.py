@@ -53,6 +53,10 @@ HP = {"n_epochs": 2, "learning_rate": 3e-4, "gamma": 1.0, "gae_lambda": 1.0, "en
 FAST = {"grad_var_coef": 0.0, "adaptive_clip": None, "explore_alpha": 0.0, "kl_coef": 0.0}
 
 
+#: A real model's update runs in micro-batches of this many whole games (the same gradient up to rounding): a
+#: minibatch of tic-tac-toe's long chat conversations in one forward and backward needs more than 15 GB, in
+#: micro-batches of 4 games under 5 GB.
+REAL_MICRO_BATCH = 4
 #: A real model trains LoRA adapters of this shape (the real-model study's).
 LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 #: Tokens a chat model may write for one move (a short sentence).
@@ -198,6 +202,7 @@ def run_one(game_name: str, seed: int, args) -> dict:
                        interaction=SelfPlay(game, league, chat=args.model is not None), **env_kwargs)  # fmt: skip
     model = GRPO("CausalLMPolicy", env, n_steps=args.n_steps, batch_size=args.n_steps * args.n_envs // 2,
                  advantage=args.advantage, seed=seed, device="cpu", verbose=0, policy_kwargs=policy_kwargs,
+                 micro_batch_size=REAL_MICRO_BATCH if args.model else None,
                  **{**HP, "learning_rate": args.learning_rate}, **FAST)  # fmt: skip
     untrained = PolicyOpponent.snapshot(model.policy, name="untrained", **lm_opponent)
     opponents = {"random": "random", "heuristic": "heuristic", "untrained": untrained}
@@ -451,7 +456,7 @@ def page(results: dict[str, list[dict]], args, timings: dict[str, dict[str, floa
               f"`{args.model}` in instruct mode (the rules, boards and moves in plain language through its chat "
               f"template, each reply started with the game's prefix, such as \"I take cell\", and its move read "
               f"from the first {CHAT_MOVE_TOKENS} tokens after it; its LM opponents speak chat too) with LoRA "
-              f"r={LORA['r']}")  # fmt: skip
+              f"r={LORA['r']}, updated in micro-batches of {REAL_MICRO_BATCH} games")  # fmt: skip
     if args.dtype != "float32":
         policy += f", its frozen weights in {args.dtype} (the adapters and the value head in float32)"
     lines = [
