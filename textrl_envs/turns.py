@@ -119,10 +119,17 @@ class ReplyEncoder:
         return ids
 
 
+def env_writes_chat(spec: EpisodeSpec) -> bool:
+    """Whether the env wraps replies in chat messages: a chat template, and an interaction that does not render its
+    replies itself (tool results)."""
+    return spec.chat_template is not None and not getattr(spec.interaction, "writes_chat", False)
+
+
 def turn_prefix(spec: EpisodeSpec) -> str:
     """The text the env writes at the start of each agent turn: the interaction's
-    :attr:`~textrl_envs.interaction.Interaction.reply_prefix` with a chat template, else ``""``."""
-    if spec.chat_template is None or getattr(spec.interaction, "writes_chat", False):
+    :attr:`~textrl_envs.interaction.Interaction.reply_prefix` when the env writes chat (:func:`env_writes_chat`),
+    else ``""``."""
+    if not env_writes_chat(spec):
         return ""
     return str(getattr(spec.interaction, "reply_prefix", "") or "")
 
@@ -132,8 +139,8 @@ def written_reply(spec: EpisodeSpec, reply: str, last_token: int, done: bool = F
     assistant's turn and before the next one's generation prompt (:func:`~textrl_envs.chat.chat_reply`; the turn's
     end-of-turn marker is written too unless the agent's ``last_token`` was it), then the next turn's
     :func:`turn_prefix` unless the reply ends the episode (``done``)."""
-    if spec.chat_template is None or getattr(spec.interaction, "writes_chat", False):
-        return reply  # no template, or an interaction that renders its replies itself (tool results)
+    if not env_writes_chat(spec):
+        return reply
     written = chat_reply(spec.tokenizer, spec.chat_template, reply.strip(), last_token in spec.turn_end_ids)
     return written if done else written + turn_prefix(spec)
 

@@ -114,7 +114,7 @@ class SelfPlay(Interaction):
                 continue
             if game.over(state["game"]):  # the opponent's first move ended it: this turn only collects the result
                 continue
-            state["game"], _ = game.step_text(state["game"], text, chat=self.chat and not self.reply_prefix)
+            state["game"], _ = game.step_text(state["game"], text, chat=self._free_text(self.chat))
             if not game.over(state["game"]):
                 waiting.append(state)
         self._opponent_moves(waiting)
@@ -154,6 +154,11 @@ class SelfPlay(Interaction):
             return result(state["game"], learner), True
         return (game.chat_render if self.chat else game.render)(state["game"], learner), False
 
+    def _free_text(self, chat: bool) -> bool:
+        """Whether a chat reply is read as free text (its final answer): chat without a reply prefix. After a prefix
+        the move is the first one the reply states."""
+        return chat and not self.reply_prefix
+
     def _opponent_moves(self, states: Sequence[dict[str, Any]]) -> None:
         """Every waiting opponent move, one call per opponent (a league may field several)."""
         by_opponent: dict[int, list[dict[str, Any]]] = {}
@@ -181,8 +186,7 @@ class SelfPlay(Interaction):
                 s["opponent_text"] += move
                 if self.chat:
                     s["opponent_messages"].append({"role": "assistant", "content": self.reply_prefix + move})
-                free_text = opponent.chat and not self.reply_prefix
-                s["game"], _ = self.game.step_text(s["game"], move, chat=free_text)
+                s["game"], _ = self.game.step_text(s["game"], move, chat=self._free_text(opponent.chat))
 
     def __repr__(self) -> str:
         chat = ", chat=True" if self.chat else ""
