@@ -374,3 +374,5 @@ def test_an_interactions_reply_prefix_follows_a_prompt_that_asks_the_assistant(c
         assert text(a) == text(b)
     assert text(a).endswith("<|im_end|>\n<|im_start|>assistant\nMy guess:")
     assert "My guess: 4<|im_end|>" in text(a)
+    # the transcript holds what the agent wrote, without the prefix the env wrote for it
+    assert env.unwrapped._transcript[-2]["role"] == "agent" and env.unwrapped._transcript[-2]["text"].strip() == "4"

@@ -87,7 +87,8 @@ class Interaction:
 
     #: With a chat template, the start of every agent turn, written by the env after the template's generation prompt
     #: (an assistant prefill: ``"I take cell"`` makes a cell's number the model's likely next token). The text
-    #: :meth:`reply` reads is what the agent writes after it. ``""`` (the default): none.
+    #: :meth:`reply` reads, and the ``transcript``'s agent entry holds, is what the agent writes after it; the prefix
+    #: is in the observation and the ``completion``, as the env's tokens. ``""`` (the default): none.
     reply_prefix: str = ""
 
     def start(self, prompt: str, metadata: Mapping[str, Any], rng: np.random.Generator) -> Any:  # noqa: ARG002  (the protocol's signature; this default keeps no state)
