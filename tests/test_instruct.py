@@ -186,6 +186,67 @@ def test_reasoning_gym_instruct_reads_the_final_answer_with_the_task_scorer(chat
     assert plain.suite.reward.answer_format == "plain" and plain.text_spec.chat_template is None
 
 
+def test_an_answer_prefix_starts_every_reply_and_the_grader_reads_it(chat_dir):
+    """``answer_prefix`` ends every conversation with it as an assistant message (rendered as the start of the
+    reply, with no end-of-turn after it); the grader reads the prefix and the completion together."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(chat_dir)
+    fmt = {"answer_prefix": "Answer:", "check": "number", "format_weight": 0.5}
+    env = gym.make("Arithmetic-v0", tokenizer=chat_dir, instruct=fmt)
+    vec = gym.make_vec("Arithmetic-v0", num_envs=2, device="cpu", tokenizer=chat_dir, instruct=fmt)
+    spec = env.unwrapped.text_spec
+    plain = gym.make("Arithmetic-v0").unwrapped.text_spec
+    question = f"What is {' '.join(operands(plain.prompt_texts[0]))}?\n\n{INSTRUCTIONS['answer-line']}"
+    messages = [{"role": "user", "content": question}, {"role": "assistant", "content": "Answer:"}]
+    expected = tok.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    assert spec.prompt_texts[0] == expected and expected.endswith("<|im_start|>assistant\nAnswer:")
+    obs, _ = env.reset(seed=0, options={"prompt_index": 0})
+    assert tok.decode(obs["input_ids"][obs["attention_mask"] == 1]) == expected
+    assert vec.text_spec.prompt_texts == spec.prompt_texts
+    answer = spec.metadata["answer"][0]
+    # " 7" after the prefix is the answer line "Answer: 7": right, and in the asked style (the format bonus)
+    scores = spec.score([0, 0, 0], [f" {answer}", " 99999", " I don't know"])
+    assert list(scores) == [1.5, 0.5, 0.5]
+    no_prefix = gym.make("Arithmetic-v0", tokenizer=chat_dir, instruct={"check": "number", "format_weight": 0.5})
+    assert list(no_prefix.unwrapped.text_spec.score([0], [f" {answer}"])) == [1.0]  # a bare number: no answer line
+
+
+@needs_reasoning
+def test_reasoning_gym_answer_prefix_is_read_by_the_task_scorer(chat_dir):
+    env = gym.make("ReasoningGym-v0", task="basic_arithmetic", size=4, tokenizer=chat_dir,
+                   instruct={"answer_prefix": "Answer:"})  # fmt: skip
+    spec, suite = env.unwrapped.text_spec, env.unwrapped.suite
+    assert spec.prompt_texts[0].endswith("<|im_start|>assistant\nAnswer:")
+    answer = suite.items[0]["answer"]
+    assert list(spec.score([0, 0], [f" {answer}", " 1e9"])) == [1.0, 0.0]
+    assert suite.reward.answer_prefix == "Answer:"
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"answer_prefix": "Answer: "}, ValueError, "ends in whitespace: end it at the last word \\('Answer:'\\)"),
+        ({"answer_prefix": 3}, TypeError, "answer_prefix must be a str"),
+    ],
+)
+def test_bad_answer_prefix(chat_dir, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        gym.make("Arithmetic-v0", tokenizer=chat_dir, instruct=kwargs)
+
+
+def test_answer_prefix_refuses_interactive_tasks_and_a_second_prefill(chat_dir):
+    with pytest.raises(ValueError, match="starts a single-turn reply.*reply_prefix"):
+        gym.make("GuessNumber-v0", tokenizer=chat_dir, instruct={"answer_prefix": "My guess:"})
+    from textrl_envs.instruct import instruct_prompts
+
+    asked = [{"role": "user", "content": "2+2?"}]
+    fmt = InstructFormat(answer_prefix="Answer:")
+    assert instruct_prompts([asked], fmt) == [[*asked, {"role": "assistant", "content": "Answer:"}]]
+    with pytest.raises(ValueError, match="already ends with one \\('It is'\\)"):
+        instruct_prompts([[*asked, {"role": "assistant", "content": "It is"}]], fmt)
+
+
 @pytest.mark.parametrize(
     "env_id, kwargs, error, match",
     [

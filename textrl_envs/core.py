@@ -772,6 +772,12 @@ def build_spec(
     if fmt is not None:
         from textrl_envs.instruct import instruct_prompts
 
+        if fmt.answer_prefix and (asked.interaction is not None or interaction is not None or tools is not None):
+            raise ValueError(
+                f"instruct answer_prefix={fmt.answer_prefix!r} starts a single-turn reply; an interactive task's turns "
+                "start with its interaction's reply_prefix (textrl_envs.interaction.Interaction.reply_prefix)"
+            )
+
         prompts = instruct_prompts(list(_check_prompt_list(prompts)), fmt, asked.question)
         chat_template = True if chat_template is None else chat_template
         if chat_template is False:
@@ -883,7 +889,8 @@ def _instruct_reward(fmt: Any, asked: InstructDefaults) -> Any:
     """The instruct mode's grader: the final answer checked by the format's check (else the task's)."""
     from textrl_envs.rewards.answers import FinalAnswerReward
 
-    return FinalAnswerReward(check=fmt.check or asked.check, style=fmt.style, format_weight=fmt.format_weight)
+    check = fmt.check or asked.check
+    return FinalAnswerReward(check, fmt.style, fmt.format_weight, answer_prefix=fmt.answer_prefix)
 
 
 def _tool_interaction(tools: Any, interaction: Any) -> Any:

@@ -16,7 +16,10 @@ finds the answer in free text. ``instruct=True`` on a task that has an instruct 
 * the budgets are the task's instruct budgets (room for the chat template and some reasoning) unless given.
 
 ``instruct=`` also takes an :class:`InstructFormat` (or a dict of its fields) to choose the answer style, the
-instruction's text, the check and the format bonus. The bundled-LM defaults (``instruct=False``) are unchanged.
+instruction's text, the check, the format bonus and an answer prefix: ``instruct={"answer_prefix": "Answer:"}`` starts
+every reply with ``Answer:`` for the model (an assistant prefill, as TRL renders a conversation that ends with an
+assistant message), so that a small model answers at once instead of explaining. The bundled-LM defaults
+(``instruct=False``) are unchanged.
 """
 
 from __future__ import annotations
@@ -49,12 +52,19 @@ class InstructFormat:
         ``"math"`` for math answers).
     :param format_weight: The format bonus: ``format_weight`` more reward for an answer stated in ``style`` (>= 0;
         0: none).
+    :param answer_prefix: How every reply starts, written for the model after the chat template's generation prompt
+        (an assistant prefill: each conversation ends with ``{"role": "assistant", "content": answer_prefix}``,
+        rendered with ``continue_final_message``). The task's grader reads the prefix and the completion together
+        (``"Answer:" + " 42"``); the completion (``info["completion"]``) is what the model wrote. End it at its last
+        word: the model writes the space. ``""`` (the default): none. Single-turn tasks only (an interactive task's
+        turns start with its interaction's :attr:`~textrl_envs.interaction.Interaction.reply_prefix`).
     """
 
     style: str = "answer-line"
     instruction: str | None = None
     check: str | None = None
     format_weight: float = 0.0
+    answer_prefix: str = ""
 
     def __post_init__(self) -> None:
         if self.style not in ANSWER_STYLES:
@@ -64,6 +74,15 @@ class InstructFormat:
         if self.check is not None and self.check not in CHECKS:
             raise ValueError(f"instruct check must be one of {CHECKS} or None (the task's), got {self.check!r}")
         object.__setattr__(self, "format_weight", check_float("format_weight", self.format_weight, low=0, example=0.1))
+        if not isinstance(self.answer_prefix, str):
+            raise TypeError(
+                f"instruct answer_prefix must be a str (e.g. 'Answer:'), got {type(self.answer_prefix).__name__}"
+            )
+        if self.answer_prefix != self.answer_prefix.rstrip():
+            raise ValueError(
+                f"instruct answer_prefix={self.answer_prefix!r} ends in whitespace: end it at the last word "
+                f"({self.answer_prefix.rstrip()!r}); the model writes the space before its answer"
+            )
 
     @property
     def text(self) -> str:
@@ -96,18 +115,29 @@ def instruct_prompts(
     items: Sequence[Any], fmt: InstructFormat, question: Callable[[str], str] | None = None
 ) -> list[dict[str, Any] | list[dict[str, str]]]:
     """Prompt items asked the instruct way: each prompt text becomes one user message, the question then the
-    instruction (metadata kept; a prompt already given as a list of messages is left as it is).
+    instruction (metadata kept; a prompt already given as a list of messages is left as it is); with an
+    ``answer_prefix``, every conversation then ends with it as an assistant message (the prefill).
 
     :param items: Prompt items (``str`` or ``{"prompt": str, **metadata}``).
     :param fmt: The format.
     :param question: The task's question for a prompt text (``None``: the text itself), e.g. ``"12+7="`` to
         ``"What is 12 + 7?"``.
+    :raises ValueError: with an ``answer_prefix``, a conversation that already ends with an assistant message.
     """
 
     def ask(prompt: Any) -> Any:
-        if not isinstance(prompt, str):
-            return prompt
-        text = question(prompt) if question is not None else prompt
-        return [{"role": "user", "content": f"{text}\n\n{fmt.text}"}]
+        if isinstance(prompt, str):
+            text = question(prompt) if question is not None else prompt
+            messages = [{"role": "user", "content": f"{text}\n\n{fmt.text}"}]
+        else:
+            messages = list(prompt)
+        if not fmt.answer_prefix:
+            return prompt if not isinstance(prompt, str) else messages
+        if messages and isinstance(messages[-1], Mapping) and messages[-1].get("role") == "assistant":
+            raise ValueError(
+                f"instruct answer_prefix={fmt.answer_prefix!r} ends every conversation with an assistant message, "
+                f"and this prompt already ends with one ({messages[-1].get('content')!r}); drop one of the two"
+            )
+        return [*messages, {"role": "assistant", "content": fmt.answer_prefix}]
 
     return [{**item, "prompt": ask(item["prompt"])} if isinstance(item, dict) else ask(item) for item in items]

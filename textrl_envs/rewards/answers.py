@@ -192,6 +192,8 @@ class FinalAnswerReward(RewardModel):
         ``"number"`` or ``"exact"``.
     :param style: The answer format the instruction asked for (:data:`ANSWER_STYLES`), for the format bonus.
     :param format_weight: Weight of the format bonus (>= 0).
+    :param answer_prefix: The text every reply was started with for the model (an assistant prefill, such as
+        ``"Answer:"``: :class:`~textrl_envs.instruct.InstructFormat`'s ``answer_prefix``), read before the completion.
     :param name: Name used in messages and logs.
     """
 
@@ -199,7 +201,12 @@ class FinalAnswerReward(RewardModel):
     conversational = True
 
     def __init__(
-        self, check: str = "number", style: str = "answer-line", format_weight: float = 0.0, name: str | None = None
+        self,
+        check: str = "number",
+        style: str = "answer-line",
+        format_weight: float = 0.0,
+        name: str | None = None,
+        answer_prefix: str = "",
     ) -> None:
         super().__init__(name or "final-answer")
         if check not in CHECKS:
@@ -210,6 +217,9 @@ class FinalAnswerReward(RewardModel):
             _math_verify()  # refuse a missing extra now, not at the first episode's end
         self.check, self.style = check, style
         self.format_weight = check_float("format_weight", format_weight, low=0, example=0.1)
+        if not isinstance(answer_prefix, str):
+            raise TypeError(f"answer_prefix must be a str, got {type(answer_prefix).__name__}")
+        self.answer_prefix = answer_prefix
 
     def score(self, prompts: list[str], completions: list[str], answer: Sequence[Any] = (), **_metadata: Any):
         out = []
@@ -219,7 +229,7 @@ class FinalAnswerReward(RewardModel):
                     f"reward {self.name!r} has no 'answer' for example #{i} (prompt {prompts[i]!r}); give prompts as "
                     "dicts {'prompt': ..., 'answer': ...}"
                 )
-            text = final_answer_text(completion)
+            text = self.answer_prefix + final_answer_text(completion)
             correct = float(answers_match(final_answer(text), answer[i], self.check))
             styled = float(in_answer_style(text, self.style)) if self.format_weight else 0.0
             out.append(correct + self.format_weight * styled)

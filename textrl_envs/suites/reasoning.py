@@ -349,6 +349,8 @@ class ReasoningGymReward(RewardModel):
     :param format_weight: The format bonus (>= 0; 0: none).
     :param style: The answer style the bonus checks.
     :param partial_credit: ``True``: the task's own score in ``[0, 1]``; ``False``: 1.0 for a full score, else 0.0.
+    :param answer_prefix: The text every reply was started with for the model (an assistant prefill, such as
+        ``"Answer:"``: :class:`~textrl_envs.instruct.InstructFormat`'s ``answer_prefix``), read before the completion.
     """
 
     required_kwargs = ("question", "answer", "metadata")
@@ -360,8 +362,11 @@ class ReasoningGymReward(RewardModel):
         format_weight: float = 0.0,
         style: str = "answer-line",
         partial_credit: bool = True,
+        answer_prefix: str = "",
     ) -> None:
         super().__init__(name=f"reasoning-gym:{type(dataset).__name__}")
+        if not isinstance(answer_prefix, str):
+            raise TypeError(f"answer_prefix must be a str, got {type(answer_prefix).__name__}")
         partial_credit = check_bool("partial_credit", partial_credit)
         if not callable(answer_format) and answer_format not in ANSWER_FORMATS:
             raise ValueError(
@@ -371,11 +376,13 @@ class ReasoningGymReward(RewardModel):
         self.answer_format = answer_format
         self.format_weight, self.style = float(format_weight), style
         self.partial_credit = partial_credit
+        self.answer_prefix = answer_prefix
         self._warned = False
 
     def score(self, prompts, completions, question, answer, metadata, **kwargs) -> list[float]:  # noqa: ARG002  (RewardModel.score signature)
         out = []
-        for completion, q, a, meta in zip(completions, question, answer, metadata):
+        for written, q, a, meta in zip(completions, question, answer, metadata):
+            completion = self.answer_prefix + written
             if meta is None:
                 raise ValueError(
                     f"{REASONING_GYM.env_id} scores only the items of its dataset, and this prompt is not one of "
@@ -448,7 +455,7 @@ class ReasoningGymSuite:
                     "not apply (leave it None)"
                 )
             self.reward = ReasoningGymReward(
-                self.dataset, answer_format or "final", fmt.format_weight, fmt.style, partial_credit
+                self.dataset, answer_format or "final", fmt.format_weight, fmt.style, partial_credit, fmt.answer_prefix
             )
         self.items: list[dict[str, Any]] = [self.dataset[i] for i in range(len(self.dataset))]
 
