@@ -56,7 +56,9 @@ class StudyTask(NamedTuple):
     not, stated on the page). ``source`` names the reasoning-gym task when the study's name differs (a variant of a
     task under its own name, e.g. an easier config). ``format_weight`` adds instruct mode's format bonus to the training
     reward (a reply that ends with its ``Answer:`` line gets that much more; held-out accuracy counts right answers
-    only): for a task whose replies are words, which the parser reads only from an answer line."""
+    only): for a task whose replies are words, which the parser reads only from an answer line. ``answer_prefix``
+    starts every reply for the model (instruct mode's assistant prefill, e.g. ``"Answer:"``): for a task whose
+    replies should be the answer alone, in training and evaluation alike."""
 
     config: dict[str, Any]
     prompt_tokens: int
@@ -65,6 +67,7 @@ class StudyTask(NamedTuple):
     all_or_nothing_why: str = ""
     source: str = ""
     format_weight: float = 0.0
+    answer_prefix: str = ""
 
 
 #: The tasks the study knows, by reasoning-gym task name.
@@ -97,6 +100,14 @@ TASKS: dict[str, StudyTask] = {
         96,
         'word problem: "X has N sisters and M brothers. How many sisters does X\'s brother have?" (Alice in '
         "Wonderland, Nezhurina et al. 2024, arXiv 2406.02061)",
+    ),
+    "aiw_answer": StudyTask(
+        {"task_types": ["siblings"], "task_type_weights": [1.0]},
+        104,
+        'aiw\'s word problem, each reply started with "Answer:" for the model (an assistant prefill), so that it '
+        "states a number first",
+        source="aiw",
+        answer_prefix="Answer:",
     ),
     "letter_counting": StudyTask(
         {"min_words": 3, "max_words": 5},
@@ -219,11 +230,12 @@ def env_kwargs(task: str, size: int, max_new_tokens: int) -> dict[str, Any]:
     given)."""
     study = TASKS[task]
     config = study.config
-    if task == "aiw":  # reasoning-gym wants its enum for the question kinds
+    if (study.source or task) == "aiw":  # reasoning-gym wants its enum for the question kinds
         from reasoning_gym.logic.aiw import TaskType
 
         config = {**config, "task_types": [TaskType(t) for t in config["task_types"]]}
-    return {"task": study.source or task, "task_kwargs": config, "size": size, "tokenizer": MODEL, "instruct": True,
+    instruct: Any = {"answer_prefix": study.answer_prefix} if study.answer_prefix else True
+    return {"task": study.source or task, "task_kwargs": config, "size": size, "tokenizer": MODEL, "instruct": instruct,
             "max_new_tokens": max_new_tokens, "max_prompt_tokens": study.prompt_tokens,
             "partial_credit": study.partial_credit}  # fmt: skip
 
@@ -233,7 +245,8 @@ def training_env_kwargs(task: str, max_new_tokens: int) -> dict[str, Any]:
     measured without it)."""
     kwargs = env_kwargs(task, 1000, max_new_tokens)
     if TASKS[task].format_weight:
-        kwargs["instruct"] = {"format_weight": TASKS[task].format_weight}
+        asked = kwargs["instruct"] if isinstance(kwargs["instruct"], dict) else {}
+        kwargs["instruct"] = {**asked, "format_weight": TASKS[task].format_weight}
     return kwargs
 
 

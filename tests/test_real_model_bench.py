@@ -214,6 +214,22 @@ def test_a_format_bonus_is_in_the_training_reward_and_not_the_held_out_score(ggu
         np.testing.assert_allclose(spec.score(items, wrong), [bonus, 0.0])
 
 
+def test_an_answer_prefix_task_prefills_training_and_held_out_replies(gguf_cache):
+    """aiw_answer starts every reply with "Answer:" for the model, in training and held out alike; its graders read
+    the number the model writes after it."""
+    import gymnasium as gym
+
+    task = "aiw_answer"
+    assert rm.TASKS[task].answer_prefix == "Answer:" and rm.TASKS[task].source == "aiw"
+    train = gym.make("ReasoningGym-v0", **rm.training_env_kwargs(task, 8)).unwrapped.text_spec
+    held = rm.heldout_spec(task, rm.build_parser().parse_args(["--eval-items", "4", "--max-new-tokens", "8"]))
+    for spec in (train, held):
+        assert all(text.endswith("<|im_start|>assistant\nAnswer:") for text in spec.prompt_texts[:4])
+        answers = [spec.metadata["answer"][i] for i in (0, 1)]
+        np.testing.assert_allclose(spec.score([0, 1], [f" {a}" for a in answers]), [1.0, 1.0])
+        np.testing.assert_allclose(spec.score([0, 1], [f" {int(a) + 1}" for a in answers]), [0.0, 0.0])
+
+
 def test_generate_is_counted_up_to_each_rows_end_token():
     import torch as th
 
