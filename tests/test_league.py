@@ -106,6 +106,31 @@ def test_snapshots_are_frozen_and_the_opponent_never_trains():
                                   for name, _, _ in league.results)  # fmt: skip
 
 
+def test_a_snapshots_prefill_memo_is_kept_small(monkeypatch):
+    """A frozen copy's parameters never change, so no update empties its prefill memo: it gets a small budget of its
+    own, not the learner's (for SmolLM2-135M in float32 the learner's is about 750 MB a policy, which a league of
+    snapshots of a real model would each fill with game conversations)."""
+    from transformers import LlamaConfig
+
+    import sb3_grpo.policies.causal_lm as causal_lm
+    from sb3_grpo.policies.prefill_memo import FROZEN_MEMO_BYTES, memo_budget
+
+    smollm2 = LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3)
+    assert memo_budget(smollm2, 4) == 2 * 30 * 3 * 64 * 4 * 16_384 > 10 * FROZEN_MEMO_BYTES
+    model = _model(League(fixed={"random": "random"}))
+    assert model.policy.frozen_copy()._rollout_cache.memo.max_bytes == FROZEN_MEMO_BYTES
+    budget = 320 * 1024  # two or three of the bundled LM's game windows: the memo must evict to stay within it
+    monkeypatch.setattr(causal_lm, "FROZEN_MEMO_BYTES", budget)
+    opponent = PolicyOpponent.snapshot(model.policy, name="frozen")
+    memo = opponent.policy._rollout_cache.memo
+    vec = gym.make_vec("TicTacToe-v0", num_envs=8, device="cpu", interaction=SelfPlay(TicTacToe(), opponent))
+    vec.reset(seed=1)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        vec.step(rng.integers(0, vec.single_action_space.n, size=8))
+    assert memo.max_bytes == budget and 0 < memo._bytes <= budget
+
+
 def test_group_members_play_the_same_opponent():
     league = League(sampling="uniform", fixed={"random": "random", "heuristic": "heuristic", "r2": RandomOpponent()})
     vec = gym.make_vec(

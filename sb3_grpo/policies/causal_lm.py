@@ -54,7 +54,7 @@ from sb3_grpo.policies.policy_kwargs import (
     check_token_range,
     check_window_fits,
 )
-from sb3_grpo.policies.prefill_memo import memo_budget
+from sb3_grpo.policies.prefill_memo import FROZEN_MEMO_BYTES, memo_budget
 from sb3_grpo.policies.quantization import keep_training_layout, quantization_spec, quiet_8bit_casts
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
 from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
@@ -583,8 +583,11 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         """Drop every rollout KV cache (the next call recomputes all rows)."""
         self._rollout_cache.reset()
 
-    def _new_rollout_cache(self) -> RolloutCache:
-        """An empty rollout KV cache over this policy's forward pieces."""
+    def _new_rollout_cache(self, memo_bytes: int | None = None) -> RolloutCache:
+        """An empty rollout KV cache over this policy's forward pieces, its prefill memo of ``memo_bytes`` (``None``:
+        :func:`~sb3_grpo.policies.prefill_memo.memo_budget` of the LM)."""
+        if memo_bytes is None:
+            memo_bytes = memo_budget(self.lm.config, next(self.lm.parameters()).element_size())
         return RolloutCache(
             trunk=self._trunk,
             step_trunk=self._step_trunk,
@@ -593,7 +596,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
             parameters=self.parameters,
             lm_config=self.lm.config,
             model_name=type(self.lm).__name__,
-            memo_bytes=memo_budget(self.lm.config, next(self.lm.parameters()).element_size()),
+            memo_bytes=memo_bytes,
         )
 
     def frozen_copy(self) -> CausalLMPolicy:
@@ -603,7 +606,9 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
 
         What an opponent snapshot needs (:meth:`textrl_envs.games.PolicyOpponent.snapshot`): a league of LoRA
         snapshots of a real model holds one base and one small set of adapters per member. The shared base is never
-        written (LoRA keeps it frozen), so training this policy does not change the copy.
+        written (LoRA keeps it frozen), so training this policy does not change the copy. Its prefill memo gets
+        :data:`~sb3_grpo.policies.prefill_memo.FROZEN_MEMO_BYTES` (64 MiB), not the learner's budget (about 750 MB
+        for SmolLM2-135M in float32): no update ever empties a frozen copy's memo.
         """
         import copy
 
@@ -615,7 +620,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         memo[id(self._rollout_cache)] = None
         memo[id(self.action_dist)] = CategoricalDistribution(self.n_actions)
         frozen = copy.deepcopy(self, memo)
-        frozen._rollout_cache = frozen._new_rollout_cache()
+        frozen._rollout_cache = frozen._new_rollout_cache(FROZEN_MEMO_BYTES)
         frozen.set_training_mode(False)
         for param in frozen.parameters():
             param.requires_grad_(False)

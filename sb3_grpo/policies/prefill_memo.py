@@ -13,13 +13,17 @@ import torch as th
 
 from sb3_grpo.policies.windows import left_pad_columns
 
-__all__ = ["MEMO_TOKENS", "PrefillMemo", "memo_budget"]
+__all__ = ["FROZEN_MEMO_BYTES", "MEMO_TOKENS", "PrefillMemo", "memo_budget"]
 
 #: The prefill memo keeps about this many tokens' keys and values (a few dozen prompt windows of a real model), within
 #: :data:`MEMO_MIN_BYTES` and :data:`MEMO_MAX_BYTES`.
 MEMO_TOKENS = 16_384
 MEMO_MIN_BYTES = 64 * 2**20
 MEMO_MAX_BYTES = 2**30
+#: The prefill memo's budget in a frozen copy of a policy (a league's opponent snapshot): its parameters never change,
+#: so no update empties its memo, and at the learner's budget every snapshot would keep that much of game
+#: conversations that seldom recur; this much keeps the few windows that do (a game's opening).
+FROZEN_MEMO_BYTES = MEMO_MIN_BYTES
 
 
 def memo_budget(lm_config: Any, dtype_bytes: int) -> int:
