@@ -109,6 +109,13 @@ TASKS: dict[str, StudyTask] = {
         source="aiw",
         answer_prefix="Answer:",
     ),
+    "leg_counting_answer": StudyTask(
+        {"min_animals": 1, "max_animals": 1, "min_instances": 1, "max_instances": 2},
+        168,
+        'leg_counting\'s word problem, each reply started with "Answer:" for the model (an assistant prefill)',
+        source="leg_counting",
+        answer_prefix="Answer:",
+    ),
     "letter_counting": StudyTask(
         {"min_words": 3, "max_words": 5},
         112,
