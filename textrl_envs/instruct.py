@@ -128,11 +128,10 @@ def instruct_prompts(
     def ask(prompt: Any) -> Any:
         if isinstance(prompt, str):
             text = question(prompt) if question is not None else prompt
-            messages = [{"role": "user", "content": f"{text}\n\n{fmt.text}"}]
-        else:
-            messages = list(prompt)
+            prompt = [{"role": "user", "content": f"{text}\n\n{fmt.text}"}]
         if not fmt.answer_prefix:
-            return prompt if not isinstance(prompt, str) else messages
+            return prompt
+        messages = list(prompt)
         if messages and isinstance(messages[-1], Mapping) and messages[-1].get("role") == "assistant":
             raise ValueError(
                 f"instruct answer_prefix={fmt.answer_prefix!r} ends every conversation with an assistant message, "
