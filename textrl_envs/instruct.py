@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from textrl_envs.rewards.answers import ANSWER_STYLES, CHECKS
-from textrl_envs.validation import check_float
+from textrl_envs.validation import check_float, check_prefill
 
 __all__ = ["INSTRUCTIONS", "InstructFormat", "instruct_prompts", "resolve_instruct"]
 
@@ -74,15 +74,7 @@ class InstructFormat:
         if self.check is not None and self.check not in CHECKS:
             raise ValueError(f"instruct check must be one of {CHECKS} or None (the task's), got {self.check!r}")
         object.__setattr__(self, "format_weight", check_float("format_weight", self.format_weight, low=0, example=0.1))
-        if not isinstance(self.answer_prefix, str):
-            raise TypeError(
-                f"instruct answer_prefix must be a str (e.g. 'Answer:'), got {type(self.answer_prefix).__name__}"
-            )
-        if self.answer_prefix != self.answer_prefix.rstrip():
-            raise ValueError(
-                f"instruct answer_prefix={self.answer_prefix!r} ends in whitespace: end it at the last word "
-                f"({self.answer_prefix.rstrip()!r}); the model writes the space before its answer"
-            )
+        check_prefill("instruct answer_prefix", self.answer_prefix, "answer", hint=" (e.g. 'Answer:')")
 
     @property
     def text(self) -> str:

@@ -32,6 +32,7 @@ __all__ = [
     "check_float",
     "check_int",
     "check_mapping",
+    "check_prefill",
     "check_schedule",
     "check_seed",
     "given",
@@ -210,6 +211,24 @@ def check_bool(name: str, value: Any) -> bool:
     if type(value).__name__ in ("bool", "bool_"):
         return bool(value)
     raise TypeError(f"{name} must be True or False, got {given(value)}")
+
+
+def check_prefill(name: str, value: Any, what: str, hint: str = "") -> str:
+    """``value`` if it is text the env writes at the start of a model's reply (an assistant prefill) and ends at its
+    last word: the model writes the space before ``what`` (its answer, its move) with that token itself. ``hint``
+    follows the type error's "must be a str".
+
+    :raises TypeError: not a str.
+    :raises ValueError: it ends in whitespace.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str{hint}, got {given(value)}")
+    if value != value.rstrip():
+        raise ValueError(
+            f"{name}={value!r} ends in whitespace: end it at the last word ({value.rstrip()!r}); the model writes the "
+            f"space before its {what} with the {what}'s own token"
+        )
+    return value
 
 
 def check_mapping(name: str, value: Any, hint: str = "", allow_none: bool = True) -> dict[str, Any] | None:

@@ -31,6 +31,7 @@ import numpy as np
 from textrl_envs.games.base import Forfeit, Game
 from textrl_envs.games.opponents import Opponent, OpponentTurn, as_opponent
 from textrl_envs.interaction import Interaction, Reply
+from textrl_envs.validation import check_prefill
 
 __all__ = ["SelfPlay"]
 
@@ -203,15 +204,9 @@ def check_reply_prefix(reply_prefix: str | None, game: Game, chat: bool) -> str:
     """
     if reply_prefix is None:
         return game.chat_reply_prefix if chat else ""
-    if not isinstance(reply_prefix, str):
-        raise TypeError(f"reply_prefix must be a str (or None: the game's own); got {reply_prefix!r}")
+    check_prefill("reply_prefix", reply_prefix, "move", hint=" (or None: the game's own)")
     if reply_prefix and not chat:
         raise ValueError(
             f"reply_prefix={reply_prefix!r} starts a chat model's replies: pass chat=True, or leave it out"
-        )
-    if reply_prefix != reply_prefix.rstrip():
-        raise ValueError(
-            f"reply_prefix={reply_prefix!r} ends in whitespace: end it at the last word ({reply_prefix.rstrip()!r}); "
-            "the model writes the space before its move with the move's own token"
         )
     return reply_prefix
