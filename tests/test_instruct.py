@@ -235,6 +235,22 @@ def test_bad_answer_prefix(chat_dir, kwargs, error, match):
         gym.make("Arithmetic-v0", tokenizer=chat_dir, instruct=kwargs)
 
 
+@pytest.mark.parametrize("prefix, error", [("Answer: ", ValueError), (b"Answer:", TypeError)])
+def test_answer_reward_refuses_a_prefix_the_env_would_refuse(prefix, error):
+    """A reward built by hand checks its ``answer_prefix`` as the env's instruct format does."""
+    with pytest.raises(error, match="answer_prefix"):
+        FinalAnswerReward(check="number", answer_prefix=prefix)
+
+
+@needs_reasoning
+@pytest.mark.parametrize("prefix, error", [("Answer: ", ValueError), (b"Answer:", TypeError)])
+def test_reasoning_gym_reward_refuses_a_prefix_the_env_would_refuse(prefix, error):
+    from textrl_envs.suites.reasoning import ReasoningGymReward
+
+    with pytest.raises(error, match="answer_prefix"):
+        ReasoningGymReward(dataset=[], answer_prefix=prefix)
+
+
 def test_answer_prefix_refuses_interactive_tasks_and_a_second_prefill(chat_dir):
     with pytest.raises(ValueError, match="starts a single-turn reply.*reply_prefix"):
         gym.make("GuessNumber-v0", tokenizer=chat_dir, instruct={"answer_prefix": "My guess:"})

@@ -27,7 +27,7 @@ from typing import Any
 
 from textrl_envs.rewards.base import RewardModel
 from textrl_envs.rewards.registry import register_reward
-from textrl_envs.validation import check_float
+from textrl_envs.validation import check_float, check_prefill
 
 __all__ = [
     "ANSWER_STYLES",
@@ -217,9 +217,7 @@ class FinalAnswerReward(RewardModel):
             _math_verify()  # refuse a missing extra now, not at the first episode's end
         self.check, self.style = check, style
         self.format_weight = check_float("format_weight", format_weight, low=0, example=0.1)
-        if not isinstance(answer_prefix, str):
-            raise TypeError(f"answer_prefix must be a str, got {type(answer_prefix).__name__}")
-        self.answer_prefix = answer_prefix
+        self.answer_prefix = check_prefill("answer_prefix", answer_prefix, "answer", hint=" (e.g. 'Answer:')")
 
     def score(self, prompts: list[str], completions: list[str], answer: Sequence[Any] = (), **_metadata: Any):
         out = []

@@ -29,7 +29,7 @@ from textrl_envs.rewards.answers import final_answer, in_answer_style
 from textrl_envs.rewards.base import RewardModel
 from textrl_envs.suites import import_extra
 from textrl_envs.tasks import REASONING_GYM
-from textrl_envs.validation import check_bool
+from textrl_envs.validation import check_bool, check_prefill
 from textrl_envs.vector import TextGenVectorEnv
 
 #: The reasoning-gym task made when none is named.
@@ -365,8 +365,7 @@ class ReasoningGymReward(RewardModel):
         answer_prefix: str = "",
     ) -> None:
         super().__init__(name=f"reasoning-gym:{type(dataset).__name__}")
-        if not isinstance(answer_prefix, str):
-            raise TypeError(f"answer_prefix must be a str, got {type(answer_prefix).__name__}")
+        answer_prefix = check_prefill("answer_prefix", answer_prefix, "answer", hint=" (e.g. 'Answer:')")
         partial_credit = check_bool("partial_credit", partial_credit)
         if not callable(answer_format) and answer_format not in ANSWER_FORMATS:
             raise ValueError(
