@@ -246,6 +246,12 @@ def test_sample_categorical_draws_from_the_given_distribution():
         # within 5 standard errors of every token's probability
         assert ((freq - want).abs() <= 5 * (want * (1 - want) / n).sqrt() + 1e-9).all(), r
     assert sample_categorical(th.tensor([[0.0, 3.0, 1.0]])).shape == (1,)  # weights need not sum to 1
+    # a draw at the very top of the cdf (what float rounding of u * total can give) takes the last token that has
+    # probability, never a removed token after it
+    top = th.ones(3, 1)
+    edge = th.tensor([[0.2, 0.5, 0.3, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0], [0.1, 0.2, 0.3, 0.2, 0.2]])
+    assert sample_categorical(edge, top).tolist() == [2, 2, 4]
+    assert sample_categorical(edge, th.zeros(3, 1)).tolist() == [0, 2, 0]
 
 
 def test_policy_log_probs_use_the_processed_distribution():

@@ -654,9 +654,10 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         if mask.is_floating_point():
             mask = mask.round()
         # copies: SB3's obs_as_tensor shares memory with the env's numpy arrays, which an env may reuse in place
-        ids, mask = ids.to(th.long, copy=True), mask.to(th.long, copy=True)
+        # (masked_fill below returns a new tensor, the ids' copy)
+        mask = mask.to(th.long, copy=True)
         # padding ids may be anything (even out of the LM's range): they are masked, so make them 0
-        ids = ids.masked_fill(mask == 0, 0)
+        ids = ids.to(th.long).masked_fill(mask == 0, 0)
         check_token_range(ids, self.lm.get_input_embeddings().num_embeddings)
         return ids, mask
 

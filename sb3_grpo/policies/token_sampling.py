@@ -61,11 +61,12 @@ def sample_categorical(probs: th.Tensor, u: th.Tensor | None = None) -> th.Tenso
     cdf = probs.cumsum(dim=-1)
     if u is None:
         u = th.rand(probs.shape[:-1] + (1,), device=probs.device, dtype=cdf.dtype)
-    u = u * cdf[..., -1:]
-    index = th.searchsorted(cdf, u, right=True).squeeze(-1)
-    # float rounding could put u at cdf[-1]: never go past the last token that has probability
-    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).to(th.uint8).argmax(dim=-1)
-    return th.minimum(index, last)
+    total = cdf[..., -1:].contiguous()
+    index = th.searchsorted(cdf, u * total, right=True)
+    # float rounding could put u at cdf[-1], past every token: take the last one whose probability adds to the cdf,
+    # the first to reach cdf[-1] (one binary search per row, not a pass over the vocabulary)
+    last = th.searchsorted(cdf, total)
+    return th.minimum(index, last).squeeze(-1)
 
 
 def categorical_tables(logits: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
