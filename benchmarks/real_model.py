@@ -727,8 +727,17 @@ def prior_clause(greedy_before: list[int], majority: dict[str, Any], runs: list[
     elif mean + half < first:
         paid = ": the gain is the prior's, paid for with questions it answered before"
         reading = "it fell" + (paid if raised else "")
-    else:
-        reading = "no clear change" + (", so the gain is the prior's" if raised else "")
+    else:  # the seeds disagree (or it did not move): ask the items too, as the table's bootstrap column does
+        others = majority["others"]
+        lo, hi = paired_bootstrap([greedy_before[i] for i in others], [[r["after"]["greedy"][i] for i in others]
+                                                                       for r in runs])  # fmt: skip
+        if lo > 0:
+            reading = (f"the t-interval over seeds includes no change, the bootstrap over items and seeds does not "
+                       f"([{lo:+.3f}, {hi:+.3f}]): the policy answers questions that the prior gets wrong, on some "
+                       "seeds more than others")  # fmt: skip
+        else:
+            reading = (f"no clear change (bootstrap over items and seeds [{lo:+.3f}, {hi:+.3f}])"
+                       + (", so the gain may be the prior's alone" if raised else ""))  # fmt: skip
     seeds = ", ".join(f"{r['after']['pass1']:.3f}" for r in runs)
     return (f"On the {len(majority['others'])} items whose answer is not {majority['answer']!r}, its pass@1 went from "
             f"{first:.3f} to {fmt_ci(mean, half)}: {reading} (pass@1 on all items, per seed: {seeds}).")  # fmt: skip

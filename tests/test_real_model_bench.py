@@ -488,3 +488,26 @@ def test_a_profiled_rollout_clocks_the_env_and_restores_its_step():
            "engine": "step", "profile": split}  # fmt: skip
     text = "\n".join(profile_section([row]))
     assert "## Where a rollout's time goes" in text and "| m | float32 | 1 | 2 | 1 | on | step |" in text
+
+
+def test_seeds_that_disagree_on_the_other_items_are_read_with_the_items_bootstrap():
+    """On 24 other items (all wrong before), the seeds get 24, 18 and 6 right: the t-interval over three seeds
+    (half-width 4.303 * 0.382 / sqrt(3) = 0.949 around 0.667) includes no change, while every bootstrap draw over the
+    items and seeds keeps some right answers. With every seed at 0 there, neither interval sees a change."""
+    n = 32
+    results = fake_results(n)
+    majority = {"answer": "1", "accuracy": 0.25, "others": list(range(8, n))}
+    results["before"]["basic_arithmetic"]["majority"] = majority
+    for run, right in zip(results["runs"].values(), (24, 18, 6), strict=True):
+        run["after"]["greedy"] = [1] * 8 + [1] * right + [0] * (24 - right)
+        run["after"]["pass1"] = float(np.mean(run["after"]["greedy"]))
+    clause = rm.prior_clause(results["before"]["basic_arithmetic"]["greedy"], majority, list(results["runs"].values()))
+    assert (
+        "went from 0.000 to 0.667 ± 0.949: the t-interval over seeds includes no change, the bootstrap over" in clause
+    )
+    assert "the policy answers questions that the prior gets wrong, on some seeds more than others" in clause
+    for run in results["runs"].values():
+        run["after"]["greedy"] = [1] * 8 + [0] * 24
+    runs = list(results["runs"].values())
+    clause = rm.prior_clause(results["before"]["basic_arithmetic"]["greedy"], majority, runs, raised=True)
+    assert "no clear change (bootstrap over items and seeds [+0.000, +0.000]), so the gain may be the prior's" in clause
