@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import shutil
 import zipfile
@@ -252,6 +253,8 @@ def test_sample_categorical_draws_from_the_given_distribution():
     edge = th.tensor([[0.2, 0.5, 0.3, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0], [0.1, 0.2, 0.3, 0.2, 0.2]])
     assert sample_categorical(edge, top).tolist() == [2, 2, 4]
     assert sample_categorical(edge, th.zeros(3, 1)).tolist() == [0, 2, 0]
+    nan = sample_categorical(th.full((2, 5), math.nan))  # a broken model: in range, for the caller's check to report
+    assert bool(((nan >= 0) & (nan < 5)).all())
 
 
 def test_policy_log_probs_use_the_processed_distribution():

@@ -66,7 +66,9 @@ def sample_categorical(probs: th.Tensor, u: th.Tensor | None = None) -> th.Tenso
     # float rounding could put u at cdf[-1], past every token: take the last one whose probability adds to the cdf,
     # the first to reach cdf[-1] (one binary search per row, not a pass over the vocabulary)
     last = th.searchsorted(cdf, total)
-    return th.minimum(index, last).squeeze(-1)
+    # NaN weights (a broken model) search past the end: keep the index in range, so that the caller's finiteness
+    # check of the distribution, not an indexing error, reports them
+    return th.minimum(index, last).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
 
 
 def categorical_tables(logits: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
