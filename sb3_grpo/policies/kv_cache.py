@@ -446,9 +446,8 @@ class RolloutCache:
         ):
             state = None
         if state is not None and th.equal(state.ids, ids) and th.equal(state.mask, mask):
-            # the usual call of a rollout step: the windows the look-ahead predicted, served as they are (what
-            # _classify and _advance conclude for all-``same`` rows, in two comparisons; nothing to crop: the
-            # look-ahead only appended a column)
+            # the usual call of a rollout step: the windows the look-ahead predicted, served as they are (nothing to
+            # crop: the look-ahead only appended a column); _classify and _advance see only calls with some row changed
             state.ids, state.mask = ids, mask
             state.prev_ids = state.prev_mask = state.prev_logits = state.prev_values = None
             self.states[batch] = state
@@ -477,9 +476,6 @@ class RolloutCache:
         before the look-ahead + ``k`` tokens not starting with the look-ahead one), ``back`` (the window before the
         look-ahead itself), ``redo`` (anything else); ``k`` per row (0 unless ``extend`` or ``replace``)."""
         same = (state.ids == ids).all(dim=1) & (state.mask == mask).all(dim=1)
-        if bool(same.all()):  # the usual call after a look-ahead (and a sync _advance makes anyway): nothing to match
-            none = th.zeros_like(same)
-            return _Rows(same, none, none, none, none, th.zeros_like(same, dtype=th.long))
         k = extension_lengths(state.ids, state.mask, ids, mask)
         extend = (k > 0) & ~same
         replace = back = th.zeros_like(same)
@@ -508,10 +504,6 @@ class RolloutCache:
         :param rows: :meth:`_classify`'s result for these windows, if the caller has it.
         """
         rows = self._classify(state, ids, mask) if rows is None else rows
-        if bool(rows.same.all()):  # the usual call after a look-ahead: every row served as it is
-            state.ids, state.mask = ids, mask
-            state.prev_ids = state.prev_mask = state.prev_logits = state.prev_values = None
-            return
         replace, back, redo = rows.replace, rows.back, rows.redo
         logits, values = (
             state.logits.clone(),
