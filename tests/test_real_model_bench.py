@@ -240,6 +240,20 @@ def test_generate_is_counted_up_to_each_rows_end_token():
     assert generated_tokens(out, None) == 12
 
 
+def test_rollout_rows_set_eos_runs_against_generate_of_as_many_and_of_the_tokens_up_to_eos():
+    from benchmarks.perf.rollout import rollout_vs_generate
+
+    rows = {r["name"]: r for r in rollout_vs_generate(2, 4, long_tokens=4, repeats=1, device="cpu", large_envs=3)}
+    for batch in ("", ", large batch"):
+        full = rows[f"rollout: collect_rollouts vs generate, EOS on{batch}"]
+        stopped = rows[f"rollout: collect_rollouts vs generate stopping at EOS{batch}"]
+        assert stopped["ours"] == full["ours"]  # one timing of the rollout against both baselines
+        assert stopped["target"] == ">= 1x" and full["target"] == ">= 0.9x"
+        envs = 3 if batch else 2
+        counted = float(stopped["notes"].split("(median ")[1].split(" of ")[0])
+        assert 1 <= counted <= envs * 4  # at least one token a call, never more than the budget
+
+
 def test_the_roofline_by_hand():
     from types import SimpleNamespace
 
