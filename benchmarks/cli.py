@@ -148,7 +148,8 @@ def _add_claims(sub: Any) -> None:
             "Budgets: smoke (a couple of CPU-minutes, for tests), default (about 40 CPU-minutes: 20 minutes on 2 "
             "cores with --workers 2), full (the README's table; about 5.5 CPU-hours, 2.7 hours with --workers 2), "
             "real (claims 1, 2 and 4 on a real instruct model with LoRA, SmolLM2-135M-Instruct unless --model says "
-            "otherwise; its page is claims_real.md).\n\n"
+            "otherwise; its page is claims_real.md). --scale, --n-envs and --device run a budget's plan with more "
+            "tokens per run, more envs, or on a GPU.\n\n"
             "Ctrl-C keeps the runs that finished; --resume completes them."
         ),
     )
@@ -158,6 +159,19 @@ def _add_claims(sub: Any) -> None:
         default=None,
         help=f"with --budget real: the instruct model trained with LoRA (a path, a Hub id or a packaged name; default "
         f"{BUDGETS['real'].model})",
+    )
+    c.add_argument(
+        "--scale",
+        type=positive_int,
+        default=1,
+        help="multiply every run's tokens (tuning and evaluation runs) by this factor: the same plan on a larger "
+        "machine (default 1)",
+    )
+    c.add_argument("--n-envs", type=positive_int, default=None, help="envs per run (default: the budget's, 16)")
+    c.add_argument(
+        "--device",
+        default=None,
+        help="where every run trains: cpu, auto (CUDA when there is one), cuda, cuda:1 (default cpu)",
     )
     c.add_argument("--out", default=None, help="output folder (default: a fresh runs/claims-<budget>-<timestamp>)")
     c.add_argument(
@@ -239,6 +253,7 @@ def _claims(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Seq
         parser.error(str(err))
     if args.model is not None and args.budget != "real":
         parser.error(f"--model trains a real instruct model: use it with --budget real, not {args.budget}")
+    budget = _claims_budget(args, parser)
     out = Path(args.out) if args.out else Path("runs") / time.strftime(f"claims-{args.budget}-%Y%m%d-%H%M%S")
     lock = FolderLock(out, what="--out")  # held until the process ends: one study per out dir at a time
     try:
@@ -248,16 +263,37 @@ def _claims(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Seq
     except CompareError as err:
         parser.error(str(err))
     try:
-        return _run_claims(args, argv, out)
+        return _run_claims(args, argv, out, budget)
     finally:
         lock.release()
 
 
-def _run_claims(args: argparse.Namespace, argv: Sequence[str], out: Path) -> int:
-    """The claims study itself, once ``out`` is prepared and locked."""
+def _claims_budget(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
+    """The budget that ``--budget``, ``--scale``, ``--n-envs``, ``--device`` and ``--model`` ask for, its runs' configs
+    checked (a bad combination is refused before the out dir exists)."""
+    from benchmarks.claims.experiments import BUDGETS, phase_one, scaled_budget
+    from sb3_grpo.compare.config import CompareError
+    from textrl_envs.devices import resolve_device
+
+    if args.device is not None:
+        try:
+            resolve_device(args.device)
+        except ValueError as err:
+            parser.error(f"--device: {err}")
+    budget = scaled_budget(BUDGETS[args.budget], args.scale, n_envs=args.n_envs, device=args.device)
+    if args.model is not None:
+        budget = dataclasses.replace(budget, model=args.model)
+    try:
+        phase_one(budget)
+    except (CompareError, ValueError) as err:
+        parser.error(str(err))
+    return budget
+
+
+def _run_claims(args: argparse.Namespace, argv: Sequence[str], out: Path, budget: Any) -> int:
+    """The claims study of ``budget`` itself, once ``out`` is prepared and locked."""
     import torch as th
 
-    from benchmarks.claims.experiments import BUDGETS
     from benchmarks.claims.study import run_claims
 
     th.set_num_threads(args.threads)
@@ -265,9 +301,6 @@ def _run_claims(args: argparse.Namespace, argv: Sequence[str], out: Path) -> int
     print(f"textrl-bench claims: budget {args.budget}, {args.workers} worker(s) -> {out}/", flush=True)
     start = time.perf_counter()
     try:
-        budget = BUDGETS[args.budget]
-        if args.model is not None:
-            budget = dataclasses.replace(budget, model=args.model)
         results = run_claims(
             budget, out, command, resume=args.resume, workers=args.workers, progress=not args.no_progress
         )

@@ -190,6 +190,50 @@ def test_model_needs_the_real_budget(capsys):
     assert "--budget real" in capsys.readouterr().err
 
 
+def test_scale_n_envs_and_device_reach_every_run_of_the_plan(tmp_path, monkeypatch):
+    from benchmarks.claims.experiments import scaled_budget
+
+    seen = []
+
+    def recording(job, out_dir, report=None):
+        seen.append(job)
+        return _fake_execute(job, out_dir, report)
+
+    monkeypatch.setattr(runner, "execute", recording)
+    argv = ["claims", "--budget", "smoke", "--scale", "3", "--n-envs", "8", "--device", "auto", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "s")]) == 0
+    smoke = BUDGETS["smoke"]
+    steps = {"tune": smoke.tune_steps, "long": smoke.long_steps, "curriculum": smoke.long_steps,
+             "collapse": smoke.reason_steps, "baselines": smoke.text_steps, "ablation": smoke.text_steps}  # fmt: skip
+    trained = [job for job in seen if not job.untrained]
+    assert {job.experiment for job in trained} == set(steps)
+    for job in trained:
+        assert job.cfg.timesteps == 3 * steps[job.experiment], job.key
+    assert all(job.cfg.n_envs == 8 and job.cfg.device == "auto" for job in seen)
+    plan = json.loads((tmp_path / "s" / "results.json").read_text())["plan"]["budget"]
+    assert plan["long_steps"] == 3 * smoke.long_steps and plan["device"] == "auto" and plan["n_envs"] == 8
+    assert scaled_budget(smoke) == smoke  # the defaults change nothing
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="scale must be an int >= 1"):
+            scaled_budget(smoke, bad)
+
+
+def test_a_device_this_machine_lacks_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    import torch as th
+
+    monkeypatch.setattr(th.cuda, "is_available", lambda: False)
+    out = tmp_path / "gpu"
+    with pytest.raises(SystemExit):
+        main(["claims", "--budget", "smoke", "--device", "cuda", "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert "--device" in err and "CUDA is not available" in err
+    assert not out.exists()
+    with pytest.raises(SystemExit):  # the group-advantage arms need whole prompt groups of envs
+        main(["claims", "--budget", "smoke", "--n-envs", "6", "--out", str(out), "--no-progress"])
+    assert "must be a multiple of the group size" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def _long_runs(finals_by_arm: dict[tuple[str, str], list[float]], untrained: float) -> dict[str, dict]:
     runs = {"untrained/LongReview-v0": {"experiment": "untrained", "arm": "LongReview-v0", "status": "complete",
                                         "final": {"reward_mean": untrained}}}  # fmt: skip
@@ -231,7 +275,7 @@ def test_a_real_model_study_trains_lora_on_chat_reviews_and_reports_three_claims
     pytest.importorskip("peft", reason='the real budget trains LoRA: pip install "textrl[lora]"')
     from dataclasses import replace
 
-    from benchmarks.claims.experiments import REVIEW_REQUESTS
+    from benchmarks.claims.experiments import REVIEW_COHERENCE_WEIGHT, REVIEW_REQUESTS
 
     budget = replace(BUDGETS["smoke"], name="real", model=tiny_chat_model, experiments=("tune", "long", "curriculum"))
     out = tmp_path / "real"
@@ -244,7 +288,11 @@ def test_a_real_model_study_trains_lora_on_chat_reviews_and_reports_three_claims
     for job in phase_one(budget):  # every run: the chat reviews, LoRA on the model, the model as its own reference
         kwargs = job.cfg.env_kwargs
         assert kwargs["chat_template"] is True and kwargs["prompts"] == list(REVIEW_REQUESTS)
-        assert kwargs["reward_kwargs"]["components"][1] == ["coherence", 1.0, {"path": tiny_chat_model}]
+        assert kwargs["reward_kwargs"]["components"][1] == [
+            "coherence",
+            REVIEW_COHERENCE_WEIGHT,
+            {"path": tiny_chat_model},
+        ]
         policy = job.cfg.hyperparameters[job.algo]["policy_kwargs"]
         assert policy["model"] == tiny_chat_model and policy["lora"]["r"] == 8
     text = (out / "claims.md").read_text()

@@ -19,7 +19,8 @@ ablation   ``TextGen-v0``    PPO, each GRPO mechanism alone, all but one, all, a
 The ``real`` budget runs claims 1, 2 and 4 (``tune``, ``long``, ``curriculum``) on a real instruct model with LoRA
 (:data:`REAL_MODEL`, SmolLM2-135M-Instruct): ``LongReview-v0`` in chat form, a neutral request for a review
 (:data:`REVIEW_REQUESTS`) answered in 96 tokens and rewarded for positive sentiment, fluency under the model itself
-(its frozen starting point, as :class:`~textrl_envs.rewards.Coherence`'s reference) and no repeated bigrams. Asked
+(its frozen starting point, as :class:`~textrl_envs.rewards.Coherence`'s reference; weighted twice, so that word salad
+cannot buy its score back with positive words: :data:`REVIEW_COHERENCE_WEIGHT`) and no repeated bigrams. Asked
 for a review with no sentiment named, the untrained model writes negative ones as well as positive ones, so the
 sentiment term leaves room to learn.
 
@@ -44,6 +45,7 @@ __all__ = [
     "CURRICULUM",
     "EXPERIMENTS",
     "REAL_MODEL",
+    "REVIEW_COHERENCE_WEIGHT",
     "REVIEW_REQUESTS",
     "TUNING_SEED_BASE",
     "Budget",
@@ -53,6 +55,7 @@ __all__ = [
     "phase_two",
     "phase_two_runs",
     "review_env_kwargs",
+    "scaled_budget",
 ]
 
 #: Tuning seeds are ``TUNING_SEED_BASE + i``: disjoint from the evaluation seeds ``0 .. n-1``.
@@ -93,10 +96,23 @@ REVIEW_REQUESTS = (
 )
 
 
+#: The weight of the coherence term in the real model's review reward. Word salad that a policy drifts into scores
+#: 0.2-0.45 under the frozen SmolLM2-135M-Instruct, its fluent reviews 0.55-0.75; at weight 1 the 0.3 it loses is
+#: less than the lexicon pays for positive words scattered through it (salad of 96 tokens scored about 1.0-1.3 against
+#: the untrained model's 1.18), at weight 2 it costs more than the whole range that sentiment can add over the
+#: untrained model's mostly positive reviews.
+REVIEW_COHERENCE_WEIGHT = 2.0
+
+
 def review_env_kwargs(model: str) -> dict[str, Any]:
     """``LongReview-v0``'s arguments for an instruct ``model``: its tokenizer and chat template, the review requests,
-    room for the chat-rendered request, and the model itself as the coherence reference."""
-    components = [["sentiment", 1.0, {}], ["coherence", 1.0, {"path": model}], ["repetition", 1.0, {"n": 2}]]
+    room for the chat-rendered request, and the model itself as the coherence reference, weighted by
+    :data:`REVIEW_COHERENCE_WEIGHT`."""
+    components = [
+        ["sentiment", 1.0, {}],
+        ["coherence", REVIEW_COHERENCE_WEIGHT, {"path": model}],
+        ["repetition", 1.0, {"n": 2}],
+    ]
     return {
         "tokenizer": model,
         "chat_template": True,
@@ -158,6 +174,7 @@ class Budget:
         ``LongReview-v0`` (:func:`review_env_kwargs`); ``None``: the bundled LM.
     :param experiments: The experiments it runs (a subset of :data:`EXPERIMENTS`; ``long`` and ``curriculum`` need
         ``tune``).
+    :param device: Where every run trains and evaluates (``"cpu"``; ``"auto"``: CUDA when there is one).
     """
 
     name: str
@@ -175,6 +192,7 @@ class Budget:
     overrides: dict[str, Any] = field(default_factory=dict)
     model: str | None = None
     experiments: tuple[str, ...] = EXPERIMENTS
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         unknown = [e for e in self.experiments if e not in EXPERIMENTS]
@@ -205,6 +223,26 @@ BUDGETS: dict[str, Budget] = {
         "real", 5, 0, 0, 3, 1, 6144, 3072, 0, 0, 32, model=REAL_MODEL, experiments=("tune", "long", "curriculum")
     ),
 }
+
+
+def scaled_budget(budget: Budget, scale: int = 1, n_envs: int | None = None, device: str | None = None) -> Budget:
+    """``budget`` with ``scale`` times the tokens of every run (tuning and evaluation runs alike), ``n_envs`` envs per
+    run and runs on ``device`` (``None``: the budget's). The same plan, seeds and arms: what a larger machine changes.
+
+    >>> scaled_budget(BUDGETS["real"], 4, n_envs=64).long_steps
+    24576
+    """
+    if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
+        raise ValueError(f"scale must be an int >= 1 (the factor on every run's tokens), got {scale!r}")
+    if n_envs is not None and (isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs < 1):
+        raise ValueError(f"n_envs must be an int >= 1, got {n_envs!r}")
+    steps = ("long_steps", "tune_steps", "reason_steps", "text_steps")
+    return replace(
+        budget,
+        **{name: getattr(budget, name) * scale for name in steps},
+        n_envs=budget.n_envs if n_envs is None else n_envs,
+        device=budget.device if device is None else device,
+    )
 
 
 @dataclass(frozen=True)
@@ -267,7 +305,7 @@ def _config(budget: Budget, env_id: str, algo: str, steps: int, hyper: dict[str,
         timesteps=steps,
         n_envs=budget.n_envs,
         eval_episodes=budget.eval_episodes,
-        device="cpu",
+        device=budget.device,
         overrides=overrides,
         env_kwargs=env_kwargs,
     )
