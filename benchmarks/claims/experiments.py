@@ -97,10 +97,10 @@ REVIEW_REQUESTS = (
 
 
 #: The weight of the coherence term in the real model's review reward. Word salad that a policy drifts into scores
-#: 0.2-0.45 under the frozen SmolLM2-135M-Instruct, its fluent reviews 0.55-0.75; at weight 1 the 0.3 it loses is
-#: less than the lexicon pays for positive words scattered through it (salad of 96 tokens scored about 1.0-1.3 against
-#: the untrained model's 1.18), at weight 2 it costs more than the whole range that sentiment can add over the
-#: untrained model's mostly positive reviews.
+#: mostly 0.2-0.45 under the frozen SmolLM2-135M-Instruct, its fluent reviews mostly 0.55-0.75; at weight 1 the 0.3
+#: it loses is less than the lexicon pays for positive words scattered through it (salad of 96 tokens scored about
+#: 1.0-1.3 against the untrained model's 1.18), at weight 2 it costs more than the whole range that sentiment can
+#: add over the untrained model's mostly positive reviews.
 REVIEW_COHERENCE_WEIGHT = 2.0
 
 
