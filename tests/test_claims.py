@@ -210,6 +210,8 @@ def test_scale_n_envs_and_device_reach_every_run_of_the_plan(tmp_path, monkeypat
     for job in trained:
         assert job.cfg.timesteps == 3 * steps[job.experiment], job.key
     assert all(job.cfg.n_envs == 8 and job.cfg.device == "auto" for job in seen)
+    real = phase_one(scaled_budget(BUDGETS["real"], device="auto"))  # the reward model of the reviews goes along
+    assert all(job.cfg.env_kwargs["reward_kwargs"]["components"][1][2]["device"] == "auto" for job in real)
     plan = json.loads((tmp_path / "s" / "results.json").read_text())["plan"]["budget"]
     assert plan["long_steps"] == 3 * smoke.long_steps and plan["device"] == "auto" and plan["n_envs"] == 8
     assert scaled_budget(smoke) == smoke  # the defaults change nothing
@@ -291,7 +293,7 @@ def test_a_real_model_study_trains_lora_on_chat_reviews_and_reports_three_claims
         assert kwargs["reward_kwargs"]["components"][1] == [
             "coherence",
             REVIEW_COHERENCE_WEIGHT,
-            {"path": tiny_chat_model},
+            {"path": tiny_chat_model, "device": "cpu"},
         ]
         policy = job.cfg.hyperparameters[job.algo]["policy_kwargs"]
         assert policy["model"] == tiny_chat_model and policy["lora"]["r"] == 8

@@ -104,13 +104,13 @@ REVIEW_REQUESTS = (
 REVIEW_COHERENCE_WEIGHT = 2.0
 
 
-def review_env_kwargs(model: str) -> dict[str, Any]:
+def review_env_kwargs(model: str, device: str = "cpu") -> dict[str, Any]:
     """``LongReview-v0``'s arguments for an instruct ``model``: its tokenizer and chat template, the review requests,
-    room for the chat-rendered request, and the model itself as the coherence reference, weighted by
-    :data:`REVIEW_COHERENCE_WEIGHT`."""
+    room for the chat-rendered request, and the model itself as the coherence reference on ``device`` (the runs'),
+    weighted by :data:`REVIEW_COHERENCE_WEIGHT`."""
     components = [
         ["sentiment", 1.0, {}],
-        ["coherence", REVIEW_COHERENCE_WEIGHT, {"path": model}],
+        ["coherence", REVIEW_COHERENCE_WEIGHT, {"path": model, "device": device}],
         ["repetition", 1.0, {"n": 2}],
     ]
     return {
@@ -292,7 +292,7 @@ def _config(budget: Budget, env_id: str, algo: str, steps: int, hyper: dict[str,
     if budget.model is not None:
         if env_id != LONG_ENV:
             raise ValueError(f"a real model runs on {LONG_ENV} only, not {env_id}")
-        env_kwargs = review_env_kwargs(budget.model)
+        env_kwargs = review_env_kwargs(budget.model, budget.device)
         merged["policy_kwargs"] = {"model": budget.model, "lora": REAL_LORA, **merged.get("policy_kwargs", {})}
     if "n_steps" in budget.overrides:  # a small rollout (smoke): no minibatch larger than it
         rollout = budget.overrides["n_steps"] * budget.n_envs
