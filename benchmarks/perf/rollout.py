@@ -201,78 +201,67 @@ def rollout_vs_generate(
 
 
 def _vs_generate(n_envs: int, tokens: int, repeats: int, device: Any, sync: Any, notes: str) -> list[dict]:
-    """The three rows of :func:`rollout_vs_generate` against ``generate`` on the small batch: no EOS, EOS on against
-    ``generate`` of as many tokens, and EOS on against ``generate`` stopping each row at EOS."""
+    """The three rows of :func:`rollout_vs_generate` against ``generate`` on the small batch: no EOS, and EOS on
+    (:func:`_eos_rows`)."""
     timers = {
         "ours": collector(text_env(n_envs, tokens, device, eos=False), tokens, device),
         "generate": generator(n_envs, tokens, device),
         "ours-eos": collector(text_env(n_envs, tokens, device), tokens, device),
         "generate-eos": generator(n_envs, tokens, device, eos=True),
     }
-    t, c = interleaved(timers, repeats, sync)
+    times = interleaved(timers, repeats, sync)
     n = n_envs * tokens
-    counted = statistics.median(timers["generate-eos"].counted)
-    return [
-        rate_row(
-            "rollout: collect_rollouts vs generate, no EOS",
-            n,
-            (t, c),
-            ("ours", "generate"),
-            "tokens/s",
-            f"{notes}, {n_envs} envs, {tokens}-token episodes (no EOS)",
-            target=(">=", 1.0),
-        ),
-        rate_row(
-            "rollout: collect_rollouts vs generate, EOS on",
-            n,
-            (t, c),
-            ("ours-eos", "generate"),
-            "tokens/s",
-            f"{notes}, {n_envs} envs, {tokens}-token budget, EOS ends episodes (auto-resets in the loop)",
-            target=(">=", 0.9),
-        ),
-        rate_row(
-            "rollout: collect_rollouts vs generate stopping at EOS",
-            (n, counted),
-            (t, c),
-            ("ours-eos", "generate-eos"),
-            "tokens/s",
-            f"{notes}, {n_envs} envs, {tokens}-token budget, EOS ends episodes (auto-resets in the loop); generate "
-            f"stops each row at EOS and counts its tokens up to it (median {counted:.0f} of {n} a call)",
-            target=(">=", 1.0),
-        ),
-    ]
+    no_eos = rate_row(
+        "rollout: collect_rollouts vs generate, no EOS",
+        n,
+        times,
+        ("ours", "generate"),
+        "tokens/s",
+        f"{notes}, {n_envs} envs, {tokens}-token episodes (no EOS)",
+        target=(">=", 1.0),
+    )
+    setup = f"{notes}, {n_envs} envs, {tokens}-token budget, EOS ends episodes (auto-resets in the loop)"
+    return [no_eos, *_eos_rows("", n, times, timers, "ours-eos", setup)]
 
 
 def _large_batch_vs_generate(
     large_envs: int, tokens: int, repeats: int, device: Any, sync: Any, notes: str
 ) -> list[dict]:
-    """The rows of :func:`rollout_vs_generate` against ``generate`` on the large batch, EOS on: against ``generate`` of
-    as many tokens, and against ``generate`` stopping each row at EOS."""
+    """The rows of :func:`rollout_vs_generate` against ``generate`` on the large batch, EOS on (:func:`_eos_rows`)."""
     timers = {
         "ours": collector(text_env(large_envs, tokens, device), tokens, device),
         "generate": generator(large_envs, tokens, device),
         "generate-eos": generator(large_envs, tokens, device, eos=True),
     }
-    t, c = interleaved(timers, repeats, sync)
-    n = large_envs * tokens
-    counted = statistics.median(timers["generate-eos"].counted)
+    times = interleaved(timers, repeats, sync)
     setup = f"{notes}, {large_envs} envs, {tokens}-token budget, EOS on"
+    return _eos_rows(", large batch", large_envs * tokens, times, timers, "ours", setup)
+
+
+def _eos_rows(suffix: str, n: int, times: Any, timers: dict[str, Any], ours: str, setup: str) -> list[dict]:
+    """An EOS-on rollout (timer ``ours``, ``n`` tokens a call) against ``generate`` of as many tokens (``"generate"``)
+    and against ``generate`` stopping each row at EOS (``"generate-eos"``, counted up to each row's EOS).
+
+    :param suffix: Appended to both rows' names (``""``, ``", large batch"``).
+    :param times: :func:`interleaved`'s ``(wall, cpu)`` of ``timers``.
+    :param setup: The set-up both rows share.
+    """
+    counted = statistics.median(timers["generate-eos"].counted)
     return [
         rate_row(
-            "rollout: collect_rollouts vs generate, EOS on, large batch",
+            f"rollout: collect_rollouts vs generate, EOS on{suffix}",
             n,
-            (t, c),
-            ("ours", "generate"),
+            times,
+            (ours, "generate"),
             "tokens/s",
             setup,
             target=(">=", 0.9),
         ),
         rate_row(
-            "rollout: collect_rollouts vs generate stopping at EOS, large batch",
+            f"rollout: collect_rollouts vs generate stopping at EOS{suffix}",
             (n, counted),
-            (t, c),
-            ("ours", "generate-eos"),
+            times,
+            (ours, "generate-eos"),
             "tokens/s",
             f"{setup}; generate stops each row at EOS and counts its tokens up to it (median {counted:.0f} of {n} a "
             "call)",
