@@ -541,12 +541,14 @@ class RolloutCache:
         mask: th.Tensor,
         step: th.Tensor | None,
         k: th.Tensor | None,
-        logits: th.Tensor,
-        values: th.Tensor,
-    ) -> None:
+        logits: th.Tensor | None,
+        values: th.Tensor | None,
+    ) -> tuple[th.Tensor, th.Tensor] | None:
         """One batched forward over the new tokens of the ``step`` rows (``k[b]`` each), extending the cache; their
         logits and values written into ``logits`` / ``values``. Other rows feed masked dummy tokens. ``step=None``
-        (with ``k=None``): every row adds one token (the look-ahead), with no classification and no host sync."""
+        (with ``k=None`` and no ``logits`` / ``values``): every row adds one token (the look-ahead), with no
+        classification and no host sync, and the new ``(logits, values)`` of every row are returned (not copied into
+        tensors of the caller: at a real model's vocabulary a copy of the logits is a pass over megabytes a step)."""
         tail = 1 if k is None else int(k.max())
         n_valid = mask.sum(dim=1, keepdim=True)
         if step is None:
@@ -564,12 +566,12 @@ class RolloutCache:
         hidden = trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]
         state.kv_mask = kv_mask
         if step is None:
-            logits[:], values[:] = self._logits(hidden), self._value(hidden, ids, mask)
-        else:
-            logits[step] = self._logits(hidden[step])
-            values[step] = self._value(hidden[step], ids[step], mask[step])
+            return self._logits(hidden), self._value(hidden, ids, mask)
+        logits[step] = self._logits(hidden[step])
+        values[step] = self._value(hidden[step], ids[step], mask[step])
         if tail > 1:
             self._reorder(state, realign_columns(kv_mask, tail, tail - k))
+        return None
 
     @staticmethod
     def _reorder(state: _BatchCache, index: th.Tensor) -> None:
@@ -593,8 +595,7 @@ class RolloutCache:
         next_mask = th.cat([mask[:, 1:], th.ones_like(mask[:, :1])], dim=1)
         # every row extends its window by one token (no full window: checked above), so no classification: the step
         # :meth:`_advance` would take for all-``extend`` rows
-        logits, values = th.empty_like(state.logits), th.empty_like(state.values)
-        self._step(state, next_ids, next_mask, None, None, logits, values)
+        logits, values = self._step(state, next_ids, next_mask, None, None, None, None)
         state.ids, state.mask, state.logits, state.values = next_ids, next_mask, logits, values
         state.prev_ids, state.prev_mask, state.prev_logits, state.prev_values = prev
 
