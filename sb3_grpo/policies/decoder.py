@@ -76,6 +76,8 @@ class LiveBatch:
         empty = th.zeros(0, dtype=th.long, device=uniforms.device)
         self.rows, self.steps, self.positions, self.decoded = empty, empty, empty, empty
         self.greedy = th.zeros(0, dtype=th.bool, device=uniforms.device)
+        #: whether a greedy row has joined (until then no draw needs the argmax, a pass over the vocabulary per step)
+        self._any_greedy = False
         self.alive = th.zeros(0, dtype=th.bool, device=uniforms.device)  # slots holding a row (others: left, masked)
         self._n_alive = 0
         self.logits: th.Tensor | None = None  # [b, V] raw logits of each live row's next token
@@ -115,6 +117,7 @@ class LiveBatch:
                 "e.g. sliding-window attention) do not allow; use engine='step'"
             )
         n = rows.shape[0]
+        self._any_greedy = self._any_greedy or bool(greedy.any())
         steps = th.full((n,), step, dtype=th.long, device=rows.device)
         positions = mask.sum(dim=-1)
         if self.cache is None or len(self) == 0:
@@ -244,7 +247,8 @@ class LiveBatch:
         log_probs, probs = categorical_tables(policy._processed(pick(self.logits)))
         values, steps, rows, greedy = pick(self.values), pick(self.steps), pick(self.rows), pick(self.greedy)
         chosen = sample_categorical(probs, self.uniforms[steps, rows])
-        chosen = th.where(greedy, probs.argmax(dim=-1), chosen)
+        if self._any_greedy:
+            chosen = th.where(greedy, probs.argmax(dim=-1), chosen)
         chosen = th.where(self.explore[steps, rows], self.explore_tokens[steps, rows], chosen)
         write(rows, steps, chosen, log_probs.gather(-1, chosen[:, None]).squeeze(-1), values)
         steps, decoded = steps + 1, pick(self.decoded) + 1
