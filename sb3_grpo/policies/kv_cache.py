@@ -518,7 +518,8 @@ class RolloutCache:
             )
         step = rows.extend | replace
         if bool(step.any()):
-            self._step(state, ids, mask, step, rows.k, logits, values)
+            hidden = self._step(state, ids, mask, step, rows.k)[step]
+            logits[step], values[step] = self._logits(hidden), self._value(hidden, ids[step], mask[step])
         if bool(redo.any()):
             every_row = bool(redo.all())
             rows_r = redo.nonzero().squeeze(1)
@@ -541,14 +542,11 @@ class RolloutCache:
         mask: th.Tensor,
         step: th.Tensor | None,
         k: th.Tensor | None,
-        logits: th.Tensor | None,
-        values: th.Tensor | None,
-    ) -> tuple[th.Tensor, th.Tensor] | None:
-        """One batched forward over the new tokens of the ``step`` rows (``k[b]`` each), extending the cache; their
-        logits and values written into ``logits`` / ``values``. Other rows feed masked dummy tokens. ``step=None``
-        (with ``k=None`` and no ``logits`` / ``values``): every row adds one token (the look-ahead), with no
-        classification and no host sync, and the new ``(logits, values)`` of every row are returned (not copied into
-        tensors of the caller: at a real model's vocabulary a copy of the logits is a pass over megabytes a step)."""
+    ) -> th.Tensor:
+        """One batched forward over the new tokens of the ``step`` rows (``k[b]`` each), extending the cache; returns
+        every row's hidden state at its last token, ``[B, d]`` (the caller takes the ``step`` rows' logits and values
+        from it). Other rows feed masked dummy tokens. ``step=None`` (with ``k=None``): every row adds one token (the
+        look-ahead), with no classification and no host sync."""
         tail = 1 if k is None else int(k.max())
         n_valid = mask.sum(dim=1, keepdim=True)
         if step is None:
@@ -565,13 +563,9 @@ class RolloutCache:
         trunk = self._step_trunk if tail == 1 else self._trunk
         hidden = trunk(new_tok, kv_mask, pos, cache=state.cache)[:, -1]
         state.kv_mask = kv_mask
-        if step is None:
-            return self._logits(hidden), self._value(hidden, ids, mask)
-        logits[step] = self._logits(hidden[step])
-        values[step] = self._value(hidden[step], ids[step], mask[step])
         if tail > 1:
             self._reorder(state, realign_columns(kv_mask, tail, tail - k))
-        return None
+        return hidden
 
     @staticmethod
     def _reorder(state: _BatchCache, index: th.Tensor) -> None:
@@ -594,8 +588,10 @@ class RolloutCache:
         next_ids = th.cat([ids[:, 1:], actions.reshape(-1, 1).long()], dim=1)
         next_mask = th.cat([mask[:, 1:], th.ones_like(mask[:, :1])], dim=1)
         # every row extends its window by one token (no full window: checked above), so no classification: the step
-        # :meth:`_advance` would take for all-``extend`` rows
-        logits, values = self._step(state, next_ids, next_mask, None, None, None, None)
+        # :meth:`_advance` would take for all-``extend`` rows; its outputs are kept as they come (at a real model's
+        # vocabulary a copy of the logits would be a pass over megabytes a step)
+        hidden = self._step(state, next_ids, next_mask, None, None)
+        logits, values = self._logits(hidden), self._value(hidden, next_ids, next_mask)
         state.ids, state.mask, state.logits, state.values = next_ids, next_mask, logits, values
         state.prev_ids, state.prev_mask, state.prev_logits, state.prev_values = prev
 
