@@ -21,7 +21,7 @@ from transformers import DynamicCache, OPTConfig, OPTModel, Qwen2Config, Qwen2Mo
 from sb3_grpo import GRPO
 from sb3_grpo.policies import lean_step as lean_module
 from sb3_grpo.policies.lean_step import lean_step
-from sb3_grpo.policies.token_sampling import categorical_tables
+from sb3_grpo.policies.token_sampling import categorical_tables, draw_tokens, sample_categorical, token_log_probs
 from textrl_envs.sb3 import make_vec_env
 
 VOCAB = 300  # the vocabulary of the models built here (the tiny models have their config's)
@@ -166,6 +166,28 @@ def test_categorical_tables_equal_torchs_categorical(top_k):
     tokens = dist.sample()
     assert th.equal(probs, dist.probs)
     assert th.equal(log_probs.gather(-1, tokens[:, None]).squeeze(-1), dist.log_prob(tokens))
+
+
+@pytest.mark.parametrize("top_k", [None, 5])
+def test_draw_tokens_log_probs_equal_torchs_categorical(top_k):
+    """The draw's log-normaliser is logsumexp's to the bit, so a token's log-prob is the distribution's; the draw is
+    the inverse-transform draw of the distribution's own probabilities with the same uniforms (a draw at a cdf
+    boundary could round either way: none here)."""
+    th.manual_seed(0)
+    logits = 4 * th.randn(64, 300)
+    if top_k:
+        logits = logits.masked_fill(logits < th.topk(logits, top_k).values[:, -1:], float("-inf"))
+    u = th.rand(64, 1)
+    tokens, log_normaliser = draw_tokens(logits, u)
+    dist = th.distributions.Categorical(logits=logits)
+    assert th.equal(log_normaliser, logits.logsumexp(-1))
+    assert th.equal(token_log_probs(logits, log_normaliser, tokens), dist.log_prob(tokens))
+    assert th.equal(tokens, sample_categorical(dist.probs, u))
+    assert th.isfinite(dist.log_prob(tokens)).all()  # never a removed token
+    th.manual_seed(3)
+    drawn, _ = draw_tokens(logits)
+    th.manual_seed(3)
+    assert th.equal(drawn, sample_categorical(dist.probs))  # the same random stream as drawing from the probs
 
 
 def _rollouts(engine, lean, monkeypatch):

@@ -58,7 +58,7 @@ from sb3_grpo.policies.prefill_memo import FROZEN_MEMO_BYTES, memo_budget
 from sb3_grpo.policies.quantization import keep_training_layout, quantization_spec, quiet_8bit_casts
 from sb3_grpo.policies.sequences import SequenceEvaluationMixin
 from sb3_grpo.policies.threads import apply_cpu_thread_default, cpu_thread_setting
-from sb3_grpo.policies.token_sampling import process_logits, sample_categorical
+from sb3_grpo.policies.token_sampling import draw_tokens, process_logits, token_log_probs
 from sb3_grpo.policies.tokenizer_identity import TOKENIZER_CHECKS
 from sb3_grpo.policies.windows import positions_from_mask, shared_prefixes, trim_padding
 from textrl_envs.validation import check_choice
@@ -820,11 +820,19 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         """
         ids, mask = self._parse_obs(obs)
         logits, values = self._outputs(ids, mask)
-        dist = self._distribution(logits)
-        actions = dist.mode() if deterministic else sample_categorical(dist.distribution.probs)
+        processed = self._processed(logits)
+        # the distribution object only where its mode is read: the draw and its log-probs come from one pass set
+        # (draw_tokens), the same log-probs as the distribution's log_prob
+        dist = None
+        if deterministic or action_filter is not None:
+            dist = self.action_dist.proba_distribution(action_logits=processed)
+        if deterministic:
+            actions, log_normaliser = dist.mode(), processed.logsumexp(dim=-1)
+        else:
+            actions, log_normaliser = draw_tokens(processed)
         if action_filter is not None:
             actions = action_filter(actions, dist)
-        log_prob = dist.log_prob(actions)
+        log_prob = token_log_probs(processed, log_normaliser, actions)
         if look_ahead and self._caching():
             self._look_ahead(ids, mask, actions)
         return actions, values.unsqueeze(-1), log_prob

@@ -8,8 +8,8 @@ into the batch; a window the policy's prefill memo holds, such as a prompt warme
 from it) and leave when their turn ends (:meth:`LiveBatch.advance`) or the env changed their window
 (:meth:`LiveBatch.remove`). Every :meth:`~LiveBatch.advance` is one single-token forward of all live rows, each drawing
 its next token as the policy's :meth:`~sb3_grpo.policies.CausalLMPolicy.forward` draws it: the processed
-distribution (temperature, top-k, top-p), inverse-transform sampling (:func:`.token_sampling.sample_categorical`) from
-the uniform the caller's table holds for that row and step, the mode for greedy rows, and the exploration mixture's
+distribution (temperature, top-k, top-p), inverse-transform sampling (:func:`.token_sampling.draw_tokens`) from the
+uniform the caller's table holds for that row and step, the mode for greedy rows, and the exploration mixture's
 uniform token where the table says the step explores. Rows that joined at different rollout steps share the
 forwards (continuous batching), so a reset row never decodes alone.
 """
@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import torch as th
 
-from sb3_grpo.policies.token_sampling import categorical_tables, sample_categorical
+from sb3_grpo.policies.token_sampling import categorical_tables, draw_tokens, token_log_probs
 from sb3_grpo.policies.windows import left_pad_columns
 
 __all__ = ["LiveBatch"]
@@ -244,13 +244,13 @@ class LiveBatch:
         def pick(t: th.Tensor) -> th.Tensor:
             return t if live is None else t[live]
 
-        log_probs, probs = categorical_tables(policy._processed(pick(self.logits)))
+        processed = policy._processed(pick(self.logits))
         values, steps, rows, greedy = pick(self.values), pick(self.steps), pick(self.rows), pick(self.greedy)
-        chosen = sample_categorical(probs, self.uniforms[steps, rows])
-        if self._any_greedy:
-            chosen = th.where(greedy, probs.argmax(dim=-1), chosen)
+        chosen, log_normaliser = draw_tokens(processed, self.uniforms[steps, rows])
+        if self._any_greedy:  # the distribution's mode, as the step engine's greedy members take it
+            chosen = th.where(greedy, categorical_tables(processed)[1].argmax(dim=-1), chosen)
         chosen = th.where(self.explore[steps, rows], self.explore_tokens[steps, rows], chosen)
-        write(rows, steps, chosen, log_probs.gather(-1, chosen[:, None]).squeeze(-1), values)
+        write(rows, steps, chosen, token_log_probs(processed, log_normaliser, chosen), values)
         steps, decoded = steps + 1, pick(self.decoded) + 1
         ended = th.isin(chosen, self.stop_ids) | (steps >= self.n_steps) | (decoded >= self.max_turn_tokens)
         fits = pick(self.positions) < self.width  # the env's window can hold another token

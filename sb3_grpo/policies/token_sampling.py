@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch as th
 
-__all__ = ["categorical_tables", "process_logits", "sample_categorical"]
+__all__ = ["categorical_tables", "draw_tokens", "process_logits", "sample_categorical", "token_log_probs"]
 
 
 def process_logits(
@@ -69,6 +69,36 @@ def sample_categorical(probs: th.Tensor, u: th.Tensor | None = None) -> th.Tenso
     # NaN weights (a broken model) search past the end: keep the index in range, so that the caller's finiteness
     # check of the distribution, not an indexing error, reports them
     return th.minimum(index, last).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
+
+
+def draw_tokens(logits: th.Tensor, u: th.Tensor | None = None) -> tuple[th.Tensor, th.Tensor]:
+    """One draw per row from ``torch.distributions.Categorical(logits=logits)`` and the rows' log-normalisers, in
+    fewer passes over the vocabulary than building the distribution takes.
+
+    The draw is :func:`sample_categorical` over ``exp(logits - max)``, the unnormalised probabilities (the same
+    distribution as the normalised ones, the same uniform draw per row); the log-normaliser is
+    ``logits.logsumexp(-1)`` computed as PyTorch computes it, from those same exponentials, so that
+    :func:`token_log_probs` gives ``Categorical(logits=logits).log_prob`` to the bit (tested). Building the
+    distribution and its probabilities instead makes about twice the passes over ``[B, V]`` (a logsumexp, the
+    normalised log-probs, a softmax of them): at batch 64 over a 49,152-token vocabulary, about 10 ms of each
+    decoding step on one CPU core.
+
+    :param logits: ``[B, V]`` processed logits (``-inf`` for removed tokens).
+    :param u: ``[B, 1]`` uniform draws on ``[0, 1)`` (``None``: drawn here, as :func:`sample_categorical` draws them).
+    :return: ``(tokens [B], log_normaliser [B])``.
+    """
+    top = logits.amax(dim=-1, keepdim=True)
+    top = top.masked_fill(top.abs() == float("inf"), 0.0)  # as logsumexp: a row of -inf (or +inf) is not shifted
+    weights = (logits - top).exp_()
+    log_normaliser = weights.sum(dim=-1, keepdim=True).log_().add_(top)
+    return sample_categorical(weights, u), log_normaliser.squeeze(-1)
+
+
+def token_log_probs(logits: th.Tensor, log_normaliser: th.Tensor, tokens: th.Tensor) -> th.Tensor:
+    """The log-probs ``[B]`` of ``tokens`` (``[B]``) under ``Categorical(logits=logits)``, given its log-normaliser
+    ``[B]`` (:func:`draw_tokens`'s, or ``logits.logsumexp(-1)``): one subtraction per row, the same numbers as the
+    distribution's ``log_prob``."""
+    return logits.gather(-1, tokens[:, None]).squeeze(-1) - log_normaliser
 
 
 def categorical_tables(logits: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
