@@ -841,11 +841,9 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         ids, mask = self._parse_obs(obs)
         logits, values = self._outputs(ids, mask)
         processed = self._processed(logits)
-        # the distribution object only where its mode is read: the draw and its log-probs come from one pass set
-        # (draw_tokens), the same log-probs as the distribution's log_prob
-        dist = None
-        if deterministic or action_filter is not None:
-            dist = self.action_dist.proba_distribution(action_logits=processed)
+        # the distribution object is built only where it is read (the mode, a filter's greedy members): the draw and
+        # its log-probs come from one set of passes (draw_tokens), the same log-probs as the distribution's log_prob
+        dist = _DeferredDistribution(lambda: self.action_dist.proba_distribution(action_logits=processed))
         if deterministic:
             actions, log_normaliser = dist.mode(), processed.logsumexp(dim=-1)
         else:
@@ -895,6 +893,21 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
 
     def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
         return self.forward(observation, deterministic=deterministic)[0]
+
+
+class _DeferredDistribution:
+    """A :class:`~stable_baselines3.common.distributions.CategoricalDistribution` built at its first attribute read
+    (``make()`` builds it), so that an ``action_filter`` that reads none (no greedy member this step) costs no pass
+    over the vocabulary."""
+
+    def __init__(self, make: Callable[[], CategoricalDistribution]) -> None:
+        self._make = make
+        self._built: CategoricalDistribution | None = None
+
+    def __getattr__(self, name: str) -> Any:  # only names this object lacks: the distribution's
+        if self._built is None:
+            self._built = self._make()
+        return getattr(self._built, name)
 
 
 def cache_argument(model: Any) -> str:

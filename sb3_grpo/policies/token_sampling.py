@@ -58,9 +58,13 @@ def sample_categorical(probs: th.Tensor, u: th.Tensor | None = None) -> th.Tenso
         a rollout engine that computes tokens ahead passes the draws the step-by-step rollout would have made.
     :return: ``[...]`` long tensor of indices.
     """
-    cdf = probs.cumsum(dim=-1)
+    return _draw_from_cdf(probs.cumsum(dim=-1), u)
+
+
+def _draw_from_cdf(cdf: th.Tensor, u: th.Tensor | None) -> th.Tensor:
+    """:func:`sample_categorical` given the weights' cumulative sums ``cdf`` (``[..., V]``)."""
     if u is None:
-        u = th.rand(probs.shape[:-1] + (1,), device=probs.device, dtype=cdf.dtype)
+        u = th.rand(cdf.shape[:-1] + (1,), device=cdf.device, dtype=cdf.dtype)
     total = cdf[..., -1:].contiguous()
     index = th.searchsorted(cdf, u * total, right=True)
     # float rounding could put u at cdf[-1], past every token: take the last one whose probability adds to the cdf,
@@ -68,7 +72,7 @@ def sample_categorical(probs: th.Tensor, u: th.Tensor | None = None) -> th.Tenso
     last = th.searchsorted(cdf, total)
     # NaN weights (a broken model) search past the end: keep the index in range, so that the caller's finiteness
     # check of the distribution, not an indexing error, reports them
-    return th.minimum(index, last).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
+    return th.minimum(index, last).clamp_(max=cdf.shape[-1] - 1).squeeze(-1)
 
 
 def draw_tokens(logits: th.Tensor, u: th.Tensor | None = None) -> tuple[th.Tensor, th.Tensor]:
@@ -91,7 +95,8 @@ def draw_tokens(logits: th.Tensor, u: th.Tensor | None = None) -> tuple[th.Tenso
     top = top.masked_fill(top.abs() == float("inf"), 0.0)  # as logsumexp: a row of -inf (or +inf) is not shifted
     weights = (logits - top).exp_()
     log_normaliser = weights.sum(dim=-1, keepdim=True).log_().add_(top)
-    return sample_categorical(weights, u), log_normaliser.squeeze(-1)
+    # the cumulative sums in place of the weights (no new [B, V] tensor): the weights are this call's own
+    return _draw_from_cdf(weights.cumsum_(dim=-1), u), log_normaliser.squeeze(-1)
 
 
 def token_log_probs(logits: th.Tensor, log_normaliser: th.Tensor, tokens: th.Tensor) -> th.Tensor:
