@@ -833,7 +833,9 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         :param deterministic: take the most likely token instead of sampling.
         :param action_filter: ``f(actions, dist) -> actions``, applied to the drawn actions before their log-probs
             and the look-ahead (GRPO's mixed exploration and greedy group members: one call instead of a second
-            forward for the replaced actions, and a look-ahead that already has the actions taken).
+            forward for the replaced actions, and a look-ahead that already has the actions taken). ``dist`` stands
+            for the step's ``CategoricalDistribution`` and is built at its first attribute read (``dist.mode()``), so
+            a filter that reads nothing costs no pass over the vocabulary.
         :param look_ahead: extend the rollout cache by the tokens chosen, so that the next step's call costs one
             token's forward (``False``: a rollout's last step, when nothing reads the next outputs).
         :return: actions ``[B]``, values ``[B, 1]``, log-probs ``[B]`` of the processed distribution.
