@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-#: Operator names (``aten::...``) of each group; anything else is ``other operators``.
+#: Operator names (``aten::...``) of each group; anything else is ``other operators``. (``mkl::_mkl_linear``: the
+#: packed output layer's product, :mod:`sb3_grpo.policies.packed_head`.)
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-                        "aten::_mkldnn_matmul", "mkldnn::_linear_pointwise"})  # fmt: skip
+                        "aten::_mkldnn_matmul", "mkldnn::_linear_pointwise", "mkl::_mkl_linear"})  # fmt: skip
 ATTENTION_PREFIX = ("aten::_scaled_dot_product", "aten::scaled_dot_product")
 #: How many operators the page lists by self time.
 TOP_OPS = 8

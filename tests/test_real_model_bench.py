@@ -469,11 +469,11 @@ def test_a_profiles_split_by_hand():
     from benchmarks.rollout_profile import split_profile
 
     attention = "aten::_scaled_dot_product_flash_attention_for_cpu"
-    ops = [("aten::addmm", 3.0, 10), ("aten::mm", 1.0, 5), (attention, 0.5, 2), ("aten::copy_", 0.25, 40),
-           ("aten::multinomial", 0.25, 1)]  # fmt: skip
+    ops = [("aten::addmm", 3.0, 10), ("aten::mm", 0.75, 5), (attention, 0.5, 2), ("aten::copy_", 0.25, 40),
+           ("aten::multinomial", 0.25, 1), ("mkl::_mkl_linear", 0.25, 1)]  # fmt: skip
     split = split_profile(6.0, 1.5, ops)
     assert (split["matmul"], split["attention"], split["other"]) == (4.0, 0.5, 0.5)
-    assert split["outside"] == 1.0 and split["env"] == 1.5 and split["op_calls"] == 58
+    assert split["outside"] == 1.0 and split["env"] == 1.5 and split["op_calls"] == 59
     assert [t["op"] for t in split["top"][:2]] == ["aten::addmm", "aten::mm"]
     assert split_profile(1.0, 0.0, ops)["outside"] == 0.0  # operators over the wall time: nothing outside, not less
 
