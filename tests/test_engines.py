@@ -50,15 +50,22 @@ def _guess_env():
     return make_vec_env("GuessNumber-v0", n_envs=N_ENVS, group_size=2, seed=7, device="cpu")
 
 
-def _learn(engine, env_fn=_text_env, **kwargs):
+def logged_rollouts(env, n_steps, batch_size, rollouts=ROLLOUTS, **grpo_kwargs):
+    """A quiet CPU ``GRPO`` (one epoch per update, ``grpo_kwargs`` beside) learning ``rollouts`` rollouts of
+    ``n_steps`` on ``env``: the model and its rollout buffers' fields at each rollout's end (:class:`BufferLog`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = quiet(GRPO("CausalLMPolicy", env_fn(), n_steps=N_STEPS, batch_size=N_STEPS * N_ENVS // 2,
-                           n_epochs=1, seed=3, device="cpu", engine=engine, **kwargs))  # fmt: skip
+        model = quiet(GRPO("CausalLMPolicy", env, n_steps=n_steps, batch_size=batch_size, n_epochs=1, device="cpu",
+                           **grpo_kwargs))  # fmt: skip
     log = BufferLog()
-    model.learn(N_STEPS * N_ENVS * ROLLOUTS, callback=log)
-    model.torch_rng_after = th.get_rng_state()
+    model.learn(n_steps * env.num_envs * rollouts, callback=log)
     return model, log.rollouts
+
+
+def _learn(engine, env_fn=_text_env, **kwargs):
+    model, rollouts = logged_rollouts(env_fn(), N_STEPS, N_STEPS * N_ENVS // 2, seed=3, engine=engine, **kwargs)
+    model.torch_rng_after = th.get_rng_state()
+    return model, rollouts
 
 
 def _assert_same_rollouts(fast, slow):

@@ -8,13 +8,11 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import warnings
-
 import numpy as np
 import pytest
 import torch as th
 from helpers import quiet
-from test_engines import BufferLog
+from test_engines import logged_rollouts
 from test_policies import tiny_gpt2, tiny_llama, tiny_qwen2
 from transformers import DynamicCache, OPTConfig, OPTModel, Qwen2Config, Qwen2Model
 
@@ -207,25 +205,8 @@ def _rollouts(engine, lean, monkeypatch):
 
     monkeypatch.setattr("sb3_grpo.policies.causal_lm.lean_step", counted)
     env = make_vec_env("TextGen-v0", n_envs=4, group_size=2, seed=7, device="cpu", max_new_tokens=8)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = quiet(
-            GRPO(
-                "CausalLMPolicy",
-                env,
-                n_steps=12,
-                batch_size=24,
-                n_epochs=1,
-                seed=3,
-                device="cpu",
-                engine=engine,
-                explore_alpha=0.2,
-                explore_fraction=1.0,
-            )
-        )
-    log = BufferLog()
-    model.learn(4 * 12 * 2, callback=log)
-    return log.rollouts, calls["n"]
+    _, rollouts = logged_rollouts(env, 12, 24, seed=3, engine=engine, explore_alpha=0.2, explore_fraction=1.0)
+    return rollouts, calls["n"]
 
 
 @pytest.mark.parametrize("engine", ["step", "hf"])

@@ -6,16 +6,12 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import warnings
-
 import numpy as np
 import pytest
 import torch as th
-from helpers import quiet
-from test_engines import BufferLog
+from test_engines import logged_rollouts
 from torch.nn import functional as F
 
-from sb3_grpo import GRPO
 from sb3_grpo.policies import packed_head as packed_module
 from sb3_grpo.policies.packed_head import MIN_PACKED_WEIGHTS, PackedHead, mkl_packing_available
 from textrl_envs.sb3 import make_vec_env
@@ -87,24 +83,8 @@ def test_a_product_unequal_to_linear_is_refused_for_its_row_count(monkeypatch):
 
 def _rollout_buffers(engine: str, pack: bool):
     env = make_vec_env("TextGen-v0", n_envs=16, group_size=4, seed=5, device="cpu", max_new_tokens=6)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = quiet(
-            GRPO(
-                "CausalLMPolicy",
-                env,
-                n_steps=8,
-                batch_size=64,
-                n_epochs=1,
-                seed=2,
-                device="cpu",
-                engine=engine,
-                policy_kwargs={"pack_output_layer": pack},
-            )
-        )
-    log = BufferLog()
-    model.learn(16 * 8 * 2, callback=log)
-    return log.rollouts, model.policy
+    model, rollouts = logged_rollouts(env, 8, 64, seed=2, engine=engine, policy_kwargs={"pack_output_layer": pack})
+    return rollouts, model.policy
 
 
 @pytest.mark.parametrize("engine", ["step", "hf"])
