@@ -187,8 +187,8 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         batch off that window's forward (see "Shared prefixes" above); ``False``: one forward row per window.
     :param pack_output_layer: on a CPU (float32, PyTorch built with MKL), keep the output layer's weight packed for
         MKL during a rollout's decoding steps, whose largest product it is (:mod:`~sb3_grpo.policies.packed_head`:
-        the same logits to the bit, faster; about twice the layer's weight in memory while a rollout runs, dropped
-        before each update); ``False``: plain ``F.linear`` always.
+        the same logits to the bit, faster; a packed copy of 1.1x to 2x the layer's weight in memory while a rollout
+        runs, dropped before each update); ``False``: plain ``F.linear`` always.
     :param gradient_checkpointing: trade compute for memory in the update forward.
     :param lora: train LoRA adapters instead of the LM (needs ``peft``: ``pip install "textrl[lora]"``): a
         ``peft.LoraConfig`` or a dict of its arguments (e.g. ``{"r": 8, "lora_alpha": 16}``). The adapters are
