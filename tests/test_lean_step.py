@@ -192,8 +192,8 @@ def _rollouts(engine, lean, monkeypatch):
     calls = {"n": 0}
     real = lean_module.lean_step
 
-    def counted(body):
-        step = real(body) if lean else None
+    def counted(body, *projection):
+        step = real(body, *projection) if lean else None
         if step is None:
             return None
 

@@ -28,6 +28,7 @@ from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 from torch.nn import functional as F
 
+from sb3_grpo.policies.column_weights import ColumnWeights
 from sb3_grpo.policies.critics import EmbeddingCritic
 from sb3_grpo.policies.decoder import LiveBatch
 from sb3_grpo.policies.experts import ExpertMixtureMixin
@@ -189,6 +190,10 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         MKL during a rollout's decoding steps, whose largest product it is (:mod:`~sb3_grpo.policies.packed_head`:
         the same logits to the bit, faster; a packed copy of 1.1x to 2x the layer's weight in memory while a rollout
         runs, dropped before each update); ``False``: plain ``F.linear`` always.
+    :param column_major_weights: on a CPU (float32), run the rollout's decoding products of the transformer blocks
+        from column-major copies of their weights where that is measured faster on this machine
+        (:mod:`~sb3_grpo.policies.column_weights`: the same numbers to the bit, checked; a copy of each served weight
+        in memory while a rollout runs, dropped before each update); ``False``: the layers' own products always.
     :param gradient_checkpointing: trade compute for memory in the update forward.
     :param lora: train LoRA adapters instead of the LM (needs ``peft``: ``pip install "textrl[lora]"``): a
         ``peft.LoraConfig`` or a dict of its arguments (e.g. ``{"r": 8, "lora_alpha": 16}``). The adapters are
@@ -247,6 +252,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         pack_sequences: bool = True,
         share_prefixes: bool = True,
         pack_output_layer: bool = True,
+        column_major_weights: bool = True,
         gradient_checkpointing: bool = False,
         lora: Any = None,
         quantization: Any = None,
@@ -278,7 +284,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         self._check_spaces(observation_space, action_space)
         flags = {"separate_critic": separate_critic, "use_cache": use_cache, "pack_sequences": pack_sequences}
         flags.update(share_prefixes=share_prefixes, gradient_checkpointing=gradient_checkpointing)
-        flags.update(pack_output_layer=pack_output_layer)
+        flags.update(pack_output_layer=pack_output_layer, column_major_weights=column_major_weights)
         flags.update(ortho_init=ortho_init)
         check_policy_args(temperature, top_k, top_p, critic_hidden, value_head_init_std, flags)
         cpu_thread_setting()  # a bad SB3_GRPO_CPU_THREADS is refused here, not at the first forward
@@ -298,6 +304,9 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         self.pack_output_layer = bool(pack_output_layer)
         #: the output layer's weight packed for MKL during rollouts (decoding steps on a CPU), dropped before updates
         self._packed_head = PackedHead() if self.pack_output_layer else None
+        self.column_major_weights = bool(column_major_weights)
+        #: the blocks' weights copied column-major for the decoding products where faster, dropped before updates
+        self._column_weights = ColumnWeights() if self.column_major_weights else None
         self.gradient_checkpointing = gradient_checkpointing
         self._autocast = check_autocast_dtype(autocast_dtype)
         self.autocast_dtype = None if self._autocast is None else str(self._autocast).replace("torch.", "")
@@ -462,6 +471,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
                 "separate_critic": self.separate_critic,
                 "use_cache": self.use_cache,
                 "pack_output_layer": self.pack_output_layer,
+                "column_major_weights": self.column_major_weights,
                 "pack_sequences": self.pack_sequences,
                 "share_prefixes": self.share_prefixes,
                 "gradient_checkpointing": self.gradient_checkpointing,
@@ -572,7 +582,8 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         if self.separate_critic:
             self.critic.eval()
         # the rollout's single-token forwards (no gradients) take the lean step where the model has one
-        self._lean_decode = None if mode or self.moe is not None else lean_step(self.lm.base_model)
+        columns = None if self._column_weights is None or self._autocast is not None else self._column_weights.linear
+        self._lean_decode = None if mode or self.moe is not None else lean_step(self.lm.base_model, columns)
         if self.gradient_checkpointing and mode:
             from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -591,10 +602,13 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         self.train(mode)
 
     def reset_cache(self) -> None:
-        """Drop every rollout KV cache (the next call recomputes all rows) and the packed output layer."""
+        """Drop every rollout KV cache (the next call recomputes all rows), the packed output layer and the
+        column-major weight copies."""
         self._rollout_cache.reset()
         if self._packed_head is not None:
             self._packed_head.clear()
+        if self._column_weights is not None:
+            self._column_weights.clear()
 
     def _new_rollout_cache(self, memo_bytes: int | None = None) -> RolloutCache:
         """An empty rollout KV cache over this policy's forward pieces, its prefill memo of ``memo_bytes`` (``None``:
