@@ -19,6 +19,8 @@ alternating, so a load spike on a shared machine lands on both sides):
   without the LM head) and every row's tokens decoded (``2 * P`` a token, the head included), plus attention's FLOPs,
   with every weight read once per decode step; so the rollout takes at least
   ``max(FLOPs / matmul rate, weight bytes * steps / bandwidth)``;
+* **a decoding step's products** (float32), by weight layout: each block weight shape's product as stored and from a
+  column-major copy, and the output layer's plain and packed for MKL (:mod:`benchmarks.decode_products`);
 * **updates**: one ``train()`` of DeepSeekMath's GRPO (the study's set-up: LoRA, and a full fine-tune) on a collected
   rollout, against a plain Hugging Face forward and backward of the same batches (every token's log-probability, one
   backward), as tokens/s and as a share of the matmul rate (``6 * P`` FLOPs a token);
@@ -419,6 +421,7 @@ def _body_05b_note(result: dict) -> list[str]:
 
 
 def page_body(result: dict) -> str:
+    from benchmarks.decode_products import decode_products_section
     from benchmarks.rollout_profile import profile_section
 
     lim = result["limits"]
@@ -476,6 +479,7 @@ def page_body(result: dict) -> str:
                          f"{'on' if r['eos'] else 'off'} | {mean:.2g} | {worst:.2g} |")  # fmt: skip
     lines += time_split_section([r for r in result["rollouts"] if r.get("time_split")])
     lines += profile_section([r for r in result["rollouts"] if r.get("profile")])
+    lines += decode_products_section(result.get("products", []))
     if result["updates"]:
         lines += update_section(result["updates"])
     if result.get("memory"):
@@ -527,6 +531,35 @@ def check_engines(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
                          "count when it starts (torch.set_num_threads is a no-op after it)")  # fmt: skip
 
 
+def measure_rollouts(args: argparse.Namespace, limits: dict, result: dict) -> None:
+    """The rollout rows of every model, dtype, thread count, batch and budget of ``args`` into ``result`` (and, for
+    SmolLM2 in float32, its decoding products by weight layout)."""
+    import torch as th
+
+    from benchmarks.decode_products import decode_product_rows
+    from sb3_grpo.policies.models import load_lm
+
+    models = [(MODEL, lambda dtype: load_lm(MODEL, getattr(th, dtype)))]
+    if args.shape_05b:
+        models.append((BODY_05B, lambda dtype: load_lm({"config": QWEN2_05B}, getattr(th, dtype))))
+    for label, build in models:
+        for dtype in args.dtypes:
+            lm = build(dtype)
+            for threads in args.threads:
+                th.set_num_threads(threads)
+                for batch in args.batches:
+                    for tokens in args.tokens:
+                        rows = rollout_rows(lm, label, batch, tokens, threads, dtype, limits, args.repeats,
+                                            tuple(args.groups), tuple(args.engines), args.profile)  # fmt: skip
+                        result["rollouts"] += rows
+                        if label == MODEL and dtype == "float32" and tokens == args.tokens[0]:
+                            result["products"] += decode_product_rows(lm, batch, threads, args.repeats)
+                        print(f"[real-speed] {label} {dtype} {threads}t b{batch} t{tokens}: "
+                              + ", ".join(f"{r['engine']}{'' if r['eos'] else '/noeos'} {r['tokens_per_s']:.0f}"
+                                          for r in rows), flush=True)  # fmt: skip
+            del lm
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -536,9 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch as th
 
-    from sb3_grpo.policies.models import load_lm
-
-    result: dict[str, Any] = {"limits": {}, "rollouts": [], "updates": [], "memory": [], "load": [os.getloadavg()[0]]}
+    result: dict[str, Any] = {"limits": {}, "rollouts": [], "products": [], "updates": [], "memory": [],
+                              "load": [os.getloadavg()[0]]}  # fmt: skip
     if "vllm" in args.engines:
         import vllm
 
@@ -553,23 +585,7 @@ def main(argv: list[str] | None = None) -> int:
             result["limits"][f"{threads}/{dtype}"] = {"gflops": limits[(threads, dtype)]["gflops"],
                                                       "gbps": limits[threads]["gbps"]}  # fmt: skip
         print(f"[real-speed] limits at {threads} threads: {result['limits']}", flush=True)
-    models = [(MODEL, lambda dtype: load_lm(MODEL, getattr(th, dtype)))]
-    if args.shape_05b:
-        models.append((BODY_05B, lambda dtype: load_lm({"config": QWEN2_05B}, getattr(th, dtype))))
-    for label, build in models:
-        for dtype in args.dtypes:
-            lm = build(dtype)
-            for threads in args.threads:
-                th.set_num_threads(threads)
-                for batch in args.batches:
-                    for tokens in args.tokens:
-                        rows = rollout_rows(lm, label, batch, tokens, threads, dtype, limits, args.repeats,
-                                            tuple(args.groups), tuple(args.engines), args.profile)  # fmt: skip
-                        result["rollouts"] += rows
-                        print(f"[real-speed] {label} {dtype} {threads}t b{batch} t{tokens}: "
-                              + ", ".join(f"{r['engine']}{'' if r['eos'] else '/noeos'} {r['tokens_per_s']:.0f}"
-                                          for r in rows), flush=True)  # fmt: skip
-            del lm
+    measure_rollouts(args, limits, result)
     for threads in [] if args.no_updates else args.threads:
         th.set_num_threads(threads)
         rows = update_rows(MODEL, args.update_batch, args.tokens[0], threads, limits[(threads, "float32")]["gflops"],

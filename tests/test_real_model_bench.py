@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+import torch as th
 
 from benchmarks import real_model as rm
 
@@ -382,8 +383,30 @@ def test_the_speed_bench_smoke(tmp_path, gguf_cache):
     assert {r["prompts"] for r in result["rollouts"] if r["group"] == 2} == {1}  # the group's two rows share one
     assert all(r["tokens_per_s"] > 0 and 0 < r["of_roofline"] for r in result["rollouts"])
     assert {r["mode"] for r in result["updates"]} == {"lora", "full"}
+    products = {r["weight"]: r["products"] for r in result["products"] if r["layout"] == "column-major copy"}
+    assert products == {"192 x 576": 60, "576 x 576": 60, "1536 x 576": 60, "576 x 1536": 30}  # SmolLM2's 30 blocks
+    assert all(r["plain_ms"] > 0 and r["other_ms"] > 0 for r in result["products"])
     text = page.read_text()
     assert "## The machine's limits" in text and "## Rollouts" in text and "## Updates" in text
+    assert "## A decoding step's products by weight layout" in text
+
+
+def test_the_decoding_products_are_timed_per_weight_shape_and_compared_to_the_bit():
+    from test_column_weights import _tiny_llama
+
+    from benchmarks.decode_products import decode_product_rows, decode_products_section
+
+    lm = _tiny_llama(300).eval()  # projections 128 x 128 (q, o), 64 x 128 (k, v), 256 x 128 (gate, up), 128 x 256
+    rows = decode_product_rows(lm, 32, th.get_num_threads(), repeats=1)
+    blocks = {r["weight"]: r["products"] for r in rows if r["layout"] == "column-major copy"}
+    assert blocks == {"64 x 128": 4, "128 x 128": 4, "256 x 128": 4, "128 x 256": 2}
+    assert all(r["speedup"] == pytest.approx(r["plain_ms"] / r["other_ms"]) for r in rows)
+    weight, x = lm.model.layers[0].mlp.down_proj.weight, th.randn(32, 256)
+    copy = weight.detach().t().contiguous().t()
+    equal = bool(th.equal(th.nn.functional.linear(x, weight), th.nn.functional.linear(x, copy)))
+    assert next(r["equal"] for r in rows if r["weight"] == "128 x 256") == equal  # as this CPU's MKL computes them
+    table = decode_products_section(rows)
+    assert sum(line.startswith("| ") for line in table) == len(rows) + 1  # a row each, under the header
 
 
 def test_a_resumed_study_refuses_other_settings(tmp_path):
