@@ -3,11 +3,11 @@
 A linear layer stores its weight ``[out, in]`` row by row, and ``F.linear(x, W)`` asks BLAS for ``x @ W.T``: MKL's
 ``sgemm`` then gathers the weight's columns into its panels at every call, a transposing copy of a weight that a
 decoding step reads once and from memory. Given the same weight laid out column by column (``W.T`` contiguous, the
-tensor ``W.T.contiguous().T``) it copies the panels straight. On one core of an AVX-512 Xeon at batch 64 the products
-of SmolLM2-135M-Instruct's blocks took about 0.7x the time that way (``[64, 576] x [576, 1536]``: 1.0 ms instead of
-1.6), and MKL multiplies in the same order, so the numbers are the same to the bit for 16 rows or more (under that it
-takes another kernel). On two cores the gain was smaller and varied from run to run, and another CPU or thread count
-may differ again: so nothing is assumed.
+tensor ``W.T.contiguous().T``) it copies the panels straight, and multiplies in the same order, so the numbers are the
+same to the bit for 16 rows or more (under that it takes another kernel). How much faster depends on the CPU, the
+thread count and the shape (``textrl-bench real-speed`` times each of a model's weight shapes both ways): on one core
+of an AVX-512 Xeon at batch 64, SmolLM2-135M-Instruct's block products ran 1.2x to 1.5x as fast; on two cores 1.05x
+to 1.1x, and in the policy's own trials on two cores some shapes did not gain. So nothing is assumed.
 
 :class:`ColumnWeights` serves a layer's product (:meth:`ColumnWeights.linear`, which the lean decoding step of
 :mod:`~sb3_grpo.policies.lean_step` calls for each projection) from a column-major copy of its weight where that was
