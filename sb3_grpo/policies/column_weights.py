@@ -148,8 +148,16 @@ class ColumnWeights:
         self._trials.pop(key, None)
 
 
+def _cpu_autocast() -> bool:
+    """Whether autocast is on for the CPU (``torch.is_autocast_enabled`` takes a device type from torch 2.4 on)."""
+    try:
+        return th.is_autocast_enabled("cpu")
+    except TypeError:
+        return th.is_autocast_cpu_enabled()
+
+
 def _servable(module: nn.Module, x: th.Tensor) -> bool:
-    if type(module) is not nn.Linear or th.is_grad_enabled() or th.is_autocast_enabled("cpu"):
+    if type(module) is not nn.Linear or th.is_grad_enabled() or _cpu_autocast():
         return False
     weight, bias = module.weight, module.bias
     return (
