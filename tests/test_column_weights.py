@@ -195,3 +195,14 @@ def test_rollouts_with_column_major_weights_equal_those_without(monkeypatch):
     for a, b in zip(with_columns, plain, strict=True):
         for name in a:
             np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_the_policy_serves_the_copies_to_its_lean_step_on_the_cpu_only(monkeypatch):
+    from test_policies import make_policy, tiny_llama
+
+    policy = make_policy(tiny_llama())
+    assert policy._projection() == policy._column_weights.linear
+    assert make_policy(tiny_llama(), column_major_weights=False)._projection() is None
+    assert make_policy(tiny_llama(), autocast_dtype="bfloat16")._projection() is None  # autocast's own products
+    monkeypatch.setattr(type(policy), "device", property(lambda self: th.device("cuda")))
+    assert policy._projection() is None  # a GPU: no MKL, and the lean step's host time counts

@@ -582,8 +582,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         if self.separate_critic:
             self.critic.eval()
         # the rollout's single-token forwards (no gradients) take the lean step where the model has one
-        columns = None if self._column_weights is None or self._autocast is not None else self._column_weights.linear
-        self._lean_decode = None if mode or self.moe is not None else lean_step(self.lm.base_model, columns)
+        self._lean_decode = None if mode or self.moe is not None else lean_step(self.lm.base_model, self._projection())
         if self.gradient_checkpointing and mode:
             from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -591,6 +590,13 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
                 if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
                     module.training = True
         return self
+
+    def _projection(self) -> Any:
+        """How the lean step runs the blocks' projections: from column-major weight copies where they may serve (a
+        float32 policy on the CPU, :mod:`~sb3_grpo.policies.column_weights`), else ``None`` (the layers' calls)."""
+        if self._column_weights is None or self._autocast is not None or self.device.type != "cpu":
+            return None
+        return self._column_weights.linear
 
     def set_training_mode(self, mode: bool) -> None:
         """SB3 hook: ``True`` before an update (drops the rollout cache), ``False`` before a rollout.

@@ -157,12 +157,11 @@ def _cpu_autocast() -> bool:
 
 
 def _servable(module: nn.Module, x: th.Tensor) -> bool:
-    if type(module) is not nn.Linear or th.is_grad_enabled() or _cpu_autocast():
+    if type(module) is not nn.Linear or x.device.type != "cpu" or th.is_grad_enabled() or _cpu_autocast():
         return False
     weight, bias = module.weight, module.bias
     return (
-        x.device.type == "cpu"
-        and x.dtype == weight.dtype == th.float32
+        x.dtype == weight.dtype == th.float32
         and (bias is None or bias.dtype == th.float32)
         and weight.is_contiguous()
         and weight.numel() >= MIN_COLUMN_WEIGHTS
