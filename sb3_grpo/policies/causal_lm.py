@@ -592,8 +592,9 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         return self
 
     def _projection(self) -> Any:
-        """How the lean step runs the blocks' projections: from column-major weight copies where they may serve (a
-        float32 policy on the CPU, :mod:`~sb3_grpo.policies.column_weights`), else ``None`` (the layers' calls)."""
+        """How the lean step runs the blocks' projections: through the column-major weight copies on the CPU without
+        autocast (:mod:`~sb3_grpo.policies.column_weights`, which serves float32 products), else ``None`` (the
+        layers' own calls)."""
         if self._column_weights is None or self._autocast is not None or self.device.type != "cpu":
             return None
         return self._column_weights.linear
