@@ -173,24 +173,33 @@ def _tiny_llama(vocab: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(cfg)
 
 
-def _rollout_buffers(columns: bool):
+def _rollout_buffers(columns: bool, lora: dict | None = None):
     env = make_vec_env("TextGen-v0", n_envs=16, group_size=4, seed=5, device="cpu", max_new_tokens=6)
-    kwargs = {"model": _tiny_llama(int(env.action_space.n)), "column_major_weights": columns}
+    kwargs = {"model": _tiny_llama(int(env.action_space.n)), "column_major_weights": columns, "lora": lora}
     model, rollouts = logged_rollouts(env, 8, 64, seed=2, engine="step", policy_kwargs=kwargs)
     return rollouts, model.policy
 
 
-def test_rollouts_with_column_major_weights_equal_those_without(monkeypatch):
+#: LoRA on the attention projections, as the real-model guide trains: the MLP's plain layers are still served
+ATTENTION_LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+
+
+@pytest.mark.parametrize("lora", [None, ATTENTION_LORA], ids=["full", "lora"])
+def test_rollouts_with_column_major_weights_equal_those_without(lora, monkeypatch):
+    if lora is not None:
+        pytest.importorskip("peft", reason="LoRA needs the lora extra (pip install peft)")
     monkeypatch.setattr(column_module, "MIN_COLUMN_WEIGHTS", 0)  # the tiny Llama's layers are small
     monkeypatch.setattr(column_module, "KEEP_BELOW", 1e9)  # keep every equal copy, however fast
     served = _served_products(monkeypatch)
-    with_columns, policy = _rollout_buffers(True)
+    with_columns, policy = _rollout_buffers(True, lora)
     n_served = served["n"]
-    plain, without = _rollout_buffers(False)
+    plain, without = _rollout_buffers(False, lora)
     assert without._column_weights is None and served["n"] == n_served
     if any(policy._column_weights.verdicts.values()):  # (a CPU whose MKL multiplies otherwise serves nothing)
         assert n_served > TRIAL_PRODUCTS * 4
-    assert policy._column_weights.verdicts  # the decoding steps' products were tried
+    tried = {key[:2] for key in policy._column_weights.verdicts}  # the decoding steps' products were tried
+    mlp = {(256, 128), (128, 256)}  # (gate and up, down)
+    assert tried == (mlp if lora else mlp | {(128, 128), (64, 128)})  # the adapted layers run peft's forward
     assert not policy._column_weights.holds  # dropped before the update, the update's memory as without it
     for a, b in zip(with_columns, plain, strict=True):
         for name in a:
