@@ -7,10 +7,9 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np
 import pytest
 import torch as th
-from test_engines import logged_rollouts
+from test_engines import assert_rollouts_equal_to_the_bit, count_calls, logged_rollouts
 from test_policies import EOS
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -27,15 +26,7 @@ def _layer(out_features: int = 1024, in_features: int = 512, bias: bool = True) 
 
 def _served_products(monkeypatch) -> dict[str, int]:
     """Count the products served from a copy (trials included)."""
-    served = {"n": 0}
-    real = column_module._column_product
-
-    def counted(*args):
-        served["n"] += 1
-        return real(*args)
-
-    monkeypatch.setattr(column_module, "_column_product", counted)
-    return served
+    return count_calls(monkeypatch, column_module, "_column_product")
 
 
 def test_a_copy_measured_faster_serves_the_layers_numbers(monkeypatch):
@@ -201,9 +192,7 @@ def test_rollouts_with_column_major_weights_equal_those_without(lora, monkeypatc
     mlp = {(256, 128), (128, 256)}  # (gate and up, down)
     assert tried == (mlp if lora else mlp | {(128, 128), (64, 128)})  # the adapted layers run peft's forward
     assert not policy._column_weights.holds  # dropped before the update, the update's memory as without it
-    for a, b in zip(with_columns, plain, strict=True):
-        for name in a:
-            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert_rollouts_equal_to_the_bit(with_columns, plain)
 
 
 def test_the_policy_serves_the_copies_to_its_lean_step_on_the_cpu_only(monkeypatch):

@@ -62,6 +62,26 @@ def logged_rollouts(env, n_steps, batch_size, rollouts=ROLLOUTS, **grpo_kwargs):
     return model, log.rollouts
 
 
+def assert_rollouts_equal_to_the_bit(these, those):
+    """Every field of every rollout buffer in ``these`` equals ``those``'s to the bit (:func:`logged_rollouts`'s)."""
+    for a, b in zip(these, those, strict=True):
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def count_calls(monkeypatch, module, name):
+    """Replace ``module.name`` by a wrapper that counts its calls: ``{"n": calls so far}``."""
+    calls = {"n": 0}
+    real = getattr(module, name)
+
+    def counted(*args):
+        calls["n"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
 def _learn(engine, env_fn=_text_env, **kwargs):
     model, rollouts = logged_rollouts(env_fn(), N_STEPS, N_STEPS * N_ENVS // 2, seed=3, engine=engine, **kwargs)
     model.torch_rng_after = th.get_rng_state()

@@ -8,11 +8,10 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np
 import pytest
 import torch as th
 from helpers import quiet
-from test_engines import logged_rollouts
+from test_engines import assert_rollouts_equal_to_the_bit, logged_rollouts
 from test_policies import tiny_gpt2, tiny_llama, tiny_qwen2
 from transformers import DynamicCache, OPTConfig, OPTModel, Qwen2Config, Qwen2Model
 
@@ -214,9 +213,7 @@ def test_rollouts_through_the_lean_step_equal_the_models_forward_to_the_bit(engi
     lean, used = _rollouts(engine, True, monkeypatch)
     plain, unused = _rollouts(engine, False, monkeypatch)
     assert used > 10 and unused == 0
-    for a, b in zip(lean, plain, strict=True):
-        for name in a:
-            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert_rollouts_equal_to_the_bit(lean, plain)
 
 
 def test_appended_columns_equal_cat_and_leave_earlier_views_unchanged():

@@ -6,10 +6,9 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np
 import pytest
 import torch as th
-from test_engines import logged_rollouts
+from test_engines import assert_rollouts_equal_to_the_bit, count_calls, logged_rollouts
 from torch.nn import functional as F
 
 from sb3_grpo.policies import packed_head as packed_module
@@ -90,20 +89,11 @@ def _rollout_buffers(engine: str, pack: bool):
 @pytest.mark.parametrize("engine", ["step", "hf"])
 def test_rollouts_with_the_packed_output_layer_equal_those_without(engine, monkeypatch):
     monkeypatch.setattr(packed_module, "MIN_PACKED_WEIGHTS", 0)  # the bundled LM's output layer is small
-    served = {"n": 0}
-    real = packed_module._packed_product
-
-    def counted(*args):
-        served["n"] += 1
-        return real(*args)
-
-    monkeypatch.setattr(packed_module, "_packed_product", counted)
+    served = count_calls(monkeypatch, packed_module, "_packed_product")
     packed, policy = _rollout_buffers(engine, True)
     plain, unpacked = _rollout_buffers(engine, False)
     assert unpacked._packed_head is None
     if not policy._packed_head.refused:  # (a CPU whose MKL takes another kernel for this shape packs nothing)
         assert served["n"] > 8
     assert not policy._packed_head.holds  # dropped before the update, the update's memory as without it
-    for a, b in zip(packed, plain, strict=True):
-        for name in a:
-            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert_rollouts_equal_to_the_bit(packed, plain)
