@@ -2,11 +2,12 @@
 
 A decoding step of ``B`` rows multiplies ``[B, d]`` activations by every weight once, each weight read from memory
 (the step streams the whole model). :func:`decode_product_rows` runs one step's products of the transformer blocks
-in the model's order, from each weight as stored (``F.linear``, which has MKL gather the weight's columns at every
-call) and from a column-major copy (:mod:`sb3_grpo.policies.column_weights`), the two ways alternating over
-``repeats`` passes, and the output layer's product plain and packed for MKL (:mod:`sb3_grpo.policies.packed_head`).
-Each row gives a weight shape's median time per product both ways and whether the two products are equal to the bit
-(a layout MKL multiplies in another order would not be served by the policy).
+in the model's order three ways, alternating over ``repeats`` passes: from each weight as stored (``F.linear``, which
+has MKL gather the weight's columns at every call), from a column-major copy of each, and from MKL packs, the
+projections that read the same input (a layer's query, key and value; its gate and up) packed together as the lean
+step serves them (:mod:`sb3_grpo.policies.block_weights`); and the output layer's product plain and packed for MKL
+(:mod:`sb3_grpo.policies.packed_head`). Each row gives a weight shape's (or a group's) median time per product both
+ways and whether the products are equal to the bit (a layout MKL multiplies in another order is never served).
 """
 
 from __future__ import annotations
@@ -18,49 +19,119 @@ from typing import Any
 __all__ = ["decode_product_rows", "decode_products_section"]
 
 
+def decode_groups(body: Any) -> list[tuple]:
+    """The linear layers of ``body``'s blocks in the order of a decoding step, in the groups the lean step projects
+    together: the query, key and value, the output, the gate and up, the down projection of each Llama-family layer;
+    every other linear layer alone."""
+    from torch import nn
+
+    groups: list[tuple] = []
+    for layer in getattr(body, "layers", []):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        names = (("q_proj", "k_proj", "v_proj"), ("o_proj",)), (("gate_proj", "up_proj"), ("down_proj",))
+        for owner, owned in zip((attn, mlp), names, strict=True):
+            for group in owned:
+                modules = tuple(getattr(owner, name, None) for name in group)
+                if all(type(m) is nn.Linear for m in modules):
+                    groups.append(modules)
+    if not groups:
+        groups = [(m,) for m in body.modules() if type(m) is nn.Linear]
+    return groups
+
+
 def decode_product_rows(lm: Any, batch: int, threads: int, repeats: int = 5) -> list[dict]:
-    """Per weight shape of ``lm``'s blocks (and its output layer), the time of one decoding product of ``batch`` rows
-    both ways (see the module's docstring), at torch's current thread count (``threads``, recorded)."""
+    """Per weight shape of ``lm``'s blocks (and per group packed together, and its output layer), the time of one
+    decoding product of ``batch`` rows each way (see the module's docstring), at torch's current thread count
+    (``threads``, recorded)."""
     import torch as th
     from torch import nn
-    from torch.nn import functional as F
 
+    from sb3_grpo.policies.block_weights import laid_out
     from sb3_grpo.policies.packed_head import PackedHead, mkl_packing_available
 
     head = lm.get_output_embeddings()
-    linears = [m for m in lm.base_model.modules() if type(m) is nn.Linear and m is not head]
-    rows: list[dict] = []
+    groups = [g for g in decode_groups(lm.base_model) if head not in g]
+    ways = ("plain", "column", "packed") if mkl_packing_available() else ("plain", "column")
     with th.no_grad():
         gen = th.Generator().manual_seed(0)
-        inputs = {m.in_features: th.randn(batch, m.in_features, generator=gen) for m in linears}
-        weights = [m.weight.detach() for m in linears]
-        copies = [w.t().contiguous().t() for w in weights]
-        shapes = sorted({tuple(w.shape) for w in weights})
-        spent: dict[str, dict[tuple, list[float]]] = {m: {s: [] for s in shapes} for m in ("plain", "column")}
+        inputs = {m.in_features: th.randn(batch, m.in_features, generator=gen) for g in groups for m in g}
+        layouts = {way: [laid_out(way, [m.weight.detach() for m in g], batch) for g in groups] for way in ways[1:]}
+        spent: dict[str, dict[tuple, list[float]]] = {way: {} for way in ways}
         for r in range(repeats + 1):  # the first pass warms up
-            for mode in ("plain", "column") if r % 2 == 0 else ("column", "plain"):
-                totals = dict.fromkeys(shapes, 0.0)
-                for w in weights if mode == "plain" else copies:
-                    x = inputs[w.shape[1]]
-                    start = time.perf_counter()
-                    F.linear(x, w)
-                    totals[tuple(w.shape)] += time.perf_counter() - start
-                if r:
-                    for s in shapes:
-                        spent[mode][s].append(totals[s])
-        for s in shapes:
-            n = sum(1 for w in weights if tuple(w.shape) == s)
-            w, copy = next((w, c) for w, c in zip(weights, copies, strict=True) if tuple(w.shape) == s)
-            x = inputs[s[1]]
-            equal = bool(th.equal(F.linear(x, w), F.linear(x, copy)))
-            plain, column = (statistics.median(spent[m][s]) / n for m in ("plain", "column"))
-            rows.append({"threads": threads, "batch": batch, "weight": f"{s[0]} x {s[1]}", "products": n,
-                         "layout": "column-major copy", "plain_ms": plain * 1e3, "other_ms": column * 1e3,
-                         "speedup": plain / column, "equal": equal})  # fmt: skip
-        del copies
+            for way in ways[r % len(ways) :] + ways[: r % len(ways)]:
+                totals = _one_pass(way, groups, inputs, layouts.get(way), batch)
+                for key, total in totals.items() if r else ():
+                    spent[way].setdefault(key, []).append(total)
+        rows = _layout_rows(groups, inputs, layouts, spent, batch, threads)
+        del layouts
         if head is not None and type(head) is nn.Linear and mkl_packing_available():
             row = _packed_head_row(head.weight.detach(), batch, threads, repeats, PackedHead())
             rows += [] if row is None else [row]
+    return rows
+
+
+def _group_key(group: tuple) -> tuple:
+    return tuple(tuple(m.weight.shape) for m in group)
+
+
+def _one_pass(way: str, groups: list[tuple], inputs: dict, layouts: list | None, batch: int) -> dict[tuple, float]:
+    """One decoding step's block products served ``way``, timed: per ``("weight", shape)`` (every way but packs) and
+    per ``("group", shapes)`` (plain and packs), seconds summed over the step."""
+    from sb3_grpo.policies.block_weights import served_products
+
+    totals: dict[tuple, float] = {}
+    for i, group in enumerate(groups):
+        x = inputs[group[0].in_features]
+        if way == "packed":
+            start = time.perf_counter()
+            served_products(way, group, x, layouts[i], batch)
+            spent = {("group", _group_key(group)): time.perf_counter() - start}
+        else:
+            spent = {}
+            for j, m in enumerate(group):
+                start = time.perf_counter()
+                served_products(way, (m,), x, () if layouts is None else (layouts[i][j],), batch)
+                spent[("weight", tuple(m.weight.shape))] = time.perf_counter() - start
+            if way == "plain":
+                spent[("group", _group_key(group))] = sum(spent.values())
+        for key, seconds in spent.items():
+            totals[key] = totals.get(key, 0.0) + seconds
+    return totals
+
+
+def _layout_rows(groups, inputs, layouts, spent, batch, threads) -> list[dict]:
+    """The rows of each weight shape (column-major copies) and each group's shapes (packs), with whether their
+    products equal ``F.linear``'s to the bit."""
+    import torch as th
+
+    from sb3_grpo.policies.block_weights import served_products
+
+    first: dict[tuple, tuple[int, int]] = {}  # per key, its first group and layer there
+    for i, group in enumerate(groups):
+        for j, m in enumerate(group):
+            first.setdefault(("column", ("weight", tuple(m.weight.shape))), (i, j))
+        first.setdefault(("packed", ("group", _group_key(group))), (i, -1))
+    order = sorted(first, key=lambda k: (k[0], k[1][1]) if k[0] == "column" else (k[0], first[k]))
+    rows: list[dict] = []
+    for way, key in order:
+        if way not in layouts:
+            continue
+        i, j = first[(way, key)]
+        group, x = groups[i], inputs[groups[i][0].in_features]
+        tensors = layouts[way][i]
+        if j >= 0:
+            group, tensors = (group[j],), (tensors[j],)
+        count = sum(1 for g in groups for m in g if tuple(m.weight.shape) == key[1]) if j >= 0 else (
+            sum(1 for g in groups if _group_key(g) == key[1]))  # fmt: skip
+        plain = served_products("plain", group, x, (), batch)
+        served = served_products(way, group, x, tensors, batch)
+        equal = all(th.equal(a, b) for a, b in zip(served, plain, strict=True))
+        plain_s, other_s = (statistics.median(spent[w][key]) / count for w in ("plain", way))
+        layout = "column-major copy" if way == "column" else "packed for MKL" + (", together" if len(group) > 1 else "")
+        shapes = [key[1]] if j >= 0 else key[1]
+        rows.append({"threads": threads, "batch": batch, "weight": " + ".join(f"{o} x {n}" for o, n in shapes),
+                     "products": count, "layout": layout, "plain_ms": plain_s * 1e3, "other_ms": other_s * 1e3,
+                     "speedup": plain_s / other_s, "equal": equal})  # fmt: skip
     return rows
 
 
@@ -95,11 +166,13 @@ def decode_products_section(rows: list[dict]) -> list[str]:
         return []
     lines = ["", "## A decoding step's products by weight layout", "",
              "One decoding step's matrix products of the transformer blocks, in the model's order (every weight read "
-             "from memory, as in a rollout), from each weight as stored (`F.linear`) and from a column-major copy, "
-             "the two ways alternating; and the output layer's product plain and packed for MKL. Times are per "
-             "product (median of the passes); `products` is how many a step runs of that weight shape; `equal` says "
-             "whether the two ways give the same numbers to the bit (the policy serves a copy only where they do, and "
-             "only where its own trials on the first decoding steps find it at least 5% faster).", "",
+             "from memory, as in a rollout), three ways in rotating order: from each weight as stored (`F.linear`), "
+             "from a column-major copy of each, and from MKL packs, the projections that read the same input packed "
+             "together and run as one product (for such a group, `F.linear ms` is its layers' products summed); and "
+             "the output layer's product plain and packed for MKL. Times are per product (median of the passes); "
+             "`products` is how many a step runs of that shape; `equal` says whether the two ways give the same "
+             "numbers to the bit. The policy serves a layout only where they do, and of those the one its own trials "
+             "on the first decoding steps find fastest, if at least 5% faster than `F.linear`.", "",
              "| threads | batch | weight (out x in) | products | other layout | F.linear ms | other ms | speed-up | "
              "equal |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:

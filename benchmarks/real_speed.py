@@ -19,8 +19,9 @@ alternating, so a load spike on a shared machine lands on both sides):
   without the LM head) and every row's tokens decoded (``2 * P`` a token, the head included), plus attention's FLOPs,
   with every weight read once per decode step; so the rollout takes at least
   ``max(FLOPs / matmul rate, weight bytes * steps / bandwidth)``;
-* **a decoding step's products** (float32), by weight layout: each block weight shape's product as stored and from a
-  column-major copy, and the output layer's plain and packed for MKL (:mod:`benchmarks.decode_products`);
+* **a decoding step's products** (float32), by weight layout: each block weight shape's product as stored, from a
+  column-major copy and from MKL packs (the projections that read one input packed together), and the output layer's
+  plain and packed for MKL (:mod:`benchmarks.decode_products`);
 * **updates**: one ``train()`` of DeepSeekMath's GRPO (the study's set-up: LoRA, and a full fine-tune) on a collected
   rollout, against a plain Hugging Face forward and backward of the same batches (every token's log-probability, one
   backward), as tokens/s and as a share of the matmul rate (``6 * P`` FLOPs a token);

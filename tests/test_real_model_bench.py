@@ -392,9 +392,11 @@ def test_the_speed_bench_smoke(tmp_path, gguf_cache):
 
 
 def test_the_decoding_products_are_timed_per_weight_shape_and_compared_to_the_bit():
-    from test_column_weights import _tiny_llama
+    from test_block_weights import _tiny_llama
 
     from benchmarks.decode_products import decode_product_rows, decode_products_section
+    from sb3_grpo.policies.block_weights import laid_out, served_products
+    from sb3_grpo.policies.packed_head import mkl_packing_available
 
     lm = _tiny_llama(300).eval()  # projections 128 x 128 (q, o), 64 x 128 (k, v), 256 x 128 (gate, up), 128 x 256
     rows = decode_product_rows(lm, 32, th.get_num_threads(), repeats=1)
@@ -405,6 +407,19 @@ def test_the_decoding_products_are_timed_per_weight_shape_and_compared_to_the_bi
     copy = weight.detach().t().contiguous().t()
     equal = bool(th.equal(th.nn.functional.linear(x, weight), th.nn.functional.linear(x, copy)))
     assert next(r["equal"] for r in rows if r["weight"] == "128 x 256") == equal  # as this CPU's MKL computes them
+    packs = {(r["weight"], r["layout"]): r["products"] for r in rows if r["layout"].startswith("packed")}
+    if mkl_packing_available():  # the lean step's groups, each packed as one product
+        assert packs == {("128 x 128 + 64 x 128 + 64 x 128", "packed for MKL, together"): 2,
+                         ("128 x 128", "packed for MKL"): 2, ("256 x 128 + 256 x 128", "packed for MKL, together"): 2,
+                         ("128 x 256", "packed for MKL"): 2}  # fmt: skip
+        attention = lm.model.layers[0].self_attn
+        group, x = (attention.q_proj, attention.k_proj, attention.v_proj), th.randn(32, 128)
+        pack = laid_out("packed", [m.weight.detach() for m in group], 32)
+        served = served_products("packed", group, x, pack, 32)
+        equal = all(th.equal(s, m(x)) for s, m in zip(served, group, strict=True))
+        assert next(r["equal"] for r in rows if r["weight"] == "128 x 128 + 64 x 128 + 64 x 128") == equal
+    else:
+        assert not packs
     table = decode_products_section(rows)
     assert sum(line.startswith("| ") for line in table) == len(rows) + 1  # a row each, under the header
 

@@ -28,7 +28,7 @@ from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 from torch.nn import functional as F
 
-from sb3_grpo.policies.column_weights import ColumnWeights
+from sb3_grpo.policies.block_weights import BlockWeights
 from sb3_grpo.policies.critics import EmbeddingCritic
 from sb3_grpo.policies.decoder import LiveBatch
 from sb3_grpo.policies.experts import ExpertMixtureMixin
@@ -188,12 +188,15 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         batch off that window's forward (see "Shared prefixes" above); ``False``: one forward row per window.
     :param pack_output_layer: on a CPU (float32, PyTorch built with MKL), keep the output layer's weight packed for
         MKL during a rollout's decoding steps, whose largest product it is (:mod:`~sb3_grpo.policies.packed_head`:
-        the same logits to the bit, faster; a packed copy of 1.1x to 2x the layer's weight in memory while a rollout
-        runs, dropped before each update); ``False``: plain ``F.linear`` always.
-    :param column_major_weights: on a CPU (float32), run the rollout's decoding products of the transformer blocks
-        from column-major copies of their weights where that is measured faster on this machine
-        (:mod:`~sb3_grpo.policies.column_weights`: the same numbers to the bit, checked; a copy of each served weight
-        in memory while a rollout runs, dropped before each update); ``False``: the layers' own products always.
+        the same logits to the bit, faster; a packed copy of the layer's weight in memory while a rollout runs,
+        dropped before each update); ``False``: plain ``F.linear`` always.
+    :param column_major_weights: on a CPU (float32), let the rollout's decoding products of the transformer blocks
+        run from column-major copies of their weights where that is measured fastest on this machine
+        (:mod:`~sb3_grpo.policies.block_weights`: the same numbers to the bit, checked; a copy of each served weight
+        in memory while a rollout runs, dropped before each update); ``False``: never from copies.
+    :param pack_block_weights: likewise, from the blocks' weights packed for MKL (where PyTorch has MKL), the
+        projections that read the same input packed together and run as one product; ``False``: never from packs.
+        With both ``False``, the layers' own products always.
     :param gradient_checkpointing: trade compute for memory in the update forward.
     :param lora: train LoRA adapters instead of the LM (needs ``peft``: ``pip install "textrl[lora]"``): a
         ``peft.LoraConfig`` or a dict of its arguments (e.g. ``{"r": 8, "lora_alpha": 16}``). The adapters are
@@ -253,6 +256,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         share_prefixes: bool = True,
         pack_output_layer: bool = True,
         column_major_weights: bool = True,
+        pack_block_weights: bool = True,
         gradient_checkpointing: bool = False,
         lora: Any = None,
         quantization: Any = None,
@@ -285,6 +289,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         flags = {"separate_critic": separate_critic, "use_cache": use_cache, "pack_sequences": pack_sequences}
         flags.update(share_prefixes=share_prefixes, gradient_checkpointing=gradient_checkpointing)
         flags.update(pack_output_layer=pack_output_layer, column_major_weights=column_major_weights)
+        flags.update(pack_block_weights=pack_block_weights)
         flags.update(ortho_init=ortho_init)
         check_policy_args(temperature, top_k, top_p, critic_hidden, value_head_init_std, flags)
         cpu_thread_setting()  # a bad SB3_GRPO_CPU_THREADS is refused here, not at the first forward
@@ -305,8 +310,14 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         #: the output layer's weight packed for MKL during rollouts (decoding steps on a CPU), dropped before updates
         self._packed_head = PackedHead() if self.pack_output_layer else None
         self.column_major_weights = bool(column_major_weights)
-        #: the blocks' weights copied column-major for the decoding products where faster, dropped before updates
-        self._column_weights = ColumnWeights() if self.column_major_weights else None
+        self.pack_block_weights = bool(pack_block_weights)
+        #: the blocks' weights copied column-major or packed for the decoding products where faster, dropped before
+        #: updates
+        self._block_weights = (
+            BlockWeights(column=self.column_major_weights, packed=self.pack_block_weights)
+            if self.column_major_weights or self.pack_block_weights
+            else None
+        )
         self.gradient_checkpointing = gradient_checkpointing
         self._autocast = check_autocast_dtype(autocast_dtype)
         self.autocast_dtype = None if self._autocast is None else str(self._autocast).replace("torch.", "")
@@ -472,6 +483,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
                 "use_cache": self.use_cache,
                 "pack_output_layer": self.pack_output_layer,
                 "column_major_weights": self.column_major_weights,
+                "pack_block_weights": self.pack_block_weights,
                 "pack_sequences": self.pack_sequences,
                 "share_prefixes": self.share_prefixes,
                 "gradient_checkpointing": self.gradient_checkpointing,
@@ -592,12 +604,12 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         return self
 
     def _projection(self) -> Any:
-        """How the lean step runs the blocks' projections: through the column-major weight copies on the CPU without
-        autocast (:mod:`~sb3_grpo.policies.column_weights`, which serves float32 products), else ``None`` (the
-        layers' own calls)."""
-        if self._column_weights is None or self._autocast is not None or self.device.type != "cpu":
+        """How the lean step runs the blocks' projections: from the weights' other layouts on the CPU without autocast
+        (:mod:`~sb3_grpo.policies.block_weights`, which serves float32 products), else ``None`` (the layers' own
+        calls)."""
+        if self._block_weights is None or self._autocast is not None or self.device.type != "cpu":
             return None
-        return self._column_weights.linear
+        return self._block_weights.project
 
     def set_training_mode(self, mode: bool) -> None:
         """SB3 hook: ``True`` before an update (drops the rollout cache), ``False`` before a rollout.
@@ -610,12 +622,12 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
 
     def reset_cache(self) -> None:
         """Drop every rollout KV cache (the next call recomputes all rows), the packed output layer and the
-        column-major weight copies."""
+        blocks' weight copies and packs."""
         self._rollout_cache.reset()
         if self._packed_head is not None:
             self._packed_head.clear()
-        if self._column_weights is not None:
-            self._column_weights.clear()
+        if self._block_weights is not None:
+            self._block_weights.clear()
 
     def _new_rollout_cache(self, memo_bytes: int | None = None) -> RolloutCache:
         """An empty rollout KV cache over this policy's forward pieces, its prefill memo of ``memo_bytes`` (``None``:

@@ -33,26 +33,27 @@ import torch as th
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["LeanStep", "Projection", "lean_step"]
+__all__ = ["LeanStep", "Projections", "lean_step"]
 
 #: ``step(ids [B, 1], mask [B, S], positions [B, 1], cache) -> hidden [B, 1, d]``: one token per row, appended to
 #: each layer's keys and values in ``cache`` (a ``transformers.DynamicCache`` whose ``S - 1`` columns ``mask`` covers).
 LeanStep = Callable[[th.Tensor, th.Tensor, th.Tensor, Any], th.Tensor]
-#: ``linear(module, x)``: a projection's product, ``module(x)`` to the bit.
-Projection = Callable[[nn.Module, th.Tensor], th.Tensor]
+#: ``project(modules, x)``: the products of projections that read the same input, ``tuple(m(x) for m in modules)``
+#: to the bit (a layer's query, key and value; its gate and up; or one projection).
+Projections = Callable[[tuple[nn.Module, ...], th.Tensor], tuple[th.Tensor, ...]]
 
 
-def _call(module: nn.Module, x: th.Tensor) -> th.Tensor:
-    return module(x)
+def _call_each(modules: tuple[nn.Module, ...], x: th.Tensor) -> tuple[th.Tensor, ...]:
+    return tuple(m(x) for m in modules)
 
 
-def lean_step(body: nn.Module, linear: Projection | None = None) -> LeanStep | None:
+def lean_step(body: nn.Module, project: Projections | None = None) -> LeanStep | None:
     """The lean single-token forward of ``body`` (a causal LM's base model, e.g. ``lm.base_model``), or ``None``
     where its architecture, its modules or its state are not the stock ones this module knows.
 
-    :param linear: how the Llama family's step runs each projection (``linear(module, x)``, which must equal
-        ``module(x)`` to the bit: :meth:`~sb3_grpo.policies.column_weights.ColumnWeights.linear`); ``None``: the
-        module's call.
+    :param project: how the Llama family's step runs its projections, a group that reads the same input at a time
+        (``project(modules, x)``, which must equal ``tuple(m(x) for m in modules)`` to the bit:
+        :meth:`~sb3_grpo.policies.block_weights.BlockWeights.project`); ``None``: each module's call.
     """
     if body.training or _has_hooks(body):
         return None
@@ -60,8 +61,8 @@ def lean_step(body: nn.Module, linear: Projection | None = None) -> LeanStep | N
     if name == "GPT2Model" and _stock_gpt2(body):
         return lambda ids, mask, positions, cache: _gpt2_step(body, ids, mask, positions, cache)
     if name in ("LlamaModel", "Qwen2Model", "MistralModel") and _stock_llama(body):
-        project = linear or _call
-        return lambda ids, mask, positions, cache: _llama_step(body, ids, mask, positions, cache, project)
+        projections = project or _call_each
+        return lambda ids, mask, positions, cache: _llama_step(body, ids, mask, positions, cache, projections)
     return None
 
 
@@ -234,10 +235,11 @@ def _rotate_half(x: th.Tensor) -> th.Tensor:
 
 
 def _llama_step(
-    body: Any, ids: th.Tensor, mask: th.Tensor, positions: th.Tensor, cache: Any, linear: Projection = _call
+    body: Any, ids: th.Tensor, mask: th.Tensor, positions: th.Tensor, cache: Any, project: Projections = _call_each
 ) -> th.Tensor:
     """``LlamaModel.forward`` (and its kin's) of one token per row with a cache, in its own order of operations
-    (``linear(module, x)`` runs each projection)."""
+    (``project(modules, x)`` runs the projections that read the same input; their products may be views of one
+    tensor, so the activation, whose vectorized and scalar paths may round apart, gets a contiguous copy)."""
     b = ids.shape[0]
     x = F.embedding(ids, body.embed_tokens.weight)
     cos, sin = body.rotary_emb(x, positions)
@@ -246,15 +248,17 @@ def _llama_step(
     for layer, kv in zip(body.layers, cache.layers, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
         h = _rms_norm(layer.input_layernorm, x)
-        q = linear(attn.q_proj, h).view(b, 1, -1, attn.head_dim).transpose(1, 2)
-        k = linear(attn.k_proj, h).view(b, 1, -1, attn.head_dim).transpose(1, 2)
-        v = linear(attn.v_proj, h).view(b, 1, -1, attn.head_dim).transpose(1, 2)
+        q, k, v = project((attn.q_proj, attn.k_proj, attn.v_proj), h)
+        q = q.view(b, 1, -1, attn.head_dim).transpose(1, 2)
+        k = k.view(b, 1, -1, attn.head_dim).transpose(1, 2)
+        v = v.view(b, 1, -1, attn.head_dim).transpose(1, 2)
         q = (q * cos) + (_rotate_half(q) * sin)
         k = (k * cos) + (_rotate_half(k) * sin)
         kv.keys = _append_column(kv, "keys", k)
         kv.values = _append_column(kv, "values", v)
         a = _attention(q, kv.keys, kv.values, attend, attn.scaling)
-        x = x + linear(attn.o_proj, a.reshape(b, 1, -1))
+        x = x + project((attn.o_proj,), a.reshape(b, 1, -1))[0]
         h = _rms_norm(layer.post_attention_layernorm, x)
-        x = x + linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, h)) * linear(mlp.up_proj, h))
+        gate, up = project((mlp.gate_proj, mlp.up_proj), h)
+        x = x + project((mlp.down_proj,), mlp.act_fn(gate.contiguous()) * up)[0]
     return _rms_norm(body.norm, x)

@@ -12,9 +12,10 @@ twice in a row (a decoding loop, not a one-off prefill), serves only products th
 bit (checked once per pack, against ``F.linear`` on the rows that made it: for fewer than about 16 rows MKL takes
 another kernel, and another CPU may take others; such a row count stays unpacked), and packs anew when the weight
 changes (an optimizer step or a loaded state dict bumps the tensor's version; a new tensor has another address). The
-pack takes memory, more than the weight's own (MKL's packed form pads it; measured: 2.06x for SmolLM2-135M's
-49,152 x 576, 233 MB; 1.56x for 50,257 x 768; 1.3x for 151,936 x 896; 1.1x for 32,000 x 2,048), held from the first
-decoding steps of a rollout until the policy drops it before an update (:meth:`PackedHead.clear`).
+pack's resident memory is the weight's own (measured on 49,152 x 576, 50,257 x 768, 151,936 x 896 and 32,000 x 2,048
+weights), though MKL reserves more address space for its padded form than it writes (2.06x the weight for
+SmolLM2-135M's 49,152 x 576, 1.1x for 32,000 x 2,048); it is held from the first decoding steps of a rollout until the
+policy drops it before an update (:meth:`PackedHead.clear`).
 ``CausalLMPolicy(pack_output_layer=False)`` turns it off.
 
 It serves float32 products on the CPU without gradients, of a contiguous weight of at least :data:`MIN_PACKED_WEIGHTS`
