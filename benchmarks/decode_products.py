@@ -91,7 +91,8 @@ def _one_pass(way: str, groups: list[tuple], inputs: dict, layouts: list | None,
             for j, m in enumerate(group):
                 start = time.perf_counter()
                 served_products(way, (m,), x, () if layouts is None else (layouts[i][j],), batch)
-                spent[("weight", tuple(m.weight.shape))] = time.perf_counter() - start
+                key = ("weight", tuple(m.weight.shape))  # (a group's layers may share a shape: key and value)
+                spent[key] = spent.get(key, 0.0) + time.perf_counter() - start
             if way == "plain":
                 spent[("group", _group_key(group))] = sum(spent.values())
         for key, seconds in spent.items():

@@ -424,6 +424,31 @@ def test_the_decoding_products_are_timed_per_weight_shape_and_compared_to_the_bi
     assert sum(line.startswith("| ") for line in table) == len(rows) + 1  # a row each, under the header
 
 
+def test_a_decoding_pass_times_every_product_once(monkeypatch):
+    """Under a clock that ticks once a read, each product takes one tick: a pass's totals count every product of a
+    weight shape (a group's key and value share one) and of a group."""
+    from test_block_weights import _tiny_llama
+
+    from benchmarks import decode_products
+    from sb3_grpo.policies.block_weights import laid_out
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(decode_products.time, "perf_counter", lambda: next(ticks))
+    lm = _tiny_llama(300).eval()
+    groups = decode_products.decode_groups(lm.base_model)
+    assert [len(g) for g in groups] == [3, 1, 2, 1] * 2  # query, key and value; output; gate and up; down
+    inputs = {128: th.randn(16, 128), 256: th.randn(16, 256)}
+    with th.no_grad():
+        plain = decode_products._one_pass("plain", groups, inputs, None, 16)
+        copies = [laid_out("column", [m.weight for m in g], 16) for g in groups]
+        column = decode_products._one_pass("column", groups, inputs, copies, 16)
+    weights = {("weight", s): n for s, n in (((128, 128), 4), ((64, 128), 4), ((256, 128), 4), ((128, 256), 2))}
+    qkv, gate_up = ((128, 128), (64, 128), (64, 128)), ((256, 128), (256, 128))
+    assert column == weights
+    assert plain == {**weights, ("group", qkv): 6, ("group", ((128, 128),)): 2, ("group", gate_up): 4,
+                     ("group", ((128, 256),)): 2}  # fmt: skip
+
+
 def test_a_resumed_study_refuses_other_settings(tmp_path):
     out = tmp_path / "study"
     out.mkdir()
