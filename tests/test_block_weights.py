@@ -99,10 +99,12 @@ def test_a_group_is_packed_together_and_served_as_one_product(bias, monkeypatch)
 
 
 def test_the_trials_keep_the_fastest_equal_layout(monkeypatch):
-    """Under a clock on which each layout's products take a set share of ``F.linear``'s time, the fastest one under
-    :data:`KEEP_BELOW` of it is kept, and none where none is."""
+    """Under a clock on which each layout's products take a set share of ``F.linear``'s time, a layout is kept where it
+    takes under :data:`KEEP_BELOW` of the time of the cheaper ways' pick (``F.linear``, then the copy, then the pack),
+    and none where none does."""
     real = {name: getattr(blocks_module, name) for name in PRODUCT_OF.values()}
     cases = [({"column": 0.5, "packed": 0.3}, "packed"), ({"column": 0.5, "packed": 2.0}, "column")]
+    cases += [({"column": 0.5, "packed": 0.49}, "column"), ({"column": 2.0, "packed": 0.5}, "packed")]
     cases.append(({"column": 0.97, "packed": 2.0}, "plain"))
     for shares, kept in cases:
         ticks = {"now": 0.0, "share": 1.0}
@@ -127,8 +129,8 @@ def test_the_trials_keep_the_fastest_equal_layout(monkeypatch):
             for _ in range(TRIAL_PRODUCTS):
                 blocks.linear(layer, th.randn(32, 512))
         verdict = blocks.verdicts[_key((1024, 512))]
-        if verdict != kept:  # a layout refused as unequal on this CPU: the verdict is the fastest of the others
-            assert verdict in ("plain", *(w for w in shares if shares[w] < shares.get(kept, 1.0)))
+        if verdict != kept:  # a layout refused as unequal on this CPU: the verdict is another
+            assert verdict in ("plain", *shares)
             pytest.skip("this CPU's MKL multiplies in another order from one of the layouts")
         assert blocks.holds == (kept != "plain")
 

@@ -13,17 +13,19 @@ decoding step reads once and from memory. Two other layouts spare it that work:
 
 Both can give the same numbers as ``F.linear`` to the bit, and which one pays depends on the CPU, the thread count
 and the shape (``textrl-bench real-speed`` times each of a model's weight shapes every way): on one core of an
-AVX-512 Xeon at batch 64, SmolLM2-135M-Instruct's block products ran 1.2x to 1.5x as fast from column-major copies
-and less from packs; on two cores the copies gained 1.05x to 1.1x and the packs 1.15x to 1.4x, except its
-``576 x 1536`` product, whose pack gave other numbers at two threads (MKL splits it otherwise). So nothing is assumed.
+AVX-512 Xeon at batch 64, SmolLM2-135M-Instruct's block products ran 1.2x to 1.4x as fast from column-major copies
+and at most 1.2x from packs; on two cores the copies gained at most 1.07x and the packs of the query, key and value
+and of the gate and up 1.16x and 1.23x, while the ``576 x 1536`` product's pack gave other numbers (MKL splits it
+otherwise at two threads). So nothing is assumed.
 
 :class:`BlockWeights` serves the products (:meth:`BlockWeights.project`, which the lean decoding step of
 :mod:`~sb3_grpo.policies.lean_step` calls for each group of projections) from the layout that was measured to pay.
 Per group's weight shapes, row count and thread count it first runs the products every way on the same inputs for
 :data:`TRIAL_PRODUCTS` calls, in rotating order (the layers of one decoding step share a few shapes, so this takes
 part of one step). A layout is out as soon as one of its products differs from ``F.linear``'s by a bit; of those
-left, the fastest is kept if its median time is below :data:`KEEP_BELOW` of ``F.linear``'s, and the shapes are never
-tried again. A copy or pack is made anew when a weight changes (an optimizer step or a loaded state dict bumps the
+left, in the order of what they cost to make at each rollout (``F.linear`` nothing, then the copy, then the pack),
+each replaces the pick so far only if its median time is under :data:`KEEP_BELOW` of the pick's, and the shapes are
+never tried again. A copy or pack is made anew when a weight changes (an optimizer step or a loaded state dict bumps the
 tensor's version; a new tensor has another address). The copies and packs take about as much memory as the weights
 they hold (SmolLM2-135M's blocks: 0.42 GB in float32; MKL reserves more address space for a pack than it writes),
 from a rollout's first decoding steps until the policy drops them before an update (:meth:`BlockWeights.clear`).
@@ -65,8 +67,8 @@ MIN_SERVED_WEIGHTS = 1 << 16
 MIN_SERVED_ROWS = 16
 #: Products per (weight shapes, rows, threads) run every way before the fastest way is chosen.
 TRIAL_PRODUCTS = 8
-#: A layout is kept where its median product time is below this share of ``F.linear``'s (it costs a copy of the
-#: weights per rollout, which a few percent of the decoding products pays for).
+#: A layout is kept where its median product time is below this share of ``F.linear``'s and of any cheaper layout's
+#: kept (it costs a copy of the weights per rollout, which a few percent of the decoding products pays for).
 KEEP_BELOW = 0.95
 
 #: the clock the trials are timed with (a test can replace it)
@@ -172,9 +174,7 @@ class BlockWeights:
         for way in ways:
             times[way].append(spent[way])
         if len(times["plain"]) >= TRIAL_PRODUCTS:
-            medians = {way: statistics.median(t) for way, t in times.items()}
-            best = min(ways[1:], key=medians.__getitem__)
-            self._decide(key, best if medians[best] < KEEP_BELOW * medians["plain"] else "plain")
+            self._decide(key, _pick({way: statistics.median(t) for way, t in times.items()}))
         return plain
 
     def _decide(self, key: Key, way: str) -> None:
@@ -186,6 +186,17 @@ class BlockWeights:
         """Free the tensors held for ``key`` in the layouts ``ways``."""
         for slot in [s for s, held in self._held.items() if held[0] == key and s[1] in ways]:
             del self._held[slot]
+
+
+def _pick(medians: dict[str, float]) -> str:
+    """The way to serve, from each way's median product time (``"plain"`` first, then :data:`LAYOUTS` in the order
+    of what they cost to make: a transposing copy, then a stacked copy packed): each costlier layout must beat the
+    pick so far by :data:`KEEP_BELOW` to take its place."""
+    pick = "plain"
+    for way in ("plain", *LAYOUTS):
+        if way in medians and medians[way] < KEEP_BELOW * medians[pick]:
+            pick = way
+    return pick
 
 
 def _cpu_autocast() -> bool:
