@@ -14,8 +14,8 @@ decoding step reads once and from memory. Two other layouts spare it that work:
 Both can give the same numbers as ``F.linear`` to the bit, and which one pays depends on the CPU, the thread count
 and the shape (``textrl-bench real-speed`` times each of a model's weight shapes every way): on one core of an
 AVX-512 Xeon at batch 64, SmolLM2-135M-Instruct's block products ran 1.2x to 1.4x as fast from column-major copies
-and at most 1.2x from packs; on two cores the copies gained at most 1.07x and the packs of the query, key and value
-and of the gate and up 1.16x and 1.23x, while the ``576 x 1536`` product's pack gave other numbers (MKL splits it
+and at most 1.14x from packs; on two cores the copies gained at most 1.06x and the packs of the query, key and value
+and of the gate and up about 1.1x and 1.2x, while the ``576 x 1536`` product's pack gave other numbers (MKL splits it
 otherwise at two threads). So nothing is assumed.
 
 :class:`BlockWeights` serves the products (:meth:`BlockWeights.project`, which the lean decoding step of

@@ -191,7 +191,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         the same logits to the bit, faster; a packed copy of the layer's weight in memory while a rollout runs,
         dropped before each update); ``False``: plain ``F.linear`` always.
     :param column_major_weights: on a CPU (float32), let the rollout's decoding products of the transformer blocks
-        run from column-major copies of their weights where that is measured fastest on this machine
+        run from column-major copies of their weights where that is measured to pay on this machine
         (:mod:`~sb3_grpo.policies.block_weights`: the same numbers to the bit, checked; a copy of each served weight
         in memory while a rollout runs, dropped before each update); ``False``: never from copies.
     :param pack_block_weights: likewise, from the blocks' weights packed for MKL (where PyTorch has MKL), the
