@@ -172,8 +172,9 @@ def decode_products_section(rows: list[dict]) -> list[str]:
              "together and run as one product (for such a group, `F.linear ms` is its layers' products summed); and "
              "the output layer's product plain and packed for MKL. Times are per product (median of the passes); "
              "`products` is how many a step runs of that shape; `equal` says whether the two ways give the same "
-             "numbers to the bit. The policy serves a layout only where they do, and of those the one its own trials "
-             "on the first decoding steps find fastest, if at least 5% faster than `F.linear`.", "",
+             "numbers to the bit. The policy serves a layout only where they do, from its own trials on the first "
+             "decoding steps: weighed in the order of what they cost to make (`F.linear`, the copy, the pack), each "
+             "replaces the pick so far only if at least 5% faster than it.", "",
              "| threads | batch | weight (out x in) | products | other layout | F.linear ms | other ms | speed-up | "
              "equal |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
