@@ -98,7 +98,7 @@ def test_a_group_is_packed_together_and_served_as_one_product(bias, monkeypatch)
     assert len(blocks._held) == 1  # one pack of the three weights
 
 
-def test_the_trials_keep_the_fastest_equal_layout(monkeypatch):
+def test_a_costlier_layout_is_kept_only_where_it_beats_the_cheaper_pick(monkeypatch):
     """Under a clock on which each layout's products take a set share of ``F.linear``'s time, a layout is kept where it
     takes under :data:`KEEP_BELOW` of the time of the cheaper ways' pick (``F.linear``, then the copy, then the pack),
     and none where none does."""
