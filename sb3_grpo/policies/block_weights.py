@@ -65,10 +65,10 @@ LAYOUTS = ("column", "packed")
 MIN_SERVED_WEIGHTS = 1 << 16
 #: The fewest rows a product needs (MKL takes another kernel, with other roundings, for fewer than about 16).
 MIN_SERVED_ROWS = 16
-#: Products per (weight shapes, rows, threads) run every way before the fastest way is chosen.
+#: Products per (weight shapes, rows, threads) run every way before a way is chosen.
 TRIAL_PRODUCTS = 8
-#: A layout is kept where its median product time is below this share of ``F.linear``'s and of any cheaper layout's
-#: kept (it costs a copy of the weights per rollout, which a few percent of the decoding products pays for).
+#: A layout replaces the pick so far (``F.linear``, or a layout cheaper to make) where its median product time is below
+#: this share of the pick's (it costs a copy of the weights per rollout, which a few percent of the products pays for).
 KEEP_BELOW = 0.95
 
 #: the clock the trials are timed with (a test can replace it)
