@@ -21,22 +21,20 @@ __all__ = ["decode_product_rows", "decode_products_section"]
 
 def decode_groups(body: Any) -> list[tuple]:
     """The linear layers of ``body``'s blocks in the order of a decoding step, in the groups the lean step projects
-    together: the query, key and value, the output, the gate and up, the down projection of each Llama-family layer;
-    every other linear layer alone."""
+    together (:func:`~sb3_grpo.policies.lean_step.projection_groups` of each Llama-family layer whose projections are
+    plain linear layers); every linear layer alone for other models."""
     from torch import nn
 
-    groups: list[tuple] = []
-    for layer in getattr(body, "layers", []):
-        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        names = (("q_proj", "k_proj", "v_proj"), ("o_proj",)), (("gate_proj", "up_proj"), ("down_proj",))
-        for owner, owned in zip((attn, mlp), names, strict=True):
-            for group in owned:
-                modules = tuple(getattr(owner, name, None) for name in group)
-                if all(type(m) is nn.Linear for m in modules):
-                    groups.append(modules)
-    if not groups:
-        groups = [(m,) for m in body.modules() if type(m) is nn.Linear]
-    return groups
+    from sb3_grpo.policies.lean_step import projection_groups
+
+    groups = [
+        group
+        for layer in getattr(body, "layers", [])
+        if hasattr(getattr(layer, "self_attn", None), "q_proj") and hasattr(getattr(layer, "mlp", None), "gate_proj")
+        for group in projection_groups(layer)
+        if all(type(m) is nn.Linear for m in group)
+    ]
+    return groups or [(m,) for m in body.modules() if type(m) is nn.Linear]
 
 
 def decode_product_rows(lm: Any, batch: int, threads: int, repeats: int = 5) -> list[dict]:

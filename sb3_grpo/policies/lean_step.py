@@ -33,7 +33,7 @@ import torch as th
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["LeanStep", "Projections", "lean_step"]
+__all__ = ["LeanStep", "Projections", "lean_step", "projection_groups"]
 
 #: ``step(ids [B, 1], mask [B, S], positions [B, 1], cache) -> hidden [B, 1, d]``: one token per row, appended to
 #: each layer's keys and values in ``cache`` (a ``transformers.DynamicCache`` whose ``S - 1`` columns ``mask`` covers).
@@ -190,19 +190,7 @@ def _stock_llama(body: nn.Module) -> bool:
     if getattr(config, "layer_types", None) and any(t != "full_attention" for t in config.layer_types):
         return False
     layers = list(body.layers)
-    linears = [
-        m
-        for layer in layers
-        for m in (
-            layer.self_attn.q_proj,
-            layer.self_attn.k_proj,
-            layer.self_attn.v_proj,
-            layer.self_attn.o_proj,
-            layer.mlp.gate_proj,
-            layer.mlp.up_proj,
-            layer.mlp.down_proj,
-        )
-    ]
+    linears = [m for layer in layers for group in projection_groups(layer) for m in group]
     norms = [body.norm, *(n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm))]
     norm_class = type(body.norm)
     return (
@@ -212,6 +200,13 @@ def _stock_llama(body: nn.Module) -> bool:
         and type(body.embed_tokens) is nn.Embedding
         and all(getattr(layer.self_attn, "q_norm", None) is None for layer in layers)
     )
+
+
+def projection_groups(layer: Any) -> tuple[tuple[nn.Module, ...], ...]:
+    """A Llama-family decoder layer's projections in the groups, and the order, its step runs them: the query, key and
+    value (one input), the output, the gate and up (one input), the down projection."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return (attn.q_proj, attn.k_proj, attn.v_proj), (attn.o_proj,), (mlp.gate_proj, mlp.up_proj), (mlp.down_proj,)
 
 
 def _lora_linear(module: nn.Module) -> bool:
@@ -247,8 +242,9 @@ def _llama_step(
     attend = _attention_mask(mask)
     for layer, kv in zip(body.layers, cache.layers, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
+        qkv, out, gate_up, down = projection_groups(layer)
         h = _rms_norm(layer.input_layernorm, x)
-        q, k, v = project((attn.q_proj, attn.k_proj, attn.v_proj), h)
+        q, k, v = project(qkv, h)
         q = q.view(b, 1, -1, attn.head_dim).transpose(1, 2)
         k = k.view(b, 1, -1, attn.head_dim).transpose(1, 2)
         v = v.view(b, 1, -1, attn.head_dim).transpose(1, 2)
@@ -257,8 +253,8 @@ def _llama_step(
         kv.keys = _append_column(kv, "keys", k)
         kv.values = _append_column(kv, "values", v)
         a = _attention(q, kv.keys, kv.values, attend, attn.scaling)
-        x = x + project((attn.o_proj,), a.reshape(b, 1, -1))[0]
+        x = x + project(out, a.reshape(b, 1, -1))[0]
         h = _rms_norm(layer.post_attention_layernorm, x)
-        gate, up = project((mlp.gate_proj, mlp.up_proj), h)
-        x = x + project((mlp.down_proj,), mlp.act_fn(gate.contiguous()) * up)[0]
+        gate, up = project(gate_up, h)
+        x = x + project(down, mlp.act_fn(gate.contiguous()) * up)[0]
     return _rms_norm(body.norm, x)
