@@ -835,6 +835,76 @@ def test_prompts_that_begin_alike_run_their_shared_tokens_once(factory):
         np.testing.assert_allclose(values, full(_windows(prompts))[1], atol=1e-5)
 
 
+@pytest.mark.parametrize("factory", [tiny_gpt2, tiny_llama])
+def test_a_new_prompt_that_begins_with_a_kept_opening_runs_only_its_own_tokens(factory):
+    """The shared start of a prefill is kept as an opening: an env that auto-resets onto a new prompt beginning with
+    it (mid-rollout, alone) runs only the prompt's own tokens, and a later batch whose shared start extends it runs
+    only the tokens after it; the outputs, then and at the decoding step after, are the full recompute's. New
+    parameters drop the openings."""
+    policy = make_policy(factory())
+    full = make_policy(factory(), use_cache=False)
+    full.load_state_dict(policy.state_dict())
+    system = [3, 1, 4, 1, 5, 9, 2, 6, 5]
+    prompts = [system + [7], system + [8, 10, 11], system + [12, 13]]
+
+    def check(rows):
+        _, want_values, _ = full(_windows(rows))
+        np.testing.assert_allclose(policy(_windows(rows))[1], want_values, atol=1e-5)
+        logits = policy.get_distribution(_windows(rows)).distribution.logits
+        np.testing.assert_allclose(logits, full.get_distribution(_windows(rows)).distribution.logits, atol=1e-5)
+
+    with th.no_grad():
+        actions, _, _ = policy(_windows(prompts))
+        rows = [p + [int(a)] for p, a in zip(prompts, actions)]
+        rows[1] = system + [30, 31]  # env 1 auto-reset onto a prompt no env began with
+        with count_lm_calls(policy) as calls:
+            policy(_windows(rows))
+        assert calls == [(1, 2), (3, 1)]  # its own two tokens over the kept opening, then the look-ahead
+        check(rows)
+        rows = [row + [40 + b] for b, row in enumerate(rows)]  # a decoding step on from it
+        check(rows)
+        longer = [system + [50, 51, 52], system + [50, 51, 53, 54]]  # they share 11 tokens: 9 kept, 2 to run
+        with count_lm_calls(policy) as calls:
+            policy(_windows(longer))
+        assert calls == [(1, 2), (2, 2), (2, 1)]  # the shared tokens after the opening, each row's own, look-ahead
+        check(longer)
+        policy.value_head.bias.add_(1.0)  # new parameters: the openings are stale
+        full.value_head.bias.add_(1.0)
+        with count_lm_calls(policy) as calls:
+            policy(_windows([system + [60]]))
+        assert calls[0] == (1, 10)  # the whole prompt
+        check([system + [60]])
+
+
+def test_the_prefill_memo_keeps_the_longest_openings_recently_used():
+    from transformers import DynamicCache
+
+    from sb3_grpo.policies.prefill_memo import MAX_OPENINGS, PrefillMemo
+
+    def cache(n, value=0.0):
+        c = DynamicCache()
+        c.update(th.full((1, 2, n, 4), value), th.full((1, 2, n, 4), -value), 0)
+        return c
+
+    memo = PrefillMemo(max_bytes=10 * (2 * 2 * 12 * 4 * 4))  # keys and values of 12 tokens: a tenth of it
+    assert memo.opening((1, 2, 3)) is None
+    memo.remember_opening((1, 2), cache(2, 1.0))
+    memo.remember_opening((1, 2, 3, 4), cache(4, 2.0))
+    length, layers = memo.opening((1, 2, 3, 4, 5))
+    assert length == 4 and float(layers[0][0].max()) == 2.0 and float(layers[0][1].min()) == -2.0  # the longest
+    assert memo.opening((1, 2, 3))[0] == 2  # the longest it begins with
+    assert memo.opening((1, 3)) is None and memo.opening((1,)) is None
+    memo.remember_opening(tuple(range(100, 113)), cache(13))  # over a tenth of the budget: not kept
+    assert memo.opening(tuple(range(100, 114))) is None
+    for i in range(MAX_OPENINGS):
+        memo.opening((1, 2, 3, 4))  # used: the last out
+        memo.remember_opening((50 + i, 0), cache(2))
+    assert memo.opening((1, 2, 3, 4))[0] == 4 and memo.opening((1, 2, 3)) is None  # (1, 2) was the oldest
+    assert memo.opening((50 + MAX_OPENINGS - 1, 0)) is not None and memo.opening((50, 0)) is None
+    memo.clear()
+    assert memo.opening((1, 2, 3, 4)) is None
+
+
 def test_the_prefill_memo_budget_follows_the_models_keys_and_values():
     from transformers import LlamaConfig
 

@@ -78,6 +78,11 @@ other rows: equal up to float rounding, as every memo entry is); only the number
 an instruction). A prefill whose rows share their first :data:`SHARED_PREFILL_MIN` tokens or more runs those once,
 copies their keys/values to every row, and runs each row's own tokens over them
 (:meth:`RolloutCache._compute_shared_prefill`); the result is laid out as a full prefill's, so the memo keeps it.
+The memo also keeps those shared tokens' keys and values as an *opening* (:meth:`PrefillMemo.remember_opening`, a
+few, emptied with the memo): a later prefill of prompts that begin with one runs only the tokens after it, over a copy
+of its cache. That is what an env's auto-reset onto a new prompt costs in the middle of a rollout with EOS on: a
+prefill of one row, whose system message and instruction's first words (27 of the 56 tokens of a SmolLM2 chat prompt
+of ``Arithmetic-v0``) now come from the opening.
 
 Leading cache columns masked for every row are cropped after each step, so the cache stays within ``W`` columns
 (plus at most one hole per replaced token in an episode). The cache is dropped when the parameters change (a
@@ -363,14 +368,18 @@ class RolloutCache:
 
     def _compute_prefill(self, ids: th.Tensor, mask: th.Tensor) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
         """Full forward of some rows, building their cache: ``(cache, kv_mask, logits, values)``. Rows that begin
-        alike (:data:`SHARED_PREFILL_MIN` tokens or more) run those tokens once (:meth:`_compute_shared_prefill`)."""
+        alike (:data:`SHARED_PREFILL_MIN` tokens or more) run those tokens once (:meth:`_compute_shared_prefill`), as
+        does a single row that begins with an opening the memo kept from such a prefill."""
         from transformers import DynamicCache
 
         t_ids, t_mask = trim_padding(ids, mask)
-        if t_ids.shape[0] > 1:
-            split = common_prefix_length(t_ids, t_mask)
-            if split >= SHARED_PREFILL_MIN:
-                return self._compute_shared_prefill(t_ids, t_mask, split, ids, mask)
+        split = common_prefix_length(t_ids, t_mask)
+        if t_ids.shape[0] == 1 and split:  # one row: only an opening remembered from an earlier prefill runs apart
+            length = int(t_mask.sum())
+            found = self.memo.opening(tuple(t_ids[0, t_ids.shape[1] - length :].tolist())[:split])
+            split = 0 if found is None else found[0]
+        if split >= SHARED_PREFILL_MIN:
+            return self._compute_shared_prefill(t_ids, t_mask, split, ids, mask)
         cache = DynamicCache(config=self._lm_config)
         hidden = self._trunk(t_ids, t_mask, positions_from_mask(t_mask), cache=cache)[:, -1]
         if not self._cache_layers_ok(cache):
@@ -391,22 +400,26 @@ class RolloutCache:
         are then put back in the prefill's layout (each row's valid columns last and contiguous), so the result is
         the full prefill's, up to float rounding.
 
+        The shared tokens' keys and values are remembered as an opening (:meth:`PrefillMemo.remember_opening`); where
+        the memo holds an opening they begin with, the forward runs only the tokens after it, over a copy of its cache.
+
         :param ids: ``[B, L]`` the rows, padding trimmed; ``mask`` their mask.
         :param split: The shared leading tokens (:func:`~sb3_grpo.policies.windows.common_prefix_length`).
         :param full_ids: The rows as given (for the value head); ``full_mask`` their mask.
         """
-        from transformers import DynamicCache
-
         batch = ids.shape[0]
         own = mask.sum(dim=1) - split  # each row's tokens after the shared ones (>= 1)
         tail = int(own.max())
         longest = int(own.argmax())  # its shared tokens sit just left of its own `tail` ones
         shared = ids[longest : longest + 1, ids.shape[1] - tail - split : ids.shape[1] - tail]
-        cache = DynamicCache(config=self._lm_config)
-        ones = th.ones_like(shared)
-        self._trunk(shared, ones, positions_from_mask(ones), cache=cache)
-        if not self._cache_layers_ok(cache):
-            raise _CacheUnsupported
+        tokens = tuple(shared[0].tolist())
+        cache, done = self._opening_cache(tokens)
+        if done < split:
+            ones = th.ones_like(shared)
+            self._trunk(shared[:, done:], ones, positions_from_mask(ones)[:, done:], cache=cache)
+            if not self._cache_layers_ok(cache):
+                raise _CacheUnsupported
+            self.memo.remember_opening(tokens, cache)
         for layer in cache.layers:
             layer.keys = layer.keys.expand(batch, -1, -1, -1).contiguous()
             layer.values = layer.values.expand(batch, -1, -1, -1).contiguous()
@@ -416,6 +429,22 @@ class RolloutCache:
         hidden = self._trunk(new_tok, kv_mask, positions_from_mask(kv_mask)[:, split:], cache=cache)[:, -1]
         kv_mask = gather_columns(cache, kv_mask, realign_columns(kv_mask, tail, tail - own))
         return cache, kv_mask, self._logits(hidden), self._value(hidden, full_ids, full_mask)
+
+    def _opening_cache(self, tokens: tuple[int, ...]) -> tuple[Any, int]:
+        """A new cache of one row holding the longest opening the memo keeps that ``tokens`` begin with, and its
+        length (an empty cache and 0 where it keeps none)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self._lm_config)
+        found = self.memo.opening(tokens)
+        if found is None:
+            return cache, 0
+        length, layers = found
+        while len(cache.layers) < len(layers):  # a mixture of experts keeps K layers per model layer
+            cache.layers.append(type(cache.layers[0])())
+        for i, (keys, values) in enumerate(layers):
+            cache.update(keys.clone(), values.clone(), i)
+        return cache, length
 
     def _cache_layers_ok(self, cache: Any) -> bool:
         from transformers.cache_utils import DynamicLayer

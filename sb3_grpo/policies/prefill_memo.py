@@ -13,7 +13,7 @@ import torch as th
 
 from sb3_grpo.policies.windows import left_pad_columns
 
-__all__ = ["FROZEN_MEMO_BYTES", "MEMO_TOKENS", "PrefillMemo", "memo_budget"]
+__all__ = ["FROZEN_MEMO_BYTES", "MAX_OPENINGS", "MEMO_TOKENS", "PrefillMemo", "memo_budget"]
 
 #: The prefill memo keeps about this many tokens' keys and values (a few dozen prompt windows of a real model), within
 #: :data:`MEMO_MIN_BYTES` and :data:`MEMO_MAX_BYTES`.
@@ -24,6 +24,9 @@ MEMO_MAX_BYTES = 2**30
 #: so no update empties its memo, and at the learner's budget every snapshot would keep that much of game
 #: conversations that seldom recur; this much keeps the few windows that do (a game's opening).
 FROZEN_MEMO_BYTES = MEMO_MIN_BYTES
+#: The memo keeps the keys and values of this many shared openings (the tokens a batch's prompts begin with), the most
+#: recently used, so that a later prefill of prompts that begin the same way runs only the tokens after them.
+MAX_OPENINGS = 4
 
 
 def memo_budget(lm_config: Any, dtype_bytes: int) -> int:
@@ -54,7 +57,13 @@ class PrefillMemo:
     cleared whenever the parameters change (:class:`~sb3_grpo.policies.kv_cache.RolloutCache` checks the version at
     every prefill).
 
-    :param max_bytes: budget for the stored keys and values (least recently used windows are evicted first).
+    Beside whole windows it keeps a few *openings*: the leading tokens that the rows of a prefill shared (a chat
+    template's system message and the instruction's first words), with their keys and values. A later prefill of
+    prompts that begin with one, typically a single env's auto-reset onto a new prompt in the middle of a rollout,
+    runs only the tokens after it (:meth:`~sb3_grpo.policies.kv_cache.RolloutCache._compute_shared_prefill`).
+
+    :param max_bytes: budget for the stored keys and values of whole windows (least recently used windows are
+        evicted first); the openings, at most :data:`MAX_OPENINGS`, each at most a tenth of it, come on top.
     """
 
     def __init__(self, max_bytes: int = 64 * 2**20):
@@ -64,10 +73,12 @@ class PrefillMemo:
             OrderedDict()
         )
         self._bytes = 0
+        self._openings: OrderedDict[tuple[int, ...], list[tuple[th.Tensor, th.Tensor]]] = OrderedDict()
 
     def clear(self) -> None:
         self._entries.clear()
         self._bytes = 0
+        self._openings.clear()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -107,6 +118,26 @@ class PrefillMemo:
             while self._bytes > self.max_bytes:
                 _, (old, _, _) = self._entries.popitem(last=False)
                 self._bytes -= self._nbytes(old)
+
+    def opening(self, tokens: tuple[int, ...]) -> tuple[int, list[tuple[th.Tensor, th.Tensor]]] | None:
+        """The longest remembered opening that ``tokens`` begin with (all of ``tokens`` at most): ``(its length, each
+        cache layer's keys and values [1, H, length, D])``, or ``None``."""
+        best = max((key for key in self._openings if tokens[: len(key)] == key), key=len, default=None)
+        if best is None:
+            return None
+        self._openings.move_to_end(best)
+        return len(best), self._openings[best]
+
+    def remember_opening(self, tokens: tuple[int, ...], cache: Any) -> None:
+        """Keep the keys and values of ``tokens``, a prefill's shared leading tokens, from ``cache`` (one row, exactly
+        ``len(tokens)`` columns), unless they exceed a tenth of the budget."""
+        layers = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+        if not tokens or self._nbytes(layers) > self.max_bytes // 10:
+            return
+        self._openings[tokens] = layers
+        self._openings.move_to_end(tokens)
+        while len(self._openings) > MAX_OPENINGS:
+            self._openings.popitem(last=False)
 
     @staticmethod
     def _nbytes(layers: list[tuple[th.Tensor, th.Tensor]]) -> int:
