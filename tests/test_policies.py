@@ -876,6 +876,43 @@ def test_a_new_prompt_that_begins_with_a_kept_opening_runs_only_its_own_tokens(f
         check([system + [60]])
 
 
+@pytest.mark.parametrize("factory", [tiny_gpt2, tiny_llama])
+def test_prompts_queued_ahead_join_the_next_prefill_and_are_then_copied(factory):
+    """Windows queued with prefetch_prompts run in the forward of the next prefill after the first (a few at a time),
+    so the episodes that start on them later copy them from the memo; the outputs are the full recompute's. New
+    parameters drop the queue."""
+    from sb3_grpo.policies.kv_cache import PREFETCH_ROWS
+
+    policy = make_policy(factory())
+    full = make_policy(factory(), use_cache=False)
+    full.load_state_dict(policy.state_dict())
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    ahead = [[14, 15], [16, 17, 18], [19]] + [[30 + i] for i in range(PREFETCH_ROWS)]  # more than one prefill takes
+    with th.no_grad():
+        assert policy.prefetch_prompts(_windows(ahead + [prompts[0]])) == len(ahead) + 1
+        with count_lm_calls(policy) as calls:
+            actions, _, _ = policy(_windows(prompts))
+        assert calls == [(3, 4), (3, 1)]  # the rollout's first prefill runs its own windows only, then the look-ahead
+        rows = [p + [int(a)] for p, a in zip(prompts, actions)]
+        rows[1] = [20, 21]  # env 1 starts an episode on a prompt not queued: its prefill takes PREFETCH_ROWS queued
+        with count_lm_calls(policy) as calls:
+            _, values, _ = policy(_windows(rows))
+        assert calls == [(1 + PREFETCH_ROWS, 3), (3, 1)]  # the queue's first windows ([5, 6, 7] is in the memo)
+        np.testing.assert_allclose(values, full(_windows(rows))[1], atol=1e-5)
+        rows[0], rows[2] = ahead[1], ahead[2]  # two episodes start on queued prompts: copied, no forward
+        with count_lm_calls(policy) as calls:
+            _, values, _ = policy(_windows(rows))
+        assert calls == [(3, 1)]
+        np.testing.assert_allclose(values, full(_windows(rows))[1], atol=1e-5)
+        logits = policy.get_distribution(_windows(rows)).distribution.logits
+        np.testing.assert_allclose(logits, full.get_distribution(_windows(rows)).distribution.logits, atol=1e-5)
+        assert len(policy._rollout_cache.memo.pending) == len(ahead) - (PREFETCH_ROWS - 1)
+        policy.value_head.bias.add_(1.0)  # new parameters: the queue is stale
+        with count_lm_calls(policy) as calls:
+            policy(_windows([[40, 41], [42]]))
+        assert calls[0] == (2, 2) and not policy._rollout_cache.memo.pending
+
+
 def test_the_prefill_memo_keeps_the_longest_openings_recently_used():
     from transformers import DynamicCache
 

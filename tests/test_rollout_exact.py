@@ -159,6 +159,30 @@ def test_prompt_table_is_warmed_only_when_small_next_to_the_rollout():
     env.close()
 
 
+def test_a_prompt_table_too_large_to_warm_queues_the_prompts_the_groups_draw_next():
+    from sb3_grpo.common.rollout.rollout_extras import PREFETCH_ROUNDS, warm_prefills
+
+    env = make_vec_env("TextGen-v0", n_envs=N_ENVS, group_size=2, seed=7, device="cpu", max_new_tokens=8)
+    env.reset()
+    warmed, queued = [], []
+
+    class Policy:
+        def warm_prefills(self, obs):
+            warmed.append(obs)
+            return len(obs["input_ids"])
+
+        def prefetch_prompts(self, obs):
+            queued.append(obs)
+            return len(obs["input_ids"])
+
+    assert warm_prefills(Policy(), env, 1) == 0 and not warmed  # one step: the table is too large to prefill
+    ids, mask = env.upcoming_prompt_windows(PREFETCH_ROUNDS)
+    assert len(queued) == 1 and 0 < len(ids) <= N_ENVS // 2 * PREFETCH_ROUNDS
+    np.testing.assert_array_equal(queued[0]["input_ids"].numpy(), ids)
+    np.testing.assert_array_equal(queued[0]["attention_mask"].numpy(), mask)
+    env.close()
+
+
 def test_truncated_episodes_valued_in_one_batch_equal_one_call_each(monkeypatch):
     """With an extra on, the step's truncated episodes get ``gamma * V(terminal obs)`` from one ``predict_values``
     call; the buffer is the one SB3's one call per episode gives (same rewards, returns and advantages)."""

@@ -571,3 +571,52 @@ def test_batched_byte_table_decoding_equals_one_sequence_at_a_time():
     rows = ascii_ids[rng.integers(0, len(ascii_ids), (64, 12))]
     got = decode.decode_rows(rows, starts, stops)
     assert got == [bundled.decode(r[a:b].tolist(), skip_special_tokens=True) for r, a, b in zip(rows, starts, stops)]
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("task_seeds", [False, True])
+def test_upcoming_prompts_are_the_rounds_the_groups_draw_next(weighted, task_seeds):
+    """A look ahead at the next rounds' prompts gives what the groups then draw, and changes none of it (uniform draws
+    across a block boundary, weighted draws, interleaved task seeds)."""
+    from textrl_envs.groups import DRAW_BLOCK, GroupPrompts, prompt_draw_cdf
+
+    groups, size, num_prompts = 3, 2, 11
+    peeked, plain = (GroupPrompts(groups, size, num_prompts, task_seeds=task_seeds) for _ in range(2))
+    for prompts in (peeked, plain):
+        prompts.seed([5, 6, 7])
+        if weighted:
+            prompts.set_cdf(prompt_draw_cdf(np.arange(1.0, num_prompts + 1), num_prompts))
+        prompts.new_round(0)
+    envs = np.arange(groups * size)
+    rounds = np.zeros(groups * size, dtype=np.int64)
+    seen = []
+    for _ in range(DRAW_BLOCK + 6):
+        ahead = peeked.upcoming(3)
+        assert ahead.shape == (groups, 3)
+        seen.append(ahead)
+        rows = peeked.rows(envs, rounds)
+        np.testing.assert_array_equal(rows, plain.rows(envs, rounds))
+        np.testing.assert_array_equal(peeked.seeds(envs, rounds), plain.seeds(envs, rounds))
+        for back, earlier in enumerate(reversed(seen[-3:])):  # what each of the last three looks said of round r
+            np.testing.assert_array_equal(rows[::size], earlier[:, back])
+        rounds += 1
+    assert len({tuple(a.ravel()) for a in seen}) > 1  # the rounds moved on
+
+
+def test_upcoming_prompt_windows_are_the_first_observations_of_the_next_episodes(kw):
+    env = gym.make_vec(TEST_ID, num_envs=4, group_size=2, device="cpu", **kw)
+    obs, _ = env.reset(seed=3)
+    ids, mask = env.upcoming_prompt_windows()
+    assert ids.shape == mask.shape and ids.shape[1] == obs["input_ids"].shape[1] and len(ids) <= 2
+    want = {tuple(i[m.astype(bool)]) for i, m in zip(ids, mask)}
+    started = set()
+    for _ in range(40):  # every env ends its first episode: each group begins its second round
+        obs, _, term, trunc, _ = env.step(np.full(4, EOS))
+        for i, m in zip(np.asarray(obs["input_ids"]), np.asarray(obs["attention_mask"])):
+            started.add(tuple(i[m.astype(bool)]))
+        if (term | trunc).all():
+            break
+    assert started == want
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        env.upcoming_prompt_windows(0)
+    env.close()

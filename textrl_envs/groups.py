@@ -27,6 +27,8 @@ draws are ``rng.integers(num_prompts)`` as above.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 from gymnasium.utils import seeding
 
@@ -147,6 +149,29 @@ class GroupPrompts:
             else:
                 self._ring[fresh, cols] = self._draw(fresh)
         return self._ring[groups, rounds % self._ring.shape[1]]
+
+    def upcoming(self, rounds: int = 1) -> np.ndarray:
+        """The prompt rows of each group's next ``rounds`` rounds, the ones no member has begun yet, as the draws
+        will give them (while the weights and seeds stay as they are), without taking a draw: ``(groups, rounds)``.
+
+        A look ahead for a policy that prefills the prompts its envs will start soon. A group whose RNG was never
+        seeded gets its random stream here, as its first draw would give it one.
+        """
+        out = np.empty((self.num_groups, rounds), dtype=np.int64)
+        for k in range(self.num_groups):
+            rng = self._rng(k)
+            if self.cdf is None and not self.task_seeds:  # uniform: what is left of the block, then the next ones
+                taken = self._draws[k, self._next_draw[k] :][:rounds]
+                more = rounds - len(taken)
+                ahead = copy.deepcopy(rng).integers(self.num_prompts, size=more) if more else taken[:0]
+                out[k] = np.concatenate([taken, ahead])
+                continue
+            ahead = copy.deepcopy(rng)  # one round at a time, as _draw and _draw_with_seeds take them
+            for r in range(rounds):
+                out[k, r] = ahead.integers(self.num_prompts) if self.cdf is None else draw_weighted(ahead, self.cdf)
+                if self.task_seeds:
+                    ahead.integers(TASK_SEED_BOUND)
+        return out
 
     def seeds(self, envs: np.ndarray, all_rounds: np.ndarray) -> np.ndarray:
         """The task seeds of the episodes ``envs`` begin now (after :meth:`rows` drew their rounds)."""

@@ -156,6 +156,10 @@ class TextGenSB3VecEnv(VecEnv):
         """The batched env's :meth:`~textrl_envs.vector.TextGenVectorEnv.prompt_windows`."""
         return self.venv.unwrapped.prompt_windows(max_rows)
 
+    def upcoming_prompt_windows(self, rounds: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """The batched env's :meth:`~textrl_envs.vector.TextGenVectorEnv.upcoming_prompt_windows`."""
+        return self.venv.unwrapped.upcoming_prompt_windows(rounds)
+
     def collect_rewards(self, wait: bool = True) -> list:
         """The batched env's :meth:`~textrl_envs.vector.TextGenVectorEnv.collect_rewards`."""
         return self.venv.unwrapped.collect_rewards(wait)

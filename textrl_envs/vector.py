@@ -451,12 +451,33 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
         rows = self._packed_ids.shape[0]
         if rows > max_rows:
             return None
-        width, pad = self.text_spec.window, self.text_spec.pad_token_id
-        ids = np.full((rows, width), pad, dtype=np.int64)
-        mask = np.zeros((rows, width), dtype=np.int64)
-        ids[:, width - self._table_width :] = self._packed_ids.cpu().numpy()
-        mask[:, width - self._table_width :] = self._packed_mask.cpu().numpy()
-        return ids, mask
+        return self._first_windows(self._packed_ids.cpu().numpy(), self._packed_mask.cpu().numpy())
+
+    def upcoming_prompt_windows(self, rounds: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """The first observations of the episodes the groups will begin next: the distinct prompts of each group's
+        next ``rounds`` rounds, those no member has begun yet (:meth:`~textrl_envs.groups.GroupPrompts.upcoming`; the
+        draws will give them unless the prompt weights change or the env is reseeded), for a policy that prefills
+        them ahead of the resets that start them.
+
+        :param rounds: How many rounds ahead of each group.
+        :return: ``(input_ids, attention_mask)``, ``int64`` arrays ``(R, W)`` with ``R`` at most ``groups * rounds``,
+            in the order the rounds come (every group's next round first).
+        """
+        if rounds < 1:
+            raise ValueError(f"rounds must be at least 1, got {rounds}")
+        ahead = self._prompts.upcoming(rounds).T.ravel()  # the next round of every group first
+        _, first = np.unique(ahead, return_index=True)
+        rows = torch.as_tensor(ahead[np.sort(first)], device=self._packed_ids.device)
+        return self._first_windows(self._packed_ids[rows].cpu().numpy(), self._packed_mask[rows].cpu().numpy())
+
+    def _first_windows(self, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt-table rows (``ids``, ``mask``) as the window-wide first observations of their episodes."""
+        width = self.text_spec.window
+        windows = np.full((len(ids), width), self.text_spec.pad_token_id, dtype=np.int64)
+        window_mask = np.zeros((len(ids), width), dtype=np.int64)
+        windows[:, width - self._table_width :] = ids
+        window_mask[:, width - self._table_width :] = mask
+        return windows, window_mask
 
     def render(self) -> tuple[str, ...] | tuple[np.ndarray, ...] | None:
         """``"ansi"``/``"human"``: one ``prompt|completion so far`` string per env; ``"rgb_array"``: one frame per

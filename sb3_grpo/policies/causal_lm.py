@@ -686,6 +686,21 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
             ids, mask = self._parse_obs(obs)
             return self._rollout_cache.warm(ids, mask)
 
+    def prefetch_prompts(self, obs: PyTorchObs) -> int:
+        """Queue these windows in the rollout cache (no-op without it): each prefill that runs while the parameters
+        stay the same also computes a few of them in its forward (:meth:`RolloutCache.prefetch
+        <sb3_grpo.policies.kv_cache.RolloutCache.prefetch>`). GRPO passes the prompts the env's groups will draw
+        next, at the start of a rollout whose env has too many prompts to prefill them all.
+
+        :param obs: dict observation of the windows (``input_ids``, ``attention_mask``), batched.
+        :return: How many windows are queued.
+        """
+        with th.no_grad():
+            if not self._caching():
+                return 0
+            ids, mask = self._parse_obs(obs)
+            return self._rollout_cache.prefetch(ids, mask)
+
     def _parse_obs(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         if not isinstance(obs, dict) or any(k not in obs for k in OBS_KEYS):
             got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__

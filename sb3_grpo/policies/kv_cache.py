@@ -72,7 +72,10 @@ floats exactly as PPO does) hands the policy the env's prompt windows
 (:meth:`RolloutCache.warm`, through ``CausalLMPolicy.warm_prefills``; when the env has at most a few prompts per env):
 they are prefilled in one batched forward into the :class:`PrefillMemo`, so every reset during the rollout copies its
 prompt's keys/values from the memo instead of running a forward. The outputs are the prefill's (a batched forward of
-other rows: equal up to float rounding, as every memo entry is); only the number of forwards changes.
+other rows: equal up to float rounding, as every memo entry is); only the number of forwards changes. A table too
+large for that (most of it would go unused) is not prefilled; GRPO queues instead the prompts the env's groups will
+draw in their next rounds (:meth:`RolloutCache.prefetch`), and each prefill after the rollout's first runs
+:data:`PREFETCH_ROWS` of them in its forward, so the episodes that start on them later copy them.
 
 *Shared starts prefilled once.* The prompts of a text task usually begin alike (a chat template's system message,
 an instruction). A prefill whose rows share their first :data:`SHARED_PREFILL_MIN` tokens or more runs those once,
@@ -114,6 +117,7 @@ from sb3_grpo.policies.windows import (
 )
 
 __all__ = [
+    "PREFETCH_ROWS",
     "SHARED_PREFILL_MIN",
     "PrefillMemo",
     "RolloutCache",
@@ -191,6 +195,8 @@ class _Rows(NamedTuple):
 #: A prefill runs the leading tokens its rows share once when there are at least this many (a chat template's system
 #: message is 20-30 tokens); below it, the extra forward costs more than it saves.
 SHARED_PREFILL_MIN = 8
+#: A prefill that runs takes at most this many windows queued ahead (:meth:`RolloutCache.prefetch`) into its forward.
+PREFETCH_ROWS = 8
 
 
 def extension_pays(tail: int, batch: int, redo_positions: int) -> bool:
@@ -275,6 +281,7 @@ class RolloutCache:
         self.cheaper_path = True
         self._param_list: list[th.Tensor] | None = None
         self.memo = PrefillMemo() if memo_bytes is None else PrefillMemo(memo_bytes)
+        self._prefetch_waits = False  # the next prefill takes no queued windows (prefetch)
 
     def reset(self) -> None:
         """Drop every batch's cache and the prefill memo (the next call recomputes all rows)."""
@@ -330,6 +337,46 @@ class RolloutCache:
             return self._compute_prefill(ids, mask)
         return self._prefill(ids, mask)
 
+    def prefetch(self, ids: th.Tensor, mask: th.Tensor) -> int:
+        """Queue windows to prefill with the prefills that run next (call under ``no_grad``): while the parameters
+        stay the same, each prefill that has windows to compute, after the first, also computes up to
+        :data:`PREFETCH_ROWS` of the queued ones, the first queued first, in the same forward. GRPO queues the prompts
+        the env's groups will draw next, at the start of a rollout, so that when an episode starts on a new prompt
+        its prefill also runs the prompts of the episodes that start after it, and those copy theirs from the memo:
+        one forward for several prompts instead of one each. The first prefill, the rollout's own start, takes none:
+        where every episode runs to the rollout's end, the next episodes start after the update, under other
+        parameters, and prompts computed for them would be wasted.
+
+        :return: How many windows are queued.
+        """
+        version = self._param_version()
+        if self.memo.version != version:
+            self.memo.clear()
+            self.memo.version = version
+        for window, row_ids, row_mask in zip(self.memo.windows(ids, mask), ids, mask, strict=True):
+            if window and self.memo.get(window) is None:
+                self.memo.pending.setdefault(window, (row_ids, row_mask))
+        self._prefetch_waits = True
+        return len(self.memo.pending)
+
+    def _take_pending(
+        self, computing: set[tuple[int, ...]], width: int
+    ) -> list[tuple[tuple[int, ...], th.Tensor, th.Tensor]]:
+        """Up to :data:`PREFETCH_ROWS` queued windows (:meth:`prefetch`), taken off the queue, that a prefill
+        computing ``computing`` at ``width`` columns runs too (those already in the memo or computed by it leave the
+        queue; those of another width stay)."""
+        taken, pending = [], self.memo.pending
+        for window in list(pending):
+            if len(taken) == PREFETCH_ROWS:
+                break
+            row_ids, row_mask = pending[window]
+            if row_ids.shape[0] != width:
+                continue
+            del pending[window]
+            if window not in computing and self.memo.get(window) is None:
+                taken.append((window, row_ids, row_mask))
+        return taken
+
     def _param_version(self) -> int:
         # In-place updates (optimizer.step, load_state_dict, copy_) bump each tensor's version counter.
         params = self._param_list
@@ -352,14 +399,23 @@ class RolloutCache:
         found = [self.memo.get(w) for w in windows]
         missing = [i for i, entry in enumerate(found) if entry is None]
         distinct = distinct_rows(windows, missing)  # a group's members starting together share one forward
-        if len(missing) == len(found) and len(distinct) == len(missing):
+        queued = []
+        if distinct and self._prefetch_waits:  # the rollout's first prefill: its own windows only (see prefetch)
+            self._prefetch_waits = False
+        elif distinct:
+            queued = self._take_pending({windows[i] for i in distinct}, ids.shape[1])
+        if not queued and len(missing) == len(found) and len(distinct) == len(missing):
             computed = self._compute_prefill(ids, mask)
             self.memo.remember(windows, *computed)
             return computed
         if distinct:
             rows = th.as_tensor(distinct, device=ids.device)
-            computed = self._compute_prefill(ids[rows], mask[rows])
-            self.memo.remember([windows[i] for i in distinct], *computed)
+            rows_ids, rows_mask = ids[rows], mask[rows]
+            if queued:  # windows queued ahead of the episodes that will start on them join this forward
+                rows_ids = th.cat([rows_ids, th.stack([q_ids for _, q_ids, _ in queued])])
+                rows_mask = th.cat([rows_mask, th.stack([q_mask for _, _, q_mask in queued])])
+            computed = self._compute_prefill(rows_ids, rows_mask)
+            self.memo.remember([windows[i] for i in distinct] + [window for window, _, _ in queued], *computed)
             for i in missing:  # the distinct rows and the rows that share their windows
                 found[i] = self.memo.get(windows[i])
             if any(entry is None for entry in found):  # not kept (an empty window, over the budget): no shortcut

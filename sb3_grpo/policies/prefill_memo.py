@@ -74,11 +74,15 @@ class PrefillMemo:
         )
         self._bytes = 0
         self._openings: OrderedDict[tuple[int, ...], list[tuple[th.Tensor, th.Tensor]]] = OrderedDict()
+        #: Windows queued to be prefilled with the next prefills that run (``window -> (ids [W], mask [W])``, first
+        #: queued first): :meth:`~sb3_grpo.policies.kv_cache.RolloutCache.prefetch`.
+        self.pending: OrderedDict[tuple[int, ...], tuple[th.Tensor, th.Tensor]] = OrderedDict()
 
     def clear(self) -> None:
         self._entries.clear()
         self._bytes = 0
         self._openings.clear()
+        self.pending.clear()
 
     def __len__(self) -> int:
         return len(self._entries)

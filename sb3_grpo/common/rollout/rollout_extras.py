@@ -265,6 +265,9 @@ class RolloutExtras:
 #: The prompt table is prefilled before a rollout only when its tokens are at most this share of the tokens the
 #: rollout generates (``num_envs * n_rollout_steps``).
 WARM_TOKEN_SHARE = 0.5
+#: Otherwise the prompts of this many rounds ahead of each prompt group are queued to be prefilled a few at a time
+#: with the prefills the rollout runs (``prefetch_prompts``).
+PREFETCH_ROUNDS = 4
 
 
 def warm_prefills(policy: BasePolicy, env: VecEnv, n_rollout_steps: int, max_rows_per_env: int = 4) -> int:
@@ -280,7 +283,11 @@ def warm_prefills(policy: BasePolicy, env: VecEnv, n_rollout_steps: int, max_row
     one does (SmolLM2-135M, 64 envs, 32 tokens a rollout, a table of 251 chat prompts: warming them made the rollout
     1.1x to 1.4x slower, with EOS on and off, with and without prompt groups). So the table is warmed only when it
     has at most ``max_rows_per_env`` rows per env and at most :data:`WARM_TOKEN_SHARE` times the rollout's generated
-    tokens.
+    tokens. Otherwise, where the env tells the prompts its groups will draw next (``upcoming_prompt_windows``), those
+    of the next :data:`PREFETCH_ROUNDS` rounds are queued in the policy (``prefetch_prompts``): nothing runs now, but
+    each prefill the rollout runs anyway, when an episode starts on a prompt not yet computed, also computes a few
+    of them (:data:`~sb3_grpo.policies.kv_cache.PREFETCH_ROWS`) in its forward, and the episodes that start on
+    those later copy them. A rollout without such a prefill (every episode ends at its last step) computes none.
 
     :param n_rollout_steps: The rollout's steps per env.
     :return: How many prompts were prefilled.
@@ -293,6 +300,11 @@ def warm_prefills(policy: BasePolicy, env: VecEnv, n_rollout_steps: int, max_row
         return 0
     windows = source.prompt_windows(max_rows_per_env * env.num_envs)
     if windows is None or int(windows[1].sum()) > WARM_TOKEN_SHARE * env.num_envs * n_rollout_steps:
+        prefetch = getattr(policy, "prefetch_prompts", None)
+        upcoming = getattr(source, "upcoming_prompt_windows", None)
+        if prefetch is not None and upcoming is not None:
+            ids, mask = upcoming(PREFETCH_ROUNDS)
+            prefetch({"input_ids": th.as_tensor(ids), "attention_mask": th.as_tensor(mask)})
         return 0
     return warm({"input_ids": th.as_tensor(windows[0]), "attention_mask": th.as_tensor(windows[1])})
 
