@@ -913,6 +913,32 @@ def test_prompts_queued_ahead_join_the_next_prefill_and_are_then_copied(factory)
         assert calls[0] == (2, 2) and not policy._rollout_cache.memo.pending
 
 
+def test_the_prefill_memo_assembles_shared_entries_as_padded_rows():
+    """A batch assembled from memo entries (group members share one) is each entry's keys and values right-aligned
+    in its rows, zeros before them: the left-padded rows concatenated."""
+    from transformers import LlamaConfig
+
+    from sb3_grpo.policies.prefill_memo import PrefillMemo
+    from sb3_grpo.policies.windows import left_pad_columns
+
+    g = th.Generator().manual_seed(0)
+
+    def entry(n):
+        layers = [(th.randn(1, 2, n, 4, generator=g), th.randn(1, 2, n, 4, generator=g)) for _ in range(3)]
+        return layers, th.randn(5, generator=g), th.randn((), generator=g)
+
+    a, b, c = entry(3), entry(5), entry(1)
+    entries = [a, b, a, c, b, a]
+    config = LlamaConfig(num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, hidden_size=8)
+    cache, kv_mask, logits, values = PrefillMemo.assemble(entries, config)
+    for i, layer in enumerate(cache.layers):
+        for got, j in ((layer.keys, 0), (layer.values, 1)):
+            want = th.cat([left_pad_columns(e[0][i][j], 5) for e in entries])
+            assert th.equal(got, want)
+    assert kv_mask.tolist() == [[0, 0, 1, 1, 1], [1] * 5, [0, 0, 1, 1, 1], [0, 0, 0, 0, 1], [1] * 5, [0, 0, 1, 1, 1]]
+    assert th.equal(logits, th.stack([e[1] for e in entries])) and th.equal(values, th.stack([e[2] for e in entries]))
+
+
 def test_the_prefill_memo_keeps_the_longest_openings_recently_used():
     from transformers import DynamicCache
 

@@ -11,8 +11,6 @@ from typing import Any
 
 import torch as th
 
-from sb3_grpo.policies.windows import left_pad_columns
-
 __all__ = ["FROZEN_MEMO_BYTES", "MAX_OPENINGS", "MEMO_TOKENS", "PrefillMemo", "memo_budget"]
 
 #: The prefill memo keeps about this many tokens' keys and values (a few dozen prompt windows of a real model), within
@@ -156,9 +154,17 @@ class PrefillMemo:
         cache = DynamicCache(config=lm_config)
         while len(cache.layers) < len(entries[0][0]):  # a mixture of experts keeps K layers per model layer
             cache.layers.append(type(cache.layers[0])())
+        runs: list[tuple[list, int, int]] = []  # (entry's layers, first row, end): consecutive rows of one entry
+        for b, entry in enumerate(entries):  # the members of a prompt group share one, usually side by side
+            if runs and runs[-1][0] is entry[0] and runs[-1][2] == b:
+                runs[-1] = (entry[0], runs[-1][1], b + 1)
+            else:
+                runs.append((entry[0], b, b + 1))
         for i in range(len(entries[0][0])):
-            keys = th.cat([left_pad_columns(layers[i][0], length) for layers, _, _ in entries])
-            values = th.cat([left_pad_columns(layers[i][1], length) for layers, _, _ in entries])
+            keys, values = (
+                _right_aligned([(layers[i][j], lo, hi) for layers, lo, hi in runs], len(entries), length)
+                for j in (0, 1)
+            )
             cache.update(keys, values, i)
         first = entries[0][0][0][0]
         kv_mask = th.zeros(len(entries), length, dtype=th.long, device=first.device)
@@ -167,3 +173,15 @@ class PrefillMemo:
         logits = th.stack([e[1] for e in entries])
         values = th.stack([e[2] for e in entries])
         return cache, kv_mask, logits, values
+
+
+def _right_aligned(parts: list[tuple[th.Tensor, int, int]], batch: int, length: int) -> th.Tensor:
+    """``[batch, H, length, D]`` with each ``(part [1, H, n, D], lo, hi)`` in the last ``n`` columns of rows ``lo`` to
+    ``hi - 1`` and zeros before them (every row given once): one write of each part, broadcast over its rows."""
+    first = parts[0][0]
+    out = first.new_empty(batch, first.shape[1], length, first.shape[-1])
+    for part, lo, hi in parts:
+        start = length - part.shape[-2]
+        out[lo:hi, :, :start] = 0
+        out[lo:hi, :, start:] = part
+    return out
