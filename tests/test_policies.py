@@ -928,14 +928,15 @@ def test_the_prefill_memo_assembles_shared_entries_as_padded_rows():
         return layers, th.randn(5, generator=g), th.randn((), generator=g)
 
     a, b, c = entry(3), entry(5), entry(1)
-    entries = [a, b, a, c, b, a]
+    entries = [a, a, b, a, c, c, c, b, a]  # runs of one entry side by side (a group's members) and entries apart
     config = LlamaConfig(num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, hidden_size=8)
     cache, kv_mask, logits, values = PrefillMemo.assemble(entries, config)
     for i, layer in enumerate(cache.layers):
         for got, j in ((layer.keys, 0), (layer.values, 1)):
             want = th.cat([left_pad_columns(e[0][i][j], 5) for e in entries])
             assert th.equal(got, want)
-    assert kv_mask.tolist() == [[0, 0, 1, 1, 1], [1] * 5, [0, 0, 1, 1, 1], [0, 0, 0, 0, 1], [1] * 5, [0, 0, 1, 1, 1]]
+    a_mask, b_mask, c_mask = [0, 0, 1, 1, 1], [1] * 5, [0, 0, 0, 0, 1]
+    assert kv_mask.tolist() == [a_mask, a_mask, b_mask, a_mask, c_mask, c_mask, c_mask, b_mask, a_mask]
     assert th.equal(logits, th.stack([e[1] for e in entries])) and th.equal(values, th.stack([e[2] for e in entries]))
 
 
