@@ -181,6 +181,12 @@ def test_a_prompt_table_too_large_to_warm_queues_the_prompts_the_groups_draw_nex
     np.testing.assert_array_equal(queued[0]["input_ids"].numpy(), ids)
     np.testing.assert_array_equal(queued[0]["attention_mask"].numpy(), mask)
     env.close()
+    interactive = make_vec_env("GuessNumber-v0", n_envs=4, group_size=2, seed=0, device="cpu")
+    interactive.reset()
+    queued.clear()  # its episodes may open with the env's message after the prompt: nothing is guessed
+    assert interactive.upcoming_prompt_windows(PREFETCH_ROUNDS) is None
+    assert warm_prefills(Policy(), interactive, 1) == 0 and not queued
+    interactive.close()
 
 
 def test_truncated_episodes_valued_in_one_batch_equal_one_call_each(monkeypatch):

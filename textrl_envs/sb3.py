@@ -156,7 +156,7 @@ class TextGenSB3VecEnv(VecEnv):
         """The batched env's :meth:`~textrl_envs.vector.TextGenVectorEnv.prompt_windows`."""
         return self.venv.unwrapped.prompt_windows(max_rows)
 
-    def upcoming_prompt_windows(self, rounds: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    def upcoming_prompt_windows(self, rounds: int = 1) -> tuple[np.ndarray, np.ndarray] | None:
         """The batched env's :meth:`~textrl_envs.vector.TextGenVectorEnv.upcoming_prompt_windows`."""
         return self.venv.unwrapped.upcoming_prompt_windows(rounds)
 

@@ -453,7 +453,7 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
             return None
         return self._first_windows(self._packed_ids.cpu().numpy(), self._packed_mask.cpu().numpy())
 
-    def upcoming_prompt_windows(self, rounds: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    def upcoming_prompt_windows(self, rounds: int = 1) -> tuple[np.ndarray, np.ndarray] | None:
         """The first observations of the episodes the groups will begin next: the distinct prompts of each group's
         next ``rounds`` rounds, those no member has begun yet (:meth:`~textrl_envs.groups.GroupPrompts.upcoming`; the
         draws will give them unless the prompt weights change or the env is reseeded), for a policy that prefills
@@ -461,10 +461,13 @@ class TextGenVectorEnv(TextSpecAccess, RewardDeferral, gym.vector.VectorEnv):
 
         :param rounds: How many rounds ahead of each group.
         :return: ``(input_ids, attention_mask)``, ``int64`` arrays ``(R, W)`` with ``R`` at most ``groups * rounds``,
-            in the order the rounds come (every group's next round first).
+            in the order the rounds come (every group's next round first); ``None`` for an interactive task, whose
+            episodes may begin with the environment's opening message after the prompt.
         """
         if rounds < 1:
             raise ValueError(f"rounds must be at least 1, got {rounds}")
+        if self.text_spec.interactive:
+            return None
         ahead = self._prompts.upcoming(rounds).T.ravel()  # the next round of every group first
         _, first = np.unique(ahead, return_index=True)
         rows = torch.as_tensor(ahead[np.sort(first)], device=self._packed_ids.device)

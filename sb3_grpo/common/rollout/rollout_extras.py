@@ -302,9 +302,9 @@ def warm_prefills(policy: BasePolicy, env: VecEnv, n_rollout_steps: int, max_row
     if windows is None or int(windows[1].sum()) > WARM_TOKEN_SHARE * env.num_envs * n_rollout_steps:
         prefetch = getattr(policy, "prefetch_prompts", None)
         upcoming = getattr(source, "upcoming_prompt_windows", None)
-        if prefetch is not None and upcoming is not None:
-            ids, mask = upcoming(PREFETCH_ROUNDS)
-            prefetch({"input_ids": th.as_tensor(ids), "attention_mask": th.as_tensor(mask)})
+        ahead = upcoming(PREFETCH_ROUNDS) if prefetch is not None and upcoming is not None else None
+        if ahead is not None:
+            prefetch({"input_ids": th.as_tensor(ahead[0]), "attention_mask": th.as_tensor(ahead[1])})
         return 0
     return warm({"input_ids": th.as_tensor(windows[0]), "attention_mask": th.as_tensor(windows[1])})
 
