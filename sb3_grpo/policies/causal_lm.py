@@ -680,11 +680,7 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         :param obs: dict observation of the windows (``input_ids``, ``attention_mask``), batched.
         :return: How many windows were computed.
         """
-        with th.no_grad():
-            if not self._caching():
-                return 0
-            ids, mask = self._parse_obs(obs)
-            return self._rollout_cache.warm(ids, mask)
+        return self._hand_to_cache(obs, RolloutCache.warm)
 
     def prefetch_prompts(self, obs: PyTorchObs) -> int:
         """Queue these windows in the rollout cache (no-op without it): each prefill that runs while the parameters
@@ -695,11 +691,15 @@ class CausalLMPolicy(ExpertMixtureMixin, LoRAReferenceMixin, SequenceEvaluationM
         :param obs: dict observation of the windows (``input_ids``, ``attention_mask``), batched.
         :return: How many windows are queued.
         """
+        return self._hand_to_cache(obs, RolloutCache.prefetch)
+
+    def _hand_to_cache(self, obs: PyTorchObs, method: Callable[[RolloutCache, th.Tensor, th.Tensor], int]) -> int:
+        """``method(rollout cache, ids, mask)`` of these windows without gradients (0 without the cache)."""
         with th.no_grad():
             if not self._caching():
                 return 0
             ids, mask = self._parse_obs(obs)
-            return self._rollout_cache.prefetch(ids, mask)
+            return method(self._rollout_cache, ids, mask)
 
     def _parse_obs(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         if not isinstance(obs, dict) or any(k not in obs for k in OBS_KEYS):

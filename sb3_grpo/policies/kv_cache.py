@@ -104,7 +104,7 @@ from typing import Any, NamedTuple
 
 import torch as th
 
-from sb3_grpo.policies.prefill_memo import PrefillMemo
+from sb3_grpo.policies.prefill_memo import PrefillMemo, cache_of
 from sb3_grpo.policies.windows import (
     common_prefix_length,
     extends_by_one,
@@ -306,10 +306,7 @@ class RolloutCache:
 
         :return: How many windows were computed.
         """
-        version = self._param_version()
-        if self.memo.version != version:
-            self.memo.clear()
-            self.memo.version = version
+        self._refresh_memo()
         windows = self.memo.windows(ids, mask)
         missing = distinct_rows(
             windows, [i for i, window in enumerate(windows) if window and self.memo.get(window) is None]
@@ -329,10 +326,7 @@ class RolloutCache:
         """``(cache, kv_mask, logits, values)`` of these windows, right-aligned in a new ``DynamicCache``: copied from
         the prefill memo where it holds them under the current parameters, else one batched forward (remembered).
         For the built-in decoder (:mod:`sb3_grpo.policies.decoder`); call under ``no_grad``."""
-        version = self._param_version()
-        if self.memo.version != version:
-            self.memo.clear()
-            self.memo.version = version
+        self._refresh_memo()
         if not self.supported:
             return self._compute_prefill(ids, mask)
         return self._prefill(ids, mask)
@@ -349,10 +343,7 @@ class RolloutCache:
 
         :return: How many windows are queued.
         """
-        version = self._param_version()
-        if self.memo.version != version:
-            self.memo.clear()
-            self.memo.version = version
+        self._refresh_memo()
         for window, row_ids, row_mask in zip(self.memo.windows(ids, mask), ids, mask, strict=True):
             if window and self.memo.get(window) is None:
                 self.memo.pending.setdefault(window, (row_ids, row_mask))
@@ -376,6 +367,15 @@ class RolloutCache:
             if window not in computing and self.memo.get(window) is None:
                 taken.append((window, row_ids, row_mask))
         return taken
+
+    def _refresh_memo(self) -> int:
+        """Empty the prefill memo if it was filled under other parameters; returns the parameters' version
+        (:meth:`_param_version`)."""
+        version = self._param_version()
+        if self.memo.version != version:
+            self.memo.clear()
+            self.memo.version = version
+        return version
 
     def _param_version(self) -> int:
         # In-place updates (optimizer.step, load_state_dict, copy_) bump each tensor's version counter.
@@ -431,8 +431,7 @@ class RolloutCache:
         t_ids, t_mask = trim_padding(ids, mask)
         split = common_prefix_length(t_ids, t_mask)
         if t_ids.shape[0] == 1 and split:  # one row: only an opening remembered from an earlier prefill runs apart
-            length = int(t_mask.sum())
-            found = self.memo.opening(tuple(t_ids[0, t_ids.shape[1] - length :].tolist())[:split])
+            found = self.memo.opening(tuple(t_ids[0, :split].tolist()))  # (trimmed: no padding left)
             split = 0 if found is None else found[0]
         if split >= SHARED_PREFILL_MIN:
             return self._compute_shared_prefill(t_ids, t_mask, split, ids, mask)
@@ -491,16 +490,11 @@ class RolloutCache:
         length (an empty cache and 0 where it keeps none)."""
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self._lm_config)
         found = self.memo.opening(tokens)
         if found is None:
-            return cache, 0
+            return DynamicCache(config=self._lm_config), 0
         length, layers = found
-        while len(cache.layers) < len(layers):  # a mixture of experts keeps K layers per model layer
-            cache.layers.append(type(cache.layers[0])())
-        for i, (keys, values) in enumerate(layers):
-            cache.update(keys.clone(), values.clone(), i)
-        return cache, length
+        return cache_of([(keys.clone(), values.clone()) for keys, values in layers], self._lm_config), length
 
     def _cache_layers_ok(self, cache: Any) -> bool:
         from transformers.cache_utils import DynamicLayer
@@ -521,10 +515,7 @@ class RolloutCache:
 
     def _cached_outputs(self, ids: th.Tensor, mask: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         batch = ids.shape[0]
-        version = self._param_version()
-        if self.memo.version != version:  # every prefill of this call runs with these parameters
-            self.memo.clear()
-            self.memo.version = version
+        version = self._refresh_memo()  # every prefill of this call runs with these parameters
         state = self.states.pop(batch, None)
         if state is not None and (
             state.version != version or state.ids.shape != ids.shape or state.ids.device != ids.device

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch as th
 
-__all__ = ["FROZEN_MEMO_BYTES", "MAX_OPENINGS", "MEMO_TOKENS", "PrefillMemo", "memo_budget"]
+__all__ = ["FROZEN_MEMO_BYTES", "MAX_OPENINGS", "MEMO_TOKENS", "PrefillMemo", "cache_of", "memo_budget"]
 
 #: The prefill memo keeps about this many tokens' keys and values (a few dozen prompt windows of a real model), within
 #: :data:`MEMO_MIN_BYTES` and :data:`MEMO_MAX_BYTES`.
@@ -133,10 +133,9 @@ class PrefillMemo:
     def remember_opening(self, tokens: tuple[int, ...], cache: Any) -> None:
         """Keep the keys and values of ``tokens``, a prefill's shared leading tokens, from ``cache`` (one row, exactly
         ``len(tokens)`` columns), unless they exceed a tenth of the budget."""
-        layers = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
-        if not tokens or self._nbytes(layers) > self.max_bytes // 10:
+        if not tokens or self._nbytes([(layer.keys, layer.values) for layer in cache.layers]) > self.max_bytes // 10:
             return
-        self._openings[tokens] = layers
+        self._openings[tokens] = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
         self._openings.move_to_end(tokens)
         while len(self._openings) > MAX_OPENINGS:
             self._openings.popitem(last=False)
@@ -148,24 +147,19 @@ class PrefillMemo:
     @staticmethod
     def assemble(entries: list, lm_config: Any) -> tuple[Any, th.Tensor, th.Tensor, th.Tensor]:
         """One right-aligned batch ``(cache, kv_mask, logits, values)`` from memo entries, in order."""
-        from transformers import DynamicCache
-
         length = max(layers[0][0].shape[-2] for layers, _, _ in entries)
-        cache = DynamicCache(config=lm_config)
-        while len(cache.layers) < len(entries[0][0]):  # a mixture of experts keeps K layers per model layer
-            cache.layers.append(type(cache.layers[0])())
         runs: list[tuple[list, int, int]] = []  # (entry's layers, first row, end): consecutive rows of one entry
         for b, entry in enumerate(entries):  # the members of a prompt group share one, usually side by side
             if runs and runs[-1][0] is entry[0] and runs[-1][2] == b:
                 runs[-1] = (entry[0], runs[-1][1], b + 1)
             else:
                 runs.append((entry[0], b, b + 1))
+        per_layer = []
         for i in range(len(entries[0][0])):
-            keys, values = (
-                _right_aligned([(layers[i][j], lo, hi) for layers, lo, hi in runs], len(entries), length)
-                for j in (0, 1)
-            )
-            cache.update(keys, values, i)
+            keys = _right_aligned([(layers[i][0], lo, hi) for layers, lo, hi in runs], len(entries), length)
+            values = _right_aligned([(layers[i][1], lo, hi) for layers, lo, hi in runs], len(entries), length)
+            per_layer.append((keys, values))
+        cache = cache_of(per_layer, lm_config)
         first = entries[0][0][0][0]
         kv_mask = th.zeros(len(entries), length, dtype=th.long, device=first.device)
         for b, (layers, _, _) in enumerate(entries):
@@ -173,6 +167,19 @@ class PrefillMemo:
         logits = th.stack([e[1] for e in entries])
         values = th.stack([e[2] for e in entries])
         return cache, kv_mask, logits, values
+
+
+def cache_of(layers: list[tuple[th.Tensor, th.Tensor]], lm_config: Any) -> Any:
+    """A ``transformers.DynamicCache`` holding these keys and values, one ``(keys, values)`` per cache layer (a mixture
+    of experts keeps K cache layers per model layer, so there may be more than the config's layers)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=lm_config)
+    while len(cache.layers) < len(layers):
+        cache.layers.append(type(cache.layers[0])())
+    for i, (keys, values) in enumerate(layers):
+        cache.update(keys, values, i)
+    return cache
 
 
 def _right_aligned(parts: list[tuple[th.Tensor, int, int]], batch: int, length: int) -> th.Tensor:
